@@ -1,0 +1,39 @@
+"""The exceptions users of the library catch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class CollectiveError(RuntimeError):
+    """Base class of every error a collective raises after its arguments were accepted."""
+
+
+class CollectiveMismatchError(CollectiveError, ValueError):
+    """Participants called the same collective with arguments that disagree.
+
+    Raised on every participant, before any data moves, with the disagreeing values by rank.
+    """
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """Peers did not arrive at a collective within the timeout.
+
+    ``missing`` lists the ranks that never arrived; ``collective`` names the call they were
+    expected in.
+    """
+
+    def __init__(self, collective: str, missing: Iterable[int], timeout: float, rank: int | None):
+        self.collective = collective
+        self.missing = sorted(set(missing))
+        self.timeout = timeout
+        self.rank = rank
+        who = f"rank {rank}: " if rank is not None else ""
+        super().__init__(
+            f"{who}{collective} timed out after {timeout:g} s waiting for rank(s) "
+            f"{', '.join(map(str, self.missing))}, which never arrived in this collective"
+        )
+
+
+class PeerFailedError(CollectiveError):
+    """Another participant failed (raised, died or left) while this one waited for it."""

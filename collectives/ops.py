@@ -1,0 +1,134 @@
+"""Reduction operators: parsing, dtype rules, identities and the in-place kernels.
+
+MEAN travels as SUM and is divided once, by the number of participants, after the
+communication ends. Integer MEAN follows NumPy's true division, so its result is float64
+(float16, float32, bfloat16 and complex keep their dtype).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+try:  # bfloat16 is optional: it comes with ml_dtypes where installed
+    import ml_dtypes
+
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - exercised only without ml_dtypes
+    BFLOAT16 = None
+
+
+class ReduceOp(enum.Enum):
+    """How contributions combine. Strings are accepted case-insensitively; "avg" means MEAN."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+    @classmethod
+    def parse(cls, op: ReduceOp | str) -> ReduceOp:
+        if isinstance(op, ReduceOp):
+            return op
+        name = getattr(op, "name", op)  # also accepts other libraries' enums (tf ReduceOp)
+        if isinstance(name, str):
+            key = name.strip().lower()
+            key = {"avg": "mean", "average": "mean", "product": "prod", "add": "sum"}.get(key, key)
+            for member in cls:
+                if member.value == key:
+                    return member
+        raise ValueError(
+            f"op={op!r} is not a reduction; use one of "
+            f"{', '.join(repr(m.value) for m in cls)} (or 'avg' for mean)"
+        )
+
+    @property
+    def wire_op(self) -> ReduceOp:
+        """The op applied while data moves: MEAN moves as SUM."""
+        return ReduceOp.SUM if self is ReduceOp.MEAN else self
+
+
+_KERNELS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+}
+
+
+def supported_dtypes() -> list[np.dtype]:
+    """Every dtype some op accepts, in a stable order (for test matrices and docs)."""
+    names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+             "float16", "float32", "float64", "complex64", "complex128"]
+    dtypes = [np.dtype(n) for n in names]
+    if BFLOAT16 is not None:
+        dtypes.insert(dtypes.index(np.dtype("float16")) + 1, BFLOAT16)
+    return dtypes
+
+
+def _kind(dtype: np.dtype) -> str:
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        return "f"
+    return dtype.kind
+
+
+def check_dtype(op: ReduceOp, dtype: np.dtype, argument: str = "values") -> None:
+    """Raise TypeError unless ``op`` makes sense for ``dtype``."""
+    kind = _kind(np.dtype(dtype))
+    allowed = {
+        "b": {ReduceOp.MAX, ReduceOp.MIN},
+        "i": set(ReduceOp),
+        "u": set(ReduceOp),
+        "f": set(ReduceOp),
+        "c": {ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.PROD},
+    }.get(kind)
+    if allowed is None:
+        raise TypeError(
+            f"{argument} has dtype {np.dtype(dtype)}, which cannot be reduced; use a boolean, "
+            "integer, floating or complex dtype"
+        )
+    if op not in allowed:
+        ok = ", ".join(sorted(m.value for m in allowed))
+        raise TypeError(
+            f"op={op.value!r} is not defined for {argument} of dtype {np.dtype(dtype)}; "
+            f"that dtype accepts {ok}"
+        )
+
+
+def result_dtype(op: ReduceOp, dtype: np.dtype) -> np.dtype:
+    """The dtype a reduction returns: the input's, except integer MEAN (float64)."""
+    dtype = np.dtype(dtype)
+    if op is ReduceOp.MEAN and _kind(dtype) in "iu":
+        return np.dtype(np.float64)
+    return dtype
+
+
+def identity(op: ReduceOp, dtype: np.dtype):
+    """The value that leaves any contribution unchanged under ``op`` (used for padding)."""
+    dtype = np.dtype(dtype)
+    op = op.wire_op
+    if op is ReduceOp.SUM:
+        return dtype.type(0)
+    if op is ReduceOp.PROD:
+        return dtype.type(1)
+    kind = _kind(dtype)
+    if kind == "b":
+        return np.bool_(op is ReduceOp.MIN)
+    if kind == "f":
+        return dtype.type(-np.inf if op is ReduceOp.MAX else np.inf)
+    info = np.iinfo(dtype)
+    return dtype.type(info.min if op is ReduceOp.MAX else info.max)
+
+
+def accumulate(op: ReduceOp, out: np.ndarray, sources) -> None:
+    """``out = op(out, s0, s1, ...)`` in place, left to right: the order is part of the result."""
+    kernel = _KERNELS[op.wire_op]
+    for source in sources:
+        kernel(out, source, out=out)
+
+
+def divide_for_mean(total: np.ndarray, count: int, out: np.ndarray | None = None) -> np.ndarray:
+    """MEAN's one division; integer totals divide into float64 like NumPy's true division."""
+    return np.true_divide(total, count, out=out, casting="unsafe")
