@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import tree
 from ..schedule import Collective, Schedule, concat, gather_to_root, merge_concurrent, relabel
+from . import tree
 
 
 def reduce_to_leader(module, size: int):

@@ -1,0 +1,1 @@
+"""Framework adapters (TensorFlow's cross-device ops)."""

@@ -1,0 +1,1 @@
+"""Transports. ``local`` (embedded, the default) needs nothing beyond NumPy."""

@@ -1,0 +1,36 @@
+"""collectives: all-reduce and friends over NumPy, MPI and NCCL, one set of algorithms.
+
+Two ways of calling:
+
+* multi-device: ``collectives.all_reduce([a0, a1, a2, a3])`` -> one result per device;
+* SPMD: ``collectives.run(fn, size=4)`` calls ``fn(comm)`` on 4 ranks, and
+  ``comm.all_reduce(x)`` inside reduces across them.
+"""
+
+from __future__ import annotations
+
+from .api import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from .communicator import Communicator
+from .errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+)
+from .ops import ReduceOp
+from .registry import load_backend
+from .schedule import Collective, Schedule
+
+__version__ = "0.1.0"
+
+
+def run(fn, size: int, **kwargs) -> list:
+    """Run ``fn(comm)`` on ``size`` thread ranks of the embedded transport; results in rank order."""
+    return load_backend("local").run(fn, size, **kwargs)
+
+
+__all__ = [
+    "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "Communicator", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
+    "broadcast", "reduce", "reduce_scatter", "run", "load_backend",
+]

@@ -1,0 +1,208 @@
+"""The multi-device API: one process holds one array per device (TensorFlow's PerReplica).
+
+Each function validates everything first, picks the algorithm, builds (or fetches) its
+schedule and runs it over the backend that owns the arrays (NumPy arrays: the embedded
+backend; CuPy arrays: the GPU backend). Results come back one per device, on the device of
+its input; inputs are never modified unless ``out`` names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import algorithms, select
+from .execute import run_multi_device
+from .ops import ReduceOp, divide_for_mean, result_dtype
+from .registry import backend_for_arrays
+from .schedule import Collective
+from .validate import as_array, check_op, check_out, check_root, check_shards, flat, same_layout
+
+Groups = Sequence[Sequence[int]] | int | None
+
+
+def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | None:
+    """Groups for two-level algorithms: None, a group size, or a partition of the participants."""
+    if groups is None:
+        return None
+    if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
+        if groups < 1:
+            raise ValueError(f"groups={groups} must be a positive group size or a list of groups")
+        return tuple(tuple(range(i, min(i + groups, size))) for i in range(0, size, groups))
+    out = tuple(tuple(int(p) for p in g) for g in groups)
+    members = sorted(p for g in out for p in g)
+    if members != list(range(size)) or any(len(g) == 0 for g in out):
+        raise ValueError(f"groups={groups!r} must split the participants 0..{size - 1} into "
+                         "non-empty groups, each participant in exactly one")
+    return out
+
+
+def pick_algorithm(collective: Collective, algorithm: str, size: int, nbytes: int,
+                   model: select.CostModel) -> str:
+    name = algorithms.canonical(algorithm)
+    if name == "auto":
+        return select.choose(collective, size, nbytes, model)
+    if not algorithms.supports(collective, name):
+        raise ValueError(
+            f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
+            f"{', '.join(n for n in algorithms.MODULES if algorithms.supports(collective, n))}")
+    return name
+
+
+def _prepare(values, op, argument="values"):
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{argument} must be a list with one array per device, "
+                        f"not {type(values).__name__}")
+    values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
+    shape, dtype = same_layout(values, argument)
+    op = check_op(op, dtype, argument) if op is not None else None
+    return values, shape, dtype, op
+
+
+def _outputs(backend, out, values, shape, dtype, argument="out"):
+    if out is None:
+        return [backend.empty_like(v, shape, dtype) for v in values]
+    if len(out) != len(values):
+        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices")
+    for i, o in enumerate(out):
+        check_out(o, shape, dtype, f"{argument}[{i}]")
+    return list(out)
+
+
+def _finish_mean(op, work, results, size):
+    if op is ReduceOp.MEAN:
+        for w, r in zip(work, results):
+            divide_for_mean(w, size, out=r)
+
+
+def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
+               out: Sequence | None = None, shards: int = 0, groups: Groups = None,
+               accumulation_fn: Callable | None = None) -> list:
+    """Reduce the arrays of all devices; every device gets the result (bitwise identical).
+
+    ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
+    name ("xring", "pscpu", "nccl", ...) or a two-level "A/B" over ``groups``.
+    ``shards``: ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
+    """
+    values, shape, dtype, op = _prepare(values, op)
+    n, shards = len(values), check_shards(shards)
+    backend = backend_for_arrays(values)
+    name = pick_algorithm(Collective.ALL_REDUCE, algorithm, n,
+                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+    schedule = algorithms.build(Collective.ALL_REDUCE, name, n, shards=shards,
+                                groups=resolve_groups(groups, n))
+    final = result_dtype(op, dtype)
+    results = _outputs(backend, out, values, shape, final)
+    work = results if final == dtype else [backend.empty_like(v, shape, dtype) for v in values]
+    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, accumulation_fn=accumulation_fn)
+    _finish_mean(op, work, results, n)
+    return results
+
+
+def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: str = "auto",
+           *, out=None, shards: int = 0, groups: Groups = None,
+           accumulation_fn: Callable | None = None):
+    """Reduce the arrays of all devices onto device ``root``; returns that one array."""
+    values, shape, dtype, op = _prepare(values, op)
+    n, shards = len(values), check_shards(shards)
+    root = check_root(root, n)
+    backend = backend_for_arrays(values)
+    name = pick_algorithm(Collective.REDUCE, algorithm, n,
+                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+    schedule = algorithms.build(Collective.REDUCE, name, n, root=root, shards=shards,
+                                groups=resolve_groups(groups, n))
+    final = result_dtype(op, dtype)
+    result = _outputs(backend, None if out is None else [out], [values[root]], shape, final)[0]
+    work = [backend.empty_like(v, shape, dtype) for v in values]
+    if final == dtype:
+        work[root] = result
+    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, accumulation_fn=accumulation_fn)
+    _finish_mean(op, [work[root]], [result], n)
+    return result
+
+
+def broadcast(value, devices: int | Sequence, algorithm: str = "auto", *, out=None,
+              shards: int = 0) -> list:
+    """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
+    value = as_array(value, "value")
+    n = devices if isinstance(devices, (int, np.integer)) else len(devices)
+    if n < 1:
+        raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
+    shape, dtype = tuple(value.shape), np.dtype(value.dtype)
+    backend = backend_for_arrays([value])
+    name = pick_algorithm(Collective.BROADCAST, algorithm, n,
+                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+    schedule = algorithms.build(Collective.BROADCAST, name, n, shards=check_shards(shards))
+    targets = [None] * n if isinstance(devices, (int, np.integer)) else list(devices)
+    results = ([backend.empty_on(d, value, shape, dtype) for d in targets] if out is None
+               else _outputs(backend, out, [value] * n, shape, dtype))
+    run_multi_device(schedule, [flat(value)] + [None] * (n - 1),
+                     [r.reshape(-1) for r in results], ReduceOp.SUM, backend)
+    return results
+
+
+def all_gather(values: Sequence, axis: int = 0, algorithm: str = "auto", *, out=None) -> list:
+    """Every device gets the concatenation of all devices' arrays along ``axis``."""
+    values, shape, dtype, _ = _prepare(values, None)
+    n = len(values)
+    ndim = max(len(shape), 1)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for arrays of {len(shape)} dimensions")
+    backend = backend_for_arrays(values)
+    name = pick_algorithm(Collective.ALL_GATHER, algorithm, n,
+                          n * int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+    schedule = algorithms.build(Collective.ALL_GATHER, name, n)
+    size = int(np.prod(shape))
+    stacked = [backend.empty_like(v, (n * size,), dtype) for v in values]
+    run_multi_device(schedule, [flat(v) for v in values], stacked, ReduceOp.SUM, backend,
+                     granule=size if size else 1, input_offsets=[p * size for p in range(n)])
+    base = shape if shape else (1,)
+    gathered_shape = list(base)
+    gathered_shape[axis] *= n
+    gathered = [backend.concatenate(s.reshape((n, *base)), axis) for s in stacked]
+    return _deliver(backend, out, gathered, tuple(gathered_shape), dtype)
+
+
+def _deliver(backend, out, results, shape, dtype):
+    if out is None:
+        return results
+    targets = _outputs(backend, out, results, shape, dtype)
+    for t, r in zip(targets, results):
+        backend.copy(t, r)
+    return targets
+
+
+def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
+                   out=None, shards: int = 0) -> list:
+    """Reduce, then device ``i`` keeps block ``i`` of axis 0.
+
+    Block ``i`` is rows ``floor(i R / n)`` to ``floor((i + 1) R / n)`` of the ``R`` rows, so
+    the blocks differ by at most one row when ``n`` does not divide ``R``.
+    """
+    values, shape, dtype, op = _prepare(values, op)
+    if not shape:
+        raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
+    n = len(values)
+    backend = backend_for_arrays(values)
+    name = pick_algorithm(Collective.REDUCE_SCATTER, algorithm, n,
+                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+    schedule = algorithms.build(Collective.REDUCE_SCATTER, name, n, shards=check_shards(shards))
+    rows, row = shape[0], int(np.prod(shape[1:]))
+    work = [backend.empty_like(v, shape, dtype) for v in values]
+    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, granule=row if row else 1)
+    final = result_dtype(op, dtype)
+    results = []
+    for i, w in enumerate(work):
+        block = w[i * rows // n:(i + 1) * rows // n]
+        results.append(divide_for_mean(block, n) if op is ReduceOp.MEAN else block)
+    if out is None:
+        return results
+    for i, (o, r) in enumerate(zip(out, results)):
+        check_out(o, r.shape, final, f"out[{i}]")
+        backend.copy(o, r)
+    return list(out)

@@ -1,0 +1,127 @@
+"""Executors: run one schedule over a transport, in either way of calling.
+
+* ``run_multi_device``: one controller holds every participant's buffer and performs every
+  step itself. Because every step is element-wise (see ``schedule``), the whole schedule can
+  run tile by tile: each cache-sized tile goes through all rounds while it is hot, and tiles
+  run in parallel on the backend's workers. So any algorithm reads each input once and writes
+  each output once from main memory.
+* ``run_spmd``: each rank performs only its own steps, round by round: post every send of the
+  round, then receive and combine each incoming range, then wait for the sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .ops import ReduceOp, accumulate
+from .schedule import Schedule, element_ranges
+
+
+class DeviceBackend(Protocol):
+    """What the multi-device executor needs from a backend that holds every buffer."""
+
+    def copy(self, dst, src) -> None: ...
+    def combine(self, op: ReduceOp, dst, srcs: Sequence) -> None: ...
+    def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None: ...
+
+
+class Request(Protocol):
+    def wait(self): ...
+
+
+class PointToPoint(Protocol):
+    """What the SPMD executor needs from a transport: non-blocking sends and receives.
+
+    ``irecv(...).wait()`` returns an array holding the peer's data (possibly a view of the
+    peer's own buffer); ``release`` tells the transport the executor is done with it.
+    """
+
+    rank: int
+    size: int
+
+    def isend(self, buf: np.ndarray, dst: int, tag: tuple) -> Request: ...
+    def irecv(self, like: np.ndarray, src: int, tag: tuple) -> Request: ...
+    def release(self, request: Request) -> None: ...
+    def waitall(self, requests: Sequence[Request]) -> None: ...
+
+
+def _combiner(backend, op: ReduceOp, accumulation_fn):
+    if accumulation_fn is None:
+        return lambda dst, srcs: backend.combine(op, dst, srcs)
+
+    def combine(dst, srcs):
+        backend.copy(dst, accumulation_fn([dst, *srcs]))
+
+    return combine
+
+
+def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: ReduceOp,
+                     backend: DeviceBackend, *, granule: int = 1, padded_to: int = 0,
+                     input_offsets: Sequence[int] | None = None,
+                     accumulation_fn=None) -> None:
+    """Run ``schedule`` on flat ``work`` buffers, first filling them from flat ``inputs``.
+
+    ``input_offsets[p]`` is where participant p's input lands in its work buffer (all-gather
+    puts it at block p); by default inputs fill the whole buffer. ``inputs[p]`` may be None
+    (a broadcast's non-roots bring nothing).
+    """
+    length = len(work[0])
+    units = length // granule if granule else 0
+    spans = element_ranges(schedule, units, padded_to)
+    combine = _combiner(backend, op, accumulation_fn)
+    plan = [[(s, lo * granule, hi * granule) for s, (lo, hi) in zip(rnd, bounds) if hi > lo]
+            for rnd, bounds in zip(schedule.rounds, spans)]
+    starts = list(input_offsets) if input_offsets is not None else [0] * len(work)
+
+    def run_tile(a: int, b: int) -> None:
+        for p, (x, w) in enumerate(zip(inputs, work)):
+            if x is None or x is w:
+                continue
+            lo, hi = max(a, starts[p]), min(b, starts[p] + len(x))
+            if lo < hi:
+                backend.copy(w[lo:hi], x[lo - starts[p]:hi - starts[p]])
+        for rnd in plan:
+            for step, lo, hi in rnd:
+                lo, hi = max(lo, a), min(hi, b)
+                if lo >= hi:
+                    continue
+                dst = work[step.dst][lo:hi]
+                srcs = [work[q][lo:hi] for q in step.srcs]
+                if step.reduce:
+                    combine(dst, srcs)
+                else:
+                    backend.copy(dst, srcs[0])
+
+    backend.map_parallel(run_tile, length, work[0].itemsize if length else 1)
+
+
+def run_spmd(schedule: Schedule, buf: np.ndarray, op: ReduceOp, transport: PointToPoint,
+             *, granule: int = 1, padded_to: int = 0, seq: int = 0) -> None:
+    """Run this rank's part of ``schedule`` on its flat working buffer ``buf`` in place."""
+    rank = transport.rank
+    units = len(buf) // granule if granule else 0
+    spans = element_ranges(schedule, units, padded_to)
+    for r, (rnd, bounds) in enumerate(zip(schedule.rounds, spans)):
+        receives, sends = [], []
+        for i, (step, (lo, hi)) in enumerate(zip(rnd, bounds)):
+            lo, hi = lo * granule, hi * granule
+            if hi <= lo:
+                continue
+            if step.dst == rank:
+                receives.append((step, lo, hi, [transport.irecv(buf[lo:hi], q, (seq, r, i))
+                                                for q in step.srcs]))
+            elif rank in step.srcs:
+                sends.append(transport.isend(buf[lo:hi], step.dst, (seq, r, i)))
+        for step, lo, hi, requests in receives:
+            dst = buf[lo:hi]
+            if step.reduce:
+                # The order of operands is the schedule's, so every rank computes the same bits.
+                accumulate(op, dst, (req.wait() for req in requests))
+            else:
+                np.copyto(dst, requests[0].wait())
+            for req in requests:
+                transport.release(req)
+        transport.waitall(sends)

@@ -1,0 +1,32 @@
+"""Finding transports without importing them: the core names backends, backends plug in.
+
+Backends register under the ``collectives.backends`` entry-point group (see pyproject.toml),
+so the core never imports a transport module by itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+
+
+@cache
+def load_backend(name: str):
+    """The module of backend ``name`` ("local", "mpi", "nccl", ...)."""
+    for ep in entry_points(group="collectives.backends"):
+        if ep.name == name:
+            return ep.load()
+    try:  # a source checkout whose metadata is stale still finds the bundled backends
+        return importlib.import_module(f"collectives.backends.{name}")
+    except ModuleNotFoundError as exc:
+        known = sorted(ep.name for ep in entry_points(group="collectives.backends"))
+        raise ValueError(f"backend={name!r} is not installed; installed backends: {known}") from exc
+
+
+def backend_for_arrays(values) -> object:
+    """The multi-device backend that handles these arrays (NumPy: the embedded one)."""
+    module = type(values[0]).__module__.split(".")[0]
+    if module == "cupy":
+        return load_backend("cupy").devices()
+    return load_backend("local").devices()

@@ -1,0 +1,219 @@
+"""All-reduce specs: TensorFlow's forms and worked examples, and the stricter checks."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from collectives.spec import (
+    SpecRange,
+    assign_ranges,
+    group_device_names,
+    parse_general_int,
+    parse_spec,
+)
+
+# TensorFlow's own namedtuple; a namedtuple is a tuple, so it must be accepted.
+AllReduceSpecTuple = namedtuple("AllReduceSpecTuple", "alg shards limit")
+
+TF_NAMES = ["nccl", "nccl/xring", "nccl/rechd", "nccl/pscpu", "xring", "pscpu", "psgpu",
+            "pscpu/pscpu", "collective"]
+OUR_NAMES = ["auto", "ring", "rechd", "tree", "shuffle", "one_device", "ring/tree"]
+SUFFIX = {"": 1, "K": 1024, "k": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def test_tf_worked_example() -> None:
+    assert parse_spec("pscpu:2k:pscpu#2:64k:xring") == [
+        ("pscpu", 1, 2048), ("pscpu", 2, 65536), ("xring", 1, -1)]
+
+
+def test_result_is_spec_ranges() -> None:
+    ranges = parse_spec("pscpu:2k:pscpu#2:64k:xring")
+    assert all(isinstance(r, SpecRange) for r in ranges)
+    assert ranges[1].algorithm == "pscpu" and ranges[1].shards == 2 and ranges[1].limit == 65536
+
+
+@pytest.mark.parametrize("name", TF_NAMES + OUR_NAMES)
+def test_plain_name_keeps_user_text(name: str) -> None:
+    assert parse_spec(name) == [SpecRange(name, 1, -1)]
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    (("pscpu/pscpu",), [("pscpu/pscpu", 1, -1)]),
+    (("pscpu/pscpu", 2), [("pscpu/pscpu", 2, -1)]),
+    (("pscpu/pscpu", 2, -1), [("pscpu/pscpu", 2, -1)]),
+    (AllReduceSpecTuple("nccl/xring", 3, -1), [("nccl/xring", 3, -1)]),
+    ([("pscpu", 1, 2048), ("pscpu", 2, 65536), ("xring",)],
+     [("pscpu", 1, 2048), ("pscpu", 2, 65536), ("xring", 1, -1)]),
+    ([AllReduceSpecTuple("nccl", 1, 10), SpecRange("ring", 4, -1)],
+     [("nccl", 1, 10), ("ring", 4, -1)]),
+    ("xring#4", [("xring", 4, -1)]),
+])
+def test_tuple_and_list_forms(spec: object, expected: list[tuple]) -> None:
+    assert parse_spec(spec) == expected
+
+
+def test_parse_is_idempotent() -> None:
+    ranges = parse_spec("pscpu:2k:pscpu#2:64k:xring")
+    assert parse_spec(ranges) == ranges
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("17", 17), ("2k", 2048), ("64K", 65536), ("3M", 3 * 1024**2), ("1G", 1024**3),
+    ("2T", 2 * 1024**4), ("-1", -1), ("0", 0),
+])
+def test_parse_general_int(text: str, value: int) -> None:
+    assert parse_general_int(text) == value
+
+
+@pytest.mark.parametrize("text", ["2m", "2g", "2kb", "k", "", "1.5k"])
+def test_parse_general_int_rejects(text: str) -> None:
+    # Lower-case m/g/t are not suffixes in TensorFlow's rule: they fall through to int().
+    with pytest.raises(ValueError):
+        parse_general_int(text)
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ("pscpu:2k", r"not well formed.*'2k'"),
+    ("xring#a", r"non-integer shards 'a'"),
+    ("xring#1.5", r"non-integer shards '1.5'"),
+    ("xring#0", r"'xring#0'.*shards=0 must be 1 or more"),
+    ("xring#-2", r"'xring#-2'.*shards=-2"),
+    ("xring#2#3", r"'xring#2#3' has more than one '#'"),
+    ("pscpu:2x:xring", r"non-integer range '2x'"),
+    ("pscpu:2m:xring", r"non-integer range '2m'"),
+    ("foo:2k:xring", r"'foo'.*unknown algorithm 'foo'"),
+    ("pscpu:2k:bogus", r"'bogus'.*unknown algorithm 'bogus'"),
+    ("pscpu:0:xring", r"'pscpu:0'.*positive limit"),
+    ("pscpu:-5:xring", r"'pscpu:-5'.*positive limit"),
+    ("pscpu:4k:ring:2k:xring", r"'ring:2k'.*not greater than.*4096"),
+    ("pscpu:4k:ring:4k:xring", r"'ring:4k'.*strictly increase"),
+    ("", r"''.*malformed"),
+    ("nosuch", r"unknown algorithm 'nosuch'"),
+    ((), r"empty tuple"),
+    ([], r"empty list"),
+    (("ring", 2, 5), r"\('ring', 2, 5\).*last range must have limit -1"),
+    (("ring", 0), r"\('ring', 0\).*shards=0"),
+    (("ring", "2"), r"\('ring', '2'\).*shards must be a whole number"),
+    (("ring", 2.0), r"\('ring', 2.0\).*shards must be a whole number"),
+    (("ring", True), r"shards must be a whole number, not True"),
+    (("ring", 1, "2k"), r"limit must be a whole number, not '2k'"),
+    (("ring", 1, 2, 3), r"\('ring', 1, 2, 3\) has 4 elements"),
+    (("nope", 1), r"\('nope', 1\).*unknown algorithm 'nope'"),
+    ([("ring", 1, 5), "xring"], r"tuple .* is expected, not 'xring'"),
+    ([("ring", 1, -1), ("xring", 1, -1)], r"\('ring', 1, -1\).*positive limit"),
+    ([("ring", 1, 10), ("xring", 1, 10), ("tree",)], r"\('xring', 1, 10\).*not greater"),
+])
+def test_value_errors_name_the_bad_part(spec: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_spec(spec)
+
+
+@pytest.mark.parametrize("spec", [{}, {"alg": "ring"}, 3, None, 2.5, b"ring"])
+def test_other_types_are_type_errors(spec: object) -> None:
+    with pytest.raises(TypeError, match=r"all_reduce_spec must be .*tuple.*list"):
+        parse_spec(spec)
+
+
+def test_non_string_algorithm_in_tuple() -> None:
+    with pytest.raises(TypeError, match=r"all_reduce_spec tuple \(3,\).*must be a string"):
+        parse_spec((3,))
+
+
+def test_assign_ranges_worked_example() -> None:
+    ranges = parse_spec("pscpu:2k:pscpu#2:64k:xring")
+    sizes = [1, 2048, 2049, 65536, 65537, 0, 10**9]
+    # The limit counts elements and is inclusive (size <= limit).
+    assert assign_ranges(sizes, ranges) == [[0, 1, 5], [2, 3], [4, 6]]
+
+
+def test_assign_ranges_without_unlimited_range() -> None:
+    with pytest.raises(ValueError, match=r"tensor 1 has 11 elements"):
+        assign_ranges([3, 11], [SpecRange("ring", 1, 10)])
+
+
+def test_group_device_names_examples() -> None:
+    assert group_device_names(["a", "b", "c"], 2) == [["a", "c"], ["b", "a"]]
+    assert group_device_names(["a", "b", "c", "d"], 2) == [["a", "c"], ["b", "d"]]
+    assert group_device_names(["a", "b", "c"], 1) == [["a"], ["b"], ["c"]]
+    assert group_device_names(["a", "b", "c"], 3) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(("group_size", "match"), [
+    (4, r"only 3 devices, but group_size=4"),
+    (0, r"group_size=0 must be 1 or more"),
+])
+def test_group_device_names_errors(group_size: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        group_device_names(["a", "b", "c"], group_size)
+
+
+@given(st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=12),
+       st.integers(1, 12))
+def test_group_device_names_properties(devices: list[str], group_size: int) -> None:
+    if group_size > len(devices):
+        with pytest.raises(ValueError):
+            group_device_names(devices, group_size)
+        return
+    groups = group_device_names(devices, group_size)
+    assert len(groups) == -(-len(devices) // group_size)
+    assert all(len(g) == group_size for g in groups)
+    # Every device is used, the first n slots in round-robin order are the devices in order.
+    slots = [groups[i % len(groups)][i // len(groups)] for i in range(len(devices))]
+    assert slots == devices
+
+
+@st.composite
+def grammar_specs(draw: st.DrawFn) -> tuple[str, list[SpecRange]]:
+    count = draw(st.integers(1, 4))
+    limits = draw(st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(list(SUFFIX))),
+                           min_size=count - 1, max_size=count - 1,
+                           unique_by=lambda t: t[0] * SUFFIX[t[1]]))
+    limits.sort(key=lambda t: t[0] * SUFFIX[t[1]])
+    parts, expected = [], []
+    for k in range(count):
+        alg = draw(st.sampled_from(TF_NAMES + OUR_NAMES))
+        shards = draw(st.none() | st.integers(1, 16))
+        parts.append(alg if shards is None else f"{alg}#{shards}")
+        if k < count - 1:
+            digits, suffix = limits[k]
+            parts.append(f"{digits}{suffix}")
+            limit = digits * SUFFIX[suffix]
+        else:
+            limit = -1
+        expected.append(SpecRange(alg, shards or 1, limit))
+    return ":".join(parts), expected
+
+
+@given(grammar_specs())
+def test_grammar_round_trip(case: tuple[str, list[SpecRange]]) -> None:
+    text, expected = case
+    assert parse_spec(text) == expected
+
+
+@st.composite
+def sizes_and_ranges(draw: st.DrawFn) -> tuple[list[int], list[SpecRange]]:
+    limits = sorted(draw(st.sets(st.integers(1, 100), max_size=4)))
+    ranges = [SpecRange("ring", 1, lim) for lim in limits] + [SpecRange("tree", 2, -1)]
+    sizes = draw(st.lists(st.integers(0, 150), max_size=30))
+    return sizes, ranges
+
+
+@given(sizes_and_ranges())
+def test_assign_ranges_partitions_and_respects_limits(
+        case: tuple[list[int], list[SpecRange]]) -> None:
+    sizes, ranges = case
+    parse_spec(list(ranges))  # the generated ranges are valid specs
+    assigned = assign_ranges(sizes, ranges)
+    assert len(assigned) == len(ranges)
+    assert sorted(i for part in assigned for i in part) == list(range(len(sizes)))
+    for slot, part in enumerate(assigned):
+        assert part == sorted(part)
+        for i in part:
+            limit = ranges[slot].limit
+            assert limit == -1 or sizes[i] <= limit
+            # The first matching range wins: no earlier range would have taken it.
+            assert all(sizes[i] > r.limit for r in ranges[:slot])
