@@ -95,7 +95,7 @@ def _whole(value: Any, what: str, where: str) -> int:
 
 
 def _check_shards(shards: int, where: str) -> None:
-    if shards < 0:
+    if shards < 1:
         raise ValueError(f"all_reduce_spec {where}: shards={shards} must be 1 or more")
 
 
