@@ -9,7 +9,7 @@ Two ways of calling:
 
 from __future__ import annotations
 
-from .api import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from .api import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
 from .communicator import Communicator
 from .errors import (
     CollectiveError,
@@ -32,5 +32,5 @@ def run(fn, size: int, **kwargs) -> list:
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "Communicator", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
-    "broadcast", "reduce", "reduce_scatter", "run", "load_backend",
+    "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend",
 ]

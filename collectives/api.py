@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import algorithms, select
+from .batch import plan_batch
 from .execute import run_multi_device
 from .ops import ReduceOp, divide_for_mean, result_dtype
 from .registry import backend_for_arrays
@@ -206,3 +207,42 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str 
         check_out(o, r.shape, final, f"out[{i}]")
         backend.copy(o, r)
     return list(out)
+
+
+def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
+                     algorithm="auto", *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
+                     agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
+                     shards: int = 0, groups: Groups = None) -> list[list]:
+    """All-reduce many tensors at once: ``value_lists[k]`` holds tensor k on every device.
+
+    ``algorithm`` takes any all-reduce spec: a name, ``(alg, shards, limit)`` tuples with
+    limits in elements, or a string like ``"pscpu:2k:pscpu#2:64k:xring"``. Tensors are packed
+    (``num_packs``, small-tensor aggregation or ``bytes_per_pack``) so many small tensors cost
+    few collectives. Returns ``results[k][d]``, in input order with input shapes.
+    """
+    if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
+        raise TypeError("value_lists must be a list with, per tensor, one array per device")
+    if len(value_lists) == 0:
+        return []
+    tensors = [_prepare(v, op, f"value_lists[{k}]") for k, v in enumerate(value_lists)]
+    n = len(tensors[0][0])
+    for k, (values, *_rest) in enumerate(tensors):
+        if len(values) != n:
+            raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] has "
+                             f"{n}; every tensor needs one array per device")
+    shapes = [t[1] for t in tensors]
+    dtypes = [t[2] for t in tensors]
+    results: list[list | None] = [None] * len(tensors)
+    for part in plan_batch(shapes, dtypes, algorithm, num_packs=num_packs,
+                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                           agg_small_grads_max_group=agg_small_grads_max_group,
+                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
+        per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices]) for d in range(n)]
+        reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
+                              shards=part.spec.shards, groups=groups)
+                   for j in range(len(part.plan.packs))]
+        unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))])
+                    for d in range(n)]
+        for position, i in enumerate(part.indices):
+            results[i] = [unpacked[d][position] for d in range(n)]
+    return results

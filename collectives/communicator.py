@@ -18,6 +18,7 @@ import numpy as np
 
 from . import algorithms
 from .api import pick_algorithm, resolve_groups
+from .batch import plan_batch
 from .errors import CollectiveMismatchError
 from .execute import run_spmd
 from .ops import ReduceOp, divide_for_mean, result_dtype
@@ -184,5 +185,27 @@ class Communicator:
         self.transport.agree(("barrier", self._seq), None,
                              self.timeout if timeout is None else timeout)
 
-    def batch_all_reduce(self, xs: Sequence, op: ReduceOp | str = "sum", algorithm="auto", **kw):
-        raise NotImplementedError
+    def batch_all_reduce(self, xs: Sequence, op: ReduceOp | str = "sum", algorithm="auto", *,
+                         num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
+                         agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
+                         shards: int = 0, groups=None, timeout: float | None = None) -> list:
+        """All-reduce a list of tensors as few packed buffers; results in input order.
+
+        ``algorithm`` takes any all-reduce spec (see ``collectives.spec``); the packing knobs
+        are those of ``collectives.batch_all_reduce``.
+        """
+        xs = [as_array(x, f"xs[{k}]") for k, x in enumerate(xs)]
+        for k, x in enumerate(xs):
+            check_op(op, x.dtype, f"xs[{k}]")
+        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs], algorithm,
+                           num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                           agg_small_grads_max_group=agg_small_grads_max_group,
+                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards))
+        results: list = [None] * len(xs)
+        for part in parts:
+            packed = part.plan.pack([xs[i] for i in part.indices])
+            reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
+                                       groups=groups, timeout=timeout) for buf in packed]
+            for i, result in zip(part.indices, part.plan.unpack(reduced)):
+                results[i] = result
+        return results

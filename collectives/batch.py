@@ -1,0 +1,50 @@
+"""Batches: many tensors reduced as few buffers, in both ways of calling.
+
+``plan_batch`` turns an all-reduce spec (any form of ``spec.parse_spec``) and the packing
+knobs into a list of ``(range, plan)`` pairs: the spec's size ranges decide which algorithm
+and shard count each tensor gets (by element count), and the packing plan decides how that
+range's tensors travel as buffers. Results always come back in input order with input
+shapes, whatever the ranges (TensorFlow's MultiWorkerAllReduce reordered them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .packing import PackPlan, make_plan
+from .spec import SpecRange, assign_ranges, parse_spec
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    spec: SpecRange
+    indices: tuple[int, ...]  # which tensors of the batch this part carries, in order
+    plan: PackPlan
+
+
+def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,
+               *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
+               agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
+               shards: int = 0) -> list[BatchPart]:
+    ranges = parse_spec(algorithm)
+    if len(ranges) == 1 and ranges[0].shards == 1 and shards:
+        ranges = [ranges[0]._replace(shards=shards)]
+    sizes = [int(np.prod(s)) for s in shapes]
+    parts = []
+    for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):
+        if not indices:
+            continue
+        plan = make_plan([shapes[i] for i in indices], [dtypes[i] for i in indices],
+                         num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                         agg_small_grads_max_group=agg_small_grads_max_group,
+                         bytes_per_pack=bytes_per_pack)
+        parts.append(BatchPart(spec, tuple(indices), plan))
+    return parts
+
+
+def shards_for(spec: SpecRange) -> int:
+    """A plain name in a spec means shards 1, which for the shuffle is one gather device."""
+    return spec.shards
