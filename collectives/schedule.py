@@ -88,8 +88,13 @@ class Schedule:
         return sum(((s.hi - s.lo) * len(s.srcs) for s in self.steps), ZERO)
 
     def cost(self, nbytes: int, latency: float, seconds_per_byte: float,
-             reduce_seconds_per_byte: float = 0.0) -> float:
-        """Alpha-beta-gamma estimate: per round, the latency plus the busiest receiver's bytes."""
+             reduce_seconds_per_byte: float = 0.0, message_overhead: float = 0.0) -> float:
+        """LogP-flavoured estimate: per round, a latency plus the busiest participant's work.
+
+        A participant's work in a round is ``message_overhead`` per message it sends or
+        receives, plus its received bytes at ``seconds_per_byte`` (and reduced bytes at
+        ``reduce_seconds_per_byte``).
+        """
         total = 0.0
         for rnd in self.rounds:
             if not rnd:
@@ -97,7 +102,10 @@ class Schedule:
             load: Counter = Counter()
             for s in rnd:
                 width = float(s.hi - s.lo) * nbytes * len(s.srcs)
-                load[s.dst] += width * (seconds_per_byte + (reduce_seconds_per_byte if s.reduce else 0))
+                per_byte = seconds_per_byte + (reduce_seconds_per_byte if s.reduce else 0.0)
+                load[s.dst] += width * per_byte + message_overhead * len(s.srcs)
+                for q in s.srcs:
+                    load[q] += message_overhead
             total += latency + max(load.values())
         return total
 
@@ -193,21 +201,25 @@ def check(schedule: Schedule) -> None:
                 row.append(((p,), ("input", p)) if owner_of(lo) == p else None)
         state.append(row)
 
+    index[ONE] = len(atoms)
+
     def span(step: Step) -> range:
-        if not (ZERO <= step.lo <= step.hi <= ONE):
-            raise ScheduleError(f"{schedule.name}: step {step} leaves the buffer")
-        return range(index[step.lo], index[step.hi] if step.hi < ONE else len(atoms))
+        lo, hi = index[step.lo], index[step.hi]
+        if not lo <= hi:
+            raise ScheduleError(f"{schedule.name}: step {step} has an empty or reversed range")
+        return range(lo, hi)
 
     for r, rnd in enumerate(schedule.rounds):
         written: set[tuple[int, int]] = set()
         read: set[tuple[int, int]] = set()
-        for s in rnd:
+        spans = [span(s) for s in rnd]
+        for s, atoms_of_s in zip(rnd, spans):
             for p in (s.dst, *s.srcs):
                 if not 0 <= p < n:
                     raise ScheduleError(f"{schedule.name}: round {r} names participant {p}")
             if s.dst in s.srcs:
                 raise ScheduleError(f"{schedule.name}: round {r} step {s} reads its destination")
-            for a in span(s):
+            for a in atoms_of_s:
                 if (s.dst, a) in written:
                     raise ScheduleError(f"{schedule.name}: round {r} writes {s.dst} twice")
                 written.add((s.dst, a))
@@ -216,8 +228,8 @@ def check(schedule: Schedule) -> None:
         if clash:
             raise ScheduleError(f"{schedule.name}: round {r} reads and writes {sorted(clash)[0]}")
         updates = {}
-        for s in rnd:
-            for a in span(s):
+        for s, atoms_of_s in zip(rnd, spans):
+            for a in atoms_of_s:
                 inputs = [state[q][a] for q in s.srcs] + ([state[s.dst][a]] if s.reduce else [])
                 if any(v is None for v in inputs):
                     raise ScheduleError(f"{schedule.name}: round {r} step {s} reads undefined data")

@@ -22,9 +22,10 @@ class CostModel:
     """Seconds per round, per byte moved, per byte reduced; ``shared_memory`` transports run
     every schedule tile by tile at the same memory traffic, so there fewer steps win."""
 
-    latency: float = 20e-6
+    latency: float = 5e-6
     seconds_per_byte: float = 1 / 5e9
     reduce_seconds_per_byte: float = 1 / 10e9
+    message_overhead: float = 10e-6
     shared_memory: bool = False
 
 
@@ -46,7 +47,7 @@ def _choose(collective: Collective, size: int, bucket: int, model: CostModel) ->
             cost = sum(len(s.srcs) for s in schedule.steps) * model.latency
         else:
             cost = schedule.cost(nbytes, model.latency, model.seconds_per_byte,
-                                 model.reduce_seconds_per_byte)
+                                 model.reduce_seconds_per_byte, model.message_overhead)
         if cost < best_cost:
             best, best_cost = name, cost
     return best

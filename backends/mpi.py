@@ -1,0 +1,711 @@
+"""The MPI transport: one process per rank, launched with ``mpiexec -n N python train.py``.
+
+``init()`` wraps any mpi4py communicator (``COMM_WORLD`` by default) in a ``Communicator`` whose
+collectives run one of two ways:
+
+* ``algorithm="native"`` (alias ``"mpi"``): MPI's own collective (``Allreduce``, ``Reduce``,
+  ``Bcast``, ``Allgather``, ``Reduce_scatter``), where MPI defines the op for the dtype. MEAN
+  moves as SUM and is divided once afterwards. Dtypes MPI lacks (float16, bfloat16, non-native
+  byte order) go through the core's schedules instead;
+* any schedule of the core (``ring``, ``rechd``, ``tree``, ``shuffle``, ``one_device``,
+  ``"A/B"``), run over non-blocking point-to-point with receive buffers reused across calls.
+
+``auto`` picks between them by size and rank count (crossovers measured, see ``docs/mpi.md``).
+Library traffic runs on duplicates of the user's communicator, so it never matches user
+messages. Every wait polls with a deadline: a peer that never arrives raises
+``CollectiveTimeoutError`` naming it, and an MPI error talking to a peer raises
+``PeerFailedError``; either leaves the communicator unusable (messages may still be in
+flight), and later calls say so.
+
+Device arrays (CuPy, anything with ``__cuda_array_interface__``) are staged through host
+memory: the MPI wheels on PyPI are not CUDA-aware.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collectives.communicator import Communicator
+from collectives.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+)
+from collectives.ops import ReduceOp, accumulate
+from collectives.schedule import Collective, Schedule, element_ranges
+from collectives.select import CostModel
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; mpi4py is imported lazily
+    from mpi4py import MPI as _MPI
+
+__all__ = ["MAX_COUNT", "MPICommunicator", "MPITransport", "NATIVE", "chunks", "init",
+           "native_types", "node_groups", "select_algorithm"]
+
+NATIVE = "native"
+NATIVE_NAMES = ("native", "mpi")
+
+# MPI counts are C ints in MPI < 4; mpi4py 4 over an MPI-4 library uses the large-count calls,
+# but splitting every message at this many elements (bytes for point-to-point) costs nothing
+# and keeps any MPI working. Tests lower it to exercise the split paths with small arrays.
+MAX_COUNT = 2**31 - 1
+
+# All-reduce payloads from this many bytes up run the ring schedule under "auto" (measured on
+# the 2-vCPU machine with MPICH 5.0.2, benchmarks/mpi_compare.py; keyed by rank count, the
+# last entry serving larger counts). Below, MPI's own Allreduce is faster.
+RING_FROM_BYTES: dict[int, int] = {2: 16 << 20, 3: 16 << 20, 4: 16 << 20}
+
+# Native all-reduce of large payloads runs in pieces of this many bytes: MPICH mallocs a
+# scratch buffer of half the message per call, and from 16 MiB up glibc serves it by mmap and
+# page-faults it in every time (the "64 MiB cliff"); pieces stay on the heap and are reused.
+NATIVE_PIECE_BYTES = 8 << 20
+
+# Polling: spin on Test for the first iterations (a peer a few microseconds late), then yield
+# the core (4 ranks on 2 cores must let the peer run), then sleep once a wait is clearly long.
+SPIN_ITERATIONS = 50
+YIELD_SECONDS = 1.0
+SLEEP_SECONDS = 1e-3
+
+# Point-to-point schedules cost about this much per round here (Python + MPICH shared memory).
+COST_MODEL = CostModel(latency=15e-6, seconds_per_byte=1 / 4e9, reduce_seconds_per_byte=1 / 8e9)
+
+ENV_RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
+
+_MPI_MOD: Any = None
+
+
+def _mpi():
+    """mpi4py's MPI module, imported on first use (importing it initialises MPI)."""
+    global _MPI_MOD
+    if _MPI_MOD is None:
+        from mpi4py import MPI
+
+        _MPI_MOD = MPI
+    return _MPI_MOD
+
+
+# --- pure helpers (no MPI needed; unit-tested directly) -----------------------------------------
+
+def chunks(count: int, limit: int | None = None) -> list[tuple[int, int]]:
+    """Split ``[0, count)`` into consecutive ``(lo, hi)`` pieces of at most ``limit`` items.
+
+    Every MPI call of this transport moves one piece, so no count passed to MPI exceeds
+    ``limit`` (``MAX_COUNT`` by default) whatever the array's size.
+    """
+    limit = MAX_COUNT if limit is None else limit
+    if limit < 1:
+        raise ValueError(f"limit={limit} must be at least 1")
+    if count < 0:
+        raise ValueError(f"count={count} must be non-negative")
+    return [(lo, min(lo + limit, count)) for lo in range(0, count, limit)]
+
+
+def native_types(dtype: np.dtype, op: ReduceOp | None):
+    """``(MPI datatype, MPI op)`` for MPI's own collectives on ``dtype`` with ``op``, or None.
+
+    None means MPI does not define the pair (float16, bfloat16, byte-swapped dtypes), and the
+    call runs a schedule. Booleans map MAX/MIN to MPI's LOR/LAND, which MPI does define.
+    ``op=None`` asks only for the datatype (broadcast, gather).
+    """
+    MPI = _mpi()
+    dtype = np.dtype(dtype)
+    if not dtype.isnative or dtype.kind not in "biufc" or dtype.itemsize not in (1, 2, 4, 8, 16):
+        return None
+    if dtype.kind == "b":
+        ops = {ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAND}
+        if op is None:
+            return MPI.C_BOOL, None
+        return (MPI.C_BOOL, ops[op.wire_op]) if op.wire_op in ops else None
+    datatype = {
+        ("i", 1): MPI.INT8_T, ("i", 2): MPI.INT16_T, ("i", 4): MPI.INT32_T, ("i", 8): MPI.INT64_T,
+        ("u", 1): MPI.UINT8_T, ("u", 2): MPI.UINT16_T, ("u", 4): MPI.UINT32_T,
+        ("u", 8): MPI.UINT64_T, ("f", 4): MPI.FLOAT, ("f", 8): MPI.DOUBLE,
+        ("c", 8): MPI.C_FLOAT_COMPLEX, ("c", 16): MPI.C_DOUBLE_COMPLEX,
+    }.get((dtype.kind, dtype.itemsize))  # float16 and longdouble: MPI has no standard type
+    if datatype is None or datatype == MPI.DATATYPE_NULL:
+        return None
+    if op is None:
+        return datatype, None
+    ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.PROD: MPI.PROD, ReduceOp.MAX: MPI.MAX,
+           ReduceOp.MIN: MPI.MIN}
+    if dtype.kind == "c" and op.wire_op in (ReduceOp.MAX, ReduceOp.MIN):
+        return None
+    return datatype, ops[op.wire_op]
+
+
+def canonical(algorithm: str) -> str:
+    """``"native"`` for MPI's own collectives, else the core's canonical name."""
+    if isinstance(algorithm, str) and algorithm.strip().lower() in NATIVE_NAMES:
+        return NATIVE
+    from collectives import algorithms
+
+    return algorithms.canonical(algorithm)
+
+
+def select_algorithm(collective: Collective, size: int, nbytes: int, native_ok: bool) -> str:
+    """What ``algorithm="auto"`` runs: ``"native"`` or a core schedule name.
+
+    MPI's own collectives win below the measured crossover; large all-reduces run the ring
+    over reused buffers. Without a native path (float16, ...) the core's cost model chooses.
+    """
+    if size == 1:
+        return "one_device"  # no messages at all
+    if native_ok:
+        if collective is Collective.ALL_REDUCE:
+            limit = RING_FROM_BYTES.get(size, RING_FROM_BYTES[max(RING_FROM_BYTES)])
+            return "ring" if nbytes >= limit else NATIVE
+        return NATIVE
+    from collectives import select
+
+    return select.choose(collective, size, nbytes, COST_MODEL)
+
+
+def groups_from_env(size: int, env: dict | None = None) -> tuple[tuple[int, ...], ...] | None:
+    """Groups of ``k`` consecutive ranks when ``COLLECTIVES_RANKS_PER_NODE=k`` is set, else None."""
+    env = os.environ if env is None else env
+    text = env.get(ENV_RANKS_PER_NODE, "").strip()
+    if not text:
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_RANKS_PER_NODE}={text!r} must be a positive integer "
+                         "(ranks per simulated node)") from None
+    if k < 1:
+        raise ValueError(f"{ENV_RANKS_PER_NODE}={text!r} must be a positive integer")
+    return tuple(tuple(range(i, min(i + k, size))) for i in range(0, size, k))
+
+
+def _tag(parts: tuple, modulus: int) -> int:
+    """An MPI tag for an executor tag ``(seq, round, step)``.
+
+    Tags only keep one collective's messages apart from another's; pairing within a round relies
+    on MPI's non-overtaking order (both ends post a pair's messages in schedule order), so
+    wrapping around the tag space is harmless.
+    """
+    seq, rnd, step = parts
+    return (((seq & 0x1FFF) << 16) | ((rnd & 0xFF) << 8) | (step & 0xFF)) % modulus
+
+
+def _as_bytes(buf: np.ndarray) -> np.ndarray:
+    """The raw bytes of a contiguous array, so any dtype (bfloat16 too) travels as MPI.BYTE."""
+    return buf.reshape(-1).view(np.uint8)
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+class _Send:
+    __slots__ = ("dst", "reqs")
+
+    def __init__(self, reqs: list, dst: int):
+        self.reqs, self.dst = reqs, dst
+
+
+class _Recv:
+    """A posted receive; ``wait()`` returns the array holding the peer's data."""
+
+    __slots__ = ("data", "reqs", "scratch", "src", "transport")
+
+    def __init__(self, transport: MPITransport, reqs: list, data: np.ndarray, src: int,
+                 scratch: bool):
+        self.transport, self.reqs, self.data, self.src = transport, reqs, data, src
+        self.scratch = scratch
+
+    def wait(self) -> np.ndarray:
+        self.transport.wait_requests(self.reqs, lambda: [self.src])
+        return self.data
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A collective whose algorithm depends on dtype and op, decided when the buffer is known."""
+
+    collective: Collective
+    algorithm: str  # "auto" or "native"
+    nbytes: int
+    root: int
+    shards: int
+    groups: Any
+
+
+# --- the transport ----------------------------------------------------------------------------
+
+class MPITransport:
+    """Point-to-point, agreement and MPI's own collectives over an mpi4py communicator."""
+
+    def __init__(self, comm: _MPI.Comm):
+        MPI = _mpi()
+        self.data = comm.Dup()  # schedule and native traffic
+        self.ctrl = comm.Dup()  # agreements: never matched against data messages
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self.what = "collective"
+        self.timeout = 300.0
+        self.cost_model = COST_MODEL
+        self.broken: str | None = None
+        self._data_tags = self.data.Get_attr(MPI.TAG_UB) + 1
+        self._ctrl_tags = self.ctrl.Get_attr(MPI.TAG_UB) + 1
+        self._arena = np.empty(0, np.uint8)
+        self._arena_used = 0
+        self._outstanding = 0
+        self._status = MPI.Status()
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def wait_requests(self, reqs: Sequence, missing: Callable[[], list],
+                      timeout: float | None = None) -> None:
+        """Poll ``reqs`` until all complete; raise naming ``missing()`` at the deadline."""
+        MPI = _mpi()
+        if not reqs:
+            return
+        test = reqs[0].Test if len(reqs) == 1 else (lambda: MPI.Request.Testall(reqs))
+        try:
+            if test():
+                return
+            timeout = self.timeout if timeout is None else timeout
+            start = time.monotonic()
+            deadline = start + timeout
+            spins = 0
+            while not test():
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._fail(CollectiveTimeoutError(self.what, missing(), timeout,
+                                                            self.rank))
+                spins += 1
+                if spins > SPIN_ITERATIONS:
+                    if now - start < YIELD_SECONDS:
+                        os.sched_yield()
+                    else:
+                        time.sleep(SLEEP_SECONDS)
+        except MPI.Exception as exc:
+            raise self._fail(PeerFailedError(
+                f"rank {self.rank}: {self.what} failed while waiting for rank(s) "
+                f"{', '.join(map(str, sorted(set(missing()))))}: {exc.Get_error_string()}")) from exc
+
+    def _fail(self, exc: CollectiveError) -> CollectiveError:
+        self.broken = str(exc)
+        return exc
+
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise CollectiveError(
+                f"rank {self.rank}: this MPI communicator is unusable after an earlier failure "
+                f"({self.broken}); messages of that collective may still be in flight")
+
+    # -- point-to-point for the core's executor -----------------------------------------------
+
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        """Receive space from an arena reused across calls (no per-call malloc of big buffers)."""
+        start = -(-self._arena_used // 64) * 64
+        if start + nbytes > len(self._arena):
+            if self._outstanding:  # others still read the arena: a one-off buffer this time
+                self._arena_used = len(self._arena) + nbytes  # and grow on the next reset
+                return np.empty(nbytes, np.uint8)
+            self._arena = np.empty(max(nbytes, self._arena_used, 2 * len(self._arena)), np.uint8)
+            start = 0
+        self._arena_used = start + nbytes
+        return self._arena[start:start + nbytes]
+
+    def _reset_scratch(self) -> None:
+        if self._arena_used > len(self._arena):
+            self._arena = np.empty(self._arena_used, np.uint8)
+        self._arena_used = 0
+
+    def isend(self, buf: np.ndarray, dst: int, tag: tuple) -> _Send:
+        raw, t = _as_bytes(buf), _tag(tag, self._data_tags)
+        return _Send([self.data.Isend([raw[a:b], _mpi().BYTE], dst, t)
+                      for a, b in chunks(len(raw))], dst)
+
+    def irecv(self, like: np.ndarray, src: int, tag: tuple) -> _Recv:
+        data = self._scratch(like.nbytes).view(like.dtype)
+        self._outstanding += 1
+        return self._post_recv(data, src, tag, scratch=True)
+
+    def irecv_into(self, dst: np.ndarray, src: int, tag: tuple) -> _Recv:
+        """Receive straight into ``dst`` (a copy step needs no scratch and no second copy)."""
+        return self._post_recv(dst, src, tag, scratch=False)
+
+    def _post_recv(self, data: np.ndarray, src: int, tag: tuple, scratch: bool) -> _Recv:
+        raw, t = _as_bytes(data), _tag(tag, self._data_tags)
+        reqs = [self.data.Irecv([raw[a:b], _mpi().BYTE], src, t) for a, b in chunks(len(raw))]
+        return _Recv(self, reqs, data, src, scratch)
+
+    def release(self, request: _Recv) -> None:
+        if request.scratch and self._outstanding:
+            self._outstanding -= 1
+            if not self._outstanding:
+                self._reset_scratch()
+
+    def waitall(self, requests: Sequence[_Send]) -> None:
+        reqs = [r for s in requests for r in s.reqs]
+        self.wait_requests(reqs, lambda: sorted({s.dst for s in requests
+                                                 if not _mpi().Request.Testall(s.reqs)}))
+
+    def cancel(self, receives: Sequence[_Recv]) -> None:
+        """Cancel receives left posted by a failed collective, so they write nothing later."""
+        for recv in receives:
+            for req in recv.reqs:
+                try:
+                    req.Cancel()
+                except _mpi().Exception:  # already complete, or the library cannot cancel
+                    pass
+
+    def run_schedule(self, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, granule: int = 1,
+                     seq: int = 0) -> None:
+        """This rank's steps of ``schedule`` on flat ``buf``, in place.
+
+        The core's ``run_spmd`` with one difference: copy steps receive straight into ``buf``
+        (a round never reads a range it writes), so only reduce steps use scratch.
+        """
+        rank = self.rank
+        units = len(buf) // granule if granule else 0
+        spans = element_ranges(schedule, units)
+        for r, (rnd, bounds) in enumerate(zip(schedule.rounds, spans)):
+            receives, sends = [], []
+            try:
+                for i, (step, (lo, hi)) in enumerate(zip(rnd, bounds)):
+                    lo, hi = lo * granule, hi * granule
+                    if hi <= lo:
+                        continue
+                    if step.dst == rank:
+                        if step.reduce:
+                            reqs = [self.irecv(buf[lo:hi], q, (seq, r, i)) for q in step.srcs]
+                        else:
+                            reqs = [self.irecv_into(buf[lo:hi], step.srcs[0], (seq, r, i))]
+                        receives.append((step, lo, hi, reqs))
+                    elif rank in step.srcs:
+                        sends.append(self.isend(buf[lo:hi], step.dst, (seq, r, i)))
+                for step, lo, hi, reqs in receives:
+                    if step.reduce:
+                        # The schedule's operand order, so every rank computes the same bits.
+                        accumulate(op, buf[lo:hi], (req.wait() for req in reqs))
+                    else:
+                        reqs[0].wait()
+                    for req in reqs:
+                        self.release(req)
+                self.waitall(sends)
+            except BaseException:
+                self.cancel([req for _, _, _, reqs in receives for req in reqs])
+                self._outstanding = 0
+                self._reset_scratch()
+                raise
+
+    # -- agreement ---------------------------------------------------------------------------
+
+    def agree(self, key, item, timeout: float) -> list:
+        """Every rank's ``item`` in rank order; raises naming the ranks that never arrive.
+
+        Each rank sends its pickled ``(kind, collective, item)`` to every other rank on the
+        control communicator under a tag derived from the call's sequence number, then
+        receives one message from each rank. Whoever has not sent by the deadline is missing.
+        """
+        MPI = _mpi()
+        self.check_usable()
+        kind = key[0] if isinstance(key, tuple) else key
+        seq = (key[-1] if isinstance(key, tuple) and isinstance(key[-1], int)
+               else zlib.crc32(repr(key).encode()))  # hash() differs between processes
+        tag = seq % self._ctrl_tags
+        mine = pickle.dumps((kind, self.what, item), protocol=pickle.HIGHEST_PROTOCOL)
+        got: dict[int, bytes] = {self.rank: mine}
+        if self.size > 1:
+            sends = [self.ctrl.Isend([mine, MPI.BYTE], r, tag)
+                     for r in range(self.size) if r != self.rank]
+            status, ctrl = self._status, self.ctrl
+
+            def arrived() -> bool:
+                while True:
+                    msg = ctrl.Improbe(MPI.ANY_SOURCE, tag, status)
+                    if msg is None:
+                        return len(got) == self.size
+                    data = bytearray(status.Get_count(MPI.BYTE))
+                    msg.Recv([data, MPI.BYTE])
+                    got[status.Get_source()] = bytes(data)
+                    if len(got) == self.size:
+                        return True
+
+            missing = lambda: [r for r in range(self.size) if r not in got]  # noqa: E731
+            self.wait_requests([_Condition(arrived)], missing, timeout)
+            self.wait_requests(sends, missing, timeout)
+        if all(v == mine for v in got.values()):  # the usual case: nothing to decode
+            return [item] * self.size
+        decoded = [pickle.loads(got[r]) for r in range(self.size)]
+        if len({(k, w) for k, w, _ in decoded}) > 1:
+            by_rank = ", ".join(f"rank {r}: {w}" for r, (_, w, _) in enumerate(decoded))
+            raise CollectiveMismatchError(
+                f"rank {self.rank}: ranks called different collectives at the same point "
+                f"({by_rank}); every rank must call the same collectives in the same order")
+        return [d[2] for d in decoded]
+
+    # -- MPI's own collectives ---------------------------------------------------------------
+
+    def native_ok(self, collective: Collective, buf: np.ndarray, op: ReduceOp,
+                  granule: int = 1) -> bool:
+        """Whether MPI's own collective can run this call."""
+        if collective in (Collective.BROADCAST, Collective.ALL_GATHER):
+            return True  # they move raw bytes: any dtype travels
+        if native_types(buf.dtype, op) is None:
+            return False
+        if collective is Collective.REDUCE_SCATTER:
+            return len(buf) <= MAX_COUNT  # one call; its per-rank blocks are not split
+        return True
+
+    def native(self, collective: Collective, buf: np.ndarray, op: ReduceOp, *, root: int = 0,
+               granule: int = 1) -> None:
+        """MPI's own ``collective`` on flat ``buf`` in place, polled against the deadline."""
+        MPI = _mpi()
+        everyone = lambda: [r for r in range(self.size) if r != self.rank]  # noqa: E731
+        if collective is Collective.BROADCAST:
+            raw = _as_bytes(buf)
+            for a, b in chunks(len(raw)):
+                self.wait_requests([self.data.Ibcast([raw[a:b], MPI.BYTE], root)], everyone)
+            return
+        if collective is Collective.ALL_GATHER:
+            self._all_gather(buf, granule, everyone)
+            return
+        datatype, mop = native_types(buf.dtype, op)
+        if collective is Collective.ALL_REDUCE:
+            piece = min(MAX_COUNT, max(1, NATIVE_PIECE_BYTES // buf.itemsize))
+            for a, b in chunks(len(buf), piece):
+                self.wait_requests(
+                    [self.data.Iallreduce(MPI.IN_PLACE, [buf[a:b], datatype], mop)], everyone)
+        elif collective is Collective.REDUCE:
+            for a, b in chunks(len(buf)):
+                send = MPI.IN_PLACE if self.rank == root else [buf[a:b], datatype]
+                recv = [buf[a:b], datatype] if self.rank == root else None
+                self.wait_requests([self.data.Ireduce(send, recv, mop, root)], everyone)
+        elif collective is Collective.REDUCE_SCATTER:
+            n, rows = self.size, (len(buf) // granule if granule else 0)
+            starts = [i * rows // n * granule for i in range(n + 1)]
+            counts = [starts[i + 1] - starts[i] for i in range(n)]
+            lo, hi = starts[self.rank], starts[self.rank + 1]
+            mine = self._scratch(buf[lo:hi].nbytes).view(buf.dtype)
+            try:
+                self.wait_requests([self.data.Ireduce_scatter(
+                    [buf, datatype], [mine, datatype], counts, mop)], everyone)
+                buf[lo:hi] = mine
+            finally:
+                self._reset_scratch()
+        else:  # pragma: no cover - every Collective is handled above
+            raise ValueError(f"no native {collective.value}")
+
+    def _all_gather(self, buf: np.ndarray, granule: int, everyone) -> None:
+        MPI = _mpi()
+        raw = _as_bytes(buf)
+        block = len(raw) // self.size
+        if block <= MAX_COUNT:
+            self.wait_requests([self.data.Iallgather(MPI.IN_PLACE, [raw, MPI.BYTE])], everyone)
+            return
+        # Blocks beyond one call's count: each rank broadcasts its block in pieces.
+        for p in range(self.size):
+            for a, b in chunks(block):
+                self.wait_requests([self.data.Ibcast(
+                    [raw[p * block + a:p * block + b], MPI.BYTE], p)], everyone)
+
+    def free(self) -> None:
+        """Free the duplicated communicators (collective: every rank must call it)."""
+        for comm in (self.data, self.ctrl):
+            if comm != _mpi().COMM_NULL:
+                comm.Free()
+
+
+class _Condition:
+    """Makes a Python predicate pollable like an MPI request (``Test()``)."""
+
+    __slots__ = ("Test",)
+
+    def __init__(self, test: Callable[[], bool]):
+        self.Test = test
+
+
+# --- device arrays ------------------------------------------------------------------------------
+
+def _on_device(x) -> bool:
+    return x is not None and hasattr(x, "__cuda_array_interface__")
+
+
+def _to_host(x):
+    if not _on_device(x):
+        return x
+    import cupy
+
+    return cupy.asnumpy(x)
+
+
+def _to_device(result, like, out=None):
+    """Return ``result`` as a device array on ``like``'s device, or written into ``out``."""
+    if result is None:
+        return None
+    import cupy
+
+    if out is not None and _on_device(out):
+        cupy.asarray(out)[...] = cupy.asarray(result)
+        return out
+    device = getattr(like, "device", None)  # CuPy's Device is a context manager
+    with device if hasattr(device, "__enter__") else nullcontext():
+        return cupy.asarray(result)
+
+
+# --- the communicator -------------------------------------------------------------------------
+
+class MPICommunicator(Communicator):
+    """The SPMD ``Communicator`` over MPI, with MPI's own collectives as algorithm ``"native"``.
+
+    ``groups`` (the ranks of each node) is the default of every two-level ``"A/B"`` call.
+    ``last_algorithm`` names what the latest collective ran (``"native"`` or a schedule).
+    """
+
+    transport: MPITransport
+
+    def __init__(self, transport: MPITransport, *, timeout: float = 300.0, check: bool = True,
+                 groups=None):
+        super().__init__(transport, timeout=timeout, check=check, name="mpi")
+        self.groups = groups
+        self.last_algorithm: str | None = None
+
+    def __repr__(self) -> str:
+        nodes = f", {len(self.groups)} node(s)" if self.groups else ""
+        return f"<Communicator mpi rank {self.rank} of {self.size}{nodes}>"
+
+    # --- hooks into the core's Communicator (see docs/mpi.md, "core hooks") ---------------
+
+    def _begin(self, collective: str, timeout: float | None, signature: dict) -> list[dict]:
+        self.transport.check_usable()
+        return super()._begin(collective, timeout, signature)
+
+    def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", shards=0,
+                   axis=None) -> dict:
+        name = canonical(algorithm)  # validates; the core's canonical() rejects "native"
+        signature = super()._signature(collective, x, op, root, "auto" if name == NATIVE
+                                       else algorithm, shards, axis)
+        signature["algorithm"] = name
+        return signature
+
+    def _schedule(self, collective: Collective, algorithm: str, nbytes: int, *, root: int = 0,
+                  shards: int = 0, groups=None):
+        groups = self.groups if groups is None else groups
+        name = canonical(algorithm)
+        if name in ("auto", NATIVE):  # the choice needs the dtype and op: made in _run
+            return _Plan(collective, name, nbytes, root, shards, groups)
+        return super()._schedule(collective, name, nbytes, root=root, shards=shards,
+                                 groups=groups)
+
+    def _run(self, schedule, buf: np.ndarray, op: ReduceOp, granule: int = 1) -> None:
+        if isinstance(schedule, _Plan):
+            plan = schedule
+            native_ok = self.transport.native_ok(plan.collective, buf, op, granule)
+            if plan.algorithm == NATIVE and native_ok and self.size > 1:
+                name = NATIVE
+            else:
+                name = select_algorithm(plan.collective, self.size, plan.nbytes, native_ok)
+            if name == NATIVE:
+                self.last_algorithm = NATIVE
+                self.transport.native(plan.collective, buf, op, root=plan.root, granule=granule)
+                return
+            schedule = super()._schedule(plan.collective, name, plan.nbytes, root=plan.root,
+                                         shards=plan.shards, groups=plan.groups)
+        self.last_algorithm = schedule.name
+        self.transport.run_schedule(schedule, buf, op, granule=granule, seq=self._seq)
+
+    # --- collectives: device arrays are staged through the host -----------------------------
+
+    def all_reduce(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *, out=None,
+                   shards: int = 0, groups=None, timeout: float | None = None):
+        """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result."""
+        if _on_device(x) or _on_device(out):
+            result = super().all_reduce(_to_host(x), op, algorithm, shards=shards, groups=groups,
+                                        timeout=timeout)
+            return _to_device(result, x, out)
+        return super().all_reduce(x, op, algorithm, out=out, shards=shards, groups=groups,
+                                  timeout=timeout)
+
+    def reduce(self, x, op: ReduceOp | str = "sum", root: int = 0, algorithm: str = "auto", *,
+               shards: int = 0, timeout: float | None = None):
+        """Reduce onto ``root``; returns the result there and None on every other rank."""
+        result = super().reduce(_to_host(x), op, root, algorithm, shards=shards, timeout=timeout)
+        return _to_device(result, x) if _on_device(x) else result
+
+    def broadcast(self, x=None, root: int = 0, algorithm: str = "auto", *, out=None,
+                  timeout: float | None = None):
+        """Every rank gets root's ``x``; other ranks may pass None (or ``out`` to fill)."""
+        if _on_device(x) or _on_device(out):
+            result = super().broadcast(_to_host(x), root, algorithm, timeout=timeout)
+            return _to_device(result, x if x is not None else out, out)
+        return super().broadcast(x, root, algorithm, out=out, timeout=timeout)
+
+    def all_gather(self, x, axis: int = 0, algorithm: str = "auto", *,
+                   timeout: float | None = None):
+        """Concatenation of every rank's ``x`` along ``axis``, in rank order."""
+        result = super().all_gather(_to_host(x), axis, algorithm, timeout=timeout)
+        return _to_device(result, x) if _on_device(x) else result
+
+    def reduce_scatter(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
+                       shards: int = 0, timeout: float | None = None):
+        """Reduce, then rank ``i`` keeps rows ``floor(i R / n)`` to ``floor((i+1) R / n)``."""
+        result = super().reduce_scatter(_to_host(x), op, algorithm, shards=shards,
+                                        timeout=timeout)
+        return _to_device(result, x) if _on_device(x) else result
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every rank has arrived (or raise naming those that did not)."""
+        self.transport.check_usable()
+        super().barrier(timeout)
+
+    def free(self) -> None:
+        """Release the library's duplicated communicators (every rank must call it)."""
+        self.transport.free()
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+def node_groups(comm: _MPI.Comm) -> tuple[tuple[int, ...], ...]:
+    """The ranks of ``comm`` sharing each node (``COMM_TYPE_SHARED``), in rank order.
+
+    ``COLLECTIVES_RANKS_PER_NODE=k`` instead simulates nodes of ``k`` consecutive ranks, so a
+    single machine exercises the cross-node path of two-level algorithms. Collective.
+    """
+    size = comm.Get_size()
+    simulated = groups_from_env(size)
+    if simulated is not None:
+        return simulated
+    MPI = _mpi()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        node_leader = local.allreduce(comm.Get_rank(), op=MPI.MIN)
+    finally:
+        local.Free()
+    leaders = comm.allgather(node_leader)
+    groups: dict[int, list[int]] = {}
+    for rank, leader in enumerate(leaders):
+        groups.setdefault(leader, []).append(rank)
+    return tuple(tuple(g) for _, g in sorted(groups.items()))
+
+
+def init(comm: _MPI.Comm | None = None, *, timeout: float = 300.0, check: bool = True,
+         groups: Sequence[Sequence[int]] | int | str | None = "node") -> MPICommunicator:
+    """A ``Communicator`` over ``comm`` (default ``MPI.COMM_WORLD``). Collective: call on every rank.
+
+    ``timeout`` is every call's default deadline in seconds; ``check=False`` skips the
+    cross-rank argument check (one small exchange per call). ``groups`` is the default for
+    two-level ``"A/B"`` algorithms: ``"node"`` (ranks sharing a node, or
+    ``COLLECTIVES_RANKS_PER_NODE``), a group size, an explicit partition, or None.
+    """
+    MPI = _mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if groups == "node":
+        groups = node_groups(comm)
+    elif isinstance(groups, str):
+        raise ValueError(f"groups={groups!r}: use 'node', a group size, a list of groups or None")
+    if groups is not None:
+        from collectives.api import resolve_groups
+
+        groups = resolve_groups(groups, comm.Get_size())
+    return MPICommunicator(MPITransport(comm), timeout=timeout, check=check, groups=groups)
