@@ -1,7 +1,7 @@
 """Shuffle, parameter-server style (TensorFlow's "pscpu" / "psgpu").
 
 The buffer is cut into ``g = shards`` shards (``g = n`` unless given); shard ``j`` has gather
-participant ``j * n // g``.
+participant ``j * n // g`` (``shards`` beyond ``n`` count as ``n``).
 
 1. every participant sends shard ``j`` to its gather participant, which accumulates all
    ``n`` contributions in one n-ary step;
@@ -21,10 +21,9 @@ from ..schedule import Collective, Schedule, block, concat, copy_step, reduce_st
 
 
 def _gathers(n: int, shards: int) -> int:
-    g = shards if shards and shards > 0 else n
-    if g > n:
-        raise ValueError(f"shards={shards} asks for more gather participants than the {n} there are")
-    return g
+    # Like TensorFlow's ``aux_devices[:num_shards]``, asking for more gather participants than
+    # there are uses them all.
+    return min(shards, n) if shards and shards > 0 else n
 
 
 def reduce_phase(n: int, shards: int = 0):

@@ -1,0 +1,178 @@
+"""The multi-device API against the float64 reference: algorithm x devices x op x dtype x size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import (
+    ALGORITHMS,
+    DTYPES,
+    RANKS,
+    SIZES,
+    TF_NAMES,
+    TWO_LEVEL,
+    assert_identical,
+    assert_reduced,
+    combos,
+    exact_inputs,
+    reference,
+)
+
+import collectives
+from collectives import ReduceOp
+
+PAIRS = combos()
+
+
+def _check_all_reduce(n, algorithm, pairs, sizes, **kw):
+    for dtype, op in pairs:
+        for count in sizes:
+            values = exact_inputs(n, count, dtype, op)
+            before = [v.copy() for v in values]
+            results = collectives.all_reduce(values, op, algorithm, **kw)
+            expected = reference(values, op)
+            assert len(results) == n
+            for r in results:
+                assert_reduced(r, expected, op)
+            assert_identical(results)
+            for v, b in zip(values, before):
+                np.testing.assert_array_equal(v, b)  # inputs untouched
+
+
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_all_reduce_matrix(algorithm, n):
+    _check_all_reduce(n, algorithm, PAIRS, SIZES)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+@pytest.mark.parametrize("algorithm", TF_NAMES + TWO_LEVEL)
+@pytest.mark.parametrize("groups", [None, 2, 3])
+def test_all_reduce_tensorflow_names_and_two_level(algorithm, n, groups):
+    pairs = combos(dtypes=[np.float32, np.int32, np.float16])
+    _check_all_reduce(n, algorithm, pairs, [0, 1, 13, 4099], groups=groups)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+@pytest.mark.parametrize("algorithm", ["ring", "shuffle", "pscpu/pscpu", "nccl/xring"])
+def test_shards(algorithm, shards):
+    _check_all_reduce(4, algorithm, combos(dtypes=[np.float32]), [0, 5, 1001], shards=shards,
+                      groups=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "one_device", "shuffle", "tree"])
+def test_large_buffers_run_in_parallel_tiles(algorithm):
+    # Several MiB per device, so the embedded backend splits work over tiles and threads.
+    _check_all_reduce(5, algorithm, [(np.dtype(np.float32), ReduceOp.SUM),
+                                     (np.dtype(np.float64), ReduceOp.MAX)], [1 << 20, 3_000_017])
+
+
+def test_random_floats_identical_everywhere(rng):
+    # Non-associative arithmetic: every device must still hold the same bits.
+    for algorithm in ["ring", "rechd", "tree", "shuffle", "one_device", "nccl/xring"]:
+        values = [rng.standard_normal(100_003).astype(np.float32) for _ in range(6)]
+        results = collectives.all_reduce(values, "sum", algorithm, groups=3)
+        assert_identical(results)
+        np.testing.assert_allclose(results[0], np.sum(values, axis=0, dtype=np.float64),
+                                   rtol=1e-5, atol=1e-4)
+
+
+def test_out_and_in_place():
+    values = exact_inputs(4, 1000, np.float32, ReduceOp.SUM)
+    expected = reference(values, ReduceOp.SUM)
+    out = [np.empty(1000, np.float32) for _ in range(4)]
+    results = collectives.all_reduce(values, out=out)
+    assert all(r is o for r, o in zip(results, out))
+    results = collectives.all_reduce(values, "sum", "ring", out=values)  # in place, asked for
+    for r, v in zip(results, values):
+        assert r is v
+        np.testing.assert_array_equal(v, expected)
+
+
+def test_accumulation_fn_is_used():
+    calls = []
+
+    def add_n(arrays):
+        calls.append(len(arrays))
+        return np.sum(np.stack(arrays), axis=0)
+
+    values = exact_inputs(4, 10, np.float32, ReduceOp.SUM)
+    results = collectives.all_reduce(values, "sum", "one_device", accumulation_fn=add_n)
+    np.testing.assert_array_equal(results[2], reference(values, ReduceOp.SUM))
+    assert calls == [4]
+
+
+def test_multidimensional_and_noncontiguous_inputs():
+    base = [np.arange(24, dtype=np.float64).reshape(4, 6) * (i + 1) for i in range(3)]
+    views = [b[:, ::2] for b in base]  # not contiguous: read, never written
+    results = collectives.all_reduce(views, "max", "ring")
+    np.testing.assert_array_equal(results[0], views[2])
+    assert results[0].shape == (4, 3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("algorithm", ALGORITHMS + ["pscpu/pscpu", "nccl/rechd"])
+def test_reduce(algorithm, n):
+    for dtype, op in combos(dtypes=[np.float32, np.int64, np.uint8, np.complex64, np.bool_]):
+        for root in sorted({0, n - 1, n // 2}):
+            values = exact_inputs(n, 257, dtype, op)
+            result = collectives.reduce(values, op, root, algorithm, groups=2)
+            assert_reduced(result, reference(values, op), op)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "tree", "shuffle", "auto"])
+def test_broadcast(algorithm, n):
+    for dtype in DTYPES:
+        value = exact_inputs(1, 301, dtype, ReduceOp.SUM)[0].reshape(7, 43)
+        before = value.copy()
+        results = collectives.broadcast(value, n, algorithm)
+        assert len(results) == n
+        for r in results:
+            assert r is not value
+            np.testing.assert_array_equal(r, value)
+        np.testing.assert_array_equal(value, before)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "rechd", "tree", "shuffle", "auto"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_all_gather(algorithm, n, axis):
+    values = [np.arange(12, dtype=np.int16).reshape(3, 4) + 100 * p for p in range(n)]
+    results = collectives.all_gather(values, axis=axis, algorithm=algorithm)
+    expected = np.concatenate(values, axis=axis)
+    for r in results:
+        np.testing.assert_array_equal(r, expected)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("rows", [0, 1, 5, 16, 33])
+def test_reduce_scatter(algorithm, n, rows):
+    for dtype, op in combos(dtypes=[np.float32, np.int32]):
+        values = [v.reshape(rows, 3) for v in exact_inputs(n, rows * 3, dtype, op)]
+        results = collectives.reduce_scatter(values, op, algorithm)
+        expected = reference(values, op)
+        for i, r in enumerate(results):
+            assert_reduced(r, expected[i * rows // n:(i + 1) * rows // n], op)
+
+
+def test_batch_all_reduce_keeps_order_and_shapes():
+    shapes = [(3, 2), (), (0,), (70,), (5, 5, 2), (1,)]
+    dtypes = [np.float32, np.float32, np.float64, np.float32, np.int32, np.float32]
+    n = 4
+    value_lists = [[(np.arange(int(np.prod(s))).reshape(s) % 5 + d).astype(t) for d in range(n)]
+                   for s, t in zip(shapes, dtypes)]
+    specs = ["pscpu:8:pscpu#2:64:xring", [("tree", 1, 10), ("ring", 2, -1)], ("rechd",),
+             "nccl/xring", "auto"]
+    for spec in specs:
+        for knobs in [{}, {"num_packs": 2}, {"agg_small_grads_max_bytes": 64,
+                                             "agg_small_grads_max_group": 2},
+                      {"bytes_per_pack": 100}]:
+            results = collectives.batch_all_reduce(value_lists, "sum", spec, groups=2, **knobs)
+            assert len(results) == len(shapes)
+            for k, per_device in enumerate(results):
+                expected = reference(value_lists[k], ReduceOp.SUM)
+                for r in per_device:
+                    assert_reduced(r, expected, ReduceOp.SUM)
