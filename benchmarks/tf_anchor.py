@@ -7,6 +7,12 @@ CPU devices of one physical CPU, for float32 sizes 4 KiB..64 MiB per device. Row
 and JSON are those of ``collectives bench`` (busbw factor 2(n-1)/n, #wrong against the same
 exact reference), so the numbers line up with ``collectives bench -c all_reduce``.
 
+A third row, "tf_add_n", times the reduction step alone (``tf.add_n`` of the p tensors on the
+first device, checked on that device only): the difference to "tf_r2od" is what TF's
+broadcast to the other devices costs. Between logical CPU devices of one process that
+broadcast may hand over the same buffer instead of copying it, so TF's all-reduce can move
+less memory than one that writes p separate outputs.
+
     TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/tf_anchor.py [-p 4] [-b 4K] [-e 64M] [--json tf.json]
 
 Needs tensorflow (``pip install tensorflow-cpu``).
@@ -25,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from collectives import bench  # noqa: E402
 
-METHODS = ("tf_r2od", "tf_r2od_batch")
+METHODS = ("tf_r2od", "tf_r2od_batch", "tf_add_n")
 
 
 def setup_devices(p: int) -> list[str]:
@@ -50,7 +56,7 @@ def per_replica(arrays: list[np.ndarray], devices: list[str]):
 
 
 def calls(value) -> dict:
-    """The timed calls, each returning the per-device results as a list of tensors."""
+    """The timed calls, each returning its results (one tensor per device it fills)."""
     import tensorflow as tf
 
     ops = tf.distribute.ReductionToOneDevice()
@@ -62,7 +68,13 @@ def calls(value) -> dict:
     def batch():
         return list(ops.batch_reduce(SUM, [(value, value)])[0].values)
 
-    return {"tf_r2od": reduce, "tf_r2od_batch": batch}
+    first = value.values[0].device
+
+    def add_n():
+        with tf.device(first):
+            return [tf.add_n(list(value.values))]
+
+    return {"tf_r2od": reduce, "tf_r2od_batch": batch, "tf_add_n": add_n}
 
 
 def run(p: int, lo: int, hi: int, repeats: int, warmup: int = 2, on_row=None) -> list[dict]:
@@ -81,7 +93,7 @@ def run(p: int, lo: int, hi: int, repeats: int, warmup: int = 2, on_row=None) ->
                 last[:] = call()
 
             m = bench.measure(timed, warmup=warmup, repeats=repeats)
-            wrong = bench.count_wrong([t.numpy() for t in last], expected)
+            wrong = bench.count_wrong([t.numpy() for t in last], expected[:len(last)])
             row = bench.make_row(config, case, name, name, m, wrong)
             rows.append(row)
             if on_row is not None:

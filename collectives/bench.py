@@ -356,7 +356,8 @@ def format_row(row: Row) -> str:
             f"{row['busbw']:>12.3f} {wrong:>7}")
 
 
-def _resolve(case: Case, algorithm: str, cost_model) -> str:
+def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
+    """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
     from .api import pick_algorithm
 
     try:
@@ -419,7 +420,7 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
 
             m = measure(timed, warmup=config.warmup, iters=config.iters, repeats=config.repeats)
             wrong = count_wrong(last, expected) if expected is not None else 0
-            row = make_row(config, case, algorithm, _resolve(case, algorithm, model), m, wrong)
+            row = make_row(config, case, algorithm, resolve_algorithm(case, algorithm, model), m, wrong)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -480,7 +481,7 @@ def bench_spmd(comm, config: BenchConfig, on_row: Callable[[Row], None] | None =
             mine = count_wrong(last, [expected]) if config.check else 0
             wrong = int(comm.all_reduce(np.asarray([mine], np.int64), "sum")[0])
             row = make_row(config, case, algorithm,
-                           _resolve(case, algorithm, comm.cost_model), m, wrong)
+                           resolve_algorithm(case, algorithm, comm.cost_model), m, wrong)
             rows.append(row)
             if on_row is not None and rank == 0:
                 on_row(row)

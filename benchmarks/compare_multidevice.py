@@ -1,0 +1,238 @@
+"""Multi-device all-reduce: every algorithm of the library, TensorFlow and the memory bound.
+
+One run, 4 devices (``-p``), float32, 4 KiB..64 MiB per device:
+
+* every algorithm (one_device, ring, rechd, tree, shuffle, auto) through
+  ``collectives.all_reduce(values, "sum", algorithm, out=preallocated)``, each with its own
+  preallocated outputs, checked against the exact reference after timing;
+* the bound of ``ceiling.py``: a copy of p arrays of S bytes on 2 threads and on 1 thread,
+  the faster of the two;
+* TensorFlow's ``ReductionToOneDevice`` (``tf_anchor.py``), in a subprocess run right before
+  and right after the in-process measurements, so that TF's own thread pools never share
+  this process; its cells are the median over both runs' repeats.
+
+The in-process methods are interleaved: each repeat times every method once, in an order
+rotated from repeat to repeat, so that a burst of noise on this machine hits them all alike.
+Cells are medians over repeats of the time per call. The output is markdown, ready for
+docs/performance.md, and ``--json`` keeps every repeat.
+
+    python benchmarks/compare_multidevice.py [-p 4] [-b 4K] [-e 64M] [-r 9] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ceiling  # noqa: E402
+
+import collectives  # noqa: E402
+from collectives import bench  # noqa: E402
+from collectives.registry import backend_for_arrays  # noqa: E402
+
+ALGORITHMS = ("one_device", "ring", "rechd", "tree", "shuffle", "auto")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def run_tf(p: int, lo: int, hi: int, repeats: int, label: str) -> dict | None:
+    """tf_anchor.py in a subprocess; its JSON, or None (with a note) if it failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tf.json")
+        cmd = [sys.executable, os.path.join(HERE, "tf_anchor.py"), "-p", str(p), "-b", str(lo),
+               "-e", str(hi), "-r", str(repeats), "--json", path]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        print(f"# TensorFlow {label}: {time.perf_counter() - start:.0f} s, exit {proc.returncode}",
+              file=sys.stderr)
+        if proc.returncode != 0 or not os.path.exists(path):
+            print(f"# TensorFlow run failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+
+def measure_ours(p: int, lo: int, hi: int, repeats: int, warmup: int, target: float) -> list[dict]:
+    """Interleaved medians of every algorithm and of the bound, per size."""
+    config = bench.BenchConfig(collective="all_reduce", algorithms=ALGORITHMS, participants=p,
+                               minbytes=lo, maxbytes=hi)
+    kernels = ceiling.Kernels()
+    results = []
+    try:
+        for case in bench.sweep(config):
+            inputs = [bench.make_input(case.count, i, case.dtype) for i in range(p)]
+            model = backend_for_arrays(inputs).cost_model
+            outs = {a: [np.zeros(case.count, case.dtype) for _ in range(p)] for a in ALGORITHMS}
+            methods = {a: (lambda a=a, x=inputs, o=outs[a]: collectives.all_reduce(x, "sum", a, out=o))
+                       for a in ALGORITHMS}
+            for threads in (2, 1):
+                methods[f"bound_{threads}t"] = kernels.copy_many(p, case.nbytes, threads)[0]
+            iters = {name: bench.measure(call, warmup=warmup, repeats=1, target=target).iters
+                     for name, call in methods.items()}
+            times: dict[str, list[float]] = {name: [] for name in methods}
+            names = list(methods)
+            for rep in range(repeats):
+                shift = rep % len(names)
+                for name in names[shift:] + names[:shift]:
+                    call, k = methods[name], iters[name]
+                    start = time.perf_counter()
+                    for _ in range(k):
+                        call()
+                    times[name].append((time.perf_counter() - start) / k)
+            expected = bench.expected_outputs(case)
+            row = {"size": case.nbytes, "count": case.count,
+                   "auto_picks": bench.resolve_algorithm(case, "auto", model),
+                   "median_us": {n: statistics.median(t) * 1e6 for n, t in times.items()},
+                   "repeats_us": {n: [x * 1e6 for x in t] for n, t in times.items()},
+                   "iters": iters,
+                   "wrong": {a: bench.count_wrong(outs[a], expected) for a in ALGORITHMS}}
+            row["median_us"]["bound"] = min(row["median_us"]["bound_1t"], row["median_us"]["bound_2t"])
+            results.append(row)
+            print(f"# {human(case.nbytes)}: " + ", ".join(
+                f"{n} {v:.0f}" for n, v in row["median_us"].items()) + " us", file=sys.stderr)
+    finally:
+        kernels.close()
+    return results
+
+
+def tf_medians(runs: list[dict | None]) -> dict[tuple[int, str], float]:
+    """(size, method) -> median over the repeats of every TF run."""
+    pooled: dict[tuple[int, str], list[float]] = {}
+    for run in runs:
+        for r in (run or {}).get("rows", []):
+            pooled.setdefault((r["size"], r["algorithm"]), []).extend(r["repeats_us"])
+    return {k: statistics.median(v) for k, v in pooled.items()}
+
+
+def markdown(ours: list[dict], tf: dict, meta: dict, p: int, repeats: int) -> str:
+    """The tables for docs/performance.md."""
+    m = meta["machine"]
+    tf_version = meta.get("tensorflow") or "not available"
+    lines = [
+        f"#### Multi-device all-reduce: {p} devices, float32, sum",
+        "",
+        f"Machine: `{m['node']}`, {m['cpu_count']} CPUs ({m.get('processor_model', '?')}), "
+        f"{m['platform']}, Python {m['python']}, "
+        f"NumPy {meta['numpy']}, TensorFlow {tf_version}; {meta['date']}.  ",
+        f"Command: `{meta['command']}`.  ",
+        f"Each cell: median over {repeats} repeats of the time per call, a repeat being >= 20 ms "
+        "of back-to-back calls (at most 1000); the library's algorithms and the bound interleaved "
+        "in one process (outputs preallocated, `out=`), TensorFlow in a subprocess right before "
+        "and right after (median over both runs). Bound: copying the p input arrays into p "
+        "other arrays (p·S read + p·S written), on 2 threads or 1, whichever is faster "
+        "(`benchmarks/ceiling.py`). `TF add_n alone` is TF's reduction step without its "
+        "broadcast to the other devices.",
+        "",
+        "Time per call (µs):",
+        "",
+    ]
+    head = ["size / device", *ALGORITHMS, "auto picks", "TF reduce", "TF batch_reduce",
+            "TF add_n alone", "bound"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * 1 + "---:|" * len(ALGORITHMS)
+              + ":---|" + "---:|" * 4]
+
+    def cell(v: float | None) -> str:
+        return "n/a" if v is None else (f"{v:.0f}" if v >= 100 else f"{v:.1f}")
+
+    for r in ours:
+        med = r["median_us"]
+        lines.append("| " + " | ".join(
+            [human(r["size"]), *(cell(med[a]) for a in ALGORITHMS), r["auto_picks"],
+             cell(tf.get((r["size"], "tf_r2od"))), cell(tf.get((r["size"], "tf_r2od_batch"))),
+             cell(tf.get((r["size"], "tf_add_n"))), cell(med["bound"])]) + " |")
+
+    def ratio_table(title: str, denominator) -> None:
+        lines.extend(["", title, "", "| size / device | " + " | ".join(ALGORITHMS) + " |",
+                      "|---:|" + "---:|" * len(ALGORITHMS)])
+        for r in ours:
+            d = denominator(r)
+            cells = ["n/a" if d is None else f"{r['median_us'][a] / d:.2f}" for a in ALGORITHMS]
+            lines.append(f"| {human(r['size'])} | " + " | ".join(cells) + " |")
+
+    ratio_table("Ours / TF `ReductionToOneDevice.reduce` (time ratio; below 1: faster than TF):",
+                lambda r: tf.get((r["size"], "tf_r2od")))
+    ratio_table("Ours / bound (time ratio; 1: at the memory bound):",
+                lambda r: r["median_us"]["bound"])
+    wrong = sum(sum(r["wrong"].values()) for r in ours)
+    lines += ["", f"Wrong output elements over all cells: {wrong}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the markdown and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-p", "--participants", type=int, default=4)
+    parser.add_argument("-b", "--minbytes", type=bench.parse_size, default="4K")
+    parser.add_argument("-e", "--maxbytes", type=bench.parse_size, default="64M")
+    parser.add_argument("-r", "--repeats", type=int, default=9)
+    parser.add_argument("-w", "--warmup", type=int, default=2)
+    parser.add_argument("--tf-repeats", type=int, default=5, help="repeats of each TF run (two runs)")
+    parser.add_argument("--no-tf", action="store_true", help="skip TensorFlow")
+    parser.add_argument("--json", metavar="PATH", default="compare_multidevice.json")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the markdown here")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "benchmarks/compare_multidevice.py", *argv])
+    p, lo, hi = args.participants, args.minbytes, args.maxbytes
+    start = time.perf_counter()
+
+    runs = [] if args.no_tf else [run_tf(p, lo, hi, args.tf_repeats, "before")]
+    ours = measure_ours(p, lo, hi, args.repeats, args.warmup, bench.TARGET_SECONDS)
+    if not args.no_tf:
+        runs.append(run_tf(p, lo, hi, args.tf_repeats, "after"))
+    tf = tf_medians(runs)
+
+    meta = bench.metadata(command)
+    meta["tensorflow"] = next((r["tensorflow"] for r in runs if r), None)
+    meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    meta["machine"]["processor_model"] = _cpu_model()
+    text = markdown(ours, tf, meta, p, args.repeats)
+    print(text)
+    print(f"\n<!-- {time.perf_counter() - start:.0f} s -->")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    with open(args.json, "w") as f:
+        json.dump({**meta, "participants": p, "repeats": args.repeats, "ours": ours,
+                   "tf_runs": runs,
+                   "tf_medians_us": [{"size": s, "method": m, "median_us": v}
+                                     for (s, m), v in sorted(tf.items())]}, f, indent=1)
+        f.write("\n")
+    wrong = sum(sum(r["wrong"].values()) for r in ours)
+    tf_wrong = sum(r["wrong"] or 0 for run in runs if run for r in run["rows"])
+    return 1 if wrong or tf_wrong else 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
