@@ -75,15 +75,15 @@ def test_checker_rejects(schedule, complaint):
 
 
 def test_checker_demands_one_computed_value_everywhere():
-    # Both participants add the other's input: right contributions, but two separately
-    # computed values, which floating point need not round alike.
-    n = 2
-    rounds = [[reduce_step(0, [1], 0, Fraction(1, 2)), reduce_step(1, [0], Fraction(1, 2), 1)],
-              [reduce_step(0, [1], Fraction(1, 2), 1)],
-              ]
-    bad = _bad(rounds, n)
-    with pytest.raises(ScheduleError):
-        check(bad)
+    # Right contributions everywhere, but participant 1 recomputes its half instead of
+    # receiving participant 0's: two computations of one total need not round alike.
+    half = Fraction(1, 2)
+    rounds = [[reduce_step(0, [1], 0, half), reduce_step(1, [0], half, 1)],
+              [copy_step(1, 0, 0, half), copy_step(0, 1, half, 1)],
+              [reduce_step(1, [], 0, half)]]
+    check(_bad(rounds[:2]))  # the honest schedule passes
+    with pytest.raises(ScheduleError, match="bitwise identical"):
+        check(_bad(rounds))
 
 
 def test_tensorflow_ring_permutations():

@@ -1,0 +1,181 @@
+"""Bad input: clear exceptions naming the argument and the fix, raised before any data moves."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+    ReduceOp,
+)
+from collectives.ops import identity, supported_dtypes
+
+
+def four(dtype=np.float32, n=4, size=5):
+    return [np.ones(size, dtype) for _ in range(n)]
+
+
+@pytest.mark.parametrize("spelling, op", [("sum", ReduceOp.SUM), ("SUM", ReduceOp.SUM),
+                                          ("Mean", ReduceOp.MEAN), ("avg", ReduceOp.MEAN),
+                                          ("max", ReduceOp.MAX), ("min", ReduceOp.MIN),
+                                          ("prod", ReduceOp.PROD), (ReduceOp.MAX, ReduceOp.MAX)])
+def test_op_spellings(spelling, op):
+    assert ReduceOp.parse(spelling) is op
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: collectives.all_reduce([]), ValueError, "values is empty"),
+    (lambda: collectives.all_reduce(np.ones(3)), TypeError, "one array per device"),
+    (lambda: collectives.all_reduce([np.ones(3), np.ones(4)]), ValueError, r"values\[1\] has shape"),
+    (lambda: collectives.all_reduce([np.ones(3), np.ones(3, np.float32)]), TypeError,
+     r"values\[1\] has dtype float32"),
+    (lambda: collectives.all_reduce(four(), "median"), ValueError, "op='median' is not a reduction"),
+    (lambda: collectives.all_reduce(four(), "sum", "butterfly"), ValueError, "unknown algorithm 'butterfly'"),
+    (lambda: collectives.all_reduce(four(), "sum", "ring/tree/ring"), ValueError, "malformed"),
+    (lambda: collectives.all_reduce(four(np.complex64), "max"), TypeError, "op='max' is not defined"),
+    (lambda: collectives.all_reduce(four(np.bool_), "sum"), TypeError, "accepts max, min"),
+    (lambda: collectives.all_reduce([np.array(["a"])] * 2), TypeError, "cannot be reduced"),
+    (lambda: collectives.all_reduce(four(), shards=-1), ValueError, "shards=-1"),
+    (lambda: collectives.all_reduce(four(), "sum", "pscpu/pscpu", groups=[[0, 1], [1, 2, 3]]),
+     ValueError, "exactly one"),
+    (lambda: collectives.reduce(four(), "sum", root=4), ValueError, "root=4 is out of range"),
+    (lambda: collectives.reduce(four(), "sum", root=1.0), TypeError, "root must be an integer"),
+    (lambda: collectives.broadcast(np.ones(3), 0), ValueError, "names no device"),
+    (lambda: collectives.broadcast(np.ones(3), 3, "rechd"), ValueError, "rechd has no broadcast|no broadcast"),
+    (lambda: collectives.all_gather(four(), axis=1), ValueError, "axis=1 is out of range"),
+    (lambda: collectives.reduce_scatter([np.float32(1)] * 2), ValueError, "scalars"),
+    (lambda: collectives.all_reduce(four(), out=[np.empty(5, np.float32)] * 3), ValueError,
+     "3 arrays for 4 devices"),
+    (lambda: collectives.all_reduce(four(), out=[np.empty(10, np.float32)[::2]] * 4), ValueError,
+     "not C-contiguous"),
+    (lambda: collectives.all_reduce(four(), out=[np.empty(5, np.float64)] * 4), TypeError,
+     r"out\[0\] has dtype float64"),
+    (lambda: collectives.all_reduce(four(), out=[np.empty(6, np.float32)] * 4), ValueError,
+     r"out\[0\] has shape \(6,\)"),
+    (lambda: collectives.batch_all_reduce([four(), four(n=3)]), ValueError, "value_lists\\[1\\] has 3 devices"),
+    (lambda: collectives.batch_all_reduce([four()], "sum", "pscpu:2k"), ValueError, "not well formed|spec"),
+    (lambda: collectives.run(lambda c: None, 0), ValueError, "size=0"),
+])
+def test_bad_input(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_read_only_out():
+    out = [np.empty(5, np.float32) for _ in range(4)]
+    out[2].flags.writeable = False
+    with pytest.raises(ValueError, match=r"out\[2\] is read-only"):
+        collectives.all_reduce(four(), out=out)
+
+
+def test_nothing_moves_before_an_error():
+    values = four()
+    out = [np.zeros(5, np.float32) for _ in range(3)] + [np.zeros(5, np.float64)]
+    with pytest.raises(TypeError):
+        collectives.all_reduce(values, out=out)
+    assert all((o == 0).all() for o in out)
+
+
+@pytest.mark.parametrize("dtype", supported_dtypes())
+def test_identities(dtype):
+    for op in ReduceOp:
+        try:
+            e = identity(op, dtype)
+        except (TypeError, ValueError):
+            continue
+        x = np.array([3, 0, 1], dtype=dtype) if np.dtype(dtype).kind != "b" else np.array([True, False])
+        kernel = {ReduceOp.SUM: np.add, ReduceOp.MEAN: np.add, ReduceOp.PROD: np.multiply,
+                  ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}[op]
+        try:
+            np.testing.assert_array_equal(kernel(x, np.asarray(e, dtype=dtype)), x)
+        except TypeError:
+            assert np.dtype(dtype).kind in "bc"  # no identity check for ops these dtypes reject
+
+
+# --- across ranks --------------------------------------------------------------------------
+
+def _run_expect(body, n, error, message, timeout=10.0):
+    with pytest.raises(error, match=message):
+        collectives.run(body, n, timeout=timeout)
+
+
+@pytest.mark.parametrize("body, message", [
+    (lambda c: c.all_reduce(np.ones(3 + c.rank)), "different shape"),
+    (lambda c: c.all_reduce(np.ones(3, np.float32 if c.rank else np.float64)), "different dtype"),
+    (lambda c: c.all_reduce(np.ones(3), "sum" if c.rank else "max"), "different op"),
+    (lambda c: c.all_reduce(np.ones(3), "sum", "ring" if c.rank else "tree"), "different algorithm"),
+    (lambda c: c.reduce(np.ones(3), "sum", root=c.rank % 2), "different root"),
+    (lambda c: c.all_reduce(np.ones(3)) if c.rank else c.reduce(np.ones(3)), "different collective"),
+])
+def test_mismatch_raises_everywhere(body, message):
+    seen = []
+
+    def wrapped(comm):
+        try:
+            body(comm)
+        except CollectiveMismatchError as exc:
+            seen.append(comm.rank)
+            raise exc
+
+    _run_expect(wrapped, 3, CollectiveMismatchError, message)
+    assert sorted(seen) == [0, 1, 2]  # every rank, not just one
+
+
+def test_timeout_names_missing_ranks():
+    def body(comm):
+        if comm.rank in (1, 3):
+            return None  # never arrive
+        comm.all_reduce(np.ones(3), timeout=0.5)
+
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=r"all_reduce timed out after 0.5 s waiting for "
+                                                     r"rank\(s\) 1, 3") as info:
+        collectives.run(body, 4, timeout=30)
+    assert info.value.missing == [1, 3]
+    assert time.monotonic() - start < 5
+
+
+def test_timeout_mid_collective_without_checks():
+    # With the agreement off, the wait on a peer's data still times out naming that peer.
+    def body(comm):
+        if comm.rank == 2:
+            return None
+        comm.all_reduce(np.ones(8), "sum", "ring", timeout=0.5)
+
+    with pytest.raises(CollectiveTimeoutError, match="rank\\(s\\) 2"):
+        collectives.run(body, 3, timeout=30, check=False)
+
+
+def test_a_failing_rank_does_not_hang_the_others():
+    def body(comm):
+        if comm.rank == 0:
+            raise RuntimeError("boom")
+        comm.all_reduce(np.ones(3))
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="boom"):
+        collectives.run(body, 4, timeout=60)
+    assert time.monotonic() - start < 5
+
+
+def test_peers_are_told_which_rank_failed():
+    errors = {}
+
+    def body(comm):
+        try:
+            if comm.rank == 2:
+                raise KeyError("lost")
+            comm.barrier()
+        except Exception as exc:
+            errors[comm.rank] = exc
+            raise
+
+    with pytest.raises(KeyError):
+        collectives.run(body, 3, timeout=60)
+    assert isinstance(errors[0], PeerFailedError) and "rank 2 failed" in str(errors[0])
