@@ -22,7 +22,7 @@ import numpy as np
 
 from collectives.communicator import Communicator
 from collectives.errors import CollectiveTimeoutError, PeerFailedError
-from collectives.ops import accumulate
+from collectives.ops import accumulate, combine_into
 from collectives.select import CostModel
 
 TILE_BYTES = 512 * 1024  # a tile of every buffer of a few participants stays in L2
@@ -49,6 +49,9 @@ class NumpyDevices:
 
     def combine(self, op, dst, srcs) -> None:
         accumulate(op, dst, srcs)
+
+    def combine_into(self, op, dst, first, srcs) -> None:
+        combine_into(op, dst, first, srcs)
 
     def concatenate(self, stacked, axis):
         return np.concatenate(list(stacked), axis=axis)
@@ -116,6 +119,8 @@ class ThreadWorld:
         with self.cond:
             while not ready():
                 others = {r: e for r, e in self.failed.items() if r != rank}
+                causes = {r: e for r, e in others.items() if not isinstance(e, PeerFailedError)}
+                others = causes or others
                 if others:
                     who, exc = min(others.items())
                     raise PeerFailedError(f"rank {rank}: {what} cannot finish because rank {who} "

@@ -30,7 +30,11 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
                agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
                shards: int = 0) -> list[BatchPart]:
     ranges = parse_spec(algorithm)
-    if len(ranges) == 1 and ranges[0].shards == 1 and shards:
+    if shards:
+        # ``shards`` goes with a plain algorithm name; a spec carries its own shard counts.
+        if not (isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm):
+            raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
+                             "which sets its own shards; put them in the spec (e.g. 'xring#2')")
         ranges = [ranges[0]._replace(shards=shards)]
     sizes = [int(np.prod(s)) for s in shapes]
     parts = []
@@ -44,7 +48,3 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
         parts.append(BatchPart(spec, tuple(indices), plan))
     return parts
 
-
-def shards_for(spec: SpecRange) -> int:
-    """A plain name in a spec means shards 1, which for the shuffle is one gather device."""
-    return spec.shards

@@ -44,33 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
                     "median over repeats of the time per call, algbw = size/time, busbw = "
                     "algbw x nccl-tests' factor, and #wrong = output elements that differ from "
                     "a float64 NumPy reference.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    b.add_argument("-c", "--collective", default="all_reduce", choices=bench.COLLECTIVES)
+    )
+    b.add_argument("-c", "--collective", default="all_reduce", choices=bench.COLLECTIVES,
+                   help="default: all_reduce")
     b.add_argument("-a", "--algorithm", action="append", metavar="NAME",
                    help="algorithm(s) to compare, repeatable or comma-separated "
                         "(auto, one_device, ring, rechd, tree, shuffle, aliases, 'A/B'); "
                         "default: auto")
     b.add_argument("-n", "--participants", type=int, default=4,
-                   help="devices (devices mode) or ranks (spmd mode)")
+                   help="devices (devices mode) or ranks (spmd mode); default 4")
     b.add_argument("--mode", default="devices", choices=bench.MODES,
                    help="devices: the multi-device API from one thread; spmd: thread ranks "
-                        "via collectives.run")
-    b.add_argument("-b", "--minbytes", type=_size, default="8", help="smallest size (K/M/G suffixes)")
-    b.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size")
-    b.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows")
-    b.add_argument("-d", "--dtype", default="float32", help="NumPy dtype name, or bfloat16")
-    b.add_argument("-o", "--op", default="sum", help="sum, prod, max, min or mean")
-    b.add_argument("--root", type=_positive, default=0, help="root of reduce and broadcast")
-    b.add_argument("-w", "--warmup", type=_positive, default=2, help="untimed calls first")
+                        "via collectives.run; default: devices")
+    b.add_argument("-b", "--minbytes", type=_size, default="8",
+                   help="smallest size, K/M/G suffixes; default 8")
+    b.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size; default 64M")
+    b.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows; default 2")
+    b.add_argument("-d", "--dtype", default="float32", help="NumPy dtype name, or bfloat16; default float32")
+    b.add_argument("-o", "--op", default="sum", help="sum, prod, max, min or mean; default sum")
+    b.add_argument("--root", type=_positive, default=0, help="root of reduce and broadcast; default 0")
+    b.add_argument("-w", "--warmup", type=_positive, default=2, help="untimed calls first; default 2")
     b.add_argument("-i", "--iters", type=_positive, default=None,
                    help="calls per timed repeat (default: adapt so a repeat takes >= 20 ms, "
                         f"at most {bench.MAX_ITERS})")
     b.add_argument("-r", "--repeats", type=_positive, default=5,
-                   help="timed repeats; the median is reported")
+                   help="timed repeats, the median is reported; default 5")
     b.add_argument("--json", metavar="PATH", help="write rows and metadata as JSON")
     b.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     b.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
-                   help="count wrong output elements")
+                   help="count wrong output elements (default: check)")
     b.set_defaults(subparser=b)
     return parser
 
@@ -119,7 +121,8 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
     wrong = sum(r["wrong"] or 0 for r in rows)
     if rows:
         avg = sum(r["busbw"] for r in rows) / len(rows)
-        print(f"# Wrong elements    : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        verdict = ("not checked" if not config.check else f"{wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        print(f"# Wrong elements    : {verdict}")
         print(f"# Avg bus bandwidth : {avg:.3f} GB/s")
     if args.json:
         bench.write_json(args.json, rows, bench.metadata(command, config))

@@ -26,7 +26,7 @@ from .schedule import Collective
 from .select import CostModel
 from .validate import as_array, check_op, check_out, check_root, check_shards, flat
 
-_FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "axis")
+_FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "axis", "groups")
 
 
 class Communicator:
@@ -77,12 +77,13 @@ class Communicator:
         run_spmd(schedule, buf, op, self.transport, granule=granule, seq=self._seq)
 
     def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", shards=0,
-                   axis=None) -> dict:
+                   axis=None, groups=None) -> dict:
         return {"collective": collective,
                 "shape": None if x is None else tuple(x.shape),
                 "dtype": None if x is None else str(np.dtype(x.dtype)),
                 "op": None if op is None else op.value, "root": root,
-                "algorithm": algorithms.canonical(algorithm), "shards": shards, "axis": axis}
+                "algorithm": algorithms.canonical(algorithm), "shards": shards, "axis": axis,
+                "groups": resolve_groups(groups, self.size)}
 
     # --- collectives ----------------------------------------------------------------------
 
@@ -95,7 +96,8 @@ class Communicator:
         final = result_dtype(op, x.dtype)
         if out is not None:
             check_out(out, x.shape, final)
-        self._begin("all_reduce", timeout, self._signature("all_reduce", x, op, None, algorithm, shards))
+        self._begin("all_reduce", timeout,
+                    self._signature("all_reduce", x, op, None, algorithm, shards, groups=groups))
         schedule = self._schedule(Collective.ALL_REDUCE, algorithm, x.nbytes, shards=shards,
                                   groups=groups)
         work = out if out is not None and final == x.dtype else np.empty(x.shape, x.dtype)

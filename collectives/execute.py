@@ -21,10 +21,16 @@ from .schedule import Schedule, element_ranges
 
 
 class DeviceBackend(Protocol):
-    """What the multi-device executor needs from a backend that holds every buffer."""
+    """What the multi-device API needs from a backend that holds every buffer."""
 
+    cost_model: object  # a collectives.select.CostModel
+
+    def empty_like(self, like, shape, dtype): ...
+    def empty_on(self, device, like, shape, dtype): ...
+    def concatenate(self, stacked, axis): ...
     def copy(self, dst, src) -> None: ...
     def combine(self, op: ReduceOp, dst, srcs: Sequence) -> None: ...
+    def combine_into(self, op: ReduceOp, dst, first, srcs: Sequence) -> None: ...
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None: ...
 
 
@@ -41,6 +47,12 @@ class PointToPoint(Protocol):
 
     rank: int
     size: int
+    what: str  # the collective in progress, for error messages
+    timeout: float  # seconds any wait may take before CollectiveTimeoutError
+
+    def agree(self, key, item, timeout: float) -> list:
+        """Every rank's ``item`` posted under ``key``, in rank order (small Python objects)."""
+        ...
 
     def isend(self, buf: np.ndarray, dst: int, tag: tuple) -> Request: ...
     def irecv(self, like: np.ndarray, src: int, tag: tuple) -> Request: ...
@@ -48,14 +60,14 @@ class PointToPoint(Protocol):
     def waitall(self, requests: Sequence[Request]) -> None: ...
 
 
-def _combiner(backend, op: ReduceOp, accumulation_fn):
+def _combiners(backend, op: ReduceOp, accumulation_fn):
+    """``combine(dst, srcs)``: dst = op(dst, *srcs); ``combine_into(dst, first, srcs)``: dst =
+    op(first, *srcs). ``accumulation_fn(list) -> array`` replaces the op where given."""
     if accumulation_fn is None:
-        return lambda dst, srcs: backend.combine(op, dst, srcs)
-
-    def combine(dst, srcs):
-        backend.copy(dst, accumulation_fn([dst, *srcs]))
-
-    return combine
+        return (lambda dst, srcs: backend.combine(op, dst, srcs),
+                lambda dst, first, srcs: backend.combine_into(op, dst, first, srcs))
+    return (lambda dst, srcs: backend.copy(dst, accumulation_fn([dst, *srcs])),
+            lambda dst, first, srcs: backend.copy(dst, accumulation_fn([first, *srcs])))
 
 
 def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: ReduceOp,
@@ -71,29 +83,62 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
     length = len(work[0])
     units = length // granule if granule else 0
     spans = element_ranges(schedule, units, padded_to)
-    combine = _combiner(backend, op, accumulation_fn)
+    combine, combine_into = _combiners(backend, op, accumulation_fn)
     plan = [[(s, lo * granule, hi * granule) for s, (lo, hi) in zip(rnd, bounds) if hi > lo]
             for rnd, bounds in zip(schedule.rounds, spans)]
     starts = list(input_offsets) if input_offsets is not None else [0] * len(work)
 
+    # Whole-buffer inputs are not copied in up front: until a participant's tile is first
+    # written, reads of it go straight to its input, and its first reduce reads the input as
+    # the left operand. That saves one full pass over memory per participant.
+    lazy = input_offsets is None and all(x is not None for x in inputs)
+
+    def settle(rnd, a, b, ready):
+        # A participant whose tile this round only partly wrote would mix work and input:
+        # copy the rest of its input in now, so from here on its work tile is whole.
+        written: dict[int, list[tuple[int, int]]] = {}
+        for step, lo, hi in rnd:
+            lo, hi = max(lo, a), min(hi, b)
+            if lo < hi and not ready[step.dst]:
+                written.setdefault(step.dst, []).append((lo, hi))
+        for p, spans in written.items():
+            at = a
+            for lo, hi in sorted(spans):
+                if at < lo:
+                    backend.copy(work[p][at:lo], inputs[p][at:lo])
+                at = max(at, hi)
+            if at < b:
+                backend.copy(work[p][at:b], inputs[p][at:b])
+            ready[p] = True
+
     def run_tile(a: int, b: int) -> None:
-        for p, (x, w) in enumerate(zip(inputs, work)):
-            if x is None or x is w:
-                continue
-            lo, hi = max(a, starts[p]), min(b, starts[p] + len(x))
-            if lo < hi:
-                backend.copy(w[lo:hi], x[lo - starts[p]:hi - starts[p]])
+        ready = [x is w for x, w in zip(inputs, work)] if lazy else [True] * len(work)
+        if not lazy:
+            for p, (x, w) in enumerate(zip(inputs, work)):
+                if x is None or x is w:
+                    continue
+                lo, hi = max(a, starts[p]), min(b, starts[p] + len(x))
+                if lo < hi:
+                    backend.copy(w[lo:hi], x[lo - starts[p]:hi - starts[p]])
         for rnd in plan:
             for step, lo, hi in rnd:
                 lo, hi = max(lo, a), min(hi, b)
                 if lo >= hi:
                     continue
+                srcs = [(work[q] if ready[q] else inputs[q])[lo:hi] for q in step.srcs]
                 dst = work[step.dst][lo:hi]
-                srcs = [work[q][lo:hi] for q in step.srcs]
                 if step.reduce:
-                    combine(dst, srcs)
+                    if ready[step.dst]:
+                        combine(dst, srcs)
+                    else:
+                        combine_into(dst, inputs[step.dst][lo:hi], srcs)
                 else:
                     backend.copy(dst, srcs[0])
+            if lazy:
+                settle(rnd, a, b, ready)
+        for p in range(len(work)):
+            if not ready[p]:  # never written: the result is the input itself
+                backend.copy(work[p][a:b], inputs[p][a:b])
 
     backend.map_parallel(run_tile, length, work[0].itemsize if length else 1)
 

@@ -129,6 +129,19 @@ def accumulate(op: ReduceOp, out: np.ndarray, sources) -> None:
         kernel(out, source, out=out)
 
 
+def combine_into(op: ReduceOp, out: np.ndarray, first: np.ndarray, sources) -> None:
+    """``out = op(first, s0, s1, ...)``, left to right, without first copying ``first``."""
+    sources = iter(sources)
+    kernel = _KERNELS[op.wire_op]
+    second = next(sources, None)
+    if second is None:
+        np.copyto(out, first)
+        return
+    kernel(first, second, out=out)
+    for source in sources:
+        kernel(out, source, out=out)
+
+
 def divide_for_mean(total: np.ndarray, count: int, out: np.ndarray | None = None) -> np.ndarray:
     """MEAN's one division; integer totals divide into float64 like NumPy's true division."""
     return np.true_divide(total, count, out=out, casting="unsafe")

@@ -25,7 +25,8 @@ def load_backend(name: str):
 
 
 def backend_for_arrays(values) -> object:
-    """The multi-device backend that handles these arrays (NumPy: the embedded one)."""
+    """The multi-device backend for these arrays: NumPy goes to the embedded backend, CuPy to
+    the ``cupy`` backend where one is installed (else ``load_backend`` says it is missing)."""
     module = type(values[0]).__module__.split(".")[0]
     if module == "cupy":
         return load_backend("cupy").devices()

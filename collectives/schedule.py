@@ -204,10 +204,9 @@ def check(schedule: Schedule) -> None:
     index[ONE] = len(atoms)
 
     def span(step: Step) -> range:
-        lo, hi = index[step.lo], index[step.hi]
-        if not lo <= hi:
-            raise ScheduleError(f"{schedule.name}: step {step} has an empty or reversed range")
-        return range(lo, hi)
+        if not ZERO <= step.lo <= step.hi <= ONE:
+            raise ScheduleError(f"{schedule.name}: step {step} leaves the buffer or is reversed")
+        return range(index[step.lo], index[step.hi])
 
     for r, rnd in enumerate(schedule.rounds):
         written: set[tuple[int, int]] = set()

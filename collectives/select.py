@@ -19,8 +19,9 @@ CANDIDATES = ("tree", "rechd", "ring", "shuffle", "one_device")
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds per round, per byte moved, per byte reduced; ``shared_memory`` transports run
-    every schedule tile by tile at the same memory traffic, so there fewer steps win."""
+    """Seconds per round, per byte moved, per byte reduced, per message. ``shared_memory``
+    backends run every schedule tile by tile at the same memory traffic, so there the cost is
+    the per-step and per-message bookkeeping: fewer steps and messages win."""
 
     latency: float = 5e-6
     seconds_per_byte: float = 1 / 5e9
@@ -44,7 +45,7 @@ def _choose(collective: Collective, size: int, bucket: int, model: CostModel) ->
             continue
         schedule = algorithms.build(collective, name, size)
         if model.shared_memory:
-            cost = sum(len(s.srcs) for s in schedule.steps) * model.latency
+            cost = sum(1 + len(s.srcs) for s in schedule.steps) * model.latency
         else:
             cost = schedule.cost(nbytes, model.latency, model.seconds_per_byte,
                                  model.reduce_seconds_per_byte, model.message_overhead)

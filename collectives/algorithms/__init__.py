@@ -1,9 +1,10 @@
-"""The algorithm registry: names, aliases, and building a checked schedule for a collective.
+"""The algorithm registry: names, aliases, and building the schedule of a collective.
 
 Names: ``one_device``, ``ring``, ``rechd``, ``tree``, ``shuffle`` and any two-level
 composition ``"A/B"``. TensorFlow's names are aliases: ``xring`` is the ring, ``pscpu`` and
-``psgpu`` the shuffle, and ``nccl`` the transport's native all-reduce where it has one (NCCL,
-MPI) and otherwise the ring, which is what NCCL runs. ``auto`` lets the selector choose.
+``psgpu`` the shuffle, and ``nccl`` the ring (what NCCL runs for large buffers); a transport
+with a native all-reduce of its own (MPI, NCCL) may run that instead for ``nccl``.
+``auto`` lets the selector choose. ``build(..., verify=True)`` also runs the checker.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ def supports(collective: Collective, name: str) -> bool:
     return True
 
 
+def _uniform_group_size(groups, size: int) -> int:
+    """The ring rotates sub-chunks inside groups only when they are equal consecutive runs."""
+    if not groups:
+        return 0
+    k = len(groups[0])
+    runs = tuple(tuple(range(i, i + k)) for i in range(0, size, k))
+    return k if tuple(groups) == runs else 0
+
+
 @lru_cache(maxsize=1024)
 def _build(collective: Collective, name: str, size: int, root: int, shards: int,
            groups: tuple[tuple[int, ...], ...] | None) -> Schedule:
@@ -88,7 +98,7 @@ def _build(collective: Collective, name: str, size: int, root: int, shards: int,
     module = MODULES[name]
     if collective is Collective.ALL_REDUCE:
         if name == "ring":
-            return module.all_reduce(size, max(shards, 1), max(len(g) for g in groups) if groups else 0)
+            return module.all_reduce(size, max(shards, 1), _uniform_group_size(groups, size))
         return module.all_reduce(size, shards)
     if collective is Collective.BROADCAST:
         return module.broadcast(size, root, shards)

@@ -2,8 +2,10 @@
 
 The buffer is cut into ``n * S`` chunks (``S = shards`` sub-chunks per segment; chunk
 ``c = segment * S + s``). Sub-chunk ``s`` travels its own ring: TensorFlow's ring
-permutations rotate the device order inside each worker by ``s * max(1, G // S)`` places, so a
-device talks to up to ``S`` different neighbours at once.
+permutations rotate the device order inside each worker (a group of ``G`` consecutive
+participants; without groups the rotation moves the whole ring's starting point) by
+``s * max(1, G // S)`` places, so with several workers a device talks to up to ``S``
+different neighbours at once.
 
 1. reduce-scatter, ``n - 1`` rounds: in round ``t`` the device of ring rank ``r`` adds its
    predecessor's copy of segment ``(r - 2 - t) mod n`` to its own; afterwards rank ``r`` holds

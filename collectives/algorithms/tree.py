@@ -7,8 +7,10 @@ Participants are numbered relative to the root (``v = (p - root) mod n``).
 2. broadcast, the same rounds in reverse: ``v`` copies the result to ``v + 2^k``.
 
 ``2 ceil(log2 n)`` rounds, each moving the whole buffer: ``2 (n - 1) B`` bytes in all and
-``B log2 n`` through the root. The fewest rounds of any algorithm here, so it wins for small
-buffers where latency dominates; it loses on bandwidth as buffers grow.
+``ceil(log2 n) B`` into the root. Every participant handles at most one message per round, so
+over real links it has the lowest latency for small buffers (one_device and shuffle have
+fewer rounds but pile ``n - 1`` messages onto one participant); it loses on bandwidth as
+buffers grow.
 """
 
 from __future__ import annotations

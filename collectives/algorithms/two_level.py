@@ -22,10 +22,7 @@ from . import tree
 
 
 def reduce_to_leader(module, size: int):
-    try:
-        rounds, owners = module.reduce_phase(size, root=0)
-    except TypeError:  # algorithms whose reduce phase has no root of its own
-        rounds, owners = module.reduce_phase(size)
+    rounds, owners = module.reduce_phase(size)  # every reduce phase defaults to root 0
     return list(rounds) + gather_to_root(owners, 0)
 
 
