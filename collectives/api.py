@@ -150,31 +150,28 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: str = "auto", *, out=
     """Every device gets the concatenation of all devices' arrays along ``axis``."""
     values, shape, dtype, _ = _prepare(values, None)
     n = len(values)
-    ndim = max(len(shape), 1)
-    if not -ndim <= axis < ndim:
+    base = shape if shape else (1,)
+    if not -len(base) <= axis < len(base):
         raise ValueError(f"axis={axis} is out of range for arrays of {len(shape)} dimensions")
+    axis %= len(base)
+    gathered_shape = list(base)
+    gathered_shape[axis] *= n
     backend = backend_for_arrays(values)
+    results = _outputs(backend, out, values, tuple(gathered_shape), dtype)
     name = pick_algorithm(Collective.ALL_GATHER, algorithm, n,
                           n * int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.ALL_GATHER, name, n)
     size = int(np.prod(shape))
-    stacked = [backend.empty_like(v, (n * size,), dtype) for v in values]
+    # Along the leading axis the rank-major buffer already is the result: gather in place.
+    leading = all(d == 1 for d in base[:axis])
+    stacked = ([r.reshape(-1) for r in results] if leading
+               else [backend.empty_like(v, (n * size,), dtype) for v in values])
     run_multi_device(schedule, [flat(v) for v in values], stacked, ReduceOp.SUM, backend,
                      granule=size if size else 1, input_offsets=[p * size for p in range(n)])
-    base = shape if shape else (1,)
-    gathered_shape = list(base)
-    gathered_shape[axis] *= n
-    gathered = [backend.concatenate(s.reshape((n, *base)), axis) for s in stacked]
-    return _deliver(backend, out, gathered, tuple(gathered_shape), dtype)
-
-
-def _deliver(backend, out, results, shape, dtype):
-    if out is None:
-        return results
-    targets = _outputs(backend, out, results, shape, dtype)
-    for t, r in zip(targets, results):
-        backend.copy(t, r)
-    return targets
+    if not leading:
+        for r, s in zip(results, stacked):
+            backend.copy(r, backend.concatenate(s.reshape((n, *base)), axis))
+    return results
 
 
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
