@@ -8,6 +8,7 @@ its input; inputs are never modified unless ``out`` names them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -91,7 +92,7 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "a
     n, shards = len(values), check_shards(shards)
     backend = backend_for_arrays(values)
     name = pick_algorithm(Collective.ALL_REDUCE, algorithm, n,
-                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+                          math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.ALL_REDUCE, name, n, shards=shards,
                                 groups=resolve_groups(groups, n))
     final = result_dtype(op, dtype)
@@ -112,7 +113,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     root = check_root(root, n)
     backend = backend_for_arrays(values)
     name = pick_algorithm(Collective.REDUCE, algorithm, n,
-                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+                          math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.REDUCE, name, n, root=root, shards=shards,
                                 groups=resolve_groups(groups, n))
     final = result_dtype(op, dtype)
@@ -136,7 +137,7 @@ def broadcast(value, devices: int | Sequence, algorithm: str = "auto", *, out=No
     shape, dtype = tuple(value.shape), np.dtype(value.dtype)
     backend = backend_for_arrays([value])
     name = pick_algorithm(Collective.BROADCAST, algorithm, n,
-                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+                          math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.BROADCAST, name, n, shards=check_shards(shards))
     targets = [None] * n if isinstance(devices, (int, np.integer)) else list(devices)
     results = ([backend.empty_on(d, value, shape, dtype) for d in targets] if out is None
@@ -159,9 +160,9 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: str = "auto", *, out=
     backend = backend_for_arrays(values)
     results = _outputs(backend, out, values, tuple(gathered_shape), dtype)
     name = pick_algorithm(Collective.ALL_GATHER, algorithm, n,
-                          n * int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+                          n * math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.ALL_GATHER, name, n)
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     # Along the leading axis the rank-major buffer already is the result: gather in place.
     leading = all(d == 1 for d in base[:axis])
     stacked = ([r.reshape(-1) for r in results] if leading
@@ -187,9 +188,9 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str 
     n = len(values)
     backend = backend_for_arrays(values)
     name = pick_algorithm(Collective.REDUCE_SCATTER, algorithm, n,
-                          int(np.prod(shape)) * dtype.itemsize, backend.cost_model)
+                          math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.REDUCE_SCATTER, name, n, shards=check_shards(shards))
-    rows, row = shape[0], int(np.prod(shape[1:]))
+    rows, row = shape[0], math.prod(shape[1:])
     work = [backend.empty_like(v, shape, dtype) for v in values]
     run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)

@@ -32,6 +32,9 @@ class ReduceOp(enum.Enum):
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
         if isinstance(op, ReduceOp):
             return op
+        known = _BY_NAME.get(op) if isinstance(op, str) else None
+        if known is not None:
+            return known
         name = getattr(op, "name", op)  # also accepts other libraries' enums (tf ReduceOp)
         if isinstance(name, str):
             key = name.strip().lower()
@@ -49,6 +52,8 @@ class ReduceOp(enum.Enum):
         """The op applied while data moves: MEAN moves as SUM."""
         return ReduceOp.SUM if self is ReduceOp.MEAN else self
 
+
+_BY_NAME = {m.value: m for m in ReduceOp}  # the common spellings, without string work
 
 _KERNELS = {
     ReduceOp.SUM: np.add,
@@ -76,6 +81,8 @@ def _kind(dtype: np.dtype) -> str:
 
 def check_dtype(op: ReduceOp, dtype: np.dtype, argument: str = "values") -> None:
     """Raise TypeError unless ``op`` makes sense for ``dtype``."""
+    if (op, dtype) in _ACCEPTED:
+        return
     kind = _kind(np.dtype(dtype))
     allowed = {
         "b": {ReduceOp.MAX, ReduceOp.MIN},
@@ -95,6 +102,10 @@ def check_dtype(op: ReduceOp, dtype: np.dtype, argument: str = "values") -> None
             f"op={op.value!r} is not defined for {argument} of dtype {np.dtype(dtype)}; "
             f"that dtype accepts {ok}"
         )
+    _ACCEPTED.add((op, np.dtype(dtype)))
+
+
+_ACCEPTED: set = set()  # (op, dtype) pairs already checked: the check sits on every call
 
 
 def result_dtype(op: ReduceOp, dtype: np.dtype) -> np.dtype:

@@ -69,7 +69,7 @@ def block(index: int, count: int) -> tuple[Fraction, Fraction]:
     return Fraction(index, count), Fraction(index + 1, count)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=True)
 class Schedule:
     """Rounds of steps over ``size`` participants that implement ``collective``."""
 
@@ -78,6 +78,15 @@ class Schedule:
     size: int
     rounds: tuple[Round, ...]
     root: int = 0
+
+    def __hash__(self) -> int:
+        # Schedules key the caches on every call; hashing thousands of Fractions each time
+        # would cost more than small collectives themselves.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.name, self.collective, self.size, self.rounds, self.root))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @property
     def steps(self) -> Iterable[Step]:

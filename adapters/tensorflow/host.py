@@ -1,0 +1,190 @@
+"""What the TensorFlow adapter runs on the host: NumPy arrays in, NumPy arrays out.
+
+Nothing here imports TensorFlow. ``cross_device_ops`` hands these functions NumPy views of the
+per-device tensors (directly in eager mode, through one ``tf.numpy_function`` per batch inside
+``tf.function``) and places what they return on the destination devices.
+
+The logical devices of one process share its memory, so a batch is reduced *once*: the
+algorithm's reduce schedule onto device 0, and that one result is then shared by every
+destination (``tf.identity`` between logical CPU devices hands over the buffer, as TensorFlow's
+own ``ReductionToOneDevice`` does). The values equal the algorithm's all-reduce bit for bit:
+a reduce is the all-reduce's reduce phase plus copies. Across workers (one process each), the
+local totals then go through the ``Communicator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from collectives import algorithms
+from collectives.api import pick_algorithm, resolve_groups
+from collectives.batch import plan_batch
+from collectives.execute import run_multi_device
+from collectives.ops import ReduceOp, divide_for_mean, result_dtype
+from collectives.registry import backend_for_arrays
+from collectives.schedule import Collective
+from collectives.spec import SpecRange, parse_spec
+from collectives.validate import check_op, check_shards, flat, same_layout
+
+__all__ = [
+    "Packing",
+    "cross_worker_spec",
+    "gather_ragged",
+    "local_algorithm",
+    "reduce_batch",
+    "reduce_batch_across_workers",
+    "reduce_to_root",
+]
+
+Groups = Sequence[Sequence[int]] | int | Callable[[int], Sequence[Sequence[int]] | None] | None
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The packing knobs of ``collectives.batch_all_reduce``, as one value."""
+
+    num_packs: int = 0
+    agg_small_grads_max_bytes: int = 0
+    agg_small_grads_max_group: int = 10
+    bytes_per_pack: int | None = None
+
+    def kwargs(self) -> dict:
+        return {"num_packs": self.num_packs,
+                "agg_small_grads_max_bytes": self.agg_small_grads_max_bytes,
+                "agg_small_grads_max_group": self.agg_small_grads_max_group,
+                "bytes_per_pack": self.bytes_per_pack}
+
+
+def _groups_for(groups: Groups, n: int):
+    if callable(groups):
+        groups = groups(n)
+    return resolve_groups(groups, n)
+
+
+def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", algorithm: str = "auto",
+                   *, shards: int = 0, groups: Groups = None,
+                   accumulation_fn: Callable | None = None) -> np.ndarray:
+    """``collectives.reduce(values, op, root=0, algorithm)``, writing only what is needed.
+
+    Same validation, schedule and result bits as the core's ``reduce``. The difference: a
+    participant the schedule never writes to reads its input in place instead of first being
+    copied into a scratch buffer (the core's ``reduce`` copies every such input, n - 1 full
+    passes over memory for ``one_device``, that are then thrown away).
+    """
+    if len(values) == 0:
+        raise ValueError("values is empty; pass one array per device")
+    shape, dtype = same_layout(values)
+    op = check_op(op, dtype)
+    n, shards = len(values), check_shards(shards)
+    backend = backend_for_arrays(values)
+    name = pick_algorithm(Collective.REDUCE, algorithm, n, int(np.prod(shape)) * dtype.itemsize,
+                          backend.cost_model)
+    schedule = algorithms.build(Collective.REDUCE, name, n, shards=shards,
+                                groups=_groups_for(groups, n))
+    inputs = [flat(v) for v in values]
+    written = {step.dst for step in schedule.steps}
+    # A buffer the schedule never writes is only read: let it be the input itself (the
+    # executor treats `work is input` as already filled). Participant 0 always gets a fresh
+    # buffer because it holds the result.
+    work = [np.empty(len(inputs[0]), dtype) if p == 0 or p in written else inputs[p]
+            for p in range(n)]
+    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
+    total = work[0].reshape(shape)
+    if op is ReduceOp.MEAN:
+        return divide_for_mean(total, n, out=total if result_dtype(op, dtype) == dtype else None)
+    return total
+
+
+def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "sum",
+                 spec="auto", *, packing: Packing = Packing(), shards: int = 0,
+                 groups: Groups = None) -> list[np.ndarray]:
+    """Reduce tensor ``k``'s per-device arrays ``values[k]``: one result per tensor, in order.
+
+    ``spec`` is any all-reduce spec of ``collectives.spec`` (its size ranges pick each tensor's
+    algorithm and shards); ``packing`` packs each range's tensors into few buffers first.
+    """
+    if not values:
+        return []
+    n = len(values[0])
+    for k, v in enumerate(values):
+        if len(v) != n:
+            raise ValueError(f"tensor {k} has {len(v)} per-device values but tensor 0 has {n}")
+    shapes = [tuple(np.shape(v[0])) for v in values]
+    dtypes = [np.dtype(v[0].dtype) for v in values]
+    results: list = [None] * len(values)
+    for part in plan_batch(shapes, dtypes, spec, shards=shards, **packing.kwargs()):
+        per_device = [part.plan.pack([values[i][d] for i in part.indices]) for d in range(n)]
+        reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
+                                  shards=part.spec.shards, groups=groups)
+                   for j in range(len(part.plan.packs))]
+        for i, result in zip(part.indices, part.plan.unpack(reduced)):
+            results[i] = result
+    return results
+
+
+def local_algorithm(algorithm: str) -> str:
+    """The algorithm a worker runs among its own devices: A of "A/B", else the name itself."""
+    return algorithm.split("/")[0] if "/" in algorithm else algorithm
+
+
+def cross_worker_spec(ranges: Sequence[SpecRange]) -> list[tuple[str, int, int]]:
+    """The spec the workers run among themselves: B of every "A/B" range, shards and limits kept."""
+    return [(r.algorithm.split("/")[-1], r.shards, r.limit) for r in ranges]
+
+
+def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str, spec,
+                                comm, *, packing: Packing = Packing(), workers_sum: str = "mean",
+                                timeout: float | None = None) -> list[np.ndarray]:
+    """Reduce over this worker's devices, then over every worker through ``comm``.
+
+    1. each tensor is reduced over the local devices with the local algorithm of its spec
+       range (A of "A/B"), as a SUM;
+    2. the local totals go through ``comm.batch_all_reduce`` with the cross-worker spec (B of
+       "A/B", the range's shards and limit) and the packing knobs;
+    3. MEAN divides by the global device count (workers x local devices); SUM of floating
+       values divides by the worker count when ``workers_sum="mean"`` (see
+       ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``.
+
+    Every worker must bring the same number of devices and tensors of the same shapes.
+    """
+    op = ReduceOp.parse(op)
+    if not values:
+        return []
+    ranges = parse_spec(spec)
+    n = len(values[0])
+    sizes = [int(np.prod(np.shape(v[0]))) for v in values]
+    locals_ = []
+    for k, v in enumerate(values):
+        rng = next(r for r in ranges if r.limit < 0 or sizes[k] <= r.limit)
+        locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm)))
+    totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
+                                   timeout=timeout, **packing.kwargs())
+    out = []
+    for total, v in zip(totals, values):
+        dtype = np.dtype(v[0].dtype)
+        if op is ReduceOp.MEAN:
+            total = divide_for_mean(total, n * comm.size)
+        elif workers_sum == "mean" and dtype.kind in "fc" and comm.size > 1:
+            total = divide_for_mean(total, comm.size, out=total)
+        out.append(total)
+    return out
+
+
+def gather_ragged(comm, x: np.ndarray, axis: int = 0, *, timeout: float | None = None) -> np.ndarray:
+    """Concatenation over ranks of ``x`` along ``axis``, whose size along ``axis`` may differ.
+
+    The sizes are gathered first; every rank then pads its block to the largest size so one
+    ``all_gather`` of equal shapes carries them, and each rank's padding is cut off again.
+    """
+    x = np.asarray(x)
+    moved = np.moveaxis(x, axis, 0) if x.ndim else x.reshape(1)
+    rows = comm.all_gather(np.array([moved.shape[0]], np.int64), timeout=timeout)
+    most = int(rows.max()) if rows.size else 0
+    padded = np.zeros((most, *moved.shape[1:]), moved.dtype)
+    padded[:moved.shape[0]] = moved
+    gathered = comm.all_gather(padded, timeout=timeout).reshape(comm.size, most, *moved.shape[1:])
+    joined = np.concatenate([gathered[r, :int(rows[r])] for r in range(comm.size)], axis=0)
+    return np.moveaxis(joined, 0, axis) if x.ndim else joined
