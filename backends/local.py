@@ -103,20 +103,27 @@ class ThreadWorld:
 
     def __init__(self, size: int, timeout: float):
         self.size, self.timeout = size, timeout
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        # One condition per rank over one lock: a message wakes only the rank it is for.
+        self.conds = [threading.Condition(self.lock) for _ in range(size)]
         self.mail: dict = {}
         self.tables: dict = {}
         self.failed: dict[int, BaseException] = {}
 
+    def wake_all(self) -> None:
+        for cond in self.conds:
+            cond.notify_all()
+
     def fail(self, rank: int, exc: BaseException) -> None:
-        with self.cond:
+        with self.lock:
             self.failed.setdefault(rank, exc)
-            self.cond.notify_all()
+            self.wake_all()
 
     def wait_for(self, ready: Callable[[], bool], rank: int, what: str, missing: Callable[[], list],
                  timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        with self.cond:
+        cond = self.conds[rank]
+        with self.lock:
             while not ready():
                 others = {r: e for r, e in self.failed.items() if r != rank}
                 causes = {r: e for r, e in others.items() if not isinstance(e, PeerFailedError)}
@@ -128,7 +135,7 @@ class ThreadWorld:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeoutError(what, missing(), timeout, rank)
-                self.cond.wait(min(left, 0.5))
+                cond.wait(min(left, 0.5))
 
 
 class ThreadTransport:
@@ -141,9 +148,9 @@ class ThreadTransport:
 
     def isend(self, buf, dst, tag):
         send = _Send(buf, dst)
-        with self.world.cond:
+        with self.world.lock:
             self.world.mail[(self.rank, dst, tag)] = send
-            self.world.cond.notify_all()
+            self.world.conds[dst].notify()
         return send
 
     def irecv(self, like, src, tag):
@@ -153,14 +160,14 @@ class ThreadTransport:
         mail = self.world.mail
         self.world.wait_for(lambda: req.key in mail, self.rank, self.what,
                             lambda: [req.src], self.timeout)
-        with self.world.cond:
+        with self.world.lock:
             req.send = mail.pop(req.key)
         return req.send.data
 
     def release(self, req: _Recv) -> None:
-        with self.world.cond:
+        with self.world.lock:
             req.send.done = True
-            self.world.cond.notify_all()
+            self.world.conds[req.src].notify()
 
     def waitall(self, sends: Sequence[_Send]) -> None:
         self.world.wait_for(lambda: all(s.done for s in sends), self.rank, self.what,
@@ -169,14 +176,14 @@ class ThreadTransport:
     def agree(self, key, item, timeout: float) -> list:
         """Every rank posts ``item`` under ``key``; returns all ranks' items in rank order."""
         world = self.world
-        with world.cond:
+        with world.lock:
             entry = world.tables.setdefault(key, ({}, set()))
             items, readers = entry
             items[self.rank] = item
-            world.cond.notify_all()
+            world.wake_all()
         world.wait_for(lambda: len(items) == self.size, self.rank, self.what,
                        lambda: [r for r in range(self.size) if r not in items], timeout)
-        with world.cond:
+        with world.lock:
             readers.add(self.rank)
             if len(readers) == self.size:  # the last reader clears the table
                 del world.tables[key]

@@ -1,6 +1,8 @@
-"""The ``collectives`` command. ``collectives bench`` times collectives like nccl-tests.
+"""The ``collectives`` command. ``collectives bench`` times collectives like nccl-tests;
+``collectives draw`` prints and proves an algorithm's schedule.
 
     collectives bench -c all_reduce -a ring,tree -n 4 -b 8 -e 64M -f 2 --json out.json
+    collectives draw rechd -n 5
 
 The table goes to stdout (one row per size and algorithm); a progress bar goes to stderr
 when it is a terminal. The exit status is 1 when any output element was wrong, 2 for bad
@@ -74,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="count wrong output elements (default: check)")
     b.set_defaults(subparser=b)
+
+    d = sub.add_parser("draw", help="print an algorithm's schedule, round by round, and prove it",
+                       description="Print the schedule of a collective: one line per round, "
+                                   "'d+=s[lo,hi)' for a reduce into d of s's range, 'd<-s[lo,hi)' "
+                                   "for a copy; then run the checker on it.")
+    d.add_argument("algorithm", help="one_device, ring, rechd, tree, shuffle, an alias or 'A/B'")
+    d.add_argument("-c", "--collective", default="all_reduce", choices=bench.COLLECTIVES)
+    d.add_argument("-n", "--participants", type=int, default=4)
+    d.add_argument("--root", type=_positive, default=0)
+    d.add_argument("--shards", type=_positive, default=0)
+    d.add_argument("--group-size", type=_positive, default=0,
+                   help="participants per group for two-level 'A/B' algorithms")
+    d.set_defaults(subparser=d)
     return parser
 
 
@@ -134,6 +149,29 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
     return 0
 
 
+def draw_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``collectives draw``; returns the exit status."""
+    from . import algorithms
+    from .api import resolve_groups
+    from .schedule import Collective, check
+
+    try:
+        name = algorithms.canonical(args.algorithm)
+        if name == "auto":
+            raise ValueError("auto picks per call; name an algorithm to draw")
+        n = args.participants
+        groups = resolve_groups(args.group_size or None, n) if n > 0 else None
+        schedule = algorithms.build(Collective(args.collective), name, n, root=args.root,
+                                    shards=args.shards, groups=groups)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    print(schedule.draw())
+    check(schedule)
+    print("checked: every output holds each contribution exactly once, and every holder "
+          "holds the same computed value")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``collectives`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -141,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench_main(args, args.subparser, argv)
+    if args.command == "draw":
+        return draw_main(args, args.subparser)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

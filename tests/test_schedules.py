@@ -130,3 +130,15 @@ def test_cost_model_prefers_tree_small_ring_large():
     model = CostModel()
     assert choose(Collective.ALL_REDUCE, 8, 64, model) == "tree"
     assert choose(Collective.ALL_REDUCE, 8, 64 << 20, model) in ("ring", "rechd")
+
+
+def test_draw_command_prints_and_proves(capsys):
+    from collectives.cli import main
+
+    assert main(["draw", "rechd", "-n", "5"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("rechd: all_reduce over 5 participants, 6 rounds")
+    assert "round  0: 0+=4[0,1)" in text and text.rstrip().endswith("holds the same computed value")
+    with pytest.raises(SystemExit):
+        main(["draw", "bogus"])
+    assert "unknown algorithm 'bogus'" in capsys.readouterr().err
