@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 from conftest import (
@@ -17,6 +19,7 @@ from conftest import (
     exact_inputs,
     reference,
 )
+from hypothesis import given, settings
 
 import collectives
 from collectives import ReduceOp
@@ -176,3 +179,20 @@ def test_batch_all_reduce_keeps_order_and_shapes():
                 expected = reference(value_lists[k], ReduceOp.SUM)
                 for r in per_device:
                     assert_reduced(r, expected, ReduceOp.SUM)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9),
+       n=st.integers(1, 9), algorithm=st.sampled_from(ALGORITHMS + TF_NAMES + TWO_LEVEL),
+       op=st.sampled_from([ReduceOp.SUM, ReduceOp.MAX, ReduceOp.PROD, ReduceOp.MEAN]),
+       group=st.integers(1, 4), data=st.data())
+def test_random_shapes_both_ways(shape, n, algorithm, op, group, data):
+    dtype = data.draw(st.sampled_from([np.float32, np.int64, np.float16]))
+    values = [v.reshape(shape) for v in exact_inputs(n, int(np.prod(shape)), dtype, op)]
+    expected = reference(values, op)
+    multi = collectives.all_reduce(values, op, algorithm, groups=group)
+    spmd = collectives.run(lambda comm: comm.all_reduce(values[comm.rank], op, algorithm,
+                                                        groups=group), n)
+    for r in multi + spmd:
+        assert_reduced(r, expected, op)
+    assert_identical(multi + spmd)
