@@ -162,15 +162,17 @@ def markdown(ours: list[dict], tf: dict, meta: dict, p: int, repeats: int) -> st
              cell(tf.get((r["size"], "tf_add_n"))), cell(med["bound"])]) + " |")
 
     factor = 2 * (p - 1) / p
-    lines += ["", f"busbw (GB/s; size / time x 2(p-1)/p, as nccl-tests; the bound's column is the "
+    lines += ["", "busbw (GB/s; size / time x 2(p-1)/p, as nccl-tests; the bound's column is the "
               "busbw an all-reduce would have if it took the bound's time):", "",
               "| size / device | " + " | ".join([*ALGORITHMS, "TF reduce", "bound"]) + " |",
               "|---:|" + "---:|" * (len(ALGORITHMS) + 2)]
+    def busbw(size: int, us: float | None) -> str:
+        return "n/a" if not us else f"{size / (us * 1e-6) * factor / 1e9:.2f}"
+
     for r in ours:
-        def busbw(us: float | None) -> str:
-            return "n/a" if not us else f"{r['size'] / (us * 1e-6) * factor / 1e9:.2f}"
-        cells = [busbw(r["median_us"][a]) for a in ALGORITHMS]
-        cells += [busbw(tf.get((r["size"], "tf_r2od"))), busbw(r["median_us"]["bound"])]
+        size = r["size"]
+        cells = [busbw(size, r["median_us"][a]) for a in ALGORITHMS]
+        cells += [busbw(size, tf.get((size, "tf_r2od"))), busbw(size, r["median_us"]["bound"])]
         lines.append(f"| {human(r['size'])} | " + " | ".join(cells) + " |")
 
     def ratio_table(title: str, denominator) -> None:
