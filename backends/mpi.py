@@ -581,11 +581,11 @@ class MPICommunicator(Communicator):
         self.transport.check_usable()
         return super()._begin(collective, timeout, signature)
 
-    def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", shards=0,
-                   axis=None) -> dict:
+    def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", *args,
+                   **kwargs) -> dict:
         name = canonical(algorithm)  # validates; the core's canonical() rejects "native"
-        signature = super()._signature(collective, x, op, root, "auto" if name == NATIVE
-                                       else algorithm, shards, axis)
+        signature = super()._signature(collective, x, op, root,
+                                       "auto" if name == NATIVE else algorithm, *args, **kwargs)
         signature["algorithm"] = name
         return signature
 

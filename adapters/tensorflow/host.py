@@ -14,6 +14,7 @@ local totals then go through the ``Communicator``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from collectives.api import pick_algorithm, resolve_groups
 from collectives.batch import plan_batch
 from collectives.execute import run_multi_device
 from collectives.ops import ReduceOp, divide_for_mean, result_dtype
+from collectives.packing import make_plan
 from collectives.registry import backend_for_arrays
 from collectives.schedule import Collective
 from collectives.spec import SpecRange, parse_spec
@@ -31,6 +33,7 @@ from collectives.validate import check_op, check_shards, flat, same_layout
 
 __all__ = [
     "Packing",
+    "check_packing",
     "cross_worker_spec",
     "gather_ragged",
     "local_algorithm",
@@ -64,15 +67,33 @@ def _groups_for(groups: Groups, n: int):
     return resolve_groups(groups, n)
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(slot: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """A per-thread work buffer, reused across calls: first touches of fresh memory (page
+    faults) cost more than the reduction itself on small VMs."""
+    buffers = getattr(_LOCAL, "buffers", None)
+    if buffers is None:
+        buffers = _LOCAL.buffers = {}
+    nbytes = count * np.dtype(dtype).itemsize
+    buf = buffers.get(slot)
+    if buf is None or buf.nbytes < nbytes:
+        buf = buffers[slot] = np.empty(max(nbytes, 1), np.uint8)
+    return buf[:nbytes].view(dtype)
+
+
 def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", algorithm: str = "auto",
                    *, shards: int = 0, groups: Groups = None,
-                   accumulation_fn: Callable | None = None) -> np.ndarray:
+                   accumulation_fn: Callable | None = None,
+                   empty: Callable = np.empty) -> np.ndarray:
     """``collectives.reduce(values, op, root=0, algorithm)``, writing only what is needed.
 
     Same validation, schedule and result bits as the core's ``reduce``. The difference: a
     participant the schedule never writes to reads its input in place instead of first being
     copied into a scratch buffer (the core's ``reduce`` copies every such input, n - 1 full
-    passes over memory for ``one_device``, that are then thrown away).
+    passes over memory for ``one_device``, that are then thrown away). ``empty(shape, dtype)``
+    allocates the result (the TF adapter passes an aligned allocator).
     """
     if len(values) == 0:
         raise ValueError("values is empty; pass one array per device")
@@ -89,8 +110,11 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
     # A buffer the schedule never writes is only read: let it be the input itself (the
     # executor treats `work is input` as already filled). Participant 0 always gets a fresh
     # buffer because it holds the result.
-    work = [np.empty(len(inputs[0]), dtype) if p == 0 or p in written else inputs[p]
-            for p in range(n)]
+    work = [inputs[p] for p in range(n)]
+    work[0] = empty((len(inputs[0]),), dtype)
+    for p in written:
+        if p != 0:
+            work[p] = _scratch(p, len(inputs[0]), dtype)
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
     total = work[0].reshape(shape)
     if op is ReduceOp.MEAN:
@@ -98,9 +122,14 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
     return total
 
 
+def check_packing(packing: Packing) -> None:
+    """Raise now for packing knobs the core would reject at the first batch."""
+    make_plan([], [], **packing.kwargs())
+
+
 def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "sum",
                  spec="auto", *, packing: Packing = Packing(), shards: int = 0,
-                 groups: Groups = None) -> list[np.ndarray]:
+                 groups: Groups = None, empty: Callable = np.empty) -> list[np.ndarray]:
     """Reduce tensor ``k``'s per-device arrays ``values[k]``: one result per tensor, in order.
 
     ``spec`` is any all-reduce spec of ``collectives.spec`` (its size ranges pick each tensor's
@@ -118,7 +147,7 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
     for part in plan_batch(shapes, dtypes, spec, shards=shards, **packing.kwargs()):
         per_device = [part.plan.pack([values[i][d] for i in part.indices]) for d in range(n)]
         reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                                  shards=part.spec.shards, groups=groups)
+                                  shards=part.spec.shards, groups=groups, empty=empty)
                    for j in range(len(part.plan.packs))]
         for i, result in zip(part.indices, part.plan.unpack(reduced)):
             results[i] = result
@@ -137,7 +166,8 @@ def cross_worker_spec(ranges: Sequence[SpecRange]) -> list[tuple[str, int, int]]
 
 def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str, spec,
                                 comm, *, packing: Packing = Packing(), workers_sum: str = "mean",
-                                timeout: float | None = None) -> list[np.ndarray]:
+                                timeout: float | None = None,
+                                empty: Callable = np.empty) -> list[np.ndarray]:
     """Reduce over this worker's devices, then over every worker through ``comm``.
 
     1. each tensor is reduced over the local devices with the local algorithm of its spec
@@ -159,7 +189,8 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     locals_ = []
     for k, v in enumerate(values):
         rng = next(r for r in ranges if r.limit < 0 or sizes[k] <= r.limit)
-        locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm)))
+        locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm),
+                                      empty=empty))
     totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
                                    timeout=timeout, **packing.kwargs())
     out = []
