@@ -8,7 +8,9 @@ collectives run one of two ways:
   moves as SUM and is divided once afterwards. Dtypes MPI lacks (float16, bfloat16, non-native
   byte order) go through the core's schedules instead;
 * any schedule of the core (``ring``, ``rechd``, ``tree``, ``shuffle``, ``one_device``,
-  ``"A/B"``), run over non-blocking point-to-point with receive buffers reused across calls.
+  ``"A/B"``), run over non-blocking point-to-point with receive buffers reused across calls;
+* ``algorithm="shm"`` (all-reduce, every rank on one node): one pass through an MPI-3 shared
+  window (``mpi_shm.py``).
 
 ``auto`` picks between them by size and rank count (crossovers measured, see ``docs/mpi.md``).
 Library traffic runs on duplicates of the user's communicator, so it never matches user
@@ -29,7 +31,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,11 +50,13 @@ from collectives.select import CostModel
 if TYPE_CHECKING:  # pragma: no cover - typing only; mpi4py is imported lazily
     from mpi4py import MPI as _MPI
 
-__all__ = ["MAX_COUNT", "MPICommunicator", "MPITransport", "NATIVE", "chunks", "init",
+__all__ = ["MAX_COUNT", "MPICommunicator", "MPITransport", "NATIVE", "SHM", "chunks", "init",
            "native_types", "node_groups", "select_algorithm"]
 
 NATIVE = "native"
 NATIVE_NAMES = ("native", "mpi")
+SHM = "shm"
+SHM_NAMES = ("shm", "shared_memory")
 
 # MPI counts are C ints in MPI < 4; mpi4py 4 over an MPI-4 library uses the large-count calls,
 # but splitting every message at this many elements (bytes for point-to-point) costs nothing
@@ -64,14 +68,20 @@ MAX_COUNT = 2**31 - 1
 # last entry serving larger counts). Below, MPI's own Allreduce is faster.
 RING_FROM_BYTES: dict[int, int] = {2: 16 << 20, 3: 16 << 20, 4: 16 << 20}
 
+# All-reduces from this many bytes up run through shared memory under "auto" when every rank
+# shares one node (backends/mpi_shm.py); None: only on request (algorithm="shm"), which is
+# where the measurements put it on the 2-vCPU machine (see docs/mpi.md).
+SHM_FROM_BYTES: int | None = None
+
 # Native all-reduce of large payloads runs in pieces of this many bytes: MPICH mallocs a
 # scratch buffer of half the message per call, and from 16 MiB up glibc serves it by mmap and
 # page-faults it in every time (the "64 MiB cliff"); pieces stay on the heap and are reused.
 NATIVE_PIECE_BYTES = 8 << 20
 
-# Polling: spin on Test for the first iterations (a peer a few microseconds late), then yield
-# the core (4 ranks on 2 cores must let the peer run), then sleep once a wait is clearly long.
-SPIN_ITERATIONS = 50
+# Polling: spin on Test for the first microseconds (a peer a little late: a yield is a ~4 us
+# system call here), then yield the core (4 ranks on 2 cores must let the peer run), then
+# sleep once a wait is clearly long (a late peer, not a transfer in progress).
+SPIN_SECONDS = 50e-6
 YIELD_SECONDS = 1.0
 SLEEP_SECONDS = 1e-3
 
@@ -95,13 +105,15 @@ def _mpi():
 
 # --- pure helpers (no MPI needed; unit-tested directly) -----------------------------------------
 
-def chunks(count: int, limit: int | None = None) -> list[tuple[int, int]]:
+def chunks(count: int, limit: int | None = None) -> list[tuple[int, int]] | tuple:
     """Split ``[0, count)`` into consecutive ``(lo, hi)`` pieces of at most ``limit`` items.
 
     Every MPI call of this transport moves one piece, so no count passed to MPI exceeds
     ``limit`` (``MAX_COUNT`` by default) whatever the array's size.
     """
     limit = MAX_COUNT if limit is None else limit
+    if 0 < count <= limit:
+        return ((0, count),)  # the usual case, on every call: no list to build
     if limit < 1:
         raise ValueError(f"limit={limit} must be at least 1")
     if count < 0:
@@ -109,6 +121,7 @@ def chunks(count: int, limit: int | None = None) -> list[tuple[int, int]]:
     return [(lo, min(lo + limit, count)) for lo in range(0, count, limit)]
 
 
+@lru_cache(maxsize=256)
 def native_types(dtype: np.dtype, op: ReduceOp | None):
     """``(MPI datatype, MPI op)`` for MPI's own collectives on ``dtype`` with ``op``, or None.
 
@@ -143,22 +156,39 @@ def native_types(dtype: np.dtype, op: ReduceOp | None):
 
 
 def canonical(algorithm: str) -> str:
-    """``"native"`` for MPI's own collectives, else the core's canonical name."""
-    if isinstance(algorithm, str) and algorithm.strip().lower() in NATIVE_NAMES:
+    """``"native"`` (MPI's own), ``"shm"`` (shared memory) or the core's canonical name."""
+    if isinstance(algorithm, str):
+        return _canonical(algorithm)
+    from collectives import algorithms
+
+    return algorithms.canonical(algorithm)  # raises its TypeError
+
+
+@lru_cache(maxsize=256)
+def _canonical(algorithm: str) -> str:
+    text = algorithm.strip().lower()
+    if text in NATIVE_NAMES:
         return NATIVE
+    if text in SHM_NAMES:
+        return SHM
     from collectives import algorithms
 
     return algorithms.canonical(algorithm)
 
 
-def select_algorithm(collective: Collective, size: int, nbytes: int, native_ok: bool) -> str:
-    """What ``algorithm="auto"`` runs: ``"native"`` or a core schedule name.
+def select_algorithm(collective: Collective, size: int, nbytes: int, native_ok: bool,
+                     shm_ok: bool = False) -> str:
+    """What ``algorithm="auto"`` runs: ``"native"``, ``"shm"`` or a core schedule name.
 
-    MPI's own collectives win below the measured crossover; large all-reduces run the ring
-    over reused buffers. Without a native path (float16, ...) the core's cost model chooses.
+    MPI's own collectives win below the measured crossover; large all-reduces run through
+    shared memory where every rank shares the node (``shm_ok``), else the ring over reused
+    buffers. Without a native path (float16, ...) the core's cost model chooses.
     """
     if size == 1:
         return "one_device"  # no messages at all
+    if (collective is Collective.ALL_REDUCE and shm_ok and SHM_FROM_BYTES is not None
+            and nbytes >= SHM_FROM_BYTES):
+        return SHM
     if native_ok:
         if collective is Collective.ALL_REDUCE:
             limit = RING_FROM_BYTES.get(size, RING_FROM_BYTES[max(RING_FROM_BYTES)])
@@ -225,16 +255,26 @@ class _Recv:
         return self.data
 
 
-@dataclass(frozen=True)
 class _Plan:
     """A collective whose algorithm depends on dtype and op, decided when the buffer is known."""
 
-    collective: Collective
-    algorithm: str  # "auto" or "native"
-    nbytes: int
-    root: int
-    shards: int
-    groups: Any
+    __slots__ = ("algorithm", "collective", "groups", "nbytes", "root", "shards")
+
+    def __init__(self, collective: Collective, algorithm: str, nbytes: int, root: int,
+                 shards: int, groups):
+        self.collective, self.algorithm, self.nbytes = collective, algorithm, nbytes
+        self.root, self.shards, self.groups = root, shards, groups
+
+
+class _FastPlan:
+    """What a native all-reduce of one (shape, dtype, op, algorithm) needs on every call."""
+
+    __slots__ = ("final", "op", "same_dtype", "signature", "types")
+
+    def __init__(self, op: ReduceOp, final: np.dtype, same_dtype: bool, types: tuple,
+                 signature: dict):
+        self.op, self.final, self.same_dtype = op, final, same_dtype
+        self.types, self.signature = types, signature
 
 
 # --- the transport ----------------------------------------------------------------------------
@@ -248,6 +288,10 @@ class MPITransport:
         self.ctrl = comm.Dup()  # agreements: never matched against data messages
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
+        from .mpi_shm import SharedAllReduce
+
+        self.node = self.data.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.shm = SharedAllReduce(self, self.node)
         self.what = "collective"
         self.timeout = 300.0
         self.cost_model = COST_MODEL
@@ -258,6 +302,8 @@ class MPITransport:
         self._arena_used = 0
         self._outstanding = 0
         self._status = MPI.Status()
+        self.replay: list | None = None
+        self._sent: tuple | None = None
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -271,21 +317,21 @@ class MPITransport:
         try:
             if test():
                 return
-            timeout = self.timeout if timeout is None else timeout
             start = time.monotonic()
-            deadline = start + timeout
-            spins = 0
+            timeout = self.timeout if timeout is None else timeout
+            deadline, spin_until = start + timeout, start + SPIN_SECONDS
+            yield_until = start + YIELD_SECONDS
             while not test():
                 now = time.monotonic()
+                if now < spin_until:
+                    continue
                 if now >= deadline:
                     raise self._fail(CollectiveTimeoutError(self.what, missing(), timeout,
                                                             self.rank))
-                spins += 1
-                if spins > SPIN_ITERATIONS:
-                    if now - start < YIELD_SECONDS:
-                        os.sched_yield()
-                    else:
-                        time.sleep(SLEEP_SECONDS)
+                if now < yield_until:
+                    os.sched_yield()
+                else:
+                    time.sleep(SLEEP_SECONDS)
         except MPI.Exception as exc:
             raise self._fail(PeerFailedError(
                 f"rank {self.rank}: {self.what} failed while waiting for rank(s) "
@@ -408,13 +454,20 @@ class MPITransport:
         control communicator under a tag derived from the call's sequence number, then
         receives one message from each rank. Whoever has not sent by the deadline is missing.
         """
+        if self.replay is not None:  # the communicator's second look at this exchange
+            return self.replay
         MPI = _mpi()
         self.check_usable()
         kind = key[0] if isinstance(key, tuple) else key
         seq = (key[-1] if isinstance(key, tuple) and isinstance(key[-1], int)
                else zlib.crc32(repr(key).encode()))  # hash() differs between processes
         tag = seq % self._ctrl_tags
-        mine = pickle.dumps((kind, self.what, item), protocol=pickle.HIGHEST_PROTOCOL)
+        envelope = (kind, self.what, item)
+        if self._sent is not None and self._sent[0] is item and self._sent[1] == envelope[:2]:
+            mine = self._sent[2]  # a fast-path call repeats its signature object: no pickling
+        else:
+            mine = pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL)
+            self._sent = (item, envelope[:2], mine)
         got: dict[int, bytes] = {self.rank: mine}
         if self.size > 1:
             sends = [self.ctrl.Isend([mine, MPI.BYTE], r, tag)
@@ -462,7 +515,7 @@ class MPITransport:
                granule: int = 1) -> None:
         """MPI's own ``collective`` on flat ``buf`` in place, polled against the deadline."""
         MPI = _mpi()
-        everyone = lambda: [r for r in range(self.size) if r != self.rank]  # noqa: E731
+        everyone = self._everyone
         if collective is Collective.BROADCAST:
             raw = _as_bytes(buf)
             for a, b in chunks(len(raw)):
@@ -473,10 +526,7 @@ class MPITransport:
             return
         datatype, mop = native_types(buf.dtype, op)
         if collective is Collective.ALL_REDUCE:
-            piece = min(MAX_COUNT, max(1, NATIVE_PIECE_BYTES // buf.itemsize))
-            for a, b in chunks(len(buf), piece):
-                self.wait_requests(
-                    [self.data.Iallreduce(MPI.IN_PLACE, [buf[a:b], datatype], mop)], everyone)
+            self.all_reduce_into(buf, buf, (datatype, mop))
         elif collective is Collective.REDUCE:
             for a, b in chunks(len(buf)):
                 send = MPI.IN_PLACE if self.rank == root else [buf[a:b], datatype]
@@ -497,6 +547,36 @@ class MPITransport:
         else:  # pragma: no cover - every Collective is handled above
             raise ValueError(f"no native {collective.value}")
 
+    def all_reduce_into(self, src: np.ndarray, dst: np.ndarray, types: tuple, *,
+                        aliased: bool = True) -> None:
+        """MPI's Allreduce of flat ``src`` into flat ``dst``.
+
+        Never the in-place form: MPI wants MPI_IN_PLACE on all ranks or none, and ranks reach
+        this from different paths, so an aliased ``src`` is first copied to scratch. Large
+        payloads go in ``NATIVE_PIECE_BYTES`` pieces, so MPICH's per-call scratch stays on the
+        heap instead of being mmapped and page-faulted in on every call.
+        """
+        datatype, mop = types
+        if not aliased and dst.nbytes <= NATIVE_PIECE_BYTES and len(dst) <= MAX_COUNT:
+            request = self.data.Iallreduce([src, datatype], [dst, datatype], mop)
+            self.wait_requests((request,), self._everyone)
+            return
+        if aliased and np.may_share_memory(src, dst):
+            src = self._scratch(src.nbytes).view(src.dtype)
+            np.copyto(src, dst)
+        try:
+            piece = min(MAX_COUNT, max(1, NATIVE_PIECE_BYTES // dst.itemsize))
+            for a, b in chunks(len(dst), piece):
+                request = self.data.Iallreduce([src[a:b], datatype], [dst[a:b], datatype], mop)
+                self.wait_requests((request,), self._everyone)
+        finally:
+            if not self._outstanding:
+                self._reset_scratch()
+
+    def _everyone(self) -> list[int]:
+        """Who a native collective waits for: MPI cannot say which peers are missing."""
+        return [r for r in range(self.size) if r != self.rank]
+
     def _all_gather(self, buf: np.ndarray, granule: int, everyone) -> None:
         MPI = _mpi()
         raw = _as_bytes(buf)
@@ -512,7 +592,8 @@ class MPITransport:
 
     def free(self) -> None:
         """Free the duplicated communicators (collective: every rank must call it)."""
-        for comm in (self.data, self.ctrl):
+        self.shm.free()
+        for comm in (self.node, self.data, self.ctrl):
             if comm != _mpi().COMM_NULL:
                 comm.Free()
 
@@ -570,6 +651,7 @@ class MPICommunicator(Communicator):
         super().__init__(transport, timeout=timeout, check=check, name="mpi")
         self.groups = groups
         self.last_algorithm: str | None = None
+        self._fast: dict = {}
 
     def __repr__(self) -> str:
         nodes = f", {len(self.groups)} node(s)" if self.groups else ""
@@ -578,14 +660,32 @@ class MPICommunicator(Communicator):
     # --- hooks into the core's Communicator (see docs/mpi.md, "core hooks") ---------------
 
     def _begin(self, collective: str, timeout: float | None, signature: dict) -> list[dict]:
-        self.transport.check_usable()
-        return super()._begin(collective, timeout, signature)
+        transport = self.transport
+        transport.check_usable()
+        if not self.check:
+            return super()._begin(collective, timeout, signature)
+        # The core compares every field of every rank's signature (~17 us a call here). When
+        # all ranks sent identical bytes there is nothing to compare; otherwise the core runs
+        # on the signatures already exchanged, so its error message is the one users see.
+        self._seq += 1
+        timeout = self.timeout if timeout is None else float(timeout)
+        transport.what, transport.timeout = collective, timeout
+        signatures = transport.agree(("sig", self._seq), signature, timeout)
+        if all(s is signature for s in signatures):
+            return signatures
+        self._seq -= 1
+        transport.replay = signatures
+        try:
+            return super()._begin(collective, timeout, signature)
+        finally:
+            transport.replay = None
 
     def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", *args,
                    **kwargs) -> dict:
         name = canonical(algorithm)  # validates; the core's canonical() rejects "native"
         signature = super()._signature(collective, x, op, root,
-                                       "auto" if name == NATIVE else algorithm, *args, **kwargs)
+                                       "auto" if name in (NATIVE, SHM) else algorithm, *args,
+                                       **kwargs)
         signature["algorithm"] = name
         return signature
 
@@ -593,7 +693,10 @@ class MPICommunicator(Communicator):
                   shards: int = 0, groups=None):
         groups = self.groups if groups is None else groups
         name = canonical(algorithm)
-        if name in ("auto", NATIVE):  # the choice needs the dtype and op: made in _run
+        if name == SHM and collective is not Collective.ALL_REDUCE:
+            raise ValueError(f"algorithm={algorithm!r} has only all_reduce; use 'auto', "
+                             "'native' or a schedule")
+        if name in ("auto", NATIVE, SHM):  # the choice needs the dtype and op: made in _run
             return _Plan(collective, name, nbytes, root, shards, groups)
         return super()._schedule(collective, name, nbytes, root=root, shards=shards,
                                  groups=groups)
@@ -602,10 +705,18 @@ class MPICommunicator(Communicator):
         if isinstance(schedule, _Plan):
             plan = schedule
             native_ok = self.transport.native_ok(plan.collective, buf, op, granule)
+            shm_ok = self.transport.shm.single_node
             if plan.algorithm == NATIVE and native_ok and self.size > 1:
                 name = NATIVE
+            elif plan.algorithm == SHM and shm_ok and self.size > 1:
+                name = SHM
             else:
-                name = select_algorithm(plan.collective, self.size, plan.nbytes, native_ok)
+                name = select_algorithm(plan.collective, self.size, plan.nbytes, native_ok,
+                                        shm_ok)
+            if name == SHM:
+                self.last_algorithm = SHM
+                self.transport.shm.all_reduce(buf, op)
+                return
             if name == NATIVE:
                 self.last_algorithm = NATIVE
                 self.transport.native(plan.collective, buf, op, root=plan.root, granule=granule)
@@ -620,12 +731,67 @@ class MPICommunicator(Communicator):
     def all_reduce(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *, out=None,
                    shards: int = 0, groups=None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result."""
+        if type(x) is np.ndarray and not shards and groups is None:
+            plan = self._fast.get((x.shape, x.dtype, op, algorithm))
+            if plan is None:
+                plan = self._fast_plan(x, op, algorithm)
+            if plan:
+                return self._native_all_reduce(x, plan, out, timeout)
         if _on_device(x) or _on_device(out):
             result = super().all_reduce(_to_host(x), op, algorithm, shards=shards, groups=groups,
                                         timeout=timeout)
             return _to_device(result, x, out)
         return super().all_reduce(x, op, algorithm, out=out, shards=shards, groups=groups,
                                   timeout=timeout)
+
+    # The fast path: an all-reduce that runs MPI's own Allreduce skips the core's per-call
+    # bookkeeping (validation, signature, planning: ~30 us here, several times MPICH's 4 KiB
+    # latency). Everything that depends only on (shape, dtype, op, algorithm) is computed once,
+    # by the same core functions and so with the same errors, and cached.
+
+    def _fast_plan(self, x: np.ndarray, op, algorithm: str):
+        """The cached facts of a native all-reduce, or False when it runs another way."""
+        from collectives.ops import result_dtype
+        from collectives.validate import check_op
+
+        key = (x.shape, x.dtype, op, algorithm)
+        parsed = check_op(op, x.dtype, "x")
+        name = canonical(algorithm)
+        types = native_types(x.dtype, parsed)
+        plan: Any = False
+        if types is not None and self.size > 1 and (
+                name == NATIVE or (name == "auto" and select_algorithm(
+                    Collective.ALL_REDUCE, self.size, x.nbytes, True,
+                    self.transport.shm.single_node) == NATIVE)):
+            final = result_dtype(parsed, x.dtype)
+            plan = _FastPlan(parsed, final, final == x.dtype, types,
+                             self._signature("all_reduce", x, parsed, None, algorithm, 0))
+        if len(self._fast) > 1024:  # programs use few distinct shapes; bound it anyway
+            self._fast.clear()
+        self._fast[key] = plan
+        return plan
+
+    def _native_all_reduce(self, x: np.ndarray, plan: _FastPlan, out, timeout):
+        from collectives.ops import divide_for_mean
+
+        if out is not None:
+            from collectives.validate import check_out
+
+            check_out(out, x.shape, plan.final)
+        self._begin("all_reduce", timeout, plan.signature)
+        src = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        work = out if out is not None and plan.same_dtype else np.empty(x.shape, x.dtype)
+        if x.ndim != 1:
+            src, flat_work = src.reshape(-1), work.reshape(-1)
+        else:
+            flat_work = work
+        aliased = work is out and (out is x or np.may_share_memory(src, flat_work))
+        self.transport.all_reduce_into(src, flat_work, plan.types, aliased=aliased)
+        self.last_algorithm = NATIVE
+        if plan.op is ReduceOp.MEAN:
+            return divide_for_mean(work, self.size, out=out if out is not None else
+                                   (work if plan.same_dtype else None))
+        return work
 
     def reduce(self, x, op: ReduceOp | str = "sum", root: int = 0, algorithm: str = "auto", *,
                shards: int = 0, timeout: float | None = None):
@@ -662,6 +828,11 @@ class MPICommunicator(Communicator):
     def free(self) -> None:
         """Release the library's duplicated communicators (every rank must call it)."""
         self.transport.free()
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole MPI job now (``MPI_Abort``): the way out after a ``CollectiveError``,
+        since ``MPI_Finalize`` at exit may wait forever for a dead or hung peer."""
+        self.transport.data.Abort(code)
 
 
 # --- entry point --------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from math import prod
 
 import numpy as np
 
@@ -83,6 +85,19 @@ def _scratch(slot: int, count: int, dtype: np.dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype)
 
 
+def _groups_key(groups):
+    return None if groups is None else tuple(tuple(g) for g in groups)
+
+
+@lru_cache(maxsize=4096)
+def _reduce_schedule(algorithm: str, n: int, nbytes: int, shards: int, groups, model):
+    """The reduce schedule onto 0 and the other participants it writes to (a training loop
+    asks for the same few every step)."""
+    name = pick_algorithm(Collective.REDUCE, algorithm, n, nbytes, model)
+    schedule = algorithms.build(Collective.REDUCE, name, n, shards=shards, groups=groups)
+    return schedule, tuple(sorted({step.dst for step in schedule.steps} - {0}))
+
+
 def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", algorithm: str = "auto",
                    *, shards: int = 0, groups: Groups = None,
                    accumulation_fn: Callable | None = None,
@@ -101,20 +116,17 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
     op = check_op(op, dtype)
     n, shards = len(values), check_shards(shards)
     backend = backend_for_arrays(values)
-    name = pick_algorithm(Collective.REDUCE, algorithm, n, int(np.prod(shape)) * dtype.itemsize,
-                          backend.cost_model)
-    schedule = algorithms.build(Collective.REDUCE, name, n, shards=shards,
-                                groups=_groups_for(groups, n))
+    count = prod(shape)
+    schedule, written = _reduce_schedule(algorithm, n, count * dtype.itemsize, shards,
+                                         _groups_key(_groups_for(groups, n)), backend.cost_model)
     inputs = [flat(v) for v in values]
-    written = {step.dst for step in schedule.steps}
     # A buffer the schedule never writes is only read: let it be the input itself (the
     # executor treats `work is input` as already filled). Participant 0 always gets a fresh
     # buffer because it holds the result.
-    work = [inputs[p] for p in range(n)]
-    work[0] = empty((len(inputs[0]),), dtype)
+    work = list(inputs)
+    work[0] = empty((count,), dtype)
     for p in written:
-        if p != 0:
-            work[p] = _scratch(p, len(inputs[0]), dtype)
+        work[p] = _scratch(p, count, dtype)
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
     total = work[0].reshape(shape)
     if op is ReduceOp.MEAN:
@@ -125,6 +137,23 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
 def check_packing(packing: Packing) -> None:
     """Raise now for packing knobs the core would reject at the first batch."""
     make_plan([], [], **packing.kwargs())
+
+
+@lru_cache(maxsize=256)
+def _plan(shapes: tuple, dtypes: tuple, spec: tuple[SpecRange, ...], packing: Packing, shards: int):
+    # A training loop reduces the same batch every step: plan it once.
+    parts = plan_batch(list(shapes), list(dtypes), list(spec), shards=shards, **packing.kwargs())
+    sizes = [int(np.prod(s)) for s in shapes]
+    trivial = [all(len(p.indices) == 1 and p.spans[0] == (0, sizes[p.indices[0]])
+                   for p in part.plan.packs) and len(part.plan.packs) == len(part.indices)
+               for part in parts]
+    return parts, trivial
+
+
+def _spec_key(spec) -> tuple[SpecRange, ...]:
+    if isinstance(spec, tuple) and spec and all(isinstance(r, SpecRange) for r in spec):
+        return spec
+    return tuple(parse_spec(spec))
 
 
 def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "sum",
@@ -141,13 +170,20 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
     for k, v in enumerate(values):
         if len(v) != n:
             raise ValueError(f"tensor {k} has {len(v)} per-device values but tensor 0 has {n}")
-    shapes = [tuple(np.shape(v[0])) for v in values]
-    dtypes = [np.dtype(v[0].dtype) for v in values]
+    shapes = tuple(tuple(np.shape(v[0])) for v in values)
+    dtypes = tuple(np.dtype(v[0].dtype) for v in values)
+    parts, trivial = _plan(shapes, dtypes, _spec_key(spec), packing, shards)
     results: list = [None] * len(values)
-    for part in plan_batch(shapes, dtypes, spec, shards=shards, **packing.kwargs()):
+    for part, alone in zip(parts, trivial):
+        algorithm, part_shards = part.spec.algorithm, part.spec.shards
+        if alone:  # every tensor is its own pack: no packing copies
+            for i in part.indices:
+                results[i] = reduce_to_root(values[i], op, algorithm, shards=part_shards,
+                                            groups=groups, empty=empty)
+            continue
         per_device = [part.plan.pack([values[i][d] for i in part.indices]) for d in range(n)]
-        reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                                  shards=part.spec.shards, groups=groups, empty=empty)
+        reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, algorithm,
+                                  shards=part_shards, groups=groups, empty=empty)
                    for j in range(len(part.plan.packs))]
         for i, result in zip(part.indices, part.plan.unpack(reduced)):
             results[i] = result

@@ -1,0 +1,249 @@
+"""All-reduce across MPI processes: this library next to mpi4py's Allreduce and torch gloo.
+
+Run it as a plain script; it launches everything itself (``mpiexec`` beside this Python):
+
+    python benchmarks/mpi_compare.py [-p 2 4] [-s 4K 64K 1M 16M 64M] [-r 7] [--json out.json]
+
+For each rank count it runs, float32, per size:
+
+* mpi4py ``Comm.Allreduce(x, out)`` (MPICH's own, blocking, preallocated output);
+* this library's ``comm.all_reduce(x, "sum", algorithm, out=out)`` for ``auto``, ``native``
+  and every schedule, with the default cross-rank check, and ``auto`` also with ``check=False``
+  and without ``out=`` (a fresh result array per call);
+* torch.distributed gloo ``all_reduce`` (a separate ``mpiexec`` launch that uses MPI only to
+  start the processes; rendezvous over 127.0.0.1), when torch is installed.
+
+Protocol, as machine-baselines §2: each repeat starts with a barrier, times ``ITERS[size]``
+back-to-back calls, takes the max over ranks of the per-call time; cells are medians over
+repeats. algbw = bytes / time, busbw = algbw * 2 (p - 1) / p (nccl-tests). Results are checked
+before timing. ``OMP_NUM_THREADS=1``; torch uses one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCHEDULES = ("ring", "rechd", "tree", "shuffle", "one_device")
+ITERS = {4 << 10: 500, 64 << 10: 200, 1 << 20: 40, 16 << 20: 5, 64 << 20: 3}
+
+
+def iters_for(nbytes: int) -> int:
+    for limit in sorted(ITERS):
+        if nbytes <= limit:
+            return ITERS[limit]
+    return 2
+
+
+def parse_size(text: str) -> int:
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+# --- workers (run under mpiexec) -----------------------------------------------------------------
+
+def timed(fn, iters: int, barrier, reduce_max) -> float:
+    """One repeat: the max over ranks of the time per call of ``iters`` back-to-back calls."""
+    barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return reduce_max((time.perf_counter() - start) / iters)
+
+
+def interleaved(calls: dict, iters: int, repeats: int, barrier, reduce_max) -> dict:
+    """Each repeat times every method once, in an order rotated from repeat to repeat, so a
+    burst of noise on this shared machine hits them all alike."""
+    names = list(calls)
+    times: dict = {name: [] for name in names}
+    for rep in range(repeats):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(timed(calls[name], iters, barrier, reduce_max))
+    return times
+
+
+def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
+    sys.path.insert(0, ROOT)
+    from collectives.backends import mpi
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    p, rank = world.size, world.rank
+    checked = mpi.init(timeout=120)
+    unchecked = mpi.init(timeout=120, check=False)
+    reduce_max = lambda t: world.allreduce(t, op=MPI.MAX)  # noqa: E731
+    results: dict = {}
+    for nbytes in sizes:
+        count = nbytes // 4
+        x = np.full(count, rank + 1, np.float32)
+        want = np.full(count, p * (p + 1) // 2, np.float32)
+        out = np.empty_like(x)
+        calls = {"mpi4py Allreduce": (None, lambda x=x, out=out: world.Allreduce(x, out))}
+        for name in ("auto", "native", "shm", *SCHEDULES):
+            calls[f"collectives {name}"] = (checked, lambda name=name, x=x, out=out:
+                                            checked.all_reduce(x, "sum", name, out=out))
+        calls["collectives auto, check=False"] = (
+            unchecked, lambda x=x, out=out: unchecked.all_reduce(x, out=out))
+        calls["collectives auto, no out="] = (checked, lambda x=x: checked.all_reduce(x))
+        calls = {k: v for k, v in calls.items()
+                 if not methods or any(m in k for m in methods)}
+        ran = {}
+        for name, (comm, fn) in calls.items():
+            out.fill(0)
+            got = fn()
+            ok = np.array_equal(got if got is not None else out, want)
+            if not world.allreduce(ok, op=MPI.LAND):
+                raise AssertionError(f"{name} at {nbytes} B gave a wrong result")
+            ran[name] = comm.last_algorithm if comm is not None else None
+        times = interleaved({k: fn for k, (_, fn) in calls.items()}, iters_for(nbytes), repeats,
+                            world.Barrier, reduce_max)
+        for name in calls:
+            results.setdefault(name, {})[str(nbytes)] = {"times": times[name], "ran": ran[name]}
+            if rank == 0:
+                print(f"  p={p} {human(nbytes):>7} {name:<32} "
+                      f"{statistics.median(times[name]) * 1e6:10.1f} us  ran={ran[name]}",
+                      flush=True)
+    return results
+
+
+def gloo_worker(sizes: list[int], repeats: int, port: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank, p = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "GLOO_SOCKET_IFNAME": "lo"})
+    dist.init_process_group("gloo", rank=rank, world_size=p)
+    reduce_max = lambda t: (lambda v: (dist.all_reduce(v, op=dist.ReduceOp.MAX),  # noqa: E731
+                                       float(v))[1])(torch.tensor(t, dtype=torch.float64))
+    results: dict = {"torch gloo": {}}
+    for nbytes in sizes:
+        count = nbytes // 4
+        x = torch.full((count,), float(rank + 1))
+        dist.all_reduce(x)
+        assert bool((x == p * (p + 1) // 2).all()), "gloo gave a wrong result"
+        times = [timed(lambda x=x: dist.all_reduce(x), iters_for(nbytes), dist.barrier,
+                       reduce_max) for _ in range(repeats)]
+        results["torch gloo"][str(nbytes)] = {"times": times, "ran": None}
+        if rank == 0:
+            print(f"  p={p} {human(nbytes):>7} torch gloo {statistics.median(times) * 1e6:10.1f} us",
+                  flush=True)
+    dist.destroy_process_group()
+    return results
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+def launch(p: int, args: list[str]) -> dict:
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.json")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+        cmd = [mpiexec, "-n", str(p), sys.executable, os.path.abspath(__file__), "--worker",
+               *args, "--out", path]
+        proc = subprocess.run(cmd, env=env)
+        if proc.returncode != 0 or not os.path.exists(path):
+            print(f"(launch failed: {' '.join(cmd)} -> {proc.returncode})", file=sys.stderr)
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+
+def table(p: int, sizes: list[int], data: dict) -> str:
+    base = data.get("mpi4py Allreduce", {})
+    gloo = data.get("torch gloo", {})
+    head = f"| method (p={p}) | " + " | ".join(human(s) for s in sizes) + " |"
+    lines = [head, "|---" * (len(sizes) + 1) + "|"]
+    for name, cells in data.items():
+        row = [name]
+        for s in sizes:
+            cell = cells.get(str(s))
+            if not cell:
+                row.append("—")
+                continue
+            t = statistics.median(cell["times"])
+            busbw = s / t * 2 * (p - 1) / p / 1e9
+            text = f"{t * 1e6:.1f} µs / {busbw:.2f}"
+            if name != "mpi4py Allreduce" and str(s) in base:
+                text += f" ({statistics.median(base[str(s)]['times']) / t:.2f}× MPI"
+                if str(s) in gloo and name != "torch gloo":
+                    text += f", {statistics.median(gloo[str(s)]['times']) / t:.1f}× gloo"
+                text += ")"
+            if cell.get("ran") and name.startswith("collectives auto"):
+                text += f" [{cell['ran']}]"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-p", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("-s", "--sizes", nargs="+", default=["4K", "64K", "1M", "16M", "64M"])
+    parser.add_argument("-r", "--repeats", type=int, default=7)
+    parser.add_argument("-m", "--methods", nargs="*", default=[],
+                        help="only methods whose name contains one of these")
+    parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--json")
+    parser.add_argument("--worker", choices=["mpi", "gloo"])
+    parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes]
+    if args.worker:
+        if args.worker == "mpi":
+            result = mpi_worker(sizes, args.repeats, args.methods)
+        else:
+            result = gloo_worker(sizes, args.repeats, args.port)
+        if int(os.environ.get("PMI_RANK", "0")) == 0:
+            with open(args.out, "w") as f:
+                json.dump(result, f)
+        return
+    try:
+        import torch  # noqa: F401
+        have_torch = not args.no_gloo
+    except ImportError:
+        have_torch = False
+        print("(torch is not installed: no gloo rows)", file=sys.stderr)
+    common = ["-s", *args.sizes, "-r", str(args.repeats)]
+    everything = {"when": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "machine": f"{platform.node()} {os.cpu_count()} CPUs {platform.processor()}",
+                  "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "runs": {}}
+    tables = []
+    for p in args.p:
+        data = launch(p, ["mpi", *common, *(["-m", *args.methods] if args.methods else [])])
+        if have_torch:
+            data.update(launch(p, ["gloo", *common, "--port", str(args.port + p)]))
+        everything["runs"][str(p)] = data
+        tables.append(table(p, sizes, data))
+    print("\nCells: median µs per call / busbw GB/s (speed-up over mpi4py's Allreduce, "
+          "over gloo) [what auto ran]\n")
+    print("\n\n".join(tables))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(everything, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

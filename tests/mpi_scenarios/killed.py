@@ -1,0 +1,43 @@
+"""A rank killed with SIGKILL mid-job: the others fail with an error or are torn down, never hang.
+
+Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm]``. The last rank
+kills itself while the others wait in the next all-reduce. Under hydra's default the launcher
+tears the whole job down at once ("BAD TERMINATION ... Killed (signal 9)"). With
+``-disable-auto-cleanup`` the survivors keep running and each prints one ``SURVIVOR`` line
+with the error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout.
+Survivors then leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead rank forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from _common import WORLD
+from collectives.backends import mpi
+
+from collectives.errors import CollectiveError
+
+TIMEOUT = 1.0
+algorithm = sys.argv[1] if len(sys.argv) > 1 else "auto"
+comm = mpi.init(timeout=30)
+victim = comm.size - 1
+x = np.ones(1000, np.float32)
+for _ in range(3):
+    comm.all_reduce(x, algorithm=algorithm)
+if comm.rank == victim:
+    time.sleep(0.3)  # the others are already waiting in the next call
+    os.kill(os.getpid(), signal.SIGKILL)
+start = time.monotonic()
+try:
+    for _ in range(1000):
+        comm.all_reduce(x, algorithm=algorithm, timeout=TIMEOUT)
+    line = "no error"
+except CollectiveError as exc:
+    line = f"{type(exc).__name__}: {exc}"
+print(f"SURVIVOR rank {WORLD.rank} after {time.monotonic() - start:.2f} s: {line}", flush=True)
+time.sleep(2 * TIMEOUT)  # let the other survivors report before the launcher reacts
+os._exit(0)

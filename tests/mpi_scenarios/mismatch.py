@@ -1,0 +1,68 @@
+"""Mismatched calls over real MPI ranks: the same CollectiveMismatchError on every rank.
+
+Each case has the last rank disagree (shape, dtype, op, root, algorithm, shards, or a
+different collective altogether). Every rank must raise ``CollectiveMismatchError`` before any
+data moves, with one message (up to its "rank k:" prefix) naming the field; the communicator
+then still works.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from _common import WORLD, Report
+from collectives.backends import mpi
+
+from collectives.errors import CollectiveMismatchError
+
+report = Report("mismatch")
+n, rank = WORLD.size, WORLD.rank
+odd = rank == n - 1
+comm = mpi.init(timeout=10)
+x = np.ones(8, np.float32)
+
+CASES = {
+    "shape": (lambda: comm.all_reduce(np.ones(9 if odd else 8, np.float32)), "shape"),
+    "dtype": (lambda: comm.all_reduce(x.astype(np.float64) if odd else x), "dtype"),
+    "op": (lambda: comm.all_reduce(x, "max" if odd else "sum"), "op"),
+    "root": (lambda: comm.reduce(x, root=1 if odd else 0), "root"),
+    "algorithm": (lambda: comm.all_reduce(x, algorithm="tree" if odd else "ring"), "algorithm"),
+    "native vs ring": (lambda: comm.all_reduce(x, algorithm="native" if odd else "ring"),
+                       "algorithm"),
+    "shards": (lambda: comm.all_reduce(x, algorithm="ring", shards=2 if odd else 1), "shards"),
+    "broadcast root": (lambda: comm.broadcast(x, root=1 if odd else 0), "root"),
+    "collective": (lambda: comm.reduce(x) if odd else comm.all_reduce(x), "different collectives"),
+    "barrier": (lambda: comm.barrier() if odd else comm.all_reduce(x), "different collectives"),
+}
+
+
+def main() -> None:
+    if n == 1:
+        report.finish("skipped: needs 2 or more ranks")
+        return
+    seen: dict[str, str] = {}
+    for name, (fn, field) in CASES.items():
+        try:
+            fn()
+            report.check(False, f"{name}: no error")
+        except CollectiveMismatchError as exc:
+            text = str(exc)
+            report.check(text.startswith(f"rank {rank}: "), f"{name}: message {text!r}")
+            report.check(field in text, f"{name}: message does not name {field!r}: {text!r}")
+            seen[name] = text.split(": ", 1)[1]
+        except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
+            report.check(False, f"{name}: raised {type(exc).__name__}: {exc}")
+        # Nothing moved and nothing broke: the next call works everywhere.
+        got = comm.all_reduce(np.full(3, rank, np.int64))
+        report.check(np.array_equal(got, np.full(3, n * (n - 1) // 2)), f"{name}: comm unusable")
+    everyone = WORLD.gather(seen, root=0)
+    if rank == 0:
+        for name in CASES:
+            texts = {d.get(name) for d in everyone}
+            report.check(len(texts) == 1, f"{name}: ranks raised different messages {texts}")
+        print(f"EXAMPLE {seen.get('dtype')}", flush=True)
+        print(f"EXAMPLE {seen.get('barrier')}", flush=True)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()

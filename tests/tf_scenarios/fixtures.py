@@ -1,0 +1,321 @@
+"""TensorFlow's own cross-device-ops fixtures, for every class (suite ``fixtures`` of run.py).
+
+For every class and each device count k of the process (values on the first k devices), the
+checks of
+TensorFlow's ``_testReductionAndBroadcast``: per-device scalars d and d + 1; destinations
+mirrored (the value's devices), another device, and a device string; SUM and MEAN through
+``reduce``; ``batch_reduce`` over every pair of destinations; ``broadcast``. The same batch runs
+again inside ``tf.function``. Then IndexedSlices, gather, a Mirrored value under MEAN, mixed
+dtypes, spec ranges, options and the argument errors, against TensorFlow's own
+``ReductionToOneDevice`` where TensorFlow defines the answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import tensorflow as tf
+from collectives.adapters import tensorflow as ctf
+from common import assert_mirrored_equal, expect_error, fake_mirrored, per_replica
+from tensorflow.python.distribute import device_util
+from tensorflow.python.distribute import values as values_lib
+
+DEVICES: list[str] = []  # set by run(): the process's logical devices
+N = 0
+
+SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+
+
+def classes() -> dict:
+    out = {
+        "ReductionToOneDevice": ctf.ReductionToOneDevice,
+        "ReductionToOneDevice(accumulation_fn=add_n)":
+            lambda: ctf.ReductionToOneDevice(accumulation_fn=tf.math.add_n),
+        "ReductionToOneDevice(reduce_to_device=last)":
+            lambda: ctf.ReductionToOneDevice(reduce_to_device=DEVICES[-1]),
+        "NcclAllReduce": ctf.NcclAllReduce,
+        "NcclAllReduce(num_packs=2)": lambda: ctf.NcclAllReduce(num_packs=2),
+        "HierarchicalCopyAllReduce": ctf.HierarchicalCopyAllReduce,
+        "HierarchicalCopyAllReduce(num_packs=0)": lambda: ctf.HierarchicalCopyAllReduce(num_packs=0),
+        "AllReduceCrossDeviceOps('ring', 2)": lambda: ctf.AllReduceCrossDeviceOps("ring", 2),
+        "MultiWorkerAllReduce": ctf.MultiWorkerAllReduce,
+        "MultiWorkerAllReduce('nccl/xring', shards 2)":
+            lambda: ctf.MultiWorkerAllReduce(all_reduce_spec=("nccl/xring", 2)),
+        "MultiWorkerAllReduce([pscpu<=4, ring])":
+            lambda: ctf.MultiWorkerAllReduce(all_reduce_spec=[("pscpu", 1, 4), ("ring", 2, -1)],
+                                             num_packs=1),
+    }
+    for alg in ("auto", "one_device", "ring", "rechd", "tree", "shuffle", "xring", "pscpu",
+                "psgpu", "nccl", "collective"):
+        out[f"CrossDeviceOps({alg!r})"] = lambda a=alg: ctf.CrossDeviceOps(a)
+    out.update({
+        "CrossDeviceOps('ring', shards=2)": lambda: ctf.CrossDeviceOps("ring", shards=2),
+        "CrossDeviceOps('ring/tree', groups=2)": lambda: ctf.CrossDeviceOps("ring/tree", groups=2),
+        "CrossDeviceOps('pscpu/pscpu', groups=[[0],[1..]])":
+            lambda: ctf.CrossDeviceOps("pscpu/pscpu", groups=lambda n: [[0], list(range(1, n))]
+                                       if n > 1 else None),
+        "CrossDeviceOps('pscpu:2k:pscpu#2:64k:xring', num_packs=2)":
+            lambda: ctf.CrossDeviceOps("pscpu:2k:pscpu#2:64k:xring", num_packs=2),
+        "CrossDeviceOps('rechd', agg_small_grads)":
+            lambda: ctf.CrossDeviceOps("rechd", agg_small_grads_max_bytes=64,
+                                       agg_small_grads_max_group=1),
+        "CrossDeviceOps('tree', bytes_per_pack=8)": lambda: ctf.CrossDeviceOps("tree", bytes_per_pack=8),
+    })
+    return out
+
+
+def destinations_for(k: int) -> dict:
+    """TF's three destinations: the value's devices, another device, a device string."""
+    other = DEVICES[k] if k < N else DEVICES[0]
+    return {"mirrored": DEVICES[:k], "different": [other], "string": DEVICES[N - 1]}
+
+
+def make_destination(spec):
+    return spec if isinstance(spec, str) else fake_mirrored(1.0, spec)
+
+
+def devices_of(dest) -> list[str]:
+    return [dest] if isinstance(dest, str) else dest
+
+
+def reduction_and_broadcast(make, k: int) -> None:
+    """TensorFlow's _testReductionAndBroadcast, eagerly."""
+    ops = make()
+    devices = DEVICES[:k]
+    pr = per_replica([tf.constant(float(d)) for d in range(k)], devices)
+    pr2 = per_replica([tf.constant(d + 1.0) for d in range(k)], devices)
+    mean, mean2 = (k - 1) / 2, (k - 1) / 2 + 1
+    dests = {name: make_destination(d) for name, d in destinations_for(k).items()}
+    for name, dest in dests.items():
+        want = devices_of(destinations_for(k)[name])
+        assert_mirrored_equal(ops.reduce(MEAN, pr, destinations=dest), fake_mirrored(mean, want))
+        assert_mirrored_equal(ops.reduce(MEAN, pr2, destinations=dest), fake_mirrored(mean2, want))
+        assert_mirrored_equal(ops.reduce(SUM, pr, destinations=dest), fake_mirrored(mean * k, want))
+        assert_mirrored_equal(ops.reduce(SUM, pr2, destinations=dest), fake_mirrored(mean2 * k, want))
+    for (n1, d1), (n2, d2) in itertools.product(dests.items(), dests.items()):
+        w1, w2 = devices_of(destinations_for(k)[n1]), devices_of(destinations_for(k)[n2])
+        assert_mirrored_equal(ops.batch_reduce(MEAN, [(pr, d1), (pr2, d2)]),
+                              [fake_mirrored(mean, w1), fake_mirrored(mean2, w2)])
+        assert_mirrored_equal(ops.batch_reduce(SUM, [(pr, d1), (pr2, d2)]),
+                              [fake_mirrored(mean * k, w1), fake_mirrored(mean2 * k, w2)])
+    for name, dest in dests.items():
+        want = devices_of(destinations_for(k)[name])
+        assert_mirrored_equal(ops.broadcast(tf.constant(1.0), dest), fake_mirrored(1.0, want))
+
+
+def reduction_in_function(make, k: int) -> None:
+    """The batch over every pair of destinations, traced once inside tf.function and run twice."""
+    ops = make()
+    devices = DEVICES[:k]
+    specs = destinations_for(k)
+    # Every destination kind on each side once (eager mode runs all nine pairs).
+    pairs = [("mirrored", "mirrored"), ("different", "string"), ("string", "different")]
+    seen_devices: list = []
+
+    @tf.function
+    def step(scale):
+        pr = per_replica([tf.constant(float(d)) * scale for d in range(k)], devices)
+        pr2 = per_replica([(tf.constant(d + 1.0)) * scale for d in range(k)], devices)
+        flat = []
+        seen_devices.clear()
+        for op in (MEAN, SUM):
+            for n1, n2 in pairs:
+                results = ops.batch_reduce(op, [(pr, make_destination(specs[n1])),
+                                                (pr2, make_destination(specs[n2]))])
+                for r in results:
+                    parts = list(r.values) if isinstance(r, values_lib.Mirrored) else [r]
+                    seen_devices.append([p.device for p in parts])
+                    flat.extend(parts)
+        return flat
+
+    mean, mean2 = (k - 1) / 2, (k - 1) / 2 + 1
+    for scale in (1.0, 2.0):  # the second call reuses the trace: only the host function runs
+        flat = step(tf.constant(scale))
+        at = 0
+        for op_scale in (1, k):  # MEAN, then SUM
+            for n1, n2 in pairs:
+                for n, m in ((n1, mean), (n2, mean2)):
+                    for _device in devices_of(specs[n]):
+                        value = flat[at].numpy()
+                        assert value == m * op_scale * scale, (op_scale, n, value, m * op_scale * scale)
+                        at += 1
+    assert step.experimental_get_tracing_count() == 1, "retraced"
+    expected_devices = []
+    for _op in (MEAN, SUM):
+        for n1, n2 in pairs:
+            expected_devices += [devices_of(specs[n1]), devices_of(specs[n2])]
+    assert [[device_util.resolve(d) for d in ds] for ds in seen_devices] == expected_devices
+
+
+def sparse(make, k: int) -> None:
+    """IndexedSlices: the result densifies to TF's (concatenation in replica order)."""
+    ops, ref = make(), tf.distribute.ReductionToOneDevice()
+    devices = DEVICES[:k]
+    slices = [tf.IndexedSlices(tf.constant([[d + 1.0, 2.0 * d]]), tf.constant([d % 2]),
+                               tf.constant([3, 2], tf.int64)) for d in range(k)]
+    pr = per_replica(slices, devices)
+    for name, spec in destinations_for(k).items():
+        dest = make_destination(spec)
+        for op in (SUM, MEAN):
+            got, want = ops.reduce(op, pr, destinations=dest), ref.reduce(op, pr, destinations=dest)
+            assert isinstance(got, (tf.IndexedSlices, values_lib.Mirrored)), type(got)
+            assert_mirrored_equal(got, want)
+        got = ops.batch_reduce(SUM, [(pr, dest), (pr, dest)])
+        assert_mirrored_equal(got, ref.batch_reduce(SUM, [(pr, dest), (pr, dest)]))
+        del name
+
+
+def gather(make, k: int) -> None:
+    ops, ref = make(), tf.distribute.ReductionToOneDevice()
+    devices = DEVICES[:k]
+    pr = per_replica([tf.fill([2, d + 1], float(d)) for d in range(k)], devices)
+    for spec in destinations_for(k).values():
+        dest = make_destination(spec)
+        assert_mirrored_equal(ops._gather(pr, dest, axis=1), ref._gather(pr, dest, axis=1))
+
+
+def mirrored_mean(make, k: int) -> None:
+    """A Mirrored value reduced with MEAN is itself, exactly."""
+    ops = make()
+    value = fake_mirrored(0.1, DEVICES[:k])
+    if k == 1:  # regroup unwraps one device; build the Mirrored directly
+        value = values_lib.Mirrored((value,))
+    for spec in destinations_for(k).values():
+        dest = make_destination(spec)
+        assert_mirrored_equal(ops.reduce(MEAN, value, destinations=dest),
+                              fake_mirrored(np.float32(0.1), devices_of(spec)))
+
+
+def mixed_batch(make, k: int) -> None:
+    """Several dtypes and sizes in one batch (several spec ranges): results in input order."""
+    ops, ref = make(), tf.distribute.ReductionToOneDevice()
+    devices = DEVICES[:k]
+    rng = np.random.default_rng(k)
+    arrays = [rng.integers(-8, 8, (3,)).astype(np.float32),
+              rng.integers(-8, 8, (70, 100)).astype(np.float32),
+              rng.integers(-8, 8, (5,)).astype(np.float64),
+              rng.integers(-8, 8, (2, 3)).astype(np.int64),
+              rng.integers(-8, 8, (3000,)).astype(np.float32)]
+    values = [per_replica([tf.constant(a * (d + 1)) for d in range(k)], devices) for a in arrays]
+    for op in (SUM, MEAN):
+        got = ops.batch_reduce(op, [(v, v) for v in values])
+        want = ref.batch_reduce(op, [(v, v) for v in values])
+        for g, w in zip(got, want):
+            g_parts = g.values if isinstance(g, values_lib.Mirrored) else [g]
+            w_parts = w.values if isinstance(w, values_lib.Mirrored) else [w]
+            for gp, wp in zip(g_parts, w_parts):
+                assert gp.dtype == wp.dtype, (gp.dtype, wp.dtype)
+                np.testing.assert_allclose(gp.numpy(), wp.numpy(), rtol=1e-6)
+
+
+def errors_and_edges() -> None:
+    """TensorFlow's argument errors, and where this library deliberately differs."""
+    pr = per_replica([tf.constant(1.0)] * 2, DEVICES[:2]) if N >= 2 else None
+    for ops in (ctf.ReductionToOneDevice(), ctf.NcclAllReduce(), ctf.CrossDeviceOps("ring")):
+        assert ops.batch_reduce(SUM, []) == []  # TensorFlow: IndexError
+        if pr is not None:
+            expect_error(ValueError, "must be Reduce.SUM or Reduce.MEAN", ops.reduce, "SUM", pr, pr)
+            expect_error(ValueError, "destinations must be one of", ops.reduce, SUM, pr, 7)
+            expect_error(ValueError, "destinations can not be empty", ops.reduce, SUM, pr, "")
+        expect_error(ValueError, "must be non-empty", ops.reduce, SUM,
+                     values_lib.PerReplica(()), DEVICES[0])
+    expect_error(ValueError, "NCCL all-reduce requires num_packs >= 0, but -1 is specified",
+                 ctf.NcclAllReduce, num_packs=-1)
+    expect_error(ValueError, "HierarchicalCopy requires num_packs >= 0, but -2 is specified",
+                 ctf.HierarchicalCopyAllReduce, num_packs=-2)
+    ctf.AllReduceCrossDeviceOps("anything", num_packs=-3)  # TensorFlow validates nothing here
+    expect_error(ValueError, "unknown algorithm", ctf.CrossDeviceOps, "bogus")
+    expect_error(ValueError, "non-integer shards", ctf.MultiWorkerAllReduce, all_reduce_spec="xring#a")
+    expect_error(ValueError, "elements", ctf.MultiWorkerAllReduce,
+                 all_reduce_spec=("ring", 1, -1, 0))
+    expect_error(ValueError, "last range must have limit -1", ctf.CrossDeviceOps,
+                 [("pscpu", 1, 64)])
+    expect_error(ValueError, "num_packs", ctf.CrossDeviceOps, "ring", num_packs=-1)
+    expect_error(ValueError, "conflicts with the all-reduce spec", ctf.CrossDeviceOps,
+                 "pscpu:4:ring", shards=2)
+    expect_error(ValueError, "mpiexec -n 2", ctf.MultiWorkerAllReduce,
+                 worker_devices=["/job:worker/task:0", "/job:worker/task:1"])
+    expect_error(ValueError, "num_gpus_per_worker", ctf.MultiWorkerAllReduce, num_gpus_per_worker=-1)
+    expect_error(ValueError, "workers_sum", ctf.CrossDeviceOps, "ring", workers_sum="max")
+    ops = ctf.MultiWorkerAllReduce(worker_devices=["/job:localhost"], num_gpus_per_worker=0)
+    assert ops._num_between_graph_workers == 1 and ops.communicator is None
+
+
+def hierarchical_odd() -> None:
+    """Odd device counts: every device's value is summed (TensorFlow drops the last one)."""
+    for k in range(1, N + 1):
+        pr = per_replica([tf.constant([2.0 ** d]) for d in range(k)], DEVICES[:k])
+        got = ctf.HierarchicalCopyAllReduce().batch_reduce(SUM, [(pr, pr)])[0]
+        parts = got.values if k > 1 else [got]
+        for p in parts:
+            assert p.numpy()[0] == 2.0 ** k - 1, (k, p.numpy())
+
+
+def options_honoured() -> None:
+    """CommunicationOptions: bytes_per_pack reaches the packing; the rest is accepted."""
+    from collectives.adapters.tensorflow import host
+
+    seen = []
+    original = host.reduce_batch
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["packing"])
+        return original(*args, **kwargs)
+
+    host.reduce_batch = spy
+    try:
+        k = min(N, 2)
+        pr = per_replica([tf.ones([4]) * (d + 1) for d in range(k)], DEVICES[:k])
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=8, timeout_seconds=5.0,
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        got = ctf.CrossDeviceOps("ring", num_packs=1).batch_reduce(SUM, [(pr, pr), (pr, pr)],
+                                                                   options=options)
+        assert seen and seen[-1].bytes_per_pack == 8 and seen[-1].num_packs == 0, seen
+        parts = got[0].values if k > 1 else [got[0]]
+        assert all(np.all(p.numpy() == k * (k + 1) / 2) for p in parts)
+        ctf.CrossDeviceOps("ring", num_packs=1).batch_reduce(SUM, [(pr, pr)])
+        assert seen[-1].num_packs == 1, seen[-1]
+    finally:
+        host.reduce_batch = original
+
+
+def strategy_paths() -> None:
+    """Through MirroredStrategy: replica-context all_reduce in tf.function, batch_reduce_to."""
+    strategy = tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=ctf.CrossDeviceOps("ring"))
+
+    @tf.function
+    def step():
+        def fn():
+            ctx = tf.distribute.get_replica_context()
+            r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+            return ctx.all_reduce(SUM, tf.stack([r, 1.0]))
+        return strategy.experimental_local_results(strategy.run(fn))
+
+    for _ in range(2):
+        for part in step():
+            np.testing.assert_array_equal(part.numpy(), [N * (N - 1) / 2, N])
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
+    got = strategy.extended.batch_reduce_to(MEAN, [(value, value)])[0]
+    assert [p.numpy() for p in strategy.experimental_local_results(got)] == [(N - 1) / 2] * N
+
+
+def run(report, devices: list[str], counts) -> None:
+    """Every check for every class, for each device count in ``counts``."""
+    global N
+    DEVICES[:] = devices
+    N = len(devices)
+    for name, make in classes().items():
+        for k in counts:
+            report.check(f"{name} k={k} reduce/batch/broadcast", reduction_and_broadcast, make, k)
+            report.check(f"{name} k={k} sparse", sparse, make, k)
+            report.check(f"{name} k={k} mirrored mean", mirrored_mean, make, k)
+        report.check(f"{name} k={N} tf.function", reduction_in_function, make, N)
+        report.check(f"{name} k={N} gather", gather, make, N)
+        report.check(f"{name} k={N} mixed batch", mixed_batch, make, N)
+    report.check("errors and edges", errors_and_edges)
+    report.check("hierarchical copy, odd counts", hierarchical_odd)
+    report.check("options", options_honoured)
+    report.check("strategy paths", strategy_paths)

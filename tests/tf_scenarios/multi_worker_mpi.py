@@ -1,0 +1,91 @@
+"""Multi-worker training under ``mpiexec``: one process per worker, 2 logical CPUs each.
+
+    mpiexec -n 2 python tests/tf_scenarios/multi_worker_mpi.py REFERENCE.npz OUT_PREFIX
+
+``REFERENCE.npz`` holds the initial and final weights of a single-process ``model.fit`` over
+4 devices with TensorFlow's ``ReductionToOneDevice`` (``keras_fit.py 4 --save-reference``).
+Each worker builds the same model under ``MirroredStrategy`` over its own two devices with
+``MultiWorkerAllReduce()`` (MPI found from the launcher's environment), takes worker 0's
+initial weights through ``broadcast_variables`` (worker 1 starts from perturbed ones), and fits
+its shard of every global batch of 64 rows (rows 32w..32w+31). Every worker writes its final
+weights to ``OUT_PREFIX.<rank>.npz``; the test checks they are bitwise identical and within
+float32 rounding of the reference. Eager and tf.function batch reductions are checked first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from common import Report, per_replica, setup
+
+DEVICES = setup(2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from collectives.adapters import tensorflow as ctf  # noqa: E402
+
+SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+FEATURES, GLOBAL_BATCH, SAMPLES, EPOCHS = 20, 64, 512, 2  # as keras_fit.py with 4 devices
+
+
+def reductions(ops) -> None:
+    rank, size = ops.communicator.rank, ops.communicator.size
+    x = per_replica([tf.fill([5], 2.0 * rank + d + 1) for d in range(2)], DEVICES)
+    total = sum(range(1, 2 * size + 1))
+    for p in ops.reduce(MEAN, x, x).values:
+        np.testing.assert_array_equal(p.numpy(), np.full(5, total / (2 * size)))
+
+    @tf.function
+    def step(scale):
+        xs = per_replica([tf.fill([5], (2.0 * rank + d + 1) * scale) for d in range(2)], DEVICES)
+        ys = per_replica([tf.fill([4000], (2.0 * rank + d + 1) * scale) for d in range(2)], DEVICES)
+        r = ops.batch_reduce(SUM, [(xs, xs), (ys, DEVICES[0])])
+        return list(r[0].values) + [r[1]]
+
+    for scale in (1.0, 2.0, 3.0):
+        for p in step(tf.constant(scale)):
+            np.testing.assert_array_equal(p.numpy(), np.full(p.shape, total / size * scale))
+    assert step.experimental_get_tracing_count() == 1
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
+    y = (x @ rng.standard_normal((FEATURES, 1)) + 0.1).astype(np.float32)
+    return x, y
+
+
+def train(ops, reference, out_prefix) -> None:
+    rank, size = ops.communicator.rank, ops.communicator.size
+    count = int(reference["count"])
+    initial = [reference[f"arr_{i}"] for i in range(count)]
+    strategy = tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=ops)
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    model.set_weights([w if rank == 0 else w + 0.5 for w in initial])
+    ops.broadcast_variables(model.weights)
+    for got, want in zip(model.get_weights(), initial):
+        np.testing.assert_array_equal(got, want)
+    x, y = data()
+    share = GLOBAL_BATCH // size
+    rows = np.arange(SAMPLES).reshape(-1, GLOBAL_BATCH)[:, rank * share:(rank + 1) * share].ravel()
+    model.fit(x[rows], y[rows], batch_size=share, epochs=EPOCHS, shuffle=False, verbose=0)
+    np.savez(f"{out_prefix}.{rank}.npz", *model.get_weights())
+
+
+def main() -> None:
+    reference_path, out_prefix = sys.argv[1], sys.argv[2]
+    report = Report()
+    ops = ctf.MultiWorkerAllReduce(timeout=120)
+    assert ops.communicator is not None and ops.communicator.size == ctf.launched_world_size()
+    report.check("reductions", reductions, ops)
+    report.check("fit", train, ops, np.load(reference_path), out_prefix)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()

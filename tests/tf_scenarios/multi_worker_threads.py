@@ -1,0 +1,158 @@
+"""The multi-worker path without MPI: two workers as threads of one process (suite ``threads``).
+
+Four logical CPU devices; worker w (a thread rank of the embedded transport,
+``collectives.run``) owns devices 2w and 2w + 1 and reduces across workers through its
+``Communicator``, exactly as a process under ``mpiexec`` does through MPI. Checks: SUM under
+both ``workers_sum`` modes, MEAN over the global device count, batches with other
+destinations, the same batch in ``tf.function`` (traced once), IndexedSlices, ragged gather,
+``broadcast_variables``, the device-count check and ``timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from collectives.adapters import tensorflow as ctf
+from common import expect_error, per_replica
+
+import collectives
+
+DEVICES: list[str] = []  # set by run(): needs 4
+
+SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+
+
+def local(rank: int, count: int = 2) -> list[str]:
+    return DEVICES[2 * rank:2 * rank + count]
+
+
+def parts(result):
+    return [t.numpy() for t in (result.values if hasattr(result, "values") else [result])]
+
+
+def dense_checks(comm):
+    devices = local(comm.rank)
+    # Device d of worker w holds global replica g = 2w + d with value g + 1: the sum is 10.
+    x = per_replica([tf.fill([3], 2.0 * comm.rank + d + 1) for d in range(2)], devices)
+    big = per_replica([tf.fill([300], 2.0 * comm.rank + d + 1) for d in range(2)], devices)
+    mean_ops = ctf.MultiWorkerAllReduce(communicator=comm, all_reduce_spec="pscpu:64:nccl/xring")
+    sum_ops = ctf.MultiWorkerAllReduce(communicator=comm, workers_sum="sum",
+                                       all_reduce_spec=("pscpu/pscpu", 2, -1), num_packs=1)
+    assert mean_ops._num_between_graph_workers == 2
+    out = {
+        "sum/workers": parts(mean_ops.reduce(SUM, x, x)),
+        "sum/plain": parts(sum_ops.reduce(SUM, x, x)),
+        "mean": parts(mean_ops.reduce(MEAN, x, devices[1])),
+        "batch": [parts(r) for r in sum_ops.batch_reduce(MEAN, [(x, x), (big, devices[0])])],
+    }
+    # One local device: the base class must not short-cut it (the workers still reduce).
+    one = per_replica([tf.constant([comm.rank + 1.0])], devices[:1])
+    out["one device"] = parts(sum_ops.reduce(SUM, one, one))
+
+    @tf.function
+    def step(scale):
+        xs = per_replica([tf.fill([3], (2.0 * comm.rank + d + 1) * scale) for d in range(2)], devices)
+        bs = per_replica([tf.fill([300], (2.0 * comm.rank + d + 1) * scale) for d in range(2)],
+                         devices)
+        r = mean_ops.batch_reduce(MEAN, [(xs, xs), (bs, bs)])
+        return list(r[0].values) + list(r[1].values)
+
+    out["graph"] = [[t.numpy() for t in step(tf.constant(s))] for s in (1.0, 3.0)]
+    out["traces"] = step.experimental_get_tracing_count()
+    return out
+
+
+def check_dense(results) -> None:
+    for out in results:
+        for p in out["sum/workers"]:
+            np.testing.assert_array_equal(p, np.full(3, 5.0))  # 10, averaged over 2 workers
+        for p in out["sum/plain"]:
+            np.testing.assert_array_equal(p, np.full(3, 10.0))
+        for p in out["mean"]:
+            np.testing.assert_array_equal(p, np.full(3, 2.5))
+        for p in out["batch"][0]:
+            np.testing.assert_array_equal(p, np.full(3, 2.5))
+        np.testing.assert_array_equal(out["batch"][1][0], np.full(300, 2.5))
+        np.testing.assert_array_equal(out["one device"][0], [3.0])
+        for s, got in zip((1.0, 3.0), out["graph"]):
+            for p in got:
+                np.testing.assert_array_equal(p, np.full(p.shape, 2.5 * s))
+        assert out["traces"] == 1, out["traces"]
+    # Bitwise identical on both workers.
+    for a, b in zip(results[0]["graph"][1], results[1]["graph"][1]):
+        assert a.tobytes() == b.tobytes()
+
+
+def sparse_and_gather(comm):
+    devices = local(comm.rank)
+    ops = ctf.MultiWorkerAllReduce(communicator=comm)
+    # Replica g = 2w + d contributes row g % 3 with value g + 1 (worker 1: two rows each).
+    slices = []
+    for d in range(2):
+        g = 2 * comm.rank + d
+        rows = 1 + comm.rank
+        slices.append(tf.IndexedSlices(tf.fill([rows, 2], g + 1.0),
+                                       tf.constant([g % 3] * rows, tf.int64),
+                                       tf.constant([3, 2], tf.int64)))
+    sp = per_replica(slices, devices)
+    out = {"sparse sum": tf.convert_to_tensor(ops.reduce(SUM, sp, devices[0])).numpy(),
+           "sparse mean": tf.convert_to_tensor(ops.reduce(MEAN, sp, devices[0])).numpy()}
+    rows = per_replica([tf.fill([1 + comm.rank, 2], 2.0 * comm.rank + d) for d in range(2)], devices)
+    out["gather0"] = parts(ops._gather(rows, rows, axis=0))
+    out["gather1"] = parts(ops._gather(per_replica([tf.fill([2, 1], 2.0 * comm.rank + d)
+                                                    for d in range(2)], devices), devices[1], axis=1))
+    return out
+
+
+def check_sparse(results) -> None:
+    # Dense sum: row 0 gets replicas 0 (1 row, value 1) and 3 (2 rows, value 4): 1 + 8 = 9;
+    # row 1: replica 1 (value 2); row 2: replica 2 (2 rows, value 3): 6.
+    dense = np.array([[9.0, 9.0], [2.0, 2.0], [6.0, 6.0]])
+    for out in results:
+        np.testing.assert_array_equal(out["sparse sum"], dense / 2)  # averaged over workers
+        np.testing.assert_array_equal(out["sparse mean"], dense / 4)
+        want0 = np.concatenate([np.full((1, 2), 0.0), np.full((1, 2), 1.0),
+                                np.full((2, 2), 2.0), np.full((2, 2), 3.0)])
+        for p in out["gather0"]:
+            np.testing.assert_array_equal(p, want0)
+        np.testing.assert_array_equal(out["gather1"][0], np.tile([[0.0, 1.0, 2.0, 3.0]], (2, 1)))
+
+
+def broadcast(comm):
+    with tf.device(local(comm.rank)[0]):
+        v = tf.Variable([comm.rank + 1.0, -1.0])
+    ctf.broadcast_variables([v], comm, root=1)
+    return v.numpy()
+
+
+def device_count_mismatch(comm):
+    devices = local(comm.rank, 2 - comm.rank)
+    x = per_replica([tf.ones([2])] * len(devices), devices)
+    ops = ctf.MultiWorkerAllReduce(communicator=comm)
+    expect_error(ValueError, "different numbers of devices", ops.reduce, SUM, x, x)
+
+
+def timeout(comm):
+    devices = local(comm.rank)
+    x = per_replica([tf.ones([2])] * 2, devices)
+    if comm.rank == 0:
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=0.5)
+        ops = ctf.MultiWorkerAllReduce(communicator=comm, all_reduce_spec="ring")
+        expect_error(collectives.CollectiveTimeoutError, "rank(s) 1", ops.reduce, SUM, x, x,
+                     options=options)
+
+
+def run(report, devices: list[str]) -> None:
+    assert len(devices) == 4, "the threads suite needs 4 logical devices"
+    DEVICES[:] = devices
+    spmd = collectives.run
+    report.check("threads: dense", lambda: check_dense(spmd(dense_checks, 2)))
+    report.check("threads: sparse and gather", lambda: check_sparse(spmd(sparse_and_gather, 2)))
+
+    def check_broadcast():
+        for value in spmd(broadcast, 2):
+            np.testing.assert_array_equal(value, [2.0, -1.0])
+
+    report.check("threads: broadcast_variables", check_broadcast)
+    report.check("threads: device count mismatch", lambda: spmd(device_count_mismatch, 2))
+    report.check("threads: timeout_seconds", lambda: spmd(timeout, 2, timeout=10))
