@@ -43,8 +43,8 @@ from collectives.errors import (
     CollectiveTimeoutError,
     PeerFailedError,
 )
-from collectives.ops import ReduceOp, accumulate
-from collectives.schedule import Collective, Schedule, element_ranges
+from collectives.ops import ReduceOp
+from collectives.schedule import Collective
 from collectives.select import CostModel
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; mpi4py is imported lazily
@@ -302,7 +302,6 @@ class MPITransport:
         self._arena_used = 0
         self._outstanding = 0
         self._status = MPI.Status()
-        self.replay: list | None = None
         self._sent: tuple | None = None
 
     # -- waiting ---------------------------------------------------------------------------
@@ -396,54 +395,17 @@ class MPITransport:
         self.wait_requests(reqs, lambda: sorted({s.dst for s in requests
                                                  if not _mpi().Request.Testall(s.reqs)}))
 
-    def cancel(self, receives: Sequence[_Recv]) -> None:
-        """Cancel receives left posted by a failed collective, so they write nothing later."""
+    def abandon(self, receives: Sequence[_Recv]) -> None:
+        """Cancel receives left posted by a failed collective, so they write nothing later,
+        and give back the scratch arena they held."""
         for recv in receives:
             for req in recv.reqs:
                 try:
                     req.Cancel()
                 except _mpi().Exception:  # already complete, or the library cannot cancel
                     pass
-
-    def run_schedule(self, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, granule: int = 1,
-                     seq: int = 0) -> None:
-        """This rank's steps of ``schedule`` on flat ``buf``, in place.
-
-        The core's ``run_spmd`` with one difference: copy steps receive straight into ``buf``
-        (a round never reads a range it writes), so only reduce steps use scratch.
-        """
-        rank = self.rank
-        units = len(buf) // granule if granule else 0
-        spans = element_ranges(schedule, units)
-        for r, (rnd, bounds) in enumerate(zip(schedule.rounds, spans)):
-            receives, sends = [], []
-            try:
-                for i, (step, (lo, hi)) in enumerate(zip(rnd, bounds)):
-                    lo, hi = lo * granule, hi * granule
-                    if hi <= lo:
-                        continue
-                    if step.dst == rank:
-                        if step.reduce:
-                            reqs = [self.irecv(buf[lo:hi], q, (seq, r, i)) for q in step.srcs]
-                        else:
-                            reqs = [self.irecv_into(buf[lo:hi], step.srcs[0], (seq, r, i))]
-                        receives.append((step, lo, hi, reqs))
-                    elif rank in step.srcs:
-                        sends.append(self.isend(buf[lo:hi], step.dst, (seq, r, i)))
-                for step, lo, hi, reqs in receives:
-                    if step.reduce:
-                        # The schedule's operand order, so every rank computes the same bits.
-                        accumulate(op, buf[lo:hi], (req.wait() for req in reqs))
-                    else:
-                        reqs[0].wait()
-                    for req in reqs:
-                        self.release(req)
-                self.waitall(sends)
-            except BaseException:
-                self.cancel([req for _, _, _, reqs in receives for req in reqs])
-                self._outstanding = 0
-                self._reset_scratch()
-                raise
+        self._outstanding = 0
+        self._reset_scratch()
 
     # -- agreement ---------------------------------------------------------------------------
 
@@ -454,8 +416,6 @@ class MPITransport:
         control communicator under a tag derived from the call's sequence number, then
         receives one message from each rank. Whoever has not sent by the deadline is missing.
         """
-        if self.replay is not None:  # the communicator's second look at this exchange
-            return self.replay
         MPI = _mpi()
         self.check_usable()
         kind = key[0] if isinstance(key, tuple) else key
@@ -660,25 +620,8 @@ class MPICommunicator(Communicator):
     # --- hooks into the core's Communicator (see docs/mpi.md, "core hooks") ---------------
 
     def _begin(self, collective: str, timeout: float | None, signature: dict) -> list[dict]:
-        transport = self.transport
-        transport.check_usable()
-        if not self.check:
-            return super()._begin(collective, timeout, signature)
-        # The core compares every field of every rank's signature (~17 us a call here). When
-        # all ranks sent identical bytes there is nothing to compare; otherwise the core runs
-        # on the signatures already exchanged, so its error message is the one users see.
-        self._seq += 1
-        timeout = self.timeout if timeout is None else float(timeout)
-        transport.what, transport.timeout = collective, timeout
-        signatures = transport.agree(("sig", self._seq), signature, timeout)
-        if all(s is signature for s in signatures):
-            return signatures
-        self._seq -= 1
-        transport.replay = signatures
-        try:
-            return super()._begin(collective, timeout, signature)
-        finally:
-            transport.replay = None
+        self.transport.check_usable()
+        return super()._begin(collective, timeout, signature)
 
     def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", *args,
                    **kwargs) -> dict:
@@ -724,7 +667,7 @@ class MPICommunicator(Communicator):
             schedule = super()._schedule(plan.collective, name, plan.nbytes, root=plan.root,
                                          shards=plan.shards, groups=plan.groups)
         self.last_algorithm = schedule.name
-        self.transport.run_schedule(schedule, buf, op, granule=granule, seq=self._seq)
+        super()._run(schedule, buf, op, granule)
 
     # --- collectives: device arrays are staged through the host -----------------------------
 

@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tf_anchor import setup_devices  # noqa: E402
+from tf_anchor import per_replica, setup_devices  # noqa: E402
 
 from collectives import bench  # noqa: E402
 
@@ -79,15 +79,14 @@ def methods(tf, ctf) -> dict:
     return out
 
 
-def make_values(strategy, shapes, seed: int = 0):
-    """Per-replica float32 values (replica r gets its own data) and their float64 sums."""
-    import tensorflow as tf
-
+def make_values(devices, shapes, seed: int = 0):
+    """Per-replica float32 values, component r on device r with its own data, and their
+    float64 sums. (``experimental_distribute_values_from_function`` with ``tf.constant`` would
+    leave every component on the first device in eager mode.)"""
     rng = np.random.default_rng(seed)
-    p = strategy.num_replicas_in_sync
+    p = len(devices)
     host = [[rng.standard_normal(s).astype(np.float32) for _ in range(p)] for s in shapes]
-    values = [strategy.experimental_distribute_values_from_function(
-        lambda ctx, h=h: tf.constant(h[ctx.replica_id_in_sync_group])) for h in host]
+    values = [per_replica(h, devices) for h in host]
     expected = [np.sum([a.astype(np.float64) for a in h], axis=0) for h in host]
     return values, expected
 
@@ -118,7 +117,7 @@ def run(p: int, repeats: int, warmup: int, workloads, modes, names, on_row=None)
         shapes = WORKLOADS[workload]()
         nbytes = sum(int(np.prod(s)) for s in shapes) * 4
         # One set of per-replica values serves every strategy (they hold no strategy).
-        values, expected = make_values(tf.distribute.MirroredStrategy(devices), shapes)
+        values, expected = make_values(devices, shapes)
         calls = {}
         for name in names:
             strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=table[name]())

@@ -145,28 +145,46 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
 
 def run_spmd(schedule: Schedule, buf: np.ndarray, op: ReduceOp, transport: PointToPoint,
              *, granule: int = 1, padded_to: int = 0, seq: int = 0) -> None:
-    """Run this rank's part of ``schedule`` on its flat working buffer ``buf`` in place."""
+    """Run this rank's part of ``schedule`` on its flat working buffer ``buf`` in place.
+
+    Optional transport hooks: ``irecv_into(dst, src, tag)`` receives a copy step straight
+    into place (a round never reads a range it writes); ``abandon(requests)`` withdraws the
+    receives of a round that failed, so nothing lands in ``buf`` afterwards.
+    """
     rank = transport.rank
     units = len(buf) // granule if granule else 0
     spans = element_ranges(schedule, units, padded_to)
+    receive_into = getattr(transport, "irecv_into", None)
     for r, (rnd, bounds) in enumerate(zip(schedule.rounds, spans)):
         receives, sends = [], []
-        for i, (step, (lo, hi)) in enumerate(zip(rnd, bounds)):
-            lo, hi = lo * granule, hi * granule
-            if hi <= lo:
-                continue
-            if step.dst == rank:
-                receives.append((step, lo, hi, [transport.irecv(buf[lo:hi], q, (seq, r, i))
-                                                for q in step.srcs]))
-            elif rank in step.srcs:
-                sends.append(transport.isend(buf[lo:hi], step.dst, (seq, r, i)))
-        for step, lo, hi, requests in receives:
-            dst = buf[lo:hi]
-            if step.reduce:
-                # The order of operands is the schedule's, so every rank computes the same bits.
-                accumulate(op, dst, (req.wait() for req in requests))
-            else:
-                np.copyto(dst, requests[0].wait())
-            for req in requests:
-                transport.release(req)
-        transport.waitall(sends)
+        try:
+            for i, (step, (lo, hi)) in enumerate(zip(rnd, bounds)):
+                lo, hi = lo * granule, hi * granule
+                if hi <= lo:
+                    continue
+                if step.dst == rank:
+                    tag = (seq, r, i)
+                    if not step.reduce and receive_into is not None:
+                        requests = [receive_into(buf[lo:hi], step.srcs[0], tag)]
+                    else:
+                        requests = [transport.irecv(buf[lo:hi], q, tag) for q in step.srcs]
+                    receives.append((step, lo, hi, requests))
+                elif rank in step.srcs:
+                    sends.append(transport.isend(buf[lo:hi], step.dst, (seq, r, i)))
+            for step, lo, hi, requests in receives:
+                dst = buf[lo:hi]
+                if step.reduce:
+                    # The schedule's order of operands, so every rank computes the same bits.
+                    accumulate(op, dst, (req.wait() for req in requests))
+                elif receive_into is not None:
+                    requests[0].wait()
+                else:
+                    np.copyto(dst, requests[0].wait())
+                for req in requests:
+                    transport.release(req)
+            transport.waitall(sends)
+        except BaseException:
+            abandon = getattr(transport, "abandon", None)
+            if abandon is not None:
+                abandon([req for *_, requests in receives for req in requests])
+            raise

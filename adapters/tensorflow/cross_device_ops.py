@@ -144,6 +144,13 @@ class _Library(tf.distribute.CrossDeviceOps):
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         return self._reduce_pairs(reduce_op, list(value_destination_pairs), options)
 
+    def broadcast_implementation(self, tensor, destinations):
+        # TensorFlow's simple broadcast: a copy on each destination device (no data moves
+        # between logical CPU devices). It stays within the process: initial weights across
+        # workers go through broadcast_variables.
+        devices = tf_cdo.get_devices_from(destinations, self._canonicalize_devices)
+        return convert.mirrored([convert.place(tensor, d) for d in devices])
+
     def _gather_implementation(self, per_replica_value, destinations, axis, options):
         components = _components(per_replica_value)
         devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
