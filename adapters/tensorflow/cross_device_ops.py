@@ -54,7 +54,7 @@ def _log_once(message: str) -> None:
 
 @dataclass(frozen=True)
 class Route:
-    """How one group of values is reduced: spec, packing, shards and two-level groups."""
+    """How one group of values is reduced: spec ranges (with shards), packing, groups."""
 
     spec: tuple[SpecRange, ...] = (SpecRange("auto", 1, -1),)
     packing: Packing = Packing()
@@ -75,7 +75,7 @@ def _check_reduce_op(reduce_op) -> CoreOp:
 
 def _components(value) -> tuple:
     if not isinstance(value, values_lib.DistributedValues):
-        value = tf_cdo._make_tensor_into_per_replica(value)  # noqa: SLF001 - TF's own conversion
+        value = tf_cdo._make_tensor_into_per_replica(value)  # TF's own conversion
     components = tuple(value.values)
     if not components:
         raise ValueError("`per_replica_value` must be non-empty")

@@ -14,12 +14,10 @@ local totals then go through the ``Communicator``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -87,61 +85,6 @@ def _scratch(slot: int, count: int, dtype: np.dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype)
 
 
-class _Inline:
-    """A multi-device backend whose tiles all run in the calling thread."""
-
-    def __init__(self, backend):
-        self._backend = backend
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
-
-    def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:
-        tile = max(1, TILE_BYTES // itemsize)
-        for a in range(0, max(length, 1), tile):
-            fn(a, min(a + tile, length))
-
-
-TILE_BYTES = 512 * 1024  # as the embedded backend's tiles: a tile of each buffer stays in L2
-_HELPERS: ThreadPoolExecutor | None = None
-
-
-def _spread(tasks: Sequence[Callable[[], object]], weights: Sequence[int]) -> list:
-    """Run independent tasks on this thread and one helper per further core, heaviest first
-    to the least loaded; results in task order.
-
-    A batch's tensors are independent, so whole tensors go to threads: one hand-off per
-    thread and batch instead of one per tensor (NumPy releases the GIL while it adds).
-    """
-    global _HELPERS
-    workers = max(1, min(os.cpu_count() or 1, 8, len(tasks)))
-    if workers == 1 or sum(weights) < PARALLEL_BYTES:
-        return [task() for task in tasks]
-    if _HELPERS is None:
-        _HELPERS = ThreadPoolExecutor(min(os.cpu_count() or 1, 8) - 1,
-                                      thread_name_prefix="collectives-tf")
-    loads = [0] * workers
-    shares: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(tasks)), key=lambda i: -weights[i]):
-        w = loads.index(min(loads))
-        shares[w].append(i)
-        loads[w] += weights[i]
-    results: list = [None] * len(tasks)
-
-    def run(share: list[int]) -> None:
-        for i in share:
-            results[i] = tasks[i]()
-
-    futures = [_HELPERS.submit(run, share) for share in shares[1:]]
-    run(shares[0])
-    for future in futures:
-        future.result()
-    return results
-
-
-PARALLEL_BYTES = 1 << 20  # below this a batch stays in one thread (hand-offs cost more)
-
-
 def _groups_key(groups):
     return None if groups is None else tuple(tuple(g) for g in groups)
 
@@ -158,15 +101,14 @@ def _reduce_schedule(algorithm: str, n: int, nbytes: int, shards: int, groups, m
 def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", algorithm: str = "auto",
                    *, shards: int = 0, groups: Groups = None,
                    accumulation_fn: Callable | None = None,
-                   empty: Callable = np.empty, inline: bool = False) -> np.ndarray:
+                   empty: Callable = np.empty) -> np.ndarray:
     """``collectives.reduce(values, op, root=0, algorithm)``, writing only what is needed.
 
     Same validation, schedule and result bits as the core's ``reduce``. The difference: a
     participant the schedule never writes to reads its input in place instead of first being
     copied into a scratch buffer (the core's ``reduce`` copies every such input, n - 1 full
     passes over memory for ``one_device``, that are then thrown away). ``empty(shape, dtype)``
-    allocates the result (the TF adapter passes an aligned allocator). ``inline=True`` runs
-    every tile in the calling thread (for callers that spread tensors over threads).
+    allocates the result (the TF adapter passes an aligned allocator).
     """
     if len(values) == 0:
         raise ValueError("values is empty; pass one array per device")
@@ -185,8 +127,7 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
     work[0] = empty((count,), dtype)
     for p in written:
         work[p] = _scratch(p, count, dtype)
-    run_multi_device(schedule, inputs, work, op.wire_op, _Inline(backend) if inline else backend,
-                     accumulation_fn=accumulation_fn)
+    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
     total = work[0].reshape(shape)
     if op is ReduceOp.MEAN:
         return divide_for_mean(total, n, out=total if result_dtype(op, dtype) == dtype else None)
@@ -235,12 +176,10 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
     results: list = [None] * len(values)
     for part, alone in zip(parts, trivial):
         algorithm, part_shards = part.spec.algorithm, part.spec.shards
-        if alone:  # every tensor is its own pack: no packing copies, tensors spread over cores
-            tasks = [partial(reduce_to_root, values[i], op, algorithm, shards=part_shards,
-                             groups=groups, empty=empty, inline=True) for i in part.indices]
-            weights = [values[i][0].nbytes * n for i in part.indices]
-            for i, result in zip(part.indices, _spread(tasks, weights)):
-                results[i] = result
+        if alone:  # every tensor is its own pack: no packing copies
+            for i in part.indices:
+                results[i] = reduce_to_root(values[i], op, algorithm, shards=part_shards,
+                                            groups=groups, empty=empty)
             continue
         per_device = [part.plan.pack([values[i][d] for i in part.indices]) for d in range(n)]
         reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, algorithm,

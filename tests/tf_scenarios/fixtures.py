@@ -281,6 +281,28 @@ def options_honoured() -> None:
         host.reduce_batch = original
 
 
+def results_stay_valid() -> None:
+    """Result buffers are reused only once TensorFlow has let go of them."""
+    k = N
+    ops = ctf.CrossDeviceOps("one_device")
+    kept = []
+    for step in range(4):
+        pr = per_replica([tf.fill([1000], float(step + d)) for d in range(k)], DEVICES[:k])
+        kept.append((step, ops.batch_reduce(SUM, [(pr, pr), (pr, DEVICES[0])])))
+
+    @tf.function
+    def graph(scale):
+        pr = per_replica([tf.fill([1000], scale + d) for d in range(k)], DEVICES[:k])
+        return [ops.reduce(SUM, pr, DEVICES[0])]
+
+    kept += [(step, graph(tf.constant(float(step)))) for step in range(4, 8)]
+    for step, results in kept:
+        want = k * step + k * (k - 1) / 2
+        for r in results:
+            for part in (r.values if isinstance(r, values_lib.Mirrored) else [r]):
+                assert np.all(part.numpy() == want), (step, part.numpy()[:3], want)
+
+
 def strategy_paths() -> None:
     """Through MirroredStrategy: replica-context all_reduce in tf.function, batch_reduce_to."""
     strategy = tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=ctf.CrossDeviceOps("ring"))
@@ -318,4 +340,5 @@ def run(report, devices: list[str], counts) -> None:
     report.check("errors and edges", errors_and_edges)
     report.check("hierarchical copy, odd counts", hierarchical_odd)
     report.check("options", options_honoured)
+    report.check("results stay valid", results_stay_valid)
     report.check("strategy paths", strategy_paths)
