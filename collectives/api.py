@@ -118,11 +118,17 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
                                 groups=resolve_groups(groups, n))
     final = result_dtype(op, dtype)
     result = _outputs(backend, None if out is None else [out], [values[root]], shape, final)[0]
-    work = [backend.empty_like(v, shape, dtype) for v in values]
+    # Participants the schedule never writes keep reading their inputs: no buffer for them.
+    inputs = [flat(v) for v in values]
+    written = {s.dst for s in schedule.steps}
+    work = [backend.empty_like(v, shape, dtype).reshape(-1) if p in written else inputs[p]
+            for p, v in enumerate(values)]
     if final == dtype:
-        work[root] = result
-    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
-                     op.wire_op, backend, accumulation_fn=accumulation_fn)
+        work[root] = result.reshape(-1)
+    elif root not in written:
+        work[root] = backend.empty_like(values[root], shape, dtype).reshape(-1)
+    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
+    work[root] = work[root].reshape(shape)
     _finish_mean(op, [work[root]], [result], n)
     return result
 
