@@ -47,7 +47,7 @@ def test_op_spellings(spelling, op):
     (lambda: collectives.reduce(four(), "sum", root=4), ValueError, "root=4 is out of range"),
     (lambda: collectives.reduce(four(), "sum", root=1.0), TypeError, "root must be an integer"),
     (lambda: collectives.broadcast(np.ones(3), 0), ValueError, "names no device"),
-    (lambda: collectives.broadcast(np.ones(3), 3, "rechd"), ValueError, "rechd has no broadcast|no broadcast"),
+    (lambda: collectives.broadcast(np.ones(3), 3, "rechd"), ValueError, "has no broadcast"),
     (lambda: collectives.all_gather(four(), axis=1), ValueError, "axis=1 is out of range"),
     (lambda: collectives.reduce_scatter([np.float32(1)] * 2), ValueError, "scalars"),
     (lambda: collectives.all_reduce(four(), out=[np.empty(5, np.float32)] * 3), ValueError,
@@ -58,8 +58,10 @@ def test_op_spellings(spelling, op):
      r"out\[0\] has dtype float64"),
     (lambda: collectives.all_reduce(four(), out=[np.empty(6, np.float32)] * 4), ValueError,
      r"out\[0\] has shape \(6,\)"),
-    (lambda: collectives.batch_all_reduce([four(), four(n=3)]), ValueError, "value_lists\\[1\\] has 3 devices"),
-    (lambda: collectives.batch_all_reduce([four()], "sum", "pscpu:2k"), ValueError, "not well formed|spec"),
+    (lambda: collectives.batch_all_reduce([four(), four(n=3)]), ValueError,
+     "value_lists\\[1\\] has 3 devices"),
+    (lambda: collectives.batch_all_reduce([four()], "sum", "pscpu:2k"), ValueError,
+     "not well formed|spec"),
     (lambda: collectives.run(lambda c: None, 0), ValueError, "size=0"),
 ])
 def test_bad_input(call, error, message):

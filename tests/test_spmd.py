@@ -131,6 +131,7 @@ def test_barrier_and_rank_results_in_order():
 def test_sizes_13_and_16_with_large_buffers():
     for n in (13, 16):
         values = exact_inputs(n, 70_001, np.float32, ReduceOp.SUM)
-        results = collectives.run(lambda comm: comm.all_reduce(values[comm.rank], "sum", "ring"), n)
+        results = collectives.run(
+            lambda comm, values=values: comm.all_reduce(values[comm.rank], "sum", "ring"), n)
         for r in results:
             np.testing.assert_array_equal(r, reference(values, ReduceOp.SUM))

@@ -110,7 +110,10 @@ def _build(collective: Collective, name: str, size: int, root: int, shards: int,
         rounds, owners = module.reduce_phase(size)
     else:
         rounds, owners = module.reduce_phase(size, shards) if name != "rechd" else module.reduce_phase(size)
-    tail = gather_to_root(owners, root) if collective is Collective.REDUCE else scatter_to_blocks(owners, size)
+    if collective is Collective.REDUCE:
+        tail = gather_to_root(owners, root)
+    else:
+        tail = scatter_to_blocks(owners, size)
     return concat(name, collective, size, rounds, tail, root=root)
 
 

@@ -100,6 +100,7 @@ def all_gather(n: int, shards: int = 1) -> Schedule:
         rounds.append(tuple(steps))
         span *= 2
     if extra:
+        own = {i: (Fraction(m + i, n), Fraction(m + i + 1, n)) for i in range(extra)}
         rounds.append(tuple(copy_step(m + i, i, lo, hi) for i in range(extra)
-                            for lo, hi in held[i] if (lo, hi) != (Fraction(m + i, n), Fraction(m + i + 1, n))))
+                            for lo, hi in held[i] if (lo, hi) != own[i]))
     return concat("rechd", Collective.ALL_GATHER, n, rounds)
