@@ -398,12 +398,16 @@ class MPITransport:
     def abandon(self, receives: Sequence[_Recv]) -> None:
         """Cancel receives left posted by a failed collective, so they write nothing later,
         and give back the scratch arena they held."""
-        for recv in receives:
-            for req in recv.reqs:
-                try:
-                    req.Cancel()
-                except _mpi().Exception:  # already complete, or the library cannot cancel
-                    pass
+        requests = [req for recv in receives for req in recv.reqs]
+        for req in requests:
+            try:
+                req.Cancel()
+            except _mpi().Exception:  # already complete, or the library cannot cancel
+                pass
+        try:  # a cancelled request is freed only once completed
+            _mpi().Request.Testall(requests)
+        except _mpi().Exception:
+            pass
         self._outstanding = 0
         self._reset_scratch()
 
@@ -590,6 +594,9 @@ def _to_device(result, like, out=None):
     if out is not None and _on_device(out):
         cupy.asarray(out)[...] = cupy.asarray(result)
         return out
+    if out is not None:  # a host ``out`` for a device input: fill it as asked
+        np.copyto(out, result)
+        return out
     device = getattr(like, "device", None)  # CuPy's Device is a context manager
     with device if hasattr(device, "__enter__") else nullcontext():
         return cupy.asarray(result)
@@ -674,7 +681,7 @@ class MPICommunicator(Communicator):
     def all_reduce(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *, out=None,
                    shards: int = 0, groups=None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result."""
-        if type(x) is np.ndarray and not shards and groups is None:
+        if type(x) is np.ndarray and not shards and groups is None and not _on_device(out):
             plan = self._fast.get((x.shape, x.dtype, op, algorithm))
             if plan is None:
                 plan = self._fast_plan(x, op, algorithm)

@@ -197,18 +197,22 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str 
                           math.prod(shape) * dtype.itemsize, backend.cost_model)
     schedule = algorithms.build(Collective.REDUCE_SCATTER, name, n, shards=check_shards(shards))
     rows, row = shape[0], math.prod(shape[1:])
+    final = result_dtype(op, dtype)
+    blocks = [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
+    if out is not None:
+        if len(out) != n:
+            raise ValueError(f"out has {len(out)} arrays for {n} devices")
+        for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
+            check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]")
     work = [backend.empty_like(v, shape, dtype) for v in values]
     run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)
-    final = result_dtype(op, dtype)
     results = []
-    for i, w in enumerate(work):
-        block = w[i * rows // n:(i + 1) * rows // n]
-        results.append(divide_for_mean(block, n) if op is ReduceOp.MEAN else block)
+    for w, (lo, hi) in zip(work, blocks):
+        results.append(divide_for_mean(w[lo:hi], n) if op is ReduceOp.MEAN else w[lo:hi])
     if out is None:
         return results
-    for i, (o, r) in enumerate(zip(out, results)):
-        check_out(o, r.shape, final, f"out[{i}]")
+    for o, r in zip(out, results):
         backend.copy(o, r)
     return list(out)
 

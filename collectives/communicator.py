@@ -132,11 +132,11 @@ class Communicator:
         root = check_root(root, self.size)
         if self.rank == root or x is not None:
             x = as_array(x, "x")
-        signatures = self._begin("broadcast", timeout,
-                                 self._signature("broadcast", x, None, root, algorithm))
         if x is None and not self.check:
             raise ValueError("x is None on a non-root rank and check=False, so its shape is "
                              "unknown; pass an array of the root's shape and dtype")
+        signatures = self._begin("broadcast", timeout,
+                                 self._signature("broadcast", x, None, root, algorithm))
         shape, dtype = signatures[root]["shape"], np.dtype(signatures[root]["dtype"])
         if out is not None:
             check_out(out, shape, dtype)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .ops import ReduceOp, check_dtype, result_dtype
+from .ops import ReduceOp, check_dtype
 
 
 def as_array(x, argument: str):
@@ -71,10 +71,6 @@ def check_shards(shards) -> int:
     if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 0:
         raise ValueError(f"shards={shards!r} must be a non-negative integer (0: the default)")
     return int(shards)
-
-
-def mean_dtype(op: ReduceOp, dtype: np.dtype) -> np.dtype:
-    return result_dtype(op, dtype)
 
 
 def flat(x):

@@ -26,7 +26,7 @@ from collectives import algorithms
 from collectives.api import pick_algorithm, resolve_groups
 from collectives.batch import plan_batch
 from collectives.execute import run_multi_device
-from collectives.ops import ReduceOp, divide_for_mean, result_dtype
+from collectives.ops import BFLOAT16, ReduceOp, divide_for_mean, result_dtype
 from collectives.packing import make_plan
 from collectives.registry import backend_for_arrays
 from collectives.schedule import Collective
@@ -234,7 +234,7 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
         dtype = np.dtype(v[0].dtype)
         if op is ReduceOp.MEAN:
             total = divide_for_mean(total, n * comm.size)
-        elif workers_sum == "mean" and dtype.kind in "fc" and comm.size > 1:
+        elif workers_sum == "mean" and _is_inexact(dtype) and comm.size > 1:
             total = divide_for_mean(total, comm.size, out=total)
         out.append(total)
     return out
@@ -255,3 +255,8 @@ def gather_ragged(comm, x: np.ndarray, axis: int = 0, *, timeout: float | None =
     gathered = comm.all_gather(padded, timeout=timeout).reshape(comm.size, most, *moved.shape[1:])
     joined = np.concatenate([gathered[r, :int(rows[r])] for r in range(comm.size)], axis=0)
     return np.moveaxis(joined, 0, axis) if x.ndim else joined
+
+
+def _is_inexact(dtype: np.dtype) -> bool:
+    """Floating or complex, bfloat16 included (NumPy files ml_dtypes' bfloat16 as kind 'V')."""
+    return dtype.kind in "fc" or dtype == BFLOAT16
