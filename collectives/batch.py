@@ -25,10 +25,41 @@ class BatchPart:
     plan: PackPlan
 
 
+def _freeze(spec):
+    """A hashable copy of a spec (lists become tuples) for the plan cache."""
+    if isinstance(spec, (list, tuple)):
+        return type(spec).__name__, tuple(_freeze(s) for s in spec)
+    return spec
+
+
 def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,
                *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
                shards: int = 0) -> list[BatchPart]:
+    """The parts of a batch; the same inputs give the same (cached) plan, since training
+    loops reduce the same gradient list every step."""
+    key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
+           num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards)
+    try:
+        return _plan_cached(key, algorithm)
+    except TypeError:  # an unhashable part of a spec: plan without the cache
+        return _plan(*key[:2], algorithm, *key[3:])
+
+
+def _plan_cached(key, algorithm) -> list[BatchPart]:
+    plan = _CACHE.get(key)
+    if plan is None:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        plan = _CACHE[key] = _plan(*key[:2], algorithm, *key[3:])
+    return plan
+
+
+_CACHE: dict = {}
+
+
+def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
+          agg_small_grads_max_group, bytes_per_pack, shards) -> list[BatchPart]:
     ranges = parse_spec(algorithm)
     if shards:
         # ``shards`` goes with a plain algorithm name; a spec carries its own shard counts.
