@@ -42,7 +42,7 @@ from .schedule import Collective
 
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
-MODES = ("devices", "spmd")
+MODES = ("devices", "spmd", "mpi")
 TARGET_SECONDS = 0.02  # each timed repeat lasts at least this long when iters adapt
 MAX_ITERS = 1000
 PERIOD = 77  # the input pattern repeats every PERIOD elements (see make_input)
@@ -125,9 +125,13 @@ class BenchConfig:
             raise ValueError("no algorithm given")
         dtype = parse_dtype(self.dtype)
         collective = Collective(self.collective)
+        # Under MPI the transport adds names of its own ("native", "shm").
+        canonical = (collectives.load_backend("mpi").canonical if self.mode == "mpi"
+                     else algorithms.canonical)
         for name in self.algorithms:
-            base = algorithms.canonical(name)
-            if base != "auto" and not algorithms.supports(collective, base):
+            base = canonical(name)
+            schedule_based = base in algorithms.MODULES or "/" in base
+            if schedule_based and not algorithms.supports(collective, base):
                 raise ValueError(f"algorithm {name!r} has no {self.collective}")
         if self.collective in REDUCING:
             check_dtype(ReduceOp.parse(self.op), dtype, "inputs")
@@ -493,6 +497,9 @@ def run_bench(config: BenchConfig, on_row: Callable[[Row], None] | None = None) 
     config.validate()
     if config.mode == "devices":
         return bench_devices(config, on_row)
+    if config.mode == "mpi":  # one rank of an mpiexec launch; the launch decides the ranks
+        comm = collectives.load_backend("mpi").init()
+        return bench_spmd(comm, config, on_row)
     return collectives.run(bench_spmd, config.participants, args=(config, on_row), timeout=600.0)[0]
 
 

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices (devices mode) or ranks (spmd mode); default 4")
     b.add_argument("--mode", default="devices", choices=bench.MODES,
                    help="devices: the multi-device API from one thread; spmd: thread ranks "
-                        "via collectives.run; default: devices")
+                        "via collectives.run; mpi: this process is one rank of an mpiexec "
+                        "launch (-n is the launch's size; rank 0 prints); default: devices")
     b.add_argument("-b", "--minbytes", type=_size, default="8",
                    help="smallest size, K/M/G suffixes; default 8")
     b.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size; default 64M")
@@ -111,6 +112,13 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
         parser.error(str(exc))
     command = shlex.join(["collectives", *argv])
     machine = bench.machine_info()
+    if config.mode == "mpi":
+        from mpi4py import MPI
+
+        config.participants = MPI.COMM_WORLD.Get_size()
+        if MPI.COMM_WORLD.Get_rank() != 0:  # every rank measures; rank 0 alone reports
+            rows = bench.run_bench(config)
+            return 1 if sum(r["wrong"] or 0 for r in rows) else 0
     print(f"# {command}")
     print(f"# {config.collective} mode {config.mode} participants {config.participants} "
           f"warmup {config.warmup} iters {config.iters or 'auto'} repeats {config.repeats} "

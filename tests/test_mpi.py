@@ -120,6 +120,22 @@ def test_killed_rank_survivors_time_out(algorithm):
         pytest.skip("hydra tore the job down before any survivor's timeout in 5 launches")
 
 
+@needs_mpi
+def test_bench_under_mpiexec_prints_once_from_rank_0():
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.cli", "bench", "--mode", "mpi",
+           "-b", "4K", "-e", "16K", "-f", "4", "-a", "auto,native,ring", "-w", "1", "-r", "1",
+           "-i", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("#    size(B)") for line in lines) == 1  # one table, rank 0's
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    assert [(r[0], r[4]) for r in rows] == [(size, alg) for size in ("4096", "16384")
+                                            for alg in ("auto", "native", "ring")]
+    assert all(r[-1] == "0" for r in rows)  # #wrong
+
+
 # --- pure helpers (no launch) ---------------------------------------------------------------------
 
 def test_chunks_cover_large_counts_without_allocating():
