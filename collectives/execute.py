@@ -71,7 +71,7 @@ def _combiners(backend, op: ReduceOp, accumulation_fn):
 
 
 def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: ReduceOp,
-                     backend: DeviceBackend, *, granule: int = 1, padded_to: int = 0,
+                     backend: DeviceBackend, *, granule: int = 1,
                      input_offsets: Sequence[int] | None = None,
                      accumulation_fn=None) -> None:
     """Run ``schedule`` on flat ``work`` buffers, first filling them from flat ``inputs``.
@@ -82,7 +82,7 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
     """
     length = len(work[0])
     units = length // granule if granule else 0
-    spans = element_ranges(schedule, units, padded_to)
+    spans = element_ranges(schedule, units)
     combine, combine_into = _combiners(backend, op, accumulation_fn)
     plan = [[(s, lo * granule, hi * granule) for s, (lo, hi) in zip(rnd, bounds) if hi > lo]
             for rnd, bounds in zip(schedule.rounds, spans)]
@@ -144,7 +144,7 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
 
 
 def run_spmd(schedule: Schedule, buf: np.ndarray, op: ReduceOp, transport: PointToPoint,
-             *, granule: int = 1, padded_to: int = 0, seq: int = 0) -> None:
+             *, granule: int = 1, seq: int = 0) -> None:
     """Run this rank's part of ``schedule`` on its flat working buffer ``buf`` in place.
 
     Optional transport hooks: ``irecv_into(dst, src, tag)`` receives a copy step straight
@@ -153,7 +153,7 @@ def run_spmd(schedule: Schedule, buf: np.ndarray, op: ReduceOp, transport: Point
     """
     rank = transport.rank
     units = len(buf) // granule if granule else 0
-    spans = element_ranges(schedule, units, padded_to)
+    spans = element_ranges(schedule, units)
     receive_into = getattr(transport, "irecv_into", None)
     for r, (rnd, bounds) in enumerate(zip(schedule.rounds, spans)):
         receives, sends = [], []

@@ -117,7 +117,11 @@ def result_dtype(op: ReduceOp, dtype: np.dtype) -> np.dtype:
 
 
 def identity(op: ReduceOp, dtype: np.dtype):
-    """The value that leaves any contribution unchanged under ``op`` (used for padding)."""
+    """The value that leaves any contribution unchanged under ``op``: what padding must hold.
+
+    The schedules never materialise padding (see ``schedule.element_ranges``); this is for
+    callers that pad buffers themselves, as TensorFlow's padded split does.
+    """
     dtype = np.dtype(dtype)
     op = op.wire_op
     if op is ReduceOp.SUM:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..schedule import ONE, ZERO, Collective, Schedule, block, concat, copy_step, reduce_step
+from ..schedule import Collective, Schedule, block, concat, copy_step, reduce_step
 
 
 def ring_permutations(num_workers: int, num_subchunks: int, gpu_perm):
@@ -57,10 +57,6 @@ def _rings(n: int, shards: int, group_size: int):
     return [preds[s % distinct] for s in range(shards)], [ranks[s % distinct] for s in range(shards)]
 
 
-def _chunk(c: int, count: int) -> tuple[Fraction, Fraction]:
-    return block(c, count)
-
-
 def reduce_phase(n: int, shards: int = 1, group_size: int = 0):
     shards = max(shards, 1)  # 0 asks for the default: one sub-chunk
     preds, ranks = _rings(n, shards, group_size)
@@ -68,12 +64,12 @@ def reduce_phase(n: int, shards: int = 1, group_size: int = 0):
     rounds = []
     for t in range(n - 1):
         rounds.append(tuple(
-            reduce_step(d, [preds[s][d]], *_chunk(((ranks[s][d] + n - 2 - t) % n) * shards + s, count))
+            reduce_step(d, [preds[s][d]], *block(((ranks[s][d] + n - 2 - t) % n) * shards + s, count))
             for d in range(n) for s in range(shards)))
     owners = []
     for s in range(shards):
         for d in range(n):
-            lo, hi = _chunk(ranks[s][d] * shards + s, count)
+            lo, hi = block(ranks[s][d] * shards + s, count)
             owners.append((lo, hi, d))
     return rounds, sorted(owners)
 
@@ -82,7 +78,7 @@ def _gather_rounds(n: int, shards: int, group_size: int = 0):
     preds, ranks = _rings(n, shards, group_size)
     count = n * shards
     return [tuple(
-        copy_step(d, preds[s][d], *_chunk(((ranks[s][d] + n - 1 - t) % n) * shards + s, count))
+        copy_step(d, preds[s][d], *block(((ranks[s][d] + n - 1 - t) % n) * shards + s, count))
         for d in range(n) for s in range(shards)) for t in range(n - 1)]
 
 
@@ -111,5 +107,3 @@ def broadcast(n: int, root: int, shards: int = 0) -> Schedule:
         rounds.append(tuple(steps))
     return concat("ring", Collective.BROADCAST, n, rounds, root=root)
 
-
-__all__ = ["ring_permutations", "all_reduce", "all_gather", "broadcast", "reduce_phase", "ZERO", "ONE"]
