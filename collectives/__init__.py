@@ -15,6 +15,8 @@ from .errors import (
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    ConcurrentCallError,
     PeerFailedError,
 )
 from .ops import ReduceOp
@@ -31,6 +33,6 @@ def run(fn, size: int, **kwargs) -> list:
 
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "Communicator", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
+    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
     "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend",
 ]

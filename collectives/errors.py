@@ -37,3 +37,16 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class PeerFailedError(CollectiveError):
     """Another participant failed (raised, died or left) while this one waited for it."""
+
+
+class CommunicatorBrokenError(CollectiveError):
+    """The communicator cannot be used any more: an earlier collective timed out or failed,
+    and its messages may still be in flight. Create a new communicator (or end the job)."""
+
+
+class ConcurrentCallError(CollectiveError):
+    """A collective was called on a communicator while another thread was inside a call on it.
+
+    Calls on one communicator must be issued from one thread at a time, in the same order on
+    every rank; give each thread its own communicator with ``comm.dup()``.
+    """
