@@ -1,11 +1,15 @@
-"""Shared test helpers: exact inputs, the float64 reference, the parameter axes."""
+"""Shared test helpers: the parameter axes and assertions. Exact inputs and the float64
+reference come from ``collectives.reference`` (re-exported here for the test modules)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from collectives.ops import ReduceOp, check_dtype, result_dtype, supported_dtypes
+from collectives.ops import ReduceOp, check_dtype, supported_dtypes
+from collectives.reference import exact_inputs, reference
+
+__all__ = ["exact_inputs", "reference"]  # re-exported: the test modules import them from here
 
 ALGORITHMS = ["one_device", "ring", "rechd", "tree", "shuffle", "auto"]
 TF_NAMES = ["xring", "pscpu", "psgpu", "nccl"]
@@ -27,53 +31,6 @@ def combos(dtypes=DTYPES, ops=OPS):
                 continue
             out.append((np.dtype(dtype), op))
     return out
-
-
-def exact_inputs(n: int, count: int, dtype, op: ReduceOp, seed: int = 0) -> list[np.ndarray]:
-    """Small integers whose reduction is exact in every dtype and in any order.
-
-    Sums stay below 64 (exact in int8, float16, bfloat16); products are of +-1 and at most
-    one 2 per position, so they never overflow.
-    """
-    i = np.arange(count)
-    dtype = np.dtype(dtype)
-    out = []
-    for p in range(n):
-        if dtype.kind == "b":
-            x = ((i * 3 + p + seed) % 3 == 0)
-        elif op.wire_op is ReduceOp.PROD:
-            x = np.where((i + p + seed) % (n + 1) == 0, 2, 1)
-            if dtype.kind in "fic":
-                x = x * np.where((i * 5 + p) % 3 == 0, -1, 1)
-        elif op in (ReduceOp.MAX, ReduceOp.MIN):
-            x = (i * 7 + p * 3 + seed) % 11
-            if dtype.kind in "fic":
-                x = x - 5
-        else:
-            x = (i * 5 + p * 3 + seed) % 4
-        x = np.asarray(x)
-        if dtype.kind == "c":
-            x = x + 1j * ((i + p) % 3 if op.wire_op is not ReduceOp.PROD else 0)
-        out.append(x.astype(dtype))
-    return out
-
-
-def reference(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
-    """The float64 (complex128, bool) NumPy reduction of ``values``, cast to the result dtype."""
-    dtype = np.dtype(values[0].dtype)
-    wide = np.complex128 if dtype.kind == "c" else (np.bool_ if dtype.kind == "b" else np.float64)
-    stack = np.stack([v.astype(wide) for v in values])
-    if op is ReduceOp.SUM:
-        total = stack.sum(axis=0)
-    elif op is ReduceOp.MEAN:
-        total = stack.sum(axis=0) / len(values)
-    elif op is ReduceOp.PROD:
-        total = stack.prod(axis=0)
-    elif op is ReduceOp.MAX:
-        total = stack.max(axis=0)
-    else:
-        total = stack.min(axis=0)
-    return total.astype(result_dtype(op, dtype))
 
 
 def assert_reduced(result: np.ndarray, expected: np.ndarray, op: ReduceOp) -> None:

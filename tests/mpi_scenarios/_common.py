@@ -20,60 +20,12 @@ if ROOT not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-from collectives.ops import ReduceOp, divide_for_mean, result_dtype  # noqa: E402
+# Exact inputs and the float64 reference are the ones every test uses.
+from collectives.reference import exact_inputs, random_inputs, reference  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
-
-def exact_inputs(n: int, count: int, dtype, op: ReduceOp, shape=None) -> list[np.ndarray]:
-    """Every rank's input: small integers whose reduction is exact in every dtype and order."""
-    dtype = np.dtype(dtype)
-    i = np.arange(count)
-    out = []
-    for p in range(n):
-        if dtype.kind == "b":
-            x = (i * 3 + p) % 3 == 0
-        elif op.wire_op is ReduceOp.PROD:
-            x = np.where((i + p) % (n + 1) == 0, 2, 1)  # at most one 2 per position
-            if dtype.kind in "fic":
-                x = x * np.where((i * 5 + p) % 3 == 0, -1, 1)
-        elif op in (ReduceOp.MAX, ReduceOp.MIN):
-            x = (i * 7 + p * 3) % 11 - (5 if dtype.kind in "fic" else 0)
-        else:
-            x = (i * 5 + p * 3) % 4  # sums stay below 16: exact in int8 and float16
-        x = np.asarray(x)
-        if dtype.kind == "c":
-            x = x + 1j * ((i + p) % 3 if op.wire_op is not ReduceOp.PROD else 0)
-        x = x.astype(dtype)
-        out.append(x.reshape(shape) if shape is not None else x)
-    return out
-
-
-def random_inputs(n: int, count: int, dtype, seed: int) -> list[np.ndarray]:
-    """Random floats: sums round, so only the same order of additions gives the same bits."""
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(count).astype(dtype) for _ in range(n)]
-
-
-def reference(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
-    """The float64 (complex128, bool) reduction, cast to the wire dtype; MEAN divided after,
-    exactly as the library divides (one division of the exact total)."""
-    dtype = np.dtype(values[0].dtype)
-    wide = np.complex128 if dtype.kind == "c" else (np.bool_ if dtype.kind == "b" else np.float64)
-    stack = np.stack([v.astype(wide) for v in values])
-    wire = op.wire_op
-    if wire is ReduceOp.SUM:
-        total = stack.sum(axis=0)
-    elif wire is ReduceOp.PROD:
-        total = stack.prod(axis=0)
-    elif wire is ReduceOp.MAX:
-        total = stack.max(axis=0)
-    else:
-        total = stack.min(axis=0)
-    total = total.astype(dtype)
-    if op is ReduceOp.MEAN:
-        return np.asarray(divide_for_mean(total, len(values))).astype(result_dtype(op, dtype))
-    return total
+__all__ = ["WORLD", "Report", "digest", "exact_inputs", "random_inputs", "reference"]
 
 
 def digest(x) -> str:
