@@ -22,6 +22,7 @@ from .errors import (
 from .ops import ReduceOp
 from .registry import load_backend
 from .schedule import Collective, Schedule
+from .work import Work
 
 __version__ = "0.1.0"
 
@@ -34,5 +35,5 @@ def run(fn, size: int, **kwargs) -> list:
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
-    "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend",
+    "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend", "Work",
 ]

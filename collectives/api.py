@@ -1,58 +1,59 @@
 """The multi-device API: one process holds one array per device (TensorFlow's PerReplica).
 
-Each function validates everything first, picks the algorithm, builds (or fetches) its
-schedule and runs it over the backend that owns the arrays (NumPy arrays: the embedded
-backend; CuPy arrays: the GPU backend). Results come back one per device, on the device of
-its input; inputs are never modified unless ``out`` names them.
+Each function validates everything first, picks the algorithm, fetches its schedule and runs
+it over the backend that owns the arrays (NumPy arrays: the embedded backend; CuPy arrays: a
+GPU backend). Results come back one per device, on the device of its input; inputs are never
+modified unless ``out`` names them. An ``out`` that shares memory with another ``out`` or with
+an input (other than being exactly that device's input, which means in place) is filled from
+buffers of the library's own, so aliasing never gives a wrong answer.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import algorithms, select
-from .batch import plan_batch
+from .algorithms.base import Layout
+from .arrays import unsafe_outputs
+from .calls import resolve_algorithm
 from .execute import run_multi_device
-from .ops import ReduceOp, divide_for_mean, result_dtype
+from .ops import ReduceOp, result_dtype
 from .registry import backend_for_arrays
 from .schedule import Collective
-from .validate import as_array, check_op, check_out, check_root, check_shards, flat, same_layout
+from .validate import (
+    Groups,
+    as_array,
+    check_communicable,
+    check_op,
+    check_out,
+    check_root,
+    check_shards,
+    resolve_groups,
+    same_layout,
+)
 
-Groups = Sequence[Sequence[int]] | int | None
-
-
-def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | None:
-    """Groups for two-level algorithms: None, a group size, or a partition of the participants."""
-    if groups is None:
-        return None
-    if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
-        if groups < 1:
-            raise ValueError(f"groups={groups} must be a positive group size or a list of groups")
-        return tuple(tuple(range(i, min(i + groups, size))) for i in range(0, size, groups))
-    out = tuple(tuple(int(p) for p in g) for g in groups)
-    members = sorted(p for g in out for p in g)
-    if members != list(range(size)) or any(len(g) == 0 for g in out):
-        raise ValueError(f"groups={groups!r} must split the participants 0..{size - 1} into "
-                         "non-empty groups, each participant in exactly one")
-    return out
+__all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
+           "reduce", "reduce_scatter"]
 
 
-def pick_algorithm(collective: Collective, algorithm: str, size: int, nbytes: int,
-                   model: select.CostModel) -> str:
-    name = algorithms.canonical(algorithm)
+def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
+                   model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
+    """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
+    spec forms by the element ``count``."""
+    name, shards = resolve_algorithm(algorithm, count, shards)
     if name == "auto":
-        return select.choose(collective, size, nbytes, model)
+        return select.choose(collective, size, nbytes, model), shards
     if not algorithms.supports(collective, name):
-        raise ValueError(
-            f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
-            f"{', '.join(n for n in algorithms.MODULES if algorithms.supports(collective, n))}")
-    return name
+        raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
+                         f"of {', '.join(algorithms.names_for(collective))}")
+    return name, shards
 
 
-def _prepare(values, op, argument="values"):
+def _prepare(values: Any, op: Any, argument: str = "values"):
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one array per device, "
                         f"not {type(values).__name__}")
@@ -62,78 +63,113 @@ def _prepare(values, op, argument="values"):
     return values, shape, dtype, op
 
 
-def _outputs(backend, out, values, shape, dtype, argument="out"):
+def _plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
+    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
+                                  count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
+    shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
+    return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
+
+
+def _outputs(arrays, out, values, shape, dtype, argument="out") -> list:
     if out is None:
-        return [backend.empty_like(v, shape, dtype) for v in values]
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise TypeError(f"{argument} must be a list of {len(values)} arrays, one per device")
     if len(out) != len(values):
-        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices")
+        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices; pass one "
+                         "per device")
     for i, o in enumerate(out):
-        check_out(o, shape, dtype, f"{argument}[{i}]")
+        check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
     return list(out)
 
 
-def _finish_mean(op, work, results, size):
-    if op is ReduceOp.MEAN:
-        for w, r in zip(work, results):
-            divide_for_mean(w, size, out=r)
-
-
-def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
-               out: Sequence | None = None, shards: int = 0, groups: Groups = None,
-               accumulation_fn: Callable | None = None) -> list:
-    """Reduce the arrays of all devices; every device gets the result (bitwise identical).
-
-    ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
-    name ("xring", "pscpu", "nccl", ...) or a two-level "A/B" over ``groups``.
-    ``shards``: ring sub-chunks or shuffle gather devices (0: the algorithm's default).
-    ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
-    """
-    values, shape, dtype, op = _prepare(values, op)
-    n, shards = len(values), check_shards(shards)
-    backend = backend_for_arrays(values)
-    name = pick_algorithm(Collective.ALL_REDUCE, algorithm, n,
-                          math.prod(shape) * dtype.itemsize, backend.cost_model)
-    schedule = algorithms.build(Collective.ALL_REDUCE, name, n, shards=shards,
-                                groups=resolve_groups(groups, n))
-    final = result_dtype(op, dtype)
-    results = _outputs(backend, out, values, shape, final)
-    work = results if final == dtype else [backend.empty_like(v, shape, dtype) for v in values]
-    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
-                     op.wire_op, backend, accumulation_fn=accumulation_fn)
-    _finish_mean(op, work, results, n)
+def _work(arrays, results, values, shape, dtype):
+    """Work buffers: the results themselves where that is safe and the dtype fits."""
+    if results[0].dtype != dtype or unsafe_outputs(arrays, values, results):
+        return [arrays.empty(shape, dtype, like=v) for v in values]
     return results
 
 
-def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: str = "auto",
-           *, out=None, shards: int = 0, groups: Groups = None,
-           accumulation_fn: Callable | None = None):
+def _deliver(arrays, op, work, results, size):
+    """Results from work buffers: MEAN's one division, or a copy where work stood in."""
+    for w, r in zip(work, results):
+        if op is ReduceOp.MEAN:
+            arrays.divide(w, size, out=r)
+        elif w is not r:
+            arrays.copy(r, w)
+
+
+def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
+               out: Sequence | None = None, shards: int = 0, groups: Groups = None,
+               accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
+    """Reduce the arrays of all devices; every device gets the result (bitwise identical).
+
+    ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
+    name ("xring", "pscpu", "nccl", ...), a two-level "A/B" over ``groups``, or any spec form
+    ("xring#2", ``("pscpu", 1, 1024)``, "pscpu:2k:xring": the range by element count).
+    ``shards``: ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
+    ``shared_result``: where the devices share memory (logical CPU devices), compute the
+    result once and return it as read-only views, one per device (no per-device copies).
+    """
+    values, shape, dtype, op = _prepare(values, op)
+    n = len(values)
+    backend = backend_for_arrays(values)
+    arrays = backend.arrays
+    final = result_dtype(op, dtype)
+    if shared_result:
+        if out is not None:
+            raise ValueError("shared_result=True returns views of one new buffer; it takes "
+                             "no out=")
+        if not getattr(backend, "shares_memory", False):
+            raise ValueError(f"shared_result=True needs devices that share memory; "
+                             f"{type(backend).__name__} devices do not")
+        result = reduce(values, op, 0, algorithm, shards=shards, groups=groups,
+                        accumulation_fn=accumulation_fn)
+        view = result.view()
+        view.flags.writeable = False
+        return [view] * n
+    schedule = _plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
+    results = _outputs(arrays, out, values, shape, final)
+    work = _work(arrays, results, values, shape, dtype)
+    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, accumulation_fn=accumulation_fn)
+    _deliver(arrays, op, work, results, n)
+    return results
+
+
+def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
+           *, out: Any = None, shards: int = 0, groups: Groups = None,
+           accumulation_fn: Callable | None = None) -> Any:
     """Reduce the arrays of all devices onto device ``root``; returns that one array."""
     values, shape, dtype, op = _prepare(values, op)
-    n, shards = len(values), check_shards(shards)
+    n = len(values)
     root = check_root(root, n)
     backend = backend_for_arrays(values)
-    name = pick_algorithm(Collective.REDUCE, algorithm, n,
-                          math.prod(shape) * dtype.itemsize, backend.cost_model)
-    schedule = algorithms.build(Collective.REDUCE, name, n, root=root, shards=shards,
-                                groups=resolve_groups(groups, n))
+    arrays = backend.arrays
+    schedule = _plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
+                     root)
     final = result_dtype(op, dtype)
-    result = _outputs(backend, None if out is None else [out], [values[root]], shape, final)[0]
+    result = _outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
-    inputs = [flat(v) for v in values]
-    written = {s.dst for s in schedule.steps}
-    work = [backend.empty_like(v, shape, dtype).reshape(-1) if p in written else inputs[p]
+    inputs = [arrays.flat(v) for v in values]
+    written = {s[0] for s in schedule.steps}
+    work = [arrays.empty(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
             for p, v in enumerate(values)]
-    if final == dtype:
-        work[root] = result.reshape(-1)
-    elif root not in written:
-        work[root] = backend.empty_like(values[root], shape, dtype).reshape(-1)
+    safe = out is None or not unsafe_outputs(arrays, values, [result])
+    total = result if final == dtype and safe else arrays.empty(shape, dtype, like=values[root])
+    work[root] = total.reshape(-1)
+    if root not in written:  # a single participant: its input is the total
+        arrays.copy(work[root], inputs[root])
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
-    work[root] = work[root].reshape(shape)
-    _finish_mean(op, [work[root]], [result], n)
+    _deliver(arrays, op, [total], [result], n)
     return result
 
 
-def broadcast(value, devices: int | Sequence, algorithm: str = "auto", *, out=None,
+def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0) -> list:
     """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
     value = as_array(value, "value")
@@ -141,19 +177,20 @@ def broadcast(value, devices: int | Sequence, algorithm: str = "auto", *, out=No
     if n < 1:
         raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
     shape, dtype = tuple(value.shape), np.dtype(value.dtype)
+    check_communicable(dtype, "value")
     backend = backend_for_arrays([value])
-    name = pick_algorithm(Collective.BROADCAST, algorithm, n,
-                          math.prod(shape) * dtype.itemsize, backend.cost_model)
-    schedule = algorithms.build(Collective.BROADCAST, name, n, shards=check_shards(shards))
-    targets = [None] * n if isinstance(devices, (int, np.integer)) else list(devices)
-    results = ([backend.empty_on(d, value, shape, dtype) for d in targets] if out is None
-               else _outputs(backend, out, [value] * n, shape, dtype))
-    run_multi_device(schedule, [flat(value)] + [None] * (n - 1),
-                     [r.reshape(-1) for r in results], ReduceOp.SUM, backend)
+    arrays = backend.arrays
+    schedule = _plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
+    results = _outputs(arrays, out, [value] * n, shape, dtype)
+    work = _work(arrays, results, [value], shape, dtype)
+    run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
+                     [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
+    _deliver(arrays, None, work, results, n)
     return results
 
 
-def all_gather(values: Sequence, axis: int = 0, algorithm: str = "auto", *, out=None) -> list:
+def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None
+               ) -> list:
     """Every device gets the concatenation of all devices' arrays along ``axis``."""
     values, shape, dtype, _ = _prepare(values, None)
     n = len(values)
@@ -164,25 +201,24 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: str = "auto", *, out=
     gathered_shape = list(base)
     gathered_shape[axis] *= n
     backend = backend_for_arrays(values)
-    results = _outputs(backend, out, values, tuple(gathered_shape), dtype)
-    name = pick_algorithm(Collective.ALL_GATHER, algorithm, n,
-                          n * math.prod(shape) * dtype.itemsize, backend.cost_model)
-    schedule = algorithms.build(Collective.ALL_GATHER, name, n)
+    arrays = backend.arrays
+    results = _outputs(arrays, out, values, tuple(gathered_shape), dtype)
+    schedule = _plan(backend, Collective.ALL_GATHER, algorithm, n, shape, dtype)
     size = math.prod(shape)
     # Along the leading axis the rank-major buffer already is the result: gather in place.
-    leading = all(d == 1 for d in base[:axis])
+    leading = all(d == 1 for d in base[:axis]) and not unsafe_outputs(arrays, values, results)
     stacked = ([r.reshape(-1) for r in results] if leading
-               else [backend.empty_like(v, (n * size,), dtype) for v in values])
-    run_multi_device(schedule, [flat(v) for v in values], stacked, ReduceOp.SUM, backend,
+               else [arrays.empty((n * size,), dtype, like=v) for v in values])
+    run_multi_device(schedule, [arrays.flat(v) for v in values], stacked, ReduceOp.SUM, backend,
                      granule=size if size else 1, input_offsets=[p * size for p in range(n)])
     if not leading:
         for r, s in zip(results, stacked):
-            backend.copy(r, backend.concatenate(s.reshape((n, *base)), axis))
+            arrays.copy(r, arrays.concatenate(list(s.reshape((n, *base))), axis))
     return results
 
 
-def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
-                   out=None, shards: int = 0) -> list:
+def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
+                   out: Any = None, shards: int = 0) -> list:
     """Reduce, then device ``i`` keeps block ``i`` of axis 0.
 
     Block ``i`` is rows ``floor(i R / n)`` to ``floor((i + 1) R / n)`` of the ``R`` rows, so
@@ -193,34 +229,32 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: str 
         raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
     n = len(values)
     backend = backend_for_arrays(values)
-    name = pick_algorithm(Collective.REDUCE_SCATTER, algorithm, n,
-                          math.prod(shape) * dtype.itemsize, backend.cost_model)
-    schedule = algorithms.build(Collective.REDUCE_SCATTER, name, n, shards=check_shards(shards))
+    arrays = backend.arrays
+    schedule = _plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards)
     rows, row = shape[0], math.prod(shape[1:])
     final = result_dtype(op, dtype)
     blocks = [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
     if out is not None:
+        if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+            raise TypeError(f"out must be a list of {n} arrays, one per device")
         if len(out) != n:
-            raise ValueError(f"out has {len(out)} arrays for {n} devices")
+            raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
         for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
-            check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]")
-    work = [backend.empty_like(v, shape, dtype) for v in values]
-    run_multi_device(schedule, [flat(v) for v in values], [w.reshape(-1) for w in work],
+            check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
+    work = [arrays.empty(shape, dtype, like=v) for v in values]
+    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)
-    results = []
-    for w, (lo, hi) in zip(work, blocks):
-        results.append(divide_for_mean(w[lo:hi], n) if op is ReduceOp.MEAN else w[lo:hi])
-    if out is None:
-        return results
-    for o, r in zip(out, results):
-        backend.copy(o, r)
-    return list(out)
+    results = list(out) if out is not None else [
+        arrays.result((hi - lo, *shape[1:]), final, like=v) for v, (lo, hi) in zip(values, blocks)]
+    _deliver(arrays, op, [w[lo:hi] for w, (lo, hi) in zip(work, blocks)], results, n)
+    return results
 
 
 def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
-                     algorithm="auto", *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
-                     agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                     shards: int = 0, groups: Groups = None) -> list[list]:
+                     algorithm: Any = "auto", *, num_packs: int = 0,
+                     agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
+                     bytes_per_pack: int | None = None, shards: int = 0,
+                     groups: Groups = None) -> list[list]:
     """All-reduce many tensors at once: ``value_lists[k]`` holds tensor k on every device.
 
     ``algorithm`` takes any all-reduce spec: a name, ``(alg, shards, limit)`` tuples with
@@ -228,6 +262,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
     (``num_packs``, small-tensor aggregation or ``bytes_per_pack``) so many small tensors cost
     few collectives. Returns ``results[k][d]``, in input order with input shapes.
     """
+    from .batch import plan_batch
+
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
     if len(value_lists) == 0:
@@ -238,18 +274,18 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
         if len(values) != n:
             raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] has "
                              f"{n}; every tensor needs one array per device")
-    shapes = [t[1] for t in tensors]
-    dtypes = [t[2] for t in tensors]
+    arrays = backend_for_arrays(tensors[0][0]).arrays
     results: list[list | None] = [None] * len(tensors)
-    for part in plan_batch(shapes, dtypes, algorithm, num_packs=num_packs,
-                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+    for part in plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
+                           num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
-        per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices]) for d in range(n)]
+        per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices], arrays=arrays)
+                      for d in range(n)]
         reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
                               shards=part.spec.shards, groups=groups)
                    for j in range(len(part.plan.packs))]
-        unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))])
+        unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))], arrays=arrays)
                     for d in range(n)]
         for position, i in enumerate(part.indices):
             results[i] = [unpacked[d][position] for d in range(n)]

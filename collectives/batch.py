@@ -35,11 +35,13 @@ def _freeze(spec):
 def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,
                *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-               shards: int = 0) -> list[BatchPart]:
+               shards: int = 0, extra_names: Sequence[str] = ()) -> list[BatchPart]:
     """The parts of a batch; the same inputs give the same (cached) plan, since training
-    loops reduce the same gradient list every step."""
+    loops reduce the same gradient list every step. ``extra_names``: a transport's own
+    algorithm names (e.g. MPI's "native")."""
     key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
-           num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards)
+           num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
+           tuple(extra_names))
     try:
         return _plan_cached(key, algorithm)
     except TypeError:  # an unhashable part of a spec: plan without the cache
@@ -59,8 +61,8 @@ _CACHE: dict = {}
 
 
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
-          agg_small_grads_max_group, bytes_per_pack, shards) -> list[BatchPart]:
-    ranges = parse_spec(algorithm)
+          agg_small_grads_max_group, bytes_per_pack, shards, extra_names=()) -> list[BatchPart]:
+    ranges = parse_spec(algorithm, extra_names=extra_names)
     if shards:
         # ``shards`` goes with a plain algorithm name; a spec carries its own shard counts.
         if not (isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm):

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-n", "--participants", type=int, default=4)
     d.add_argument("--root", type=_positive, default=0)
     d.add_argument("--shards", type=_positive, default=0)
+    d.add_argument("--rank", type=_positive, default=None,
+                   help="draw only this participant's plan (works for thousands of participants)")
     d.add_argument("--group-size", type=_positive, default=0,
                    help="participants per group for two-level 'A/B' algorithms")
     d.set_defaults(subparser=d)
@@ -159,24 +161,14 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
 
 def draw_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``collectives draw``; returns the exit status."""
-    from . import algorithms
-    from .api import resolve_groups
-    from .schedule import Collective, check
+    from .drawing import draw
 
     try:
-        name = algorithms.canonical(args.algorithm)
-        if name == "auto":
-            raise ValueError("auto picks per call; name an algorithm to draw")
-        n = args.participants
-        groups = resolve_groups(args.group_size or None, n) if n > 0 else None
-        schedule = algorithms.build(Collective(args.collective), name, n, root=args.root,
-                                    shards=args.shards, groups=groups)
+        text = draw(args.algorithm, args.collective, args.participants, root=args.root,
+                    shards=args.shards, group_size=args.group_size, rank=args.rank)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
-    print(schedule.draw())
-    check(schedule)
-    print("checked: every output holds each contribution exactly once, and every holder "
-          "holds the same computed value")
+    print(text)
     return 0
 
 

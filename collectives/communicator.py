@@ -1,215 +1,269 @@
 """The SPMD API: one process (or thread) per rank, each calling the same collectives.
 
-A ``Communicator`` wraps a point-to-point transport (thread ranks, MPI, ...). Each call:
-validates its own arguments, agrees with every other rank on what is being called (the
-collective, shape, dtype, op, root, algorithm; a mismatch raises the same
-``CollectiveMismatchError`` everywhere, before any data moves), builds the shared schedule
-and runs this rank's steps of it.
+A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
 
-The agreement costs one small all-gather of a tuple per call (a few microseconds between
-threads); ``check=False`` skips it where every microsecond counts.
+1. validates its arguments into a :class:`~collectives.calls.Call` (cached: a training loop
+   repeats its calls, so this is paid once per distinct call);
+2. agrees with every other rank on the call the first time its signature is seen (a mismatch,
+   or a rank that could not validate its arguments, raises on every rank before any data
+   moves); afterwards the signature's check value rides with the data instead;
+3. runs this rank's plan of the chosen algorithm (or the transport's native collective) as an
+   operation that a blocking call waits for, and ``async_op=True`` returns as a handle.
+
+Extending it: a transport implements :class:`collectives.transport.Transport`; the public
+hooks a subclass may override are :meth:`Communicator.choose_algorithm` (what ``auto`` runs)
+and :meth:`Communicator.adapt` (which arrays a call accepts).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from . import algorithms
-from .api import pick_algorithm, resolve_groups
-from .batch import plan_batch
-from .errors import CollectiveMismatchError
-from .execute import run_spmd
-from .ops import ReduceOp, divide_for_mean, result_dtype
+from . import algorithms, select
+from .agreement import agreed
+from .algorithms.base import Layout
+from .calls import Call, check_op_for, resolve_algorithm
+from .collective_ops import CollectiveOps
+from .engine import Engine
+from .execute.spmd import SpmdRun
 from .schedule import Collective
-from .select import CostModel
-from .validate import as_array, check_op, check_out, check_root, check_shards, flat
+from .stages import NativeStage
+from .validate import check_communicable, check_root, check_shards, resolve_groups
+from .work import Operation
 
-_FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "axis", "groups")
+DEBUG_ENV = "COLLECTIVES_DEBUG"
 
 
-class Communicator:
-    """Collectives among ``size`` ranks; this one is ``rank``."""
+class Communicator(CollectiveOps):
+    """Collectives among ``size`` ranks; this one is ``rank``.
 
-    def __init__(self, transport, *, timeout: float = 300.0, check: bool = True,
-                 name: str = "local"):
+    ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
+    arguments across ranks (the first time a call signature is seen; ``check=False`` skips it,
+    and a mismatch then shows as a wrong length or a timeout instead of a clear error).
+    """
+
+    def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
+                 name: str | None = None):
         self.transport = transport
         self.rank: int = transport.rank
         self.size: int = transport.size
-        self.timeout = timeout
-        self.check = check
-        self.name = name
-        self._seq = 0
-        self.cost_model: CostModel = getattr(transport, "cost_model", CostModel())
+        self.local_rank: int = getattr(transport, "local_rank", 0)
+        self.local_size: int = getattr(transport, "local_size", 1)
+        self.name = name or transport.name
+        self.timeout, self.check = float(timeout), bool(check)
+        self.arrays = transport.arrays
+        self.debug = os.environ.get(DEBUG_ENV, "").strip().lower()
+        self._engine = Engine(transport, timeout=self.timeout, check=self.check,
+                              detail=self.debug == "detail")
+        self._calls: dict = {}
+        native = transport.native
+        self._native_names: tuple[str, ...] = native.names if native is not None else ()
+        self.last_algorithm: str | None = None
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank} of {self.size}>"
 
-    # --- plumbing -------------------------------------------------------------------------
+    def __enter__(self) -> Communicator:
+        return self
 
-    def _begin(self, collective: str, timeout: float | None, signature: dict) -> list[dict]:
-        self._seq += 1
-        timeout = self.timeout if timeout is None else float(timeout)
-        self.transport.what = collective
-        self.transport.timeout = timeout
-        if not self.check:
-            return [signature] * self.size
-        signatures = self.transport.agree(("sig", self._seq), signature, timeout)
-        if all(s == signature for s in signatures):
-            return signatures
-        for field in _FIELDS:
-            seen = [s.get(field) for s in signatures]
-            if field in ("shape", "dtype") and collective == "broadcast":
-                seen = [v for v in seen if v is not None]
-            if len(set(map(repr, seen))) > 1:
-                by_rank = ", ".join(f"rank {r}: {s.get(field)!r}" for r, s in enumerate(signatures))
-                raise CollectiveMismatchError(
-                    f"rank {self.rank}: ranks called {signatures[0]['collective']} with different "
-                    f"{field} ({by_rank}); every rank must pass the same {field}")
-        return signatures
+    def __exit__(self, *exc) -> None:
+        self.free()
 
-    def _schedule(self, collective: Collective, algorithm: str, nbytes: int, *, root: int = 0,
-                  shards: int = 0, groups=None):
-        name = pick_algorithm(collective, algorithm, self.size, nbytes, self.cost_model)
-        return algorithms.build(collective, name, self.size, root=root, shards=shards,
-                                groups=resolve_groups(groups, self.size))
+    def free(self) -> None:
+        """Release what the transport holds for this communicator (collective on MPI)."""
+        self.transport.free()
 
-    def _run(self, schedule, buf: np.ndarray, op: ReduceOp, granule: int = 1) -> None:
-        run_spmd(schedule, buf, op, self.transport, granule=granule, seq=self._seq)
+    # --- hooks --------------------------------------------------------------------------
 
-    def _signature(self, collective, x=None, op=None, root=None, algorithm="auto", shards=0,
-                   axis=None, groups=None) -> dict:
-        return {"collective": collective,
-                "shape": None if x is None else tuple(x.shape),
-                "dtype": None if x is None else str(np.dtype(x.dtype)),
-                "op": None if op is None else op.value, "root": root,
-                "algorithm": algorithms.canonical(algorithm), "shards": shards, "axis": axis,
-                "groups": resolve_groups(groups, self.size)}
+    def adapt(self, x: Any, argument: str) -> Any:
+        """The array a call works on: arrays of the transport's array backend pass as they
+        are; lists raise TypeError (one array per call); scalars and array-likes become
+        NumPy arrays."""
+        if self.arrays.owns(x):
+            return x
+        if x is None:
+            raise TypeError(f"{argument} is None; pass an array")
+        if isinstance(x, (list, tuple)):
+            raise TypeError(f"{argument} is a {type(x).__name__}; a collective takes one array "
+                            f"(stack it yourself with numpy.asarray, or use batch_all_reduce "
+                            "for several tensors)")
+        try:
+            return np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - NumPy's message is the useful part
+            raise TypeError(f"{argument} cannot be read as an array: {exc}") from exc
 
-    # --- collectives ----------------------------------------------------------------------
+    def choose_algorithm(self, call: Call) -> str:
+        """What runs ``call``: the transport's native collective ("native") or a schedule's
+        canonical name. ``call.algorithm`` is what the caller asked for ("auto" lets this
+        method choose)."""
+        native = self.transport.native
+        name = call.algorithm
+        if name in self._native_names:
+            if native.supports(call) and self.size > 1:
+                return "native"
+            name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
+        if name != "auto":
+            return name
+        if self.size == 1:
+            return "one_device"
+        if native is not None and native.supports(call) and native.preferred(call):
+            return "native"
+        return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
 
-    def all_reduce(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *, out=None,
-                   shards: int = 0, groups=None, timeout: float | None = None) -> np.ndarray:
-        """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result."""
-        x = as_array(x, "x")
-        op = check_op(op, x.dtype, "x")
+    # --- calls --------------------------------------------------------------------------
+
+    def _call(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
+              shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
+        """The validated call, from the cache when these arguments were seen before."""
+        try:
+            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis)
+            call = self._calls.get(key)
+        except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
+            key, call = None, None
+        if call is None:
+            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis)
+            if key is not None:
+                if len(self._calls) > 4096:
+                    self._calls.clear()
+                self._calls[key] = call
+        return call
+
+    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
+        dtype = np.dtype(x.dtype)
+        check_communicable(dtype, "x")
+        shape = tuple(int(d) for d in x.shape)
+        parsed = check_op_for(op, dtype, "x") if op is not None else None
+        if collective in (Collective.REDUCE, Collective.BROADCAST):
+            root = check_root(root, self.size)
         shards = check_shards(shards)
-        final = result_dtype(op, x.dtype)
-        if out is not None:
-            check_out(out, x.shape, final)
-        self._begin("all_reduce", timeout,
-                    self._signature("all_reduce", x, op, None, algorithm, shards, groups=groups))
-        schedule = self._schedule(Collective.ALL_REDUCE, algorithm, x.nbytes, shards=shards,
-                                  groups=groups)
-        work = out if out is not None and final == x.dtype else np.empty(x.shape, x.dtype)
-        if work is not x:
-            np.copyto(work, x)
-        self._run(schedule, work.reshape(-1), op.wire_op)
-        if op is ReduceOp.MEAN:
-            return divide_for_mean(work, self.size, out=out if out is not None else
-                                   (work if final == x.dtype else None))
-        return work
+        name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
+        if name not in self._native_names and name != "auto":
+            if not algorithms.supports(collective, name):
+                raise ValueError(
+                    f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
+                    f"{', '.join(algorithms.names_for(collective))}")
+        layout = None
+        if "/" in name or groups is not None:
+            layout = (Layout(resolve_groups(groups, self.size)) if groups is not None
+                      else self.transport.layout)
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
+        call.run_as = self.choose_algorithm(call)
+        return call
 
-    def reduce(self, x, op: ReduceOp | str = "sum", root: int = 0, algorithm: str = "auto", *,
-               shards: int = 0, timeout: float | None = None):
-        """Reduce onto ``root``; returns the result there and None on every other rank."""
-        x = as_array(x, "x")
-        op = check_op(op, x.dtype, "x")
-        root = check_root(root, self.size)
-        shards = check_shards(shards)
-        self._begin("reduce", timeout, self._signature("reduce", x, op, root, algorithm, shards))
-        schedule = self._schedule(Collective.REDUCE, algorithm, x.nbytes, root=root, shards=shards)
-        work = np.array(x, copy=True, order="C")
-        self._run(schedule, work.reshape(-1), op.wire_op)
-        if self.rank != root:
-            return None
-        return divide_for_mean(work, self.size) if op is ReduceOp.MEAN else work
+    def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
+        """``(out, None)`` when ``out`` can take the result, else ``(None, its error)``: the
+        call still runs (with a buffer of its own) and raises the error at the end, so peers
+        are not left with half a collective."""
+        if out is None:
+            return None, None
+        try:
+            from .validate import check_out
 
-    def broadcast(self, x=None, root: int = 0, algorithm: str = "auto", *, out=None,
-                  timeout: float | None = None) -> np.ndarray:
-        """Every rank gets root's ``x``; other ranks may pass None (or ``out`` to fill)."""
-        root = check_root(root, self.size)
-        if self.rank == root or x is not None:
-            x = as_array(x, "x")
-        if x is None and not self.check:
-            raise ValueError("x is None on a non-root rank and check=False, so its shape is "
-                             "unknown; pass an array of the root's shape and dtype")
-        signatures = self._begin("broadcast", timeout,
-                                 self._signature("broadcast", x, None, root, algorithm))
-        shape, dtype = signatures[root]["shape"], np.dtype(signatures[root]["dtype"])
-        if out is not None:
-            check_out(out, shape, dtype)
-        work = out if out is not None else np.empty(shape, dtype)
-        if self.rank == root:
-            np.copyto(work, x)
-        schedule = self._schedule(Collective.BROADCAST, algorithm, work.nbytes, root=root)
-        self._run(schedule, work.reshape(-1), ReduceOp.SUM)
-        return work
+            check_out(out, shape, dtype, argument, self.arrays)
+        except (TypeError, ValueError) as exc:
+            return None, agreed(exc)
+        return out, None
 
-    def all_gather(self, x, axis: int = 0, algorithm: str = "auto", *,
-                   timeout: float | None = None) -> np.ndarray:
-        """Concatenation of every rank's ``x`` along ``axis``, in rank order."""
-        x = as_array(x, "x")
-        ndim = max(x.ndim, 1)
-        if not -ndim <= axis < ndim:
-            raise ValueError(f"axis={axis} is out of range for x of {x.ndim} dimensions")
-        self._begin("all_gather", timeout,
-                    self._signature("all_gather", x, None, None, algorithm, 0, axis % ndim))
-        n, size = self.size, x.size
-        schedule = self._schedule(Collective.ALL_GATHER, algorithm, n * x.nbytes)
-        work = np.empty(n * size, x.dtype)
-        work[self.rank * size:(self.rank + 1) * size] = flat(x)
-        self._run(schedule, work, ReduceOp.SUM, granule=size if size else 1)
-        base = x.shape if x.ndim else (1,)
-        return np.concatenate(list(work.reshape((n, *base))), axis=axis)
+    def _start(self, what: str, build, async_op: bool, timeout: float | None,
+               subject: str | None = None):
+        """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
+        ``subject`` names the call in errors (default: the call's own description)."""
+        engine = self._engine
+        engine.enter(what)
+        try:
+            seq = engine.next_seq()
+            try:
+                call, data, finish = build(seq)
+                error = None
+            except (TypeError, ValueError) as exc:
+                call, data, finish, error = None, None, None, exc
+            if not self.check:
+                if error is not None:
+                    engine.fail_locally(error, seq)
+                    raise error
+                agreement = None
+            else:
+                signature = call.signature if call is not None else None
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error,
+                                             always=getattr(call, "always_agree", False))
+            subject = subject or (call if call is not None else what)
+            if call is not None:
+                self.last_algorithm = call.run_as
+            self.transport.publish_activity((seq, subject, True))
+            stages = [agreement, *(data or [])]
+            op = Operation(engine, seq, subject, stages, finish or _nothing,
+                           signature=call.signature if call else None,
+                           check=call.check if call else 0, skipped_agreement=agreement is None)
+            result = engine.run(op, async_op, timeout)
+            if not async_op:
+                self.transport.publish_activity((seq, subject, False))
+            return result
+        finally:
+            engine.leave()
 
-    def reduce_scatter(self, x, op: ReduceOp | str = "sum", algorithm: str = "auto", *,
-                       shards: int = 0, timeout: float | None = None) -> np.ndarray:
-        """Reduce, then rank ``i`` keeps rows ``floor(i R / n)`` to ``floor((i+1) R / n)``."""
-        x = as_array(x, "x")
-        if x.ndim == 0:
-            raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
-        op = check_op(op, x.dtype, "x")
-        shards = check_shards(shards)
-        self._begin("reduce_scatter", timeout,
-                    self._signature("reduce_scatter", x, op, None, algorithm, shards))
-        schedule = self._schedule(Collective.REDUCE_SCATTER, algorithm, x.nbytes, shards=shards)
-        work = np.array(x, copy=True, order="C")
-        row = int(np.prod(x.shape[1:]))
-        self._run(schedule, work.reshape(-1), op.wire_op, granule=row if row else 1)
-        rows, n, i = x.shape[0], self.size, self.rank
-        mine = work[i * rows // n:(i + 1) * rows // n]
-        return divide_for_mean(mine, n) if op is ReduceOp.MEAN else mine
+    def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1):
+        """The stage that moves the data: the native collective, or this rank's plan."""
+        op = call.op.wire_op if call.op is not None else None
+        if call.run_as == "native":
+            return NativeStage(self._engine, self.transport.native, call, src, work,
+                               op, seq)
+        if src is not None and src is not work:
+            self.arrays.copy(work, src)
+        units = len(work) // granule if granule else 0
+        shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
+        plan = algorithms.rank_plan(call.collective, call.run_as, self.size, self.rank,
+                                    root=call.root, shards=shards, layout=call.layout)
+        return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
+                       check=call.check if self.check else 0)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived (or raise naming those that did not)."""
-        self._seq += 1
-        self.transport.what = "barrier"
-        self.transport.agree(("barrier", self._seq), None,
-                             self.timeout if timeout is None else timeout)
+        def build(seq):
+            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            token = np.zeros(1, np.int64)
+            return call, [self._data_stage(call, seq, None, token)], _nothing
 
-    def batch_all_reduce(self, xs: Sequence, op: ReduceOp | str = "sum", algorithm="auto", *,
+        self._start("barrier", build, False, timeout, subject="barrier")
+
+    def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
                          num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                          agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                         shards: int = 0, groups=None, timeout: float | None = None) -> list:
+                         shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
         """All-reduce a list of tensors as few packed buffers; results in input order.
 
         ``algorithm`` takes any all-reduce spec (see ``collectives.spec``); the packing knobs
         are those of ``collectives.batch_all_reduce``.
         """
-        xs = [as_array(x, f"xs[{k}]") for k, x in enumerate(xs)]
+        from .batch import plan_batch
+
+        if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
+            raise TypeError("xs must be a list of arrays")
+        xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
         for k, x in enumerate(xs):
-            check_op(op, x.dtype, f"xs[{k}]")
-        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs], algorithm,
-                           num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+            check_op_for(op, np.dtype(x.dtype), f"xs[{k}]")
+        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs],
+                           algorithm, num_packs=num_packs,
+                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
-                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards))
+                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                           extra_names=self._native_names)
         results: list = [None] * len(xs)
         for part in parts:
-            packed = part.plan.pack([xs[i] for i in part.indices])
+            packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
             reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
                                        groups=groups, timeout=timeout) for buf in packed]
-            for i, result in zip(part.indices, part.plan.unpack(reduced)):
+            for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
                 results[i] = result
         return results
+
+
+_TOKEN = np.zeros(1, np.int64)
+
+
+def _nothing() -> None:
+    return None

@@ -23,15 +23,19 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
     expected in.
     """
 
-    def __init__(self, collective: str, missing: Iterable[int], timeout: float, rank: int | None):
+    def __init__(self, collective: str, missing: Iterable[int], timeout: float, rank: int | None,
+                 detail: str = "", call: int | None = None):
         self.collective = collective
         self.missing = sorted(set(missing))
         self.timeout = timeout
         self.rank = rank
+        self.call = call
         who = f"rank {rank}: " if rank is not None else ""
+        number = f" (call {call})" if call is not None else ""
+        doing = f". What they are doing: {detail}" if detail else ""
         super().__init__(
-            f"{who}{collective} timed out after {timeout:g} s waiting for rank(s) "
-            f"{', '.join(map(str, self.missing))}, which never arrived in this collective"
+            f"{who}{collective}{number} timed out after {timeout:g} s waiting for rank(s) "
+            f"{', '.join(map(str, self.missing))}, which never arrived in this collective{doing}"
         )
 
 

@@ -56,11 +56,17 @@ class ReduceOp(enum.Enum):
 _BY_NAME = {m.value: m for m in ReduceOp}  # the common spellings, without string work
 
 _KERNELS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.PROD: np.multiply,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.MIN: np.minimum,
+    ReduceOp.SUM: "add",
+    ReduceOp.MEAN: "add",
+    ReduceOp.PROD: "multiply",
+    ReduceOp.MAX: "maximum",  # propagates NaN, as every path of the library must
+    ReduceOp.MIN: "minimum",
 }
+
+
+def kernel_name(op: ReduceOp) -> str:
+    """The ufunc that combines two contributions (NumPy's and CuPy's share the names)."""
+    return _KERNELS[op]
 
 
 def supported_dtypes() -> list[np.dtype]:
@@ -135,26 +141,6 @@ def identity(op: ReduceOp, dtype: np.dtype):
         return dtype.type(-np.inf if op is ReduceOp.MAX else np.inf)
     info = np.iinfo(dtype)
     return dtype.type(info.min if op is ReduceOp.MAX else info.max)
-
-
-def accumulate(op: ReduceOp, out: np.ndarray, sources) -> None:
-    """``out = op(out, s0, s1, ...)`` in place, left to right: the order is part of the result."""
-    kernel = _KERNELS[op.wire_op]
-    for source in sources:
-        kernel(out, source, out=out)
-
-
-def combine_into(op: ReduceOp, out: np.ndarray, first: np.ndarray, sources) -> None:
-    """``out = op(first, s0, s1, ...)``, left to right, without first copying ``first``."""
-    sources = iter(sources)
-    kernel = _KERNELS[op.wire_op]
-    second = next(sources, None)
-    if second is None:
-        np.copyto(out, first)
-        return
-    kernel(first, second, out=out)
-    for source in sources:
-        kernel(out, source, out=out)
 
 
 def divide_for_mean(total: np.ndarray, count: int, out: np.ndarray | None = None) -> np.ndarray:

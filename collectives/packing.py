@@ -34,6 +34,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -99,46 +100,51 @@ class PackPlan:
                     continue
             raise ValueError(f"the packs do not cover tensor {i} (shape {shape}) exactly once")
 
-    def pack(self, arrays: Sequence[ArrayLike], *, copy: bool = False) -> list[np.ndarray]:
+    def pack(self, tensors: Sequence[ArrayLike], *, copy: bool = False,
+             arrays: Any = None) -> list:
         """One contiguous 1-D buffer per pack; inputs are never modified.
 
-        A buffer made of a single piece of a contiguous input is a read-only view of it
-        (marked read-only so that an in-place reduction cannot corrupt the input); pass
-        ``copy=True`` for fresh, writable buffers throughout.
+        A buffer made of a single piece of a contiguous input is a view of it (the
+        collectives never write their inputs); pass ``copy=True`` for fresh buffers
+        throughout. ``arrays``: the array backend of the tensors (NumPy by default).
         """
-        if len(arrays) != len(self.shapes):
-            raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(arrays)}")
+        arrays = arrays or _numpy()
+        if len(tensors) != len(self.shapes):
+            raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(tensors)}")
         flats = []
-        for i, arr in enumerate(arrays):
-            arr = np.asarray(arr)
-            if arr.shape != self.shapes[i] or arr.dtype != self.dtypes[i]:
-                raise ValueError(f"tensor {i} has shape {arr.shape} and dtype {arr.dtype}; the "
-                                 f"plan expects {self.shapes[i]} and {self.dtypes[i]}")
-            flats.append(arr.reshape(-1))
+        for i, arr in enumerate(tensors):
+            if not arrays.owns(arr):
+                arr = np.asarray(arr)
+            if tuple(arr.shape) != self.shapes[i] or np.dtype(arr.dtype) != self.dtypes[i]:
+                raise ValueError(f"tensor {i} has shape {tuple(arr.shape)} and dtype {arr.dtype}; "
+                                 f"the plan expects {self.shapes[i]} and {self.dtypes[i]}")
+            flats.append(arrays.flat(arr))
         buffers = []
         for pack in self.packs:
             pieces = [flats[i][start:stop] for i, (start, stop) in zip(pack.indices, pack.spans,
                                                                         strict=True)]
             if len(pieces) == 1 and not copy:
-                buf = pieces[0].view()
-                buf.flags.writeable = False
+                buf = pieces[0]
             elif pieces:
-                buf = np.concatenate(pieces)
+                buf = arrays.concatenate(pieces, 0)
             else:
-                buf = np.empty(0, dtype=pack.dtype)
+                buf = arrays.empty((0,), pack.dtype)
             buffers.append(buf)
         return buffers
 
-    def unpack(self, buffers: Sequence[ArrayLike]) -> list[np.ndarray]:
+    def unpack(self, buffers: Sequence[ArrayLike], *, arrays: Any = None) -> list:
         """The tensors in input order and shapes; each takes the dtype of its (first) buffer.
 
         A tensor that lies within one buffer is returned as a view of that buffer.
         """
+        arrays = arrays or _numpy()
         if len(buffers) != len(self.packs):
             raise ValueError(f"the plan has {len(self.packs)} packs, got {len(buffers)} buffers")
         flat_bufs = []
         for k, (pack, buf) in enumerate(zip(self.packs, buffers, strict=True)):
-            buf = np.asarray(buf).reshape(-1)
+            if not arrays.owns(buf):
+                buf = np.asarray(buf)
+            buf = buf.reshape(-1)
             if buf.size != pack.size:
                 raise ValueError(f"buffer {k} has {buf.size} elements; pack {k} has {pack.size}")
             flat_bufs.append(buf)
@@ -157,11 +163,17 @@ class PackPlan:
                 out.append(flat_bufs[k][offset:offset + stop - start].reshape(shape))
                 continue
             # Spread over several buffers (concat_and_split): assemble a fresh array.
-            result = np.empty(prod(shape), dtype=flat_bufs[pieces[0][0]].dtype)
+            result = arrays.empty((prod(shape),), flat_bufs[pieces[0][0]].dtype)
             for k, offset, start, stop in pieces:
-                result[start:stop] = flat_bufs[k][offset:offset + stop - start]
+                arrays.copy(result[start:stop], flat_bufs[k][offset:offset + stop - start])
             out.append(result.reshape(shape))
         return out
+
+
+def _numpy():
+    from .arrays import NUMPY
+
+    return NUMPY
 
 
 def _normalise(shapes: Sequence[Sequence[int]],

@@ -38,6 +38,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, NamedTuple, TypeVar
 
 from .algorithms import canonical
@@ -48,6 +49,7 @@ __all__ = [
     "group_device_names",
     "parse_general_int",
     "parse_spec",
+    "pick_range",
 ]
 
 T = TypeVar("T")
@@ -75,8 +77,10 @@ def parse_general_int(text: str) -> int:
     return int(text)
 
 
-def _check_algorithm(alg: Any, where: str) -> None:
+def _check_algorithm(alg: Any, where: str, extra_names: Sequence[str] = ()) -> None:
     # Re-raise canonical()'s error with the spec fragment, keeping its exception type.
+    if isinstance(alg, str) and alg.strip().lower() in extra_names:
+        return
     try:
         canonical(alg, argument="algorithm")
     except (TypeError, ValueError) as err:
@@ -117,7 +121,7 @@ def _check_limits(ranges: list[SpecRange], where: list[str]) -> None:
                 f"range's limit {ranges[i - 1].limit}; limits must strictly increase")
 
 
-def _from_tuple(item: Any) -> SpecRange:
+def _from_tuple(item: Any, extra_names: Sequence[str] = ()) -> SpecRange:
     where = repr(item)
     if not isinstance(item, tuple):
         raise ValueError(f"all_reduce_spec: a tuple (algorithm[, shards[, limit]]) is expected, "
@@ -126,14 +130,14 @@ def _from_tuple(item: Any) -> SpecRange:
         raise ValueError(f"all_reduce_spec tuple {where} has {len(item)} elements; "
                          "expected (algorithm[, shards[, limit]])")
     alg = item[0]
-    _check_algorithm(alg, f"tuple {where}")
+    _check_algorithm(alg, f"tuple {where}", extra_names)
     shards = _whole(item[1], "shards", f"tuple {where}") if len(item) > 1 else 1
     _check_shards(shards, f"tuple {where}")
     limit = _whole(item[2], "limit", f"tuple {where}") if len(item) > 2 else -1
     return SpecRange(alg, shards, limit)
 
 
-def _parse_grammar(spec: str) -> list[SpecRange]:
+def _parse_grammar(spec: str, extra_names: Sequence[str] = ()) -> list[SpecRange]:
     # The implicit "-1" gives the last algorithm part its unlimited range.
     parts = spec.split(":") + ["-1"]
     if len(parts) % 2:
@@ -160,7 +164,7 @@ def _parse_grammar(spec: str) -> list[SpecRange]:
                 raise ValueError(
                     f"all_reduce_spec {spec!r} contains non-integer shards {pieces[1]!r} in "
                     f"{alg_part!r}; expected ALG#N with a whole number N >= 1") from None
-        _check_algorithm(alg, f"{spec!r} part {alg_part!r}")
+        _check_algorithm(alg, f"{spec!r} part {alg_part!r}", extra_names)
         _check_shards(shards, f"{spec!r} part {alg_part!r}")
         try:
             limit = parse_general_int(limit_part)
@@ -174,26 +178,53 @@ def _parse_grammar(spec: str) -> list[SpecRange]:
     return ranges
 
 
-def parse_spec(spec: str | tuple | Sequence[tuple]) -> list[SpecRange]:
-    """Normalise any accepted all-reduce spec form to a checked list of :class:`SpecRange`."""
+def parse_spec(spec: str | tuple | Sequence[tuple],
+               extra_names: Sequence[str] = ()) -> list[SpecRange]:
+    """Normalise any accepted all-reduce spec form to a checked list of :class:`SpecRange`.
+
+    ``extra_names``: algorithm names a transport adds (e.g. MPI's "native").
+    """
+    try:
+        return list(_parse_cached(spec, tuple(extra_names)))
+    except TypeError as exc:  # an unhashable spec (a list): parse without the cache
+        if "unhashable" not in str(exc):
+            raise
+        return _parse(spec, tuple(extra_names))
+
+
+@lru_cache(maxsize=512)
+def _parse_cached(spec, extra_names: tuple[str, ...]) -> tuple[SpecRange, ...]:
+    return tuple(_parse(spec, extra_names))
+
+
+def _parse(spec, extra_names: tuple[str, ...]) -> list[SpecRange]:
     if isinstance(spec, str):
         if ":" in spec or "#" in spec:
-            return _parse_grammar(spec)
-        _check_algorithm(spec, repr(spec))
+            return _parse_grammar(spec, extra_names)
+        _check_algorithm(spec, repr(spec), extra_names)
         return [SpecRange(spec, 1, -1)]
     if isinstance(spec, tuple):
         if not spec:
             raise ValueError(f"all_reduce_spec is an empty tuple; expected {_ACCEPTED}")
-        ranges = [_from_tuple(spec)]
+        ranges = [_from_tuple(spec, extra_names)]
         _check_limits(ranges, [f"tuple {spec!r}"])
         return ranges
     if isinstance(spec, list):
         if not spec:
             raise ValueError(f"all_reduce_spec is an empty list; expected {_ACCEPTED}")
-        ranges = [_from_tuple(item) for item in spec]
+        ranges = [_from_tuple(item, extra_names) for item in spec]
         _check_limits(ranges, [f"tuple {item!r}" for item in spec])
         return ranges
     raise TypeError(f"all_reduce_spec must be {_ACCEPTED}, not {type(spec).__name__} {spec!r}")
+
+
+def pick_range(ranges: Sequence[SpecRange], count: int) -> SpecRange:
+    """The range a tensor of ``count`` elements belongs to (the first whose limit admits it)."""
+    for rng in ranges:
+        if rng.limit < 0 or count <= rng.limit:
+            return rng
+    raise ValueError(f"a tensor of {count} elements exceeds every range's limit "
+                     f"({', '.join(str(r.limit) for r in ranges)}); end the spec with limit -1")
 
 
 def assign_ranges(sizes: Sequence[int], ranges: Sequence[SpecRange]) -> list[list[int]]:

@@ -1,34 +1,25 @@
-"""The algorithm registry: names, aliases, and building the schedule of a collective.
+"""The algorithm registry: names, aliases, and every participant's plan.
 
 Names: ``one_device``, ``ring``, ``rechd``, ``tree``, ``shuffle`` and any two-level
 composition ``"A/B"``. TensorFlow's names are aliases: ``xring`` is the ring, ``pscpu`` and
 ``psgpu`` the shuffle, and ``nccl`` the ring (what NCCL runs for large buffers); a transport
-with a native all-reduce of its own (MPI, NCCL) may run that instead for ``nccl``.
-``auto`` lets the selector choose. ``build(..., verify=True)`` also runs the checker.
+with a native collective of its own (MPI, NCCL) may run that instead for ``nccl``. ``auto``
+lets the selector choose.
+
+:func:`rank_plan` gives one participant's plan (cached: a training loop repeats the same calls),
+:func:`schedule` the union of all of them, which :func:`collectives.checker.check` proves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import lru_cache
 
-from ..schedule import (
-    Collective,
-    Schedule,
-    check,
-    concat,
-    gather_to_root,
-    prune,
-    scatter_to_blocks,
-)
+from ..schedule import Collective, RankPlan, Schedule, union
 from . import one_device, rechd, ring, shuffle, tree, two_level
+from .base import AlgorithmModule, Layout
 
-MODULES = {
-    "one_device": one_device,
-    "ring": ring,
-    "rechd": rechd,
-    "tree": tree,
-    "shuffle": shuffle,
+MODULES: dict[str, AlgorithmModule] = {
+    m.NAME: m for m in (one_device, ring, rechd, tree, shuffle)  # type: ignore[misc]
 }
 
 ALIASES = {
@@ -43,6 +34,7 @@ ALIASES = {
 }
 
 NAMES = tuple(MODULES) + tuple(ALIASES)
+SHARDED = frozenset({"ring", "shuffle"})  # the algorithms ``shards`` means something to
 
 
 def canonical(name: str, argument: str = "algorithm") -> str:
@@ -61,72 +53,67 @@ def canonical(name: str, argument: str = "algorithm") -> str:
     for part in parts:
         base = ALIASES.get(part, part)
         if base not in MODULES:
+            from difflib import get_close_matches
+
+            hint = get_close_matches(part, NAMES, n=1)
+            maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise ValueError(
-                f"{argument}={name!r}: unknown algorithm {part!r}; known: 'auto', "
+                f"{argument}={name!r}: unknown algorithm {part!r}{maybe}; known: 'auto', "
                 f"{', '.join(repr(n) for n in NAMES)}, or two of them joined by '/'")
         out.append(base)
     return "/".join(out)
 
 
 def supports(collective: Collective, name: str) -> bool:
+    """Whether algorithm ``name`` (canonical) implements ``collective``."""
     if "/" in name:
-        return collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
-    if collective is Collective.BROADCAST:
-        return hasattr(MODULES[name], "broadcast")
-    return True
+        return collective in two_level.REDUCING
+    return collective in MODULES[name].COLLECTIVES
 
 
-def _uniform_group_size(groups, size: int) -> int:
-    """The ring rotates sub-chunks inside groups only when they are equal consecutive runs."""
-    if not groups:
-        return 0
-    k = len(groups[0])
-    runs = tuple(tuple(range(i, i + k)) for i in range(0, size, k))
-    return k if tuple(groups) == runs else 0
+def names_for(collective: Collective) -> list[str]:
+    return [n for n in MODULES if supports(collective, n)]
 
 
-@lru_cache(maxsize=1024)
-def _build(collective: Collective, name: str, size: int, root: int, shards: int,
-           groups: tuple[tuple[int, ...], ...] | None) -> Schedule:
+def _key_shards(name: str, shards: int) -> int:
+    return shards if any(part in SHARDED for part in name.split("/")) else 0
+
+
+@lru_cache(maxsize=8192)
+def _plan(collective: Collective, name: str, size: int, rank: int, root: int, shards: int,
+          layout: Layout | None) -> RankPlan:
     if "/" in name:
         inner, outer = (MODULES[p] for p in name.split("/"))
-        layout = groups or (tuple(range(size)),)
-        full = two_level.all_reduce(inner, outer, layout, shards, name)
-        if collective is Collective.ALL_REDUCE:
-            return full
-        return prune(full, collective, root)
-    module = MODULES[name]
-    if collective is Collective.ALL_REDUCE:
-        if name == "ring":
-            return module.all_reduce(size, max(shards, 1), _uniform_group_size(groups, size))
-        return module.all_reduce(size, shards)
-    if collective is Collective.BROADCAST:
-        return module.broadcast(size, root, shards)
-    if collective is Collective.ALL_GATHER:
-        return module.all_gather(size, shards)
-    if name in ("tree", "one_device") and collective is Collective.REDUCE:
-        rounds, owners = module.reduce_phase(size, root=root)
-    elif name in ("tree", "one_device"):
-        rounds, owners = module.reduce_phase(size)
+        phase = two_level.phase(inner, outer, collective, size, rank, root=root, shards=shards,
+                                layout=layout)
     else:
-        rounds, owners = module.reduce_phase(size, shards) if name != "rechd" else module.reduce_phase(size)
-    if collective is Collective.REDUCE:
-        tail = gather_to_root(owners, root)
-    else:
-        tail = scatter_to_blocks(owners, size)
-    return concat(name, collective, size, rounds, tail, root=root)
+        phase = MODULES[name].phase(collective, size, rank, root=root, shards=shards,
+                                    groups=layout)
+    return RankPlan(name, collective, size, rank, phase.den, phase.count, phase.rounds, root)
 
 
-def build(collective: Collective, name: str, size: int, *, root: int = 0, shards: int = 0,
-          groups: Sequence[Sequence[int]] | None = None, verify: bool = False) -> Schedule:
-    """The schedule of ``collective`` by algorithm ``name`` (canonical) over ``size`` participants."""
+def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: int = 0,
+              shards: int = 0, layout: Layout | None = None) -> RankPlan:
+    """Participant ``rank``'s plan of ``collective`` by algorithm ``name`` (canonical)."""
     if not supports(collective, name):
         raise ValueError(f"algorithm {name!r} has no {collective.value}; use one of "
-                         f"{', '.join(n for n in MODULES if supports(collective, n))}")
-    if shards < 0:
-        raise ValueError(f"shards={shards} must be 0 (the algorithm's default) or more")
-    key = tuple(tuple(g) for g in groups) if groups else None
-    schedule = _build(collective, name, size, root, shards, key)
-    if verify:
-        check(schedule)
-    return schedule
+                         f"{', '.join(names_for(collective))}")
+    if collective not in (Collective.REDUCE, Collective.BROADCAST):
+        root = 0
+    if layout is not None and "/" not in name and not (name == "ring" and layout.runs):
+        layout = None  # only two-level algorithms and the ring's rotations look at groups
+    return _plan(collective, name, size, rank, root, _key_shards(name, shards), layout)
+
+
+@lru_cache(maxsize=256)
+def schedule(collective: Collective, name: str, size: int, *, root: int = 0, shards: int = 0,
+             layout: Layout | None = None) -> Schedule:
+    """The global schedule: every participant's plan, united (for the multi-device executor,
+    the checker and drawings)."""
+    return union(all_plans(collective, name, size, root=root, shards=shards, layout=layout))
+
+
+def all_plans(collective: Collective, name: str, size: int, *, root: int = 0, shards: int = 0,
+              layout: Layout | None = None) -> list[RankPlan]:
+    return [rank_plan(collective, name, size, p, root=root, shards=shards, layout=layout)
+            for p in range(size)]

@@ -14,14 +14,28 @@ Let ``m`` be the largest power of two ``<= n`` and ``x = n - m``.
 ``2 log2 m`` rounds (+2 when ``n`` is not a power of two); each active participant sends and
 receives ``2 (m - 1) B / m`` bytes, plus ``B`` each way for the folded ones. Unlike
 TensorFlow's it needs neither a power-of-two count nor a length divisible by ``m``. It wins at
-mid sizes: bandwidth near the ring's with ``log`` instead of linear latency.
+mid sizes: bandwidth near the ring's with ``log`` instead of linear latency. All-gather is
+recursive doubling on blocks (the folded participants' blocks ride with their partners'), and
+a participant's plan is ``O(log n)`` steps for every collective.
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
+from ..schedule import Collective
+from .base import (
+    EMPTY,
+    Groups,
+    Ownership,
+    Phase,
+    cached_ownership,
+    concat,
+    gather_to_root,
+    phase_of,
+    scatter_to_blocks,
+)
 
-from ..schedule import ONE, ZERO, Collective, Schedule, concat, copy_step, reduce_step
+NAME = "rechd"
+COLLECTIVES = frozenset(c for c in Collective if c is not Collective.BROADCAST)
 
 
 def _split(n: int) -> tuple[int, int]:
@@ -29,78 +43,118 @@ def _split(n: int) -> tuple[int, int]:
     return m, n - m
 
 
-def reduce_phase(n: int, shards: int = 1):
+def _held(d: int, k: int, m: int) -> tuple[int, int]:
+    """The range (out of ``m``) participant ``d < m`` works on after ``k`` halving rounds."""
+    lo, width = 0, m
+    for j in range(k):
+        width //= 2
+        if d >> j & 1:
+            lo += width
+    return lo, lo + width
+
+
+def reduce_phase(n: int, rank: int) -> Phase:
     m, extra = _split(n)
+    levels = m.bit_length() - 1
     rounds = []
+    base = 0
     if extra:
-        rounds.append(tuple(reduce_step(i, [m + i], ZERO, ONE) for i in range(extra)))
-    ranges = {d: (ZERO, ONE) for d in range(m)}
-    span = 1
-    while span < m:
-        steps = []
-        for d in range(m):
-            if d % (2 * span) < span:
-                lo, hi = ranges[d]
-                mid = (lo + hi) / 2
-                steps.append(reduce_step(d, [d + span], lo, mid))
-                steps.append(reduce_step(d + span, [d], mid, hi))
-                ranges[d], ranges[d + span] = (lo, mid), (mid, hi)
-        rounds.append(tuple(steps))
-        span *= 2
-    return rounds, sorted((lo, hi, d) for d, (lo, hi) in ranges.items())
+        if rank < extra:
+            rounds.append((0, [], [(rank, (m + rank,), 0, m, True)]))
+        elif rank >= m:
+            rounds.append((0, [(rank - m, 0, m)], []))
+        base = 1
+    if rank < m:
+        for j in range(levels):
+            span = 1 << j
+            lo, hi = _held(rank, j, m)
+            mid = (lo + hi) // 2
+            if rank & span:
+                partner, keep, give = rank - span, (mid, hi), (lo, mid)
+            else:
+                partner, keep, give = rank + span, (lo, mid), (mid, hi)
+            rounds.append((base + j, [(partner, *give)], [(rank, (partner,), *keep, True)]))
+    return phase_of(m, base + levels, rounds)
 
 
-def _doubling(n: int):
+def _ownership(n: int) -> Ownership:
+    m, _ = _split(n)
+    levels = m.bit_length() - 1
+    return Ownership(m, [(*_held(d, levels, m), d) for d in range(m)])
+
+
+def _doubling(n: int, rank: int) -> Phase:
     """Rounds that spread the halving's results back to everyone."""
     m, extra = _split(n)
-    _, owners = reduce_phase(n)
-    held = {d: (lo, hi) for lo, hi, d in owners}
+    levels = m.bit_length() - 1
     rounds = []
-    span = m // 2
-    while span >= 1:
-        steps = []
-        for d in range(m):
-            if d % (2 * span) < span:
-                (alo, ahi), (blo, bhi) = held[d], held[d + span]
-                steps.append(copy_step(d, d + span, blo, bhi))
-                steps.append(copy_step(d + span, d, alo, ahi))
-                held[d] = held[d + span] = (min(alo, blo), max(ahi, bhi))
-        rounds.append(tuple(steps))
-        span //= 2
+    if rank < m:
+        for i, j in enumerate(reversed(range(levels))):
+            partner = rank ^ (1 << j)
+            rounds.append((i, [(partner, *_held(rank, j + 1, m))],
+                           [(rank, (partner,), *_held(partner, j + 1, m), False)]))
     if extra:
-        rounds.append(tuple(copy_step(m + i, i, ZERO, ONE) for i in range(extra)))
-    return rounds
+        if rank < extra:
+            rounds.append((levels, [(m + rank, 0, m)], []))
+        elif rank >= m:
+            rounds.append((levels, [], [(rank, (rank - m,), 0, m, False)]))
+    return phase_of(m, levels + (1 if extra else 0), rounds)
 
 
-def all_reduce(n: int, shards: int = 1) -> Schedule:
-    rounds, _ = reduce_phase(n)
-    return concat("rechd", Collective.ALL_REDUCE, n, rounds, _doubling(n))
+def _blocks_held(d: int, k: int, m: int, extra: int) -> list[tuple[int, int]]:
+    """Blocks (out of ``n``) that ``d < m`` holds after the doubling rounds of span < 2^k:
+    those of its aligned group of ``2^k`` participants, and of their folded partners."""
+    lo, hi = d >> k << k, (d >> k << k) + (1 << k)
+    held = [(lo, hi)]
+    if lo < extra:
+        held.append((m + lo, m + min(hi, extra)))
+    return held
 
 
-def all_gather(n: int, shards: int = 1) -> Schedule:
-    """Recursive doubling on blocks; the ``x`` extra participants fold in and out as above."""
+def _all_gather(n: int, rank: int) -> Phase:
     m, extra = _split(n)
-    held: dict[int, list[tuple[Fraction, Fraction]]] = {
-        d: [(Fraction(d, n), Fraction(d + 1, n))] for d in range(m)}
+    levels = m.bit_length() - 1
     rounds = []
+    base = 0
     if extra:
-        rounds.append(tuple(copy_step(i, m + i, Fraction(m + i, n), Fraction(m + i + 1, n))
-                            for i in range(extra)))
-        for i in range(extra):
-            held[i].append((Fraction(m + i, n), Fraction(m + i + 1, n)))
-    span = 1
-    while span < m:
-        steps = []
-        for d in range(m):
-            if d % (2 * span) < span:
-                a, b = held[d], held[d + span]
-                steps += [copy_step(d, d + span, lo, hi) for lo, hi in b]
-                steps += [copy_step(d + span, d, lo, hi) for lo, hi in a]
-                held[d] = held[d + span] = sorted(a + b)
-        rounds.append(tuple(steps))
-        span *= 2
+        if rank < extra:
+            rounds.append((0, [], [(rank, (m + rank,), m + rank, m + rank + 1, False)]))
+        elif rank >= m:
+            rounds.append((0, [(rank - m, rank, rank + 1)], []))
+        base = 1
+    if rank < m:
+        for k in range(levels):
+            partner = rank ^ (1 << k)
+            sends = [(partner, lo, hi) for lo, hi in _blocks_held(rank, k, m, extra)]
+            recvs = [(rank, (partner,), lo, hi, False)
+                     for lo, hi in _blocks_held(partner, k, m, extra)]
+            rounds.append((base + k, sends, recvs))
     if extra:
-        own = {i: (Fraction(m + i, n), Fraction(m + i + 1, n)) for i in range(extra)}
-        rounds.append(tuple(copy_step(m + i, i, lo, hi) for i in range(extra)
-                            for lo, hi in held[i] if (lo, hi) != own[i]))
-    return concat("rechd", Collective.ALL_GATHER, n, rounds)
+        last = base + levels
+        if rank < extra:
+            rounds.append((last, [(m + rank, 0, m + rank), (m + rank, m + rank + 1, n)],
+                           []))
+        elif rank >= m:
+            mine = [(0, rank), (rank + 1, n)]
+            rounds.append((last, [], [(rank, (rank - m,), lo, hi, False)
+                                      for lo, hi in mine if lo < hi]))
+    # the folded participant's own block splits what it receives into two ranges
+    return phase_of(n, base + levels + (1 if extra else 0), [
+        (i, [s for s in sends if s[1] < s[2]], recvs) for i, sends, recvs in rounds])
+
+
+def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards: int = 0,
+          groups: Groups | None = None) -> Phase:
+    if size == 1:
+        return EMPTY
+    if collective is Collective.BROADCAST:
+        raise ValueError("rechd has no broadcast")
+    if collective is Collective.ALL_GATHER:
+        return _all_gather(size, rank)
+    reduced = reduce_phase(size, rank)
+    if collective is Collective.ALL_REDUCE:
+        return concat(reduced, _doubling(size, rank))
+    owners = cached_ownership(_ownership, size)
+    if collective is Collective.REDUCE:
+        return concat(reduced, gather_to_root(owners, size, rank, root))
+    return concat(reduced, scatter_to_blocks(owners, size, rank))

@@ -1,28 +1,64 @@
 """Ring all-reduce with sub-chunks (TensorFlow's "xring", NCCL's ring).
 
 The buffer is cut into ``n * S`` chunks (``S = shards`` sub-chunks per segment; chunk
-``c = segment * S + s``). Sub-chunk ``s`` travels its own ring: TensorFlow's ring
-permutations rotate the device order inside each worker (a group of ``G`` consecutive
-participants; without groups the rotation moves the whole ring's starting point) by
-``s * max(1, G // S)`` places, so with several workers a device talks to up to ``S``
-different neighbours at once.
+``c = segment * S + s``). Sub-chunk ``s`` travels its own ring: TensorFlow's ring permutations
+rotate the device order inside each group of ``G`` consecutive participants (the devices of
+one worker; without groups the whole ring) by ``s * max(1, G // S)`` places, so with several
+workers a device talks to up to ``S`` different neighbours at once.
 
-1. reduce-scatter, ``n - 1`` rounds: in round ``t`` the device of ring rank ``r`` adds its
-   predecessor's copy of segment ``(r - 2 - t) mod n`` to its own; afterwards rank ``r`` holds
-   the total of segment ``r``;
+1. reduce-scatter, ``n - 1`` rounds: in round ``t`` the participant at ring position ``r``
+   adds its predecessor's copy of segment ``(r - 2 - t) mod n`` to its own; afterwards
+   position ``r`` holds the total of segment ``r``;
 2. all-gather, ``n - 1`` rounds: in round ``t`` it copies segment ``(r - 1 - t) mod n`` from
    its predecessor.
 
 ``2 (n - 1)`` rounds; each participant sends and receives ``2 (n - 1) B / n`` bytes, the
 bandwidth optimum. It wins for large buffers; its ``2 (n - 1)`` latencies lose to the tree
-for small ones.
+for small ones. Broadcast is a pipelined chain ``root -> root+1 -> ...`` of ``k`` chunks
+(``n - 2 + k`` rounds of ``B / k`` bytes).
+
+Every participant's positions are computed arithmetically, so one participant's plan costs
+``O(n S)``, the number of steps it takes.
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
+from ..schedule import Collective
+from .base import (
+    EMPTY,
+    Groups,
+    Ownership,
+    Phase,
+    block,
+    cached_ownership,
+    concat,
+    gather_to_root,
+    scatter_to_blocks,
+)
 
-from ..schedule import Collective, Schedule, block, concat, copy_step, reduce_step
+NAME = "ring"
+COLLECTIVES = frozenset(Collective)
+
+
+class Rings:
+    """TensorFlow's ring permutations, arithmetically: position and neighbours per sub-chunk."""
+
+    def __init__(self, n: int, shards: int, group_size: int = 0):
+        self.n, self.shards = n, shards
+        self.group = group_size if group_size and n % group_size == 0 else n
+        distinct = min(shards, self.group)
+        interval = max(1, self.group // distinct)
+        # sub-chunk s uses the rotation of s mod distinct (beyond the group size they repeat)
+        self.offsets = [(s % distinct) * interval for s in range(shards)]
+
+    def position(self, s: int, d: int) -> int:
+        g, off = self.group, self.offsets[s]
+        return d - d % g + (d % g - off) % g
+
+    def device(self, s: int, q: int) -> int:
+        g, off = self.group, self.offsets[s]
+        q %= self.n
+        return q - q % g + (q % g + off) % g
 
 
 def ring_permutations(num_workers: int, num_subchunks: int, gpu_perm):
@@ -49,61 +85,84 @@ def ring_permutations(num_workers: int, num_subchunks: int, gpu_perm):
     return preds, ranks
 
 
-def _rings(n: int, shards: int, group_size: int):
-    """Permutations for ``shards`` rings; beyond the group size the rotations repeat."""
-    group_size = group_size if group_size and n % group_size == 0 else n
-    distinct = min(shards, group_size)
-    preds, ranks = ring_permutations(n // group_size, distinct, list(range(group_size)))
-    return [preds[s % distinct] for s in range(shards)], [ranks[s % distinct] for s in range(shards)]
-
-
-def reduce_phase(n: int, shards: int = 1, group_size: int = 0):
-    shards = max(shards, 1)  # 0 asks for the default: one sub-chunk
-    preds, ranks = _rings(n, shards, group_size)
-    count = n * shards
+def _segment_rounds(n: int, shards: int, group: int, rank: int, first: int, reduce: bool,
+                    start: int = 0) -> Phase:
+    """``n - 1`` rounds of the ring for ``rank``: reduce-scatter (``first=2``) or all-gather
+    (``first=1``): in round ``t`` position ``r`` receives segment ``(r - first - t) mod n``.
+    Round indices begin at ``start``."""
+    rings = Rings(n, shards, group)
+    if shards == 1:  # the common case, and the one large jobs run: one message each way
+        r = rings.position(0, rank)
+        pred, succ = (rings.device(0, r - 1),), rings.device(0, r + 1)
+        rounds = []
+        for t in range(n - 1):
+            c = (r - first - t) % n  # received; the successor gets the segment after it
+            d = c + 1 if c + 1 < n else 0
+            rounds.append((start + t, ((succ, d, d + 1),), ((rank, pred, c, c + 1, reduce),)))
+        return Phase(n, n - 1, tuple(rounds))
+    mine = []
+    for s in range(shards):
+        r = rings.position(s, rank)
+        mine.append((s, r, rings.device(s, r - 1), rings.device(s, r + 1)))
     rounds = []
     for t in range(n - 1):
-        rounds.append(tuple(
-            reduce_step(d, [preds[s][d]], *block(((ranks[s][d] + n - 2 - t) % n) * shards + s, count))
-            for d in range(n) for s in range(shards)))
-    owners = []
-    for s in range(shards):
-        for d in range(n):
-            lo, hi = block(ranks[s][d] * shards + s, count)
-            owners.append((lo, hi, d))
-    return rounds, sorted(owners)
+        sends, recvs = [], []
+        for s, r, pred, succ in mine:
+            c = ((r - first - t) % n) * shards + s
+            recvs.append((rank, (pred,), c, c + 1, reduce))
+            c = ((r + 1 - first - t) % n) * shards + s
+            sends.append((succ, c, c + 1))
+        sends.sort(key=lambda x: (x[1], x[0]))
+        recvs.sort(key=lambda x: x[2])
+        rounds.append((start + t, tuple(sends), tuple(recvs)))
+    return Phase(n * shards, n - 1, tuple(rounds))
 
 
-def _gather_rounds(n: int, shards: int, group_size: int = 0):
-    preds, ranks = _rings(n, shards, group_size)
+def _ownership(n: int, shards: int, group: int) -> Ownership:
+    rings = Rings(n, shards, group)
     count = n * shards
-    return [tuple(
-        copy_step(d, preds[s][d], *block(((ranks[s][d] + n - 1 - t) % n) * shards + s, count))
-        for d in range(n) for s in range(shards)) for t in range(n - 1)]
+    return Ownership(count, [(*block(rings.position(s, d) * shards + s, count, count), d)
+                             for s in range(shards) for d in range(n)])
 
 
-def all_reduce(n: int, shards: int = 1, group_size: int = 0) -> Schedule:
-    shards = max(shards, 1)
-    rounds, _ = reduce_phase(n, shards, group_size)
-    return concat("ring", Collective.ALL_REDUCE, n, rounds, _gather_rounds(n, shards, group_size))
-
-
-def all_gather(n: int, shards: int = 1) -> Schedule:
-    # Block p starts on participant p, which is ring rank p's segment with one sub-chunk.
-    return concat("ring", Collective.ALL_GATHER, n, _gather_rounds(n, 1))
-
-
-def broadcast(n: int, root: int, shards: int = 0) -> Schedule:
-    """Pipelined chain root -> root+1 -> ...: ``n - 2 + k`` rounds of ``B / k`` bytes."""
+def _broadcast(n: int, rank: int, root: int, shards: int) -> Phase:
     k = shards if shards > 0 else max(1, min(8, n))
-    chain = [(root + i) % n for i in range(n)]
+    c = (rank - root) % n
     rounds = []
-    for t in range(n - 1 + k - 1):
-        steps = []
-        for i in range(n - 1):
-            j = t - i  # chunk that hop i carries in round t
-            if 0 <= j < k:
-                steps.append(copy_step(chain[i + 1], chain[i], Fraction(j, k), Fraction(j + 1, k)))
-        rounds.append(tuple(steps))
-    return concat("ring", Collective.BROADCAST, n, rounds, root=root)
+    for t in range(n - 2 + k):
+        sends, recvs = (), ()
+        j = t - (c - 1)  # the chunk arriving from the previous hop
+        if c >= 1 and 0 <= j < k:
+            recvs = ((rank, ((rank - 1) % n,), j, j + 1, False),)
+        j = t - c  # the chunk leaving for the next hop
+        if c <= n - 2 and 0 <= j < k:
+            sends = (((rank + 1) % n, j, j + 1),)
+        if sends or recvs:
+            rounds.append((t, sends, recvs))
+    return Phase(k, n - 2 + k, tuple(rounds))
 
+
+def reduce_phase(n: int, rank: int, shards: int, group: int) -> Phase:
+    return _segment_rounds(n, max(shards, 1), group, rank, 2, True)
+
+
+def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards: int = 0,
+          groups: Groups | None = None) -> Phase:
+    if size == 1:
+        return EMPTY
+    # the ring rotates sub-chunks inside groups only when they are equal consecutive runs
+    group = groups.runs if groups is not None else 0
+    if collective is Collective.BROADCAST:
+        return _broadcast(size, rank, root, shards)
+    if collective is Collective.ALL_GATHER:
+        # Block p starts on participant p, which is ring position p's segment with one sub-chunk.
+        return _segment_rounds(size, 1, 0, rank, 1, False)
+    reduced = reduce_phase(size, rank, shards, group)
+    if collective is Collective.ALL_REDUCE:
+        # built in place rather than by concat: at thousands of rounds, re-indexing shows
+        gather = _segment_rounds(size, max(shards, 1), group, rank, 1, False, start=size - 1)
+        return Phase(reduced.den, 2 * (size - 1), reduced.rounds + gather.rounds)
+    owners = cached_ownership(_ownership, size, max(shards, 1), group)
+    if collective is Collective.REDUCE:
+        return concat(reduced, gather_to_root(owners, size, rank, root))
+    return concat(reduced, scatter_to_blocks(owners, size, rank))

@@ -10,14 +10,28 @@ participant ``j * n // g`` (``shards`` beyond ``n`` count as ``n``).
 2 rounds; ``2 (n - 1) B`` bytes on the wire, spread over the ``g`` gather participants. With
 ``g = 1`` it is reduction to one device; with ``g = n`` it is the direct (all-to-all)
 reduce-scatter and all-gather, which has the fewest rounds of the bandwidth-balanced
-algorithms and wins when participants can talk to everyone at once (shared memory).
+algorithms and wins when participants can talk to everyone at once (shared memory). Each
+participant's plan has ``O(n)`` messages: it talks to everyone.
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
+from ..schedule import Collective
+from .base import (
+    EMPTY,
+    Groups,
+    Ownership,
+    Phase,
+    block,
+    cached_ownership,
+    concat,
+    gather_to_root,
+    phase_of,
+    scatter_to_blocks,
+)
 
-from ..schedule import Collective, Schedule, block, concat, copy_step, reduce_step
+NAME = "shuffle"
+COLLECTIVES = frozenset(Collective)
 
 
 def _gathers(n: int, shards: int) -> int:
@@ -26,27 +40,42 @@ def _gathers(n: int, shards: int) -> int:
     return min(shards, n) if shards and shards > 0 else n
 
 
-def reduce_phase(n: int, shards: int = 0):
+def _ownership(n: int, g: int) -> Ownership:
+    return Ownership(g, [(*block(j, g, g), j * n // g) for j in range(g)])
+
+
+def reduce_phase(n: int, rank: int, shards: int) -> tuple[Phase, Ownership]:
     g = _gathers(n, shards)
-    owners = [(*block(j, g), j * n // g) for j in range(g)]
-    rounds = [tuple(reduce_step(owner, [p for p in range(n) if p != owner], lo, hi)
-                    for lo, hi, owner in owners if n > 1)]
-    return rounds, owners
+    owners = cached_ownership(_ownership, n, g)
+    others = tuple(p for p in range(n) if p != rank)
+    recvs = [(rank, others, lo, hi, True) for lo, hi in owners.owned_by(rank)]
+    sends = [(owner, lo, hi) for lo, hi, owner in owners.ranges if owner != rank]
+    return phase_of(g, 1, [(0, sends, recvs)]), owners
 
 
-def all_reduce(n: int, shards: int = 0) -> Schedule:
-    rounds, owners = reduce_phase(n, shards)
-    back = [tuple(copy_step(p, owner, lo, hi) for lo, hi, owner in owners
-                  for p in range(n) if p != owner)]
-    return concat("shuffle", Collective.ALL_REDUCE, n, rounds, back)
+def _back(n: int, rank: int, owners: Ownership) -> Phase:
+    recvs = [(rank, (owner,), lo, hi, False) for lo, hi, owner in owners.ranges
+             if owner != rank]
+    sends = [(p, lo, hi) for lo, hi in owners.owned_by(rank) for p in range(n) if p != rank]
+    return phase_of(owners.den, 1, [(0, sends, recvs)])
 
 
-def all_gather(n: int, shards: int = 0) -> Schedule:
-    rounds = [tuple(copy_step(p, q, Fraction(q, n), Fraction(q + 1, n))
-                    for p in range(n) for q in range(n) if p != q)]
-    return concat("shuffle", Collective.ALL_GATHER, n, rounds)
-
-
-def broadcast(n: int, root: int, shards: int = 0) -> Schedule:
-    rounds = [tuple(copy_step(p, root, Fraction(0), Fraction(1)) for p in range(n) if p != root)]
-    return concat("shuffle", Collective.BROADCAST, n, rounds, root=root)
+def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards: int = 0,
+          groups: Groups | None = None) -> Phase:
+    if size == 1:
+        return EMPTY
+    n = size
+    if collective is Collective.BROADCAST:
+        if rank == root:
+            return phase_of(1, 1, [(0, [(p, 0, 1) for p in range(n) if p != root], [])])
+        return phase_of(1, 1, [(0, [], [(rank, (root,), 0, 1, False)])])
+    if collective is Collective.ALL_GATHER:
+        recvs = [(rank, (q,), q, q + 1, False) for q in range(n) if q != rank]
+        sends = [(p, rank, rank + 1) for p in range(n) if p != rank]
+        return phase_of(n, 1, [(0, sends, recvs)])
+    reduced, owners = reduce_phase(n, rank, shards)
+    if collective is Collective.ALL_REDUCE:
+        return concat(reduced, _back(n, rank, owners))
+    if collective is Collective.REDUCE:
+        return concat(reduced, gather_to_root(owners, n, rank, root))
+    return concat(reduced, scatter_to_blocks(owners, n, rank))

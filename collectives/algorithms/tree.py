@@ -10,55 +10,73 @@ Participants are numbered relative to the root (``v = (p - root) mod n``).
 ``ceil(log2 n) B`` into the root. Every participant handles at most one message per round, so
 over real links it has the lowest latency for small buffers (one_device and shuffle have
 fewer rounds but pile ``n - 1`` messages onto one participant); it loses on bandwidth as
-buffers grow.
+buffers grow. All-gather gathers up the tree (a subtree's blocks are contiguous under root 0)
+and broadcasts back.
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
+from ..schedule import Collective
+from .base import EMPTY, Groups, Ownership, Phase, concat, phase_of, scatter_to_blocks
 
-from ..schedule import ONE, ZERO, Collective, Schedule, concat, copy_step, reduce_step
+NAME = "tree"
+COLLECTIVES = frozenset(Collective)
 
 
 def _levels(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def reduce_phase(n: int, root: int = 0):
+def reduce_phase(n: int, rank: int, root: int) -> tuple[Phase, Ownership]:
+    v = (rank - root) % n
     rounds = []
     for k in range(_levels(n)):
         step = 1 << k
-        rounds.append(tuple(
-            reduce_step((v - step + root) % n, [(v + root) % n], ZERO, ONE)
-            for v in range(n) if v % (2 * step) == step))
-    return rounds, [(ZERO, ONE, root)]
+        if v % (2 * step) == step:
+            rounds.append((k, [((rank - step) % n, 0, 1)], []))
+        elif v % (2 * step) == 0 and v + step < n:
+            rounds.append((k, [], [(rank, ((rank + step) % n,), 0, 1, True)]))
+    return phase_of(1, _levels(n), rounds), Ownership(1, [(0, 1, root)])
 
 
-def broadcast_rounds(n: int, root: int = 0):
+def broadcast_phase(n: int, rank: int, root: int, den: int = 1) -> Phase:
+    """The tree's broadcast of the whole buffer (out of ``den`` positions) from ``root``."""
+    v = (rank - root) % n
+    levels = _levels(n)
     rounds = []
-    for k in reversed(range(_levels(n))):
+    for i, k in enumerate(reversed(range(levels))):
         step = 1 << k
-        rounds.append(tuple(
-            copy_step((v + step + root) % n, (v + root) % n, ZERO, ONE)
-            for v in range(n) if v % (2 * step) == 0 and v + step < n))
-    return rounds
+        if v % (2 * step) == 0 and v + step < n:
+            rounds.append((i, [((rank + step) % n, 0, den)], []))
+        elif v % (2 * step) == step:
+            rounds.append((i, [], [(rank, ((rank - step) % n,), 0, den, False)]))
+    return phase_of(den, levels, rounds)
 
 
-def all_reduce(n: int, shards: int = 1) -> Schedule:
-    rounds, _ = reduce_phase(n)
-    return concat("tree", Collective.ALL_REDUCE, n, rounds, broadcast_rounds(n))
-
-
-def broadcast(n: int, root: int, shards: int = 1) -> Schedule:
-    return concat("tree", Collective.BROADCAST, n, broadcast_rounds(n, root), root=root)
-
-
-def all_gather(n: int, shards: int = 1) -> Schedule:
-    """Gather up the tree (a subtree's blocks are contiguous under root 0), then broadcast."""
+def _gather_up(n: int, rank: int) -> Phase:
     rounds = []
     for k in range(_levels(n)):
         step = 1 << k
-        rounds.append(tuple(
-            copy_step(v - step, v, Fraction(v, n), Fraction(min(v + step, n), n))
-            for v in range(n) if v % (2 * step) == step))
-    return concat("tree", Collective.ALL_GATHER, n, rounds, broadcast_rounds(n))
+        if rank % (2 * step) == step:
+            rounds.append((k, [(rank - step, rank, min(rank + step, n))], []))
+        elif rank % (2 * step) == 0 and rank + step < n:
+            child = rank + step
+            rounds.append((k, [], [(rank, (child,), child, min(child + step, n), False)]))
+    return phase_of(n, _levels(n), rounds)
+
+
+def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards: int = 0,
+          groups: Groups | None = None) -> Phase:
+    if size == 1:
+        return EMPTY
+    if collective is Collective.BROADCAST:
+        return broadcast_phase(size, rank, root)
+    if collective is Collective.ALL_GATHER:
+        return concat(_gather_up(size, rank), broadcast_phase(size, rank, 0))
+    reduce_root = 0 if collective is Collective.REDUCE_SCATTER else root
+    reduced, owners = reduce_phase(size, rank, reduce_root)
+    if collective is Collective.ALL_REDUCE:
+        return concat(reduced, broadcast_phase(size, rank, root))
+    if collective is Collective.REDUCE:
+        return reduced
+    return concat(reduced, scatter_to_blocks(owners, size, rank))

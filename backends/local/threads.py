@@ -1,0 +1,284 @@
+"""Ranks as threads of one process: the embedded SPMD transport.
+
+A send posts a view of the sender's buffer in a shared mailbox; a receive reads straight out
+of it (zero copies) or copies it into place, and the sender's request completes once the
+receiver is done with it. Every message carries its call's check value and its length, so
+ranks that disagree about a call fail with :class:`~collectives.CollectiveMismatchError`
+instead of pairing up. Waiting ranks sleep on a condition that every message, release or
+failure notice addressed to them wakes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from collectives.arrays import NUMPY
+from collectives.communicator import Communicator
+from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
+from collectives.select import CostModel
+from collectives.transport import Failure
+
+IDLE_SLICE = 0.05  # a sleeping rank re-checks (deadlines, notices) at least this often
+_worlds = itertools.count()
+
+
+class _Message:
+    __slots__ = ("check", "data", "done")
+
+    def __init__(self, data, check: int):
+        self.data, self.check, self.done = data, check, False
+
+
+class _Send:
+    __slots__ = ("message",)
+    data = None
+
+    def __init__(self, message: _Message):
+        self.message = message
+
+    def done(self) -> bool:
+        return self.message.done
+
+
+class _Recv:
+    __slots__ = ("channel", "check", "data", "in_place", "into", "key", "message", "src")
+
+    def __init__(self, channel, key, into, src: int, check: int, in_place: bool):
+        self.channel, self.key, self.into, self.src = channel, key, into, src
+        self.check, self.in_place = check, in_place
+        self.message: _Message | None = None
+        self.data = None
+
+    def done(self) -> bool:
+        if self.message is not None:
+            return True
+        return self.channel._match(self)
+
+
+class ThreadWorld:
+    """State shared by the thread ranks of one world: mailboxes, notices and activity."""
+
+    def __init__(self, size: int, timeout: float):
+        self.size, self.timeout, self.id = size, timeout, next(_worlds)
+        self.lock = threading.Lock()
+        # One condition per rank over one lock: a message wakes only the rank it is for.
+        self.conds = [threading.Condition(self.lock) for _ in range(size)]
+        self.events = [0] * size
+        self.mail: dict[tuple, _Message] = {}
+        self.agreeing: dict[tuple[int, int], int] = {}
+        self.failures: dict[int, Failure] = {}
+        self.activity: list[Any] = [None] * size
+        self.children: dict[tuple, Any] = {}
+
+    def wake(self, rank: int) -> None:  # call with the lock held
+        self.events[rank] += 1
+        self.conds[rank].notify_all()
+
+    def wake_all(self) -> None:
+        for r in range(self.size):
+            self.wake(r)
+
+
+class ThreadChannel:
+    """One point-to-point channel ("data" or "control") of one thread rank."""
+
+    arrays = NUMPY
+
+    def __init__(self, world: ThreadWorld, rank: int, name: str):
+        self.world, self.rank, self.size, self.name = world, rank, world.size, name
+
+    def send(self, data, dst: int, tag: tuple) -> _Send:
+        seq, check, index, pos = tag
+        message = _Message(data, check)
+        world = self.world
+        with world.lock:
+            world.mail[(self.name, self.rank, dst, seq, index, pos)] = message
+            if self.name == "control":
+                world.agreeing[dst, seq] = world.agreeing.get((dst, seq), 0) + 1
+            world.wake(dst)
+        return _Send(message)
+
+    def recv(self, into, src: int, tag: tuple, *, in_place: bool) -> _Recv:
+        seq, check, index, pos = tag
+        return _Recv(self, (self.name, src, self.rank, seq, index, pos), into, src, check,
+                     in_place)
+
+    def _match(self, request: _Recv) -> bool:
+        world = self.world
+        with world.lock:
+            message = world.mail.pop(request.key, None)
+            if message is None:
+                return False
+            if self.name == "control":
+                count = world.agreeing.pop((self.rank, request.key[3]), 1) - 1
+                if count:
+                    world.agreeing[self.rank, request.key[3]] = count
+        data, into = message.data, request.into
+        problem = None
+        if message.check != request.check:
+            problem = ("its message belongs to a call with other arguments (ranks called "
+                       "different collectives, or the same one with different arguments)")
+        elif data.shape != into.shape or data.dtype != into.dtype:
+            problem = (f"it sent {data.size} elements of {data.dtype} where {into.size} of "
+                       f"{into.dtype} were expected (ranks passed different shapes or dtypes)")
+        if problem is not None:
+            self._finish(request.src, message)
+            raise CollectiveMismatchError(
+                f"rank {self.rank}: call {request.key[3]}: rank {request.src} disagrees: {problem}")
+        if request.in_place:
+            NUMPY.copy(into, data)
+            self._finish(request.src, message)
+        request.message, request.data = message, data
+        return True
+
+    def _finish(self, src: int, message: _Message) -> None:
+        with self.world.lock:
+            message.done = True
+            self.world.wake(src)
+
+    def release(self, request: _Recv) -> None:
+        self._finish(request.src, request.message)
+
+    def cancel(self, requests: list) -> None:
+        for request in requests:  # matched but unread: let the senders go
+            if getattr(request, "message", None) is not None and not request.message.done:
+                self.release(request)
+
+
+class ThreadTransport:
+    """One thread rank's transport in a :class:`ThreadWorld`."""
+
+    name = "local"
+    arrays = NUMPY
+    cost_model = CostModel(latency=30e-6, seconds_per_byte=1 / 8e9, message_overhead=20e-6)
+    layout = None
+    native = None
+    local_rank = 0
+
+    def __init__(self, world: ThreadWorld, rank: int):
+        self.world, self.rank, self.size = world, rank, world.size
+        self.local_size = world.size
+        self.local_rank = rank
+        self.data = ThreadChannel(world, rank, "data")
+        self.control = ThreadChannel(world, rank, "control")
+        self._seen_events = 0
+        self._seen_failures: set[int] = set()
+        self._children = itertools.count()
+
+    def idle(self, waited: float) -> None:
+        world = self.world
+        with world.lock:
+            if world.events[self.rank] == self._seen_events:
+                world.conds[self.rank].wait(IDLE_SLICE)
+            self._seen_events = world.events[self.rank]
+
+    def notify_failure(self, failure: Failure) -> None:
+        with self.world.lock:
+            self.world.failures.setdefault(self.rank, failure)
+            self.world.wake_all()
+
+    def poll_failure(self) -> Failure | None:
+        for rank, failure in list(self.world.failures.items()):
+            if rank != self.rank and rank not in self._seen_failures:
+                self._seen_failures.add(rank)
+                return failure
+        return None
+
+    def agreement_waiting(self, seq: int) -> bool:
+        return self.world.agreeing.get((self.rank, seq), 0) > 0
+
+    def publish_activity(self, activity: Any) -> None:
+        self.world.activity[self.rank] = activity
+
+    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+        return {r: _describe(self.world.activity[r]) for r in range(self.size) if r != self.rank}
+
+    def dup(self) -> ThreadTransport:
+        return ThreadTransport(self._child(("dup", next(self._children)), self.size), self.rank)
+
+    def split(self, color: int | None, key: int) -> ThreadTransport | None:
+        """MPI_Comm_split among the threads: every rank posts (color, key), then joins its
+        color's new world, ranked by (key, old rank)."""
+        index = next(self._children)
+        table = self._child(("split", index), self.size)
+        world = table  # a scratch world whose activity slots collect the posts
+        with world.lock:
+            world.activity[self.rank] = (color, key)
+            world.events[0] += 1
+            world.conds[0].notify_all()
+            while any(a is None for a in world.activity):
+                if not world.conds[0].wait(self.world.timeout):
+                    missing = [r for r, a in enumerate(world.activity) if a is None]
+                    raise CollectiveTimeoutError("split", missing, self.world.timeout, self.rank)
+            posts = list(world.activity)
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(posts) if c == color)
+        ranks = [r for _, r in members]
+        child = self._child(("color", index, color), len(ranks))
+        return ThreadTransport(child, ranks.index(self.rank))
+
+    def _child(self, key: tuple, size: int) -> ThreadWorld:
+        world = self.world
+        with world.lock:
+            child = world.children.get(key)
+            if child is None:
+                child = world.children[key] = ThreadWorld(size, world.timeout)
+            return child
+
+    def free(self) -> None:
+        """Nothing to release: thread worlds go with their threads."""
+
+
+def _describe(activity: Any) -> tuple[int | None, str]:
+    if activity is None:
+        return None, "has made no call"
+    seq, subject, inside = activity
+    text = subject if isinstance(subject, str) else subject.describe()
+    return seq, f"{'in' if inside else 'last finished'} call {seq}, {text}"
+
+
+def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple = (),
+        check: bool = True) -> list:
+    """Call ``fn(comm, *args)`` on ``size`` thread ranks; return their results in rank order.
+
+    An exception in any rank is re-raised here (the lowest failing rank's; the others are
+    told a peer failed instead of hanging).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size={size!r} must be a positive number of ranks")
+    world = ThreadWorld(size, timeout)
+    results: list = [None] * size
+    errors: dict[int, BaseException] = {}
+
+    def body(rank: int) -> None:
+        transport = ThreadTransport(world, rank)
+        comm = Communicator(transport, timeout=timeout, check=check, name="local")
+        try:
+            results[rank] = fn(comm, *args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
+            errors[rank] = exc
+            transport.notify_failure(Failure(rank, comm._engine.seq, "exited",
+                                             f"{type(exc).__name__}: {exc}"))
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
+               for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        # Prefer the root cause over the "a peer failed" echoes of it.
+        primary = {r: e for r, e in errors.items()
+                   if not isinstance(e, PeerFailedError)} or errors
+        raise primary[min(primary)]
+    return results
+
+
+def init(*, timeout: float = 300.0, check: bool = True) -> Communicator:
+    """A communicator of one rank (this process): every collective returns its input's result."""
+    return Communicator(ThreadTransport(ThreadWorld(1, timeout), 0), timeout=timeout,
+                        check=check, name="local")

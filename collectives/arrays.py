@@ -1,0 +1,233 @@
+"""Arrays are the backend's business: the core asks it for every allocation, copy and reduction.
+
+:class:`ArrayBackend` is what the core needs from whoever owns the arrays: NumPy for the
+embedded and MPI transports (:class:`NumpyArrays`, here, since NumPy is the core's one
+dependency), CuPy for GPU backends. The core never calls an array library itself on a user's
+array or a result; it only reads ``shape`` and ``dtype`` and asks the backend.
+
+Results that the library allocates come from :class:`ResultPool`: memory that stays mapped,
+reused only once nothing outside the pool refers to it, so a fresh result never page-faults in
+the steady state and a user never holds a buffer the library will write again.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+from .ops import ReduceOp, kernel_name
+
+Array = Any  # an array of the backend's array module
+
+
+class ArrayBackend(Protocol):
+    """Everything the core does to arrays."""
+
+    name: str  # "numpy", "cupy", ...
+    xp: Any  # the array module
+
+    def owns(self, x: object) -> bool:
+        """Whether ``x`` is an array of this backend."""
+        ...
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Array | None = None) -> Array:
+        """A new array, on ``like``'s device where that matters."""
+        ...
+
+    def result(self, shape: tuple[int, ...], dtype: np.dtype, like: Array | None = None) -> Array:
+        """A new array handed to the user (may come from a pool of mapped memory)."""
+        ...
+
+    def flat(self, x: Array) -> Array:
+        """A 1-D view of ``x`` when it is C-contiguous, else a contiguous 1-D copy."""
+        ...
+
+    def copy(self, dst: Array, src: Array) -> None: ...
+
+    def combine(self, op: ReduceOp, dst: Array, srcs: Sequence[Array]) -> None:
+        """``dst = op(dst, srcs[0], srcs[1], ...)``, left to right (the order is the result)."""
+        ...
+
+    def combine_into(self, op: ReduceOp, dst: Array, first: Array, srcs: Sequence[Array]) -> None:
+        """``dst = op(first, srcs[0], ...)``, left to right, without copying ``first`` first."""
+        ...
+
+    def divide(self, total: Array, count: int, out: Array | None = None) -> Array:
+        """MEAN's one division (integers divide into float64)."""
+        ...
+
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array: ...
+
+    def contiguous(self, x: Array) -> bool: ...
+
+    def writable(self, x: Array) -> bool: ...
+
+    def extent(self, x: Array) -> tuple[int, int, int]:
+        """``(device, first byte address, end address)``: for overlap checks."""
+        ...
+
+
+def overlaps(backend: ArrayBackend, a: Array, b: Array) -> bool:
+    """Whether two arrays' memory extents intersect (a conservative overlap test)."""
+    da, sa, ea = backend.extent(a)
+    db, sb, eb = backend.extent(b)
+    return da == db and sa < eb and sb < ea
+
+
+def any_overlap(backend: ArrayBackend, arrays: Sequence[Array]) -> bool:
+    """Whether any two of ``arrays`` share memory (``O(n log n)``: a sweep over extents)."""
+    spans = sorted(backend.extent(a) for a in arrays if a is not None and a.size)
+    for (d0, _, end), (d1, start, _) in zip(spans, spans[1:]):
+        if d0 == d1 and start < end:
+            return True
+    return False
+
+
+def unsafe_outputs(backend: ArrayBackend, inputs: Sequence[Array],
+                   outputs: Sequence[Array]) -> bool:
+    """Whether writing ``outputs`` could clobber data still to be read: an output that shares
+    memory with another output, or with an input other than exactly its own (``outputs[i] is
+    inputs[i]``: in place). A sweep over memory extents, ``O(n log n)`` in the usual case."""
+    items = []
+    for kind, arrays in (("in", inputs), ("out", outputs)):
+        for i, a in enumerate(arrays):
+            if a is not None and a.size:
+                device, start, end = backend.extent(a)
+                items.append((device, start, end, kind, i, a))
+    items.sort(key=lambda item: (item[0], item[1]))
+    active: list[tuple] = []
+    for item in items:
+        device, start = item[0], item[1]
+        active = [a for a in active if a[0] == device and a[2] > start]
+        for other in active:
+            kinds = {other[3], item[3]}
+            if kinds == {"in"}:
+                continue  # inputs are only read: sharing memory is harmless
+            if kinds == {"in", "out"} and other[4] == item[4] and other[5] is item[5]:
+                continue  # a device's own input as its output: in place
+            return True
+        active.append(item)
+    return False
+
+
+class ResultPool:
+    """Mapped memory for results, reused only when nobody else holds it.
+
+    A result is a view of an owner buffer from the pool; every view of it (and every view of
+    those) keeps the owner alive, so the owner's reference count tells exactly whether a user
+    still holds any part of it. Buffers below ``min_bytes`` come from ``malloc``'s heap anyway
+    and are not pooled. The pool keeps at most ``per_size`` buffers of one size and
+    ``max_bytes`` in all, dropping the least recently used.
+    """
+
+    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 4, max_bytes: int = 512 << 20):
+        self.min_bytes, self.per_size, self.max_bytes = min_bytes, per_size, max_bytes
+        self._free: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if nbytes < self.min_bytes:
+            return np.empty(nbytes, np.uint8)
+        with self._lock:
+            owners = self._free.get(nbytes)
+            if owners is None:
+                owners = self._free[nbytes] = []
+            self._free.move_to_end(nbytes)
+            for owner in owners:
+                # the list, the loop variable and getrefcount's argument: nobody else
+                if sys.getrefcount(owner) <= 3:
+                    return owner
+            owner = np.empty(nbytes, np.uint8)
+            if len(owners) < self.per_size:
+                owners.append(owner)
+                self._bytes += nbytes
+                self._evict()
+            return owner
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._free:
+            size, owners = next(iter(self._free.items()))
+            if owners:
+                owners.pop(0)
+                self._bytes -= size
+            if not owners:
+                del self._free[size]
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+class NumpyArrays:
+    """The array backend for NumPy arrays (host memory)."""
+
+    name = "numpy"
+    xp = np
+
+    def __init__(self) -> None:
+        self.pool = ResultPool()
+        self._kernels = {op: getattr(np, kernel_name(op)) for op in ReduceOp}
+
+    def owns(self, x: object) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def empty(self, shape, dtype, like=None):
+        return np.empty(shape, dtype)
+
+    def result(self, shape, dtype, like=None):
+        dtype = np.dtype(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        owner = self.pool.take(count * dtype.itemsize)
+        return owner.view(dtype).reshape(shape)
+
+    def flat(self, x):
+        if x.flags.c_contiguous:
+            return x.reshape(-1)
+        return np.ascontiguousarray(x).reshape(-1)
+
+    def copy(self, dst, src) -> None:
+        np.copyto(dst, src)
+
+    def combine(self, op, dst, srcs) -> None:
+        kernel = self._kernels[op]
+        for src in srcs:
+            kernel(dst, src, out=dst)
+
+    def combine_into(self, op, dst, first, srcs) -> None:
+        kernel = self._kernels[op]
+        srcs = iter(srcs)
+        second = next(srcs, None)
+        if second is None:
+            np.copyto(dst, first)
+            return
+        kernel(first, second, out=dst)
+        for src in srcs:
+            kernel(dst, src, out=dst)
+
+    def divide(self, total, count, out=None):
+        return np.true_divide(total, count, out=out, casting="unsafe")
+
+    def concatenate(self, arrays, axis):
+        return np.concatenate(list(arrays), axis=axis)
+
+    def contiguous(self, x) -> bool:
+        return x.flags.c_contiguous
+
+    def writable(self, x) -> bool:
+        return x.flags.writeable
+
+    def extent(self, x) -> tuple[int, int, int]:
+        lo, hi = byte_bounds(x)
+        return 0, lo, hi
+
+
+NUMPY = NumpyArrays()

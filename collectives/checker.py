@@ -1,0 +1,167 @@
+"""The checker: a proof, for every buffer length at once, that a schedule does its job.
+
+``check`` executes a schedule symbolically on the *atoms* between all its range boundaries and
+proves two things:
+
+1. every output holds each input's contribution exactly once (and nothing else), and
+2. every participant holding a result holds the *same computed value*: one computation,
+   copied, so results are bitwise identical whatever the floating-point order of operations.
+
+It also enforces the rules executors rely on: within a round no range is written twice, and no
+participant both writes and reads one range (a reduce step reading its own destination aside).
+
+``check_plans`` proves that per-participant plans agree with each other: what each participant
+sends is exactly what its peers' received steps read from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from fractions import Fraction
+
+from .schedule import Collective, RankPlan, Schedule, Step
+
+
+class ScheduleError(AssertionError):
+    """A schedule that does not do what its collective promises."""
+
+
+def _cuts(schedule: Schedule) -> list[int]:
+    cuts = {0, schedule.den}
+    for _, _, lo, hi, _ in schedule.steps:
+        cuts.update((lo, hi))
+    if schedule.collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        # Block boundaries i/n, which may fall between positions: refine to a common den.
+        n = schedule.size
+        if schedule.den % n:
+            raise ScheduleError(f"{schedule.name}: den {schedule.den} does not resolve the "
+                                f"{n} blocks of a {schedule.collective.value}")
+        cuts.update(i * schedule.den // n for i in range(n + 1))
+    return sorted(cuts)
+
+
+def check(schedule: Schedule) -> None:
+    """Prove the schedule correct for every buffer length, or raise ScheduleError saying why."""
+    n, kind, root, den = schedule.size, schedule.collective, schedule.root, schedule.den
+    cuts = _cuts(schedule)
+    atoms = list(zip(cuts[:-1], cuts[1:]))
+    index = {lo: i for i, (lo, _) in enumerate(atoms)}
+    index[den] = len(atoms)
+    ids = itertools.count()
+
+    def block_of(lo: int) -> int:
+        return lo * n // den  # the participant whose block holds atom [lo, ...)
+
+    # state[p][a] = (contributions as a sorted tuple, value id), or None where undefined
+    state: list[list[tuple | None]] = []
+    for p in range(n):
+        row: list[tuple | None] = []
+        for lo, _ in atoms:
+            if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+                row.append(((p,), ("input", p)))
+            elif kind is Collective.BROADCAST:
+                row.append(((root,), ("input", root)) if p == root else None)
+            else:  # ALL_GATHER: participant p brings block p
+                row.append(((p,), ("input", p)) if block_of(lo) == p else None)
+        state.append(row)
+
+    def span(step: Step) -> range:
+        _, _, lo, hi, _ = step
+        if not 0 <= lo <= hi <= den or lo not in index or hi not in index:
+            raise ScheduleError(f"{schedule.name}: step {step} leaves the buffer or is reversed")
+        return range(index[lo], index[hi])
+
+    for r, rnd in enumerate(schedule.rounds):
+        written: set[tuple[int, int]] = set()
+        read: set[tuple[int, int]] = set()
+        spans = [span(s) for s in rnd]
+        for (dst, srcs, *_), atoms_of_s in zip(rnd, spans):
+            for p in (dst, *srcs):
+                if not 0 <= p < n:
+                    raise ScheduleError(f"{schedule.name}: round {r} names participant {p}")
+            if dst in srcs:
+                raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads its destination")
+            for a in atoms_of_s:
+                if (dst, a) in written:
+                    raise ScheduleError(f"{schedule.name}: round {r} writes {dst} twice")
+                written.add((dst, a))
+                read.update((q, a) for q in srcs)
+        clash = written & read
+        if clash:
+            raise ScheduleError(f"{schedule.name}: round {r} reads and writes {sorted(clash)[0]}")
+        updates = {}
+        for (dst, srcs, _, _, reduce), atoms_of_s in zip(rnd, spans):
+            for a in atoms_of_s:
+                inputs = [state[q][a] for q in srcs] + ([state[dst][a]] if reduce else [])
+                if any(v is None for v in inputs):
+                    raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads undefined data "
+                                        f"from {srcs}")
+                if reduce:
+                    contrib = tuple(sorted(itertools.chain.from_iterable(v[0] for v in inputs)))
+                    updates[dst, a] = (contrib, next(ids))
+                else:
+                    updates[dst, a] = inputs[0]
+        for (p, a), value in updates.items():
+            state[p][a] = value
+
+    everyone = tuple(range(n))
+    for a, (lo, hi) in enumerate(atoms):
+        if kind is Collective.ALL_REDUCE:
+            holders, want = range(n), everyone
+        elif kind is Collective.REDUCE:
+            holders, want = [root], everyone
+        elif kind is Collective.REDUCE_SCATTER:
+            holders, want = [block_of(lo)], everyone
+        elif kind is Collective.BROADCAST:
+            holders, want = range(n), (root,)
+        else:
+            holders, want = range(n), (block_of(lo),)
+        values = {state[p][a][1] if state[p][a] else None for p in holders}
+        where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
+        for p in holders:
+            got = state[p][a]
+            if got is None or got[0] != want:
+                raise ScheduleError(
+                    f"{schedule.name}: participant {p} ends with contributions "
+                    f"{got[0] if got else None} in {where}, expected {want}")
+        if len(values) != 1:
+            raise ScheduleError(f"{schedule.name}: participants hold different values in "
+                                f"{where}, so results would not be bitwise identical")
+
+
+def check_plans(plans: Sequence[RankPlan]) -> None:
+    """Prove that the participants' plans fit together: each sends what the others receive.
+
+    For every round, participant ``p``'s sends must be exactly the messages the union's steps
+    read from ``p`` (one per step it is a source of), no more and no fewer.
+    """
+    first = plans[0]
+    for p, plan in enumerate(plans):
+        if (plan.rank, plan.size, plan.den, plan.num_rounds, plan.collective, plan.root) != (
+                p, first.size, first.den, first.num_rounds, first.collective, first.root):
+            raise ScheduleError(f"{first.name}: plan of participant {p} disagrees on its header")
+        indices = [index for index, _, _ in plan.rounds]
+        if indices != sorted(set(indices)) or any(not 0 <= i < plan.num_rounds for i in indices):
+            raise ScheduleError(f"{first.name}: participant {p}'s rounds are out of order")
+        for _, sends, recvs in plan.rounds:
+            if not sends and not recvs:
+                raise ScheduleError(f"{first.name}: participant {p} lists an empty round")
+            if any(dst != p for dst, *_ in recvs):
+                raise ScheduleError(f"{first.name}: participant {p} lists another's step")
+    wanted: dict[tuple[int, int], list[tuple]] = {}
+    for plan in plans:
+        for index, _, recvs in plan.rounds:
+            for dst, srcs, lo, hi, _ in recvs:
+                for q in srcs:
+                    wanted.setdefault((q, index), []).append((dst, lo, hi))
+    for plan in plans:
+        for index, sends, _ in plan.rounds:
+            want = sorted(wanted.pop((plan.rank, index), []))
+            if sorted(sends) != want:
+                raise ScheduleError(
+                    f"{first.name}: participant {plan.rank} sends {sorted(sends)} in round "
+                    f"{index}, but its peers receive {want} from it")
+    if wanted:
+        (q, r), sends = next(iter(wanted.items()))
+        raise ScheduleError(f"{first.name}: participant {q} never sends {sends} in round {r}")

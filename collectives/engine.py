@@ -1,0 +1,268 @@
+"""The engine under a Communicator: call numbering, agreement, progress, waiting, failure.
+
+One :class:`Engine` per communicator. It numbers calls (every rank numbers them alike), keeps
+the signatures already agreed (the same on every rank, since every rank sees the same calls),
+drives operations in flight (:mod:`collectives.work`), waits with deadlines, and turns every
+failure into an error on every rank:
+
+* a timeout raises :class:`~collectives.CollectiveTimeoutError` naming the missing ranks and
+  what each rank says it is doing, marks the communicator broken, and tells the peers;
+* a peer's failure notice fails every operation in flight with
+  :class:`~collectives.PeerFailedError` naming that rank and its error (or
+  :class:`~collectives.CollectiveMismatchError` when the peer found a mismatch);
+* after either, every call raises :class:`~collectives.CommunicatorBrokenError` at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+from .agreement import AGREED, Agreement
+from .errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    ConcurrentCallError,
+    PeerFailedError,
+)
+from .transport import Failure, Transport
+from .work import Operation, Work
+
+AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
+MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
+SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
+
+
+class Engine:
+    """Call numbering, agreement, progress and waiting for one communicator."""
+
+    def __init__(self, transport: Transport, *, timeout: float, check: bool, detail: bool):
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.timeout, self.check, self.detail = timeout, check, detail
+        self.seq = 0
+        self.agreed: OrderedDict[int, bool] = OrderedDict()
+        self.inflight: list[Operation] = []
+        self.unreported: list[tuple[weakref.ref, Operation]] = []
+        self.broken: str | None = None
+        self.busy = threading.Lock()  # held by the thread inside a call
+        self.state = threading.RLock()  # held while operations advance
+        self.native_issued = 0  # native collectives start in call order
+        self.native_next = 0
+        self.native_skipped: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    # --- entering a call ----------------------------------------------------------------
+
+    def enter(self, what: str) -> None:
+        """Claim the communicator for this thread's call, or raise why it cannot be had."""
+        if not self.busy.acquire(blocking=False):
+            raise ConcurrentCallError(
+                f"rank {self.rank}: {what} was called while another thread is inside a call on "
+                "this communicator; calls on one communicator must come from one thread at a "
+                "time, in the same order on every rank (give each thread its own: comm.dup())")
+        if self.broken is not None or self.unreported:
+            self.busy.release()
+            self._raise_pending(what)
+
+    def leave(self) -> None:
+        self.busy.release()
+
+    def _raise_pending(self, what: str) -> None:
+        for ref, op in list(self.unreported):
+            if ref() is None:  # the handle was dropped without wait(): its error surfaces here
+                self.unreported.remove((ref, op))
+                raise op.error  # type: ignore[misc]
+        self.unreported = [(r, o) for r, o in self.unreported if r() is not None]
+        if self.broken is not None:
+            raise CommunicatorBrokenError(
+                f"rank {self.rank}: {what} cannot run: this communicator is broken since "
+                f"{self.broken}; messages of the failed call may still be in flight. Create a "
+                "new communicator (or end the job)")
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def agreement(self, seq: int, signature: tuple | None, check: int,
+                  error: BaseException | None, always: bool = False) -> Agreement | None:
+        """The agreement stage a call needs, or None when its signature was agreed before."""
+        if error is None and not always and not self.detail:
+            if check in self.agreed:
+                self.agreed.move_to_end(check)
+                return None
+        return Agreement(self, seq, signature, check, error)
+
+    def remember(self, check: int) -> None:
+        self.agreed[check] = True
+        if len(self.agreed) > AGREED_SIGNATURES:
+            self.agreed.popitem(last=False)
+
+    # --- running ------------------------------------------------------------------------
+
+    def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
+        """Advance a new operation; block for it, or hand back its handle."""
+        with self.state:
+            done = op.advance()
+            if not done:
+                self.inflight.append(op)
+        if op.error is not None and not getattr(op.error, AGREED, False):
+            self._broke(op.error, op.seq)
+        if async_op:
+            work = Work(op)
+            op.handle = weakref.ref(work)
+            if not done:
+                if len(self.inflight) > MAX_IN_FLIGHT:
+                    raise CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} "
+                                          "asynchronous calls in flight; wait() for some")
+                self._start_thread()
+            elif op.error is not None:
+                self.unreported.append((weakref.ref(work), op))
+            return work
+        if not done:
+            self.wait(op, timeout)
+        return op.outcome()
+
+    def progress(self) -> None:
+        """Advance every operation in flight, in call order."""
+        with self.state:
+            if not self.inflight:
+                return
+            for op in list(self.inflight):
+                if op.advance():
+                    self.inflight.remove(op)
+                    if op.error is not None:
+                        if not getattr(op.error, AGREED, False):
+                            self._broke(op.error, op.seq)
+                        if op.handle is not None and not op.waited_by:
+                            self.unreported.append((op.handle, op))
+
+    def wait(self, op: Operation, timeout: float | None) -> None:
+        """Drive progress until ``op`` finishes; raise on timeout or a peer's failure."""
+        timeout = self.timeout if timeout is None else float(timeout)
+        transport = self.transport
+        start = time.monotonic()
+        deadline = start + timeout
+        slow = False
+        while not op.finished:
+            self.progress()
+            if op.finished:
+                break
+            now = time.monotonic()
+            waited = now - start
+            if waited > SLOW_WAIT:
+                slow = True
+                self._look_around(op)
+                if op.finished:
+                    break
+            if now >= deadline:
+                self._time_out(op, timeout)
+                break
+            transport.idle(waited if slow else 0.0)
+        if op in self.inflight:
+            with self.state:
+                if op in self.inflight:
+                    self.inflight.remove(op)
+
+    def _look_around(self, op: Operation) -> None:
+        """A slow wait also hears peers' failure notices and late agreements."""
+        failure = self.transport.poll_failure()
+        if failure is not None:
+            self._peer_failed(failure)
+            return
+        for other in list(self.inflight):
+            if (other.skipped_agreement and not other.finished
+                    and self.transport.agreement_waiting(other.seq)):
+                self._join_late(other)
+
+    def _join_late(self, op: Operation) -> None:
+        """A peer runs the agreement of a call this rank took as agreed: they disagree."""
+        agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
+        try:
+            while not agreement.advance():
+                self.transport.idle(SLOW_WAIT)
+        except BaseException as exc:  # noqa: BLE001 - the verdict fails the operation
+            op.fail(exc)
+            self._broke(exc, op.seq)
+            return
+
+    def _time_out(self, op: Operation, timeout: float) -> None:
+        # Who never arrived: ranks that are not in this call (by what they say they do), else
+        # the ranks this one waits for.
+        activity = self.transport.peer_activity(0.5)
+        absent = [r for r, (seq, _) in sorted(activity.items()) if seq is None or seq < op.seq]
+        missing = absent or op.pending_peers() or sorted(activity)
+        doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
+                          if r in missing)
+        error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
+                                       detail=doing, call=op.seq)
+        op.fail(error)
+        self._broke(error, op.seq)
+
+    def _peer_failed(self, failure: Failure) -> None:
+        """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
+        unless the peer merely left after finishing it: kind "exited")."""
+        kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
+        lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
+        where = ("failed after call" if failure.kind == "exited" else "failed in call")
+        with self.state:
+            for op in list(self.inflight):
+                if op.seq >= lost:
+                    op.fail(kind(f"rank {self.rank}: {op.description} cannot finish because "
+                                 f"rank {failure.rank} {where} {failure.seq}: {failure.message}"))
+                    self.inflight.remove(op)
+        self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
+
+    def _broke(self, error: BaseException, seq: int) -> None:
+        """A failure that may have left messages in flight: broken here, and peers told."""
+        if self.broken is not None:
+            return
+        self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
+        kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
+                "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+        if not isinstance(error, PeerFailedError):
+            self.transport.notify_failure(Failure(self.rank, seq, kind,
+                                                  f"{type(error).__name__}: {error}"))
+        with self.state:
+            for other in list(self.inflight):
+                if not other.finished:
+                    other.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
+            self.inflight.clear()
+
+    def break_for(self, reason: str) -> None:
+        self.broken = self.broken or reason
+
+    def fail_locally(self, error: BaseException, seq: int) -> None:
+        """A rank-local error in a call that skipped the agreement: peers must hear of it."""
+        self._broke(error, seq)
+
+    # --- the progress thread for asynchronous calls -----------------------------------
+
+    def _start_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._drive, name=f"collectives-progress-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drive(self) -> None:
+        start = time.monotonic()
+        while True:
+            with self.state:
+                if not self.inflight:
+                    return
+            try:
+                self.progress()
+                if time.monotonic() - start > SLOW_WAIT:
+                    failure = self.transport.poll_failure()
+                    if failure is not None:
+                        self._peer_failed(failure)
+            except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
+                pass
+            self.transport.idle(time.monotonic() - start)

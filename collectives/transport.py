@@ -1,0 +1,116 @@
+"""What a transport provides to a :class:`~collectives.Communicator`.
+
+A transport is one module (or package) that imports the core and implements
+:class:`Transport`: who this rank is, two point-to-point channels (``data`` for collectives'
+payloads, ``control`` for agreements, never matched against each other), how to wait when
+nothing progresses, how to tell peers that this rank failed and hear that they did, and
+optionally :class:`NativeCollectives` it runs better itself (MPI's ``Iallreduce``, NCCL's
+``allReduce``), which ``auto`` may prefer to the library's schedules.
+
+The thread-rank transport (``collectives.backends.local``) and the MPI transport
+(``collectives.backends.mpi``) are the two implementations; ``docs/architecture.md`` walks
+through both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .algorithms.base import Layout
+from .arrays import ArrayBackend
+from .calls import Call
+from .execute.spmd import PointToPoint
+from .ops import ReduceOp
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
+    "timeout", or "exited" when the peer raised outside the library after finishing call
+    ``seq``; ``message`` is its exception, as text."""
+
+    rank: int
+    seq: int
+    kind: str
+    message: str
+
+
+class NativeRun(Protocol):
+    """A native collective in flight."""
+
+    def advance(self) -> bool:
+        """Whether it has completed (raises its error, e.g. a mismatch its check caught)."""
+        ...
+
+
+class NativeCollectives(Protocol):
+    """Collectives a transport runs itself. ``names`` are the ``algorithm=`` spellings that
+    ask for them explicitly (e.g. "native", "mpi")."""
+
+    names: tuple[str, ...]
+
+    def supports(self, call: Call) -> bool:
+        """Whether this call (collective, dtype, op) can run natively."""
+        ...
+
+    def preferred(self, call: Call) -> bool:
+        """Whether ``algorithm="auto"`` should run this call natively (the transport's tuning)."""
+        ...
+
+    def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int) -> NativeRun:
+        """Start the collective from flat ``src`` into flat ``dst`` (they may be the same
+        array). ``call.check`` should ride with the data where the transport can carry it."""
+        ...
+
+
+class Transport(Protocol):
+    """Everything a Communicator needs from the ranks it spans."""
+
+    name: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    arrays: ArrayBackend
+    data: PointToPoint
+    control: PointToPoint
+    cost_model: Any  # collectives.select.CostModel
+    layout: Layout | None  # the node groups: the default of two-level algorithms
+    native: NativeCollectives | None
+
+    def idle(self, waited: float) -> None:
+        """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""
+        ...
+
+    def notify_failure(self, failure: Failure) -> None:
+        """Tell every peer that this rank failed (best effort, never blocks for long)."""
+        ...
+
+    def poll_failure(self) -> Failure | None:
+        """A peer's failure notice received since the last poll, if any."""
+        ...
+
+    def agreement_waiting(self, seq: int) -> bool:
+        """Whether a peer has started the argument agreement of call ``seq`` (which this rank
+        skipped: the ranks disagree about the call)."""
+        ...
+
+    def publish_activity(self, activity: tuple) -> None:
+        """``(seq, call, inside)``: the call this rank is in (or last finished), for peers'
+        timeout messages. Called on every call: it must be cheap."""
+        ...
+
+    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+        """What each other rank says it is doing: ``(call number or None, description)``."""
+        ...
+
+    def dup(self) -> Transport:
+        """A new transport over the same ranks (collective)."""
+        ...
+
+    def split(self, color: int | None, key: int) -> Transport | None:
+        """MPI_Comm_split's meaning (collective); None where ``color`` is None."""
+        ...
+
+    def free(self) -> None: ...
