@@ -29,6 +29,7 @@ from .agreement import agreed
 from .algorithms.base import Layout
 from .calls import Call, check_op_for, resolve_algorithm
 from .collective_ops import CollectiveOps
+from .prepared_ops import PreparedOps
 from .engine import Engine
 from .execute.spmd import SpmdRun
 from .schedule import Collective
@@ -39,7 +40,7 @@ from .work import Operation
 DEBUG_ENV = "COLLECTIVES_DEBUG"
 
 
-class Communicator(CollectiveOps):
+class Communicator(CollectiveOps, PreparedOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's

@@ -60,8 +60,26 @@ class NativeCollectives(Protocol):
 
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int) -> NativeRun:
         """Start the collective from flat ``src`` into flat ``dst`` (they may be the same
-        array). ``call.check`` should ride with the data where the transport can carry it."""
+        array, or overlap). ``call.check`` should ride with the data where the transport can
+        carry it, so that ranks calling different collectives raise
+        :class:`~collectives.CollectiveMismatchError` instead of mixing their data."""
         ...
+
+    def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
+        """A collective bound to these buffers, to start again and again (MPI-4 persistent
+        collectives); None where the transport has none for this call."""
+        ...
+
+
+class PersistentNative(Protocol):
+    """A prepared native collective: ``start()`` it, then ``advance()`` until True, again and
+    again; ``src`` is read afresh at every start."""
+
+    def start(self, seq: int) -> None: ...
+
+    def advance(self) -> bool: ...
+
+    def free(self) -> None: ...
 
 
 class Transport(Protocol):
