@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from collectives import CollectiveMismatchError
 
-__all__ = ["Signature", "agree", "explain"]
+__all__ = ["Signature", "agree", "explain", "signature"]
 
 # What a description holds, in the order a mismatch is explained: fields of the whole call, then
 # (after the batch length) fields with one entry per tensor; each with the advice to give.
@@ -43,13 +44,24 @@ _TENSOR_FIELDS = (
 
 
 class Signature:
-    """A call's description (JSON-able) and its digest, computed once."""
+    """A call's description (JSON-able: str, int, None, tuples, lists, dicts) and its digest."""
 
     def __init__(self, description: dict[str, Any]):
         self.description = description
         self.text = json.dumps(description, sort_keys=True, separators=(",", ":"))
         digest = hashlib.blake2b(self.text.encode(), digest_size=8).digest()
         self.digest = np.frombuffer(digest, np.int64).copy()
+
+
+def signature(description: dict[str, Any]) -> Signature:
+    """``Signature(description)`` for a description of hashable values (tuples, not lists),
+    cached: an eager training loop describes the same batch at every step."""
+    return _cached(tuple(sorted(description.items())))
+
+
+@lru_cache(maxsize=256)
+def _cached(items: tuple) -> Signature:
+    return Signature(dict(items))
 
 
 def agree(comm, signature: Signature, *, timeout: float | None = None) -> None:

@@ -26,7 +26,7 @@ from collectives.ops import ReduceOp as CoreOp
 from collectives.spec import SpecRange
 
 from . import convert, host
-from .agreement import Signature, agree
+from .agreement import Signature, agree, signature
 from .host import Packing
 from .world import open_communicator
 
@@ -41,10 +41,11 @@ class Route:
     packing: Packing = Packing()
     groups: Any = None  # a group size, a partition, or a callable n -> groups
 
-    def key(self, packing_override: Packing | None) -> list:
+    def key(self, packing_override: Packing | None) -> tuple:
         """What workers must agree on (groups stay within a worker)."""
         packing = packing_override or self.packing
-        return [[[r.algorithm, r.shards, r.limit] for r in self.spec], packing.kwargs()]
+        return (tuple((r.algorithm, r.shards, r.limit) for r in self.spec),
+                tuple(sorted(packing.kwargs().items())))
 
 
 ONE_DEVICE = Route((SpecRange("one_device", 1, -1),))
@@ -100,8 +101,8 @@ def _is_sparse(components: Sequence) -> bool:
     return all(isinstance(c, tf.IndexedSlices) for c in components)
 
 
-def _dims(shape: tf.TensorShape) -> list | None:
-    return None if shape.rank is None else shape.as_list()
+def _dims(shape: tf.TensorShape) -> tuple | None:
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 def _devices_match(left: Sequence[str], right: Sequence[str]) -> bool:
@@ -129,15 +130,16 @@ class _Agreement:
         tensors = description["tensors"]
         self.open = [i for i, (kind, _, shape) in enumerate(tensors)
                      if kind == "dense" and (shape is None or None in shape)]
-        self.fixed = None if self.open else Signature(description)
+        self.fixed = None if self.open else signature(description)
 
     def signature(self, shapes: dict[int, tuple] | None = None) -> Signature:
         if self.fixed is not None:
             return self.fixed
-        tensors = [list(t) for t in self.description["tensors"]]
+        tensors = list(self.description["tensors"])
         for i in self.open:
-            tensors[i][2] = list(shapes[i]) if shapes and i in shapes else None
-        return Signature(dict(self.description, tensors=tensors))
+            kind, dtype, _ = tensors[i]
+            tensors[i] = (kind, dtype, tuple(shapes[i]) if shapes and i in shapes else None)
+        return signature(dict(self.description, tensors=tuple(tensors)))
 
 
 class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
@@ -249,8 +251,8 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             if _is_sparse(components):
                 sparse.append(_Job(i, components, devices, None))
                 first = components[0]
-                tensors.append(["sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
-                                [None] + (_dims(first.values.shape[1:]) or [])])
+                tensors.append(("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
+                                (None,) + (_dims(first.values.shape[1:]) or ())))
                 continue
             # A mix of IndexedSlices and dense tensors is reduced dense, as in TensorFlow.
             components = tuple(tf.convert_to_tensor(c) for c in components)
@@ -258,13 +260,14 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             route = (None if self.accumulation_fn is not None
                      else self._route_for(value_devices, devices, matches))
             dense.append(_Job(i, components, devices, route))
-            tensors.append(["dense", components[0].dtype.name, _dims(components[0].shape)])
+            tensors.append(("dense", components[0].dtype.name, _dims(components[0].shape)))
             routes.append(None if route is None else route.key(packing_override))
         agreement = None
         if self.num_workers > 1:
             agreement = _Agreement({"call": "batch_reduce", "op": op.name,
-                                    "workers_sum": self._workers_sum, "devices": devices_seen,
-                                    "route": routes, "tensors": tensors})
+                                    "workers_sum": self._workers_sum,
+                                    "devices": tuple(devices_seen), "route": tuple(routes),
+                                    "tensors": tuple(tensors)})
         if dense and self._reduce_dense(op, dense, options, packing_override, results, agreement):
             agreement = None  # the dense host call agreed for the whole batch
         for job in sparse:
@@ -386,8 +389,8 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             with self._lock:
                 dims = list(x.shape)
                 dims[axis] = None  # the gathered axis may differ between workers
-                agree(self._comm, Signature({"call": "gather", "devices": [count], "axis": axis,
-                                             "tensors": [["dense", x.dtype.name, dims]]}),
+                agree(self._comm, signature({"call": "gather", "devices": (count,), "axis": axis,
+                                             "tensors": (("dense", x.dtype.name, tuple(dims)),)}),
                       timeout=timeout)
                 return [convert.as_output(host.gather_ragged(self._comm, x, axis, timeout=timeout),
                                           np_dtype)]
