@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collectives.adapters.tensorflow import host
-from collectives.adapters.tensorflow.agreement import Signature, agree
+from collectives.adapters.tensorflow.agreement import BatchAgreement, Signature, agree
 from collectives.adapters.tensorflow.pool import ALIGNMENT, BufferPool
 from collectives.adapters.tensorflow.world import launched_world_size, open_communicator
 
@@ -237,6 +237,17 @@ def test_agreement_digest_is_small_and_stable():
     assert _batch(3).digest.nbytes == 8  # what travels in the steady state
     assert _batch(3).digest.tobytes() == _batch(3).digest.tobytes()
     assert _batch(3).digest.tobytes() != _batch(2).digest.tobytes()
+
+
+def test_batch_agreement_fills_in_shapes_unknown_while_tracing():
+    sparse = ("sparse", "float32/int64", (None, 2))  # rows differ between workers by design
+    traced = BatchAgreement({"call": "batch_reduce", "tensors": (("dense", "float32", (None, 3)),
+                                                                 sparse)})
+    known = BatchAgreement({"call": "batch_reduce", "tensors": (("dense", "float32", (5, 3)),
+                                                                sparse)})
+    assert traced.open == [0] and known.open == [] and known.fixed is not None
+    assert traced.signature({0: (5, 3)}).digest == known.signature().digest
+    assert traced.signature({0: (4, 3)}).digest != known.signature().digest
 
 
 # --- which workers take part ------------------------------------------------------------------

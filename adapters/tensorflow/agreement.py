@@ -25,7 +25,7 @@ import numpy as np
 
 from collectives import CollectiveMismatchError
 
-__all__ = ["Signature", "agree", "explain", "signature"]
+__all__ = ["BatchAgreement", "Signature", "agree", "explain", "signature"]
 
 # What a description holds, in the order a mismatch is explained: fields of the whole call, then
 # (after the batch length) fields with one entry per tensor; each with the advice to give.
@@ -114,3 +114,24 @@ def explain(descriptions: list[dict[str, Any]]) -> str:
                 return (f"workers called {call} with different {plural} at position {k} "
                         f"({shown}); {advice}")
     return f"workers called {call} with different arguments ({_by_rank(descriptions)})"
+
+
+class BatchAgreement:
+    """A batch's description for the workers' agreement; dense shapes that are unknown while
+    tracing are filled in from the arrays at each step."""
+
+    def __init__(self, description: dict):
+        self.description = description
+        tensors = description["tensors"]
+        self.open = [i for i, (kind, _, shape) in enumerate(tensors)
+                     if kind == "dense" and (shape is None or None in shape)]
+        self.fixed = None if self.open else signature(description)
+
+    def signature(self, shapes: dict[int, tuple] | None = None) -> Signature:
+        if self.fixed is not None:
+            return self.fixed
+        tensors = list(self.description["tensors"])
+        for i in self.open:
+            kind, dtype, _ = tensors[i]
+            tensors[i] = (kind, dtype, tuple(shapes[i]) if shapes and i in shapes else None)
+        return signature(dict(self.description, tensors=tuple(tensors)))

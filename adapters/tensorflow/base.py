@@ -20,17 +20,17 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
-from tensorflow.python.distribute import values as values_lib
 
 from collectives.ops import ReduceOp as CoreOp
 from collectives.spec import SpecRange
 
 from . import convert, host
-from .agreement import Signature, agree, signature
+from .agreement import BatchAgreement, agree, signature
 from .host import Packing
+from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
 from .world import open_communicator
 
-__all__ = ["LibraryCrossDeviceOps", "ReplicaDtypeError", "ReplicaShapeError", "Route"]
+__all__ = ["LibraryCrossDeviceOps", "Route"]
 
 
 @dataclass(frozen=True)
@@ -51,60 +51,6 @@ class Route:
 ONE_DEVICE = Route((SpecRange("one_device", 1, -1),))
 
 
-# Raised as ``Error(None, None, message)``: TensorFlow's error signature, which autograph needs
-# to re-raise the error with its own type from inside a ``tf.function``.
-class ReplicaDtypeError(tf.errors.InvalidArgumentError, TypeError):
-    """Replicas of one value have different dtypes: TensorFlow's ``InvalidArgumentError`` (what
-    it raises eagerly), and a ``TypeError`` (what it raises while tracing a ``tf.function``)."""
-
-
-class ReplicaShapeError(tf.errors.InvalidArgumentError, ValueError):
-    """Replicas of one value have different shapes: ``InvalidArgumentError`` and ``ValueError``."""
-
-
-def _check_reduce_op(reduce_op) -> CoreOp:
-    # CrossDeviceOps take the enum only; the strategy layer is what upper-cases strings.
-    if reduce_op is tf.distribute.ReduceOp.SUM:
-        return CoreOp.SUM
-    if reduce_op is tf.distribute.ReduceOp.MEAN:
-        return CoreOp.MEAN
-    raise ValueError("`reduce_op` must be Reduce.SUM or Reduce.MEAN.")
-
-
-def _components(value) -> tuple:
-    if not isinstance(value, values_lib.DistributedValues):
-        value = tf_cdo._make_tensor_into_per_replica(value)  # TF's own conversion
-    components = tuple(value.values)
-    if not components:
-        raise ValueError("`per_replica_value` must be non-empty")
-    return components
-
-
-def _check_replicas(components: Sequence, name: str) -> None:
-    """Every replica of a dense value has one dtype and (as far as known) one shape; raised
-    while tracing, as TensorFlow's ``add_n`` does, rather than at the first step."""
-    first = components[0]
-    for i, c in enumerate(components[1:], 1):
-        if c.dtype != first.dtype:
-            raise ReplicaDtypeError(
-                None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) is "
-                f"{c.dtype.name} but replica 0 is {first.dtype.name}; every replica must hold a "
-                "tensor of the same dtype")
-        if not c.shape.is_compatible_with(first.shape):
-            raise ReplicaShapeError(
-                None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) has shape "
-                f"{c.shape} but replica 0 has {first.shape}; every replica must hold a tensor of "
-                "the same shape")
-
-
-def _is_sparse(components: Sequence) -> bool:
-    return all(isinstance(c, tf.IndexedSlices) for c in components)
-
-
-def _dims(shape: tf.TensorShape) -> tuple | None:
-    return None if shape.rank is None else tuple(shape.as_list())
-
-
 def _devices_match(left: Sequence[str], right: Sequence[str]) -> bool:
     # TensorFlow compares device sets (order and repeats ignored).
     def canonical(devices):
@@ -119,27 +65,6 @@ class _Job:
     components: tuple
     destinations: tuple[str, ...]
     route: Route | None  # None: accumulation_fn in TF ops
-
-
-class _Agreement:
-    """A batch's description for the workers' agreement; dense shapes that are unknown while
-    tracing are filled in from the arrays at each step."""
-
-    def __init__(self, description: dict):
-        self.description = description
-        tensors = description["tensors"]
-        self.open = [i for i, (kind, _, shape) in enumerate(tensors)
-                     if kind == "dense" and (shape is None or None in shape)]
-        self.fixed = None if self.open else signature(description)
-
-    def signature(self, shapes: dict[int, tuple] | None = None) -> Signature:
-        if self.fixed is not None:
-            return self.fixed
-        tensors = list(self.description["tensors"])
-        for i in self.open:
-            kind, dtype, _ = tensors[i]
-            tensors[i] = (kind, dtype, tuple(shapes[i]) if shapes and i in shapes else None)
-        return signature(dict(self.description, tensors=tuple(tensors)))
 
 
 class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
@@ -212,7 +137,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return convert.mirrored([convert.place(tensor, d) for d in devices])
 
     def _gather_implementation(self, per_replica_value, destinations, axis, options):
-        components = _components(per_replica_value)
+        components = components_of(per_replica_value)
         devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
         with tf.device(self.reduce_to_device or devices[0]):
             joined = tf.concat(list(components), axis=axis)
@@ -231,7 +156,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
     # --- the work -------------------------------------------------------------------------
 
     def _reduce_pairs(self, reduce_op, pairs, options, names):
-        op = _check_reduce_op(reduce_op)
+        op = check_reduce_op(reduce_op)
         options = options if options is not None else collective_util.Options()
         packing_override = (Packing(bytes_per_pack=options.bytes_per_pack)
                             if options.bytes_per_pack else None)
@@ -242,29 +167,29 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         for i, (value, destinations) in enumerate(pairs):
             # A Mirrored value is reduced like any other (its copies may have diverged), as by
             # TensorFlow's cross-device ops; only the strategy's reduce_to skips MEAN of one.
-            components = _components(value)
+            components = components_of(value)
             devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
             value_devices = tuple(c.device for c in components)
             devices_seen.append(len(components))
             # `value is destinations` is TF's test for graph values whose devices are unset.
             matches = value is destinations or _devices_match(value_devices, devices)
-            if _is_sparse(components):
+            if is_sparse(components):
                 sparse.append(_Job(i, components, devices, None))
                 first = components[0]
                 tensors.append(("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
-                                (None,) + (_dims(first.values.shape[1:]) or ())))
+                                (None,) + (static_dims(first.values.shape[1:]) or ())))
                 continue
             # A mix of IndexedSlices and dense tensors is reduced dense, as in TensorFlow.
             components = tuple(tf.convert_to_tensor(c) for c in components)
-            _check_replicas(components, names[i])
+            check_replicas(components, names[i])
             route = (None if self.accumulation_fn is not None
                      else self._route_for(value_devices, devices, matches))
             dense.append(_Job(i, components, devices, route))
-            tensors.append(("dense", components[0].dtype.name, _dims(components[0].shape)))
+            tensors.append(("dense", components[0].dtype.name, static_dims(components[0].shape)))
             routes.append(None if route is None else route.key(packing_override))
         agreement = None
         if self.num_workers > 1:
-            agreement = _Agreement({"call": "batch_reduce", "op": op.name,
+            agreement = BatchAgreement({"call": "batch_reduce", "op": op.name,
                                     "workers_sum": self._workers_sum,
                                     "devices": tuple(devices_seen), "route": tuple(routes),
                                     "tensors": tuple(tensors)})
@@ -276,7 +201,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return results
 
     def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
-                      results: list, agreement: _Agreement | None) -> bool:
+                      results: list, agreement: BatchAgreement | None) -> bool:
         """Reduce the dense values; True when a host call was made (it holds the agreement)."""
         for job in [j for j in jobs if j.route is None]:
             results[job.index] = self._accumulate_in_tf(op, job)
@@ -342,7 +267,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
                 total = total / len(job.components)
         return convert.mirrored([convert.place(total, d) for d in job.destinations])
 
-    def _reduce_sparse(self, op: CoreOp, job: _Job, options, agreement: _Agreement | None):
+    def _reduce_sparse(self, op: CoreOp, job: _Job, options, agreement: BatchAgreement | None):
         components = job.components
         index_dtypes = {c.indices.dtype for c in components}
         index_dtype = tf.int64 if len(index_dtypes) > 1 else index_dtypes.pop()
@@ -364,7 +289,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         result = tf.IndexedSlices(values, indices, components[0].dense_shape)
         return convert.mirrored([convert.place(result, d) for d in job.destinations])
 
-    def _gather_slices(self, values, indices, options, device, agreement: _Agreement | None):
+    def _gather_slices(self, values, indices, options, device, agreement: BatchAgreement | None):
         timeout = options.timeout_seconds
         np_values, np_indices = convert.numpy_dtype(values.dtype), convert.numpy_dtype(indices.dtype)
 

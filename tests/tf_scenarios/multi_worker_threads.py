@@ -160,6 +160,16 @@ def batch_mismatch(comm):
                  tf.constant(1.0))
     out["graph"] = parts(ops.reduce(SUM, value(2.0), x))
 
+    @tf.function(input_signature=[tf.TensorSpec([None])])
+    def unknown_length(v):  # the length is known only when it runs: agreed then
+        vs = per_replica([v * (d + 1) for d in range(2)], devices)
+        return ops.batch_reduce(SUM, [(vs, vs)])[0].values
+
+    expect_error(tf.errors.InvalidArgumentError, "different tensors at position 0 (rank 0: "
+                 "dense float32 [3], rank 1: dense float32 [4])", unknown_length,
+                 tf.ones([3 + comm.rank]))
+    out["unknown length"] = [t.numpy() for t in unknown_length(tf.ones([3]))]
+
     if comm.rank == 0:
         expect_error(collectives.CollectiveMismatchError, "different operations",
                      ops._gather, x, x, axis=0)
@@ -181,6 +191,8 @@ def check_batch_mismatch(results) -> None:
             np.testing.assert_array_equal(p, want)
         for p in out["graph"]:
             np.testing.assert_array_equal(p, 2 * want)
+        for p in out["unknown length"]:
+            np.testing.assert_array_equal(p, np.full(3, 6.0))  # (1 + 2) on each of 2 workers
 
 
 def timeout(comm):
