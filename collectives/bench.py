@@ -7,8 +7,9 @@ over repeats of the time per call. Each row has nccl-tests' two halves:
 * out-of-place: the inputs stay untouched, results go to separate buffers;
 * in-place: the output is the input buffer (``out=`` names it, as nccl-tests passes
   ``recvbuff == sendbuff``), where the API takes an ``out`` that can alias the input; the
-  other cases print N/A. Timed calls keep overwriting their own input, so before the checked
-  call the inputs are restored.
+  other cases print N/A. Each call reduces the previous call's result again, so in-place
+  calls are timed on zero-filled buffers (repeated sums of real data grow until they
+  overflow; zeros cost the same arithmetic), and the checked call runs on the exact inputs.
 
 Sizes, algbw and busbw follow nccl-tests' PERFORMANCE.md, through the per-collective records
 of ``collectives.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
@@ -424,6 +425,7 @@ def _device_inplace_runner(case: Case, algorithm: str, inputs: list) -> Runner |
     op, n, root, c = case.op.value, case.n, case.root, case.count
     if result_dtype(case.op, case.dtype) != case.dtype:
         return None
+    # zero-filled for the timed calls (see the module's docstring); reset() puts the inputs in
     if case.collective == "all_gather":
         bufs = [np.zeros(n * c, case.dtype) for _ in range(n)]
         own = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
@@ -432,9 +434,8 @@ def _device_inplace_runner(case: Case, algorithm: str, inputs: list) -> Runner |
             for o, x in zip(own, inputs):
                 np.copyto(o, x)
 
-        reset()
         return Runner(lambda: collectives.all_gather(own, 0, algorithm, out=bufs), reset)
-    bufs = [x.copy() for x in inputs]
+    bufs = [np.zeros_like(x) for x in inputs]
 
     def restore() -> None:
         for b, x in zip(bufs, inputs):
@@ -483,7 +484,7 @@ def _spmd_runners(comm, case: Case, algorithm: str) -> tuple[Runner, Runner | No
     if case.collective == "broadcast":
         x = case.input(root) if rank == root else None
         out = np.zeros(case.count, case.dtype)
-        mine = x.copy() if x is not None else np.zeros(case.count, case.dtype)
+        mine = np.zeros(case.count, case.dtype)  # zeros while timed, like the devices' buffers
 
         def restore() -> None:
             if x is not None:
@@ -498,7 +499,7 @@ def _spmd_runners(comm, case: Case, algorithm: str) -> tuple[Runner, Runner | No
         oop = Runner(lambda: [comm.all_reduce(x, op, algorithm, out=out)], _zero([out]))
         if final != case.dtype:
             return oop, None
-        mine = x.copy()
+        mine = np.zeros_like(x)  # zeros while timed; the checked call gets x
         return oop, Runner(lambda: [comm.all_reduce(mine, op, algorithm, out=mine)],
                            lambda: np.copyto(mine, x))
     if case.collective == "reduce":

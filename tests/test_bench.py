@@ -167,6 +167,18 @@ def test_other_dtype_and_op():
         ("bfloat16", "max", 0, 0)}
 
 
+@pytest.mark.parametrize("mode", ["devices", "spmd"])
+def test_in_place_timing_does_not_overflow(mode):
+    """Repeated in-place sums of real data would overflow float16 within a few calls (and warn);
+    the timed in-place calls run on zeros, the checked one on the exact inputs."""
+    proc = run_cli("--mode", mode, "-d", "float16", "-n", "4", "-b", "64", "-e", "64", "-w", "2",
+                   "-i", "20", "-r", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+    (row,) = parse_table(proc.stdout)
+    assert (row["wrong"], row["ip_wrong"]) == (0, 0)
+
+
 def test_bad_algorithm_exits_nonzero_naming_it():
     proc = run_cli("-a", "ring,warp_drive", "-e", "1K")
     assert proc.returncode != 0
