@@ -80,7 +80,7 @@ def measure_ours(p: int, lo: int, hi: int, repeats: int, warmup: int, target: fl
     results = []
     try:
         for case in bench.sweep(config):
-            inputs = [bench.make_input(case.count, i, case.dtype) for i in range(p)]
+            inputs = case.inputs()
             model = backend_for_arrays(inputs).cost_model
             outs = {a: [np.zeros(case.count, case.dtype) for _ in range(p)] for a in ALGORITHMS}
             methods = {a: (lambda a=a, x=inputs, o=outs[a]: collectives.all_reduce(x, "sum", a, out=o))

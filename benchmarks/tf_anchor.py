@@ -84,7 +84,7 @@ def run(p: int, lo: int, hi: int, repeats: int, warmup: int = 2, on_row=None) ->
                                minbytes=lo, maxbytes=hi, warmup=warmup, repeats=repeats)
     rows = []
     for case in bench.sweep(config):
-        value = per_replica([bench.make_input(case.count, i, case.dtype) for i in range(p)], devices)
+        value = per_replica(case.inputs(), devices)
         expected = bench.expected_outputs(case)
         for name, call in calls(value).items():
             last: list = []
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = bench.machine_info()
     print(f"# {command}\n# TensorFlow {tf.__version__} on {machine['node']} "
           f"({machine['cpu_count']} CPUs), {args.participants} logical CPU devices, eager")
+    print(bench.TITLE)
     print(bench.HEADER, flush=True)
     rows = run(args.participants, args.minbytes, args.maxbytes, args.repeats, args.warmup,
                on_row=lambda r: print(bench.format_row(r), flush=True))

@@ -1,21 +1,25 @@
 """``collectives bench``: time a collective over a sweep of sizes, in the style of nccl-tests.
 
-For every size and algorithm the inputs and outputs are allocated once, the call is warmed
-up, then timed ``repeats`` times over ``iters`` back-to-back calls; the reported time is the
-median over repeats of the time per call. Bandwidths follow nccl-tests' PERFORMANCE.md:
-``algbw = S / t`` with ``S`` the per-participant buffer size (the larger of input and output:
-for all_gather the gathered output, for reduce_scatter the full input), and
-``busbw = algbw * factor`` with factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and
-reduce_scatter and 1 for broadcast and reduce.
+For every size and algorithm the buffers are allocated once, the call is warmed up, then
+timed ``repeats`` times over ``iters`` back-to-back calls; the reported time is the median
+over repeats of the time per call. Each row has nccl-tests' two halves:
 
-``#wrong`` counts the output elements, over every participant, that differ from a float64
-NumPy reference. Inputs are small integers (0..4), so every sum of up to 64 participants is
-exact even in bfloat16 and the comparison can be exact.
+* out-of-place: the inputs stay untouched, results go to separate buffers;
+* in-place: the output is the input buffer (``out=`` names it, as nccl-tests passes
+  ``recvbuff == sendbuff``), where the API takes an ``out`` that can alias the input; the
+  other cases print N/A. Each call reduces the previous call's result again, so in-place
+  calls are timed on zero-filled buffers (repeated sums of real data grow until they
+  overflow; zeros cost the same arithmetic), and the checked call runs on the exact inputs.
 
-Two ways of running: ``devices`` drives the multi-device API from one thread
-(``bench_devices``); ``spmd`` runs ``bench_spmd(comm, config)`` on every rank of a
-``Communicator`` (``collectives.run`` launches thread ranks; an MPI launcher can call the
-same function under ``mpiexec`` and print from rank 0 only).
+Sizes, algbw and busbw follow nccl-tests' PERFORMANCE.md, through the per-collective records
+of ``collectives.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
+buffer of one participant, ``busbw = algbw * factor``. ``#wrong`` counts the output elements,
+over every participant, that differ from ``collectives.reference``'s float64 reference for
+its exact inputs, so the comparison is exact.
+
+Modes: ``devices`` drives the multi-device API from one thread (``bench_devices``); ``spmd``
+runs ``bench_spmd(comm, config)`` on every rank of a ``Communicator`` (``collectives.run``
+launches thread ranks; under ``mpiexec`` the ``mpi`` mode passes the MPI communicator).
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ import os
 import platform
 import re
 import statistics
-import sys
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -36,16 +38,15 @@ import numpy as np
 
 import collectives
 
-from . import algorithms
+from . import reference
+from .api import pick_algorithm
 from .ops import BFLOAT16, ReduceOp, check_dtype, result_dtype
-from .schedule import Collective
+from .reference import COLLECTIVES, REDUCING
+from .select import CostModel
 
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 MODES = ("devices", "spmd", "mpi")
 TARGET_SECONDS = 0.02  # each timed repeat lasts at least this long when iters adapt
 MAX_ITERS = 1000
-PERIOD = 77  # the input pattern repeats every PERIOD elements (see make_input)
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -75,7 +76,7 @@ def parse_dtype(name: str | np.dtype) -> np.dtype:
     key = str(name).strip().lower()
     if key in ("bfloat16", "bf16"):
         if BFLOAT16 is None:
-            raise ValueError("dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
+            raise ValueError("dtype bfloat16 needs the ml_dtypes package: pip install -e '.[bench]'")
         return BFLOAT16
     aliases = {"float": "float32", "half": "float16", "double": "float64", "int": "int32"}
     try:
@@ -124,15 +125,13 @@ class BenchConfig:
         if not self.algorithms:
             raise ValueError("no algorithm given")
         dtype = parse_dtype(self.dtype)
-        collective = Collective(self.collective)
-        # Under MPI the transport adds names of its own ("native", "shm").
-        canonical = (collectives.load_backend("mpi").canonical if self.mode == "mpi"
-                     else algorithms.canonical)
+        collective = collectives.Collective(self.collective)
         for name in self.algorithms:
-            base = canonical(name)
-            schedule_based = base in algorithms.MODULES or "/" in base
-            if schedule_based and not algorithms.supports(collective, base):
-                raise ValueError(f"algorithm {name!r} has no {self.collective}")
+            if self.mode == "mpi":  # the MPI transport adds names of its own ("native", "shm")
+                if collectives.load_backend("mpi").canonical(name) in ("native", "shm"):
+                    continue
+            # names an algorithm and one that has this collective, or raises saying which do
+            pick_algorithm(collective, name, self.participants, 1, CostModel())
         if self.collective in REDUCING:
             check_dtype(ReduceOp.parse(self.op), dtype, "inputs")
 
@@ -146,12 +145,8 @@ class BenchConfig:
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for ``n`` participants."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' busbw / algbw for ``n`` participants (see ``collectives.reference``)."""
+    return reference.record(collective).bus_factor(n)
 
 
 @dataclass(frozen=True)
@@ -173,7 +168,20 @@ class Case:
 
     @property
     def nbytes(self) -> int:
-        return self.total * self.dtype.itemsize
+        return reference.record(self.collective).nbytes(self.total, self.n, self.dtype.itemsize)
+
+    @property
+    def input_count(self) -> int:
+        """Elements of one participant's input (reduce_scatter's is the whole buffer)."""
+        return self.total if self.collective == "reduce_scatter" else self.count
+
+    def input(self, participant: int) -> np.ndarray:
+        """Participant ``participant``'s exact input (``collectives.reference.exact_input``)."""
+        return reference.exact_input(self.n, participant, self.input_count, self.dtype, self.op)
+
+    def inputs(self) -> list[np.ndarray]:
+        """Every participant's input."""
+        return [self.input(p) for p in range(self.n)]
 
 
 def sweep(config: BenchConfig) -> list[Case]:
@@ -181,11 +189,10 @@ def sweep(config: BenchConfig) -> list[Case]:
     (and to whole blocks of n for all_gather and reduce_scatter); duplicates dropped."""
     dtype, n = config.np_dtype, config.participants
     op = ReduceOp.parse(config.op) if config.collective in REDUCING else ReduceOp.SUM
+    record = reference.record(config.collective)
     cases, seen, size = [], set(), config.minbytes
     while size <= config.maxbytes:
-        count = max(1, size // dtype.itemsize)
-        if config.collective in ("all_gather", "reduce_scatter"):
-            count = max(1, count // n)
+        count = record.counts(max(1, size // dtype.itemsize), n).param
         if count not in seen:
             seen.add(count)
             cases.append(Case(config.collective, n, dtype, op, config.root, count))
@@ -193,39 +200,7 @@ def sweep(config: BenchConfig) -> list[Case]:
     return cases
 
 
-# --- data and checking ------------------------------------------------------------------------
-
-def _pattern(count: int, participant: int) -> np.ndarray:
-    k = np.arange(count, dtype=np.int64)
-    return (k % 7 + (k // 7) % 11 + participant) % 5  # period 77, values 0..4
-
-
-def make_input(count: int, participant: int, dtype: np.dtype) -> np.ndarray:
-    """Participant ``participant``'s input: small integers, exact in every floating dtype."""
-    return _pattern(count, participant).astype(dtype)
-
-
-def _accumulator(dtype: np.dtype) -> np.dtype:
-    if BFLOAT16 is not None and dtype == BFLOAT16:
-        return np.dtype(np.float64)
-    return np.dtype({"f": np.float64, "c": np.complex128, "i": np.int64, "u": np.uint64,
-                     "b": np.bool_}[dtype.kind])
-
-
-def reference(inputs: Sequence[np.ndarray], op: ReduceOp | str) -> np.ndarray:
-    """``op`` over ``inputs`` computed in float64 (int64/complex128 for those kinds), then
-    cast to the result's dtype: what a correct reduction returns."""
-    op = ReduceOp.parse(op)
-    dtype = np.dtype(inputs[0].dtype)
-    acc = inputs[0].astype(_accumulator(dtype))
-    kernel = {ReduceOp.SUM: np.add, ReduceOp.MEAN: np.add, ReduceOp.PROD: np.multiply,
-              ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}[op]
-    for x in inputs[1:]:
-        kernel(acc, x.astype(acc.dtype), out=acc)
-    if op is ReduceOp.MEAN:
-        acc = acc / len(inputs)
-    return acc.astype(result_dtype(op, dtype))
-
+# --- checking ---------------------------------------------------------------------------------
 
 def _tile(period: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Elements lo..hi of the infinite repetition of ``period``."""
@@ -234,19 +209,27 @@ def _tile(period: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 def expected_output(case: Case, participant: int, _cache: dict | None = None) -> np.ndarray | None:
     """What ``participant`` must hold after the call (None: it receives nothing)."""
-    c, n, dt = case.count, case.n, case.dtype
-    if case.collective == "broadcast":
-        return make_input(c, case.root, dt)
-    if case.collective == "all_gather":
-        return np.concatenate([make_input(c, p, dt) for p in range(n)])
+    c, n = case.count, case.n
+    if case.collective in ("broadcast", "all_gather"):  # the same on every participant
+        key = ("moved", case)
+        if _cache is not None and key in _cache:
+            return _cache[key]
+        moved = (case.input(case.root) if case.collective == "broadcast"
+                 else np.concatenate(case.inputs()))
+        if _cache is not None:
+            _cache[key] = moved
+        return moved
     if case.collective == "reduce" and participant != case.root:
         return None
-    # Inputs repeat every PERIOD elements, so the reduction does too: reduce one period.
+    # Exact inputs repeat every input_period elements, so their reduction does too:
+    # reduce one period and tile it.
     key = ("period", case)
     if _cache is not None and key in _cache:
         period = _cache[key]
     else:
-        period = reference([make_input(PERIOD, p, dt) for p in range(n)], case.op)
+        length = reference.input_period(n, case.op)
+        period = reference.reference(
+            [reference.exact_input(n, p, length, case.dtype, case.op) for p in range(n)], case.op)
         if _cache is not None:
             _cache[key] = period
     if case.collective == "reduce_scatter":
@@ -332,74 +315,141 @@ def measure(call: Callable[[], object], *, warmup: int = 2, iters: int | None = 
     return Measurement(statistics.median(times), iters, list(times))
 
 
+@dataclass
+class Runner:
+    """One way of calling the collective on preallocated buffers: ``call()`` runs it once and
+    returns this side's outputs (one per participant it holds); ``reset()`` restores what the
+    timed calls overwrote, so that the checked call starts from the original inputs."""
+
+    call: Callable[[], list]
+    reset: Callable[[], None]
+
+
 # --- rows -------------------------------------------------------------------------------------
 
+def _half(case: Case, m: Measurement, wrong: int | None) -> dict:
+    algbw, busbw = reference.record(case.collective).bandwidth(case.nbytes, m.seconds, case.n)
+    return {"time_us": m.seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong,
+            "iters": m.iters, "repeats_us": [t * 1e6 for t in m.repeats]}
+
+
 def make_row(config: BenchConfig, case: Case, algorithm: str, resolved: str,
-             m: Measurement, wrong: int) -> Row:
-    """One result as a dict (the table row plus what JSON readers need)."""
-    algbw = case.nbytes / m.seconds / 1e9 if m.seconds > 0 else 0.0
-    return {
-        "collective": config.collective, "mode": config.mode, "participants": case.n,
-        "size": case.nbytes, "count": case.count, "type": str(case.dtype), "redop": config.redop,
-        "algorithm": algorithm, "resolved": resolved, "time_us": m.seconds * 1e6,
-        "algbw": algbw, "busbw": algbw * bus_factor(config.collective, case.n),
-        "wrong": wrong if config.check else None, "iters": m.iters,
-        "repeats_us": [t * 1e6 for t in m.repeats],
-    }
+             m: Measurement, wrong: int,
+             inplace: tuple[Measurement, int] | None = None) -> Row:
+    """One result as a dict: the out-of-place measurement at the top level (time_us, algbw,
+    busbw, wrong, iters, repeats_us), the in-place one under ``"inplace"`` (None: N/A)."""
+    row = {"collective": config.collective, "mode": config.mode, "participants": case.n,
+           "size": case.nbytes, "count": case.count, "type": str(case.dtype),
+           "redop": config.redop, "algorithm": algorithm, "resolved": resolved,
+           **_half(case, m, wrong if config.check else None), "inplace": None}
+    if inplace is not None:
+        row["inplace"] = _half(case, inplace[0], inplace[1] if config.check else None)
+    return row
 
 
-HEADER = (f"#{'size(B)':>11} {'count':>11} {'type':>9} {'redop':>6} {'algorithm':>12} "
-          f"{'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}")
+_LABELS = (f"#{'size(B)':>11} {'count':>11} {'type':>9} {'redop':>6} {'request':>9} "
+           f"{'algorithm':>11} ")
+_MEASURED = f"{'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
+# nccl-tests' two header lines: which half is which, then the columns.
+TITLE = f"#{'':<{len(_LABELS) - 1}}{'out-of-place':^{len(_MEASURED)}}  {'in-place':^{len(_MEASURED)}}"
+HEADER = f"{_LABELS}{_MEASURED}  {_MEASURED}"
+
+
+def _format_half(half: dict | None) -> str:
+    if half is None:
+        return f"{'N/A':>11} {'N/A':>12} {'N/A':>12} {'N/A':>7}"
+    wrong = "N/A" if half["wrong"] is None else str(half["wrong"])
+    return (f"{half['time_us']:>11.2f} {half['algbw']:>12.3f} {half['busbw']:>12.3f} "
+            f"{wrong:>7}")
 
 
 def format_row(row: Row) -> str:
-    """One table line, columns as in HEADER."""
-    wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
+    """One table line, columns as in HEADER: ``request`` is the algorithm asked for,
+    ``algorithm`` what ran."""
     return (f"{row['size']:>12} {row['count']:>11} {row['type']:>9} {row['redop']:>6} "
-            f"{row['algorithm']:>12} {row['time_us']:>11.2f} {row['algbw']:>12.3f} "
-            f"{row['busbw']:>12.3f} {wrong:>7}")
+            f"{row['algorithm']:>9} {row['resolved']:>11} {_format_half(row)}  "
+            f"{_format_half(row['inplace'])}")
 
 
 def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
     """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
-    from .api import pick_algorithm
-
     try:
-        return pick_algorithm(Collective(case.collective), algorithm, case.n, case.nbytes, cost_model)
+        return pick_algorithm(collectives.Collective(case.collective), algorithm, case.n,
+                              case.nbytes, cost_model)
     except Exception:  # noqa: BLE001 - only a label; the call itself reports real errors
         return algorithm
 
 
+def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfig, *,
+                       sync=None, agree=_same, total_wrong=lambda w: w) -> tuple[Measurement, int]:
+    m = measure(runner.call, warmup=config.warmup, iters=config.iters, repeats=config.repeats,
+                sync=sync, agree=agree)
+    if expected is None:
+        return m, 0
+    runner.reset()
+    return m, total_wrong(count_wrong(runner.call(), expected))
+
+
 # --- multi-device ----------------------------------------------------------------------------
 
-def _device_call(case: Case, algorithm: str, inputs: list, outs: list) -> Callable[[], list]:
-    """A closure running the collective into the preallocated ``outs``; returns the outputs."""
-    op, n, root = case.op.value, case.n, case.root
-    if case.collective == "all_reduce":
-        return lambda: collectives.all_reduce(inputs, op, algorithm, out=outs)
-    if case.collective == "reduce":
-        return lambda: [collectives.reduce(inputs, op, root, algorithm, out=outs[0])]
-    if case.collective == "broadcast":
-        return lambda: collectives.broadcast(inputs[root], n, algorithm, out=outs)
-    if case.collective == "all_gather":
-        return lambda: collectives.all_gather(inputs, 0, algorithm, out=outs)
-    return lambda: collectives.reduce_scatter(inputs, op, algorithm, out=outs)
+def _zero(buffers: list) -> Callable[[], None]:
+    return lambda: [b.fill(0) for b in buffers]
 
 
-def _device_buffers(case: Case) -> tuple[list, list]:
-    n, c, dt = case.n, case.count, case.dtype
+def _device_runner(case: Case, algorithm: str, inputs: list) -> Runner:
+    """Out of place: results go to preallocated outputs; the inputs stay untouched."""
+    op, n, root, c, dt = case.op.value, case.n, case.root, case.count, case.dtype
     final = result_dtype(case.op, dt)
-    inputs = [make_input(case.total if case.collective == "reduce_scatter" else c, p, dt)
-              for p in range(n)]
+    if case.collective == "all_reduce":
+        outs = [np.zeros(c, final) for _ in range(n)]
+        return Runner(lambda: collectives.all_reduce(inputs, op, algorithm, out=outs), _zero(outs))
+    if case.collective == "reduce":
+        out = np.zeros(c, final)
+        return Runner(lambda: [collectives.reduce(inputs, op, root, algorithm, out=out)],
+                      _zero([out]))
+    if case.collective == "broadcast":
+        outs = [np.zeros(c, dt) for _ in range(n)]
+        return Runner(lambda: collectives.broadcast(inputs[root], n, algorithm, out=outs),
+                      _zero(outs))
     if case.collective == "all_gather":
-        outs = [np.empty(n * c, dt) for _ in range(n)]
-    elif case.collective == "reduce":
-        outs = [np.empty(c, final)]
-    elif case.collective == "broadcast":
-        outs = [np.empty(c, dt) for _ in range(n)]
-    else:
-        outs = [np.empty(c, final) for _ in range(n)]
-    return inputs, outs
+        outs = [np.zeros(n * c, dt) for _ in range(n)]
+        return Runner(lambda: collectives.all_gather(inputs, 0, algorithm, out=outs), _zero(outs))
+    outs = [np.zeros(c, final) for _ in range(n)]
+    return Runner(lambda: collectives.reduce_scatter(inputs, op, algorithm, out=outs), _zero(outs))
+
+
+def _device_inplace_runner(case: Case, algorithm: str, inputs: list) -> Runner | None:
+    """In place: ``out`` is each device's input buffer (for all_gather and reduce_scatter,
+    the input is that device's block of the whole buffer, as in nccl-tests). None where the
+    result's dtype differs from the input's (integer MEAN)."""
+    op, n, root, c = case.op.value, case.n, case.root, case.count
+    if result_dtype(case.op, case.dtype) != case.dtype:
+        return None
+    # zero-filled for the timed calls (see the module's docstring); reset() puts the inputs in
+    if case.collective == "all_gather":
+        bufs = [np.zeros(n * c, case.dtype) for _ in range(n)]
+        own = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
+
+        def reset() -> None:
+            for o, x in zip(own, inputs):
+                np.copyto(o, x)
+
+        return Runner(lambda: collectives.all_gather(own, 0, algorithm, out=bufs), reset)
+    bufs = [np.zeros_like(x) for x in inputs]
+
+    def restore() -> None:
+        for b, x in zip(bufs, inputs):
+            np.copyto(b, x)
+
+    if case.collective == "all_reduce":
+        return Runner(lambda: collectives.all_reduce(bufs, op, algorithm, out=bufs), restore)
+    if case.collective == "reduce":
+        return Runner(lambda: [collectives.reduce(bufs, op, root, algorithm, out=bufs[root])],
+                      restore)
+    if case.collective == "broadcast":
+        return Runner(lambda: collectives.broadcast(bufs[root], n, algorithm, out=bufs), restore)
+    blocks = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
+    return Runner(lambda: collectives.reduce_scatter(bufs, op, algorithm, out=blocks), restore)
 
 
 def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
@@ -408,23 +458,17 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
 
     rows = []
     for case in sweep(config):
-        inputs, outs = _device_buffers(case)
+        inputs = case.inputs()
         expected = expected_outputs(case) if config.check else None
         if case.collective == "reduce" and expected is not None:
             expected = [expected[case.root]]
         model = backend_for_arrays(inputs).cost_model
         for algorithm in config.algorithms:
-            for o in outs:
-                o.fill(0)
-            call = _device_call(case, algorithm, inputs, outs)
-            last: list = []
-
-            def timed(call=call, last=last):
-                last[:] = call()
-
-            m = measure(timed, warmup=config.warmup, iters=config.iters, repeats=config.repeats)
-            wrong = count_wrong(last, expected) if expected is not None else 0
-            row = make_row(config, case, algorithm, resolve_algorithm(case, algorithm, model), m, wrong)
+            m, wrong = _measure_and_check(_device_runner(case, algorithm, inputs), expected, config)
+            runner = _device_inplace_runner(case, algorithm, inputs)
+            inplace = None if runner is None else _measure_and_check(runner, expected, config)
+            row = make_row(config, case, algorithm, resolve_algorithm(case, algorithm, model), m,
+                           wrong, inplace)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -433,17 +477,47 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
 
 # --- SPMD -------------------------------------------------------------------------------------
 
-def _spmd_call(comm, case: Case, algorithm: str, x, out) -> Callable[[], object]:
-    op, root = case.op.value, case.root
-    if case.collective == "all_reduce":
-        return lambda: comm.all_reduce(x, op, algorithm, out=out)
-    if case.collective == "reduce":
-        return lambda: comm.reduce(x, op, root, algorithm)
+def _spmd_runners(comm, case: Case, algorithm: str) -> tuple[Runner, Runner | None]:
+    """This rank's out-of-place and in-place runners (None: the call has no ``out=``)."""
+    op, root, rank = case.op.value, case.root, comm.rank
+    final = result_dtype(case.op, case.dtype)
     if case.collective == "broadcast":
-        return lambda: comm.broadcast(x, root, algorithm, out=out)
+        x = case.input(root) if rank == root else None
+        out = np.zeros(case.count, case.dtype)
+        mine = np.zeros(case.count, case.dtype)  # zeros while timed, like the devices' buffers
+
+        def restore() -> None:
+            if x is not None:
+                np.copyto(mine, x)
+
+        oop = Runner(lambda: [comm.broadcast(x, root, algorithm, out=out)], _zero([out]))
+        return oop, Runner(lambda: [comm.broadcast(mine if x is not None else None, root,
+                                                   algorithm, out=mine)], restore)
+    x = case.input(rank)
+    if case.collective == "all_reduce":
+        out = np.zeros(case.count, final)
+        oop = Runner(lambda: [comm.all_reduce(x, op, algorithm, out=out)], _zero([out]))
+        if final != case.dtype:
+            return oop, None
+        mine = np.zeros_like(x)  # zeros while timed; the checked call gets x
+        return oop, Runner(lambda: [comm.all_reduce(mine, op, algorithm, out=mine)],
+                           lambda: np.copyto(mine, x))
+    if case.collective == "reduce":
+        return Runner(lambda: [comm.reduce(x, op, root, algorithm)], lambda: None), None
     if case.collective == "all_gather":
-        return lambda: comm.all_gather(x, 0, algorithm)
-    return lambda: comm.reduce_scatter(x, op, algorithm)
+        return Runner(lambda: [comm.all_gather(x, 0, algorithm)], lambda: None), None
+    return Runner(lambda: [comm.reduce_scatter(x, op, algorithm)], lambda: None), None
+
+
+def _recording(call: Callable[[], list], comm, ran: list) -> Callable[[], list]:
+    """``call``, noting in ``ran[0]`` what the communicator says it ran (right after the call:
+    the bench's own all-reduces of times and counts would overwrite it)."""
+    def run() -> list:
+        outputs = call()
+        ran[0] = getattr(comm, "last_algorithm", None) or ran[0]
+        return outputs
+
+    return run
 
 
 def bench_spmd(comm, config: BenchConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
@@ -451,7 +525,8 @@ def bench_spmd(comm, config: BenchConfig, on_row: Callable[[Row], None] | None =
 
     Call it on every rank (thread ranks via ``collectives.run``, or processes under an MPI
     launcher). Times are the maximum over ranks of each repeat; #wrong is summed over
-    ranks. ``on_row`` is called on rank 0 only, as each row is ready.
+    ranks. ``on_row`` is called on rank 0 only, as each row is ready. The algorithm that ran
+    is ``comm.last_algorithm`` where the communicator records it, else the name asked for.
     """
     n, rank = comm.size, comm.rank
     if n != config.participants:
@@ -460,45 +535,39 @@ def bench_spmd(comm, config: BenchConfig, on_row: Callable[[Row], None] | None =
     def agree(values: list[float]) -> list[float]:
         return [float(v) for v in comm.all_reduce(np.asarray(values, np.float64), "max")]
 
+    def total_wrong(mine: int) -> int:
+        return int(comm.all_reduce(np.asarray([mine], np.int64), "sum")[0])
+
     rows = []
     for case in sweep(config):
-        final = result_dtype(case.op, case.dtype)
-        if case.collective == "broadcast":
-            x = make_input(case.count, rank, case.dtype) if rank == case.root else None
-            out = np.empty(case.count, case.dtype)
-        else:
-            x = make_input(case.total if case.collective == "reduce_scatter" else case.count,
-                           rank, case.dtype)
-            out = np.empty(case.count, final) if case.collective == "all_reduce" else None
-        expected = expected_output(case, rank) if config.check else None
+        expected = [expected_output(case, rank)] if config.check else None
         for algorithm in config.algorithms:
-            if out is not None:
-                out.fill(0)
-            call = _spmd_call(comm, case, algorithm, x, out)
-            last: list = [None]
-
-            def timed(call=call, last=last):
-                last[0] = call()
-
-            m = measure(timed, warmup=config.warmup, iters=config.iters, repeats=config.repeats,
-                        sync=comm.barrier, agree=agree)
-            mine = count_wrong(last, [expected]) if config.check else 0
-            wrong = int(comm.all_reduce(np.asarray([mine], np.int64), "sum")[0])
-            row = make_row(config, case, algorithm,
-                           resolve_algorithm(case, algorithm, comm.cost_model), m, wrong)
+            oop, ip = _spmd_runners(comm, case, algorithm)
+            ran = [algorithm]
+            oop.call = _recording(oop.call, comm, ran)
+            m, wrong = _measure_and_check(oop, expected, config, sync=comm.barrier, agree=agree,
+                                          total_wrong=total_wrong)
+            inplace = None if ip is None else _measure_and_check(
+                ip, expected, config, sync=comm.barrier, agree=agree, total_wrong=total_wrong)
+            row = make_row(config, case, algorithm, ran[0], m, wrong, inplace)
             rows.append(row)
             if on_row is not None and rank == 0:
                 on_row(row)
     return rows
 
 
-def run_bench(config: BenchConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Validate ``config`` and run its sweep in its mode (spmd: on embedded thread ranks)."""
+def run_bench(config: BenchConfig, on_row: Callable[[Row], None] | None = None, *,
+              comm=None) -> list[Row]:
+    """Validate ``config`` and run its sweep in its mode: ``devices`` in this thread, ``spmd``
+    on embedded thread ranks, ``mpi`` as one rank of ``comm`` (default: the MPI backend's
+    ``init()`` over every rank of the launch)."""
+    if config.mode == "mpi":
+        comm = comm if comm is not None else collectives.load_backend("mpi").init()
+        config = replace(config, participants=comm.size)
     config.validate()
     if config.mode == "devices":
         return bench_devices(config, on_row)
-    if config.mode == "mpi":  # one rank of an mpiexec launch; the launch decides the ranks
-        comm = collectives.load_backend("mpi").init()
+    if config.mode == "mpi":
         return bench_spmd(comm, config, on_row)
     return collectives.run(bench_spmd, config.participants, args=(config, on_row), timeout=600.0)[0]
 
@@ -529,41 +598,3 @@ def write_json(path: str, rows: Sequence[Row], meta: dict) -> None:
     with open(path, "w") as f:
         json.dump({**meta, "rows": list(rows)}, f, indent=1, default=str)
         f.write("\n")
-
-
-def write_plot(path: str, rows: Sequence[Row], command: str) -> None:
-    """PNG of busbw against size, one line per algorithm, log2 size axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-        mine = [r for r in rows if r["algorithm"] == algorithm]
-        ax.plot([r["size"] for r in mine], [r["busbw"] for r in mine], marker="o", ms=3,
-                label=algorithm)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size per participant (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(title="algorithm")
-    machine = machine_info()
-    what = f"{rows[0]['collective']}, {rows[0]['mode']}, n={rows[0]['participants']}, " if rows else ""
-    title = f"{what}on {machine['node']} ({machine['cpu_count']} CPUs): {command}"
-    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def progress_context(total: int):
-    """A rich progress bar on stderr when it is a terminal, else None."""
-    if not sys.stderr.isatty():
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True,
-                    redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)

@@ -47,8 +47,8 @@ def input_period(n: int, op: ReduceOp | str = "sum") -> int:
     if op.wire_op is ReduceOp.PROD:
         return math.lcm(n + 1, 3)
     if op in (ReduceOp.MAX, ReduceOp.MIN):
-        return math.lcm(11, 3, n + 1)
-    return math.lcm(_sum_modulus(n), 3, n + 1)
+        return math.lcm(44, 3, n + 1)
+    return math.lcm(_sum_modulus(n) ** 2, 3, n + 1)
 
 
 def _pattern(n: int, p: int, length: int, dtype: np.dtype, op: ReduceOp, seed: int) -> np.ndarray:
@@ -63,9 +63,14 @@ def _pattern(n: int, p: int, length: int, dtype: np.dtype, op: ReduceOp, seed: i
         if kind in "fi":  # not complex: a product of negative values flips the signs of zeros
             x = x * np.where((i * 5 + p) % 3 == 0, -1, 1)
     elif op in (ReduceOp.MAX, ReduceOp.MIN):
-        x = (i * 7 + p * 3 + seed) % 11 - (5 if kind in "fic" else 0)
+        # a base value per element plus 0..3 by participant: with any number of participants
+        # the maximum and the minimum still vary from element to element
+        x = ((i * 7 + seed) % 11 + (i + p * 3) % 4) % 11 - (5 if kind in "fic" else 0)
     else:
-        x = (i * 5 + p * 3 + seed) % _sum_modulus(n)
+        # participant 0 is shifted every m elements, so the sum varies from element to element
+        # even when the other participants cover every residue equally
+        m = _sum_modulus(n)
+        x = (i * 5 + p * 3 + seed + (p == 0) * (i // m)) % m
     x = np.asarray(x)
     if kind == "c":
         x = x + 1j * ((i + p) % 3 if op.wire_op is not ReduceOp.PROD else 0)

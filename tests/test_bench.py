@@ -1,8 +1,10 @@
-"""``collectives bench``: the CLI end to end (as a subprocess), and the checker it relies on."""
+"""``collectives bench``: the CLI end to end (as a subprocess), the checker it relies on, and
+``collectives.reference`` (exact inputs, the float64 reference, the per-collective records)."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,15 +12,17 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import bench, cli
-from collectives.ops import ReduceOp
+from collectives import bench, cli, reference
+from collectives.ops import ReduceOp, check_dtype, supported_dtypes
 
 CLI = [sys.executable, "-m", "collectives.cli", "bench"]
 FAST = ["-w", "1", "-i", "2", "-r", "2"]
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
            "reduce": lambda n: 1.0}
-COLUMNS = ("size", "count", "type", "redop", "algorithm", "time", "algbw", "busbw", "wrong")
+COLUMNS = ("size", "count", "type", "redop", "request", "algorithm", "time", "algbw", "busbw",
+           "wrong", "ip_time", "ip_algbw", "ip_busbw", "ip_wrong")
+INPLACE = {("devices", c) for c in bench.COLLECTIVES} | {("spmd", "all_reduce"), ("spmd", "broadcast")}
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -34,10 +38,10 @@ def parse_table(stdout: str) -> list[dict]:
         fields = line.split()
         assert len(fields) == len(COLUMNS), line
         row = dict(zip(COLUMNS, fields))
-        for key in ("size", "count", "wrong"):
-            row[key] = int(row[key])
-        for key in ("time", "algbw", "busbw"):
-            row[key] = float(row[key])
+        for key in ("size", "count", "wrong", "ip_wrong"):
+            row[key] = None if row[key] == "N/A" else int(row[key])
+        for key in ("time", "algbw", "busbw", "ip_time", "ip_algbw", "ip_busbw"):
+            row[key] = None if row[key] == "N/A" else float(row[key])
         rows.append(row)
     return rows
 
@@ -74,16 +78,20 @@ def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
     rows = parse_table(proc.stdout)
     header = [line for line in proc.stdout.splitlines() if "busbw" in line]
     assert len(header) == 1 and header[0].startswith("#")
+    title = [line for line in proc.stdout.splitlines() if "out-of-place" in line]
+    assert len(title) == 1 and title[0].startswith("#") and "in-place" in title[0]
 
     sizes = expected_sizes(collective, n, lo, 4096)
     assert len(rows) == 2 * len(sizes)
     for algorithm in ("ring", "tree"):
-        mine = [r for r in rows if r["algorithm"] == algorithm]
+        mine = [r for r in rows if r["request"] == algorithm]
         assert [r["size"] for r in mine] == sizes
+        assert {r["algorithm"] for r in mine} == {algorithm}  # what ran
     if n == 4 or collective not in ("all_gather", "reduce_scatter"):
         assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))  # sizes double
     factor = FACTORS[collective](n)
     per_rank = collective in ("all_gather", "reduce_scatter")
+    inplace = (mode, collective) in INPLACE
     for r in rows:
         assert r["wrong"] == 0
         assert r["type"] == "float32"
@@ -91,6 +99,11 @@ def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
         assert r["size"] == r["count"] * 4 * (n if per_rank else 1)
         assert r["time"] > 0
         assert abs(r["busbw"] - r["algbw"] * factor) <= 0.0015  # printed to 3 decimals
+        if inplace:
+            assert r["ip_wrong"] == 0 and r["ip_time"] > 0
+            assert abs(r["ip_busbw"] - r["ip_algbw"] * factor) <= 0.0015
+        else:  # that call takes no out=: nothing to run in place
+            assert (r["ip_time"], r["ip_wrong"]) == (None, None)
 
     data = json.loads(out.read_text())
     assert {"command", "machine", "numpy", "date", "rows"} <= set(data)
@@ -98,10 +111,15 @@ def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
     assert data["numpy"] == np.__version__
     assert len(data["rows"]) == len(rows)
     for jr, tr in zip(data["rows"], rows):
-        assert (jr["size"], jr["algorithm"], jr["wrong"]) == (tr["size"], tr["algorithm"], 0)
-        assert jr["busbw"] == pytest.approx(jr["algbw"] * factor, rel=1e-12)
-        assert jr["algbw"] == pytest.approx(jr["size"] / (jr["time_us"] * 1e-6) / 1e9, rel=1e-12)
-        assert jr["time_us"] == pytest.approx(float(np.median(jr["repeats_us"])), rel=1e-12)
+        assert (jr["size"], jr["algorithm"], jr["resolved"], jr["wrong"]) == (
+            tr["size"], tr["request"], tr["algorithm"], 0)
+        halves = [jr, jr["inplace"]] if inplace else [jr]
+        assert (jr["inplace"] is None) == (not inplace)
+        for half in halves:
+            assert half["busbw"] == pytest.approx(half["algbw"] * factor, rel=1e-12)
+            assert half["algbw"] == pytest.approx(jr["size"] / (half["time_us"] * 1e-6) / 1e9,
+                                                  rel=1e-12)
+            assert half["time_us"] == pytest.approx(float(np.median(half["repeats_us"])), rel=1e-12)
 
 
 def test_defaults_adapt_iterations_and_plot(tmp_path):
@@ -110,16 +128,33 @@ def test_defaults_adapt_iterations_and_plot(tmp_path):
                    "--json", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stderr
     rows = parse_table(proc.stdout)
-    assert [(r["size"], r["algorithm"]) for r in rows] == [
+    assert [(r["size"], r["request"]) for r in rows] == [
         (s, a) for s in (1024, 2048, 4096) for a in ("auto", "one_device")]
     data = json.loads((tmp_path / "r.json").read_text())
-    for r in data["rows"]:
-        assert len(r["repeats_us"]) == 5
-        assert 1 <= r["iters"] <= bench.MAX_ITERS
-        # adapted so that a repeat lasts about 20 ms (unless capped at MAX_ITERS)
-        assert r["iters"] == bench.MAX_ITERS or r["iters"] * r["time_us"] > 5e3
+    for r, printed in zip(data["rows"], rows):
+        for half in (r, r["inplace"]):
+            assert len(half["repeats_us"]) == 5
+            assert 1 <= half["iters"] <= bench.MAX_ITERS  # adapted (see test_measure_adapts_...)
         assert r["resolved"] in ("one_device", "ring", "rechd", "tree", "shuffle")
+        assert printed["algorithm"] == r["resolved"]  # the table says what auto ran
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_auto_prints_what_the_cost_model_picks():
+    """The algorithm column of an auto row is what collectives.api.pick_algorithm resolves."""
+    from collectives.api import pick_algorithm
+    from collectives.registry import backend_for_arrays
+
+    proc = run_cli("-n", "5", "-b", "8", "-e", "8M", "-f", "32", "-a", "auto", "-w", "0", "-i", "1",
+                   "-r", "1", "--no-check")
+    assert proc.returncode == 0, proc.stderr
+    model = backend_for_arrays([np.zeros(1)]).cost_model
+    rows = parse_table(proc.stdout)
+    assert len(rows) == 5
+    for r in rows:
+        assert r["algorithm"] == pick_algorithm(collectives.Collective.ALL_REDUCE, "auto", 5,
+                                                r["size"], model)
+        assert r["wrong"] is None and r["ip_wrong"] is None  # --no-check
 
 
 def test_other_dtype_and_op():
@@ -128,7 +163,20 @@ def test_other_dtype_and_op():
     assert proc.returncode == 0, proc.stderr
     rows = parse_table(proc.stdout)
     assert len(rows) == 6
-    assert {(r["type"], r["redop"], r["wrong"]) for r in rows} == {("bfloat16", "max", 0)}
+    assert {(r["type"], r["redop"], r["wrong"], r["ip_wrong"]) for r in rows} == {
+        ("bfloat16", "max", 0, 0)}
+
+
+@pytest.mark.parametrize("mode", ["devices", "spmd"])
+def test_in_place_timing_does_not_overflow(mode):
+    """Repeated in-place sums of real data would overflow float16 within a few calls (and warn);
+    the timed in-place calls run on zeros, the checked one on the exact inputs."""
+    proc = run_cli("--mode", mode, "-d", "float16", "-n", "4", "-b", "64", "-e", "64", "-w", "2",
+                   "-i", "20", "-r", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+    (row,) = parse_table(proc.stdout)
+    assert (row["wrong"], row["ip_wrong"]) == (0, 0)
 
 
 def test_bad_algorithm_exits_nonzero_naming_it():
@@ -141,6 +189,23 @@ def test_bad_algorithm_exits_nonzero_naming_it():
 def test_algorithm_without_that_collective_is_refused():
     proc = run_cli("-c", "broadcast", "-a", "rechd", "-e", "1K")
     assert proc.returncode != 0 and "rechd" in proc.stderr and "broadcast" in proc.stderr
+
+
+def test_measure_adapts_iterations_to_the_target(monkeypatch):
+    """With a clock that advances 2**-14 s (61 us) per call, a 20 ms repeat needs 328 calls."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def call():
+        clock[0] += 2**-14  # exact in binary: no rounding in the clock's sums
+
+    m = bench.measure(call, warmup=1, repeats=3)
+    assert m.iters == math.ceil(bench.TARGET_SECONDS / 2**-14) == 328 and len(m.repeats) == 3
+    assert m.seconds == 2**-14
+    slow = bench.measure(lambda: clock.__setitem__(0, clock[0] + 1.0), warmup=0, repeats=1)
+    assert slow.iters == 1  # one call already outlasts the target
+    fast = bench.measure(lambda: clock.__setitem__(0, clock[0] + 1e-9), warmup=0, repeats=1)
+    assert fast.iters == bench.MAX_ITERS  # capped
 
 
 def test_parse_size():
@@ -171,21 +236,23 @@ def test_count_wrong_counts_corrupted_elements():
 
 @pytest.mark.parametrize("collective", bench.COLLECTIVES)
 @pytest.mark.parametrize("dtype, op", [("float32", "sum"), ("float16", "mean"), ("int8", "prod"),
-                                       ("bfloat16", "min")])
+                                       ("bfloat16", "min"), ("int16", "mean")])
 def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
-    """The periodic shortcut gives what reducing the full inputs in float64 gives."""
+    """The periodic shortcut gives what reducing the full inputs in float64 gives, and what
+    collectives.reference.expected_outputs gives."""
     n, count = 3, 200
     dt = bench.parse_dtype(dtype)
     op = ReduceOp.parse(op) if collective in bench.REDUCING else ReduceOp.SUM
     case = bench.Case(collective, n, dt, op, 1, count)
-    total = count * n if collective == "reduce_scatter" else count
-    inputs = [bench.make_input(total, p, dt) for p in range(n)]
+    inputs = case.inputs()
+    assert [x.size for x in inputs] == [count * n if collective == "reduce_scatter" else count] * n
     wide = [x.astype(np.float64) for x in inputs]
-    full = {ReduceOp.SUM: sum(wide), ReduceOp.MEAN: sum(wide) / n,
+    full = {ReduceOp.SUM: sum(wide), ReduceOp.MEAN: sum(wide),
             ReduceOp.PROD: wide[0] * wide[1] * wide[2],
-            ReduceOp.MIN: np.minimum.reduce(wide)}[op]
-    full = full.astype(dt if op is not ReduceOp.MEAN or dt.kind == "f" else np.float64)
-    got = bench.expected_outputs(case)
+            ReduceOp.MIN: np.minimum.reduce(wide)}[op].astype(dt)
+    if op is ReduceOp.MEAN:  # the library's MEAN: the exact sum, then one division
+        full = np.true_divide(full, n)
+        assert full.dtype == (dt if dt.kind == "f" else np.float64)
     if collective == "all_reduce":
         want = [full] * n
     elif collective == "reduce":
@@ -196,15 +263,18 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
         want = [np.concatenate(inputs)] * n
     else:
         want = [full[p * count:(p + 1) * count] for p in range(n)]
-    for g, w in zip(got, want):
+    direct = reference.expected_outputs(collective, inputs, op, root=1)
+    for g, d, w in zip(bench.expected_outputs(case), direct, want):
         if w is None:
-            assert g is None
+            assert g is None and d is None
         else:
-            assert g.dtype == w.dtype and np.array_equal(g, w)
+            assert g.dtype == d.dtype == w.dtype
+            assert np.array_equal(g, w) and np.array_equal(d, w)
 
 
 def test_bench_reports_wrong_results_and_fails(monkeypatch, capsys):
-    """A collective that corrupts one element of one device shows #wrong 1 and exit status 1."""
+    """A collective that corrupts one element of one device shows #wrong 1, out of place and
+    in place, and exit status 1."""
     real = collectives.all_reduce
 
     def broken(values, op="sum", algorithm="auto", **kw):
@@ -216,7 +286,135 @@ def test_bench_reports_wrong_results_and_fails(monkeypatch, capsys):
     status = cli.main(["bench", "-n", "3", "-b", "64", "-e", "128", "-a", "ring", *FAST])
     rows = parse_table(capsys.readouterr().out)
     assert status == 1
-    assert [r["wrong"] for r in rows] == [1, 1]
+    assert [(r["wrong"], r["ip_wrong"]) for r in rows] == [(1, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("mode", ["devices", "spmd"])
+def test_in_place_passes_the_input_as_out(monkeypatch, mode):
+    """In place means out= is the input buffer, as nccl-tests' recvbuff == sendbuff."""
+    calls = []
+    if mode == "devices":
+        real = collectives.all_reduce
+
+        def spy(values, op="sum", algorithm="auto", **kw):
+            calls.append(kw.get("out") is values)
+            return real(values, op, algorithm, **kw)
+
+        monkeypatch.setattr(collectives, "all_reduce", spy)
+    else:
+        real_method = collectives.Communicator.all_reduce
+
+        def spy(self, x, *args, **kw):
+            if x.dtype == np.float32:  # not the bench's own float64/int64 agreements
+                calls.append(kw.get("out") is x)
+            return real_method(self, x, *args, **kw)
+
+        monkeypatch.setattr(collectives.Communicator, "all_reduce", spy)
+    config = bench.BenchConfig(algorithms=("ring",), participants=3, mode=mode, minbytes=64,
+                               maxbytes=64, warmup=1, iters=3, repeats=2)
+    rows = bench.run_bench(config)
+    # out of place, then in place: warmup + 3 x 2 timed + 1 checked call each (per rank)
+    per_rank = 1 if mode == "devices" else 3
+    assert (calls.count(False), calls.count(True)) == (8 * per_rank, 8 * per_rank)
+    if mode == "devices":
+        assert calls == [False] * 8 + [True] * 8
+    # the timed in-place calls overwrote the input 7 times; the checked call started afresh
+    assert (rows[0]["wrong"], rows[0]["inplace"]["wrong"]) == (0, 0)
+
+
+# --- collectives.reference ------------------------------------------------------------------------
+
+def _in_dtype(values: list[np.ndarray], op: ReduceOp, order: list[int]) -> np.ndarray:
+    """Reduce in the inputs' own dtype, in the given order of participants."""
+    kernel = {ReduceOp.SUM: np.add, ReduceOp.MEAN: np.add, ReduceOp.PROD: np.multiply,
+              ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}[op]
+    acc = values[order[0]].copy()
+    for p in order[1:]:
+        kernel(acc, values[p], out=acc)
+    return np.true_divide(acc, len(values)) if op is ReduceOp.MEAN else acc
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 64])
+def test_exact_inputs_reduce_exactly_in_every_dtype_and_order(n):
+    rng = np.random.default_rng(n)
+    for dtype in supported_dtypes():
+        for op in ReduceOp:
+            try:
+                check_dtype(op, dtype)
+            except TypeError:
+                continue
+            values = reference.exact_inputs(n, 231, dtype, op)
+            want = reference.reference(values, op)
+            assert want.dtype == collectives.ops.result_dtype(op, dtype)
+            for order in (list(range(n)), list(rng.permutation(n))):
+                got = _in_dtype(values, op, order)
+                assert got.dtype == want.dtype
+                # bit for bit: every partial result is exact, so the order cannot matter
+                assert got.tobytes() == want.tobytes(), (dtype, op, n, order)
+            if n > 1:  # the inputs vary, so a wrong element has something to differ from
+                assert len(np.unique(want)) > 1, (dtype, op, n)
+
+
+def test_exact_inputs_repeat_with_their_period():
+    for n in (1, 4, 9):
+        for op in ReduceOp:
+            period = reference.input_period(n, op)
+            for p in range(n):
+                x = reference.exact_input(n, p, 3 * period + 5, np.float32, op)
+                assert np.array_equal(x[period:2 * period], x[:period])
+                assert np.array_equal(x[3 * period:], x[:5])
+    x = reference.exact_input(4, 1, 12, np.int32, shape=(3, 4))
+    assert x.shape == (3, 4) and np.array_equal(x.reshape(-1), reference.exact_input(4, 1, 12, np.int32))
+    with pytest.raises(ValueError, match="participant=4"):
+        reference.exact_input(4, 4, 10, np.float32)
+
+
+def test_reference_by_hand():
+    a, b = np.array([1, 2, 7], np.int16), np.array([3, 4, 0], np.int16)
+    assert reference.reference([a, b], "sum").tolist() == [4, 6, 7]
+    mean = reference.reference([a, b], "mean")  # integer MEAN: float64, NumPy's true division
+    assert mean.dtype == np.float64 and mean.tolist() == [2.0, 3.0, 3.5]
+    assert reference.reference([a, b], "prod").tolist() == [3, 8, 0]
+    assert reference.reference([a, b], "max").tolist() == [3, 4, 7]
+    t, f = np.array([True, True, False]), np.array([True, False, False])
+    assert reference.reference([t, f], "max").tolist() == [True, True, False]
+    assert reference.reference([t, f], "min").tolist() == [True, False, False]
+    c = reference.reference([np.array([1 + 2j], np.complex64), np.array([3 - 1j], np.complex64)], "sum")
+    assert c.dtype == np.complex64 and c.tolist() == [4 + 1j]
+    # float16 MEAN: one division of the exact sum, rounded once to float16
+    h = reference.reference([np.array([1.0], np.float16)] * 2 + [np.array([0.0], np.float16)], "mean")
+    assert h.dtype == np.float16 and h[0] == np.float16(2.0 / 3)
+
+
+def test_expected_outputs_per_collective():
+    x = [np.arange(6, dtype=np.float32).reshape(3, 2) + 10 * p for p in range(3)]
+    total = x[0] + x[1] + x[2]
+    assert all(np.array_equal(o, total) for o in reference.expected_outputs("all_reduce", x))
+    outs = reference.expected_outputs("reduce", x, "max", root=2)
+    assert outs[:2] == [None, None] and np.array_equal(outs[2], x[2])
+    assert all(np.array_equal(o, x[1]) for o in reference.expected_outputs("broadcast", x, root=1))
+    assert all(np.array_equal(o, np.concatenate(x)) for o in reference.expected_outputs("all_gather", x))
+    blocks = reference.expected_outputs("reduce_scatter", x)
+    assert [b.tolist() for b in blocks] == [total[0:1].tolist(), total[1:2].tolist(), total[2:3].tolist()]
+    with pytest.raises(ValueError, match="all_to_all"):
+        reference.expected_outputs("all_to_all", x)
+
+
+def test_records_follow_nccl_tests():
+    """Counts as nccl-tests' getCollByteCount gives them (blocks not rounded to 4 here) and the
+    bus factors of its PERFORMANCE.md."""
+    ag, rs, ar = (reference.record(c) for c in ("all_gather", "reduce_scatter", "all_reduce"))
+    assert ag.counts(1000, 4, rank=2) == reference.Counts(250, 1000, 250, 500, 0)
+    assert rs.counts(1000, 4, rank=3) == reference.Counts(1000, 250, 250, 0, 750)
+    assert ar.counts(1000, 4, rank=3) == reference.Counts(1000, 1000, 1000, 0, 0)
+    assert ag.nbytes(1000, 4, 4) == rs.nbytes(1000, 4, 4) == ar.nbytes(1000, 4, 4) == 4000
+    factors = {c: reference.record(c).bus_factor(4) for c in reference.COLLECTIVES}
+    assert factors == {"all_reduce": 1.5, "reduce": 1.0, "broadcast": 1.0, "all_gather": 0.75,
+                       "reduce_scatter": 0.75}
+    assert ar.bandwidth(2_000_000_000, 2.0, 4) == (1.0, 1.5)
+    assert [c for c in reference.COLLECTIVES if reference.record(c).reduces] == list(bench.REDUCING)
+    with pytest.raises(ValueError, match="gather_all"):
+        reference.record("gather_all")
 
 
 def test_spmd_bench_counts_wrong_over_ranks(monkeypatch):

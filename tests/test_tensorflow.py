@@ -12,14 +12,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tracemalloc
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 from collectives.adapters.tensorflow import host
+from collectives.adapters.tensorflow.agreement import BatchAgreement, Signature, agree
+from collectives.adapters.tensorflow.pool import ALIGNMENT, BufferPool
+from collectives.adapters.tensorflow.world import launched_world_size, open_communicator
 
 import collectives
 from collectives.spec import parse_spec
@@ -135,6 +141,133 @@ def test_check_packing():
         host.check_packing(host.Packing(bytes_per_pack=-1))
 
 
+# --- the result-buffer pool: bounded, least recently used out ------------------------------------
+
+def test_pool_stays_bounded_when_sizes_vary():
+    """200 steps with a new length each (0.4 to 1.2 MB): the pool's count and the NumPy memory
+    still allocated stay within its bounds (an unbounded pool keeps about 160 MB)."""
+    limit = 8 << 20
+    pool = BufferPool(max_bytes=limit, max_entries=16)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for step in range(200):
+            out = pool.empty((100_000 + 1000 * step,), np.float32)
+            assert out.ctypes.data % ALIGNMENT == 0
+            out.fill(step)  # written, as a result is
+            del out  # and let go of, as TensorFlow does once the result is consumed
+            assert pool.nbytes <= limit and len(pool) <= 16
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held - before <= limit + (1 << 20), (held - before) / 1e6
+
+
+def test_pool_reuses_free_buffers_and_forgets_the_least_recently_used():
+    pool = BufferPool(max_bytes=1 << 20, max_entries=3)
+    first = pool.empty((100,), np.float32)
+    owner = weakref.ref(first.base)
+    del first
+    again = pool.empty((25, 4), np.float32)  # same byte size, free: the same buffer
+    assert again.base is owner() and again.shape == (25, 4)
+    other = pool.empty((100,), np.float32)  # the first is in use: never handed out twice
+    assert other.base is not owner()
+    del again, other
+    for n in (200, 300, 400):  # three newer sizes push both 100-float buffers out
+        pool.empty((n,), np.float32)
+    assert len(pool) == 3 and owner() is None
+    assert pool.nbytes == sum(pool.empty((n,), np.float32).base.nbytes for n in (200, 300, 400))
+
+    small = BufferPool(max_bytes=1000, keep=2)
+    big = small.empty((1000,), np.float64)  # larger than the whole pool: never kept
+    assert len(small) == 0 and big.shape == (1000,)
+    held = [small.empty((10,), np.uint8) for _ in range(3)]
+    assert len(small) == 2 and len({id(h.base) for h in held}) == 3  # keep=2 of one size
+    small.limit(max_bytes=0)
+    assert len(small) == 0 and small.nbytes == 0
+    with pytest.raises(ValueError, match="max_entries"):
+        small.limit(max_entries=-1)
+
+
+# --- workers agree on each batch before data moves --------------------------------------------
+
+def _batch(count: int, devices: int = 2, shape=(3,), op: str = "SUM") -> Signature:
+    return Signature({"call": "batch_reduce", "op": op, "workers_sum": "mean",
+                      "devices": [devices] * count, "route": [[["ring", 1, -1], {}]] * count,
+                      "tensors": [["dense", "float32", list(shape)]] * count})
+
+
+def _agree_then_reduce(describe):
+    """Every rank agrees on its own signature, then all-reduces (rank + 1): the ranks must still
+    be in step after an error, so the sum is right."""
+    def worker(comm):
+        try:
+            agree(comm, describe(comm.rank), timeout=10)
+            error = None
+        except collectives.CollectiveMismatchError as exc:
+            error = str(exc)
+        total = comm.all_reduce(np.array([comm.rank + 1.0]), timeout=10)
+        return error, float(total[0])
+
+    return collectives.run(worker, 3, timeout=30)
+
+
+def test_agreement_passes_identical_batches():
+    for error, total in _agree_then_reduce(lambda rank: _batch(2)):
+        assert error is None and total == 6.0
+
+
+@pytest.mark.parametrize("describe, fragment", [
+    (lambda rank: _batch(1 if rank == 0 else 2),
+     "batches of different lengths (rank 0: 1 tensor(s), rank 1: 2 tensor(s), rank 2: 2 tensor(s))"),
+    (lambda rank: _batch(2, devices=2 - (rank == 2)), "different numbers of devices"),
+    (lambda rank: _batch(2, shape=(3 + rank,)),
+     "different tensors at position 0 (rank 0: dense float32 [3], rank 1: dense float32 [4]"),
+    (lambda rank: _batch(2, op="MEAN" if rank else "SUM"), "different reduce ops"),
+    (lambda rank: Signature({"call": "gather"}) if rank == 1 else _batch(1),
+     "different operations (rank 0: batch_reduce, rank 1: gather"),
+])
+def test_agreement_mismatch_raises_on_every_worker(describe, fragment):
+    for rank, (error, total) in enumerate(_agree_then_reduce(describe)):
+        assert error is not None and error.startswith(f"rank {rank}: ") and fragment in error, error
+        assert total == 6.0  # still in step: nothing moved for the mismatched call
+
+
+def test_agreement_digest_is_small_and_stable():
+    assert _batch(3).digest.nbytes == 8  # what travels in the steady state
+    assert _batch(3).digest.tobytes() == _batch(3).digest.tobytes()
+    assert _batch(3).digest.tobytes() != _batch(2).digest.tobytes()
+
+
+def test_batch_agreement_fills_in_shapes_unknown_while_tracing():
+    sparse = ("sparse", "float32/int64", (None, 2))  # rows differ between workers by design
+    traced = BatchAgreement({"call": "batch_reduce", "tensors": (("dense", "float32", (None, 3)),
+                                                                 sparse)})
+    known = BatchAgreement({"call": "batch_reduce", "tensors": (("dense", "float32", (5, 3)),
+                                                                sparse)})
+    assert traced.open == [0] and known.open == [] and known.fixed is not None
+    assert traced.signature({0: (5, 3)}).digest == known.signature().digest
+    assert traced.signature({0: (4, 3)}).digest != known.signature().digest
+
+
+# --- which workers take part ------------------------------------------------------------------
+
+def test_open_communicator_accepts_the_documented_values(monkeypatch):
+    assert open_communicator(None) is None
+    assert collectives.run(lambda comm: open_communicator(comm) is comm, 2) == [True, True]
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert open_communicator("auto", auto=True) is None  # not launched by mpiexec: one worker
+    assert launched_world_size({"PMI_SIZE": "4"}) == 4 and launched_world_size({}) == 1
+    with pytest.raises(ValueError, match="communicator='auto' is not a known name; pass a "
+                                         "collectives.Communicator, 'mpi'"):
+        open_communicator("auto")
+    with pytest.raises(ValueError, match="'mpl'"):
+        open_communicator("mpl", auto=True)
+    with pytest.raises(TypeError, match="communicator=3 is a int; pass a collectives.Communicator"):
+        open_communicator(3)
+
+
 # --- TensorFlow, one process per configuration --------------------------------------------------
 
 def run_scenario(args: list[str], timeout: float = 280, launcher: list[str] | None = None) -> dict:
@@ -215,7 +348,7 @@ def test_keras_fit_four_devices(four_devices):
 @pytest.mark.slow
 def test_multi_worker_threads(four_devices):
     report, _ = four_devices
-    assert len(_names(report, "threads: ")) == 5
+    assert len(_names(report, "threads: ")) == 6
 
 
 def _mpiexec() -> str | None:
@@ -243,3 +376,34 @@ def test_multi_worker_mpi(four_devices, tmp_path):
         assert a.tobytes() == b.tobytes()  # identical on every worker
     for got, ref in zip(workers[0], want):
         assert np.max(np.abs(got - ref)) <= 1e-5 * np.max(np.abs(ref))
+
+
+DOCS = Path(__file__).parent.parent / "docs" / "tensorflow.md"
+
+
+@needs_tf
+@pytest.mark.slow
+def test_doc_examples_run_as_written(tmp_path):
+    """Every Python block of docs/tensorflow.md runs under plain python; the multi-worker one
+    (its first line names mpiexec) also under ``mpiexec -n 2``, where both workers print the
+    loss that the plain run printed."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    can_launch = importlib.util.find_spec("mpi4py") is not None and _mpiexec() is not None
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"example{i}.py"
+        path.write_text(block)
+        proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, f"example {i} failed:\n{block}\n{proc.stderr[-3000:]}"
+        if "mpiexec" not in block.splitlines()[0] or not can_launch:
+            continue
+        alone = proc.stdout.strip()
+        assert alone.startswith("worker 0 of 1: loss "), alone
+        proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(path)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, f"example {i} under mpiexec failed:\n{proc.stderr[-3000:]}"
+        loss = alone.split("loss ")[1]
+        assert sorted(proc.stdout.split("\n")[:-1]) == [f"worker 0 of 2: loss {loss}",
+                                                         f"worker 1 of 2: loss {loss}"], proc.stdout

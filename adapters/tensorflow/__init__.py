@@ -25,7 +25,7 @@ _EXPORTS = {
     "ReductionToOneDevice": "cross_device_ops",
     "MultiWorkerAllReduce": "multi_worker",
     "broadcast_variables": "multi_worker",
-    "launched_world_size": "multi_worker",
+    "launched_world_size": "world",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,16 +18,15 @@ What crosses the boundary, and why it is done this way (measured with TF 2.21 on
 
 from __future__ import annotations
 
-import sys
-import threading
 import weakref
 from collections.abc import Callable, Sequence
-from math import prod
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import values as values_lib
+
+from .pool import ALIGNMENT, BufferPool, aligned_empty
 
 __all__ = [
     "ALIGNMENT",
@@ -44,9 +43,6 @@ __all__ = [
     "to_tensor",
 ]
 
-ALIGNMENT = 64  # Eigen's EIGEN_MAX_ALIGN_BYTES: TF aliases buffers aligned to this, copies others
-
-
 def numpy_dtype(dtype) -> np.dtype:
     """The NumPy dtype of a TF dtype (bfloat16 comes from ml_dtypes, which TF depends on)."""
     return np.dtype(tf.as_dtype(dtype).as_numpy_dtype)
@@ -62,65 +58,7 @@ def mean_dtype(dtype) -> tf.DType:
     return dtype
 
 
-def _shape(shape) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        return (int(shape),)
-    return tuple(int(d) for d in shape)
-
-
-def _aligned_bytes(nbytes: int) -> np.ndarray:
-    owner = np.empty(nbytes + ALIGNMENT, np.uint8)
-    start = (-owner.ctypes.data) % ALIGNMENT
-    # Every view of this slice has ``owner`` as its .base (NumPy collapses view chains).
-    return owner[start:start + nbytes]
-
-
-def aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``ALIGNMENT`` boundary."""
-    dtype, shape = np.dtype(dtype), _shape(shape)
-    return _aligned_bytes(prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
-
-
-class BufferPool:
-    """Aligned result buffers, reused once TensorFlow has let go of them.
-
-    A fresh large NumPy buffer costs a page fault per 4 KiB page on first touch (on the 2-vCPU
-    machine, allocating the outputs of one ResNet-50 batch cost more than reducing it).
-    TensorFlow's own allocator reuses memory; this does the same for the buffers results are
-    aliased from. TensorFlow holds a reference to every array it aliases (and the DLPack
-    capsule of an eager result holds one too), so a buffer whose only references are the
-    pool's is free to reuse. At most ``keep`` buffers of each size are kept.
-    """
-
-    def __init__(self, keep: int = 4):
-        self.keep = keep
-        self._free: dict[int, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def empty(self, shape, dtype) -> np.ndarray:
-        """Like :func:`aligned_empty`, from the pool where a buffer of that size is free."""
-        dtype, shape = np.dtype(dtype), _shape(shape)
-        nbytes = prod(shape) * dtype.itemsize
-        with self._lock:
-            held = self._free.setdefault(nbytes, [])
-            for raw in held:
-                # The owner's references: the aligned slice kept here, getrefcount's argument
-                # and one per live view. More than 2: TensorFlow (or a caller) holds a view.
-                if sys.getrefcount(raw.base) <= 2:
-                    break
-            else:
-                raw = _aligned_bytes(nbytes)
-                if len(held) < self.keep:
-                    held.append(raw)
-        return raw.view(dtype).reshape(shape)
-
-    def clear(self) -> None:
-        """Forget every pooled buffer (memory returns once TensorFlow frees its tensors)."""
-        with self._lock:
-            self._free.clear()
-
-
-#: Where results handed to TensorFlow come from.
+#: Where results handed to TensorFlow come from (bounded: ``POOL.limit(max_bytes=...)``).
 POOL = BufferPool()
 
 

@@ -10,40 +10,14 @@ the workers through a ``collectives.Communicator`` (the MPI transport by default
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from .cross_device_ops import CrossDeviceOps
+from .world import launched_world_size, open_communicator
 
 __all__ = ["MultiWorkerAllReduce", "broadcast_variables", "launched_world_size"]
-
-# Launchers announce the world size in the environment: MPICH/hydra, Open MPI, PMIx, Slurm.
-_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
-
-
-def launched_world_size(env=None) -> int:
-    """How many processes ``mpiexec`` started (1 when not launched by an MPI launcher)."""
-    env = os.environ if env is None else env
-    for name in _SIZE_VARIABLES:
-        value = env.get(name)
-        if value and value.isdigit():
-            return int(value)
-    return 1
-
-
-def _open_communicator(communicator, timeout: float):
-    if communicator == "auto":
-        if launched_world_size() <= 1:
-            return None
-        communicator = "mpi"
-    if communicator == "mpi":
-        from collectives.backends import mpi
-
-        return mpi.init(timeout=timeout)
-    return communicator
-
 
 class MultiWorkerAllReduce(CrossDeviceOps):
     """TensorFlow's ``MultiWorkerAllReduce``, one process per worker under ``mpiexec``.
@@ -76,7 +50,7 @@ class MultiWorkerAllReduce(CrossDeviceOps):
                                                 num_gpus_per_worker < 0):
             raise ValueError(f"num_gpus_per_worker={num_gpus_per_worker!r} must be a "
                              "non-negative integer or None")
-        comm = _open_communicator(communicator, timeout)
+        comm = open_communicator(communicator, timeout=timeout, auto=True)
         workers = comm.size if comm is not None else 1
         if worker_devices is not None:
             if isinstance(worker_devices, str):

@@ -28,6 +28,12 @@ def setup(n: int) -> list[str]:
     return [device_util.resolve(d.name) for d in tf.config.list_logical_devices("CPU")]
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def per_replica(values, devices):
     """A PerReplica with ``values[i]`` (tensor or array) placed on ``devices[i]``."""
     import tensorflow as tf
@@ -40,6 +46,14 @@ def per_replica(values, devices):
                        tf.IndexedSlices(tf.identity(v.values), tf.identity(v.indices),
                                         v.dense_shape))
     return PerReplica(tuple(out))
+
+
+def mirrored_copies(values, devices):
+    """A Mirrored whose copy on ``devices[i]`` is ``values[i]`` (copies that may have diverged,
+    as after an unsynchronised update); a Mirrored even for one device."""
+    from tensorflow.python.distribute import values as values_lib
+
+    return values_lib.Mirrored(per_replica(values, devices).values)
 
 
 def fake_mirrored(value, devices):
@@ -56,7 +70,8 @@ def fake_mirrored(value, devices):
 
 
 def assert_mirrored_equal(left, right, rtol: float = 0.0) -> None:
-    """TF's ``_assert_mirrored_equal``: same type, same devices in order, equal (dense) values."""
+    """TF's ``_assert_mirrored_equal``: same type, same devices in order, equal (dense) values
+    of the same dtype."""
     import tensorflow as tf
     from tensorflow.python.distribute import device_util
     from tensorflow.python.distribute import values as values_lib
@@ -76,6 +91,7 @@ def assert_mirrored_equal(left, right, rtol: float = 0.0) -> None:
         da, db = device_util.resolve(a.device), device_util.resolve(b.device)
         assert da == db, f"result on {da}, expected on {db}"
         a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+        assert a.dtype == b.dtype, f"result is {a.dtype}, expected {b.dtype}"
         if rtol:
             np.testing.assert_allclose(a, b, rtol=rtol)
         else:

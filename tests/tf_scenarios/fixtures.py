@@ -5,9 +5,11 @@ checks of
 TensorFlow's ``_testReductionAndBroadcast``: per-device scalars d and d + 1; destinations
 mirrored (the value's devices), another device, and a device string; SUM and MEAN through
 ``reduce``; ``batch_reduce`` over every pair of destinations; ``broadcast``. The same batch runs
-again inside ``tf.function``. Then IndexedSlices, gather, a Mirrored value under MEAN, mixed
+again inside ``tf.function``. Then IndexedSlices, gather, Mirrored values, mixed
 dtypes, spec ranges, options and the argument errors, against TensorFlow's own
-``ReductionToOneDevice`` where TensorFlow defines the answer.
+``ReductionToOneDevice`` where TensorFlow defines the answer; Mirrored values whose copies
+diverged; replicas that disagree in dtype or shape; denormals; memory over 200 steps of
+varying sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import itertools
 import numpy as np
 import tensorflow as tf
 from collectives.adapters import tensorflow as ctf
-from common import assert_mirrored_equal, expect_error, fake_mirrored, per_replica
+from collectives.adapters.tensorflow import convert
+from common import (
+    assert_mirrored_equal,
+    expect_error,
+    fake_mirrored,
+    mirrored_copies,
+    per_replica,
+    resident_bytes,
+)
 from tensorflow.python.distribute import device_util
 from tensorflow.python.distribute import values as values_lib
 
@@ -25,6 +35,7 @@ DEVICES: list[str] = []  # set by run(): the process's logical devices
 N = 0
 
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+MEAN_DTYPES = {tf.float32: tf.float32, tf.int32: tf.float64, tf.int8: tf.float32}  # TF's
 
 
 def classes() -> dict:
@@ -175,16 +186,27 @@ def gather(make, k: int) -> None:
         assert_mirrored_equal(ops._gather(pr, dest, axis=1), ref._gather(pr, dest, axis=1))
 
 
-def mirrored_mean(make, k: int) -> None:
-    """A Mirrored value reduced with MEAN is itself, exactly."""
-    ops = make()
-    value = fake_mirrored(0.1, DEVICES[:k])
-    if k == 1:  # regroup unwraps one device; build the Mirrored directly
-        value = values_lib.Mirrored((value,))
-    for spec in destinations_for(k).values():
-        dest = make_destination(spec)
-        assert_mirrored_equal(ops.reduce(MEAN, value, destinations=dest),
-                              fake_mirrored(np.float32(0.1), devices_of(spec)))
+def mirrored_values(make, k: int) -> None:
+    """A Mirrored value is reduced like a PerReplica, as TensorFlow's own cross-device ops do:
+    its copies may have diverged ([1, 5] and [3, 7] average to [2, 6] on both devices), and
+    integer MEAN is a true division (int32 -> float64, int8 -> float32)."""
+    ops, ref = make(), tf.distribute.ReductionToOneDevice()
+    devices = DEVICES[:k]
+    for dtype in (tf.float32, tf.int32, tf.int8):
+        value = mirrored_copies([tf.constant([1 + 2 * d, 5 + 2 * d], dtype) for d in range(k)],
+                                devices)
+        for spec in destinations_for(k).values():
+            dest = make_destination(spec)
+            for op in (SUM, MEAN):
+                want = ref.reduce(op, value, dest)
+                assert_mirrored_equal(ops.reduce(op, value, dest), want)
+                assert_mirrored_equal(ops.batch_reduce(op, [(value, dest)])[0], want)
+            if k > 1:  # one value on its own device is returned as is (TF's shortcut)
+                mean = ops.reduce(MEAN, value, dest)
+                parts = mean.values if isinstance(mean, values_lib.Mirrored) else [mean]
+                for p in parts:
+                    np.testing.assert_array_equal(p.numpy(), [k, k + 4])
+                    assert p.dtype == MEAN_DTYPES[dtype], (dtype, p.dtype)
 
 
 def mixed_batch(make, k: int) -> None:
@@ -240,6 +262,91 @@ def errors_and_edges() -> None:
     expect_error(ValueError, "workers_sum", ctf.CrossDeviceOps, "ring", workers_sum="max")
     ops = ctf.MultiWorkerAllReduce(worker_devices=["/job:localhost"], num_gpus_per_worker=0)
     assert ops._num_between_graph_workers == 1 and ops.communicator is None
+
+
+def replicas_that_disagree() -> None:
+    """Replicas of one value with different dtypes or shapes raise TensorFlow's error types:
+    ``InvalidArgumentError`` eagerly, ``TypeError`` / ``ValueError`` while tracing a
+    ``tf.function`` (not at its first run), with a message naming the argument."""
+    devices = DEVICES[:2]
+    cases = {
+        "dtype": (lambda: per_replica([tf.constant([1.0, 2.0]), tf.constant([1.0, 2.0], tf.float64)],
+                                      devices), TypeError, "replica 1 (on"),
+        "shape": (lambda: per_replica([tf.constant([1.0, 2.0]), tf.constant([1.0, 2.0, 3.0])],
+                                      devices), ValueError, "has shape (3,) but replica 0 has (2,)"),
+    }
+    classes = {"TensorFlow": tf.distribute.ReductionToOneDevice,
+               "ReductionToOneDevice": ctf.ReductionToOneDevice,
+               "CrossDeviceOps('ring')": lambda: ctf.CrossDeviceOps("ring"),
+               "HierarchicalCopyAllReduce": ctf.HierarchicalCopyAllReduce}
+    for name, make in classes.items():
+        ops = make()
+        for value, traced_type, fragment in cases.values():
+            fragment = "" if name == "TensorFlow" else fragment
+            expect_error(tf.errors.InvalidArgumentError, fragment, ops.batch_reduce, SUM,
+                         [(value(), DEVICES[0])])
+
+            @tf.function
+            def step(ops=ops, value=value):
+                return ops.batch_reduce(SUM, [(value(), DEVICES[0])])
+
+            expect_error(traced_type, fragment, step.get_concrete_function)  # traced, not run
+    value = cases["dtype"][0]()
+    expect_error(TypeError, "per_replica_value: replica 1", ctf.CrossDeviceOps().reduce, SUM, value,
+                 DEVICES[0])
+    expect_error(TypeError, "value_destination_pairs[1]: replica 1", ctf.CrossDeviceOps().batch_reduce,
+                 SUM, [(per_replica([tf.ones([2])] * 2, devices), DEVICES[0]), (value, DEVICES[0])])
+
+
+def denormals() -> None:
+    """A documented difference: TensorFlow flushes denormals to zero on CPU (eagerly and in
+    tf.function); the adapter's eager arithmetic keeps them, as IEEE arithmetic does."""
+    tiny = np.float32(1e-40)  # below float32's smallest normal number, 1.2e-38
+    value = per_replica([tf.constant([tiny, 1.0])] * 2, DEVICES[:2])
+    theirs = tf.distribute.ReductionToOneDevice().reduce(SUM, value, DEVICES[0]).numpy()
+    ours = ctf.ReductionToOneDevice().reduce(SUM, value, DEVICES[0]).numpy()
+    np.testing.assert_array_equal(theirs, [0.0, 2.0])
+    np.testing.assert_array_equal(ours, [2 * tiny, 2.0])
+
+
+def communicator_argument() -> None:
+    """What the docs say ``communicator`` takes; anything else raises at construction."""
+    expect_error(ValueError, "communicator='mpl' is not a known name; pass a "
+                 "collectives.Communicator, 'mpi'", ctf.CrossDeviceOps, "ring", communicator="mpl")
+    expect_error(TypeError, "communicator=3 is a int", ctf.CrossDeviceOps, communicator=3)
+    expect_error(TypeError, "'auto' or None", ctf.MultiWorkerAllReduce, communicator=object())
+    for ops in (ctf.MultiWorkerAllReduce(), ctf.CrossDeviceOps("ring"), ctf.NcclAllReduce()):
+        # Not launched by mpiexec: one worker, and rank/size still answer.
+        assert ops.communicator is None and (ops.worker_rank, ops.num_workers) == (0, 1)
+
+
+def memory_bounded() -> None:
+    """200 eager steps, each with a new tensor length (1.0 to 1.8 MB per result): resident
+    memory grows by less than 64 MB with the result pool bounded to 16 MB (unbounded, it grew
+    by about 280 MB; TensorFlow's own ReductionToOneDevice grows by about 2 MB)."""
+    pool = convert.POOL
+    saved = pool.max_bytes
+    pool.limit(max_bytes=16 << 20)
+    ops = ctf.CrossDeviceOps("one_device")
+    k = min(N, 2)
+
+    def step(i: int) -> None:
+        value = per_replica([tf.fill([250_000 + 1000 * i], float(d + 1)) for d in range(k)],
+                            DEVICES[:k])
+        out = ops.batch_reduce(SUM, [(value, DEVICES[0])])[0].numpy()
+        assert out[0] == out[-1] == k * (k + 1) / 2
+
+    try:
+        for i in range(5):  # warm-up: TensorFlow's allocator and caches
+            step(i)
+        before = resident_bytes()
+        for i in range(5, 205):
+            step(i)
+            assert pool.nbytes <= 16 << 20, pool.nbytes
+        growth = resident_bytes() - before
+    finally:
+        pool.limit(max_bytes=saved)
+    assert growth < 64 << 20, f"resident memory grew by {growth / 1e6:.0f} MB over 200 steps"
 
 
 def hierarchical_odd() -> None:
@@ -322,6 +429,12 @@ def strategy_paths() -> None:
         lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
     got = strategy.extended.batch_reduce_to(MEAN, [(value, value)])[0]
     assert [p.numpy() for p in strategy.experimental_local_results(got)] == [(N - 1) / 2] * N
+    # Copies of a Mirrored that diverged: batch_reduce_to averages them, as with TensorFlow's
+    # own cross-device ops (the strategy's reduce_to returns a Mirrored's MEAN unchanged).
+    diverged = mirrored_copies([tf.constant([1.0 + 2 * d, 5.0 + 2 * d]) for d in range(N)], DEVICES)
+    got = strategy.extended.batch_reduce_to(MEAN, [(diverged, diverged)])[0]
+    for p in strategy.experimental_local_results(got):
+        np.testing.assert_array_equal(p.numpy(), [N, N + 4])
 
 
 def run(report, devices: list[str], counts) -> None:
@@ -333,11 +446,16 @@ def run(report, devices: list[str], counts) -> None:
         for k in counts:
             report.check(f"{name} k={k} reduce/batch/broadcast", reduction_and_broadcast, make, k)
             report.check(f"{name} k={k} sparse", sparse, make, k)
-            report.check(f"{name} k={k} mirrored mean", mirrored_mean, make, k)
+            report.check(f"{name} k={k} mirrored values", mirrored_values, make, k)
         report.check(f"{name} k={N} tf.function", reduction_in_function, make, N)
         report.check(f"{name} k={N} gather", gather, make, N)
         report.check(f"{name} k={N} mixed batch", mixed_batch, make, N)
     report.check("errors and edges", errors_and_edges)
+    report.check("communicator argument", communicator_argument)
+    report.check("memory over 200 varying sizes", memory_bounded)
+    if N >= 2:
+        report.check("replicas that disagree", replicas_that_disagree)
+        report.check("denormals", denormals)
     report.check("hierarchical copy, odd counts", hierarchical_odd)
     report.check("options", options_honoured)
     report.check("results stay valid", results_stay_valid)

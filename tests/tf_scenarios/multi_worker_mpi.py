@@ -9,14 +9,15 @@ Each worker builds the same model under ``MirroredStrategy`` over its own two de
 initial weights through ``broadcast_variables`` (worker 1 starts from perturbed ones), and fits
 its shard of every global batch of 64 rows (rows 32w..32w+31). Every worker writes its final
 weights to ``OUT_PREFIX.<rank>.npz``; the test checks they are bitwise identical and within
-float32 rounding of the reference. Eager and tf.function batch reductions are checked first.
+float32 rounding of the reference. Eager and tf.function batch reductions are checked first,
+then batches that differ between the workers, and ``CrossDeviceOps(communicator="mpi")``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from common import Report, per_replica, setup
+from common import Report, expect_error, per_replica, setup
 
 DEVICES = setup(2)
 
@@ -24,6 +25,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from collectives.adapters import tensorflow as ctf  # noqa: E402
+
+import collectives  # noqa: E402
 
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 FEATURES, GLOBAL_BATCH, SAMPLES, EPOCHS = 20, 64, 512, 2  # as keras_fit.py with 4 devices
@@ -47,6 +50,28 @@ def reductions(ops) -> None:
         for p in step(tf.constant(scale)):
             np.testing.assert_array_equal(p.numpy(), np.full(p.shape, total / size * scale))
     assert step.experimental_get_tracing_count() == 1
+
+
+def batch_mismatch(ops) -> None:
+    """A batch of one tensor on worker 0 and of two on worker 1: both raise
+    CollectiveMismatchError before any data moves (worker 0 used to return a sum, and its next
+    reduce paired with worker 1's second tensor); the next reduce is right on both."""
+    rank = ops.worker_rank
+    x = per_replica([tf.fill([2], 100.0 * rank + d + 1) for d in range(2)], DEVICES)
+    expect_error(collectives.CollectiveMismatchError,
+                 "batches of different lengths (rank 0: 1 tensor(s), rank 1: 2 tensor(s))",
+                 ops.batch_reduce, SUM, [(x, x)] * (1 + rank))
+    for p in ops.reduce(MEAN, x, x).values:
+        np.testing.assert_array_equal(p.numpy(), np.full(2, (1 + 2 + 101 + 102) / 4))
+
+
+def communicator_mpi() -> None:
+    """``CrossDeviceOps(communicator="mpi")`` opens the MPI communicator itself."""
+    ops = ctf.CrossDeviceOps("ring", communicator="mpi", workers_sum="sum")
+    assert (ops.num_workers, ops.worker_rank) == (2, ops.communicator.rank)
+    x = per_replica([tf.fill([3], 2.0 * ops.worker_rank + d + 1) for d in range(2)], DEVICES)
+    for p in ops.reduce(SUM, x, x).values:
+        np.testing.assert_array_equal(p.numpy(), np.full(3, 1 + 2 + 3 + 4.0))
 
 
 def data():
@@ -83,6 +108,8 @@ def main() -> None:
     ops = ctf.MultiWorkerAllReduce(timeout=120)
     assert ops.communicator is not None and ops.communicator.size == ctf.launched_world_size()
     report.check("reductions", reductions, ops)
+    report.check("batch mismatch", batch_mismatch, ops)
+    report.check("communicator='mpi'", communicator_mpi)
     report.check("fit", train, ops, np.load(reference_path), out_prefix)
     report.finish()
 

@@ -5,7 +5,8 @@ Four logical CPU devices; worker w (a thread rank of the embedded transport,
 ``Communicator``, exactly as a process under ``mpiexec`` does through MPI. Checks: SUM under
 both ``workers_sum`` modes, MEAN over the global device count, batches with other
 destinations, the same batch in ``tf.function`` (traced once), IndexedSlices, ragged gather,
-``broadcast_variables``, the device-count check and ``timeout_seconds``.
+``broadcast_variables``, the device-count check, batches that differ between workers and
+``timeout_seconds``.
 """
 
 from __future__ import annotations
@@ -132,6 +133,68 @@ def device_count_mismatch(comm):
     expect_error(ValueError, "different numbers of devices", ops.reduce, SUM, x, x)
 
 
+def batch_mismatch(comm):
+    """Worker 0 reduces a batch of one tensor, worker 1 of two: both raise
+    CollectiveMismatchError before any data moves (eagerly, and inside tf.function, where
+    TensorFlow reports it as InvalidArgumentError), and stay in step for the next batch.
+    Likewise a gather against a batch, and sparse batches of different lengths."""
+    devices = local(comm.rank)
+    ops = ctf.MultiWorkerAllReduce(communicator=comm, all_reduce_spec="ring", workers_sum="sum")
+
+    def value(scale=1.0):
+        return per_replica([tf.fill([3], (100.0 * comm.rank + d + 1) * scale) for d in range(2)],
+                           devices)
+
+    x = value()
+    expect_error(collectives.CollectiveMismatchError,
+                 "batches of different lengths (rank 0: 1 tensor(s), rank 1: 2 tensor(s))",
+                 ops.batch_reduce, SUM, [(x, x)] * (1 + comm.rank))
+    out = {"eager": parts(ops.reduce(SUM, x, x))}
+
+    @tf.function
+    def step(scale):
+        xs = value(scale)
+        return ops.batch_reduce(SUM, [(xs, xs)] * (1 + comm.rank))[0].values
+
+    expect_error(tf.errors.InvalidArgumentError, "batches of different lengths", step,
+                 tf.constant(1.0))
+    out["graph"] = parts(ops.reduce(SUM, value(2.0), x))
+
+    @tf.function(input_signature=[tf.TensorSpec([None])])
+    def unknown_length(v):  # the length is known only when it runs: agreed then
+        vs = per_replica([v * (d + 1) for d in range(2)], devices)
+        return ops.batch_reduce(SUM, [(vs, vs)])[0].values
+
+    expect_error(tf.errors.InvalidArgumentError, "different tensors at position 0 (rank 0: "
+                 "dense float32 [3], rank 1: dense float32 [4])", unknown_length,
+                 tf.ones([3 + comm.rank]))
+    out["unknown length"] = [t.numpy() for t in unknown_length(tf.ones([3]))]
+
+    if comm.rank == 0:
+        expect_error(collectives.CollectiveMismatchError, "different operations",
+                     ops._gather, x, x, axis=0)
+    else:
+        expect_error(collectives.CollectiveMismatchError, "different operations",
+                     ops.batch_reduce, SUM, [(x, x)])
+    slices = per_replica([tf.IndexedSlices(tf.ones([1, 2]), tf.constant([d]),
+                                           tf.constant([3, 2])) for d in range(2)], devices)
+    expect_error(collectives.CollectiveMismatchError, "batches of different lengths",
+                 ops.batch_reduce, SUM, [(slices, devices[0])] * (1 + comm.rank))
+    out["after"] = parts(ops.reduce(SUM, x, x))
+    return out
+
+
+def check_batch_mismatch(results) -> None:
+    want = np.full(3, 1 + 2 + 101 + 102.0)  # every device of both workers, summed
+    for out in results:
+        for p in out["eager"] + out["after"]:
+            np.testing.assert_array_equal(p, want)
+        for p in out["graph"]:
+            np.testing.assert_array_equal(p, 2 * want)
+        for p in out["unknown length"]:
+            np.testing.assert_array_equal(p, np.full(3, 6.0))  # (1 + 2) on each of 2 workers
+
+
 def timeout(comm):
     devices = local(comm.rank)
     x = per_replica([tf.ones([2])] * 2, devices)
@@ -155,4 +218,5 @@ def run(report, devices: list[str]) -> None:
 
     report.check("threads: broadcast_variables", check_broadcast)
     report.check("threads: device count mismatch", lambda: spmd(device_count_mismatch, 2))
+    report.check("threads: batch mismatch", lambda: check_batch_mismatch(spmd(batch_mismatch, 2)))
     report.check("threads: timeout_seconds", lambda: spmd(timeout, 2, timeout=10))

@@ -1,0 +1,329 @@
+"""What every cross-device-ops class of the adapter shares: one host call per batch.
+
+A ``batch_reduce`` becomes one host call (one ``tf.numpy_function`` inside ``tf.function``)
+that reduces every tensor of the batch through the core with the class's route (algorithm or
+spec, packing, groups), and whose results are placed on each destination device. One
+destination device gives a plain tensor, several a ``Mirrored`` in destination order, as in
+TensorFlow. With a communicator, the local totals are then reduced across worker processes,
+after the workers agree on the whole batch (``agreement``).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.distribute import collective_util, device_util
+from tensorflow.python.distribute import cross_device_ops as tf_cdo
+
+from collectives.ops import ReduceOp as CoreOp
+from collectives.spec import SpecRange
+
+from . import convert, host
+from .agreement import BatchAgreement, agree, signature
+from .host import Packing
+from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
+from .world import open_communicator
+
+__all__ = ["LibraryCrossDeviceOps", "Route"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one group of values is reduced: spec ranges (with shards), packing, groups."""
+
+    spec: tuple[SpecRange, ...] = (SpecRange("auto", 1, -1),)
+    packing: Packing = Packing()
+    groups: Any = None  # a group size, a partition, or a callable n -> groups
+
+    def key(self, packing_override: Packing | None) -> tuple:
+        """What workers must agree on (groups stay within a worker)."""
+        packing = packing_override or self.packing
+        return (tuple((r.algorithm, r.shards, r.limit) for r in self.spec),
+                tuple(sorted(packing.kwargs().items())))
+
+
+ONE_DEVICE = Route((SpecRange("one_device", 1, -1),))
+
+
+def _devices_match(left: Sequence[str], right: Sequence[str]) -> bool:
+    # TensorFlow compares device sets (order and repeats ignored).
+    def canonical(devices):
+        return {device_util.canonicalize(d) if d else d for d in devices}
+
+    return canonical(left) == canonical(right)
+
+
+@dataclass
+class _Job:
+    index: int  # position of the pair in the batch
+    components: tuple
+    destinations: tuple[str, ...]
+    route: Route | None  # None: accumulation_fn in TF ops
+
+
+class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
+    """The machinery every public class shares; subclasses choose the route of each value."""
+
+    def __init__(self, *, route: Route = Route(), communicator=None, workers_sum: str = "mean",
+                 reduce_to_device: str | None = None, accumulation_fn: Callable | None = None):
+        super().__init__()  # sets _canonicalize_devices, which the base class reads
+        if workers_sum not in ("mean", "sum"):
+            raise ValueError(f"workers_sum={workers_sum!r} must be 'mean' or 'sum'")
+        self._route = route
+        self._comm = open_communicator(communicator)
+        self._workers_sum = workers_sum
+        self.reduce_to_device = reduce_to_device
+        self.accumulation_fn = accumulation_fn
+        # One batch at a time per process: collectives between processes must not interleave.
+        self._lock = threading.Lock()
+
+    # --- what TensorFlow's base class asks ----------------------------------------------
+
+    @property
+    def _num_between_graph_workers(self) -> int:
+        # More than 1 turns off the base class's "one value: identity" shortcuts, which
+        # would skip the reduction across processes.
+        return self.num_workers
+
+    @property
+    def communicator(self):
+        """The ``Communicator`` across worker processes, or None in a single process."""
+        return self._comm
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker processes reduce together (1 without a communicator)."""
+        return self._comm.size if self._comm is not None else 1
+
+    @property
+    def worker_rank(self) -> int:
+        """This worker's rank among them, from 0 (0 without a communicator)."""
+        return self._comm.rank if self._comm is not None else 0
+
+    def __deepcopy__(self, memo):
+        # Strategies get deep-copied (distribute coordinator, Keras cloning); the copy must
+        # keep talking through the same communicator and lock.
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        return clone
+
+    def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
+        """TensorFlow's ``batch_reduce``; an empty batch returns ``[]`` (TF raises IndexError)."""
+        pairs = list(value_destination_pairs)
+        if not pairs:
+            return []
+        return super().batch_reduce(reduce_op, pairs, options)
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        return self._reduce_pairs(reduce_op, [(per_replica_value, destinations)], options,
+                                  names=["per_replica_value"])[0]
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        pairs = list(value_destination_pairs)
+        return self._reduce_pairs(reduce_op, pairs, options,
+                                  names=[f"value_destination_pairs[{i}]" for i in range(len(pairs))])
+
+    def broadcast_implementation(self, tensor, destinations):
+        # TensorFlow's simple broadcast: a copy on each destination device (no data moves
+        # between logical CPU devices). It stays within the process: initial weights across
+        # workers go through broadcast_variables.
+        devices = tf_cdo.get_devices_from(destinations, self._canonicalize_devices)
+        return convert.mirrored([convert.place(tensor, d) for d in devices])
+
+    def _gather_implementation(self, per_replica_value, destinations, axis, options):
+        components = components_of(per_replica_value)
+        devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
+        with tf.device(self.reduce_to_device or devices[0]):
+            joined = tf.concat(list(components), axis=axis)
+        if self.num_workers > 1:
+            joined = self._gather_across_workers(joined, axis, len(components), options,
+                                                 self.reduce_to_device or devices[0])
+        return convert.mirrored([convert.place(joined, d) for d in devices])
+
+    # --- routing: subclasses override ---------------------------------------------------
+
+    def _route_for(self, value_devices: tuple[str, ...], destinations: tuple[str, ...],
+                   matches: bool) -> Route:
+        """The route of a dense value; ``matches``: its devices are its destinations."""
+        return self._route
+
+    # --- the work -------------------------------------------------------------------------
+
+    def _reduce_pairs(self, reduce_op, pairs, options, names):
+        op = check_reduce_op(reduce_op)
+        options = options if options is not None else collective_util.Options()
+        packing_override = (Packing(bytes_per_pack=options.bytes_per_pack)
+                            if options.bytes_per_pack else None)
+        results: list = [None] * len(pairs)
+        dense: list[_Job] = []
+        sparse: list[_Job] = []
+        tensors, devices_seen, routes = [], [], []  # what the workers agree on
+        for i, (value, destinations) in enumerate(pairs):
+            # A Mirrored value is reduced like any other (its copies may have diverged), as by
+            # TensorFlow's cross-device ops; only the strategy's reduce_to skips MEAN of one.
+            components = components_of(value)
+            devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
+            value_devices = tuple(c.device for c in components)
+            devices_seen.append(len(components))
+            # `value is destinations` is TF's test for graph values whose devices are unset.
+            matches = value is destinations or _devices_match(value_devices, devices)
+            if is_sparse(components):
+                sparse.append(_Job(i, components, devices, None))
+                first = components[0]
+                tensors.append(("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
+                                (None,) + (static_dims(first.values.shape[1:]) or ())))
+                continue
+            # A mix of IndexedSlices and dense tensors is reduced dense, as in TensorFlow.
+            components = tuple(tf.convert_to_tensor(c) for c in components)
+            check_replicas(components, names[i])
+            route = (None if self.accumulation_fn is not None
+                     else self._route_for(value_devices, devices, matches))
+            dense.append(_Job(i, components, devices, route))
+            tensors.append(("dense", components[0].dtype.name, static_dims(components[0].shape)))
+            routes.append(None if route is None else route.key(packing_override))
+        agreement = None
+        if self.num_workers > 1:
+            agreement = BatchAgreement({"call": "batch_reduce", "op": op.name,
+                                    "workers_sum": self._workers_sum,
+                                    "devices": tuple(devices_seen), "route": tuple(routes),
+                                    "tensors": tuple(tensors)})
+        if dense and self._reduce_dense(op, dense, options, packing_override, results, agreement):
+            agreement = None  # the dense host call agreed for the whole batch
+        for job in sparse:
+            results[job.index] = self._reduce_sparse(op, job, options, agreement)
+            agreement = None
+        return results
+
+    def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
+                      results: list, agreement: BatchAgreement | None) -> bool:
+        """Reduce the dense values; True when a host call was made (it holds the agreement)."""
+        for job in [j for j in jobs if j.route is None]:
+            results[job.index] = self._accumulate_in_tf(op, job)
+        jobs = [j for j in jobs if j.route is not None]
+        if not jobs:
+            return False
+        in_dtypes = [job.components[0].dtype for job in jobs]
+        out_dtypes = [convert.mean_dtype(d) if op is CoreOp.MEAN else d for d in in_dtypes]
+        out_np = [convert.numpy_dtype(d) for d in out_dtypes]
+        out_shapes = [job.components[0].shape for job in jobs]
+        counts = [len(job.components) for job in jobs]
+        # Tensors with the same route and device count are reduced as one core batch.
+        batches: dict[tuple, list[int]] = {}
+        for k, job in enumerate(jobs):
+            batches.setdefault((job.route, counts[k]), []).append(k)
+        inputs = [c for job in jobs for c in job.components]
+        timeout = options.timeout_seconds
+
+        def run(*arrays):
+            per_job, at = [], 0
+            for count in counts:
+                per_job.append(arrays[at:at + count])
+                at += count
+            outs: list = [None] * len(jobs)
+            with self._lock:
+                if agreement is not None:
+                    shapes = {job.index: np.shape(a[0]) for job, a in zip(jobs, per_job)}
+                    agree(self._comm, agreement.signature(shapes), timeout=timeout)
+                for (route, _count), members in batches.items():
+                    reduced = self._host_reduce(route, [per_job[k] for k in members], op,
+                                                packing_override, timeout)
+                    for k, r in zip(members, reduced):
+                        outs[k] = convert.as_output(r, out_np[k], empty=convert.POOL.empty)
+            return outs
+
+        device = self.reduce_to_device or jobs[0].destinations[0]
+        outputs = convert.host_call(run, inputs, out_dtypes, out_shapes, device=device,
+                                    name="collectives_batch_reduce")
+        for job, out in zip(jobs, outputs):
+            # The host call's output already sits on the first destination (unless the
+            # destinations repeat a device, which needs distinct tensors): no identity there.
+            first, rest = job.destinations[0], job.destinations[1:]
+            head = out if first and out.device == first and first not in rest else \
+                convert.place(out, first)
+            results[job.index] = convert.mirrored([head] + [convert.place(out, d) for d in rest])
+        return True
+
+    def _host_reduce(self, route: Route, values, op: CoreOp, packing_override, timeout):
+        packing = packing_override or route.packing
+        if self.num_workers > 1:
+            return host.reduce_batch_across_workers(values, op, list(route.spec), self._comm,
+                                                    packing=packing,
+                                                    workers_sum=self._workers_sum,
+                                                    timeout=timeout, empty=convert.POOL.empty)
+        return host.reduce_batch(values, op, list(route.spec), packing=packing,
+                                 groups=route.groups, empty=convert.POOL.empty)
+
+    def _accumulate_in_tf(self, op: CoreOp, job: _Job):
+        # TensorFlow's ReductionToOneDevice with a user accumulation_fn: it takes tensors.
+        with tf.device(self.reduce_to_device or job.destinations[0]):
+            total = self.accumulation_fn(list(job.components))
+            if op is CoreOp.MEAN:
+                total = total / len(job.components)
+        return convert.mirrored([convert.place(total, d) for d in job.destinations])
+
+    def _reduce_sparse(self, op: CoreOp, job: _Job, options, agreement: BatchAgreement | None):
+        components = job.components
+        index_dtypes = {c.indices.dtype for c in components}
+        index_dtype = tf.int64 if len(index_dtypes) > 1 else index_dtypes.pop()
+        with tf.device(self.reduce_to_device or job.destinations[0]):
+            values = tf.concat([c.values for c in components], axis=0)
+            indices = tf.concat([tf.cast(c.indices, index_dtype) for c in components], axis=0)
+            divisor = 1
+            workers = self.num_workers
+            if workers > 1:
+                values, indices = self._gather_slices(
+                    values, indices, options, self.reduce_to_device or job.destinations[0],
+                    agreement)
+            if op is CoreOp.MEAN:
+                divisor = len(components) * workers
+            elif self._workers_sum == "mean" and workers > 1 and values.dtype.is_floating:
+                divisor = workers
+            if divisor != 1:
+                values = values / divisor
+        result = tf.IndexedSlices(values, indices, components[0].dense_shape)
+        return convert.mirrored([convert.place(result, d) for d in job.destinations])
+
+    def _gather_slices(self, values, indices, options, device, agreement: BatchAgreement | None):
+        timeout = options.timeout_seconds
+        np_values, np_indices = convert.numpy_dtype(values.dtype), convert.numpy_dtype(indices.dtype)
+
+        def run(v, i):
+            with self._lock:
+                if agreement is not None:
+                    agree(self._comm, agreement.signature(), timeout=timeout)
+                return (convert.as_output(host.gather_ragged(self._comm, v, 0, timeout=timeout),
+                                          np_values),
+                        convert.as_output(host.gather_ragged(self._comm, i, 0, timeout=timeout),
+                                          np_indices))
+
+        shapes = [tf.TensorShape([None]).concatenate(values.shape[1:]), tf.TensorShape([None])]
+        return convert.host_call(run, [values, indices], [values.dtype, indices.dtype], shapes,
+                                 device=device, name="collectives_gather_slices")
+
+    def _gather_across_workers(self, joined, axis, count, options, device):
+        timeout = options.timeout_seconds
+        np_dtype = convert.numpy_dtype(joined.dtype)
+
+        def run(x):
+            with self._lock:
+                dims = list(x.shape)
+                dims[axis] = None  # the gathered axis may differ between workers
+                agree(self._comm, signature({"call": "gather", "devices": (count,), "axis": axis,
+                                             "tensors": (("dense", x.dtype.name, tuple(dims)),)}),
+                      timeout=timeout)
+                return [convert.as_output(host.gather_ragged(self._comm, x, axis, timeout=timeout),
+                                          np_dtype)]
+
+        shape = joined.shape
+        if shape.rank is not None:
+            dims = shape.as_list()
+            dims[axis] = None
+            shape = tf.TensorShape(dims)
+        return convert.host_call(run, [joined], [joined.dtype], [shape], device=device,
+                                 name="collectives_gather")[0]

@@ -1,0 +1,68 @@
+"""TensorFlow values coming in: their per-replica components, and the checks TensorFlow makes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_ops as tf_cdo
+from tensorflow.python.distribute import values as values_lib
+
+from collectives.ops import ReduceOp as CoreOp
+
+__all__ = ["ReplicaDtypeError", "ReplicaShapeError", "check_reduce_op", "check_replicas",
+           "components_of", "is_sparse", "static_dims"]
+
+
+# Raised as ``Error(None, None, message)``: TensorFlow's error signature, which autograph needs
+# to re-raise the error with its own type from inside a ``tf.function``.
+class ReplicaDtypeError(tf.errors.InvalidArgumentError, TypeError):
+    """Replicas of one value have different dtypes: TensorFlow's ``InvalidArgumentError`` (what
+    it raises eagerly), and a ``TypeError`` (what it raises while tracing a ``tf.function``)."""
+
+
+class ReplicaShapeError(tf.errors.InvalidArgumentError, ValueError):
+    """Replicas of one value have different shapes: ``InvalidArgumentError`` and ``ValueError``."""
+
+
+def check_reduce_op(reduce_op) -> CoreOp:
+    # CrossDeviceOps take the enum only; the strategy layer is what upper-cases strings.
+    if reduce_op is tf.distribute.ReduceOp.SUM:
+        return CoreOp.SUM
+    if reduce_op is tf.distribute.ReduceOp.MEAN:
+        return CoreOp.MEAN
+    raise ValueError("`reduce_op` must be Reduce.SUM or Reduce.MEAN.")
+
+
+def components_of(value) -> tuple:
+    if not isinstance(value, values_lib.DistributedValues):
+        value = tf_cdo._make_tensor_into_per_replica(value)  # TF's own conversion
+    components = tuple(value.values)
+    if not components:
+        raise ValueError("`per_replica_value` must be non-empty")
+    return components
+
+
+def check_replicas(components: Sequence, name: str) -> None:
+    """Every replica of a dense value has one dtype and (as far as known) one shape; raised
+    while tracing, as TensorFlow's ``add_n`` does, rather than at the first step."""
+    first = components[0]
+    for i, c in enumerate(components[1:], 1):
+        if c.dtype != first.dtype:
+            raise ReplicaDtypeError(
+                None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) is "
+                f"{c.dtype.name} but replica 0 is {first.dtype.name}; every replica must hold a "
+                "tensor of the same dtype")
+        if not c.shape.is_compatible_with(first.shape):
+            raise ReplicaShapeError(
+                None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) has shape "
+                f"{c.shape} but replica 0 has {first.shape}; every replica must hold a tensor of "
+                "the same shape")
+
+
+def is_sparse(components: Sequence) -> bool:
+    return all(isinstance(c, tf.IndexedSlices) for c in components)
+
+
+def static_dims(shape: tf.TensorShape) -> tuple | None:
+    return None if shape.rank is None else tuple(shape.as_list())

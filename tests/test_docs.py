@@ -1,0 +1,257 @@
+"""The documentation: every Python example in README.md and docs/ runs as written, the site
+builds in strict mode (so a broken API reference fails here), every page is in the nav, every
+relative link resolves, and install and launch lines work from the checkout.
+
+Examples run one per subprocess, several at a time. An HTML comment on the line before a
+fence changes how its block runs:
+
+* ``<!-- run: mpiexec -n 2 -->``: under the venv's ``mpiexec`` with that many ranks;
+* ``<!-- skip: why -->``: not run (for blocks that cannot run standalone; use sparingly).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+BLOCK_TIMEOUT = 300
+
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+DIRECTIVE = re.compile(r"<!--\s*(run|skip):\s*(.*?)\s*-->")
+RUN_MPI = re.compile(r"^mpiexec -n (\d+)$")
+
+# Pages of others' that are wrong today; each entry fails loudly (strict xfail) once fixed,
+# so it gets removed then.
+BROKEN_EXAMPLES = {
+    "docs/architecture.md#2": "uses np and collectives imported by the block before it",
+}
+# Pages whose examples another test runs, with more checks than "it exits 0".
+RUN_ELSEWHERE = {
+    "docs/tensorflow.md": ("tests/test_tensorflow.py", "test_doc_examples_run_as_written"),
+}
+NAMED_INSTALLS = {
+    "docs/architecture.md": "pip install collectives[bfloat16]",
+    "docs/tensorflow.md": "pip install 'collectives[tensorflow]'",
+}
+BARE_LAUNCHES = {
+    "docs/tensorflow.md": "mpiexec -n 2 python -m mpi4py train.py (the system's python)",
+}
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@dataclass(frozen=True)
+class Example:
+    page: str
+    index: int  # 1-based among the page's Python blocks
+    line: int
+    code: str
+    directive: tuple[str, str] | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}#{self.index}"
+
+    def command(self, script: Path) -> list[str] | None:
+        """How to run it (None: skipped)."""
+        if self.page in RUN_ELSEWHERE:
+            return None
+        if self.directive is None:
+            return [sys.executable, str(script)]
+        kind, value = self.directive
+        if kind == "skip":
+            return None
+        mpi = RUN_MPI.match(value)
+        assert mpi, f"{self.id}: unknown directive 'run: {value}' (want 'run: mpiexec -n N')"
+        return [str(MPIEXEC), "-n", mpi.group(1), sys.executable, str(script)]
+
+
+def examples() -> list[Example]:
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for index, match in enumerate(FENCE.finditer(text), start=1):
+            before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            directive = DIRECTIVE.search(before)
+            found.append(Example(rel(page), index, text[:match.start()].count("\n") + 1,
+                                 match.group(1), directive.groups() if directive else None))
+    return found
+
+
+EXAMPLES = examples()
+
+
+def _run(example: Example, workdir: Path) -> tuple[int | None, str]:
+    workdir.mkdir(parents=True)
+    script = workdir / "example.py"
+    script.write_text(example.code)
+    command = example.command(script)
+    if command is None:
+        return None, ""
+    if command[0] == str(MPIEXEC) and not MPIEXEC.exists():
+        return None, "no mpiexec beside this Python (pip install -e '.[mpi]')"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return -1, f"timed out after {BLOCK_TIMEOUT} s\n{exc.stdout or ''}{exc.stderr or ''}"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def outcomes(tmp_path_factory) -> dict[str, tuple[int | None, str]]:
+    """Every example run once, a few at a time (the machine has few cores; most examples are
+    short, the TensorFlow ones are not)."""
+    base = tmp_path_factory.mktemp("examples")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {e.id: pool.submit(_run, e, base / e.id.replace("/", "_").replace("#", "_"))
+                   for e in EXAMPLES}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def _marks(example: Example) -> list:
+    reason = BROKEN_EXAMPLES.get(example.id)
+    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+
+
+@pytest.mark.parametrize("example", [pytest.param(e, id=e.id, marks=_marks(e)) for e in EXAMPLES])
+def test_example_runs_as_written(example: Example, outcomes):
+    status, output = outcomes[example.id]
+    if example.page in RUN_ELSEWHERE:
+        pytest.skip(f"run by {'::'.join(RUN_ELSEWHERE[example.page])}")
+    if status is None:
+        pytest.skip(output or f"{example.id}: {example.directive[1]}")
+    assert status == 0, f"{example.page}:{example.line} exited {status}\n{output[-4000:]}"
+
+
+@pytest.mark.parametrize("page", sorted(RUN_ELSEWHERE))
+def test_examples_run_elsewhere_still_are(page):
+    test_file, name = RUN_ELSEWHERE[page]
+    assert f"def {name}(" in (ROOT / test_file).read_text(), f"nothing runs the examples of {page}"
+
+
+def test_examples_were_found():
+    pages = {e.page for e in EXAMPLES}
+    assert {"README.md", "docs/index.md", "docs/mpi.md", "docs/debugging-hangs.md",
+            "docs/choosing-an-algorithm.md"} <= pages
+    assert sum(1 for e in EXAMPLES if e.directive and e.directive[0] == "run") >= 3
+
+
+# --- the site -----------------------------------------------------------------------------------
+
+def test_site_builds_strict(tmp_path):
+    """``mkdocs build --strict``: a docstring the API reference cannot find, a bad anchor or a
+    page missing from the nav is an error."""
+    pytest.importorskip("mkdocstrings")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
+                           str(ROOT / "mkdocs.yml"), "-d", str(site)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    expected = {
+        "api/collectives": ["collectives.all_reduce", "collectives.batch_all_reduce",
+                            "collectives.ReduceOp"],
+        "api/communicator": ["collectives.Communicator", "reduce_scatter", "barrier"],
+        "api/errors": ["CollectiveTimeoutError", "CollectiveMismatchError"],
+        "api/spec": ["parse_spec"],
+        "api/packing": ["make_plan"],
+        "api/backends": ["collectives.backends.mpi.init", "MPICommunicator"],
+        "api/tensorflow": ["NcclAllReduce", "MultiWorkerAllReduce"],
+        "api/reference": ["exact_inputs", "CollectiveRecord"],
+    }
+    for page, names in expected.items():
+        html = (site / page / "index.html").read_text()
+        for name in names:
+            assert name in html, (page, name)
+
+
+def _nav_pages(nav) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [p for value in nav.values() for p in _nav_pages(value)]
+    return [p for item in nav for p in _nav_pages(item)]
+
+
+def test_every_page_is_in_the_nav():
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    in_nav = _nav_pages(config["nav"])
+    on_disk = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+    missing = sorted(set(on_disk) - set(in_nav))
+    assert not missing, f"add these pages to the nav of mkdocs.yml: {missing}"
+    assert sorted(in_nav) == on_disk, "the nav names pages that do not exist"
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_relative_links_resolve(page: Path):
+    """Links between pages and to sources in the checkout point at files that exist (the
+    site build checks anchors inside docs/)."""
+    text = FENCE.sub("", page.read_text())
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        if not (page.parent / path).exists():
+            broken.append(target)
+    assert not broken, f"{rel(page)}: links to nothing: {broken}"
+
+
+# --- install and launch lines -------------------------------------------------------------------
+
+NAMED_INSTALL = re.compile(r"pip install\s+(-\S+\s+)*['\"]?(collectives|collective-schedules)\b")
+BARE_MPIEXEC = re.compile(r"(?<![\w/.$-])mpiexec\s+(?:-\S+\s+\S+\s+)*-n\b")
+BARE_PYTHON = re.compile(r"mpiexec\b[^`\n]*?(?<![\w/.])python3?\b")
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _strict_xfail(known: dict, page: Path):
+    reason = known.get(rel(page))
+    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=rel(p), marks=_strict_xfail(NAMED_INSTALLS, p))
+                                  for p in PAGES])
+def test_installs_come_from_the_checkout(page: Path):
+    """This project installs from its checkout (pip install -e '.[mpi]'); PyPI's
+    ``collectives`` is another project and ours is not published."""
+    bad = [m.group(0) for m in NAMED_INSTALL.finditer(page.read_text())]
+    assert not bad, f"{rel(page)}: {bad}; write pip install -e '.[EXTRAS]' instead"
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=rel(p), marks=_strict_xfail(BARE_LAUNCHES, p))
+                                  for p in PAGES])
+def test_mpiexec_lines_run_the_venv(page: Path):
+    """A bare ``mpiexec ... python`` runs the system's MPI and Python unless a venv is active:
+    name .venv/bin/mpiexec and .venv/bin/python, or say to activate the venv."""
+    bad = []
+    for paragraph in _paragraphs(DIRECTIVE.sub("", page.read_text())):
+        if "activate" in paragraph:
+            continue
+        for line in paragraph.splitlines():
+            if BARE_MPIEXEC.search(line) or BARE_PYTHON.search(line):
+                bad.append(line.strip())
+    assert not bad, f"{rel(page)}: {bad}"
