@@ -375,7 +375,7 @@ def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
     """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
     try:
         return pick_algorithm(collectives.Collective(case.collective), algorithm, case.n,
-                              case.nbytes, cost_model)
+                              case.nbytes, cost_model)[0]
     except Exception:  # noqa: BLE001 - only a label; the call itself reports real errors
         return algorithm
 

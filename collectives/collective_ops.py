@@ -101,7 +101,7 @@ class CollectiveOps:
         Non-roots that pass neither ``x`` nor ``out`` learn the shape and dtype from the root
         (an extra small exchange per call; pass ``out`` to save it).
         """
-        from .broadcast import build_broadcast
+        from .spmd_broadcast import build_broadcast
 
         return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
                            async_op, timeout)
