@@ -62,6 +62,7 @@ class Communicator(CollectiveOps, PreparedOps):
         self._engine = Engine(transport, timeout=self.timeout, check=self.check,
                               detail=self.debug == "detail")
         self._calls: dict = {}
+        self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
