@@ -163,21 +163,16 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         results: list = [None] * len(pairs)
         dense: list[_Job] = []
         sparse: list[_Job] = []
-        tensors, devices_seen, routes = [], [], []  # what the workers agree on
         for i, (value, destinations) in enumerate(pairs):
             # A Mirrored value is reduced like any other (its copies may have diverged), as by
             # TensorFlow's cross-device ops; only the strategy's reduce_to skips MEAN of one.
             components = components_of(value)
             devices = tuple(tf_cdo.get_devices_from(destinations, self._canonicalize_devices))
             value_devices = tuple(c.device for c in components)
-            devices_seen.append(len(components))
             # `value is destinations` is TF's test for graph values whose devices are unset.
             matches = value is destinations or _devices_match(value_devices, devices)
             if is_sparse(components):
                 sparse.append(_Job(i, components, devices, None))
-                first = components[0]
-                tensors.append(("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
-                                (None,) + (static_dims(first.values.shape[1:]) or ())))
                 continue
             # A mix of IndexedSlices and dense tensors is reduced dense, as in TensorFlow.
             components = tuple(tf.convert_to_tensor(c) for c in components)
@@ -185,20 +180,33 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             route = (None if self.accumulation_fn is not None
                      else self._route_for(value_devices, devices, matches))
             dense.append(_Job(i, components, devices, route))
-            tensors.append(("dense", components[0].dtype.name, static_dims(components[0].shape)))
-            routes.append(None if route is None else route.key(packing_override))
-        agreement = None
-        if self.num_workers > 1:
-            agreement = BatchAgreement({"call": "batch_reduce", "op": op.name,
-                                    "workers_sum": self._workers_sum,
-                                    "devices": tuple(devices_seen), "route": tuple(routes),
-                                    "tensors": tuple(tensors)})
+        agreement = (self._describe(op, dense, sparse, packing_override)
+                     if self.num_workers > 1 else None)
         if dense and self._reduce_dense(op, dense, options, packing_override, results, agreement):
             agreement = None  # the dense host call agreed for the whole batch
         for job in sparse:
             results[job.index] = self._reduce_sparse(op, job, options, agreement)
             agreement = None
         return results
+
+    def _describe(self, op: CoreOp, dense: list[_Job], sparse: list[_Job],
+                  packing_override) -> BatchAgreement:
+        """What the workers agree on before the batch's data moves: every pair, in order."""
+        entries = {}
+        for job in sparse:
+            first = job.components[0]
+            kind = ("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
+                    (None,) + (static_dims(first.values.shape[1:]) or ()))  # rows may differ
+            entries[job.index] = (len(job.components), None, kind)
+        for job in dense:
+            first = job.components[0]
+            route = None if job.route is None else job.route.key(packing_override)
+            entries[job.index] = (len(job.components), route,
+                                  ("dense", first.dtype.name, static_dims(first.shape)))
+        devices, routes, tensors = zip(*(entries[i] for i in sorted(entries)))
+        return BatchAgreement({"call": "batch_reduce", "op": op.name,
+                               "workers_sum": self._workers_sum, "devices": devices,
+                               "route": routes, "tensors": tensors})
 
     def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
                       results: list, agreement: BatchAgreement | None) -> bool:

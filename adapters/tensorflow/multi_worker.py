@@ -37,7 +37,9 @@ class MultiWorkerAllReduce(CrossDeviceOps):
       - the gradient of the global mean loss, as one process over all devices would compute.
       ``workers_sum="sum"`` gives the plain total over every device of every worker.
     * Every worker must run the same steps with the same number of devices and tensors of the
-      same shapes; the initial weights should come from one worker (:func:`broadcast_variables`).
+      same shapes. Each batch is agreed first (an 8-byte digest of the whole batch): workers
+      that differ all raise ``collectives.CollectiveMismatchError``, before any data moves.
+      The initial weights should come from one worker (:func:`broadcast_variables`).
     """
 
     def __init__(self, worker_devices: Sequence[str] | None = None,

@@ -46,18 +46,20 @@ def components_of(value) -> tuple:
 def check_replicas(components: Sequence, name: str) -> None:
     """Every replica of a dense value has one dtype and (as far as known) one shape; raised
     while tracing, as TensorFlow's ``add_n`` does, rather than at the first step."""
-    first = components[0]
+    # Each .dtype / .shape of an eager tensor asks TensorFlow anew: read them once.
+    dtype, shape = components[0].dtype, components[0].shape
     for i, c in enumerate(components[1:], 1):
-        if c.dtype != first.dtype:
+        if c.dtype != dtype:
             raise ReplicaDtypeError(
                 None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) is "
-                f"{c.dtype.name} but replica 0 is {first.dtype.name}; every replica must hold a "
+                f"{c.dtype.name} but replica 0 is {dtype.name}; every replica must hold a "
                 "tensor of the same dtype")
-        if not c.shape.is_compatible_with(first.shape):
+        other = c.shape
+        if other != shape and not other.is_compatible_with(shape):
             raise ReplicaShapeError(
                 None, None, f"{name}: replica {i} (on {c.device or 'an unplaced device'}) has shape "
-                f"{c.shape} but replica 0 has {first.shape}; every replica must hold a tensor of "
-                "the same shape")
+                f"{other} but replica 0 has {shape}; every replica must hold a tensor of the "
+                "same shape")
 
 
 def is_sparse(components: Sequence) -> bool:

@@ -58,6 +58,7 @@ def environment(transport: str) -> dict:
 
 _LIVE: set[subprocess.Popen] = set()  # launches in progress, ended by ``stop``
 _LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
 
 
 def launch(transport: str, size: int, cases: list[Case], outdir: Path):
@@ -92,7 +93,10 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 def stop() -> None:
-    """End the launches still running (the session is over, e.g. after ``-x``)."""
+    """Start no more batches, and end the launches still running (the session is over, e.g.
+    after ``-x`` or Ctrl-C)."""
+    _STOPPING.set()
+    _POOL.shutdown(wait=False, cancel_futures=True)
     with _LIVE_LOCK:
         live = list(_LIVE)
     for proc in live:
@@ -106,7 +110,10 @@ def read(outdir: Path) -> tuple[dict, dict]:
     for path in outdir.glob("rank*.jsonl"):
         rank = int(path.stem[4:])
         for line in path.read_text().splitlines():
-            item = json.loads(line)
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a process killed while writing
+                continue
             if "begin" in item:
                 begun.setdefault(item["begin"], set()).add(rank)
             else:
@@ -118,7 +125,7 @@ def run_batch(transport: str, size: int, cases: list[Case]) -> dict[str, Report]
     ranks = 1 if transport == "multi" else size
     reports: dict[str, Report] = {}
     pending = list(cases)
-    while pending:
+    while pending and not _STOPPING.is_set():
         with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
             proc = launch(transport, size, pending, Path(tmp))
             records, begun = read(Path(tmp))

@@ -84,22 +84,12 @@ def absent(step: Step, who) -> Step:
     return lambda ctx: None if ctx.rank in who(ctx) else step(ctx)
 
 
-def per_rank(choose) -> Step:
-    """A step whose call is picked per rank: ``choose(ctx)`` returns a Step."""
-    return lambda ctx: choose(ctx)(ctx)
-
-
 def bad(method: str, *args, error: str | tuple, match: str, **kwargs) -> Step:
     """A call with a bad argument on every rank: each raises ``error`` (or one of several) at
     once, before any exchange; the program catches it and goes on."""
     errors = (error,) if isinstance(error, str) else tuple(error)
     return lambda ctx: Call(method, args, dict(kwargs), raises(*errors, match=match, within=0.5),
                             caught=True)
-
-
-def same_call(method: str, *args, expect: Expect, caught: bool = False, **kwargs) -> Step:
-    """The same call, with the same expectation, on every rank."""
-    return lambda ctx: Call(method, args, dict(kwargs), expect, caught=caught)
 
 
 def last(ctx: Ctx) -> set:

@@ -1,0 +1,49 @@
+"""All-reduces in a loop while the test harms a host; every rank that can still talk reports.
+
+Usage: ``mpiexec -disable-auto-cleanup ... python host_failure.py ALGORITHM TIMEOUT``. Each
+rank warms up, prints ``READY rank R host H``, then all-reduces with ``timeout=TIMEOUT`` until
+an error. The test kills a host's ranks or unplugs its cable in the meantime. Each rank that
+gets an error prints one ``ERROR`` line: its rank, hostname, ``time.monotonic()`` when the error
+arrived (the machine's clock, so the test compares it with the moment of the fault), the
+exception's class, the ranks it names (``missing``) and its message. Ranks then leave with
+``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+from collectives.backends import mpi  # noqa: E402
+
+from collectives.errors import CollectiveError  # noqa: E402
+
+
+def say(line: str) -> None:
+    """One write per line: hydra forwards what each write gives it, so lines of different ranks
+    would mix if a line took two writes (as ``print`` does without output buffering)."""
+    os.write(1, (line + "\n").encode())
+
+
+algorithm, timeout = sys.argv[1], float(sys.argv[2])
+comm = mpi.init(timeout=60)
+host = socket.gethostname()
+x = np.full(1 << 14, comm.rank + 1, np.float32)
+for _ in range(3):
+    comm.all_reduce(x, algorithm=algorithm)
+say(f"READY rank {comm.rank} host {host}")
+try:
+    while True:
+        comm.all_reduce(x, algorithm=algorithm, timeout=timeout)
+except CollectiveError as exc:
+    missing = sorted(getattr(exc, "missing", None) or [])
+    say(f"ERROR rank {comm.rank} host {host} at {time.monotonic():.3f} {type(exc).__name__} "
+        f"missing={','.join(map(str, missing))} | {exc}")
+time.sleep(1.0)  # let the other ranks report before the launcher notices anyone leaving
+os._exit(0)
