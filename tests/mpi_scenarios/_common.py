@@ -6,12 +6,9 @@ script can also be run by hand: ``.venv/bin/mpiexec -n 4 .venv/bin/python tests/
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
-
-import numpy as np
 
 # Scripts run from a source checkout without installing it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,21 +17,17 @@ if ROOT not in sys.path:
 
 from mpi4py import MPI  # noqa: E402
 
-# Exact inputs and the float64 reference are the ones every test uses.
-from collectives.reference import exact_inputs, random_inputs, reference  # noqa: E402
-
 WORLD = MPI.COMM_WORLD
 
-__all__ = ["WORLD", "Report", "digest", "exact_inputs", "random_inputs", "reference"]
+__all__ = ["WORLD", "Report", "meet"]
 
 
-def digest(x) -> str:
-    """Shape, dtype and bytes of a result, hashed (None stays None)."""
-    if x is None:
-        return "None"
-    x = np.ascontiguousarray(x)
-    h = hashlib.blake2b(x.view(np.uint8).tobytes(), digest_size=12).hexdigest()
-    return f"{x.dtype}{tuple(x.shape)}:{h}"
+def meet() -> None:
+    """A barrier on the user's communicator that polls gently (ranks that wait leave the
+    cores to the ranks still working)."""
+    request = WORLD.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
 
 
 class Report:
@@ -71,5 +64,4 @@ class Report:
         code = WORLD.bcast(code, root=0)
         sys.stdout.flush()
         if code:
-            WORLD.Barrier()
             sys.exit(code)

@@ -1,0 +1,67 @@
+"""The MPI transport: one process per rank, launched with ``mpiexec -n N python train.py``.
+
+``init()`` wraps any mpi4py communicator (``COMM_WORLD`` by default) in the core's
+:class:`~collectives.Communicator` over an :class:`MPITransport`. Collectives run one of
+three ways: MPI's own (``algorithm="native"``, alias ``"mpi"``: ``Iallreduce``, ``Ireduce``,
+``Ibcast``, ``Iallgather``, ``Ireduce_scatter``, and their persistent forms for small
+payloads), any schedule of the core over non-blocking point-to-point, or the one-pass
+shared-memory all-reduce (``"shm"``, every rank on one node). ``auto`` picks by size
+(``tuning.py``). See ``docs/mpi.md``.
+
+The package's modules, one job each: ``groups`` (node groups), ``waiting`` (spin, yield,
+sleep), ``tags`` and ``channel`` (point-to-point), ``notices`` (failure notices and status
+questions), ``datatypes``, ``checks``, ``lane``, ``runs``, ``nonblocking``, ``persistent``
+and ``natives`` (MPI's collectives), ``shm`` (shared memory), ``tuning`` (what runs when),
+``transport`` (the transport itself). Importing the package does not initialise MPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from collectives.communicator import Communicator
+
+from .groups import ENV_RANKS_PER_NODE, groups_from_env
+from .tuning import NATIVE_NAMES, SHM_NAMES, canonical, chunks
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: mpi4py is imported on first use
+    from .transport import MPITransport
+
+__all__ = ["ENV_RANKS_PER_NODE", "MPITransport", "NATIVE_NAMES", "SHM_NAMES", "canonical",
+           "chunks", "groups_from_env", "init", "node_groups"]
+
+
+def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
+         groups: str | int | Sequence[Sequence[int]] | None = "node") -> Communicator:
+    """A :class:`~collectives.Communicator` over ``comm`` (default ``MPI.COMM_WORLD``).
+    Collective: every rank calls it, with the same arguments.
+
+    ``timeout`` is every call's default deadline in seconds; ``check=False`` skips the
+    cross-rank argument agreement (made once per distinct call). ``groups`` is the default
+    of two-level ``"A/B"`` algorithms (the transport's ``layout``): ``"node"`` (the ranks
+    sharing each node, or ``COLLECTIVES_RANKS_PER_NODE``'s simulated nodes), a group size,
+    an explicit partition, or None.
+    """
+    from mpi4py import MPI
+
+    from .transport import MPITransport
+
+    transport = MPITransport(MPI.COMM_WORLD if comm is None else comm, groups=groups)
+    return Communicator(transport, timeout=timeout, check=check, name="mpi")
+
+
+def node_groups(comm: Any) -> tuple[tuple[int, ...], ...]:
+    """The ranks of ``comm`` sharing each node (or the simulated nodes), in rank order.
+    Collective."""
+    from .groups import node_groups as find
+
+    return find(comm)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MPITransport":
+        from .transport import MPITransport
+
+        return MPITransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,78 @@
+"""What rides with a native collective: the call's check value and a NaN flag.
+
+Every native collective carries a tiny all-reduce (MAX over ``[check, -check, nan]`` in
+int64), issued just before its data on the same communicator. Every rank gets the same
+three numbers, so every rank reaches the same verdict:
+
+* ``max(check) == check`` and ``max(-check) == -check`` on a rank means every rank has its
+  check value; otherwise ranks called different collectives (or the same one with other
+  arguments) and every one of them raises :class:`~collectives.CollectiveMismatchError`;
+* ``nan`` is 1 where some rank's input holds a NaN of a float MAX/MIN. MPI's MAX and MIN
+  may drop a NaN depending on the order of operands (``a > b ? a : b``), so those calls
+  repair their result: the ranks all-reduce a mask of their NaN positions (a core schedule
+  over the control channel, only in that case) and put NaN wherever some rank had one, the
+  same NaN on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collectives import algorithms
+from collectives.calls import Call
+from collectives.errors import CollectiveMismatchError
+from collectives.execute.spmd import SpmdRun
+from collectives.ops import ReduceOp
+from collectives.schedule import Collective
+
+REPAIR_PART = 4  # the control channel's check field for NaN repairs (agreements use 0..3)
+
+
+def check_buffers(check: int, nan: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The check all-reduce's input and output."""
+    return np.array([check, -check, int(nan)], np.int64), np.zeros(3, np.int64)
+
+
+def verify(out: np.ndarray, call: Call, rank: int, seq: int) -> bool:
+    """Raise unless every rank has this call's check value; return whether some rank had NaN."""
+    check = call.check
+    if int(out[0]) != check or int(out[1]) != -check:
+        raise CollectiveMismatchError(
+            f"rank {rank}: call {seq}: ranks called different collectives, or the same one "
+            f"with different arguments, at this point (this rank: {call.describe()}); every "
+            "rank must make the same calls in the same order")
+    return bool(out[2])
+
+
+def local_nans(x: np.ndarray, needed: bool) -> np.ndarray | None:
+    """Where this rank's input holds NaN (None: nowhere, or the op does not care)."""
+    if not needed or not len(x):
+        return None
+    if not np.isnan(x.max()):  # one fast pass (NumPy's max propagates NaN)
+        return None
+    return np.isnan(x).view(np.uint8).copy()
+
+
+class Repair:
+    """The NaN repair of one call: all-reduce the ranks' NaN masks, then write NaN."""
+
+    __slots__ = ("mask", "run")
+
+    def __init__(self, control: Any, size: int, rank: int, count: int, mine: np.ndarray | None,
+                 seq: int):
+        self.mask = mine if mine is not None else np.zeros(count, np.uint8)
+        plan = algorithms.rank_plan(Collective.ALL_REDUCE, "rechd", size, rank)
+        self.run = SpmdRun(plan, self.mask, ReduceOp.MAX, control, seq=seq, check=REPAIR_PART)
+
+    def advance(self) -> bool:
+        return self.run.advance()
+
+    def apply(self, result: np.ndarray, lo: int = 0) -> None:
+        """Put NaN into ``result``, which holds elements ``lo ..`` of the full reduction."""
+        where = self.mask[lo:lo + len(result)].view(bool)
+        result[where] = np.nan
+
+    def abort(self) -> None:
+        self.run.abort()

@@ -1,0 +1,118 @@
+"""Failure notices and status questions between ranks, on a communicator of their own.
+
+* A rank that fails sends a pickled :class:`~collectives.transport.Failure` to every peer
+  (``Isend``: small, so eager; nothing waits for it). Peers poll for them in slow waits.
+* A rank whose call times out asks every peer what it is doing. Peers answer from inside
+  their own waits (whenever they poll), with the activity they last published: a peer that
+  is busy outside the library, or gone, does not answer, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+from mpi4py import MPI
+
+from collectives.transport import Failure
+
+FAILURE, QUESTION, ANSWER = 1, 2, 3
+ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers
+
+
+def describe(activity: Any) -> tuple[int | None, str]:
+    """``(seq, text)`` for a published ``(seq, call, inside)``."""
+    if activity is None:
+        return None, "has made no call"
+    seq, subject, inside = activity
+    text = subject if isinstance(subject, str) else subject.describe()
+    return seq, f"{'in' if inside else 'last finished'} call {seq}, {text}"
+
+
+class Notices:
+    """This rank's side of the notice communicator."""
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.activity: Any = None
+        self._sent: list = []  # (request, buffer): notices and answers still in flight
+        self._question = 0
+        self._status = MPI.Status()
+
+    def _post(self, obj: Any, dst: int, tag: int) -> None:
+        blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._sent.append((self.comm.Isend([blob, MPI.BYTE], dst, tag), blob))
+        except MPI.Exception:
+            pass  # a peer MPI can no longer reach: it hears nothing, as it would if dead
+        self._sent = [(r, b) for r, b in self._sent if not _test(r)]
+
+    def _take(self, tag: int) -> tuple[int, Any] | None:
+        """One pending message with ``tag``: ``(source, object)``."""
+        status = MPI.Status()
+        message = self.comm.Improbe(MPI.ANY_SOURCE, tag, status)
+        if message is None:
+            return None
+        blob = bytearray(status.Get_count(MPI.BYTE))
+        message.Recv([blob, MPI.BYTE])
+        return status.Get_source(), pickle.loads(blob)
+
+    def notify(self, failure: Failure) -> None:
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._post(failure, peer, FAILURE)
+
+    def poll(self) -> Failure | None:
+        self.serve()
+        got = self._take(FAILURE)
+        return got[1] if got is not None else None
+
+    def serve(self) -> None:
+        """Answer the questions peers asked since the last poll."""
+        while True:
+            got = self._take(QUESTION)
+            if got is None:
+                return
+            source, number = got
+            self._post((number, describe(self.activity)), source, ANSWER)
+
+    def ask(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+        """What every peer says it is doing; peers that do not answer within ``timeout``
+        are described as such."""
+        self._question += 1
+        number = self._question
+        peers = [r for r in range(self.size) if r != self.rank]
+        for peer in peers:
+            self._post(number, peer, QUESTION)
+        answers: dict[int, tuple[int | None, str]] = {}
+        deadline = time.monotonic() + timeout
+        while len(answers) < len(peers) and time.monotonic() < deadline:
+            self.serve()  # a peer asking at the same time must hear from us too
+            got = self._take(ANSWER)
+            if got is None:
+                time.sleep(ANSWER_POLL)
+                continue
+            source, (asked, said) = got
+            if asked == number:  # answers to an earlier question come late: dropped
+                answers[source] = said
+        for peer in peers:
+            answers.setdefault(peer, (None, f"did not answer within {timeout:g} s (busy outside "
+                                            "the library, or gone)"))
+        return answers
+
+    def free(self) -> None:
+        for request, _ in self._sent:  # notices to dead peers never complete
+            try:
+                request.Cancel()
+            except MPI.Exception:
+                pass
+        self._sent = []
+
+
+def _test(request: Any) -> bool:
+    try:
+        return request.Test()
+    except MPI.Exception:
+        return True  # failed: nothing more will come of it

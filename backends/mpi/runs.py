@@ -1,0 +1,134 @@
+"""A native collective in flight: its check, its MPI requests in order, then its finish.
+
+A run issues its collectives through the lane (call order, on every rank), tests the check
+first (a mismatch raises at once, without waiting for data that may never come), then the
+data requests in the order they were issued, repairs NaN where the check says some rank had
+one, and finishes (copies results out of the transport's buffers). MPI cannot cancel a
+collective: a run that fails leaves its requests to MPI, and its buffers to the transport's
+keeping (MPI may still write into them), and the engine marks the communicator broken.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives.calls import Call
+from collectives.errors import CollectiveMismatchError, PeerFailedError
+
+from . import tuning
+from .checks import Repair, verify
+
+
+class NativeRun:
+    """Base of the two kinds of runs: the steps it issues are the subclass's business."""
+
+    __slots__ = ("call", "check_out", "check_req", "finished", "keep", "mine", "natives",
+                 "repair", "requests", "seq", "steps", "verified")
+
+    def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None):
+        self.natives, self.call, self.seq, self.mine = natives, call, seq, mine
+        # (issue() -> the data request it issued or None, whether it is a throttled piece)
+        self.steps: deque = deque()
+        self.requests: deque = deque()  # (request, is a piece), in issue order
+        self.check_req: Any = None
+        self.check_out: np.ndarray | None = None
+        self.verified = self.finished = False
+        self.repair: Repair | None = None
+        self.keep: list = []  # buffers MPI reads or writes until the requests complete
+
+    # --- the lane's side ----------------------------------------------------------------
+
+    def issue(self) -> bool:
+        """Issue the steps that may go now; True once every step is issued."""
+        steps = self.steps
+        while steps:
+            fn, piece = steps[0]
+            if piece and sum(p for _, p in self.requests) >= tuning.PIECES_IN_FLIGHT:
+                return False
+            if not self.ready():
+                return False
+            steps.popleft()
+            request = fn()
+            if request is not None:
+                self.requests.append((request, piece))
+        return True
+
+    def ready(self) -> bool:
+        return True
+
+    # --- progress -----------------------------------------------------------------------
+
+    def advance(self) -> bool:
+        if self.finished:
+            return True
+        try:
+            return self._advance()
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _advance(self) -> bool:
+        lane = self.natives.lane
+        if lane.runs:
+            lane.pump()
+        if not self.verified:
+            if self.check_req is None or not self._test(self.check_req):
+                return False
+            self.verified = True
+            if verify(self.check_out, self.call, self.natives.rank, self.seq):
+                self.repair = Repair(self.natives.control, self.natives.size, self.natives.rank,
+                                     self._repair_count(), self.mine, self.seq)
+        requests = self.requests
+        freed = False
+        while requests:
+            request, piece = requests[0]
+            if not self._test(request):
+                break
+            requests.popleft()
+            freed = freed or piece
+        if freed and lane.runs:
+            lane.pump()
+        if requests or self.steps:
+            return False
+        if self.repair is not None and not self.repair.advance():
+            return False
+        self.finish()
+        self.finished = True
+        self.keep = []
+        return True
+
+    def _test(self, request: Any) -> bool:
+        try:
+            return request.Test()
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                raise CollectiveMismatchError(
+                    f"rank {self.natives.rank}: call {self.seq}: {self.call.describe()}: a peer "
+                    "sent more data than this rank expects: ranks passed different shapes or "
+                    "dtypes, or called different collectives") from exc
+            raise PeerFailedError(f"rank {self.natives.rank}: call {self.seq}: "
+                                  f"{self.call.describe()}: MPI failed: "
+                                  f"{exc.Get_error_string()}") from exc
+
+    def _abandon(self) -> None:
+        """The run failed: nothing more is issued; what MPI still holds stays alive."""
+        self.finished = True
+        self.natives.lane.leave(self)
+        if self.requests or self.check_req is not None:
+            self.natives.abandoned.append(self)
+        if self.repair is not None:
+            self.repair.abort()
+
+    def _repair_count(self) -> int:
+        return self.call.count
+
+    def finish(self) -> None:
+        """Results into place (and NaN repaired): the subclass's business."""
+
+    def pending_peers(self) -> list[int]:
+        """MPI does not say which peers a collective waits for: every other rank."""
+        return [r for r in range(self.natives.size) if r != self.natives.rank]

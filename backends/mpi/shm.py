@@ -1,0 +1,167 @@
+"""All-reduce through MPI-3 shared memory, for ranks that all share one node (``"shm"``).
+
+Every rank copies its input into its own segment of a shared window
+(``Win.Allocate_shared``), then reduces its ``1/n`` slice straight out of every rank's
+segment and publishes it there, then copies the other slices out of their owners' segments.
+Each byte crosses memory about three times (in, reduce, out) instead of a transport's two
+copies per message plus the reduce. Each slice is reduced once, by its owner, in rank order
+(with NumPy: NaN propagates, every dtype works), so every rank holds the same bits.
+
+Two ``Ibarrier`` calls on the node's communicator order the phases; they go through the lane
+like every native collective, so concurrent calls keep their order. Each segment starts with
+a header holding the call's check value: ranks that disagree about the call all see it after
+the first barrier and raise. The window holds two buffers used by alternate calls (a rank
+may start the next call while a slow peer still reads the previous one); it grows, at a
+barrier every rank has passed, to twice the largest payload, and stays until ``free()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives.arrays import NUMPY
+from collectives.calls import Call
+from collectives.errors import CollectiveMismatchError
+from collectives.ops import ReduceOp
+
+ALIGN = 4096
+HEADER = 64  # bytes before each buffer: the call's check value
+
+
+class SharedWindow:
+    """The shared window of one node's ranks."""
+
+    def __init__(self, node: Any, size: int):
+        self.node = node  # Split_type(COMM_TYPE_SHARED) of the data communicator
+        self.n, self.me = node.Get_size(), node.Get_rank()
+        self.single_node = self.n == size
+        self.win: Any = None
+        self.half = 0
+        self.segments: list[np.ndarray] = []
+        self.calls = 0
+
+    def fits(self, nbytes: int) -> bool:
+        return HEADER + nbytes <= self.half
+
+    def grow(self, nbytes: int) -> None:
+        """A window for ``nbytes`` payloads (collective: every rank is past a barrier)."""
+        half = -(-(HEADER + max(nbytes, 1)) // ALIGN) * ALIGN
+        half = max(half, 2 * self.half)  # at least double: few regrowths
+        self.free()
+        win = MPI.Win.Allocate_shared(2 * half, 1, comm=self.node)
+        win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's life; Sync() fences
+        self.win, self.half = win, half
+        self.segments = [np.frombuffer(win.Shared_query(r)[0], np.uint8)
+                         for r in range(self.n)]
+
+    def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int, lane: Any) -> ShmRun:
+        return ShmRun(self, call, src, dst, op, seq, lane)
+
+    def free(self) -> None:
+        if self.win is not None:
+            self.segments = []
+            self.win.Unlock_all()
+            self.win.Free()
+            self.win, self.half = None, 0
+
+
+class ShmRun:
+    """One shared-memory all-reduce: [grow,] copy in, barrier, reduce, barrier, copy out."""
+
+    __slots__ = ("barrier", "call", "dst", "lane", "op", "phase", "seq", "shm", "src", "views")
+
+    def __init__(self, shm: SharedWindow, call: Call, src: Any, dst: Any, op: ReduceOp,
+                 seq: int, lane: Any):
+        self.shm, self.call, self.op, self.seq, self.lane = shm, call, op, seq, lane
+        self.src = dst if src is None else src
+        self.dst = dst
+        self.phase = "grow" if not shm.fits(dst.nbytes) else "in"
+        self.barrier: Any = None
+        self.views: list[np.ndarray] = []
+        lane.join(self)
+
+    def _barrier(self) -> None:
+        self.shm.win.Sync()  # our stores are visible before the peers pass the barrier
+        self.barrier = self.shm.node.Ibarrier()
+
+    def issue(self) -> bool:
+        """The lane's side: issue this phase's barrier, if this phase's work is done."""
+        shm = self.shm
+        if self.phase == "grow":
+            self.barrier = shm.node.Ibarrier()
+            self.phase = "growing"
+            return False
+        if self.phase == "in":
+            offset = (shm.calls % 2) * shm.half
+            shm.calls += 1
+            nbytes = self.dst.nbytes
+            header = shm.segments[shm.me][offset:offset + HEADER].view(np.int64)
+            header[0], header[1] = self.call.check, self.seq
+            self.views = [s[offset:offset + HEADER + nbytes] for s in shm.segments]
+            np.copyto(self.views[shm.me][HEADER:].view(self.dst.dtype), self.src)
+            self._barrier()
+            self.phase = "reduce"
+            return False
+        if self.phase == "published":
+            self._barrier()
+            self.phase = "out"
+            return True
+        return False
+
+    def advance(self) -> bool:
+        try:
+            return self._advance()
+        except BaseException:
+            self.lane.leave(self)
+            raise
+
+    def _advance(self) -> bool:
+        if self.lane.runs:
+            self.lane.pump()
+        if self.barrier is None or not self.barrier.Test():
+            return False
+        self.barrier = None
+        shm = self.shm
+        if self.phase == "growing":
+            shm.grow(self.dst.nbytes)
+            self.phase = "in"
+        elif self.phase == "reduce":
+            shm.win.Sync()
+            self._reduce()
+            self.phase = "published"
+        elif self.phase == "out":
+            shm.win.Sync()
+            self._copy_out()
+            return True
+        self.lane.pump()
+        return False
+
+    def _reduce(self) -> None:
+        shm, dst = self.shm, self.dst
+        checks = {int(v[:HEADER].view(np.int64)[0]) for v in self.views}
+        if checks != {self.call.check}:
+            raise CollectiveMismatchError(
+                f"rank {shm.me}: call {self.seq}: ranks called different collectives, or the same "
+                f"one with different arguments, at this point (this rank: {self.call.describe()});"
+                " every rank must make the same calls in the same order")
+        data = [v[HEADER:].view(dst.dtype) for v in self.views]
+        count, n = len(dst), shm.n
+        lo, hi = shm.me * count // n, (shm.me + 1) * count // n
+        if hi > lo:
+            NUMPY.combine_into(self.op, dst[lo:hi], data[0][lo:hi], [d[lo:hi] for d in data[1:]])
+            data[shm.me][lo:hi] = dst[lo:hi]
+
+    def _copy_out(self) -> None:
+        shm, dst = self.shm, self.dst
+        data = [v[HEADER:].view(dst.dtype) for v in self.views]
+        count, n = len(dst), shm.n
+        for p in range(n):
+            lo, hi = p * count // n, (p + 1) * count // n
+            if p != shm.me and hi > lo:
+                dst[lo:hi] = data[p][lo:hi]
+
+    def pending_peers(self) -> list[int]:
+        return [r for r in range(self.shm.n) if r != self.shm.me]

@@ -1,0 +1,130 @@
+"""The MPI transport: everything a :class:`~collectives.Communicator` needs, over mpi4py.
+
+It duplicates the user's communicator three times: ``data`` (the schedules' messages and
+every native collective), ``control`` (argument agreements) and ``notices`` (failure notices
+and status questions), so none of their messages ever matches another's, or the user's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mpi4py import MPI
+
+from collectives.arrays import NUMPY
+from collectives.transport import Failure
+
+from . import tuning
+from .channel import MPIChannel
+from .groups import groups_from_env, layout_for, local_place, shared_nodes
+from .natives import MPINatives
+from .notices import Notices
+from .shm import SharedWindow
+from .tags import control_tags, data_tags
+from .waiting import Idler
+
+SERVE_AFTER = 1e-3  # a wait this long answers peers' questions...
+SERVE_EVERY = 1e-3  # ...at most this often
+ASK_SECONDS = 0.25  # how long a timed-out call waits for its peers' answers, at most
+
+
+def check_thread_level() -> None:
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise RuntimeError(
+            "collectives' MPI transport needs MPI_THREAD_MULTIPLE (asynchronous calls progress "
+            "on a thread of their own), but MPI was initialised with a lower thread level; "
+            "mpi4py asks for it by default: do not lower mpi4py.rc.thread_level")
+
+
+class MPITransport:
+    """One rank's transport over an mpi4py communicator (collective to create and free)."""
+
+    name = "mpi"
+    arrays = NUMPY
+    cost_model = tuning.COST_MODEL
+
+    def __init__(self, comm: Any, *, groups: Any = "node"):
+        check_thread_level()
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self._groups = groups
+        layout_for(groups, ((r,) for r in range(self.size)), self.size)  # bad groups: raise now
+        self._comms = [comm.Dup() for _ in range(3)]
+        data, control, notices = self._comms
+        self._node = data.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        nodes = groups_from_env(self.size) or shared_nodes(data, self._node)
+        self.nodes = nodes
+        self.local_rank, self.local_size = local_place(nodes, self.rank)
+        self.layout = layout_for(groups, nodes, self.size)
+        ub = data.Get_attr(MPI.TAG_UB)
+        self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
+        self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
+        self.notices = Notices(notices)
+        self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size))
+        self._idler = Idler()
+        self._served = 0.0
+
+    def __repr__(self) -> str:
+        return f"<MPITransport rank {self.rank} of {self.size}, {len(self.nodes)} node(s)>"
+
+    # --- waiting and failures -----------------------------------------------------------
+
+    def idle(self, waited: float) -> None:
+        waited = self._idler.idle(waited)
+        if waited > SERVE_AFTER:
+            now = time.monotonic()
+            if now - self._served > SERVE_EVERY:
+                self._served = now
+                self.notices.serve()
+
+    def notify_failure(self, failure: Failure) -> None:
+        self.notices.notify(failure)
+
+    def poll_failure(self) -> Failure | None:
+        return self.notices.poll()
+
+    def agreement_waiting(self, seq: int) -> bool:
+        control = self.control
+        return bool(control.comm.Iprobe(MPI.ANY_SOURCE, control.tags.tag(seq, 0)))
+
+    def publish_activity(self, activity: tuple) -> None:
+        self.notices.activity = activity
+
+    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+        return self.notices.ask(min(timeout, ASK_SECONDS))
+
+    # --- communicators ------------------------------------------------------------------
+
+    def dup(self) -> MPITransport:
+        """A new transport over the same ranks (collective)."""
+        return MPITransport(self._comms[0], groups=self._groups)
+
+    def split(self, color: int | None, key: int) -> MPITransport | None:
+        """``MPI_Comm_split``'s meaning (collective); None where ``color`` is None. The new
+        transport's node groups are found again among its own ranks."""
+        comm = self._comms[0].Split(MPI.UNDEFINED if color is None else color, key)
+        if comm == MPI.COMM_NULL:
+            return None
+        try:  # a partition of the old ranks means nothing among the new ones
+            groups = "node" if isinstance(self._groups, (list, tuple)) else self._groups
+            return MPITransport(comm, groups=groups)
+        finally:
+            comm.Free()
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job now (``MPI_Abort``): after a failure, ``MPI_Finalize`` at exit
+        may wait forever for a dead or hung peer."""
+        self._comms[0].Abort(code)
+
+    def free(self) -> None:
+        """Release the duplicated communicators and what lives on them (collective)."""
+        if not self._comms:
+            return
+        self.native.free()
+        self.notices.free()
+        self.data.free()
+        self.control.free()
+        for comm in (self._node, *self._comms):
+            comm.Free()
+        self._comms = []

@@ -1,0 +1,99 @@
+"""What this transport runs and when: names, crossovers, piece sizes and the cost model.
+
+Every number here was measured on the 2-vCPU development machine with MPICH 5.0.2
+(``benchmarks/mpi_compare.py``; ``docs/mpi.md`` has the tables). Change them on another
+machine; every rank must hold the same values, since they decide what runs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from collectives import algorithms
+from collectives.schedule import Collective
+from collectives.select import CostModel
+
+NATIVE_NAMES = ("native", "mpi")  # MPI's own collectives
+SHM_NAMES = ("shm", "shared_memory")  # the one-pass all-reduce through a shared window
+NAMES = NATIVE_NAMES + SHM_NAMES
+
+# MPI counts are C ints before MPI-4; every MPI call of this transport moves at most this many
+# elements (bytes for point-to-point and broadcasts). Tests lower it to run the split paths.
+MAX_COUNT = 2**31 - 1
+
+# All-reduces from this many bytes up run a schedule under "auto" (the ring's reused buffers
+# beat MPICH's per-call scratch); keyed by rank count, the last entry serving larger counts.
+RING_FROM_BYTES: dict[int, int] = {2: 16 << 20, 3: 16 << 20, 4: 16 << 20}
+
+# All-reduces from this many bytes up run through shared memory under "auto" when every rank
+# shares one node; None: only on request (algorithm="shm"), where the measurements put it.
+SHM_FROM_BYTES: int | None = None
+
+# Native reductions of large payloads run in pieces of this many bytes, one piece in flight:
+# MPICH mallocs a scratch buffer of half the message per call, and from 16 MiB up glibc serves
+# it by mmap and page-faults it in every time; pieces stay on the heap and are reused.
+NATIVE_PIECE_BYTES = 8 << 20
+PIECES_IN_FLIGHT = 1
+
+# Natives up to this many bytes run as MPI-4 persistent collectives over buffers of the
+# transport's own (copied in and out): a persistent start skips MPICH's per-call schedule
+# building, the bulk of a small collective's cost. The first PERSISTENT_CALLS distinct small
+# calls (in call order, the same on every rank) get one; later ones run non-blocking.
+PERSISTENT_BYTES = 64 << 10
+PERSISTENT_CALLS = 64
+
+# Point-to-point schedules cost about this much per round here (Python + MPICH shared memory).
+COST_MODEL = CostModel(latency=15e-6, seconds_per_byte=1 / 4e9, reduce_seconds_per_byte=1 / 8e9,
+                       message_overhead=5e-6)
+
+
+def canonical(algorithm: str) -> str:
+    """``"native"`` (MPI's own), ``"shm"`` (shared memory) or the core's canonical name."""
+    if isinstance(algorithm, str):
+        text = algorithm.strip().lower()
+        if text in NATIVE_NAMES:
+            return "native"
+        if text in SHM_NAMES:
+            return "shm"
+    return algorithms.canonical(algorithm)
+
+
+def ring_from(size: int) -> int:
+    return RING_FROM_BYTES.get(size, RING_FROM_BYTES[max(RING_FROM_BYTES)])
+
+
+def prefer_native(collective: Collective, size: int, nbytes: int) -> bool:
+    """What ``auto`` runs natively: MPI's all-reduce below the ring's crossover, and every
+    other collective (MPI's own beat the schedules at every size measured)."""
+    if collective is Collective.ALL_REDUCE:
+        return nbytes < ring_from(size) or (SHM_FROM_BYTES is not None and nbytes >= SHM_FROM_BYTES)
+    return True
+
+
+def use_shm(algorithm: str, collective: Collective, nbytes: int, single_node: bool) -> bool:
+    """Whether a native all-reduce goes through the shared window rather than MPI."""
+    if collective is not Collective.ALL_REDUCE or not single_node:
+        return False
+    if algorithm in SHM_NAMES:
+        return True
+    return algorithm == "auto" and SHM_FROM_BYTES is not None and nbytes >= SHM_FROM_BYTES
+
+
+def persistent(collective: Collective, nbytes: int) -> bool:
+    """Whether a native call belongs to the persistent class (a function of the call alone,
+    so that every rank runs it the same way: MPICH matches persistent collectives only with
+    persistent ones, request by request)."""
+    return nbytes <= PERSISTENT_BYTES
+
+
+@lru_cache(maxsize=64)
+def chunks(count: int, limit: int) -> tuple[tuple[int, int], ...]:
+    """``[0, count)`` as consecutive ``(lo, hi)`` pieces of at most ``limit`` items (one empty
+    piece for ``count == 0``: the call still runs, so every rank issues the same calls)."""
+    if limit < 1:
+        raise ValueError(f"limit={limit} must be at least 1")
+    if count < 0:
+        raise ValueError(f"count={count} must be non-negative")
+    if count <= limit:
+        return ((0, count),)
+    return tuple((lo, min(lo + limit, count)) for lo in range(0, count, limit))
