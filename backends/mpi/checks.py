@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from collectives import algorithms
 from collectives.calls import Call
@@ -30,9 +31,48 @@ from collectives.schedule import Collective
 REPAIR_PART = 4  # the control channel's check field for NaN repairs (agreements use 0..3)
 
 
-def check_buffers(check: int, nan: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The check all-reduce's input and output."""
-    return np.array([check, -check, int(nan)], np.int64), np.zeros(3, np.int64)
+class Slot:
+    """One persistent check all-reduce, used by one run at a time."""
+
+    __slots__ = ("inb", "out", "owner", "request")
+
+    def __init__(self, comm: Any):
+        self.inb, self.out = np.zeros(3, np.int64), np.zeros(3, np.int64)
+        self.request = comm.Allreduce_init(self.inb, self.out, MPI.MAX)
+        self.owner: Any = None
+
+
+class CheckSlots:
+    """The check all-reduces of a communicator, taken in turn by every native call.
+
+    They are persistent (a start costs less than building an ``Iallreduce``) and shared by
+    every kind of native call, so that the k-th native call of every rank uses the same
+    request whatever it is: MPICH matches persistent collectives request by request, so
+    ranks calling different collectives must still meet in their checks. A call whose turn
+    comes while its slot is still busy with an earlier call waits in the lane.
+    """
+
+    def __init__(self, comm: Any, count: int):
+        self.slots = [Slot(comm) for _ in range(count)]
+        self.turn = 0
+
+    def free_slot(self) -> Slot | None:
+        slot = self.slots[self.turn % len(self.slots)]
+        return slot if slot.owner is None else None
+
+    def start(self, owner: Any, check: int, nan: bool) -> Slot:
+        slot = self.slots[self.turn % len(self.slots)]
+        self.turn += 1
+        slot.owner = owner
+        slot.inb[0], slot.inb[1], slot.inb[2] = check, -check, nan
+        slot.request.Start()
+        return slot
+
+    def free(self) -> None:
+        for slot in self.slots:
+            if slot.owner is None:  # an active request (a failed call's) cannot be freed
+                slot.request.Free()
+        self.slots = []
 
 
 def verify(out: np.ndarray, call: Call, rank: int, seq: int) -> bool:

@@ -22,6 +22,7 @@ from collectives.ops import ReduceOp
 from collectives.schedule import Collective
 
 from . import nonblocking, tuning
+from .checks import CheckSlots
 from .datatypes import native_types
 from .lane import Lane
 from .persistent import Entries, PersistentRun
@@ -56,6 +57,7 @@ class MPINatives:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.single_node = shm is not None and shm.single_node
         self.lane = Lane()
+        self.checks = CheckSlots(comm, tuning.CHECKS_IN_FLIGHT)
         self.entries = Entries(comm, self.size, self.rank)
         self.pool = ResultPool(min_bytes=0)
         self.abandoned: list = []  # failed runs whose requests MPI still holds
@@ -96,6 +98,7 @@ class MPINatives:
         return self.pool.take(nbytes).view(dtype)[:count]
 
     def free(self) -> None:
+        self.checks.free()
         self.entries.free()
         if self.shm is not None:
             self.shm.free()

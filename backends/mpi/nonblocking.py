@@ -20,7 +20,7 @@ from collectives.ops import ReduceOp
 from collectives.schedule import Collective
 
 from . import tuning
-from .checks import check_buffers, local_nans
+from .checks import local_nans
 from .datatypes import has_nan_issue, native_types
 from .runs import NativeRun
 
@@ -33,15 +33,8 @@ class NonblockingRun(NativeRun):
     def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None, steps: list,
                  after: Any, keep: list):
         super().__init__(natives, call, seq, mine)
-        check_in, self.check_out = check_buffers(call.check, mine is not None)
-        comm = natives.comm
-
-        def check() -> None:
-            self.check_req = comm.Iallreduce(check_in, self.check_out, MPI.MAX)
-
-        self.steps.append((check, False))
         self.steps.extend(steps)
-        self.keep = [check_in, self.check_out, *keep]
+        self.keep = keep
         self.after = after
         natives.lane.join(self)
 
@@ -81,35 +74,35 @@ def start(natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq
         raw = dst.view(np.uint8)
         if rank == call.root and src is not None and src is not dst:
             np.copyto(raw, src.view(np.uint8))
-        steps = [(partial(comm.Ibcast, [raw[a:b], MPI.BYTE], call.root), False)
+        steps = [("call", partial(comm.Ibcast, [raw[a:b], MPI.BYTE], call.root))
                  for a, b in _pieces(len(raw), 1, False)]
         return NonblockingRun(natives, call, seq, None, steps, None, [raw])
     if collective is Collective.ALL_GATHER:
         raw = dst.view(np.uint8)
         block = len(raw) // size
         if block <= tuning.MAX_COUNT:
-            steps = [(partial(comm.Iallgather, MPI.IN_PLACE, [raw, MPI.BYTE]), False)]
+            steps = [("call", partial(comm.Iallgather, MPI.IN_PLACE, [raw, MPI.BYTE]))]
         else:  # blocks beyond one call's count: each rank broadcasts its block in pieces
-            steps = [(partial(comm.Ibcast, [raw[p * block + a:p * block + b], MPI.BYTE], p), False)
+            steps = [("call", partial(comm.Ibcast, [raw[p * block + a:p * block + b], MPI.BYTE], p))
                      for p in range(size) for a, b in _pieces(block, 1, False)]
         return NonblockingRun(natives, call, seq, None, steps, None, [raw])
     datatype, mop = native_types(call.dtype, op)
     src = _separate(natives, src, dst)
     mine = local_nans(src, has_nan_issue(call.dtype, op))
     if collective is Collective.ALL_REDUCE:
-        steps = [(partial(comm.Iallreduce, [src[a:b], datatype], [dst[a:b], datatype], mop), True)
-                 for a, b in _pieces(len(dst), dst.itemsize)]
+        steps = [("piece", partial(comm.Iallreduce, [src[a:b], datatype], [dst[a:b], datatype],
+                                   mop)) for a, b in _pieces(len(dst), dst.itemsize)]
         return NonblockingRun(natives, call, seq, mine, steps, _repair(dst), [src, dst])
     if collective is Collective.REDUCE:
         root = call.root
-        steps = [(partial(comm.Ireduce, [src[a:b], datatype],
-                          [dst[a:b], datatype] if rank == root else None, mop, root), True)
+        steps = [("piece", partial(comm.Ireduce, [src[a:b], datatype],
+                                   [dst[a:b], datatype] if rank == root else None, mop, root))
                  for a, b in _pieces(len(dst), dst.itemsize)]
         after = _repair(dst) if rank == root else None
         return NonblockingRun(natives, call, seq, mine, steps, after, [src, dst])
     lo, hi, counts = scatter_bounds(call, size, rank)
-    steps = [(partial(comm.Ireduce_scatter, [src, datatype], [dst[lo:hi], datatype], counts, mop),
-              False)]
+    steps = [("call", partial(comm.Ireduce_scatter, [src, datatype], [dst[lo:hi], datatype],
+                              counts, mop))]
     return NonblockingRun(natives, call, seq, mine, steps, _repair(dst[lo:hi], lo), [src, dst])
 
 

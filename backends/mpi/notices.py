@@ -42,6 +42,8 @@ class Notices:
         self._status = MPI.Status()
 
     def _post(self, obj: Any, dst: int, tag: int) -> None:
+        if self.comm is None:
+            return
         blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             self._sent.append((self.comm.Isend([blob, MPI.BYTE], dst, tag), blob))
@@ -51,6 +53,8 @@ class Notices:
 
     def _take(self, tag: int) -> tuple[int, Any] | None:
         """One pending message with ``tag``: ``(source, object)``."""
+        if self.comm is None:  # freed: a progress thread may still poll once
+            return None
         status = MPI.Status()
         message = self.comm.Improbe(MPI.ANY_SOURCE, tag, status)
         if message is None:
@@ -103,6 +107,8 @@ class Notices:
         return answers
 
     def free(self) -> None:
+        """Forget the communicator (its owner frees it)."""
+        self.comm = None
         for request, _ in self._sent:  # notices to dead peers never complete
             try:
                 request.Cancel()

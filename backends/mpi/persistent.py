@@ -7,9 +7,11 @@ non-blocking or blocking call, so whether a call runs persistent must not depend
 code path issued it: every native call of the persistent class (``tuning.persistent``) goes
 through :class:`Entries`, whether it came from a plain call, a prepared call or the fast
 path, and the first ``PERSISTENT_CALLS`` distinct signatures (in call order: the same on
-every rank) get an entry, created at their first call. The entry's requests are bound to
-buffers of its own: each run copies its input in and its result out (for payloads this small
-the copies cost less than any per-call setup). One entry serves one run at a time; a second
+every rank) get an entry, created at their first call (ranks that disagree about a call
+still create one each, so their later requests stay paired; their checks fail first). An
+entry's request is bound to buffers of its own: each run copies its input in and its result
+out (for payloads this small the copies cost less than any per-call setup). One entry serves
+one run at a time; a second
 call with the same signature waits for it in the lane.
 """
 
@@ -25,24 +27,29 @@ from collectives.ops import ReduceOp
 from collectives.schedule import Collective
 
 from . import tuning
-from .checks import check_buffers, local_nans
+from .checks import local_nans
 from .datatypes import has_nan_issue, native_types
 from .nonblocking import scatter_bounds
 from .runs import NativeRun
 
 
 class Entry:
-    """The persistent requests of one call signature: its check, then its data."""
+    """The persistent request of one call signature, over buffers of its own. It is created
+    (``MPI_*_init``, itself a collective in MPI's order of collectives) when its first run
+    issues, in the lane, so that it takes the same place among the collectives on every rank."""
 
-    __slots__ = ("check_in", "check_out", "check_req", "collective", "data_req", "inb",
-                 "lo", "hi", "nan", "outb", "owner", "root")
+    __slots__ = ("call", "collective", "data_req", "inb", "lo", "hi", "nan", "op", "outb",
+                 "owner", "root")
 
-    def __init__(self, comm: Any, call: Call, op: ReduceOp | None, size: int, rank: int):
+    def __init__(self, call: Call, op: ReduceOp | None):
+        self.call, self.op = call, op
         self.collective, self.root = call.collective, call.root
         self.owner: Any = None
+        self.data_req: Any = None
         self.nan = op is not None and has_nan_issue(call.dtype, op)
-        self.check_in, self.check_out = check_buffers(call.check, False)
-        self.check_req = comm.Allreduce_init(self.check_in, self.check_out, MPI.MAX)
+
+    def create(self, comm: Any, size: int, rank: int) -> None:
+        call, op = self.call, self.op
         count, c = call.count, call.collective
         self.lo, self.hi = 0, count
         if c in (Collective.BROADCAST, Collective.ALL_GATHER):
@@ -71,9 +78,8 @@ class Entry:
                                                      counts, mop)
 
     def free(self) -> None:
-        if self.owner is None:  # an active request (a failed run's) cannot be freed
-            for request in (self.check_req, self.data_req):
-                request.Free()
+        if self.owner is None and self.data_req is not None:  # an active one cannot be freed
+            self.data_req.Free()
 
 
 class Entries:
@@ -87,8 +93,7 @@ class Entries:
         entry = self.entries.get(call.signature, False)
         if entry is False:
             made = sum(e is not None for e in self.entries.values())
-            entry = (Entry(self.comm, call, op, self.size, self.rank)
-                     if made < tuning.PERSISTENT_CALLS else None)
+            entry = Entry(call, op) if made < tuning.PERSISTENT_CALLS else None
             self.entries[call.signature] = entry
         return entry
 
@@ -100,14 +105,15 @@ class Entries:
 
 
 class PersistentRun(NativeRun):
-    """One start of an entry: copy in, start check and data, copy out."""
+    """One start of an entry: check, copy in and start, copy out."""
 
     __slots__ = ("dst", "entry", "src")
 
     def __init__(self, natives: Any, call: Call, seq: int, entry: Entry, src: Any, dst: Any):
-        super().__init__(natives, call, seq, None)
+        mine = local_nans(src if src is not None else dst, entry.nan)
+        super().__init__(natives, call, seq, mine)
         self.entry, self.src, self.dst = entry, src, dst
-        self.steps.append((self._start, False))
+        self.steps.append(("entry", self._start))
         natives.lane.join(self)
 
     def ready(self) -> bool:
@@ -115,6 +121,9 @@ class PersistentRun(NativeRun):
 
     def _start(self) -> Any:
         entry, src, dst = self.entry, self.src, self.dst
+        if entry.data_req is None:
+            natives = self.natives
+            entry.create(natives.comm, natives.size, natives.rank)
         entry.owner = self
         c = entry.collective
         if c is Collective.ALL_GATHER:
@@ -124,11 +133,6 @@ class PersistentRun(NativeRun):
                 entry.inb[:] = (src if src is not None else dst).view(np.uint8)
         else:
             np.copyto(entry.inb, src if src is not None else dst)
-            if entry.nan:
-                self.mine = local_nans(entry.inb, True)
-                entry.check_in[2] = self.mine is not None
-        self.check_req, self.check_out = entry.check_req, entry.check_out
-        entry.check_req.Start()
         entry.data_req.Start()
         return entry.data_req
 

@@ -24,16 +24,22 @@ from .checks import Repair, verify
 
 
 class NativeRun:
-    """Base of the two kinds of runs: the steps it issues are the subclass's business."""
+    """Base of the two kinds of runs: what each data step issues is the subclass's business.
+
+    Steps are ``(kind, issue)``: kind "check" (the check all-reduce; it waits for its slot),
+    "piece" (a piece of a large payload; one at a time), "entry" (a persistent request; it
+    waits until an earlier call has finished with it) or "call" (anything else); ``issue()``
+    returns the data request it issued, or None.
+    """
 
     __slots__ = ("call", "check_out", "check_req", "finished", "keep", "mine", "natives",
-                 "repair", "requests", "seq", "steps", "verified")
+                 "repair", "requests", "seq", "slot", "steps", "verified")
 
     def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None):
         self.natives, self.call, self.seq, self.mine = natives, call, seq, mine
-        # (issue() -> the data request it issued or None, whether it is a throttled piece)
-        self.steps: deque = deque()
+        self.steps: deque = deque([("check", self._check)])
         self.requests: deque = deque()  # (request, is a piece), in issue order
+        self.slot: Any = None
         self.check_req: Any = None
         self.check_out: np.ndarray | None = None
         self.verified = self.finished = False
@@ -46,19 +52,28 @@ class NativeRun:
         """Issue the steps that may go now; True once every step is issued."""
         steps = self.steps
         while steps:
-            fn, piece = steps[0]
-            if piece and sum(p for _, p in self.requests) >= tuning.PIECES_IN_FLIGHT:
-                return False
-            if not self.ready():
+            kind, fn = steps[0]
+            if kind == "check":
+                if self.natives.checks.free_slot() is None:
+                    return False
+            elif kind == "piece":
+                if sum(p for _, p in self.requests) >= tuning.PIECES_IN_FLIGHT:
+                    return False
+            elif kind == "entry" and not self.ready():
                 return False
             steps.popleft()
             request = fn()
             if request is not None:
-                self.requests.append((request, piece))
+                self.requests.append((request, kind == "piece"))
         return True
 
     def ready(self) -> bool:
+        """Whether an "entry" step may go."""
         return True
+
+    def _check(self) -> None:
+        self.slot = self.natives.checks.start(self, self.call.check, self.mine is not None)
+        self.check_req, self.check_out = self.slot.request, self.slot.out
 
     # --- progress -----------------------------------------------------------------------
 
@@ -79,7 +94,11 @@ class NativeRun:
             if self.check_req is None or not self._test(self.check_req):
                 return False
             self.verified = True
-            if verify(self.check_out, self.call, self.natives.rank, self.seq):
+            try:
+                nan = verify(self.check_out, self.call, self.natives.rank, self.seq)
+            finally:  # the check completed: the slot is free for the next call, whatever it says
+                self.slot.owner = self.slot = None
+            if nan:
                 self.repair = Repair(self.natives.control, self.natives.size, self.natives.rank,
                                      self._repair_count(), self.mine, self.seq)
         requests = self.requests
@@ -118,7 +137,7 @@ class NativeRun:
         """The run failed: nothing more is issued; what MPI still holds stays alive."""
         self.finished = True
         self.natives.lane.leave(self)
-        if self.requests or self.check_req is not None:
+        if self.requests or self.slot is not None:
             self.natives.abandoned.append(self)
         if self.repair is not None:
             self.repair.abort()

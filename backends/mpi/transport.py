@@ -24,6 +24,8 @@ from .shm import SharedWindow
 from .tags import control_tags, data_tags
 from .waiting import Idler
 
+_KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
+
 SERVE_AFTER = 1e-3  # a wait this long answers peers' questions...
 SERVE_EVERY = 1e-3  # ...at most this often
 ASK_SECONDS = 0.25  # how long a timed-out call waits for its peers' answers, at most
@@ -64,6 +66,7 @@ class MPITransport:
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size))
         self._idler = Idler()
         self._served = 0.0
+        self._troubled = False  # a failure may have left messages in flight
 
     def __repr__(self) -> str:
         return f"<MPITransport rank {self.rank} of {self.size}, {len(self.nodes)} node(s)>"
@@ -79,10 +82,14 @@ class MPITransport:
                 self.notices.serve()
 
     def notify_failure(self, failure: Failure) -> None:
+        self._troubled = True
         self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
-        return self.notices.poll()
+        failure = self.notices.poll()
+        if failure is not None:
+            self._troubled = True
+        return failure
 
     def agreement_waiting(self, seq: int) -> bool:
         control = self.control
@@ -118,13 +125,22 @@ class MPITransport:
         self._comms[0].Abort(code)
 
     def free(self) -> None:
-        """Release the duplicated communicators and what lives on them (collective)."""
+        """Release the duplicated communicators and what lives on them (collective).
+
+        After a failure they are kept instead: messages of the failed call (a collective MPI
+        cannot cancel, a notice nobody read) may still arrive, and MPI could deliver them to
+        a new communicator that reused a freed one's context."""
         if not self._comms:
             return
-        self.native.free()
-        self.notices.free()
+        troubled = (self._troubled or self.native.abandoned or self.data.arena.old
+                    or self.control.arena.old)
+        if troubled:
+            _KEPT.append((self._node, *self._comms, self.native, self.notices))
+        else:
+            self.native.free()
+            self.notices.free()
+            for comm in (self._node, *self._comms):
+                comm.Free()
         self.data.free()
         self.control.free()
-        for comm in (self._node, *self._comms):
-            comm.Free()
         self._comms = []

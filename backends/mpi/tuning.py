@@ -42,6 +42,10 @@ PIECES_IN_FLIGHT = 1
 PERSISTENT_BYTES = 64 << 10
 PERSISTENT_CALLS = 64
 
+# Native calls in flight at once (each holds one of this many check all-reduces); a further
+# call waits for the oldest.
+CHECKS_IN_FLIGHT = 16
+
 # Point-to-point schedules cost about this much per round here (Python + MPICH shared memory).
 COST_MODEL = CostModel(latency=15e-6, seconds_per_byte=1 / 4e9, reduce_seconds_per_byte=1 / 8e9,
                        message_overhead=5e-6)

@@ -1,0 +1,180 @@
+"""MPI's own collectives where they used to go wrong: every case must give the right answer
+on every rank, or raise on every rank.
+
+* ``out`` overlapping ``x`` (not the same array): copied through scratch, the right answer;
+* NaN through MAX and MIN: on every rank, where any rank had one, the same bits everywhere
+  (MPICH's MAX keeps or drops a NaN depending on the order of operands);
+* ranks calling different collectives on signatures agreed earlier (so no agreement runs):
+  the check value riding with the data makes every rank raise ``CollectiveMismatchError``;
+* ``check=False`` and different lengths: an error on every rank, never a quiet answer;
+* the paths of one signature mixed across ranks (the hot path on one rank, the plain path on
+  another, a prepared call on a third): MPI matches them all alike;
+* large payloads in pieces (limits lowered), small ones on persistent requests.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from _common import WORLD, Report, meet
+from collectives.backends import mpi
+from collectives.backends.mpi import tuning
+
+from collectives.errors import CollectiveError, CollectiveMismatchError
+
+report = Report("natives")
+n, rank = WORLD.size, WORLD.rank
+
+
+def expect_error(name: str, fn, kinds=(CollectiveError,), within: float = 2.0) -> None:
+    start = time.monotonic()
+    try:
+        got = fn()
+    except kinds:
+        took = time.monotonic() - start
+        report.check(took < within, f"{name}: raised after {took:.2f} s")
+        return
+    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
+        report.check(False, f"{name}: raised {type(exc).__name__}: {exc}")
+        return
+    report.check(False, f"{name}: returned {got!r} instead of raising")
+
+
+def overlapping() -> None:
+    comm = mpi.init(timeout=20)
+    for algorithm in ("native", "auto"):
+        for count in (3, 1 << 15, 1 << 18):  # persistent, and non-blocking
+            buf = np.arange(count + 1, dtype=np.float64) + rank
+            x, out = buf[0:count], buf[1:count + 1]
+            want = sum(np.arange(count, dtype=np.float64) + r for r in range(n))
+            got = comm.all_reduce(x, "sum", algorithm, out=out)
+            report.check(got is out and np.array_equal(out, want),
+                         f"overlap {algorithm} {count}: wrong result")
+            y = np.arange(count, dtype=np.float64) + rank
+            got = comm.all_reduce(y, "sum", algorithm, out=y)  # in place
+            report.check(got is y and np.array_equal(y, want), f"in place {algorithm} {count}")
+    comm.free()
+
+
+def nans() -> None:
+    comm = mpi.init(timeout=20)
+    for count in (11, 1 << 14):  # persistent, and non-blocking
+        for dtype in (np.float32, np.float64):
+            for op in ("max", "min"):
+                x = (np.arange(count) % 7).astype(dtype) + rank
+                x[1 + rank] = np.nan  # a NaN of this rank only
+                x[count - 1] = np.nan  # one on every rank
+                want = (np.maximum if op == "max" else np.minimum).reduce(
+                    [np.where(np.arange(count) == 1 + r, np.nan, (np.arange(count) % 7) + r)
+                     for r in range(n)]).astype(dtype)
+                want[count - 1] = np.nan
+                for method in ("all_reduce", "reduce", "reduce_scatter"):
+                    name = f"nan {method} {op} {np.dtype(dtype)} {count}"
+                    if method == "all_reduce":
+                        got, mine = comm.all_reduce(x, op, "native"), want
+                    elif method == "reduce":
+                        got, mine = comm.reduce(x, op, n - 1, "native"), want
+                        if rank != n - 1:
+                            report.check(got is None, f"{name}: non-root got a result")
+                            got = mine
+                    else:
+                        got = comm.reduce_scatter(x, op, "native")
+                        mine = want[rank * count // n:(rank + 1) * count // n]
+                    report.check(np.array_equal(got, mine, equal_nan=True), f"{name}: wrong")
+                    bits = WORLD.allgather(got.tobytes() if method == "all_reduce" else b"")
+                    report.check(len(set(bits)) == 1, f"{name}: ranks differ")
+    comm.free()
+
+
+def different_collectives() -> None:
+    """Both calls were agreed before, so no agreement runs: only the riding check can tell."""
+    x = np.ones(8, np.float32)
+    big = np.ones(1 << 17, np.float32)  # non-blocking path
+    odd = rank == n - 1
+    for name, data in (("small", x), ("large", big)):
+        comm = mpi.init(timeout=10)
+        comm.all_reduce(data, algorithm="native")
+        comm.reduce(data, algorithm="native")
+        expect_error(f"all_reduce vs reduce ({name})",
+                     lambda c=comm, d=data: c.reduce(d, algorithm="native") if odd
+                     else c.all_reduce(d, algorithm="native"), (CollectiveMismatchError,))
+        comm.free()
+    comm = mpi.init(timeout=10)
+    for op in ("sum", "max"):
+        comm.all_reduce(x, op, "native")
+    expect_error("sum vs max", lambda: comm.all_reduce(x, "max" if rank == 0 else "sum", "native"),
+                 (CollectiveMismatchError,))
+    comm.free()
+
+
+def unchecked_lengths() -> None:
+    for algorithm in ("native", "ring", "auto"):
+        for count in (4, 1 << 15):
+            comm = mpi.init(timeout=1.0, check=False)
+            expect_error(f"check=False lengths {algorithm} {count}",
+                         lambda c=comm, a=algorithm, k=count: c.all_reduce(
+                             np.ones(k + rank, np.float32), "sum", a), within=2.5)
+            comm.free()
+
+
+def mixed_paths() -> None:
+    """One signature, several paths: the hot path (repeated calls with out=), the plain path
+    (an asynchronous call, a buffer that is not an array), a prepared call, in one sequence."""
+    comm = mpi.init(timeout=20)
+    count = 64
+    x = np.arange(count, dtype=np.float32) + rank
+    want = sum(np.arange(count, dtype=np.float32) + r for r in range(n))
+    out = np.empty_like(x)
+    prepared = comm.all_reduce_init(x, out=np.empty_like(x))
+    for i in range(60):
+        path = (i + rank) % 4 if i else 3  # a prepared call agrees at its first start: together
+        if path == 0:
+            got = comm.all_reduce(x, out=out)
+        elif path == 1:
+            got = comm.all_reduce(x, async_op=True).wait()
+        elif path == 2:
+            got = comm.all_reduce(memoryview(x))  # not an ndarray: no hot path
+        else:
+            got = prepared.start().wait()
+        report.check(np.array_equal(got, want), f"mixed paths, call {i}, path {path}: wrong")
+    prepared.free()
+    comm.free()
+
+
+def pieces() -> None:
+    saved = tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT
+    tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = 4096, 1000
+    try:
+        comm = mpi.init(timeout=20)
+        x = np.arange(100_003, dtype=np.float64) + rank  # 196 pieces of 512 elements
+        want = sum(np.arange(100_003, dtype=np.float64) + r for r in range(n))
+        comm.all_reduce(x, algorithm="native")  # agreed once, before calls pile up
+        works = [comm.all_reduce(x, algorithm="native", async_op=True) for _ in range(3)]
+        small = comm.all_reduce(np.ones(3), algorithm="native")  # queued behind the pieces
+        for k, work in enumerate(reversed(works)):
+            report.check(np.array_equal(work.wait(), want), f"pieces, async call {k}: wrong")
+        report.check(np.array_equal(small, np.full(3, n)), "a small call after the pieces")
+        comm.free()
+    finally:
+        tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = saved
+
+
+def main() -> None:
+    overlapping()
+    meet()
+    if n > 1:
+        nans()
+        meet()
+        different_collectives()
+        meet()
+        unchecked_lengths()
+        meet()
+    mixed_paths()
+    meet()
+    pieces()
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
