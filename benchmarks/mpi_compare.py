@@ -1,22 +1,26 @@
-"""All-reduce across MPI processes: this library next to mpi4py's Allreduce and torch gloo.
+"""All-reduce across MPI processes: this library next to mpi4py's Allreduce (and torch gloo).
 
 Run it as a plain script; it launches everything itself (``mpiexec`` beside this Python):
 
     python benchmarks/mpi_compare.py [-p 2 4] [-s 4K 64K 1M 16M 64M] [-r 7] [--json out.json]
 
-For each rank count it runs, float32, per size:
+For each rank count it runs, float32, per size, in one launch:
 
 * mpi4py ``Comm.Allreduce(x, out)`` (MPICH's own, blocking, preallocated output);
 * this library's ``comm.all_reduce(x, "sum", algorithm, out=out)`` for ``auto``, ``native``
-  and every schedule, with the default cross-rank check, and ``auto`` also with ``check=False``
-  and without ``out=`` (a fresh result array per call);
+  and every schedule, with the default cross-rank check; ``auto`` also with ``check=False``,
+  without ``out=`` (results from the pool of mapped memory), and as a prepared call
+  (``comm.all_reduce_init(x, out=out)``, then ``start().wait()``);
+* with ``--overlap``: a 64 MiB ``async_op=True`` all-reduce issued before a NumPy compute loop
+  of about the same length, then waited on, against the two back to back;
 * torch.distributed gloo ``all_reduce`` (a separate ``mpiexec`` launch that uses MPI only to
   start the processes; rendezvous over 127.0.0.1), when torch is installed.
 
-Protocol, as machine-baselines §2: each repeat starts with a barrier, times ``ITERS[size]``
-back-to-back calls, takes the max over ranks of the per-call time; cells are medians over
-repeats. algbw = bytes / time, busbw = algbw * 2 (p - 1) / p (nccl-tests). Results are checked
-before timing. ``OMP_NUM_THREADS=1``; torch uses one thread.
+Protocol: each repeat starts with a barrier, times ``ITERS[size]`` back-to-back calls, takes
+the max over ranks of the per-call time; every method runs once per repeat, in an order
+rotated from repeat to repeat (a burst of noise on a shared machine hits them all alike);
+cells are medians over repeats. busbw = bytes / time * 2 (p - 1) / p (nccl-tests). Results
+are checked before timing. ``OMP_NUM_THREADS=1``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCHEDULES = ("ring", "rechd", "tree", "shuffle", "one_device")
-ITERS = {4 << 10: 500, 64 << 10: 200, 1 << 20: 40, 16 << 20: 5, 64 << 20: 3}
+ITERS = {4 << 10: 1000, 64 << 10: 300, 1 << 20: 40, 16 << 20: 5, 64 << 20: 3}
+BASE = "mpi4py Allreduce"
 
 
 def iters_for(nbytes: int) -> int:
@@ -71,8 +76,6 @@ def timed(fn, iters: int, barrier, reduce_max) -> float:
 
 
 def interleaved(calls: dict, iters: int, repeats: int, barrier, reduce_max) -> dict:
-    """Each repeat times every method once, in an order rotated from repeat to repeat, so a
-    burst of noise on this shared machine hits them all alike."""
     names = list(calls)
     times: dict = {name: [] for name in names}
     for rep in range(repeats):
@@ -80,6 +83,19 @@ def interleaved(calls: dict, iters: int, repeats: int, barrier, reduce_max) -> d
         for name in names[k:] + names[:k]:
             times[name].append(timed(calls[name], iters, barrier, reduce_max))
     return times
+
+
+def mpi_calls(world, checked, unchecked, x, out) -> dict:
+    """name -> (communicator or None, call) for one size."""
+    calls = {BASE: (None, lambda: world.Allreduce(x, out))}
+    for name in ("auto", "native", "shm", *SCHEDULES):
+        calls[f"collectives {name}"] = (checked, lambda name=name: checked.all_reduce(
+            x, "sum", name, out=out))
+    calls["collectives auto, check=False"] = (unchecked, lambda: unchecked.all_reduce(x, out=out))
+    calls["collectives auto, no out="] = (checked, lambda: checked.all_reduce(x))
+    prepared = checked.all_reduce_init(x, out=out)
+    calls["collectives prepared"] = (checked, lambda: prepared.start().wait())
+    return calls
 
 
 def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
@@ -98,15 +114,8 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
         x = np.full(count, rank + 1, np.float32)
         want = np.full(count, p * (p + 1) // 2, np.float32)
         out = np.empty_like(x)
-        calls = {"mpi4py Allreduce": (None, lambda x=x, out=out: world.Allreduce(x, out))}
-        for name in ("auto", "native", "shm", *SCHEDULES):
-            calls[f"collectives {name}"] = (checked, lambda name=name, x=x, out=out:
-                                            checked.all_reduce(x, "sum", name, out=out))
-        calls["collectives auto, check=False"] = (
-            unchecked, lambda x=x, out=out: unchecked.all_reduce(x, out=out))
-        calls["collectives auto, no out="] = (checked, lambda x=x: checked.all_reduce(x))
-        calls = {k: v for k, v in calls.items()
-                 if not methods or any(m in k for m in methods)}
+        calls = {k: v for k, v in mpi_calls(world, checked, unchecked, x, out).items()
+                 if not methods or k == BASE or any(m in k for m in methods)}
         ran = {}
         for name, (comm, fn) in calls.items():
             out.fill(0)
@@ -123,7 +132,49 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
                 print(f"  p={p} {human(nbytes):>7} {name:<32} "
                       f"{statistics.median(times[name]) * 1e6:10.1f} us  ran={ran[name]}",
                       flush=True)
+    checked.free()
+    unchecked.free()
     return results
+
+
+def overlap_worker(nbytes: int, repeats: int) -> dict:
+    """Communication and computation, back to back and overlapped (async_op=True)."""
+    sys.path.insert(0, ROOT)
+    from collectives.backends import mpi
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    comm = mpi.init(timeout=120)
+    reduce_max = lambda t: world.allreduce(t, op=MPI.MAX)  # noqa: E731
+    x = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(x)
+    a = np.ones(1 << 20, np.float64)
+
+    def compute(rounds: int) -> None:
+        for _ in range(rounds):
+            np.multiply(a, 1.0000001, out=a)
+
+    comm.all_reduce(x, out=out)
+    t_comm = statistics.median(timed(lambda: comm.all_reduce(x, out=out), 1, world.Barrier,
+                                     reduce_max) for _ in range(repeats))
+    one = statistics.median(timed(lambda: compute(10), 1, world.Barrier, reduce_max)
+                            for _ in range(3)) / 10
+    rounds = max(1, round(t_comm / one))
+
+    def both() -> None:
+        comm.all_reduce(x, out=out)
+        compute(rounds)
+
+    def overlapped() -> None:
+        work = comm.all_reduce(x, out=out, async_op=True)
+        compute(rounds)
+        work.wait()
+
+    times = interleaved({"back to back": both, "overlapped": overlapped,
+                         "compute alone": lambda: compute(rounds)}, 1, repeats, world.Barrier,
+                        reduce_max)
+    comm.free()
+    return {"comm alone": [t_comm], **times, "ran": comm.last_algorithm}
 
 
 def gloo_worker(sizes: list[int], repeats: int, port: int) -> dict:
@@ -139,16 +190,12 @@ def gloo_worker(sizes: list[int], repeats: int, port: int) -> dict:
                                        float(v))[1])(torch.tensor(t, dtype=torch.float64))
     results: dict = {"torch gloo": {}}
     for nbytes in sizes:
-        count = nbytes // 4
-        x = torch.full((count,), float(rank + 1))
+        x = torch.full((nbytes // 4,), float(rank + 1))
         dist.all_reduce(x)
         assert bool((x == p * (p + 1) // 2).all()), "gloo gave a wrong result"
         times = [timed(lambda x=x: dist.all_reduce(x), iters_for(nbytes), dist.barrier,
                        reduce_max) for _ in range(repeats)]
         results["torch gloo"][str(nbytes)] = {"times": times, "ran": None}
-        if rank == 0:
-            print(f"  p={p} {human(nbytes):>7} torch gloo {statistics.median(times) * 1e6:10.1f} us",
-                  flush=True)
     dist.destroy_process_group()
     return results
 
@@ -171,7 +218,7 @@ def launch(p: int, args: list[str]) -> dict:
 
 
 def table(p: int, sizes: list[int], data: dict) -> str:
-    base = data.get("mpi4py Allreduce", {})
+    base = data.get(BASE, {})
     gloo = data.get("torch gloo", {})
     head = f"| method (p={p}) | " + " | ".join(human(s) for s in sizes) + " |"
     lines = [head, "|---" * (len(sizes) + 1) + "|"]
@@ -185,7 +232,7 @@ def table(p: int, sizes: list[int], data: dict) -> str:
             t = statistics.median(cell["times"])
             busbw = s / t * 2 * (p - 1) / p / 1e9
             text = f"{t * 1e6:.1f} µs / {busbw:.2f}"
-            if name != "mpi4py Allreduce" and str(s) in base:
+            if name != BASE and str(s) in base:
                 text += f" ({statistics.median(base[str(s)]['times']) / t:.2f}× MPI"
                 if str(s) in gloo and name != "torch gloo":
                     text += f", {statistics.median(gloo[str(s)]['times']) / t:.1f}× gloo"
@@ -197,16 +244,25 @@ def table(p: int, sizes: list[int], data: dict) -> str:
     return "\n".join(lines)
 
 
+def overlap_table(p: int, data: dict) -> str:
+    cells = {k: statistics.median(v) * 1e3 for k, v in data.items() if k != "ran"}
+    return (f"overlap, p={p}, 64 MiB auto [{data.get('ran')}]: comm alone {cells['comm alone']:.1f} ms, "
+            f"compute alone {cells['compute alone']:.1f} ms, back to back "
+            f"{cells['back to back']:.1f} ms, overlapped {cells['overlapped']:.1f} ms "
+            f"({cells['back to back'] / cells['overlapped']:.2f}× back to back)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-p", type=int, nargs="+", default=[2, 4])
     parser.add_argument("-s", "--sizes", nargs="+", default=["4K", "64K", "1M", "16M", "64M"])
     parser.add_argument("-r", "--repeats", type=int, default=7)
     parser.add_argument("-m", "--methods", nargs="*", default=[],
-                        help="only methods whose name contains one of these")
+                        help="only methods whose name contains one of these (and mpi4py's)")
+    parser.add_argument("--overlap", action="store_true", help="also time the overlap case")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--json")
-    parser.add_argument("--worker", choices=["mpi", "gloo"])
+    parser.add_argument("--worker", choices=["mpi", "gloo", "overlap"])
     parser.add_argument("--port", type=int, default=29533)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -214,6 +270,8 @@ def main() -> None:
     if args.worker:
         if args.worker == "mpi":
             result = mpi_worker(sizes, args.repeats, args.methods)
+        elif args.worker == "overlap":
+            result = overlap_worker(64 << 20, args.repeats)
         else:
             result = gloo_worker(sizes, args.repeats, args.port)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
@@ -237,6 +295,11 @@ def main() -> None:
             data.update(launch(p, ["gloo", *common, "--port", str(args.port + p)]))
         everything["runs"][str(p)] = data
         tables.append(table(p, sizes, data))
+        if args.overlap:
+            overlap = launch(p, ["overlap", *common])
+            everything["runs"][f"{p} overlap"] = overlap
+            if overlap:
+                tables.append(overlap_table(p, overlap))
     print("\nCells: median µs per call / busbw GB/s (speed-up over mpi4py's Allreduce, "
           "over gloo) [what auto ran]\n")
     print("\n\n".join(tables))

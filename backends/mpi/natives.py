@@ -4,20 +4,23 @@
 What MPI reduces itself runs natively (``datatypes.native_types``); broadcasts and gathers
 move bytes, so every dtype runs natively. Small calls run as persistent collectives
 (``persistent.py``), large ones as non-blocking calls in pieces (``nonblocking.py``); either
-way a check all-reduce rides with the data (``checks.py``) and the lane keeps every rank's
-collectives in call order (``lane.py``). ``prepare`` binds a call to its buffers; each start
-goes the same way as an unprepared call, so prepared, fast-path and plain calls of one
-signature always run the same MPI operations on every rank.
+way the call's check rides with the data (``checks.py``, ``rider.py``) and the lane keeps
+every rank's collectives in call order (``lane.py``). ``prepare`` binds a call to its
+buffers; each start goes the same way as an unprepared call, so prepared, fast-path and
+plain calls of one signature always run the same MPI operations on every rank.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from collectives.arrays import ResultPool
 from collectives.calls import Call
+from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.schedule import Collective
 
@@ -25,23 +28,74 @@ from . import nonblocking, tuning
 from .checks import CheckSlots
 from .datatypes import native_types
 from .lane import Lane
-from .persistent import Entries, PersistentRun
+from .persistent import Entries, Entry, PersistentRun
+from .runs import STALL_POLLS, mpi_error
+
+ASK_EVERY = 0.25  # seconds between two questions of a stalled call to its peers
 
 
 class Bound:
-    """A call bound to its buffers (``prepare``): every start runs it as a plain call would."""
+    """A call bound to its buffers (``prepare``): every start runs it as a plain call would.
 
-    __slots__ = ("call", "dst", "natives", "op", "run", "src")
+    A repeated small all-reduce whose check rides in its data (the hot path) starts its
+    persistent request here directly whenever nothing else is queued: one copy in, one
+    ``Start``, ``Test`` until done, one comparison of the trailer, one copy out.
+    """
+
+    __slots__ = ("call", "dst", "entry", "natives", "op", "polls", "run", "seq", "since", "src")
 
     def __init__(self, natives: MPINatives, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
         self.run: Any = None
+        self.entry: Entry | None = None  # the hot path's entry, once known
+        self.seq = self.polls = 0
+        self.since = 0.0
 
     def start(self, seq: int) -> None:
-        self.run = self.natives.start(self.call, self.src, self.dst, self.op, seq)
+        entry, natives = self.entry, self.natives
+        if entry is not None and entry.owner is None and not natives.lane.runs:
+            self.run, self.seq, self.polls, self.since = None, seq, 0, 0.0
+            entry.head[...] = self.src if self.src is not None else self.dst
+            entry.owner = self
+            natives.inflight[seq] = self.call
+            try:
+                entry.data_req.Start()
+            except MPI.Exception as exc:
+                raise mpi_error(natives.rank, seq, self.call, exc) from exc
+            return
+        self.run = run = natives.start(self.call, self.src, self.dst, self.op, seq)
+        if (entry is None and isinstance(run, PersistentRun) and run.entry.rider is not None
+                and run.entry.collective is Collective.ALL_REDUCE and not run.entry.nan):
+            self.entry = run.entry  # entries that may need a NaN repair take the general path
 
     def advance(self) -> bool:
-        return self.run.advance()
+        run = self.run
+        if run is not None:
+            return run.advance()
+        entry = self.entry
+        try:
+            done = entry.data_req.Test()
+        except MPI.Exception as exc:
+            self.natives.inflight.pop(self.seq, None)
+            raise mpi_error(self.natives.rank, self.seq, self.call, exc) from exc
+        if not done:
+            self.polls += 1
+            if self.polls % STALL_POLLS == 0:
+                self._stalled()
+            return False
+        entry.owner = None
+        self.natives.inflight.pop(self.seq, None)
+        if entry.trailer.tobytes() != entry.rider.expected:
+            entry.verify(self.natives.rank, self.seq)  # raises, saying why
+        self.dst[...] = entry.result
+        return True
+
+    def _stalled(self) -> None:
+        now = time.perf_counter()
+        if not self.since:
+            self.since = now
+        elif now - self.since > tuning.STALL_SECONDS:
+            self.natives.stalled(self.seq, self.call)
 
     def free(self) -> None:
         self.run = None
@@ -52,16 +106,18 @@ class MPINatives:
 
     names = tuning.NAMES
 
-    def __init__(self, comm: Any, control: Any, shm: Any):
-        self.comm, self.control, self.shm = comm, control, shm
+    def __init__(self, comm: Any, control: Any, shm: Any, notices: Any):
+        self.comm, self.control, self.shm, self.notices = comm, control, shm, notices
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.single_node = shm is not None and shm.single_node
         self.lane = Lane()
         self.checks = CheckSlots(comm, tuning.CHECKS_IN_FLIGHT)
-        self.entries = Entries(comm, self.size, self.rank)
+        self.entries = Entries(self.size)
         self.pool = ResultPool(min_bytes=0)
+        self.inflight: dict[int, Call] = {}  # native calls not yet complete, by seq
         self.abandoned: list = []  # failed runs whose requests MPI still holds
         self.last: str | None = None  # what the latest native call ran: "mpi" or "shm"
+        self._asked: tuple[int, int, float] | None = None  # (seq, question, when)
 
     def supports(self, call: Call) -> bool:
         collective = call.collective
@@ -97,8 +153,25 @@ class MPINatives:
         """Memory for a copy of an input, reused once the run holding it is done."""
         return self.pool.take(nbytes).view(dtype)[:count]
 
+    def stalled(self, seq: int, call: Call) -> None:
+        """Call ``seq`` has waited long: ask the peers which calls they run, and raise
+        ``CollectiveMismatchError`` if one runs another call under this number."""
+        now = time.perf_counter()
+        asked = self._asked
+        if asked is None or asked[0] != seq or now - asked[2] > ASK_EVERY:
+            self._asked = (seq, self.notices.ask_later(), now)
+            return
+        for peer, calls in self.notices.answers(asked[1]).items():
+            theirs = calls.get(seq)
+            if theirs is not None and theirs[0] != call.check:
+                raise CollectiveMismatchError(
+                    f"rank {self.rank}: call {seq}: rank {peer} runs {theirs[1]} where this rank "
+                    f"runs {call.describe()}: every rank must make the same calls in the same "
+                    "order")
+
     def free(self) -> None:
         self.checks.free()
         self.entries.free()
         if self.shm is not None:
             self.shm.free()
+

@@ -3,8 +3,11 @@
 * A rank that fails sends a pickled :class:`~collectives.transport.Failure` to every peer
   (``Isend``: small, so eager; nothing waits for it). Peers poll for them in slow waits.
 * A rank whose call times out asks every peer what it is doing. Peers answer from inside
-  their own waits (whenever they poll), with the activity they last published: a peer that
-  is busy outside the library, or gone, does not answer, and is reported as such.
+  their own waits (whenever they poll), with the activity they last published and the native
+  calls they have in flight (number, check value, description): a peer that is busy outside
+  the library, or gone, does not answer, and is reported as such. A native call that waits
+  long asks the same question without waiting for the answers (``ask_later``) and compares
+  check values when they come.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ class Notices:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.activity: Any = None
+        self.calls: dict = {}  # native calls in flight, by number: the transport's
         self._sent: list = []  # (request, buffer): notices and answers still in flight
         self._question = 0
-        self._status = MPI.Status()
+        self._answers: dict[int, tuple] = {}
 
     def _post(self, obj: Any, dst: int, tag: int) -> None:
         if self.comm is None:
@@ -80,16 +84,32 @@ class Notices:
             if got is None:
                 return
             source, number = got
-            self._post((number, describe(self.activity)), source, ANSWER)
+            calls = {seq: (call.check, call.describe()) for seq, call in list(self.calls.items())}
+            self._post((number, describe(self.activity), calls), source, ANSWER)
+
+    def ask_later(self) -> int:
+        """Ask every peer; the answers come with :meth:`answers`."""
+        self._question += 1
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._post(self._question, peer, QUESTION)
+        self._answers: dict[int, tuple] = {}
+        return self._question
+
+    def answers(self, number: int) -> dict[int, dict]:
+        """The native calls each peer that answered question ``number`` had in flight."""
+        self.serve()
+        while (got := self._take(ANSWER)) is not None:
+            source, (asked, _, calls) = got
+            if asked == number:
+                self._answers[source] = calls
+        return self._answers
 
     def ask(self, timeout: float) -> dict[int, tuple[int | None, str]]:
         """What every peer says it is doing; peers that do not answer within ``timeout``
         are described as such."""
-        self._question += 1
-        number = self._question
+        number = self.ask_later()
         peers = [r for r in range(self.size) if r != self.rank]
-        for peer in peers:
-            self._post(number, peer, QUESTION)
         answers: dict[int, tuple[int | None, str]] = {}
         deadline = time.monotonic() + timeout
         while len(answers) < len(peers) and time.monotonic() < deadline:
@@ -98,7 +118,7 @@ class Notices:
             if got is None:
                 time.sleep(ANSWER_POLL)
                 continue
-            source, (asked, said) = got
+            source, (asked, said, _) = got
             if asked == number:  # answers to an earlier question come late: dropped
                 answers[source] = said
         for peer in peers:

@@ -11,8 +11,10 @@ every rank) get an entry, created at their first call (ranks that disagree about
 still create one each, so their later requests stay paired; their checks fail first). An
 entry's request is bound to buffers of its own: each run copies its input in and its result
 out (for payloads this small the copies cost less than any per-call setup). One entry serves
-one run at a time; a second
-call with the same signature waits for it in the lane.
+one run at a time; a second call with the same signature waits for it in the lane.
+
+All-reduces carry their check in a few extra elements of the reduction (``rider.py``), so a
+repeated small all-reduce is one persistent start; other calls take a check slot.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.calls import Call
+from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.schedule import Collective
 
@@ -30,6 +33,7 @@ from . import tuning
 from .checks import local_nans
 from .datatypes import has_nan_issue, native_types
 from .nonblocking import scatter_bounds
+from .rider import Rider
 from .runs import NativeRun
 
 
@@ -38,15 +42,17 @@ class Entry:
     (``MPI_*_init``, itself a collective in MPI's order of collectives) when its first run
     issues, in the lane, so that it takes the same place among the collectives on every rank."""
 
-    __slots__ = ("call", "collective", "data_req", "inb", "lo", "hi", "nan", "op", "outb",
-                 "owner", "root")
+    __slots__ = ("call", "collective", "data_req", "head", "hi", "inb", "lo", "nan", "op",
+                 "outb", "owner", "result", "rider", "root", "tail", "trailer")
 
-    def __init__(self, call: Call, op: ReduceOp | None):
+    def __init__(self, call: Call, op: ReduceOp | None, size: int):
         self.call, self.op = call, op
         self.collective, self.root = call.collective, call.root
         self.owner: Any = None
         self.data_req: Any = None
         self.nan = op is not None and has_nan_issue(call.dtype, op)
+        self.rider = (Rider.make(call.dtype, op, size, call.check)
+                      if call.collective is Collective.ALL_REDUCE else None)
 
     def create(self, comm: Any, size: int, rank: int) -> None:
         call, op = self.call, self.op
@@ -62,11 +68,19 @@ class Entry:
                 self.data_req = comm.Allgather_init(MPI.IN_PLACE, [self.inb, MPI.BYTE])
             return
         datatype, mop = native_types(call.dtype, op)
-        self.inb = np.empty(count, call.dtype)
         if c is Collective.ALL_REDUCE:
-            self.outb = np.empty(count, call.dtype)
+            extra = self.rider.length if self.rider is not None else 0
+            self.inb = np.empty(count + extra, call.dtype)
+            self.outb = np.empty(count + extra, call.dtype)
+            self.head, self.tail = self.inb[:count], self.inb[count:]
+            self.result = self.outb[:count]
+            if self.rider is not None:
+                self.rider.fill(self.tail, False)  # MPI only reads it: filled once
+                self.trailer = self.outb[count:count + len(self.rider.mine)]
             self.data_req = comm.Allreduce_init([self.inb, datatype], [self.outb, datatype], mop)
-        elif c is Collective.REDUCE:
+            return
+        self.inb = self.head = np.empty(count, call.dtype)
+        if c is Collective.REDUCE:
             self.outb = np.empty(count if rank == call.root else 0, call.dtype)
             self.data_req = comm.Reduce_init([self.inb, datatype],
                                              [self.outb, datatype] if rank == call.root else None,
@@ -77,6 +91,18 @@ class Entry:
             self.data_req = comm.Reduce_scatter_init([self.inb, datatype], [self.outb, datatype],
                                                      counts, mop)
 
+    def verify(self, rank: int, seq: int) -> bool:
+        """After an all-reduce with a rider: raise unless every rank had this call; return
+        whether some rank's input held NaN."""
+        rider, count = self.rider, self.call.count
+        trailer = self.outb[count:]
+        if not rider.agrees(trailer):
+            raise CollectiveMismatchError(
+                f"rank {rank}: call {seq}: ranks called different collectives, or the same one "
+                f"with different arguments, at this point (this rank: {self.call.describe()}); "
+                "every rank must make the same calls in the same order")
+        return rider.any_nan(trailer)
+
     def free(self) -> None:
         if self.owner is None and self.data_req is not None:  # an active one cannot be freed
             self.data_req.Free()
@@ -85,15 +111,18 @@ class Entry:
 class Entries:
     """The persistent entries of one communicator, by call signature."""
 
-    def __init__(self, comm: Any, size: int, rank: int):
-        self.comm, self.size, self.rank = comm, size, rank
+    def __init__(self, size: int):
+        self.size = size
         self.entries: dict[tuple, Entry | None] = {}
+        self.made = 0
 
     def get(self, call: Call, op: ReduceOp | None) -> Entry | None:
         entry = self.entries.get(call.signature, False)
         if entry is False:
-            made = sum(e is not None for e in self.entries.values())
-            entry = Entry(call, op) if made < tuning.PERSISTENT_CALLS else None
+            entry = None
+            if self.made < tuning.PERSISTENT_CALLS:
+                entry = Entry(call, op, self.size)
+                self.made += 1
             self.entries[call.signature] = entry
         return entry
 
@@ -105,13 +134,13 @@ class Entries:
 
 
 class PersistentRun(NativeRun):
-    """One start of an entry: check, copy in and start, copy out."""
+    """One start of an entry: [check,] copy in and start, copy out."""
 
     __slots__ = ("dst", "entry", "src")
 
     def __init__(self, natives: Any, call: Call, seq: int, entry: Entry, src: Any, dst: Any):
         mine = local_nans(src if src is not None else dst, entry.nan)
-        super().__init__(natives, call, seq, mine)
+        super().__init__(natives, call, seq, mine, slot=entry.rider is None)
         self.entry, self.src, self.dst = entry, src, dst
         self.steps.append(("entry", self._start))
         natives.lane.join(self)
@@ -132,15 +161,27 @@ class PersistentRun(NativeRun):
             if self.natives.rank == entry.root:
                 entry.inb[:] = (src if src is not None else dst).view(np.uint8)
         else:
-            np.copyto(entry.inb, src if src is not None else dst)
+            entry.head[...] = src if src is not None else dst
+            if entry.rider is not None and entry.nan:
+                entry.rider.fill(entry.tail, self.mine is not None)
         entry.data_req.Start()
         return entry.data_req
+
+    def landed(self) -> bool:
+        entry = self.entry
+        if entry.rider is None:
+            return False
+        try:
+            return entry.verify(self.natives.rank, self.seq)
+        except CollectiveMismatchError:
+            entry.owner = None  # the request completed: the entry is idle, whatever it says
+            raise
 
     def finish(self) -> None:
         entry, dst = self.entry, self.dst
         c = entry.collective
         if c is Collective.ALL_REDUCE:
-            np.copyto(dst, entry.outb)
+            dst[...] = entry.result
         elif c is Collective.REDUCE:
             if self.natives.rank == entry.root:
                 np.copyto(dst, entry.outb)
@@ -155,6 +196,6 @@ class PersistentRun(NativeRun):
         if self.repair is not None:
             lo = entry.lo if c is Collective.REDUCE_SCATTER else 0
             if c is not Collective.REDUCE or self.natives.rank == entry.root:
-                self.repair.apply(dst[lo:lo + len(entry.outb)], lo)
+                self.repair.apply(dst[lo:lo + entry.hi - entry.lo], lo)
         if self.natives.lane.runs:
             self.natives.lane.pump()

@@ -3,13 +3,21 @@
 A run issues its collectives through the lane (call order, on every rank), tests the check
 first (a mismatch raises at once, without waiting for data that may never come), then the
 data requests in the order they were issued, repairs NaN where the check says some rank had
-one, and finishes (copies results out of the transport's buffers). MPI cannot cancel a
-collective: a run that fails leaves its requests to MPI, and its buffers to the transport's
-keeping (MPI may still write into them), and the engine marks the communicator broken.
+one, and finishes (copies results out of the transport's buffers). A run whose check rides
+in its data (``rider.py``) verifies once the data has landed instead.
+
+A run that waits long asks its peers which calls they are running (``stall``): ranks that
+called different collectives may never complete their MPI calls at all (MPI pairs them by
+order and kind), and this turns such a hang into a ``CollectiveMismatchError``.
+
+MPI cannot cancel a collective: a run that fails leaves its requests to MPI and its buffers
+to the transport's keeping (MPI may still write into them); the engine marks the
+communicator broken.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -22,6 +30,18 @@ from collectives.errors import CollectiveMismatchError, PeerFailedError
 from . import tuning
 from .checks import Repair, verify
 
+STALL_POLLS = 64  # polls between two looks at the clock while a run waits
+
+
+def mpi_error(rank: int, seq: int, call: Call, exc: Any) -> Exception:
+    """The library's error for an MPI error in a native collective."""
+    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+        return CollectiveMismatchError(
+            f"rank {rank}: call {seq}: {call.describe()}: a peer sent more data than this rank "
+            "expects: ranks passed different shapes or dtypes, or called different collectives")
+    return PeerFailedError(f"rank {rank}: call {seq}: {call.describe()}: MPI failed: "
+                           f"{exc.Get_error_string()}")
+
 
 class NativeRun:
     """Base of the two kinds of runs: what each data step issues is the subclass's business.
@@ -33,18 +53,23 @@ class NativeRun:
     """
 
     __slots__ = ("call", "check_out", "check_req", "finished", "keep", "mine", "natives",
-                 "repair", "requests", "seq", "slot", "steps", "verified")
+                 "polls", "repair", "requests", "seq", "since", "slot", "steps", "verified")
 
-    def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None):
+    def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None, *,
+                 slot: bool = True):
         self.natives, self.call, self.seq, self.mine = natives, call, seq, mine
-        self.steps: deque = deque([("check", self._check)])
+        self.steps: deque = deque([("check", self._check)] if slot else ())
         self.requests: deque = deque()  # (request, is a piece), in issue order
         self.slot: Any = None
         self.check_req: Any = None
         self.check_out: np.ndarray | None = None
-        self.verified = self.finished = False
+        self.verified = not slot
+        self.finished = False
         self.repair: Repair | None = None
         self.keep: list = []  # buffers MPI reads or writes until the requests complete
+        self.polls = 0
+        self.since = 0.0
+        natives.inflight[seq] = call
 
     # --- the lane's side ----------------------------------------------------------------
 
@@ -81,13 +106,20 @@ class NativeRun:
         if self.finished:
             return True
         try:
-            return self._advance()
+            if self._advance():
+                self.natives.inflight.pop(self.seq, None)
+                return True
         except BaseException:
             self._abandon()
             raise
+        self.polls += 1
+        if self.polls % STALL_POLLS == 0:
+            self._stalled()
+        return False
 
     def _advance(self) -> bool:
-        lane = self.natives.lane
+        natives = self.natives
+        lane = natives.lane
         if lane.runs:
             lane.pump()
         if not self.verified:
@@ -95,12 +127,11 @@ class NativeRun:
                 return False
             self.verified = True
             try:
-                nan = verify(self.check_out, self.call, self.natives.rank, self.seq)
+                nan = verify(self.check_out, self.call, natives.rank, self.seq)
             finally:  # the check completed: the slot is free for the next call, whatever it says
                 self.slot.owner = self.slot = None
             if nan:
-                self.repair = Repair(self.natives.control, self.natives.size, self.natives.rank,
-                                     self._repair_count(), self.mine, self.seq)
+                self._repair()
         requests = self.requests
         freed = False
         while requests:
@@ -113,6 +144,8 @@ class NativeRun:
             lane.pump()
         if requests or self.steps:
             return False
+        if self.repair is None and self.landed():
+            self._repair()
         if self.repair is not None and not self.repair.advance():
             return False
         self.finish()
@@ -120,30 +153,38 @@ class NativeRun:
         self.keep = []
         return True
 
+    def _repair(self) -> None:
+        natives = self.natives
+        self.repair = Repair(natives.control, natives.size, natives.rank, self.call.count,
+                             self.mine, self.seq)
+
     def _test(self, request: Any) -> bool:
         try:
             return request.Test()
         except MPI.Exception as exc:
-            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                raise CollectiveMismatchError(
-                    f"rank {self.natives.rank}: call {self.seq}: {self.call.describe()}: a peer "
-                    "sent more data than this rank expects: ranks passed different shapes or "
-                    "dtypes, or called different collectives") from exc
-            raise PeerFailedError(f"rank {self.natives.rank}: call {self.seq}: "
-                                  f"{self.call.describe()}: MPI failed: "
-                                  f"{exc.Get_error_string()}") from exc
+            raise mpi_error(self.natives.rank, self.seq, self.call, exc) from exc
+
+    def _stalled(self) -> None:
+        now = time.perf_counter()
+        if not self.since:
+            self.since = now
+        elif now - self.since > tuning.STALL_SECONDS:
+            self.natives.stalled(self.seq, self.call)
 
     def _abandon(self) -> None:
         """The run failed: nothing more is issued; what MPI still holds stays alive."""
         self.finished = True
+        self.natives.inflight.pop(self.seq, None)
         self.natives.lane.leave(self)
         if self.requests or self.slot is not None:
             self.natives.abandoned.append(self)
         if self.repair is not None:
             self.repair.abort()
 
-    def _repair_count(self) -> int:
-        return self.call.count
+    def landed(self) -> bool:
+        """The data has arrived: verify what rode with it (raise on a mismatch); return
+        whether NaN needs repairing. Runs checked by a slot have nothing to do here."""
+        return False
 
     def finish(self) -> None:
         """Results into place (and NaN repaired): the subclass's business."""

@@ -63,7 +63,9 @@ class MPITransport:
         self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
         self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
         self.notices = Notices(notices)
-        self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size))
+        self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
+                                 self.notices)
+        self.notices.calls = self.native.inflight
         self._idler = Idler()
         self._served = 0.0
         self._troubled = False  # a failure may have left messages in flight
@@ -74,7 +76,7 @@ class MPITransport:
     # --- waiting and failures -----------------------------------------------------------
 
     def idle(self, waited: float) -> None:
-        waited = self._idler.idle(waited)
+        self._idler.idle(waited)
         if waited > SERVE_AFTER:
             now = time.monotonic()
             if now - self._served > SERVE_EVERY:

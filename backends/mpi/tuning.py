@@ -46,6 +46,10 @@ PERSISTENT_CALLS = 64
 # call waits for the oldest.
 CHECKS_IN_FLIGHT = 16
 
+# A native call still waiting after this many seconds asks its peers which calls they run:
+# ranks that called different collectives may otherwise wait for each other until timeout.
+STALL_SECONDS = 0.02
+
 # Point-to-point schedules cost about this much per round here (Python + MPICH shared memory).
 COST_MODEL = CostModel(latency=15e-6, seconds_per_byte=1 / 4e9, reduce_seconds_per_byte=1 / 8e9,
                        message_overhead=5e-6)

@@ -4,7 +4,8 @@ Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm]``. Th
 kills itself while the others wait in the next all-reduce. Under hydra's default the launcher
 tears the whole job down at once ("BAD TERMINATION ... Killed (signal 9)"). With
 ``-disable-auto-cleanup`` the survivors keep running and each prints one ``SURVIVOR`` line
-with the error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout.
+with the error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout (or
+``PeerFailedError`` where MPI noticed the dead peer first, or a peer's notice of either).
 Survivors then leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead rank forever.
 """
 

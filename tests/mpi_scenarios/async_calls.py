@@ -1,0 +1,160 @@
+"""Asynchronous and prepared calls over real MPI ranks, and new communicators.
+
+* many calls in flight (every collective, natives and schedules, small and large), waited in
+  an order that differs from rank to rank, mixed with blocking calls;
+* 10,000 back-to-back small all-reduces (the hot path), every result checked;
+* prepared calls of every collective, started again and again on refilled inputs;
+* ``dup`` and ``split`` of the transport, each a communicator of its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from _common import WORLD, Report, meet
+from collectives.backends import mpi
+
+from collectives import Communicator
+
+report = Report("async")
+n, rank = WORLD.size, WORLD.rank
+comm = mpi.init(timeout=60)
+
+
+def value(k: int, count: int, r: int) -> np.ndarray:
+    return (np.arange(count) % 5 + k + r).astype(np.float64)
+
+
+def total(k: int, count: int) -> np.ndarray:
+    return sum(value(k, count, r) for r in range(n))
+
+
+# (A broadcast learns what it receives before its data stage exists, so a native broadcast
+# would take its place among the natives late: in flight with others, it runs a schedule.)
+CALLS = [("all_reduce", "native", 10), ("all_reduce", "ring", 1000), ("all_reduce", "auto", 1 << 17),
+         ("reduce", "native", 100), ("broadcast", "tree", 50), ("all_gather", "native", 7),
+         ("reduce_scatter", "rechd", 12), ("all_reduce", "tree", 3)]
+
+
+def issue(k: int, method: str, algorithm: str, count: int, async_op: bool):
+    x = value(k, count, rank)
+    if method == "all_reduce":
+        got = comm.all_reduce(x, "sum", algorithm, async_op=async_op)
+        want = total(k, count)
+    elif method == "reduce":
+        got = comm.reduce(x, "sum", n - 1, algorithm, async_op=async_op)
+        want = total(k, count) if rank == n - 1 else None
+    elif method == "broadcast":
+        got = comm.broadcast(x, 0, algorithm, out=np.empty_like(x), async_op=async_op)
+        want = value(k, count, 0)
+    elif method == "all_gather":
+        got = comm.all_gather(x, 0, algorithm, async_op=async_op)
+        want = np.concatenate([value(k, count, r) for r in range(n)])
+    else:
+        got = comm.reduce_scatter(x, "sum", algorithm, async_op=async_op)
+        want = total(k, count)[rank * count // n:(rank + 1) * count // n]
+    return got, want
+
+
+def same(got, want) -> bool:
+    return (got is None and want is None) or (got is not None and np.array_equal(got, want))
+
+
+def many_in_flight() -> None:
+    for method, algorithm, count in CALLS:  # each signature agreed once, by a blocking call
+        got, want = issue(0, method, algorithm, count, False)
+        report.check(same(got, want), f"first {method} {algorithm}")
+    pending = []
+    for k in range(1, 41):
+        method, algorithm, count = CALLS[k % len(CALLS)]
+        work, want = issue(k, method, algorithm, count, True)
+        pending.append((k, work, want))
+        if k % 10 == 0:  # a blocking call while the others fly
+            got, want = issue(k, "all_reduce", "native", 10, False)
+            report.check(same(got, want), f"blocking call {k} among asynchronous ones")
+    order = np.random.default_rng(rank).permutation(len(pending))  # each rank its own order
+    for i in order:
+        k, work, want = pending[i]
+        report.check(same(work.wait(), want), f"async call {k} ({CALLS[k % len(CALLS)]})")
+
+
+def back_to_back(calls: int = 10_000) -> None:
+    x = np.zeros(4, np.int64)
+    out = np.empty_like(x)
+    wrong = 0
+    for i in range(calls):
+        x[0], x[1], x[2], x[3] = i, rank, i * rank, 1
+        got = comm.all_reduce(x, out=out)
+        wrong += not (got[0] == i * n and got[1] == n * (n - 1) // 2
+                      and got[2] == i * n * (n - 1) // 2 and got[3] == n)
+    report.check(wrong == 0, f"{wrong} of {calls} back-to-back all-reduces wrong")
+
+
+def prepared() -> None:
+    count = 24
+    x = np.empty(count)
+    shared = np.empty(count)  # a broadcast runs in place: root's data, everyone's result
+    out = {"all_reduce": np.empty(count), "reduce": np.empty(count), "all_gather": np.empty(count * n),
+           "reduce_scatter": np.empty((rank + 1) * count // n - rank * count // n)}
+    calls = {
+        "all_reduce": comm.all_reduce_init(x, "sum", out=out["all_reduce"]),
+        "reduce": comm.reduce_init(x, "max", n - 1, out=out["reduce"]),
+        "broadcast": comm.broadcast_init(shared, n - 1),
+        "all_gather": comm.all_gather_init(x, out=out["all_gather"]),
+        "reduce_scatter": comm.reduce_scatter_init(x, "sum", out=out["reduce_scatter"]),
+    }
+    for k in range(30):
+        for name, call in calls.items():
+            x[:] = value(k, count, rank)
+            shared[:] = value(k, count, rank) if rank == n - 1 else -1.0
+            got = call.start().wait()
+            if name == "all_reduce":
+                want = total(k, count)
+            elif name == "reduce":
+                want = value(k, count, n - 1) if rank == n - 1 else None
+            elif name == "broadcast":
+                want = value(k, count, n - 1)
+            elif name == "all_gather":
+                want = np.concatenate([value(k, count, r) for r in range(n)])
+            else:
+                want = total(k, count)[rank * count // n:(rank + 1) * count // n]
+            report.check(same(got, want), f"prepared {name}, start {k}")
+    for call in calls.values():
+        call.free()
+
+
+def new_communicators() -> None:
+    dup = Communicator(comm.transport.dup(), timeout=30)
+    got = dup.all_reduce(np.full(3, rank + 1.0), algorithm="native")
+    report.check(np.array_equal(got, np.full(3, n * (n + 1) / 2)), "dup: all_reduce")
+    color = rank % 2
+    part = comm.transport.split(color, -rank)  # reversed order within each color
+    members = [r for r in range(n) if r % 2 == color]
+    report.check(part is not None and part.size == len(members), "split: size")
+    if part is not None:
+        sub = Communicator(part, timeout=30)
+        got = sub.all_gather(np.array([rank]), algorithm="auto")
+        report.check(np.array_equal(got, sorted(members, reverse=True)), f"split: order {got}")
+        got = sub.all_reduce(np.array([rank]), algorithm="ring")
+        report.check(int(got[0]) == sum(members), "split: ring all_reduce")
+        sub.free()
+    none = comm.transport.split(None if rank == 0 else 1, 0)
+    report.check((none is None) == (rank == 0), "split: color None gives no transport")
+    if none is not None:
+        none.free()
+    dup.free()
+
+
+def main() -> None:
+    many_in_flight()
+    meet()
+    back_to_back()
+    meet()
+    prepared()
+    meet()
+    new_communicators()
+    comm.free()
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
