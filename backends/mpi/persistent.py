@@ -187,10 +187,7 @@ class PersistentRun(NativeRun):
                 np.copyto(dst, entry.outb)
         elif c is Collective.REDUCE_SCATTER:
             np.copyto(dst[entry.lo:entry.hi], entry.outb)
-        elif c is Collective.BROADCAST:
-            if self.natives.rank != entry.root:
-                dst.view(np.uint8)[:] = entry.inb
-        else:
+        else:  # a broadcast's root too: its result need not be its input
             dst.view(np.uint8)[:] = entry.inb
         entry.owner = None
         if self.repair is not None:

@@ -57,6 +57,24 @@ def overlapping() -> None:
     comm.free()
 
 
+def broadcasts() -> None:
+    """Every rank, the root included, gets the root's data, whatever buffer holds it."""
+    comm = mpi.init(timeout=20)
+    for count in (5, 1 << 15):  # persistent, and non-blocking
+        for k in range(4):
+            data = np.random.default_rng(k).standard_normal(count)
+            mine = data.copy() if rank == n - 1 else None
+            if k == 0:
+                got = comm.broadcast(mine, n - 1, "native")
+            elif k == 1:  # into out=, the root's x itself included
+                got = comm.broadcast(mine, n - 1, "native", out=mine if mine is not None
+                                     else np.empty(count))
+            else:
+                got = comm.broadcast(mine, n - 1, "native", out=np.full(count, -1.0))
+            report.check(np.array_equal(got, data), f"broadcast {count}, way {k}: wrong")
+    comm.free()
+
+
 def nans() -> None:
     comm = mpi.init(timeout=20)
     for count in (11, 1 << 14):  # persistent, and non-blocking
@@ -162,6 +180,8 @@ def pieces() -> None:
 
 def main() -> None:
     overlapping()
+    meet()
+    broadcasts()
     meet()
     if n > 1:
         nans()
