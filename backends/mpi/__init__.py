@@ -28,8 +28,10 @@ from .tuning import NATIVE_NAMES, SHM_NAMES, canonical, chunks
 if TYPE_CHECKING:  # pragma: no cover - typing only: mpi4py is imported on first use
     from .transport import MPITransport
 
-__all__ = ["ENV_RANKS_PER_NODE", "MPITransport", "NATIVE_NAMES", "SHM_NAMES", "canonical",
-           "chunks", "groups_from_env", "init", "node_groups"]
+__all__ = ["ENV_RANKS_PER_NODE", "MPICommunicator", "MPITransport", "NATIVE_NAMES", "SHM_NAMES",
+           "canonical", "chunks", "groups_from_env", "init", "node_groups"]
+
+MPICommunicator = Communicator  # what init() returned before the core's became generic
 
 
 def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
