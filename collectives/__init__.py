@@ -34,6 +34,7 @@ def run(fn, size: int, **kwargs) -> list:
 
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
-    "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend", "Work",
+    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp",
+    "Schedule", "Work", "all_gather", "all_reduce", "batch_all_reduce", "broadcast", "load_backend",
+    "reduce", "reduce_scatter", "run",
 ]

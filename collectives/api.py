@@ -58,7 +58,7 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
         raise TypeError(f"{argument} must be a list with one array per device, "
                         f"not {type(values).__name__}")
     values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
-    shape, dtype = same_layout(values, argument)
+    shape, dtype = same_layout(values, argument, op)
     op = check_op(op, dtype, argument) if op is not None else None
     return values, shape, dtype, op
 

@@ -67,6 +67,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         result = self._start("all_reduce", build, async_op, timeout)
@@ -112,6 +113,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("reduce", build, async_op, timeout)
@@ -164,6 +166,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("all_gather", build, async_op, timeout)
@@ -201,6 +204,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("reduce_scatter", build, async_op, timeout)

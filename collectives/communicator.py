@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,12 +30,18 @@ from .agreement import agreed
 from .algorithms.base import Layout
 from .calls import Call, check_op_for, resolve_algorithm
 from .collective_ops import CollectiveOps
-from .prepared_ops import PreparedOps
 from .engine import Engine
 from .execute.spmd import SpmdRun
+from .prepared_ops import PreparedOps
 from .schedule import Collective
 from .stages import NativeStage
-from .validate import check_communicable, check_root, check_shards, resolve_groups
+from .validate import (
+    check_communicable,
+    check_root,
+    check_shards,
+    check_timeout,
+    resolve_groups,
+)
 from .work import Operation
 
 DEBUG_ENV = "COLLECTIVES_DEBUG"
@@ -90,10 +97,11 @@ class Communicator(CollectiveOps, PreparedOps):
             return x
         if x is None:
             raise TypeError(f"{argument} is None; pass an array")
-        if isinstance(x, (list, tuple)):
-            raise TypeError(f"{argument} is a {type(x).__name__}; a collective takes one array "
-                            f"(stack it yourself with numpy.asarray, or use batch_all_reduce "
-                            "for several tensors)")
+        if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or hasattr(v, "__array__")
+                                                 for v in x):
+            raise TypeError(f"{argument} is a {type(x).__name__} of arrays; a collective takes "
+                            "one array (stack them yourself with numpy.stack, or use "
+                            "batch_all_reduce for several tensors)")
         try:
             return np.asarray(x)
         except Exception as exc:  # noqa: BLE001 - NumPy's message is the useful part
@@ -137,9 +145,10 @@ class Communicator(CollectiveOps, PreparedOps):
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
         dtype = np.dtype(x.dtype)
+        reducing = collective not in (Collective.BROADCAST, Collective.ALL_GATHER)
+        parsed = check_op_for(op, dtype, "x") if reducing else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
-        parsed = check_op_for(op, dtype, "x") if op is not None else None
         if collective in (Collective.REDUCE, Collective.BROADCAST):
             root = check_root(root, self.size)
         shards = check_shards(shards)
@@ -180,19 +189,27 @@ class Communicator(CollectiveOps, PreparedOps):
         try:
             seq = engine.next_seq()
             try:
+                check_timeout(timeout)
                 call, data, finish = build(seq)
                 error = None
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
-            if not self.check:
+                timeout = None  # (it may be the bad argument) the agreement waits the default
+            late = getattr(finish, "late", None)
+            own = getattr(call, "agrees_itself", False)
+            if not self.check or own:
                 if error is not None:
                     engine.fail_locally(error, seq)
                     raise error
                 agreement = None
             else:
                 signature = call.signature if call is not None else None
-                agreement = engine.agreement(seq, signature, call.check if call else 0, error,
-                                             always=getattr(call, "always_agree", False))
+                agreement = engine.agreement(seq, signature, call.check if call else 0,
+                                             error or late)
+                if agreement is not None and late is not None:
+                    data = None  # every rank raises in the agreement: nothing moves
+                # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
+                # and raise at the end: its peers get their results)
             subject = subject or (call if call is not None else what)
             if call is not None:
                 self.last_algorithm = call.run_as
@@ -200,7 +217,8 @@ class Communicator(CollectiveOps, PreparedOps):
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or _nothing,
                            signature=call.signature if call else None,
-                           check=call.check if call else 0, skipped_agreement=agreement is None)
+                           check=call.check if call else 0,
+                           skipped_agreement=agreement is None and not own)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))
@@ -226,11 +244,25 @@ class Communicator(CollectiveOps, PreparedOps):
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived (or raise naming those that did not)."""
         def build(seq):
-            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            call = self._barrier_call()
             token = np.zeros(1, np.int64)
             return call, [self._data_stage(call, seq, None, token)], _nothing
 
         self._start("barrier", build, False, timeout, subject="barrier")
+
+    def _barrier_call(self) -> Call:
+        """A barrier is a one-element all-reduce with a signature of its own (so that a rank in
+        a barrier and one in an all-reduce are told they disagree)."""
+        call = self._calls.get("barrier")
+        if call is None:
+            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            barrier = Call(Collective.ALL_REDUCE, call.shape, call.dtype, call.op, 0, "rechd", 0,
+                           None)
+            barrier.signature = ("barrier",) + (None,) * 8
+            barrier.check = zlib.crc32(b"barrier") & ((1 << 30) - 1)
+            barrier.run_as = "rechd"
+            call = self._calls["barrier"] = barrier
+        return call
 
     def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
                          num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
