@@ -162,13 +162,18 @@ class Lab:
     # --- life cycle -------------------------------------------------------------------------
 
     def up(self) -> Lab:
+        """Build the lab (after removing labs whose owner died); returns it."""
         reason = available()
         if reason:
             raise RuntimeError(f"lab: {reason}")
         if not self.persistent:
             cleanup(stale_only=True)
         STATE.mkdir(parents=True, exist_ok=True)
-        self.state.mkdir()  # atomic: two labs never share a name
+        try:
+            self.state.mkdir()  # atomic: two labs never share a name
+        except FileExistsError:
+            raise ValueError(f"a lab named {self.name} exists: pick another name, or remove it "
+                             f"with `python benchmarks/lab.py down {self.name}`") from None
         self._save()
         self._up = True
         if self.owner:
@@ -269,7 +274,7 @@ class Lab:
         if not 1 <= hosts <= len(self.hosts):
             raise ValueError(f"hosts={hosts}: lab {self.name} has {len(self.hosts)} hosts")
         chosen = self.hosts[:hosts]
-        mpiexec = mpiexec or _default_mpiexec()
+        mpiexec = mpiexec or find_mpiexec()
         cmd = self.on_head([mpiexec, "-launcher", "ssh", "-launcher-exec", str(self.launcher),
                             "-iface", IFACE, "-hosts", ",".join(h.name for h in chosen),
                             "-ppn", str(ranks_per_host), "-n", str(len(chosen) * ranks_per_host),
@@ -336,7 +341,8 @@ class Lab:
         return stats["rx"]["bytes"], stats["tx"]["bytes"]  # the port receives what the host sends
 
 
-def _default_mpiexec() -> str:
+def find_mpiexec() -> str:
+    """The ``mpiexec`` next to this Python (the MPICH wheel's hydra), else the one on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if not found:
@@ -504,4 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (ValueError, RuntimeError) as exc:
+        sys.exit(f"lab.py: {exc}")
