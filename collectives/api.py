@@ -89,7 +89,7 @@ def _outputs(arrays, out, values, shape, dtype, argument="out") -> list:
 def _work(arrays, results, values, shape, dtype):
     """Work buffers: the results themselves where that is safe and the dtype fits."""
     if results[0].dtype != dtype or unsafe_outputs(arrays, values, results):
-        return [arrays.empty(shape, dtype, like=v) for v in values]
+        return [arrays.result(shape, dtype, like=v) for v in values]
     return results
 
 
@@ -157,10 +157,11 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
     written = {s[0] for s in schedule.steps}
-    work = [arrays.empty(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
+    # (work buffers come from the backend's pool: mapped memory reused across calls)
+    work = [arrays.result(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
             for p, v in enumerate(values)]
     safe = out is None or not unsafe_outputs(arrays, values, [result])
-    total = result if final == dtype and safe else arrays.empty(shape, dtype, like=values[root])
+    total = result if final == dtype and safe else arrays.result(shape, dtype, like=values[root])
     work[root] = total.reshape(-1)
     if root not in written:  # a single participant: its input is the total
         arrays.copy(work[root], inputs[root])
@@ -241,7 +242,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
             raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
         for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
             check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
-    work = [arrays.empty(shape, dtype, like=v) for v in values]
+    work = [arrays.result(shape, dtype, like=v) for v in values]
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)
     results = list(out) if out is not None else [
