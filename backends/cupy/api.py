@@ -78,7 +78,7 @@ def nccl_request(algorithm: Any, count: int) -> str | None:
 def _use_nccl(request: str | None, values: Sequence, dtype: np.dtype, op: ReduceOp | None,
               groups: Any = None) -> bool:
     """Whether NCCL runs this call; raises where NCCL was asked for and cannot be."""
-    if request is None or len(values) < 2:
+    if request is None or (request == "auto" and len(values) < 2):
         return False
     if request == "auto":
         if len({v.device.id for v in values}) < len(values):
