@@ -114,10 +114,38 @@ class NcclCommunicator(Communicator):
         return self._wrap(super().reduce_scatter(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 
+    def choose_algorithm(self, call) -> str:
+        """The core's choice, except that NCCL's world communicator must be possible for
+        anything but the two-level path: ranks sharing a GPU get a clear error here, while
+        the call is still being validated (so every rank raises it, and nothing moves)."""
+        name = super().choose_algorithm(call)
+        t = self.transport
+        two_level = name == "native" and t.native.mode(call) == "two_level"
+        if name != "one_device" and not two_level and not t.world_possible:
+            t.comms.check_group(tuple(range(self.size)), call.describe())
+        return name
+
     def barrier(self, timeout: float | None = None) -> None:
-        """Every rank has arrived, and this rank's stream has finished its calls."""
+        """Every rank has arrived (an MPI barrier, polled with the deadline), and this rank's
+        stream has finished its calls."""
         self._guard("barrier")
-        super().barrier(timeout)
+        self._engine.enter("barrier")
+        try:
+            if self._engine.broken is not None:
+                self._engine._raise_pending("barrier")
+            t = self.transport
+            request = t.control.comm.Ibarrier()
+            limit = self.timeout if timeout is None else float(timeout)
+            deadline = time.monotonic() + limit
+            while not request.Test():
+                if time.monotonic() >= deadline:
+                    activity = t.peer_activity(0.5)
+                    error = CollectiveTimeoutError("barrier", sorted(activity), limit, self.rank)
+                    t.watchdog.fail(error, None)
+                    raise error
+                t.idle(1.0)
+        finally:
+            self._engine.leave()
         GpuWork(self, _Done()).wait(timeout)
 
     def synchronize(self, timeout: float | None = None) -> None:

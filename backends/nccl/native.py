@@ -50,7 +50,7 @@ class NcclNative:
     def mode(self, call: Call) -> str | None:
         """"world" (NCCL's collective), "two_level", or None (a schedule runs it)."""
         t = self.t
-        if call.algorithm == "two_level" or (call.algorithm in ("auto", "native", "nccl")
+        if call.algorithm == "two_level" or (call.algorithm in ("auto", "native")
                                              and not t.world_possible):
             return "two_level" if two_level_ok(t, call) else None
         if not t.world_possible or self._plan(call) is None:
