@@ -18,11 +18,13 @@ from __future__ import annotations
 from .api import all_reduce, batch_all_reduce, nccl_request, reduce
 from .api_moves import all_gather, broadcast, reduce_scatter
 from .arrays import CupyArrays
+from .bench_kit import bench_kit
 from .devices import CupyDevices, devices
 from .probe import GpuUnavailableError, NcclUnavailableError, nccl_version, require_gpu
 from .work import DeviceWork
 
 __all__ = ["CupyArrays", "CupyDevices", "DeviceWork", "GpuUnavailableError",
-           "NcclUnavailableError", "all_gather", "all_reduce", "batch_all_reduce", "broadcast",
+           "NcclUnavailableError", "all_gather", "all_reduce", "batch_all_reduce", "bench_kit",
+           "broadcast",
            "devices", "nccl_request", "nccl_version", "reduce", "reduce_scatter",
            "require_gpu"]
