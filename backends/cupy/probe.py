@@ -10,7 +10,7 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-INSTALL = "pip install 'collective-schedules[cuda]' (cupy-cuda12x, nvidia-nccl-cu12 and NVRTC)"
+INSTALL = "pip install -e '.[cuda]' from the checkout (cupy-cuda12x, nvidia-nccl-cu12, NVRTC)"
 
 
 class GpuUnavailableError(RuntimeError):
