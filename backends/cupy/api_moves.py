@@ -49,6 +49,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
         results = core.broadcast(value, n, algorithm, out=out, shards=shards)
         return _handle(results, results, "broadcast", async_op)
     if targets[0].data.ptr != value.data.ptr:
+        arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
         arrays.copy(targets[0], value)
     group.broadcast(targets, 0)
     return _handle(targets, targets, "broadcast", async_op)

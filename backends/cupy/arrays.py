@@ -38,9 +38,11 @@ class CupyArrays:
 
     name = "cupy"
 
-    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None):
+    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None,
+                 on_setup: Callable[[], None] | None = None):
         self.fixed_stream = stream
         self.on_enqueue = on_enqueue
+        self.on_setup = on_setup  # told when a call flattens its inputs: a call begins
         self._peer: dict[tuple[int, int], bool] = {}
         self._lock = threading.Lock()
 
@@ -66,6 +68,17 @@ class CupyArrays:
         if self.fixed_stream is None:
             return cp.cuda.Device(device)
         return _Both(cp.cuda.Device(device), self.fixed_stream)
+
+    def order(self, device: int, after: int) -> None:
+        """Make ``device``'s stream wait for what ``after``'s stream holds now."""
+        if device == after:
+            return
+        cp = _cupy()
+        with cp.cuda.Device(after):
+            event = cp.cuda.Event(block=False, disable_timing=True)
+            event.record(self.stream(after))
+        with cp.cuda.Device(device):
+            self.stream(device).wait_event(event)
 
     def peer_access(self, dst: int, src: int) -> bool:
         """Whether kernels on ``dst`` can read ``src``'s memory (enabled on first ask)."""
@@ -117,6 +130,8 @@ class CupyArrays:
 
     def flat(self, x):
         self._check(x, "an array")
+        if self.on_setup is not None:
+            self.on_setup()
         if x.flags.c_contiguous:
             return x.reshape(-1)
         device = x.device.id
@@ -162,6 +177,7 @@ class CupyArrays:
             packed = cp.ascontiguousarray(x)
         here = self.empty_on(device, packed.shape, packed.dtype)
         self._enter(device, (home,))
+        self.order(device, home)  # the packing above ran on the other GPU's stream
         with cp.cuda.Device(device):
             cp.cuda.runtime.memcpyPeerAsync(here.data.ptr, device, packed.data.ptr, home,
                                             packed.nbytes, self.stream(device).ptr)
@@ -218,6 +234,8 @@ class CupyArrays:
         if total.size:
             device = out.device.id
             source = self._readable(total, device)
+            if source.shape != out.shape:
+                source = source.reshape(out.shape)
             self._enter(device, (total.device.id,))
             with self._context(device):
                 kernels.divide_kernel(np.dtype(total.dtype))(source, int(count), out)

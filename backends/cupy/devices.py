@@ -11,7 +11,8 @@ the host; streams are ordered with events instead:
   another device is still reading; after the last round the same join means the results are
   ready for work on each device's current stream, and no stream still reads them;
 * a device met for the first time in a call, as the source of a step, is waited for where
-  it is first read (its pending work is the caller's input).
+  it is first read (its pending work is the caller's input). A call begins where the core
+  flattens its inputs (``arrays.flat``), which it does for every call before any round.
 
 Logical devices on one GPU share that GPU's stream, so for them the joins cost nothing. The
 order of operations is the schedule's, exactly as on the NumPy backend, so results are
@@ -35,6 +36,7 @@ class _CallState(threading.local):
     def __init__(self) -> None:
         self.known: dict[int, None] = {}  # an ordered set of CUDA device ids
         self.pending = False
+        self.fresh = True  # a call is being set up: its first round meets devices afresh
         self.last_round = -1
 
 
@@ -54,7 +56,7 @@ class CupyDevices:
 
     def __init__(self) -> None:
         self._state = _CallState()
-        self.arrays = CupyArrays(on_enqueue=self._enqueue)
+        self.arrays = CupyArrays(on_enqueue=self._enqueue, on_setup=self._setup)
 
     # --- stream ordering ----------------------------------------------------------------
 
@@ -96,15 +98,20 @@ class CupyDevices:
                 if e != d:
                     self._wait(d, events[e])
 
+    def _setup(self) -> None:
+        self._state.fresh = True
+
     def begin_round(self, index: int) -> None:
         state = self._state
-        if index <= state.last_round:
-            # A new call (round numbers restart): its devices are met afresh. The previous
-            # call ended with a join, so nothing of it is left to order.
+        if state.fresh or index <= state.last_round:
+            # The first round of a call (the core flattens every call's inputs before its
+            # rounds; round numbers restart): its devices are met afresh, each waited for
+            # where it is first read. The previous call ended with a join, so nothing of it
+            # is left to order; what the caller did since is on the devices' streams.
             state.known.clear()
-            state.pending = False
+            state.pending = state.fresh = False
         else:
-            self.join()  # the input copies before the first round
+            self.join()
         state.last_round = index
 
     def end_round(self, index: int) -> None:
