@@ -114,15 +114,16 @@ class CupyArrays:
                 "arrays; move it with cupy.asarray(x) under the device it belongs to")
 
     def empty(self, shape, dtype, like=None):
-        if like is None:
-            return _cupy().empty(shape, dtype)
+        if like is None:  # the current device
+            return self.empty_on(_cupy().cuda.runtime.getDevice(), shape, dtype)
         self._check(like, "an array")
         return self.empty_on(like.device.id, shape, dtype)
 
     def empty_on(self, device: int, shape, dtype):
-        cp = _cupy()
-        with cp.cuda.Device(device):
-            return cp.empty(shape, dtype)
+        # Allocated under the stream it is used on: CuPy's pool hands freed memory out again
+        # in that stream's order.
+        with self._context(device):
+            return _cupy().empty(shape, dtype)
 
     def result(self, shape, dtype, like=None):
         # CuPy's memory pool is the pool: freed blocks are reused in stream order.

@@ -129,10 +129,8 @@ class NcclCommunicator(Communicator):
         """Every rank has arrived (an MPI barrier, polled with the deadline), and this rank's
         stream has finished its calls."""
         self._guard("barrier")
-        self._engine.enter("barrier")
+        self._engine.enter("barrier")  # raises where the communicator is broken
         try:
-            if self._engine.broken is not None:
-                self._engine._raise_pending("barrier")
             t = self.transport
             request = t.control.comm.Ibarrier()
             limit = self.timeout if timeout is None else float(timeout)

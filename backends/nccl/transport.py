@@ -56,7 +56,7 @@ class NcclTransport:
         self.comms = Communicators(self.world, self.device, identities, nodes)
         # NCCL's own collectives and point-to-point need one GPU per rank
         self.world_possible = len(set(identities)) == len(identities)
-        self.layout = Layout([list(m) for m in nodes]) if len(nodes) > 1 else None
+        self.layout = Layout(tuple(tuple(m) for m in nodes)) if len(nodes) > 1 else None
         self.arrays = CupyArrays(stream=self.stream)
         self.byte_type = nccl_types.byte_type(self.nccl)
         self.timeout = float(timeout)
