@@ -31,7 +31,9 @@ from .algorithms.base import Layout
 from .calls import Call, check_op_for, resolve_algorithm
 from .collective_ops import CollectiveOps
 from .engine import Engine
+from .exchange_ops import ExchangeOps
 from .execute.spmd import SpmdRun
+from .p2p_ops import PointToPointOps
 from .prepared_ops import PreparedOps
 from .schedule import Collective
 from .stages import NativeStage
@@ -45,9 +47,10 @@ from .validate import (
 from .work import Operation
 
 DEBUG_ENV = "COLLECTIVES_DEBUG"
+REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 
 
-class Communicator(CollectiveOps, PreparedOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -86,6 +89,37 @@ class Communicator(CollectiveOps, PreparedOps):
     def free(self) -> None:
         """Release what the transport holds for this communicator (collective on MPI)."""
         self.transport.free()
+
+    def dup(self) -> Communicator:
+        """A new communicator over the same ranks, with this one's options: its calls never
+        mix with this one's (give each thread, or each library, its own). Collective."""
+        engine = self._engine
+        engine.enter("dup")
+        try:
+            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
+                              name=self.name)
+        finally:
+            engine.leave()
+
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
+        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
+        Collective over this communicator; the child has this one's options, and its failures
+        never break this one."""
+        if color is not None and (isinstance(color, bool) or not isinstance(
+                color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"key={key!r} must be an integer")
+        engine = self._engine
+        engine.enter("split")
+        try:
+            child = self.transport.split(None if color is None else int(color), int(key))
+        finally:
+            engine.leave()
+        if child is None:
+            return None
+        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -145,8 +179,7 @@ class Communicator(CollectiveOps, PreparedOps):
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
         dtype = np.dtype(x.dtype)
-        reducing = collective not in (Collective.BROADCAST, Collective.ALL_GATHER)
-        parsed = check_op_for(op, dtype, "x") if reducing else None
+        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
         if collective in (Collective.REDUCE, Collective.BROADCAST):

@@ -111,7 +111,7 @@ class Engine:
             done = op.advance()
             if not done:
                 self.inflight.append(op)
-        if op.error is not None and not getattr(op.error, AGREED, False):
+        if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
             self._broke(op.error, op.seq)
         if async_op:
             work = Work(op)
@@ -137,7 +137,7 @@ class Engine:
                 if op.advance():
                     self.inflight.remove(op)
                     if op.error is not None:
-                        if not getattr(op.error, AGREED, False):
+                        if op.breaking and not getattr(op.error, AGREED, False):
                             self._broke(op.error, op.seq)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
@@ -200,9 +200,10 @@ class Engine:
         doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
                           if r in missing)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
-                                       detail=doing, call=op.seq)
+                                       detail=doing, call=op.seq if op.breaking else None)
         op.fail(error)
-        self._broke(error, op.seq)
+        if op.breaking:
+            self._broke(error, op.seq)
 
     def _peer_failed(self, failure: Failure) -> None:
         """A peer failed in call ``failure.seq`` (every later call is lost, and that one too

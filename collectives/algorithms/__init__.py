@@ -34,6 +34,8 @@ ALIASES = {
 }
 
 NAMES = tuple(MODULES) + tuple(ALIASES)
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
+                    Collective.SCATTER})
 SHARDED = frozenset({"ring", "shuffle"})  # the algorithms ``shards`` means something to
 
 
@@ -98,7 +100,7 @@ def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: 
     if not supports(collective, name):
         raise ValueError(f"algorithm {name!r} has no {collective.value}; use one of "
                          f"{', '.join(names_for(collective))}")
-    if collective not in (Collective.REDUCE, Collective.BROADCAST):
+    if collective not in ROOTED:
         root = 0
     if layout is not None and "/" not in name and not (name == "ring" and layout.runs):
         layout = None  # only two-level algorithms and the ring's rotations look at groups

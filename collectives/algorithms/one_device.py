@@ -18,7 +18,8 @@ from ..schedule import Collective
 from .base import EMPTY, Groups, Ownership, Phase, block, concat, phase_of
 
 NAME = "one_device"
-COLLECTIVES = frozenset(Collective)
+COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
+                         Collective.REDUCE_SCATTER, Collective.ALL_GATHER})
 
 
 def reduce_phase(n: int, rank: int, root: int) -> tuple[Phase, Ownership]:

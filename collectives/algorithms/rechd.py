@@ -35,7 +35,8 @@ from .base import (
 )
 
 NAME = "rechd"
-COLLECTIVES = frozenset(c for c in Collective if c is not Collective.BROADCAST)
+COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER,
+                         Collective.ALL_GATHER})
 
 
 def _split(n: int) -> tuple[int, int]:
