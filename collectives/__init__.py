@@ -10,6 +10,7 @@ Two ways of calling:
 from __future__ import annotations
 
 from .api import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
+from .api_blocks import all_to_all, gather, scatter
 from .communicator import Communicator
 from .errors import (
     CollectiveError,
@@ -46,6 +47,6 @@ def run(fn, size: int, **kwargs) -> list:
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp",
-    "Schedule", "Work", "all_gather", "init", "all_reduce", "batch_all_reduce", "broadcast", "load_backend",
-    "reduce", "reduce_scatter", "run",
+    "Schedule", "Work", "all_gather", "all_reduce", "all_to_all", "batch_all_reduce", "broadcast",
+    "gather", "init", "load_backend", "reduce", "reduce_scatter", "run", "scatter",
 ]

@@ -17,8 +17,8 @@ and :meth:`Communicator.adapt` (which arrays a call accepts).
 
 from __future__ import annotations
 
+import logging
 import math
-import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +33,7 @@ from .collective_ops import CollectiveOps
 from .engine import Engine
 from .exchange_ops import ExchangeOps
 from .execute.spmd import SpmdRun
+from .log import configure, debug_setting
 from .p2p_ops import PointToPointOps
 from .prepared_ops import PreparedOps
 from .schedule import Collective
@@ -46,7 +47,7 @@ from .validate import (
 )
 from .work import Operation
 
-DEBUG_ENV = "COLLECTIVES_DEBUG"
+CALLS = logging.getLogger("collectives.calls")
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 
 
@@ -68,7 +69,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         self.name = name or transport.name
         self.timeout, self.check = float(timeout), bool(check)
         self.arrays = transport.arrays
-        self.debug = os.environ.get(DEBUG_ENV, "").strip().lower()
+        self.debug = debug_setting()  # read once, here: it must be the same on every rank
+        configure()
         self._engine = Engine(transport, timeout=self.timeout, check=self.check,
                               detail=self.debug == "detail")
         self._calls: dict = {}
@@ -153,8 +155,6 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
             return name
-        if self.size == 1:
-            return "one_device"
         if native is not None and native.supports(call) and native.preferred(call):
             return "native"
         return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
@@ -197,6 +197,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                       else self.transport.layout)
         call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
         call.run_as = self.choose_algorithm(call)
+        CALLS.info("rank %d: %s runs as %s", self.rank, call.describe(), call.run_as)
         return call
 
     def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
@@ -244,6 +245,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                 # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
                 # and raise at the end: its peers get their results)
             subject = subject or (call if call is not None else what)
+            if self.debug == "detail":
+                CALLS.debug("rank %d: call %d: %s", self.rank, seq,
+                            call.describe() if call is not None else f"{what}: {error}")
             if call is not None:
                 self.last_algorithm = call.run_as
             self.transport.publish_activity((seq, subject, True))

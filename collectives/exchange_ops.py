@@ -17,12 +17,14 @@ import numpy as np
 
 from . import algorithms
 from .execute.exchange import ExchangeRun
+from .foreign import accepts_foreign
 from .schedule import Collective
 
 
 class ExchangeOps:
     """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
 
+    @accepts_foreign
     def gather(self, x: Any, root: int = 0, algorithm: Any = "auto", *,
                timeout: float | None = None, async_op: bool = False) -> Any:
         """The root gets every rank's ``x`` stacked along a new leading axis of length
@@ -46,6 +48,7 @@ class ExchangeOps:
 
         return self._start("gather", build, async_op, timeout)
 
+    @accepts_foreign
     def scatter(self, x: Any = None, root: int = 0, algorithm: Any = "auto", *, out: Any = None,
                 timeout: float | None = None, async_op: bool = False) -> Any:
         """Rank ``r`` gets ``x[r]`` of the root's ``x`` (whose leading axis is ``size``).
@@ -56,6 +59,7 @@ class ExchangeOps:
         return self._start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
                                                    out), async_op, timeout)
 
+    @accepts_foreign
     def all_to_all(self, x: Any, splits: Sequence[int] | None = None, algorithm: Any = "auto", *,
                    timeout: float | None = None, async_op: bool = False) -> Any:
         """Block ``j`` of ``x``'s leading axis goes to rank ``j``; the result's block ``i``

@@ -42,8 +42,8 @@ def _samples(size: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _choose(collective: Collective, size: int, bucket: int, model: CostModel) -> str:
-    if size == 1:
-        return "one_device"
+    if size == 1:  # nothing moves: the simplest algorithm that has this collective
+        return "one_device" if algorithms.supports(collective, "one_device") else "shuffle"
     nbytes = 1 << (bucket - 1)
     best, best_cost = "ring", float("inf")
     for name in CANDIDATES:

@@ -12,6 +12,7 @@ lets the selector choose.
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from ..schedule import Collective, RankPlan, Schedule, union
@@ -34,6 +35,7 @@ ALIASES = {
 }
 
 NAMES = tuple(MODULES) + tuple(ALIASES)
+PLANS = logging.getLogger("collectives.plans")
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
                     Collective.SCATTER})
 SHARDED = frozenset({"ring", "shuffle"})  # the algorithms ``shards`` means something to
@@ -84,6 +86,8 @@ def _key_shards(name: str, shards: int) -> int:
 @lru_cache(maxsize=8192)
 def _plan(collective: Collective, name: str, size: int, rank: int, root: int, shards: int,
           layout: Layout | None) -> RankPlan:
+    PLANS.info("plan: %s %s over %d, participant %d (root %d, shards %d)", name,
+               collective.value, size, rank, root, shards)
     if "/" in name:
         inner, outer = (MODULES[p] for p in name.split("/"))
         phase = two_level.phase(inner, outer, collective, size, rank, root=root, shards=shards,
