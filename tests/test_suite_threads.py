@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-import collectives
 from suite import bodies
 from suite.runner import judge
+
+import collectives
 
 
 def run_body(body, n, **kwargs):
