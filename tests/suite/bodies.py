@@ -102,51 +102,51 @@ def other_collectives(comm, algorithms=ALGORITHMS) -> Report:
             for root in sorted({0, n - 1}):
                 want = expected_outputs("reduce", xs, op, root=root)[r]
                 got = _try(report, f"reduce/{algorithm}/{dtype}/{op.value}/{root}",
-                           lambda: comm.reduce(xs[r], op, root, algorithm))
+                           comm.reduce, xs[r], op, root, algorithm)
                 if got is not False:
                     _case(report, f"reduce/{algorithm}/{dtype}/{op.value}/{root}", got, want, op)
             rows = [x.reshape(101, 1) for x in xs]
             want = expected_outputs("reduce_scatter", rows, op)[r]
             got = _try(report, f"rs/{algorithm}/{dtype}/{op.value}",
-                       lambda: comm.reduce_scatter(rows[r], op, algorithm))
+                       comm.reduce_scatter, rows[r], op, algorithm)
             if got is not False:
                 _case(report, f"rs/{algorithm}/{dtype}/{op.value}", got, want, op, same=False)
         bcast = algorithm if algorithm != "rechd" else "tree"
         for root in sorted({0, n - 1}):
             value = np.arange(12.0).reshape(3, 4) + root
-            got = _try(report, f"broadcast/{bcast}/{root}", lambda: comm.broadcast(
-                value if r == root else None, root, bcast))
+            got = _try(report, f"broadcast/{bcast}/{root}", comm.broadcast,
+                       value if r == root else None, root, bcast)
             if got is not False:
                 _case(report, f"broadcast/{bcast}/{root}", got, value)
         mine = np.full((2, 3), r, np.int32)
         whole = np.concatenate([np.full((2, 3), p, np.int32) for p in range(n)], axis=1)
-        got = _try(report, f"all_gather/{algorithm}", lambda: comm.all_gather(mine, 1, algorithm))
+        got = _try(report, f"all_gather/{algorithm}", comm.all_gather, mine, 1, algorithm)
         if got is not False:
             _case(report, f"all_gather/{algorithm}", got, whole)
     for algorithm in ("auto", "tree", "shuffle"):
         for root in sorted({0, n - 1}):
             rows = np.stack([np.full(5, p, np.float32) for p in range(n)])
             got = _try(report, f"gather/{algorithm}/{root}",
-                       lambda: comm.gather(rows[r], root, algorithm))
+                       comm.gather, rows[r], root, algorithm)
             if got is not False:
                 _case(report, f"gather/{algorithm}/{root}", got, rows if r == root else None)
-            got = _try(report, f"scatter/{algorithm}/{root}", lambda: comm.scatter(
-                rows if r == root else None, root, algorithm))
+            got = _try(report, f"scatter/{algorithm}/{root}", comm.scatter,
+                       rows if r == root else None, root, algorithm)
             if got is not False:
                 _case(report, f"scatter/{algorithm}/{root}", got, rows[r], same=False)
     for algorithm in ("auto", "ring", "shuffle"):
         sent = np.arange(2 * n * 3).reshape(2 * n, 3) + 1000 * r
         want = np.concatenate([(np.arange(2 * n * 3).reshape(2 * n, 3) + 1000 * p)[2 * r:2 * r + 2]
                                for p in range(n)])
-        got = _try(report, f"all_to_all/{algorithm}", lambda: comm.all_to_all(sent, None, algorithm))
+        got = _try(report, f"all_to_all/{algorithm}", comm.all_to_all, sent, None, algorithm)
         if got is not False:
             _case(report, f"all_to_all/{algorithm}", got, want, same=False)
     return report
 
 
-def _try(report: Report, name: str, call):
+def _try(report: Report, name: str, method, *args):
     try:
-        return call()
+        return method(*args)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         report[name] = (f"{type(exc).__name__}: {exc}", None)
         return False
