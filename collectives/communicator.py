@@ -157,6 +157,16 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             return name
         if native is not None and native.supports(call) and native.preferred(call):
             return "native"
+        layout = self.transport.layout
+        if layout is not None and len(layout.groups) > 1 and call.collective in (
+                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+            # across nodes: weigh the links between them against copies inside them
+            link = getattr(self.transport, "link", None) or select.LinkModel()
+            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
+                                        .bit_length(), layout, link)
+            if "/" in name:
+                call.layout = layout
+            return name
         return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
 
     # --- calls --------------------------------------------------------------------------
