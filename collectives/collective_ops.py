@@ -37,7 +37,10 @@ class CollectiveOps:
         fast_key = None
         if not async_op and not shards and groups is None and self.arrays.owns(x):
             fast_key = (x.shape, x.dtype, op, algorithm)
-            fast = self._fast.get(fast_key)
+            try:
+                fast = self._fast.get(fast_key)
+            except TypeError:  # an unhashable spec (a list of ranges): no fast path
+                fast_key = fast = None
             if fast is not None and (out is None or self._fits(out, x)) and (
                     not self.check or fast.call.check in self._engine.agreed):
                 return fast(x, out, timeout)
