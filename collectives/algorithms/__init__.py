@@ -38,7 +38,6 @@ NAMES = tuple(MODULES) + tuple(ALIASES)
 PLANS = logging.getLogger("collectives.plans")
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
                     Collective.SCATTER})
-SHARDED = frozenset({"ring", "shuffle"})  # the algorithms ``shards`` means something to
 
 
 def canonical(name: str, argument: str = "algorithm") -> str:
@@ -80,7 +79,8 @@ def names_for(collective: Collective) -> list[str]:
 
 
 def _key_shards(name: str, shards: int) -> int:
-    return shards if any(part in SHARDED for part in name.split("/")) else 0
+    # plans of algorithms that ignore ``shards`` are the same for every value: one cache entry
+    return shards if any(MODULES[part].SHARDED for part in name.split("/")) else 0
 
 
 @lru_cache(maxsize=8192)
@@ -106,8 +106,8 @@ def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: 
                          f"{', '.join(names_for(collective))}")
     if collective not in ROOTED:
         root = 0
-    if layout is not None and "/" not in name and not (name == "ring" and layout.runs):
-        layout = None  # only two-level algorithms and the ring's rotations look at groups
+    if layout is not None and "/" not in name and not MODULES[name].uses_layout(layout):
+        layout = None  # a plan that ignores the groups: one cache entry for every layout
     return _plan(collective, name, size, rank, root, _key_shards(name, shards), layout)
 
 

@@ -74,6 +74,11 @@ class AlgorithmModule(Protocol):
 
     NAME: str
     COLLECTIVES: frozenset[Collective]
+    SHARDED: bool  # whether ``shards`` changes its plans
+
+    def uses_layout(self, layout: Layout) -> bool:
+        """Whether its plans depend on these groups."""
+        ...
 
     def phase(self, collective: Collective, size: int, rank: int, *, root: int = 0,
               shards: int = 0, groups: Groups | None = None) -> Phase:

@@ -25,6 +25,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     cached_ownership,
@@ -37,6 +38,11 @@ from .base import (
 NAME = "rechd"
 COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER,
                          Collective.ALL_GATHER})
+SHARDED = False
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _split(n: int) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     block,
@@ -39,6 +40,13 @@ from .base import (
 NAME = "ring"
 COLLECTIVES = frozenset(c for c in Collective
                          if c not in (Collective.GATHER, Collective.SCATTER))
+SHARDED = True
+
+
+def uses_layout(layout: Layout) -> bool:
+    """Sub-chunks rotate inside groups of equal consecutive participants (TensorFlow's ring
+    permutations): only such groups change the plans."""
+    return bool(layout.runs)
 
 
 class Rings:

@@ -20,6 +20,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     block,
@@ -32,6 +33,11 @@ from .base import (
 
 NAME = "shuffle"
 COLLECTIVES = frozenset(Collective)
+SHARDED = True
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _gathers(n: int, shards: int) -> int:

@@ -17,10 +17,15 @@ and broadcasts back.
 from __future__ import annotations
 
 from ..schedule import Collective
-from .base import EMPTY, Groups, Ownership, Phase, concat, phase_of, scatter_to_blocks
+from .base import EMPTY, Groups, Layout, Ownership, Phase, concat, phase_of, scatter_to_blocks
 
 NAME = "tree"
 COLLECTIVES = frozenset(c for c in Collective if c is not Collective.ALL_TO_ALL)
+SHARDED = False
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _levels(n: int) -> int:
