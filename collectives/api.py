@@ -21,6 +21,7 @@ from .algorithms.base import Layout
 from .arrays import unsafe_outputs
 from .calls import resolve_algorithm
 from .execute import run_multi_device
+from .foreign import accepts_foreign_values
 from .ops import ReduceOp, result_dtype
 from .registry import backend_for_arrays
 from .schedule import Collective
@@ -102,6 +103,7 @@ def _deliver(arrays, op, work, results, size):
             arrays.copy(r, w)
 
 
+@accepts_foreign_values
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Groups = None,
                accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
@@ -141,6 +143,7 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     return results
 
 
+@accepts_foreign_values
 def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
            *, out: Any = None, shards: int = 0, groups: Groups = None,
            accumulation_fn: Callable | None = None) -> Any:
@@ -170,6 +173,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     return result
 
 
+@accepts_foreign_values
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0) -> list:
     """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
@@ -190,6 +194,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     return results
 
 
+@accepts_foreign_values
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None
                ) -> list:
     """Every device gets the concatenation of all devices' arrays along ``axis``."""
@@ -218,6 +223,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     return results
 
 
+@accepts_foreign_values
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0) -> list:
     """Reduce, then device ``i`` keeps block ``i`` of axis 0.
