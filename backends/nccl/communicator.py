@@ -114,6 +114,18 @@ class NcclCommunicator(Communicator):
         return self._wrap(super().reduce_scatter(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
+        """Every rank's ``obj`` (anything picklable), in rank order: over MPI on the host (the
+        core's version moves host arrays, which this communicator does not take)."""
+        self._guard("all_gather_object")
+        return self.transport.objects.allgather(obj)
+
+    def broadcast_object(self, obj: Any = None, root: int = 0, *,
+                         timeout: float | None = None) -> Any:
+        """The root's ``obj`` (anything picklable) on every rank, over MPI on the host."""
+        self._guard("broadcast_object")
+        return self.transport.objects.bcast(obj, root=root)
+
     def choose_algorithm(self, call) -> str:
         """The core's choice, except that NCCL's world communicator must be possible for
         anything but the two-level path: ranks sharing a GPU get a clear error here, while

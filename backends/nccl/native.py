@@ -23,6 +23,8 @@ from collectives.schedule import Collective
 from .two_level import TwoLevelRun, two_level_ok
 
 NAMES = ("nccl", "native", "two_level")
+NCCL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
+                              Collective.ALL_GATHER, Collective.REDUCE_SCATTER})
 
 
 class _Done:
@@ -50,6 +52,8 @@ class NcclNative:
     def mode(self, call: Call) -> str | None:
         """"world" (NCCL's collective), "two_level", or None (a schedule runs it)."""
         t = self.t
+        if call.collective not in NCCL_COLLECTIVES:
+            return None  # gather, scatter, all-to-all: the library's plans over send/recv
         if call.algorithm == "two_level" or (call.algorithm in ("auto", "native")
                                              and not t.world_possible):
             return "two_level" if two_level_ok(t, call) else None

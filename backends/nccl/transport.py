@@ -65,6 +65,8 @@ class NcclTransport:
         self._digests = self.world.Dup()
         self._notice_lock = threading.Lock()
         self.data = NcclChannel(self)
+        self.p2p = NcclChannel(self)  # users' send/recv: a channel (and group) of their own
+        self.objects = self.world.Dup()  # pickled objects between ranks: host-side, over MPI
         self.native = NcclNative(self)
         self.failed: BaseException | None = None
         self.watchdog = Watchdog(self)
@@ -163,7 +165,8 @@ class NcclTransport:
 
     def free(self) -> None:
         self.comms.free()
-        for comm in (self.control.comm, self.notices.comm, self._digests, self.world):
+        for comm in (self.control.comm, self.notices.comm, self._digests, self.objects,
+                     self.world):
             comm.Free()
 
 
