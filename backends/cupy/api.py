@@ -124,7 +124,7 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     values, shape, dtype, op = _prepare(values, op)
     request = nccl_request(algorithm, int(np.prod(shape)))
     if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
-        results = core.all_reduce(values, op, algorithm, out=out, shards=shards, groups=groups,
+        results = core.all_reduce.library(values, op, algorithm, out=out, shards=shards, groups=groups,
                                   accumulation_fn=accumulation_fn)
         return _handle(results, results, "all_reduce", async_op)
     arrays = _arrays()
@@ -153,7 +153,7 @@ def _hybrid(arrays, flats, work, op: ReduceOp, outer: str, shards: int, groups: 
             group.reduce(arrays, [flats[p] for p in members], work[members[0]], 0, op.wire_op)
     leaders = [work[members[0]] for members in layout]
     if len(leaders) > 1:
-        core.all_reduce(leaders, op.wire_op, outer, out=leaders, shards=shards)
+        core.all_reduce.library(leaders, op.wire_op, outer, out=leaders, shards=shards)
     for members in layout:
         if len(members) > 1:
             group.broadcast([work[p] for p in members], 0)
@@ -178,7 +178,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     request = nccl_request(algorithm, int(np.prod(shape)))
     if (accumulation_fn is not None or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
-        result = core.reduce(values, op, root, algorithm, out=out, shards=shards, groups=groups,
+        result = core.reduce.library(values, op, root, algorithm, out=out, shards=shards, groups=groups,
                              accumulation_fn=accumulation_fn)
         return _handle(result, [result], "reduce", async_op)
     arrays = _arrays()

@@ -46,7 +46,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     targets = list(out) if out is not None else []
     if (out is None or (request or "").startswith("nccl/")
             or not _use_nccl(request, targets, value.dtype, None)):
-        results = core.broadcast(value, n, algorithm, out=out, shards=shards)
+        results = core.broadcast.library(value, n, algorithm, out=out, shards=shards)
         return _handle(results, results, "broadcast", async_op)
     if targets[0].data.ptr != value.data.ptr:
         arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
@@ -64,7 +64,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     request = nccl_request(algorithm, int(np.prod(shape)))
     if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
             or not _use_nccl(request, values, dtype, None)):
-        results = core.all_gather(values, axis, algorithm, out=out)
+        results = core.all_gather.library(values, axis, algorithm, out=out)
         return _handle(results, results, "all_gather", async_op)
     arrays = _arrays()
     axis %= len(base)
@@ -91,7 +91,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     request = nccl_request(algorithm, int(np.prod(shape)))
     if (not shape or shape[0] % n or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
-        results = core.reduce_scatter(values, op, algorithm, out=out, shards=shards)
+        results = core.reduce_scatter.library(values, op, algorithm, out=out, shards=shards)
         return _handle(results, results, "reduce_scatter", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)

@@ -38,11 +38,9 @@ class CupyArrays:
 
     name = "cupy"
 
-    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None,
-                 on_setup: Callable[[], None] | None = None):
+    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None):
         self.fixed_stream = stream
         self.on_enqueue = on_enqueue
-        self.on_setup = on_setup  # told when a call flattens its inputs: a call begins
         self._peer: dict[tuple[int, int], bool] = {}
         self._lock = threading.Lock()
 
@@ -131,8 +129,6 @@ class CupyArrays:
 
     def flat(self, x):
         self._check(x, "an array")
-        if self.on_setup is not None:
-            self.on_setup()
         if x.flags.c_contiguous:
             return x.reshape(-1)
         device = x.device.id

@@ -56,7 +56,7 @@ class CupyDevices:
 
     def __init__(self) -> None:
         self._state = _CallState()
-        self.arrays = CupyArrays(on_enqueue=self._enqueue, on_setup=self._setup)
+        self.arrays = CupyArrays(on_enqueue=self._enqueue)
 
     # --- stream ordering ----------------------------------------------------------------
 
@@ -98,16 +98,27 @@ class CupyDevices:
                 if e != d:
                     self._wait(d, events[e])
 
-    def _setup(self) -> None:
+    def own(self, name: str):
+        """This backend's own multi-device function ``name`` (NCCL, async handles), which
+        ``collectives.all_reduce`` and friends hand CuPy arrays to."""
+        from . import api, api_moves
+
+        return getattr(api, name, None) or getattr(api_moves, name, None)
+
+    def begin_call(self) -> None:
+        """A call begins: its first round meets its devices afresh."""
         self._state.fresh = True
+
+    def end_call(self) -> None:
+        """A call ends with every device waiting for the others' work of it."""
+        self.join()
 
     def begin_round(self, index: int) -> None:
         state = self._state
         if state.fresh or index <= state.last_round:
-            # The first round of a call (the core flattens every call's inputs before its
-            # rounds; round numbers restart): its devices are met afresh, each waited for
-            # where it is first read. The previous call ended with a join, so nothing of it
-            # is left to order; what the caller did since is on the devices' streams.
+            # The first round of a call: its devices are met afresh, each waited for where it
+            # is first read. The previous call ended with a join, so nothing of it is left to
+            # order; what the caller did since is on the devices' streams.
             state.known.clear()
             state.pending = state.fresh = False
         else:
