@@ -180,12 +180,14 @@ class CupyKit:
         whose transport reads host memory (the copies are complete when this returns)."""
         hosts = buffer.views(arrays)
         for a, host in zip(arrays, hosts):
-            a.get(out=host)
+            with a.device:  # on the stream the reduction used; waits for the copy
+                a.get(out=host)
         return hosts
 
     def unstage(self, host, like):
         """``host`` copied into ``like`` (a device array of its shape and dtype)."""
-        like.set(np.ascontiguousarray(host, dtype=like.dtype).reshape(like.shape))
+        with like.device:
+            like.set(np.ascontiguousarray(host, dtype=like.dtype).reshape(like.shape))
         return like
 
     def divide(self, array, count: int):

@@ -123,15 +123,18 @@ def keras(kit, devices) -> None:
 
 def workers(kit, devices) -> None:
     """Two workers (thread ranks), each with half the devices: MEAN and SUM across workers,
-    eager and in ``tf.function``. Device d of worker w holds (h w + d + 1) * base."""
+    eager and in ``tf.function``. Device d of worker w holds (h w + d + 1) * base. On GPUs the
+    local step is the library's ring, not NCCL: thread workers would share one process's NCCL
+    communicators, which are not thread-safe (gpu_workers_mpi.py runs NCCL, one per process)."""
     h = len(devices) // 2
+    spec = "pscpu:64:nccl/xring" if kit is not None else "pscpu:64:ring/xring"
     total = 2 * h * (2 * h + 1) / 2  # 1 + ... + 2h
     base = np.arange(300, dtype=np.float32)
 
     def worker(comm):
         mine = devices[h * comm.rank:h * (comm.rank + 1)]
         ops = with_kit(ctf.MultiWorkerAllReduce(communicator=comm, num_packs=1,
-                                                all_reduce_spec="pscpu:64:nccl/xring"), kit)
+                                                all_reduce_spec=spec), kit)
 
         def value(scale):
             return per_replica([tf.constant(base * (h * comm.rank + d + 1)) * scale
