@@ -4,8 +4,10 @@
   adopts (CuPy's ``from_dlpack(tensor)`` cannot be used: TensorFlow's ``__dlpack__`` refuses
   the ``stream`` argument CuPy passes). The capsule holds a reference to TensorFlow's buffer
   for as long as the CuPy array lives.
-* **Out**: ``tf.experimental.dlpack.from_dlpack(array.toDlpack())``: TensorFlow adopts CuPy's
-  memory and returns it to CuPy's pool when the tensor is freed.
+* **Out**: ``tf.experimental.dlpack.from_dlpack(array.__dlpack__())``: TensorFlow adopts
+  CuPy's memory and returns it to CuPy's pool when the tensor is freed. ``__dlpack__()``
+  without ``max_version`` gives the unversioned capsule TensorFlow reads (CuPy's deprecated
+  ``toDlpack()`` exports a versioned one by default in its current source).
 * **Device numbers**: a capsule's device id is TensorFlow's *logical* GPU index on the way out
   of TensorFlow and is read as one on the way in, while CuPy reads it as a CUDA device ordinal.
   They differ where a GPU is split into logical GPUs (``GPU:1`` may live on CUDA device 0) or
@@ -57,9 +59,15 @@ _get_pointer.restype = ctypes.c_void_p
 _get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_is_valid.restype = ctypes.c_int
+_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
 def _managed(capsule) -> _Managed:
-    address = _get_pointer(capsule, b"dltensor")  # raises ValueError for a used capsule
-    return _Managed.from_address(address)
+    if not _is_valid(capsule, b"dltensor"):
+        raise ValueError("not an unconsumed unversioned DLPack capsule (name 'dltensor')")
+    return _Managed.from_address(_get_pointer(capsule, b"dltensor"))
 
 
 def capsule_fields(capsule) -> tuple[int, int, int]:
@@ -158,6 +166,6 @@ def cupy_to_tensor(array, device: str):
     if array.size == 0:
         with tf.device(device):
             return tf.zeros(array.shape, tf.as_dtype(array.dtype))
-    capsule = array.toDlpack()
+    capsule = array.__dlpack__()  # unversioned: no max_version
     set_capsule_device(capsule, logical_index(device))
     return tf.experimental.dlpack.from_dlpack(capsule)
