@@ -283,8 +283,11 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0
         shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
-        plan = algorithms.rank_plan(call.collective, call.run_as, self.size, self.rank,
-                                    root=call.root, shards=shards, layout=call.layout)
+        plan = call.plans.get(shards)
+        if plan is None:  # the call keeps its plan: no lookup on later calls
+            plan = call.plans[shards] = algorithms.rank_plan(
+                call.collective, call.run_as, self.size, self.rank, root=call.root,
+                shards=shards, layout=call.layout)
         return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
                        check=call.check if self.check else 0)
 
