@@ -148,9 +148,10 @@ class Schedule:
 
     def draw(self) -> str:
         """A text picture: one line per round, what each participant receives."""
+        busy = [(i, rnd) for i, rnd in enumerate(self.rounds) if rnd]  # skip rounds nobody acts in
         lines = [f"{self.name}: {self.collective.value} over {self.size} participants, "
-                 f"{len(self.rounds)} rounds, {self.wire_fraction()} buffers on the wire"]
-        for i, rnd in enumerate(self.rounds):
+                 f"{len(busy)} rounds, {self.wire_fraction()} buffers on the wire"]
+        for i, rnd in busy:
             lines.append(f"  round {i:>2}: " + "  ".join(
                 describe(s, self.den) for s in sorted(rnd, key=lambda s: (s[0], s[2]))))
         return "\n".join(lines)
