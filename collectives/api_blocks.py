@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .api import backend_first
 from .foreign import accepts_foreign_values
 from .registry import backend_for_arrays
 from .validate import as_array, check_communicable, check_root, same_layout
@@ -24,6 +25,7 @@ def _values(values: Any, argument: str = "values") -> list:
 
 
 @accepts_foreign_values
+@backend_first
 def gather(values: Sequence, root: int = 0) -> Any:
     """Device ``root`` gets every device's array stacked along a new leading axis (row ``d``
     from device ``d``); ``all_gather`` concatenates instead."""
@@ -38,6 +40,7 @@ def gather(values: Sequence, root: int = 0) -> Any:
 
 
 @accepts_foreign_values
+@backend_first
 def scatter(value: Any, devices: int | Sequence) -> list:
     """Device ``d`` gets row ``d`` of ``value`` (whose leading axis has one row per device);
     ``devices`` is a count or a list of arrays to place the rows beside."""
@@ -56,6 +59,7 @@ def scatter(value: Any, devices: int | Sequence) -> list:
 
 
 @accepts_foreign_values
+@backend_first
 def all_to_all(values: Sequence) -> list:
     """Block ``j`` of device ``i``'s leading axis goes to device ``j``, as its block ``i``
     (the leading axis is cut into as many equal blocks as there are devices)."""

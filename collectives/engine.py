@@ -69,8 +69,11 @@ class Engine:
                 "this communicator; calls on one communicator must come from one thread at a "
                 "time, in the same order on every rank (give each thread its own: comm.dup())")
         if self.broken is not None or self.unreported:
-            self.busy.release()
-            self._raise_pending(what)
+            try:
+                self._raise_pending(what)
+            except BaseException:
+                self.busy.release()
+                raise
 
     def leave(self) -> None:
         self.busy.release()

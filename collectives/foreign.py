@@ -18,9 +18,11 @@ import numpy as np
 
 
 def is_foreign(x: Any) -> bool:
-    """Whether ``x`` is an array of another library, to be adapted (not NumPy, not None)."""
+    """Whether ``x`` is an array of another library, to be adapted (not NumPy, not None, and
+    not CuPy: CuPy arrays have backends of their own, which take them as they are)."""
     return x is not None and not isinstance(x, np.ndarray) and (
-        hasattr(x, "__dlpack__") or hasattr(x, "__array__"))
+        hasattr(x, "__dlpack__") or hasattr(x, "__array__")) and (
+        type(x).__module__.partition(".")[0] != "cupy")
 
 
 def as_numpy(x: Any, argument: str) -> np.ndarray:

@@ -131,3 +131,22 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self._op.finished else "in flight"
         return f"<Work {self._op.description} call {self._op.seq}: {state}>"
+
+
+class Completed:
+    """The handle of a multi-device call that finished before returning (host backends): the
+    same ``wait``/``is_completed``/``exception`` as :class:`Work`."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any):
+        self.result = result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
