@@ -1,0 +1,298 @@
+"""Per-call overhead of a 4 KiB SPMD all-reduce: what one rank's call costs at 2 and 64 ranks.
+
+Two measurements, both after warm-up calls (plans cached, the call's signature agreed):
+
+* **core alone**: one rank's ``Communicator.all_reduce`` over a *mirror* transport, in one
+  thread: every receive is complete the moment it is posted and holds this rank's own data,
+  every send completes at once. Nothing waits and no peer runs, so the time per call is the
+  core's own work (communicator entry, call lookup, operation, engine, the plan's rounds in the
+  SPMD executor, the result), for the plan of rank ``r`` of ``p``. Fitting these times against
+  the rounds the rank takes part in splits them into a fixed part and a part per round.
+* **thread ranks**: ``collectives.run(fn, p)``, every rank calling the same all-reduce; the
+  probe rank's thread CPU time per call (``time.thread_time``: running, not waiting), its wall
+  time, and how often it went to sleep (``transport.idle``) and polled (``SpmdRun.advance``).
+  CPU time minus the core alone is what the thread transport and the waiting loop add.
+
+A third table: the cost of re-deriving a plan's element offsets when one plan serves more
+buffer lengths than ``RankPlan.offsets`` keeps (8), in the mirror setting.
+
+Each cell is the median over ``-r`` repeats of a per-repeat median; repeats interleave the
+configurations in rotated order.
+
+    python benchmarks/overhead.py [-r 3] [--json overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+from collectives.backends.local.threads import ThreadTransport
+
+import collectives
+from collectives import algorithms, bench
+from collectives.arrays import NUMPY
+from collectives.communicator import Communicator
+from collectives.execute.spmd import SpmdRun
+from collectives.schedule import Collective
+from collectives.select import CostModel
+
+COUNT = 1024  # float32: 4 KiB
+ISOLATED = [(a, r, p) for p in (2, 64) for a, r in (("auto", -1), ("auto", 0), ("one_device", -1),
+                                                     ("rechd", 0), ("ring", 0), ("shuffle", 0))]
+ISOLATED += [("auto", -1, 4096), ("auto", 0, 4096), ("rechd", 0, 4096)]
+THREADED = [(a, r, p) for p in (2, 64) for a, r in (("auto", -1), ("auto", 0), ("rechd", 0),
+                                                     ("ring", 0))]
+LENGTHS = [("ring", 64), ("rechd", 64), ("tree", 64)]
+
+
+# --- the mirror transport ---------------------------------------------------------------
+
+class _Done:
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+    def done(self) -> bool:
+        return True
+
+
+class _MirrorChannel:
+    arrays = NUMPY
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def send(self, data, dst, tag):
+        return _Done(None)
+
+    def recv(self, into, src, tag, *, in_place):
+        if in_place:
+            NUMPY.copy(into, into)  # the copy a real receive makes
+        return _Done(into)
+
+    def release(self, request) -> None:
+        pass
+
+    def cancel(self, requests) -> None:
+        pass
+
+
+class MirrorTransport:
+    """Every peer is this rank's mirror image, and already there."""
+
+    name, native, layout, local_rank, arrays = "mirror", None, None, 0, NUMPY
+    cost_model = CostModel(latency=30e-6, seconds_per_byte=1 / 8e9, message_overhead=20e-6)
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size, self.local_size = rank, size, size
+        self.data, self.control = _MirrorChannel(rank, size), _MirrorChannel(rank, size)
+
+    def idle(self, waited): pass
+    def notify_failure(self, failure): pass
+    def poll_failure(self): return None
+    def agreement_waiting(self, seq): return False
+    def publish_activity(self, activity): pass
+    def peer_activity(self, timeout): return {}
+    def free(self): pass
+
+
+def plan_shape(name: str, p: int, rank: int) -> tuple[int, int]:
+    """(rounds the rank takes part in, messages it sends and receives)."""
+    plan = algorithms.rank_plan(Collective.ALL_REDUCE, name, p, rank)
+    messages = sum(len(s) + sum(len(step[1]) for step in r) for _, s, r in plan.rounds)
+    return len(plan.rounds), messages
+
+
+def isolated(alg: str, rank: int, p: int, calls: int, lengths: int = 1) -> dict:
+    comm = Communicator(MirrorTransport(rank, p))
+    xs = [np.zeros(COUNT + i, np.float32) for i in range(lengths)]
+    for x in xs * 3 + xs[:1] * 20:
+        comm.all_reduce(x, "sum", alg)
+    start = time.perf_counter()
+    for i in range(calls):
+        comm.all_reduce(xs[i % lengths], "sum", alg)
+    us = (time.perf_counter() - start) / calls * 1e6
+    rounds, messages = plan_shape(comm.last_algorithm, p, rank)
+    return {"us": us, "ran": comm.last_algorithm, "rounds": rounds, "messages": messages}
+
+
+# --- thread ranks ---------------------------------------------------------------------------
+
+class Counters:
+    """Counts the probe thread's sleeps and polls (a counter, no clock: cheap)."""
+
+    def __init__(self) -> None:
+        self.ident = None
+        self.idle = self.advance = 0
+        self._patched = [(ThreadTransport, "idle"), (SpmdRun, "advance")]
+        self._originals = [getattr(c, a) for c, a in self._patched]
+        for (cls, attr), original in zip(self._patched, self._originals):
+            setattr(cls, attr, self._counting(attr, original))
+
+    def _counting(self, attr, original):
+        def wrapper(obj, *args):
+            if threading.get_ident() == self.ident:
+                setattr(self, attr, getattr(self, attr) + 1)
+            return original(obj, *args)
+        return wrapper
+
+    def close(self) -> None:
+        for (cls, attr), original in zip(self._patched, self._originals):
+            setattr(cls, attr, original)
+
+
+def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> dict:
+    def body(comm):
+        x = np.zeros(COUNT, np.float32)
+        for _ in range(20):
+            comm.all_reduce(x, "sum", alg)
+        mine = comm.rank == probe
+        cpu, wall = [], []
+        if mine:
+            counters.ident, counters.idle, counters.advance = threading.get_ident(), 0, 0
+        for _ in range(calls):
+            c0, w0 = time.thread_time(), time.perf_counter()
+            comm.all_reduce(x, "sum", alg)
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - w0)
+        if mine:
+            counters.ident = None
+            return {"cpu_us": statistics.median(cpu) * 1e6,
+                    "wall_us": statistics.median(wall) * 1e6, "ran": comm.last_algorithm,
+                    "sleeps": counters.idle / calls, "polls": counters.advance / calls}
+        return None
+
+    row = collectives.run(body, p, timeout=600)[probe]
+    row["rounds"], row["messages"] = plan_shape(row["ran"], p, probe)
+    return row
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+def interleaved(configs, measure, repeats: int) -> dict:
+    """config -> list of per-repeat results, configurations rotated from repeat to repeat."""
+    out: dict = {c: [] for c in configs}
+    measure(configs[0])  # warm-up: imports, first allocations
+    for rep in range(repeats):
+        shift = rep % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            out[config].append(measure(config))
+            print(f"# {config}: {out[config][-1]}", file=sys.stderr)
+    return out
+
+
+def med(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``us = fixed + per_round * rounds``."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = (sum((x - mx) * (y - my) for x, y in points)
+             / sum((x - mx) ** 2 for x in xs))
+    return my - slope * mx, slope
+
+
+def markdown(iso: dict, thr: dict, lengths: dict) -> str:
+    lines = ["Core alone (mirror transport, one thread), µs per call:", "",
+             "| algorithm (ran) | p | rank | rounds | messages | µs / call |",
+             "|:---|---:|---:|---:|---:|---:|"]
+    core = {}
+    for (alg, rank, p), rows in iso.items():
+        r = rows[0]
+        core[(alg, rank % p, p)] = us = med(rows, "us")
+        lines.append(f"| {alg} ({r['ran']}) | {p} | {rank % p} | {r['rounds']} | "
+                     f"{r['messages']} | {us:.1f} |")
+    one_message = [(rows[0]["rounds"], med(rows, "us")) for (a, _, _), rows in iso.items()
+                   if a != "shuffle"]
+    fixed, per_round = fit(one_message)
+    lines += ["", f"Fit over the one-message-per-round rows: {fixed:.1f} µs fixed + "
+              f"{per_round:.2f} µs per round."]
+    shuffle = {p: rows for (a, _, p), rows in iso.items() if a == "shuffle"}
+    if 2 in shuffle and 64 in shuffle:
+        dm = shuffle[64][0]["messages"] - shuffle[2][0]["messages"]
+        du = med(shuffle[64], "us") - med(shuffle[2], "us")
+        lines.append(f"Shuffle (two rounds, a message to and from everyone): {du / dm:.2f} µs "
+                     "per extra message.")
+    lines += ["", "Thread ranks (`collectives.run`), the probe rank's medians per call:", "",
+              "| algorithm (ran) | p | rank | rounds | thread CPU µs | wall µs | sleeps | polls | "
+              "CPU − core alone, per round |", "|:---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (alg, rank, p), rows in thr.items():
+        r, cpu = rows[0], med(rows, "cpu_us")
+        base = core.get((alg, rank % p, p))
+        extra = "n/a" if base is None else f"{(cpu - base) / r['rounds']:.1f}"
+        lines.append(f"| {alg} ({r['ran']}) | {p} | {rank % p} | {r['rounds']} | {cpu:.1f} | "
+                     f"{med(rows, 'wall_us'):.0f} | {med(rows, 'sleeps'):.1f} | "
+                     f"{med(rows, 'polls'):.1f} | {extra} |")
+    lines += ["", "One plan, several buffer lengths in turn (mirror transport, rank 0), µs per "
+              "call:", "", "| algorithm | p | rounds | 1 length | 8 lengths | 9 lengths |",
+              "|:---|---:|---:|---:|---:|---:|"]
+    by_alg: dict = {}
+    for (alg, p, k), rows in lengths.items():
+        by_alg.setdefault((alg, p), {})[k] = rows
+    for (alg, p), ks in by_alg.items():
+        lines.append(f"| {alg} | {p} | {ks[1][0]['rounds']} | " + " | ".join(
+            f"{med(ks[k], 'us'):.1f}" for k in (1, 8, 9)) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-r", "--repeats", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per core-alone cell")
+    parser.add_argument("--thread-calls", type=int, default=200,
+                        help="calls per thread-rank cell (a tenth of that for the ring at 64)")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "benchmarks/overhead.py", *argv])
+    load_before = os.getloadavg()
+
+    def core_alone(config):
+        alg, rank, p = config
+        calls = args.calls // 10 if (alg in ("ring", "shuffle") and p > 2) else args.calls
+        return isolated(alg, rank % p, p, calls)
+
+    iso = interleaved(ISOLATED, core_alone, args.repeats)
+    lengths = interleaved([(a, p, k) for a, p in LENGTHS for k in (1, 8, 9)],
+                          lambda c: isolated(c[0], 0, c[1], args.calls // 4, lengths=c[2]),
+                          args.repeats)
+    counters = Counters()
+    try:
+        def on_threads(config):
+            alg, rank, p = config
+            calls = args.thread_calls // 10 if (alg == "ring" and p > 2) else args.thread_calls
+            return threaded(alg, rank % p, p, calls, counters)
+
+        thr = interleaved(THREADED, on_threads, args.repeats)
+    finally:
+        counters.close()
+    load_after = os.getloadavg()
+    print(f"Command: `{command}`; load average (1/5/15 min) before "
+          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
+          f"{'/'.join(f'{x:.2f}' for x in load_after)}.\n")
+    print(markdown(iso, thr, lengths))
+    if args.json:
+        import json
+
+        meta = bench.metadata(command)
+        meta["load"] = {"before": load_before, "after": load_after}
+        with open(args.json, "w") as f:
+            json.dump({**meta, "core_alone": [[list(k), v] for k, v in iso.items()],
+                       "threads": [[list(k), v] for k, v in thr.items()],
+                       "lengths": [[list(k), v] for k, v in lengths.items()]}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
