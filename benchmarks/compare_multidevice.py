@@ -14,12 +14,14 @@ One run, 4 devices (``-p``), float32, 4 KiB..64 MiB per device:
 * the bound of ``ceiling.py``: a copy of p arrays of S bytes on 2 threads and on 1 thread,
   the faster of the two (p outputs); for one output (``shared_result``) the same copy
   bandwidth over its traffic, p·S read + S written: the bound times (p + 1) / 2p;
-* TensorFlow's ``ReductionToOneDevice`` (``tf_anchor.py``), in a subprocess run right before
-  and right after the in-process measurements, so that TF's own thread pools never share
-  this process; its cells are the median over both runs' repeats.
+* TensorFlow's ``ReductionToOneDevice`` (the methods of ``tf_anchor.py``), timed by
+  ``tf_worker.py`` in a process of its own (TF's thread pools never share this process), on
+  request, one repeat at a time.
 
-The in-process methods are interleaved: each repeat times every method once, in an order
-rotated from repeat to repeat, so that a burst of noise on this machine hits them all alike.
+Everything is interleaved: each repeat times every method once (TensorFlow's as one turn of
+the rotation, its three methods rotated inside it), in an order rotated from repeat to
+repeat, so that a burst of noise on this machine hits them all alike; TensorFlow idles while
+the library runs and the other way round.
 Cells are medians over repeats of the time per call. The output is markdown, ready for
 docs/performance.md, and ``--json`` keeps every repeat.
 
@@ -35,9 +37,7 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 
@@ -46,6 +46,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ceiling  # noqa: E402
+from tf_worker import TfWorker  # noqa: E402
 
 import collectives  # noqa: E402
 from collectives import bench  # noqa: E402
@@ -67,32 +68,15 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def run_tf(p: int, lo: int, hi: int, repeats: int, label: str) -> dict | None:
-    """tf_anchor.py in a subprocess; its JSON, or None (with a note) if it failed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "tf.json")
-        cmd = [sys.executable, os.path.join(HERE, "tf_anchor.py"), "-p", str(p), "-b", str(lo),
-               "-e", str(hi), "-r", str(repeats), "--json", path]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        print(f"# TensorFlow {label}: {time.perf_counter() - start:.0f} s, exit {proc.returncode}",
-              file=sys.stderr)
-        if proc.returncode != 0 or not os.path.exists(path):
-            print(f"# TensorFlow run failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-            return None
-        with open(path) as f:
-            return json.load(f)
-
-
-def measure_ours(p: int, lo: int, hi: int, repeats: int, warmup: int, target: float) -> list[dict]:
-    """Interleaved medians of every algorithm and of the bound, per size."""
+def measure(p: int, lo: int, hi: int, repeats: int, warmup: int, target: float,
+            tf: TfWorker | None) -> list[dict]:
+    """Interleaved medians of every method, TensorFlow's and the bound, per size."""
     config = bench.BenchConfig(collective="all_reduce", algorithms=ALGORITHMS, participants=p,
                                minbytes=lo, maxbytes=hi)
     kernels = ceiling.Kernels()
     results = []
     try:
-        for case in bench.sweep(config):
+        for index, case in enumerate(bench.sweep(config)):
             inputs = case.inputs()
             model = backend_for_arrays(inputs).cost_model
             outs = {a: [np.zeros(case.count, case.dtype) for _ in range(p)] for a in METHODS}
@@ -105,9 +89,17 @@ def measure_ours(p: int, lo: int, hi: int, repeats: int, warmup: int, target: fl
                      for name, call in methods.items()}
             times: dict[str, list[float]] = {name: [] for name in methods}
             names = list(methods)
+            if tf is not None:
+                iters.update(tf.ask(case=index, do="calibrate")["iters"])
+                names.append("tf")
             for rep in range(repeats):
                 shift = rep % len(names)
                 for name in names[shift:] + names[:shift]:
+                    if name == "tf":
+                        answer = tf.ask(case=index, do="time", shift=rep)  # type: ignore[union-attr]
+                        for method, seconds in answer["seconds"].items():
+                            times.setdefault(method, []).append(seconds)
+                        continue
                     call, k = methods[name], iters[name]
                     start = time.perf_counter()
                     for _ in range(k):
@@ -122,6 +114,8 @@ def measure_ours(p: int, lo: int, hi: int, repeats: int, warmup: int, target: fl
                    "repeats_us": {n: [x * 1e6 for x in t] for n, t in times.items()},
                    "iters": iters,
                    "wrong": {a: bench.count_wrong(outs[a], expected) for a in METHODS}}
+            if tf is not None:
+                row["wrong"].update(tf.ask(case=index, do="check")["wrong"])
             bound = min(row["median_us"]["bound_1t"], row["median_us"]["bound_2t"])
             row["median_us"]["bound"] = bound
             row["median_us"]["bound_one"] = bound * (p + 1) / (2 * p)
@@ -151,17 +145,9 @@ def variants(inputs: list, outs: dict) -> dict:
     return {"auto shared": shared, **{f"{a} rounds": partial(rounds, a) for a in ("auto", "ring")}}
 
 
-def tf_medians(runs: list[dict | None]) -> dict[tuple[int, str], float]:
-    """(size, method) -> median over the repeats of every TF run."""
-    pooled: dict[tuple[int, str], list[float]] = {}
-    for run in runs:
-        for r in (run or {}).get("rows", []):
-            pooled.setdefault((r["size"], r["algorithm"]), []).extend(r["repeats_us"])
-    return {k: statistics.median(v) for k, v in pooled.items()}
-
-
-def markdown(ours: list[dict], tf: dict, meta: dict, p: int, repeats: int) -> str:
+def markdown(ours: list[dict], meta: dict, p: int, repeats: int) -> str:
     """The tables for docs/performance.md."""
+    tf = {(r["size"], m): v for r in ours for m, v in r["median_us"].items() if m.startswith("tf_")}
     m = meta["machine"]
     tf_version = meta.get("tensorflow") or "not available"
     lines = [
@@ -173,9 +159,9 @@ def markdown(ours: list[dict], tf: dict, meta: dict, p: int, repeats: int) -> st
         f"{meta.get('load', '?')}.  ",
         f"Command: `{meta['command']}`.  ",
         f"Each cell: median over {repeats} repeats of the time per call, a repeat being >= 20 ms "
-        "of back-to-back calls (at most 1000); the library's calls and the bound interleaved "
-        "in one process (outputs preallocated, `out=`, except `auto shared`), TensorFlow in a "
-        "subprocess right before and right after (median over both runs). `auto shared`: "
+        "of back-to-back calls (at most 1000); the library's calls, the bound and TensorFlow "
+        "(in a process of its own) interleaved, outputs preallocated (`out=`) except for "
+        "`auto shared` and TensorFlow. `auto shared`: "
         "`shared_result=True`; `… rounds`: the `rounds` strategy instead of `tiles`. Bound: "
         "copying the p input arrays into p other arrays (p·S read + p·S written), on 2 threads "
         "or 1, whichever is faster (`benchmarks/ceiling.py`); `bound 1 out`: the same bandwidth "
@@ -254,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-e", "--maxbytes", type=bench.parse_size, default="64M")
     parser.add_argument("-r", "--repeats", type=int, default=9)
     parser.add_argument("-w", "--warmup", type=int, default=2)
-    parser.add_argument("--tf-repeats", type=int, default=5, help="repeats of each TF run (two runs)")
     parser.add_argument("--no-tf", action="store_true", help="skip TensorFlow")
     parser.add_argument("--json", metavar="PATH", default="compare_multidevice.json")
     parser.add_argument("--markdown", metavar="PATH", help="also write the markdown here")
@@ -265,33 +250,29 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     load_before = os.getloadavg()
 
-    runs = [] if args.no_tf else [run_tf(p, lo, hi, args.tf_repeats, "before")]
-    ours = measure_ours(p, lo, hi, args.repeats, args.warmup, bench.TARGET_SECONDS)
-    if not args.no_tf:
-        runs.append(run_tf(p, lo, hi, args.tf_repeats, "after"))
-    tf = tf_medians(runs)
-
+    tf = None if args.no_tf else TfWorker(p, lo, hi)
+    try:
+        ours = measure(p, lo, hi, args.repeats, args.warmup, bench.TARGET_SECONDS, tf)
+    finally:
+        if tf is not None:
+            tf.close()
     meta = bench.metadata(command)
-    meta["tensorflow"] = next((r["tensorflow"] for r in runs if r), None)
+    meta["tensorflow"] = tf.version if tf is not None else None
     meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta["machine"]["processor_model"] = _cpu_model()
     meta["load"] = f"{'/'.join(f'{x:.2f}' for x in load_before)} before, " + "/".join(
         f"{x:.2f}" for x in os.getloadavg()) + " after (1/5/15 min)"
-    text = markdown(ours, tf, meta, p, args.repeats)
+    text = markdown(ours, meta, p, args.repeats)
     print(text)
     print(f"\n<!-- {time.perf_counter() - start:.0f} s -->")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")
     with open(args.json, "w") as f:
-        json.dump({**meta, "participants": p, "repeats": args.repeats, "ours": ours,
-                   "tf_runs": runs,
-                   "tf_medians_us": [{"size": s, "method": m, "median_us": v}
-                                     for (s, m), v in sorted(tf.items())]}, f, indent=1)
+        json.dump({**meta, "participants": p, "repeats": args.repeats, "rows": ours}, f,
+                  indent=1)
         f.write("\n")
-    wrong = sum(sum(r["wrong"].values()) for r in ours)
-    tf_wrong = sum(r["wrong"] or 0 for run in runs if run for r in run["rows"])
-    return 1 if wrong or tf_wrong else 0
+    return 1 if any(sum(r["wrong"].values()) for r in ours) else 0
 
 
 def _cpu_model() -> str:
