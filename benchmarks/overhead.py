@@ -225,14 +225,14 @@ def markdown(iso: dict, thr: dict, lengths: dict) -> str:
                      "per extra message.")
     lines += ["", "Thread ranks (`collectives.run`), the probe rank's medians per call:", "",
               "| algorithm (ran) | p | rank | rounds | thread CPU µs | wall µs | sleeps | polls | "
-              "CPU − core alone, per round |", "|:---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "CPU − core alone | per round | per sleep |",
+              "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (alg, rank, p), rows in thr.items():
-        r, cpu = rows[0], med(rows, "cpu_us")
-        base = core.get((alg, rank % p, p))
-        extra = "n/a" if base is None else f"{(cpu - base) / r['rounds']:.1f}"
+        r, cpu, sleeps = rows[0], med(rows, "cpu_us"), med(rows, "sleeps")
+        extra = cpu - core[(alg, rank % p, p)]
         lines.append(f"| {alg} ({r['ran']}) | {p} | {rank % p} | {r['rounds']} | {cpu:.1f} | "
-                     f"{med(rows, 'wall_us'):.0f} | {med(rows, 'sleeps'):.1f} | "
-                     f"{med(rows, 'polls'):.1f} | {extra} |")
+                     f"{med(rows, 'wall_us'):.0f} | {sleeps:.1f} | {med(rows, 'polls'):.1f} | "
+                     f"{extra:.1f} | {extra / r['rounds']:.1f} | {extra / max(sleeps, 1):.1f} |")
     lines += ["", "One plan, several buffer lengths in turn (mirror transport, rank 0), µs per "
               "call:", "", "| algorithm | p | rounds | 1 length | 8 lengths | 9 lengths |",
               "|:---|---:|---:|---:|---:|---:|"]
