@@ -13,7 +13,9 @@ Two measurements, both after warm-up calls (plans cached, the call's signature a
   time, and how often it went to sleep (``transport.idle``) and polled (``SpmdRun.advance``).
   CPU time minus the core alone is what the thread transport and the waiting loop add.
 
-A third table: the cost of re-deriving a plan's element offsets when one plan serves more
+A third table: the functions whose calls per all-reduce differ between 2 and 64 thread ranks
+(a profile of the probe rank: counts, which noise cannot move). A fourth: the cost of
+re-deriving a plan's element offsets when one plan serves more
 buffer lengths than ``RankPlan.offsets`` keeps (8), in the mirror setting.
 
 Each cell is the median over ``-r`` repeats of a per-repeat median; repeats interleave the
@@ -33,15 +35,17 @@ import threading
 import time
 
 import numpy as np
-from collectives.backends.local.threads import ThreadTransport
 
-import collectives
-from collectives import algorithms, bench
-from collectives.arrays import NUMPY
-from collectives.communicator import Communicator
-from collectives.execute.spmd import SpmdRun
-from collectives.schedule import Collective
-from collectives.select import CostModel
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from collectives.backends.local.threads import ThreadTransport  # noqa: E402
+from mirror import MirrorTransport  # noqa: E402
+
+import collectives  # noqa: E402
+from collectives import algorithms, bench  # noqa: E402
+from collectives.communicator import Communicator  # noqa: E402
+from collectives.execute.spmd import SpmdRun  # noqa: E402
+from collectives.schedule import Collective  # noqa: E402
 
 COUNT = 1024  # float32: 4 KiB
 ISOLATED = [(a, r, p) for p in (2, 64) for a, r in (("auto", -1), ("auto", 0), ("one_device", -1),
@@ -50,58 +54,6 @@ ISOLATED += [("auto", -1, 4096), ("auto", 0, 4096), ("rechd", 0, 4096)]
 THREADED = [(a, r, p) for p in (2, 64) for a, r in (("auto", -1), ("auto", 0), ("rechd", 0),
                                                      ("ring", 0))]
 LENGTHS = [("ring", 64), ("rechd", 64), ("tree", 64)]
-
-
-# --- the mirror transport ---------------------------------------------------------------
-
-class _Done:
-    __slots__ = ("data",)
-
-    def __init__(self, data):
-        self.data = data
-
-    def done(self) -> bool:
-        return True
-
-
-class _MirrorChannel:
-    arrays = NUMPY
-
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size = rank, size
-
-    def send(self, data, dst, tag):
-        return _Done(None)
-
-    def recv(self, into, src, tag, *, in_place):
-        if in_place:
-            NUMPY.copy(into, into)  # the copy a real receive makes
-        return _Done(into)
-
-    def release(self, request) -> None:
-        pass
-
-    def cancel(self, requests) -> None:
-        pass
-
-
-class MirrorTransport:
-    """Every peer is this rank's mirror image, and already there."""
-
-    name, native, layout, local_rank, arrays = "mirror", None, None, 0, NUMPY
-    cost_model = CostModel(latency=30e-6, seconds_per_byte=1 / 8e9, message_overhead=20e-6)
-
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size, self.local_size = rank, size, size
-        self.data, self.control = _MirrorChannel(rank, size), _MirrorChannel(rank, size)
-
-    def idle(self, waited): pass
-    def notify_failure(self, failure): pass
-    def poll_failure(self): return None
-    def agreement_waiting(self, seq): return False
-    def publish_activity(self, activity): pass
-    def peer_activity(self, timeout): return {}
-    def free(self): pass
 
 
 def plan_shape(name: str, p: int, rank: int) -> tuple[int, int]:
@@ -175,6 +127,29 @@ def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> di
     return row
 
 
+def call_counts(alg: str, probe: int, p: int, calls: int) -> dict[str, float]:
+    """Calls per all-reduce of every function the probe rank runs (cProfile; counts only)."""
+    import cProfile
+    import pstats
+
+    def body(comm):
+        x = np.zeros(COUNT, np.float32)
+        for _ in range(20):
+            comm.all_reduce(x, "sum", alg)
+        profile = cProfile.Profile() if comm.rank == probe else None
+        if profile is not None:
+            profile.enable()
+        for _ in range(calls):
+            comm.all_reduce(x, "sum", alg)
+        if profile is None:
+            return None
+        profile.disable()
+        return {f"{os.path.basename(file)}:{line} {name}": v[1] / calls
+                for (file, line, name), v in pstats.Stats(profile).stats.items()}
+
+    return collectives.run(body, p, timeout=600)[probe]
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 def interleaved(configs, measure, repeats: int) -> dict:
@@ -202,7 +177,22 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def markdown(iso: dict, thr: dict, lengths: dict) -> str:
+def counts_table(counts: dict[int, dict[str, float]]) -> list[str]:
+    """The functions whose calls per all-reduce differ between the participant counts."""
+    ps = sorted(counts)
+    names = sorted(set().union(*counts.values()))
+    lines = ["", f"Calls per all-reduce that differ between {' and '.join(map(str, ps))} thread "
+             "ranks (auto, the last rank; every other function of the call runs equally often):",
+             "", "| function | " + " | ".join(f"p = {p}" for p in ps) + " |",
+             "|:---|" + "---:|" * len(ps)]
+    for name in names:
+        row = [counts[p].get(name, 0.0) for p in ps]
+        if max(row) - min(row) > 0.05:
+            lines.append(f"| `{name}` | " + " | ".join(f"{c:.2f}" for c in row) + " |")
+    return lines
+
+
+def markdown(iso: dict, thr: dict, lengths: dict, counts: list[str]) -> str:
     lines = ["Core alone (mirror transport, one thread), µs per call:", "",
              "| algorithm (ran) | p | rank | rounds | messages | µs / call |",
              "|:---|---:|---:|---:|---:|---:|"]
@@ -233,6 +223,7 @@ def markdown(iso: dict, thr: dict, lengths: dict) -> str:
         lines.append(f"| {alg} ({r['ran']}) | {p} | {rank % p} | {r['rounds']} | {cpu:.1f} | "
                      f"{med(rows, 'wall_us'):.0f} | {sleeps:.1f} | {med(rows, 'polls'):.1f} | "
                      f"{extra:.1f} | {extra / r['rounds']:.1f} | {extra / max(sleeps, 1):.1f} |")
+    lines += counts
     lines += ["", "One plan, several buffer lengths in turn (mirror transport, rank 0), µs per "
               "call:", "", "| algorithm | p | rounds | 1 length | 8 lengths | 9 lengths |",
               "|:---|---:|---:|---:|---:|---:|"]
@@ -276,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         thr = interleaved(THREADED, on_threads, args.repeats)
     finally:
         counters.close()
+    counts = {p: call_counts("auto", p - 1, p, args.thread_calls) for p in (2, 64)}
     load_after = os.getloadavg()
     print(f"Command: `{command}`; load average (1/5/15 min) before "
           f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
           f"{'/'.join(f'{x:.2f}' for x in load_after)}.\n")
-    print(markdown(iso, thr, lengths))
+    print(markdown(iso, thr, lengths, counts_table(counts)))
     if args.json:
         import json
 
@@ -289,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({**meta, "core_alone": [[list(k), v] for k, v in iso.items()],
                        "threads": [[list(k), v] for k, v in thr.items()],
-                       "lengths": [[list(k), v] for k, v in lengths.items()]}, f, indent=1)
+                       "lengths": [[list(k), v] for k, v in lengths.items()],
+                       "call_counts": counts}, f, indent=1)
             f.write("\n")
     return 0
 
