@@ -10,6 +10,7 @@ buffers of the library's own, so aliasing never gives a wrong answer.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from .algorithms.base import Layout
 from .arrays import unsafe_outputs
 from .calls import resolve_algorithm
 from .execute import run_multi_device
+from .foreign import accepts_foreign_values
 from .ops import ReduceOp, result_dtype
 from .registry import backend_for_arrays
 from .schedule import Collective
@@ -35,9 +37,32 @@ from .validate import (
     resolve_groups,
     same_layout,
 )
+from .work import Completed
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
            "reduce", "reduce_scatter"]
+
+
+def backend_first(function: Callable) -> Callable:
+    """A multi-device function whose arrays' backend may run the call its own way (the CuPy
+    backend: NCCL for "nccl" names on distinct GPUs; handles that wait for the devices'
+    streams), else the library's algorithms here. Adds ``async_op``: a handle whose ``wait()``
+    returns the results. ``function.library`` is the library's own implementation, for
+    backends that fall back to it."""
+
+    @functools.wraps(function)
+    def wrapper(values, *args, async_op: bool = False, **kwargs):
+        first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
+            own = getattr(backend_for_arrays([first]), "own", None)
+            runner = own(function.__name__) if own is not None else None
+            if runner is not None:
+                return runner(values, *args, async_op=async_op, **kwargs)
+        result = function(values, *args, **kwargs)
+        return Completed(result) if async_op else result
+
+    wrapper.library = function  # type: ignore[attr-defined]
+    return wrapper
 
 
 def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
@@ -102,6 +127,8 @@ def _deliver(arrays, op, work, results, size):
             arrays.copy(r, w)
 
 
+@accepts_foreign_values
+@backend_first
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Groups = None,
                accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
@@ -141,6 +168,8 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
            *, out: Any = None, shards: int = 0, groups: Groups = None,
            accumulation_fn: Callable | None = None) -> Any:
@@ -170,6 +199,8 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     return result
 
 
+@accepts_foreign_values
+@backend_first
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0) -> list:
     """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
@@ -190,6 +221,8 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None
                ) -> list:
     """Every device gets the concatenation of all devices' arrays along ``axis``."""
@@ -218,6 +251,8 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0) -> list:
     """Reduce, then device ``i`` keeps block ``i`` of axis 0.
@@ -251,6 +286,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     return results
 
 
+@backend_first
 def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,

@@ -17,8 +17,8 @@ and :meth:`Communicator.adapt` (which arrays a call accepts).
 
 from __future__ import annotations
 
+import logging
 import math
-import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +31,10 @@ from .algorithms.base import Layout
 from .calls import Call, check_op_for, resolve_algorithm
 from .collective_ops import CollectiveOps
 from .engine import Engine
+from .exchange_ops import ExchangeOps
 from .execute.spmd import SpmdRun
+from .log import configure, debug_setting
+from .p2p_ops import PointToPointOps
 from .prepared_ops import PreparedOps
 from .schedule import Collective
 from .stages import NativeStage
@@ -44,10 +47,11 @@ from .validate import (
 )
 from .work import Operation
 
-DEBUG_ENV = "COLLECTIVES_DEBUG"
+CALLS = logging.getLogger("collectives.calls")
+REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 
 
-class Communicator(CollectiveOps, PreparedOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -65,7 +69,8 @@ class Communicator(CollectiveOps, PreparedOps):
         self.name = name or transport.name
         self.timeout, self.check = float(timeout), bool(check)
         self.arrays = transport.arrays
-        self.debug = os.environ.get(DEBUG_ENV, "").strip().lower()
+        self.debug = debug_setting()  # read once, here: it must be the same on every rank
+        configure()
         self._engine = Engine(transport, timeout=self.timeout, check=self.check,
                               detail=self.debug == "detail")
         self._calls: dict = {}
@@ -86,6 +91,37 @@ class Communicator(CollectiveOps, PreparedOps):
     def free(self) -> None:
         """Release what the transport holds for this communicator (collective on MPI)."""
         self.transport.free()
+
+    def dup(self) -> Communicator:
+        """A new communicator over the same ranks, with this one's options: its calls never
+        mix with this one's (give each thread, or each library, its own). Collective."""
+        engine = self._engine
+        engine.enter("dup")
+        try:
+            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
+                              name=self.name)
+        finally:
+            engine.leave()
+
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
+        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
+        Collective over this communicator; the child has this one's options, and its failures
+        never break this one."""
+        if color is not None and (isinstance(color, bool) or not isinstance(
+                color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"key={key!r} must be an integer")
+        engine = self._engine
+        engine.enter("split")
+        try:
+            child = self.transport.split(None if color is None else int(color), int(key))
+        finally:
+            engine.leave()
+        if child is None:
+            return None
+        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -119,10 +155,18 @@ class Communicator(CollectiveOps, PreparedOps):
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
             return name
-        if self.size == 1:
-            return "one_device"
         if native is not None and native.supports(call) and native.preferred(call):
             return "native"
+        layout = self.transport.layout
+        if layout is not None and len(layout.groups) > 1 and call.collective in (
+                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+            # across nodes: weigh the links between them against copies inside them
+            link = getattr(self.transport, "link", None) or select.LinkModel()
+            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
+                                        .bit_length(), layout, link)
+            if "/" in name:
+                call.layout = layout
+            return name
         return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
 
     # --- calls --------------------------------------------------------------------------
@@ -145,8 +189,7 @@ class Communicator(CollectiveOps, PreparedOps):
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
         dtype = np.dtype(x.dtype)
-        reducing = collective not in (Collective.BROADCAST, Collective.ALL_GATHER)
-        parsed = check_op_for(op, dtype, "x") if reducing else None
+        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
         if collective in (Collective.REDUCE, Collective.BROADCAST):
@@ -164,6 +207,7 @@ class Communicator(CollectiveOps, PreparedOps):
                       else self.transport.layout)
         call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
         call.run_as = self.choose_algorithm(call)
+        CALLS.info("rank %d: %s runs as %s", self.rank, call.describe(), call.run_as)
         return call
 
     def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
@@ -211,6 +255,9 @@ class Communicator(CollectiveOps, PreparedOps):
                 # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
                 # and raise at the end: its peers get their results)
             subject = subject or (call if call is not None else what)
+            if self.debug == "detail":
+                CALLS.debug("rank %d: call %d: %s", self.rank, seq,
+                            call.describe() if call is not None else f"{what}: {error}")
             if call is not None:
                 self.last_algorithm = call.run_as
             self.transport.publish_activity((seq, subject, True))

@@ -15,6 +15,7 @@ failure into an error on every rank:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -34,6 +35,7 @@ from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
+FAILURES = logging.getLogger("collectives.failures")
 MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
 SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
 
@@ -67,8 +69,11 @@ class Engine:
                 "this communicator; calls on one communicator must come from one thread at a "
                 "time, in the same order on every rank (give each thread its own: comm.dup())")
         if self.broken is not None or self.unreported:
-            self.busy.release()
-            self._raise_pending(what)
+            try:
+                self._raise_pending(what)
+            except BaseException:
+                self.busy.release()
+                raise
 
     def leave(self) -> None:
         self.busy.release()
@@ -91,17 +96,27 @@ class Engine:
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
-        """The agreement stage a call needs, or None when its signature was agreed before."""
+        """The agreement stage a call needs, or None when its signature was agreed before.
+
+        A signature counts as agreed from the moment its agreement is *issued*: every rank
+        issues calls in the same order, so every rank decides alike even while asynchronous
+        agreements are still in flight (should one fail, every rank forgets it alike, and calls
+        issued meanwhile are caught by the check value that rides with their data)."""
         if error is None and not always and not self.detail:
             if check in self.agreed:
                 self.agreed.move_to_end(check)
                 return None
+        if error is None:
+            self.remember(check)
         return Agreement(self, seq, signature, check, error)
 
     def remember(self, check: int) -> None:
         self.agreed[check] = True
         if len(self.agreed) > AGREED_SIGNATURES:
             self.agreed.popitem(last=False)
+
+    def forget(self, check: int) -> None:
+        self.agreed.pop(check, None)
 
     # --- running ------------------------------------------------------------------------
 
@@ -111,7 +126,7 @@ class Engine:
             done = op.advance()
             if not done:
                 self.inflight.append(op)
-        if op.error is not None and not getattr(op.error, AGREED, False):
+        if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
             self._broke(op.error, op.seq)
         if async_op:
             work = Work(op)
@@ -137,7 +152,7 @@ class Engine:
                 if op.advance():
                     self.inflight.remove(op)
                     if op.error is not None:
-                        if not getattr(op.error, AGREED, False):
+                        if op.breaking and not getattr(op.error, AGREED, False):
                             self._broke(op.error, op.seq)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
@@ -200,9 +215,10 @@ class Engine:
         doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
                           if r in missing)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
-                                       detail=doing, call=op.seq)
+                                       detail=doing, call=op.seq if op.breaking else None)
         op.fail(error)
-        self._broke(error, op.seq)
+        if op.breaking:
+            self._broke(error, op.seq)
 
     def _peer_failed(self, failure: Failure) -> None:
         """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
@@ -223,6 +239,7 @@ class Engine:
         if self.broken is not None:
             return
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
+        FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
         kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
                 "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
         if not isinstance(error, PeerFailedError):

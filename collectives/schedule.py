@@ -35,6 +35,9 @@ class Collective(enum.Enum):
     BROADCAST = "broadcast"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
+    GATHER = "gather"  # block p of the root's buffer comes from participant p
+    SCATTER = "scatter"  # participant p gets block p of the root's buffer
+    ALL_TO_ALL = "all_to_all"  # block (i, j) at position i*n + j goes from i to j
 
 
 # Plans are plain tuples: a rank of a large job builds thousands of them, and a tuple costs a

@@ -1,6 +1,7 @@
-"""Broadcast, whose non-roots may not know what they will receive.
+"""Broadcast and scatter, whose non-roots may not know what they will receive.
 
-Non-roots may pass ``x=None``: they learn the shape and dtype from the root. So every
+Non-roots may pass ``x=None``: they learn the shape and dtype (of the whole array, or of one
+row for a scatter) from the root. So every
 broadcast (with ``check=True``) opens with one small all-reduce over the control channel that
 does three things at once: the usual agreement on what every rank knows (root, algorithm), the
 shape and dtype where a non-root passed an ``x`` (it must match the root's), and the root's
@@ -28,19 +29,19 @@ from .validate import check_root
 
 
 class Header:
-    """What every rank knows of a broadcast before the root's descriptor arrives."""
+    """What every rank knows of a broadcast (or scatter) before the root's descriptor arrives."""
 
-    collective = Collective.BROADCAST
     agrees_itself = True  # its opening stage is its agreement
 
-    def __init__(self, root: int, algorithm: str):
+    def __init__(self, root: int, algorithm: str, kind: Collective = Collective.BROADCAST):
         self.root, self.algorithm, self.run_as = root, algorithm, ""
-        self.signature = ("broadcast", None, None, None, root, algorithm, 0, None, None)
+        self.collective = kind
+        self.signature = (kind.value, None, None, None, root, algorithm, 0, None, None)
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
         self.call = None
 
     def describe(self) -> str:
-        return self.call.describe() if self.call else f"broadcast(root={self.root})"
+        return self.call.describe() if self.call else f"{self.collective.value}(root={self.root})"
 
 
 class Opening:
@@ -83,6 +84,13 @@ class Opening:
 
 def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
     """The builder ``Communicator._start`` runs for ``comm.broadcast(...)``."""
+    return build_rooted(comm, Collective.BROADCAST, x, root, algorithm, out)
+
+
+def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any):
+    """The builder of a broadcast or a scatter: the root's ``x`` goes out whole, or one row of
+    its leading axis (of length ``size``) to each rank."""
+    scatter = kind is Collective.SCATTER
 
     def build(seq):
         arrays = comm.arrays
@@ -92,13 +100,16 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
             root_ = check_root(root, comm.size)
             name, _ = resolve_algorithm(algorithm, 0, 0, comm._native_names)
             if name not in comm._native_names and name != "auto" and not algorithms.supports(
-                    Collective.BROADCAST, name):
-                raise ValueError(f"algorithm={algorithm!r} has no broadcast; use 'auto' or one of "
-                                 f"{', '.join(algorithms.names_for(Collective.BROADCAST))}")
+                    kind, name):
+                raise ValueError(f"algorithm={algorithm!r} has no {kind.value}; use 'auto' or one "
+                                 f"of {', '.join(algorithms.names_for(kind))}")
             if mine:  # the root prepares everything it can before agreeing
                 xa = comm.adapt(x, "x")
-                call = comm._call(Collective.BROADCAST, xa, None, name, root=root_)
-                known = call.shape, call.dtype.str
+                if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
+                    raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
+                                     f"axis of length {comm.size} (one row per rank)")
+                call = comm._call(kind, xa, None, name, root=root_)
+                known = (call.shape[1:] if scatter else call.shape), call.dtype.str
                 if len(known[0]) > 16:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
                 src = arrays.flat(xa)
@@ -114,22 +125,30 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
             if not comm.check:
                 raise
             error = exc
-        header = Header(root if isinstance(root, int) else -1, name)
+        header = Header(root if isinstance(root, int) else -1, name, kind)
         late: list = []
         result: list = []
 
         def make_data(desc):
             shape, dtype = tuple(desc[0]), np.dtype(desc[1])
-            call = comm._call(Collective.BROADCAST, _Like(shape, dtype), None, name,
-                              root=header.root)
+            whole = (comm.size, *shape) if scatter else shape
+            call = comm._call(kind, _Like(whole, dtype), None, name, root=header.root)
             header.call, header.run_as = call, call.run_as
             comm.last_algorithm = call.run_as
             target, bad = comm._target(out, shape, dtype)
             if bad is not None:
                 late.append(bad)
-            work = target if target is not None else arrays.result(shape, dtype)
-            result.append(work)
-            return comm._data_stage(call, seq, src, work.reshape(-1))
+            mine_result = target if target is not None else arrays.result(shape, dtype)
+            result.append(mine_result)
+            if not scatter:
+                return comm._data_stage(call, seq, src, mine_result.reshape(-1))
+            # the root reads its x in place; the others receive into a buffer of every row (only
+            # their own rows, and those they pass on, are ever touched)
+            count = call.count // comm.size
+            work = src if src is not None else arrays.empty((call.count,), dtype)
+            row = slice(comm.rank * count, (comm.rank + 1) * count)
+            stage = comm._data_stage(call, seq, None, work, granule=count if count else 1)
+            return _Then(stage, lambda: arrays.copy(mine_result.reshape(-1), work[row]))
 
         stage = Opening(comm, seq, header, known, error, make_data)
 
@@ -141,6 +160,25 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
         return header, [stage], finish
 
     return build
+
+
+class _Then:
+    """A data stage followed by a last local step (scatter's copy of this rank's row)."""
+
+    def __init__(self, stage: Any, then: Any):
+        self.stage, self.then, self.done = stage, then, False
+
+    def advance(self) -> bool:
+        if not self.done and self.stage.advance():
+            self.then()
+            self.done = True
+        return self.done
+
+    def pending_peers(self) -> list[int]:
+        return self.stage.pending_peers()
+
+    def abort(self) -> None:
+        self.stage.abort()
 
 
 class _Like:

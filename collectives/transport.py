@@ -93,6 +93,7 @@ class Transport(Protocol):
     arrays: ArrayBackend
     data: PointToPoint
     control: PointToPoint
+    p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
     cost_model: Any  # collectives.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None

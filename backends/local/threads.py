@@ -164,6 +164,7 @@ class ThreadTransport:
         self.local_rank = rank
         self.data = ThreadChannel(world, rank, "data")
         self.control = ThreadChannel(world, rank, "control")
+        self.p2p = ThreadChannel(world, rank, "p2p")
         self._seen_events = 0
         self._seen_failures: set[int] = set()
         self._children = itertools.count()
