@@ -6,8 +6,9 @@ Two measurements, both after warm-up calls (plans cached, the call's signature a
   thread: every receive is complete the moment it is posted and holds this rank's own data,
   every send completes at once. Nothing waits and no peer runs, so the time per call is the
   core's own work (communicator entry, call lookup, operation, engine, the plan's rounds in the
-  SPMD executor, the result), for the plan of rank ``r`` of ``p``. Fitting these times against
-  the rounds the rank takes part in splits them into a fixed part and a part per round.
+  SPMD executor, the result), for the plan of rank ``r`` of ``p``, in thread CPU time.
+  Fitting these times against the rounds the rank takes part in splits them into a fixed
+  part and a part per round.
 * **thread ranks**: ``collectives.run(fn, p)``, every rank calling the same all-reduce; the
   probe rank's thread CPU time per call (``time.thread_time``: running, not waiting), its wall
   time, and how often it went to sleep (``transport.idle``) and polled (``SpmdRun.advance``).
@@ -68,10 +69,10 @@ def isolated(alg: str, rank: int, p: int, calls: int, lengths: int = 1) -> dict:
     xs = [np.zeros(COUNT + i, np.float32) for i in range(lengths)]
     for x in xs * 3 + xs[:1] * 20:
         comm.all_reduce(x, "sum", alg)
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: other processes' turns on the cores do not count
     for i in range(calls):
         comm.all_reduce(xs[i % lengths], "sum", alg)
-    us = (time.perf_counter() - start) / calls * 1e6
+    us = (time.thread_time() - start) / calls * 1e6
     rounds, messages = plan_shape(comm.last_algorithm, p, rank)
     return {"us": us, "ran": comm.last_algorithm, "rounds": rounds, "messages": messages}
 
