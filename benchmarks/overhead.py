@@ -11,7 +11,9 @@ Two measurements, both after warm-up calls (plans cached, the call's signature a
   part and a part per round.
 * **thread ranks**: ``collectives.run(fn, p)``, every rank calling the same all-reduce; the
   probe rank's thread CPU time per call (``time.thread_time``: running, not waiting), its wall
-  time, and how often it went to sleep (``transport.idle``) and polled (``SpmdRun.advance``).
+  time, how often it went to sleep (``transport.idle``) and polled (``SpmdRun.advance``),
+  and the CPU time spent inside those sleeps (a clock read on either side of each, about
+  2 µs per sleep, which the CPU time per call also includes).
   CPU time minus the core alone is what the thread transport and the waiting loop add.
 
 A third table: the functions whose calls per all-reduce differ between 2 and 64 thread ranks
@@ -80,22 +82,39 @@ def isolated(alg: str, rank: int, p: int, calls: int, lengths: int = 1) -> dict:
 # --- thread ranks ---------------------------------------------------------------------------
 
 class Counters:
-    """Counts the probe thread's sleeps and polls (a counter, no clock: cheap)."""
+    """The probe thread's sleeps and polls (counted), and the thread CPU time it spends inside
+    sleeps (``ThreadTransport.idle``, a clock read on either side of each)."""
 
     def __init__(self) -> None:
         self.ident = None
         self.idle = self.advance = 0
+        self.idle_cpu = 0.0
         self._patched = [(ThreadTransport, "idle"), (SpmdRun, "advance")]
         self._originals = [getattr(c, a) for c, a in self._patched]
-        for (cls, attr), original in zip(self._patched, self._originals):
-            setattr(cls, attr, self._counting(attr, original))
+        ThreadTransport.idle = self._timed(self._originals[0])
+        SpmdRun.advance = self._counting(self._originals[1])
 
-    def _counting(self, attr, original):
-        def wrapper(obj, *args):
+    def reset(self, ident) -> None:
+        self.ident, self.idle, self.advance, self.idle_cpu = ident, 0, 0, 0.0
+
+    def _timed(self, original):
+        def idle(obj, *args):
+            if threading.get_ident() != self.ident:
+                return original(obj, *args)
+            self.idle += 1
+            start = time.thread_time()
+            try:
+                return original(obj, *args)
+            finally:
+                self.idle_cpu += time.thread_time() - start
+        return idle
+
+    def _counting(self, original):
+        def advance(obj, *args):
             if threading.get_ident() == self.ident:
-                setattr(self, attr, getattr(self, attr) + 1)
+                self.advance += 1
             return original(obj, *args)
-        return wrapper
+        return advance
 
     def close(self) -> None:
         for (cls, attr), original in zip(self._patched, self._originals):
@@ -110,7 +129,7 @@ def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> di
         mine = comm.rank == probe
         cpu, wall = [], []
         if mine:
-            counters.ident, counters.idle, counters.advance = threading.get_ident(), 0, 0
+            counters.reset(threading.get_ident())
         for _ in range(calls):
             c0, w0 = time.thread_time(), time.perf_counter()
             comm.all_reduce(x, "sum", alg)
@@ -120,7 +139,8 @@ def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> di
             counters.ident = None
             return {"cpu_us": statistics.median(cpu) * 1e6,
                     "wall_us": statistics.median(wall) * 1e6, "ran": comm.last_algorithm,
-                    "sleeps": counters.idle / calls, "polls": counters.advance / calls}
+                    "sleeps": counters.idle / calls, "polls": counters.advance / calls,
+                    "sleep_cpu_us": counters.idle_cpu / calls * 1e6}
         return None
 
     row = collectives.run(body, p, timeout=600)[probe]
@@ -216,14 +236,15 @@ def markdown(iso: dict, thr: dict, lengths: dict, counts: list[str]) -> str:
                      "per extra message.")
     lines += ["", "Thread ranks (`collectives.run`), the probe rank's medians per call:", "",
               "| algorithm (ran) | p | rank | rounds | thread CPU µs | wall µs | sleeps | polls | "
-              "CPU − core alone | per round | per sleep |",
-              "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "CPU in sleeps µs | CPU − core alone | per round | per sleep |",
+              "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (alg, rank, p), rows in thr.items():
         r, cpu, sleeps = rows[0], med(rows, "cpu_us"), med(rows, "sleeps")
         extra = cpu - core[(alg, rank % p, p)]
         lines.append(f"| {alg} ({r['ran']}) | {p} | {rank % p} | {r['rounds']} | {cpu:.1f} | "
                      f"{med(rows, 'wall_us'):.0f} | {sleeps:.1f} | {med(rows, 'polls'):.1f} | "
-                     f"{extra:.1f} | {extra / r['rounds']:.1f} | {extra / max(sleeps, 1):.1f} |")
+                     f"{med(rows, 'sleep_cpu_us'):.1f} | {extra:.1f} | "
+                     f"{extra / r['rounds']:.1f} | {extra / max(sleeps, 1):.1f} |")
     lines += counts
     lines += ["", "One plan, several buffer lengths in turn (mirror transport, rank 0), µs per "
               "call:", "", "| algorithm | p | rounds | 1 length | 8 lengths | 9 lengths |",
