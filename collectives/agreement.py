@@ -77,6 +77,12 @@ class Agreement:
         return SpmdRun(plan, buf, ReduceOp.MAX, comm.transport.control,
                        seq=self.seq, check=part)
 
+    def fail_with(self, error: BaseException) -> None:
+        """This rank cannot run the call after all (found before anything was posted)."""
+        if self.error is None:
+            self.error = error
+            self._buf[0] += 1
+
     def advance(self) -> bool:
         if not self.run.advance():
             return False

@@ -111,9 +111,10 @@ def _outputs(arrays, out, values, shape, dtype, argument="out") -> list:
     return list(out)
 
 
-def _work(arrays, results, values, shape, dtype):
-    """Work buffers: the results themselves where that is safe and the dtype fits."""
-    if results[0].dtype != dtype or unsafe_outputs(arrays, values, results):
+def _work(arrays, results, values, shape, dtype, given: bool = True):
+    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
+    library allocated (``given`` False) share memory with nothing: no check needed."""
+    if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
         return [arrays.result(shape, dtype, like=v) for v in values]
     return results
 
@@ -161,7 +162,7 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
         return [view] * n
     schedule = _plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
     results = _outputs(arrays, out, values, shape, final)
-    work = _work(arrays, results, values, shape, dtype)
+    work = _work(arrays, results, values, shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, accumulation_fn=accumulation_fn)
     _deliver(arrays, op, work, results, n)
@@ -214,7 +215,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     arrays = backend.arrays
     schedule = _plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
     results = _outputs(arrays, out, [value] * n, shape, dtype)
-    work = _work(arrays, results, [value], shape, dtype)
+    work = _work(arrays, results, [value], shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
                      [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
     _deliver(arrays, None, work, results, n)

@@ -128,7 +128,7 @@ class ResultPool:
     little.
     """
 
-    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 3, sizes: int = 16,
+    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 8, sizes: int = 16,
                  max_bytes: int = 256 << 20):
         self.min_bytes, self.per_size, self.max_bytes = min_bytes, per_size, max_bytes
         self.sizes = sizes

@@ -45,6 +45,7 @@ class Call:
     signature: tuple = field(init=False)
     check: int = field(init=False)
     run_as: str = field(init=False, default="")  # what runs it: "native" or a schedule's name
+    plans: dict = field(init=False, default_factory=dict, repr=False)  # this rank's, by shards
     always_agree = False
 
     def __post_init__(self) -> None:
@@ -112,7 +113,7 @@ def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tup
     if shards and chosen.shards != 1 and shards != chosen.shards:
         raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
                          "which sets its own; put them in the spec (e.g. 'xring#2')")
-    return name, shards or (chosen.shards if chosen.shards != 1 else 0)
+    return name, shards or chosen.shards  # a spec's shards count as given (TensorFlow's)
 
 
 def check_op_for(op: Any, dtype: np.dtype, argument: str) -> ReduceOp:

@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "'d+=s[lo,hi)' reduces s's range into d, 'd<-s[lo,hi)' copies "
                                    "it. Then run the checker on it.")
     d.add_argument("algorithm", help="one_device, ring, rechd, tree, shuffle, an alias or 'A/B'")
-    d.add_argument("-c", "--collective", default="all_reduce", choices=bench.COLLECTIVES)
+    d.add_argument("-c", "--collective", default="all_reduce",
+                   choices=[c.value for c in collectives.Collective])
     d.add_argument("-n", "--participants", type=_positive, default=4, help="default 4")
     d.add_argument("--root", type=_non_negative, default=0)
     d.add_argument("--shards", type=_non_negative, default=0)

@@ -167,7 +167,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             if "/" in name:
                 call.layout = layout
             return name
-        return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
+        gathered = call.collective in (Collective.ALL_GATHER, Collective.GATHER)
+        nbytes = call.nbytes * (self.size if gathered else 1)  # what the plans move in all
+        return select.choose(call.collective, self.size, nbytes, self.transport.cost_model)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -248,10 +250,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                 agreement = None
             else:
                 signature = call.signature if call is not None else None
-                agreement = engine.agreement(seq, signature, call.check if call else 0,
-                                             error or late)
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
+                if error is not None and self.size > 1:
+                    engine.reject(error, seq)  # peers that skip this agreement must hear
                 if agreement is not None and late is not None:
-                    data = None  # every rank raises in the agreement: nothing moves
+                    # agreed only now: the bad ``out`` goes into the agreement, nothing moves
+                    agreement.fail_with(late)
+                    data = None
                 # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
                 # and raise at the end: its peers get their results)
             subject = subject or (call if call is not None else what)
@@ -260,7 +265,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                             call.describe() if call is not None else f"{what}: {error}")
             if call is not None:
                 self.last_algorithm = call.run_as
-            self.transport.publish_activity((seq, subject, True))
+            # what peers see of this rank: the call, and whether it agrees on it or moves data
+            self.transport.publish_activity(
+                (seq, subject, "agreeing" if agreement is not None or own else "moving"))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or _nothing,
                            signature=call.signature if call else None,
@@ -283,8 +290,11 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0
         shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
-        plan = algorithms.rank_plan(call.collective, call.run_as, self.size, self.rank,
-                                    root=call.root, shards=shards, layout=call.layout)
+        plan = call.plans.get(shards)
+        if plan is None:  # the call keeps its plan: no lookup on later calls
+            plan = call.plans[shards] = algorithms.rank_plan(
+                call.collective, call.run_as, self.size, self.rank, root=call.root,
+                shards=shards, layout=call.layout)
         return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
                        check=call.check if self.check else 0)
 

@@ -87,7 +87,7 @@ def accepts_foreign_values(function: Callable) -> Callable:
         else:
             values = as_numpy(values, "value")
         result = function(values, *args, **kwargs)
-        if rebuild is None:
+        if rebuild is None or hasattr(result, "wait"):  # a handle: its results stay NumPy
             return result
         return [rebuild(r) for r in result] if isinstance(result, list) else rebuild(result)
 

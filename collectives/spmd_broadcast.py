@@ -94,7 +94,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
 
     def build(seq):
         arrays = comm.arrays
-        known, error, src, name = None, None, None, "auto"
+        known, error, src, name, root_ = None, None, None, "auto", -1
         mine = root == comm.rank
         try:  # every error goes into the opening agreement, so that every rank hears of it
             root_ = check_root(root, comm.size)
@@ -125,7 +125,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
             if not comm.check:
                 raise
             error = exc
-        header = Header(root if isinstance(root, int) else -1, name, kind)
+        header = Header(root_, name, kind)  # -1: a root that is not a rank (every rank hears why)
         late: list = []
         result: list = []
 

@@ -51,7 +51,7 @@ def test_backends_are_reachable_after_import_collectives_alone():
     ("xring#2", ("ring", 2)),
     ([("pscpu", 1, 10), ("xring", 2, -1)], ("ring", 2)),  # 1000 elements: the second range
     ("pscpu:10:xring#2", ("ring", 2)),
-    ("pscpu:2k:xring", ("shuffle", 0)),
+    ("pscpu:2k:xring", ("shuffle", 1)),  # a spec's shards as given: one gather participant
 ])
 def test_every_spec_form_selects_like_the_explicit_call(spec, same_as):
     values = [np.random.default_rng(d).standard_normal(1000).astype(np.float32) for d in range(4)]
