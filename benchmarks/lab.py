@@ -54,10 +54,12 @@ NETWORK_ENV = {
     "ucx": {"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp", "UCX_NET_DEVICES": IFACE},
     "ofi": {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": IFACE},
 }
+MPI_DAEMONS = ("hydra_pmi_proxy", "prted")  # what a launcher starts on each host
 _SSH_OPTIONS_WITH_VALUE = "bcDEeFIiJLlmOopQRSWw"
 _LAUNCHER = """#!/bin/sh
-# hydra's ssh launcher calls this as `ssh [options] HOST COMMAND`, COMMAND a shell command line.
-# It runs COMMAND in HOST's namespaces (`ip netns exec` also mounts that netns's own /sys).
+# MPI launchers call this as they call ssh: `ssh [options] HOST COMMAND`, COMMAND a shell command
+# line. It runs COMMAND with sh in HOST's namespaces (`ip netns exec` also mounts that namespace's
+# own /sys), in this process's environment.
 while [ $# -gt 0 ]; do
   case $1 in
     -[{with_value}]) shift 2 ;;
@@ -70,7 +72,7 @@ case $host in
 {cases}
   *) echo "lab {name}: no host named '$host'" >&2; exit 255 ;;
 esac
-exec {nsenter} --uts={state}/$host.uts -- {ip} netns exec {name}-$host sh -c "exec $*"
+exec {nsenter} --uts={state}/$host.uts -- {ip} netns exec {name}-$host sh -c "$*"
 """
 
 
@@ -160,13 +162,18 @@ class Lab:
     # --- life cycle -------------------------------------------------------------------------
 
     def up(self) -> Lab:
+        """Build the lab (after removing labs whose owner died); returns it."""
         reason = available()
         if reason:
             raise RuntimeError(f"lab: {reason}")
         if not self.persistent:
             cleanup(stale_only=True)
         STATE.mkdir(parents=True, exist_ok=True)
-        self.state.mkdir()  # atomic: two labs never share a name
+        try:
+            self.state.mkdir()  # atomic: two labs never share a name
+        except FileExistsError:
+            raise ValueError(f"a lab named {self.name} exists: pick another name, or remove it "
+                             f"with `python benchmarks/lab.py down {self.name}`") from None
         self._save()
         self._up = True
         if self.owner:
@@ -267,7 +274,7 @@ class Lab:
         if not 1 <= hosts <= len(self.hosts):
             raise ValueError(f"hosts={hosts}: lab {self.name} has {len(self.hosts)} hosts")
         chosen = self.hosts[:hosts]
-        mpiexec = mpiexec or _default_mpiexec()
+        mpiexec = mpiexec or find_mpiexec()
         cmd = self.on_head([mpiexec, "-launcher", "ssh", "-launcher-exec", str(self.launcher),
                             "-iface", IFACE, "-hosts", ",".join(h.name for h in chosen),
                             "-ppn", str(ranks_per_host), "-n", str(len(chosen) * ranks_per_host),
@@ -279,13 +286,23 @@ class Lab:
 
     def processes(self, which: int | str | Host) -> dict[int, str]:
         """pid -> command name of every process running on a host."""
-        return _processes_in(NETNS / self.host(which).netns)
+        return {pid: comm for pid, (comm, _) in _processes_in(NETNS / self.host(which).netns).items()}
 
     def kill(self, which: int | str | Host, *, ranks_only: bool = False) -> list[int]:
-        """SIGKILL every process on a host: the host dies. ``ranks_only`` spares hydra's proxy
-        (the host's launcher daemon), so only the MPI ranks and their children die."""
-        victims = [pid for pid, comm in self.processes(which).items()
-                   if not (ranks_only and comm == "hydra_pmi_proxy")]
+        """SIGKILL every process on a host: the host dies. ``ranks_only`` kills only what the
+        MPI launcher's daemon there (hydra's proxy, Open MPI's prted) started: the ranks die,
+        the host and its daemon stay up."""
+        procs = _processes_in(NETNS / self.host(which).netns)
+
+        def started_by_daemon(pid: int) -> bool:
+            parent = procs[pid][1]
+            while parent in procs:
+                if procs[parent][0] in MPI_DAEMONS:
+                    return True
+                parent = procs[parent][1]
+            return False
+
+        victims = [pid for pid in procs if not ranks_only or started_by_daemon(pid)]
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -324,7 +341,8 @@ class Lab:
         return stats["rx"]["bytes"], stats["tx"]["bytes"]  # the port receives what the host sends
 
 
-def _default_mpiexec() -> str:
+def find_mpiexec() -> str:
+    """The ``mpiexec`` next to this Python (the MPICH wheel's hydra), else the one on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if not found:
@@ -333,7 +351,8 @@ def _default_mpiexec() -> str:
     return found
 
 
-def _processes_in(netns_file: Path) -> dict[int, str]:
+def _processes_in(netns_file: Path) -> dict[int, tuple[str, int]]:
+    """pid -> (command name, parent pid) of the processes in a network namespace."""
     try:
         target = os.stat(netns_file)
     except OSError:
@@ -345,8 +364,10 @@ def _processes_in(netns_file: Path) -> dict[int, str]:
         try:
             ns = os.stat(f"/proc/{entry.name}/ns/net")
             if (ns.st_dev, ns.st_ino) == (target.st_dev, target.st_ino):
-                found[int(entry.name)] = Path(f"/proc/{entry.name}/comm").read_text().strip()
-        except OSError:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+                comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+                found[int(entry.name)] = (comm, int(rest.split()[1]))
+        except (OSError, ValueError):
             continue
     return found
 
@@ -489,4 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (ValueError, RuntimeError) as exc:
+        sys.exit(f"lab.py: {exc}")

@@ -10,6 +10,7 @@ Two ways of calling:
 from __future__ import annotations
 
 from .api import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
+from .api_blocks import all_to_all, gather, scatter
 from .communicator import Communicator
 from .errors import (
     CollectiveError,
@@ -19,12 +20,23 @@ from .errors import (
     ConcurrentCallError,
     PeerFailedError,
 )
+from .initialize import init
 from .ops import ReduceOp
 from .registry import load_backend
 from .schedule import Collective, Schedule
 from .work import Work
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ``collectives.backends`` is reachable after ``import collectives`` alone; its
+    # submodules (transports) are imported when first named.
+    if name == "backends":
+        import importlib
+
+        return importlib.import_module("collectives.backends")
+    raise AttributeError(f"module 'collectives' has no attribute {name!r}")
 
 
 def run(fn, size: int, **kwargs) -> list:
@@ -34,6 +46,7 @@ def run(fn, size: int, **kwargs) -> list:
 
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp", "Schedule", "all_gather", "all_reduce",
-    "batch_all_reduce", "broadcast", "reduce", "reduce_scatter", "run", "load_backend", "Work",
+    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp",
+    "Schedule", "Work", "all_gather", "all_reduce", "all_to_all", "batch_all_reduce", "broadcast",
+    "gather", "init", "load_backend", "reduce", "reduce_scatter", "run", "scatter",
 ]

@@ -29,6 +29,8 @@ from .ops import ReduceOp
 from .schedule import Collective
 
 AGREED = "__collectives_agreed__"  # set on errors that every rank raised together
+PAYLOAD_BYTES = 252  # what a broadcast's root tells every rank (its shape and dtype)
+_WORDS = PAYLOAD_BYTES // 7  # packed 7 bytes to an int64, so every word stays non-negative
 
 
 def agreed(exc: BaseException) -> BaseException:
@@ -41,15 +43,31 @@ class Agreement:
     """An agreement stage: ``advance()`` until True, raising the agreed error if any."""
 
     __slots__ = ("comm", "error", "late", "run", "seq", "signature", "state", "check",
-                 "_buf", "_lengths", "_blob", "_width")
+                 "payload", "_buf", "_lengths", "_blob", "_width")
 
     def __init__(self, engine, seq: int, signature: tuple | None, check: int,
-                 error: BaseException | None, late: bool = False):
-        # ``engine``: the communicator's collectives.engine.Engine
+                 error: BaseException | None, late: bool = False, *,
+                 known: int | None = None, payload: bytes = b""):
+        """``engine``: the communicator's collectives.engine.Engine.
+
+        Broadcast extras: ``known``, a digest only some ranks have (the shape a non-root
+        passed; None: this rank does not know), must agree among the ranks that have it;
+        ``payload`` (the root's, at most ``PAYLOAD_BYTES``) reaches every rank in
+        ``self.payload``. Every agreement exchanges the same fixed-size digest, so that a
+        broadcast and another collective at the same point disagree in words, not in size."""
         self.comm, self.seq, self.signature, self.check = engine, seq, signature, check
         self.error, self.late = error, late
         failed = 1 if error is not None else 0
-        self._buf = np.array([failed + (2 if late else 0), check, -check], np.int64)
+        unknown = np.iinfo(np.int64).min
+        pair = (known, -known) if known is not None else (unknown, unknown)
+        if len(payload) > PAYLOAD_BYTES:
+            raise ValueError(f"an agreement carries at most {PAYLOAD_BYTES} bytes")
+        raw = np.zeros(_WORDS * 8, np.uint8).reshape(_WORDS, 8)
+        raw[:, :7] = np.frombuffer(payload.ljust(_WORDS * 7, b"\0"), np.uint8).reshape(_WORDS, 7)
+        extra = raw.reshape(-1).view("<i8").astype(np.int64)
+        self._buf = np.concatenate([np.array([failed + (2 if late else 0), check, -check, *pair],
+                                             np.int64), extra])
+        self.payload = b""
         self.run = self._all_reduce(self._buf, 0)
         self.state = "digest"
 
@@ -59,14 +77,24 @@ class Agreement:
         return SpmdRun(plan, buf, ReduceOp.MAX, comm.transport.control,
                        seq=self.seq, check=part)
 
+    def fail_with(self, error: BaseException) -> None:
+        """This rank cannot run the call after all (found before anything was posted)."""
+        if self.error is None:
+            self.error = error
+            self._buf[0] += 1
+
     def advance(self) -> bool:
         if not self.run.advance():
             return False
         if self.state == "digest":
-            status, high, low = (int(v) for v in self._buf)
-            if status == 0 and high == -low == self.check:
-                self.comm.remember(self.check)
+            status, high, low, known, known_neg = (int(v) for v in self._buf[:5])
+            words = self._buf[5:].astype("<i8").view(np.uint8).reshape(_WORDS, 8)
+            self.payload = words[:, :7].tobytes()
+            unknown = np.iinfo(np.int64).min
+            shapes_agree = known == known_neg == unknown or known == -known_neg
+            if status == 0 and high == -low == self.check and shapes_agree:
                 return True
+            self.comm.forget(self.check)  # every rank reaches this verdict alike
             # disagreement, or a rank failed: everyone exchanges the details
             self._blob = pickle.dumps(self._details(), protocol=pickle.HIGHEST_PROTOCOL)
             self._lengths = np.array([len(self._blob)], np.int64)
@@ -113,6 +141,10 @@ class Agreement:
         from .calls import differences
 
         signatures = [sig for sig, _, _ in details]
+        if any(s is None for s in signatures):  # a rank failed after the digest: say who
+            who = [r for r, s in enumerate(signatures) if s is None]
+            return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {who} "
+                                          "could not describe their call"))
         name = next((s[0] for s in signatures if s is not None), "a collective")
         kinds = {s[0] for s in signatures if s is not None}
         if len(kinds) > 1:

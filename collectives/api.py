@@ -10,6 +10,7 @@ buffers of the library's own, so aliasing never gives a wrong answer.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from .algorithms.base import Layout
 from .arrays import unsafe_outputs
 from .calls import resolve_algorithm
 from .execute import run_multi_device
+from .foreign import accepts_foreign_values
 from .ops import ReduceOp, result_dtype
 from .registry import backend_for_arrays
 from .schedule import Collective
@@ -35,9 +37,32 @@ from .validate import (
     resolve_groups,
     same_layout,
 )
+from .work import Completed
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
            "reduce", "reduce_scatter"]
+
+
+def backend_first(function: Callable) -> Callable:
+    """A multi-device function whose arrays' backend may run the call its own way (the CuPy
+    backend: NCCL for "nccl" names on distinct GPUs; handles that wait for the devices'
+    streams), else the library's algorithms here. Adds ``async_op``: a handle whose ``wait()``
+    returns the results. ``function.library`` is the library's own implementation, for
+    backends that fall back to it."""
+
+    @functools.wraps(function)
+    def wrapper(values, *args, async_op: bool = False, **kwargs):
+        first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
+            own = getattr(backend_for_arrays([first]), "own", None)
+            runner = own(function.__name__) if own is not None else None
+            if runner is not None:
+                return runner(values, *args, async_op=async_op, **kwargs)
+        result = function(values, *args, **kwargs)
+        return Completed(result) if async_op else result
+
+    wrapper.library = function  # type: ignore[attr-defined]
+    return wrapper
 
 
 def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
@@ -58,7 +83,7 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
         raise TypeError(f"{argument} must be a list with one array per device, "
                         f"not {type(values).__name__}")
     values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
-    shape, dtype = same_layout(values, argument)
+    shape, dtype = same_layout(values, argument, op)
     op = check_op(op, dtype, argument) if op is not None else None
     return values, shape, dtype, op
 
@@ -86,10 +111,11 @@ def _outputs(arrays, out, values, shape, dtype, argument="out") -> list:
     return list(out)
 
 
-def _work(arrays, results, values, shape, dtype):
-    """Work buffers: the results themselves where that is safe and the dtype fits."""
-    if results[0].dtype != dtype or unsafe_outputs(arrays, values, results):
-        return [arrays.empty(shape, dtype, like=v) for v in values]
+def _work(arrays, results, values, shape, dtype, given: bool = True):
+    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
+    library allocated (``given`` False) share memory with nothing: no check needed."""
+    if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
+        return [arrays.result(shape, dtype, like=v) for v in values]
     return results
 
 
@@ -102,6 +128,8 @@ def _deliver(arrays, op, work, results, size):
             arrays.copy(r, w)
 
 
+@accepts_foreign_values
+@backend_first
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Groups = None,
                accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
@@ -134,13 +162,15 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
         return [view] * n
     schedule = _plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
     results = _outputs(arrays, out, values, shape, final)
-    work = _work(arrays, results, values, shape, dtype)
+    work = _work(arrays, results, values, shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, accumulation_fn=accumulation_fn)
     _deliver(arrays, op, work, results, n)
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
            *, out: Any = None, shards: int = 0, groups: Groups = None,
            accumulation_fn: Callable | None = None) -> Any:
@@ -157,10 +187,11 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
     written = {s[0] for s in schedule.steps}
-    work = [arrays.empty(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
+    # (work buffers come from the backend's pool: mapped memory reused across calls)
+    work = [arrays.result(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
             for p, v in enumerate(values)]
     safe = out is None or not unsafe_outputs(arrays, values, [result])
-    total = result if final == dtype and safe else arrays.empty(shape, dtype, like=values[root])
+    total = result if final == dtype and safe else arrays.result(shape, dtype, like=values[root])
     work[root] = total.reshape(-1)
     if root not in written:  # a single participant: its input is the total
         arrays.copy(work[root], inputs[root])
@@ -169,6 +200,8 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     return result
 
 
+@accepts_foreign_values
+@backend_first
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0) -> list:
     """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
@@ -182,13 +215,15 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     arrays = backend.arrays
     schedule = _plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
     results = _outputs(arrays, out, [value] * n, shape, dtype)
-    work = _work(arrays, results, [value], shape, dtype)
+    work = _work(arrays, results, [value], shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
                      [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
     _deliver(arrays, None, work, results, n)
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None
                ) -> list:
     """Every device gets the concatenation of all devices' arrays along ``axis``."""
@@ -217,6 +252,8 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     return results
 
 
+@accepts_foreign_values
+@backend_first
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0) -> list:
     """Reduce, then device ``i`` keeps block ``i`` of axis 0.
@@ -241,7 +278,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
             raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
         for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
             check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
-    work = [arrays.empty(shape, dtype, like=v) for v in values]
+    work = [arrays.result(shape, dtype, like=v) for v in values]
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)
     results = list(out) if out is not None else [
@@ -250,6 +287,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     return results
 
 
+@backend_first
 def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,

@@ -122,12 +122,16 @@ class ResultPool:
     A result is a view of an owner buffer from the pool; every view of it (and every view of
     those) keeps the owner alive, so the owner's reference count tells exactly whether a user
     still holds any part of it. Buffers below ``min_bytes`` come from ``malloc``'s heap anyway
-    and are not pooled. The pool keeps at most ``per_size`` buffers of one size and
-    ``max_bytes`` in all, dropping the least recently used.
+    and are not pooled. The pool keeps at most ``per_size`` buffers of one size, buffers of at
+    most ``sizes`` different sizes and ``max_bytes`` in all, dropping the least recently used:
+    a loop that repeats its sizes is served from the pool, one whose sizes keep changing holds
+    little.
     """
 
-    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 4, max_bytes: int = 512 << 20):
+    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 8, sizes: int = 16,
+                 max_bytes: int = 256 << 20):
         self.min_bytes, self.per_size, self.max_bytes = min_bytes, per_size, max_bytes
+        self.sizes = sizes
         self._free: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -152,7 +156,7 @@ class ResultPool:
             return owner
 
     def _evict(self) -> None:
-        while self._bytes > self.max_bytes and self._free:
+        while (self._bytes > self.max_bytes or len(self._free) > self.sizes) and self._free:
             size, owners = next(iter(self._free.items()))
             if owners:
                 owners.pop(0)

@@ -63,12 +63,13 @@ _CACHE: dict = {}
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
           agg_small_grads_max_group, bytes_per_pack, shards, extra_names=()) -> list[BatchPart]:
     ranges = parse_spec(algorithm, extra_names=extra_names)
-    if shards:
-        # ``shards`` goes with a plain algorithm name; a spec carries its own shard counts.
-        if not (isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm):
-            raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
-                             "which sets its own shards; put them in the spec (e.g. 'xring#2')")
+    plain = isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm
+    if plain:
+        # a plain name takes ``shards`` (0: the algorithm's default), as a single call does
         ranges = [ranges[0]._replace(shards=shards)]
+    elif shards:  # a spec carries its own shard counts
+        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
+                         "which sets its own shards; put them in the spec (e.g. 'xring#2')")
     sizes = [int(np.prod(s)) for s in shapes]
     parts = []
     for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):

@@ -104,6 +104,7 @@ class BenchConfig:
     repeats: int = 5
     check: bool = True
     root: int = 0
+    backend: str = "local"  # the multi-device backend whose arrays the devices mode uses
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -124,6 +125,8 @@ class BenchConfig:
             raise ValueError("need warmup >= 0, repeats >= 1 and iters >= 1")
         if not self.algorithms:
             raise ValueError("no algorithm given")
+        if self.backend != "local" and self.mode != "devices":
+            raise ValueError(f"backend {self.backend!r} runs in the devices mode only")
         dtype = parse_dtype(self.dtype)
         collective = collectives.Collective(self.collective)
         for name in self.algorithms:
@@ -282,14 +285,18 @@ def _same(values: list[float]) -> list[float]:
 def measure(call: Callable[[], object], *, warmup: int = 2, iters: int | None = None,
             repeats: int = 5, sync: Callable[[], None] | None = None,
             agree: Callable[[list[float]], list[float]] = _same,
-            target: float = TARGET_SECONDS) -> Measurement:
+            target: float = TARGET_SECONDS,
+            fence: Callable[[], None] | None = None) -> Measurement:
     """Median over ``repeats`` of the time per call of ``iters`` back-to-back calls.
 
     ``iters=None`` adapts: enough calls that a repeat lasts ``target`` seconds, at most
     MAX_ITERS. Under SPMD, ``sync`` is a barrier and ``agree`` takes the maximum over ranks,
     so every rank uses the same iteration count and a repeat lasts as long as its slowest rank.
+    ``fence`` runs before the clock stops (a GPU backend waits for its devices there: its
+    calls return once enqueued).
     """
     sync = sync or (lambda: None)
+    fence = fence or (lambda: None)
     for _ in range(warmup):
         call()
     if iters is None:
@@ -299,6 +306,7 @@ def measure(call: Callable[[], object], *, warmup: int = 2, iters: int | None = 
             start = time.perf_counter()
             for _ in range(probe):
                 call()
+            fence()
             per_call = agree([(time.perf_counter() - start) / probe])[0]
             if per_call * probe >= target / 4 or probe >= MAX_ITERS:
                 break
@@ -310,6 +318,7 @@ def measure(call: Callable[[], object], *, warmup: int = 2, iters: int | None = 
         start = time.perf_counter()
         for _ in range(iters):
             call()
+        fence()
         times.append((time.perf_counter() - start) / iters)
     times = agree(times)
     return Measurement(statistics.median(times), iters, list(times))
@@ -381,44 +390,76 @@ def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
 
 
 def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfig, *,
-                       sync=None, agree=_same, total_wrong=lambda w: w) -> tuple[Measurement, int]:
+                       sync=None, agree=_same, total_wrong=lambda w: w,
+                       kit: ArrayKit | None = None) -> tuple[Measurement, int]:
+    kit = kit or NUMPY_KIT
     m = measure(runner.call, warmup=config.warmup, iters=config.iters, repeats=config.repeats,
-                sync=sync, agree=agree)
+                sync=sync, agree=agree, fence=kit.fence)
     if expected is None:
         return m, 0
     runner.reset()
-    return m, total_wrong(count_wrong(runner.call(), expected))
+    return m, total_wrong(count_wrong([kit.host(o) for o in runner.call()], expected))
 
 
 # --- multi-device ----------------------------------------------------------------------------
+
+class ArrayKit:
+    """How the devices mode makes and reads the arrays of a backend: NumPy here; a GPU
+    backend's ``bench_kit(n)`` returns one for its arrays (with ``api``, the module whose
+    collectives take them, and ``ceiling``, the time to copy n inputs into n outputs)."""
+
+    api = collectives
+
+    def inputs(self, values: list) -> list:
+        return values
+
+    def zeros(self, shape, dtype, participant: int):
+        return np.zeros(shape, dtype)
+
+    def copyto(self, dst, src) -> None:
+        np.copyto(dst, src)
+
+    def host(self, x):
+        return x
+
+    def fence(self) -> None:
+        """Nothing to wait for: NumPy calls finish before they return."""
+
+    ceiling = None
+
+
+NUMPY_KIT = ArrayKit()
+
 
 def _zero(buffers: list) -> Callable[[], None]:
     return lambda: [b.fill(0) for b in buffers]
 
 
-def _device_runner(case: Case, algorithm: str, inputs: list) -> Runner:
+def _device_runner(case: Case, algorithm: str, inputs: list, kit: ArrayKit = NUMPY_KIT
+                   ) -> Runner:
     """Out of place: results go to preallocated outputs; the inputs stay untouched."""
     op, n, root, c, dt = case.op.value, case.n, case.root, case.count, case.dtype
     final = result_dtype(case.op, dt)
     if case.collective == "all_reduce":
-        outs = [np.zeros(c, final) for _ in range(n)]
-        return Runner(lambda: collectives.all_reduce(inputs, op, algorithm, out=outs), _zero(outs))
+        outs = [kit.zeros(c, final, p) for p in range(n)]
+        return Runner(lambda: kit.api.all_reduce(inputs, op, algorithm, out=outs), _zero(outs))
     if case.collective == "reduce":
-        out = np.zeros(c, final)
-        return Runner(lambda: [collectives.reduce(inputs, op, root, algorithm, out=out)],
+        out = kit.zeros(c, final, root)
+        return Runner(lambda: [kit.api.reduce(inputs, op, root, algorithm, out=out)],
                       _zero([out]))
     if case.collective == "broadcast":
-        outs = [np.zeros(c, dt) for _ in range(n)]
-        return Runner(lambda: collectives.broadcast(inputs[root], n, algorithm, out=outs),
+        outs = [kit.zeros(c, dt, p) for p in range(n)]
+        return Runner(lambda: kit.api.broadcast(inputs[root], n, algorithm, out=outs),
                       _zero(outs))
     if case.collective == "all_gather":
-        outs = [np.zeros(n * c, dt) for _ in range(n)]
-        return Runner(lambda: collectives.all_gather(inputs, 0, algorithm, out=outs), _zero(outs))
-    outs = [np.zeros(c, final) for _ in range(n)]
-    return Runner(lambda: collectives.reduce_scatter(inputs, op, algorithm, out=outs), _zero(outs))
+        outs = [kit.zeros(n * c, dt, p) for p in range(n)]
+        return Runner(lambda: kit.api.all_gather(inputs, 0, algorithm, out=outs), _zero(outs))
+    outs = [kit.zeros(c, final, p) for p in range(n)]
+    return Runner(lambda: kit.api.reduce_scatter(inputs, op, algorithm, out=outs), _zero(outs))
 
 
-def _device_inplace_runner(case: Case, algorithm: str, inputs: list) -> Runner | None:
+def _device_inplace_runner(case: Case, algorithm: str, inputs: list,
+                           kit: ArrayKit = NUMPY_KIT) -> Runner | None:
     """In place: ``out`` is each device's input buffer (for all_gather and reduce_scatter,
     the input is that device's block of the whole buffer, as in nccl-tests). None where the
     result's dtype differs from the input's (integer MEAN)."""
@@ -427,48 +468,57 @@ def _device_inplace_runner(case: Case, algorithm: str, inputs: list) -> Runner |
         return None
     # zero-filled for the timed calls (see the module's docstring); reset() puts the inputs in
     if case.collective == "all_gather":
-        bufs = [np.zeros(n * c, case.dtype) for _ in range(n)]
+        bufs = [kit.zeros(n * c, case.dtype, p) for p in range(n)]
         own = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
 
         def reset() -> None:
             for o, x in zip(own, inputs):
-                np.copyto(o, x)
+                kit.copyto(o, x)
 
-        return Runner(lambda: collectives.all_gather(own, 0, algorithm, out=bufs), reset)
-    bufs = [np.zeros_like(x) for x in inputs]
+        return Runner(lambda: kit.api.all_gather(own, 0, algorithm, out=bufs), reset)
+    bufs = [kit.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]
 
     def restore() -> None:
         for b, x in zip(bufs, inputs):
-            np.copyto(b, x)
+            kit.copyto(b, x)
 
     if case.collective == "all_reduce":
-        return Runner(lambda: collectives.all_reduce(bufs, op, algorithm, out=bufs), restore)
+        return Runner(lambda: kit.api.all_reduce(bufs, op, algorithm, out=bufs), restore)
     if case.collective == "reduce":
-        return Runner(lambda: [collectives.reduce(bufs, op, root, algorithm, out=bufs[root])],
+        return Runner(lambda: [kit.api.reduce(bufs, op, root, algorithm, out=bufs[root])],
                       restore)
     if case.collective == "broadcast":
-        return Runner(lambda: collectives.broadcast(bufs[root], n, algorithm, out=bufs), restore)
+        return Runner(lambda: kit.api.broadcast(bufs[root], n, algorithm, out=bufs), restore)
     blocks = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
-    return Runner(lambda: collectives.reduce_scatter(bufs, op, algorithm, out=blocks), restore)
+    return Runner(lambda: kit.api.reduce_scatter(bufs, op, algorithm, out=blocks), restore)
 
 
 def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Run the sweep through the multi-device API (one process holds every participant)."""
+    """Run the sweep through the multi-device API (one process holds every participant), on
+    the arrays of ``config.backend``."""
     from .registry import backend_for_arrays
 
+    kit = (NUMPY_KIT if config.backend == "local"
+           else collectives.load_backend(config.backend).bench_kit(config.participants))
     rows = []
     for case in sweep(config):
-        inputs = case.inputs()
+        inputs = kit.inputs(case.inputs())
         expected = expected_outputs(case) if config.check else None
         if case.collective == "reduce" and expected is not None:
             expected = [expected[case.root]]
         model = backend_for_arrays(inputs).cost_model
+        ceiling = kit.ceiling(case, inputs, config) if kit.ceiling is not None else None
         for algorithm in config.algorithms:
-            m, wrong = _measure_and_check(_device_runner(case, algorithm, inputs), expected, config)
-            runner = _device_inplace_runner(case, algorithm, inputs)
-            inplace = None if runner is None else _measure_and_check(runner, expected, config)
-            row = make_row(config, case, algorithm, resolve_algorithm(case, algorithm, model), m,
-                           wrong, inplace)
+            m, wrong = _measure_and_check(_device_runner(case, algorithm, inputs, kit), expected,
+                                          config, kit=kit)
+            runner = _device_inplace_runner(case, algorithm, inputs, kit)
+            inplace = None if runner is None else _measure_and_check(runner, expected, config,
+                                                                     kit=kit)
+            resolved = (kit.resolve(case, algorithm) if hasattr(kit, "resolve")
+                        else resolve_algorithm(case, algorithm, model))
+            row = make_row(config, case, algorithm, resolved, m, wrong, inplace)
+            if ceiling is not None:
+                row["ceiling"] = _half(case, ceiling, None)
             rows.append(row)
             if on_row is not None:
                 on_row(row)

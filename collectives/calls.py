@@ -45,6 +45,7 @@ class Call:
     signature: tuple = field(init=False)
     check: int = field(init=False)
     run_as: str = field(init=False, default="")  # what runs it: "native" or a schedule's name
+    plans: dict = field(init=False, default_factory=dict, repr=False)  # this rank's, by shards
     always_agree = False
 
     def __post_init__(self) -> None:
@@ -73,10 +74,12 @@ FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "
 
 
 def differences(signatures: list[tuple], collective: str) -> str:
-    """The first field on which ranks' signatures differ, by rank (for mismatch errors)."""
+    """The first field on which ranks' signatures differ, by rank (for mismatch errors).
+    A broadcast's non-roots may not know the shape and dtype (None): only known ones count."""
     for i, name in enumerate(FIELDS):
         seen = [s[i] if s is not None else None for s in signatures]
-        if len(set(map(repr, seen))) > 1:
+        known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
+        if len(set(map(repr, known))) > 1:
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
                     f"must pass the same {name}")
@@ -90,6 +93,14 @@ def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -
     ranges, the ``"pscpu:2k:xring"`` grammar): the range is chosen by the element count, as a
     batch would choose it. ``extra_names`` are a transport's own algorithms (e.g. "native").
     """
+    if not isinstance(algorithm, (str, tuple, list)):
+        raise TypeError(f"algorithm must be a name such as 'ring' or 'nccl/xring', or an "
+                        f"all-reduce spec (a tuple, a list of tuples, 'pscpu:2k:xring'), not "
+                        f"{type(algorithm).__name__} {algorithm!r}")
+    return _resolve(algorithm, count, shards, tuple(extra_names))
+
+
+def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tuple[str, int]:
     if isinstance(algorithm, str):
         text = algorithm.strip().lower()
         if text in extra_names:
@@ -102,7 +113,7 @@ def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -
     if shards and chosen.shards != 1 and shards != chosen.shards:
         raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
                          "which sets its own; put them in the spec (e.g. 'xring#2')")
-    return name, shards or (chosen.shards if chosen.shards != 1 else 0)
+    return name, shards or chosen.shards  # a spec's shards count as given (TensorFlow's)
 
 
 def check_op_for(op: Any, dtype: np.dtype, argument: str) -> ReduceOp:

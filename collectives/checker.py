@@ -31,9 +31,11 @@ def _cuts(schedule: Schedule) -> list[int]:
     cuts = {0, schedule.den}
     for _, _, lo, hi, _ in schedule.steps:
         cuts.update((lo, hi))
-    if schedule.collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-        # Block boundaries i/n, which may fall between positions: refine to a common den.
-        n = schedule.size
+    blocked = (Collective.REDUCE_SCATTER, Collective.ALL_GATHER, Collective.GATHER,
+               Collective.SCATTER, Collective.ALL_TO_ALL)
+    if schedule.collective in blocked:
+        # Block boundaries i/n (i/n^2 for all-to-all's blocks from i to j) must be positions.
+        n = schedule.size * (schedule.size if schedule.collective is Collective.ALL_TO_ALL else 1)
         if schedule.den % n:
             raise ScheduleError(f"{schedule.name}: den {schedule.den} does not resolve the "
                                 f"{n} blocks of a {schedule.collective.value}")
@@ -53,6 +55,9 @@ def check(schedule: Schedule) -> None:
     def block_of(lo: int) -> int:
         return lo * n // den  # the participant whose block holds atom [lo, ...)
 
+    def pair_of(lo: int) -> tuple[int, int]:
+        return divmod(lo * n * n // den, n)  # all-to-all: (from, to) of atom [lo, ...)
+
     # state[p][a] = (contributions as a sorted tuple, value id), or None where undefined
     state: list[list[tuple | None]] = []
     for p in range(n):
@@ -60,9 +65,11 @@ def check(schedule: Schedule) -> None:
         for lo, _ in atoms:
             if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
                 row.append(((p,), ("input", p)))
-            elif kind is Collective.BROADCAST:
+            elif kind in (Collective.BROADCAST, Collective.SCATTER):
                 row.append(((root,), ("input", root)) if p == root else None)
-            else:  # ALL_GATHER: participant p brings block p
+            elif kind is Collective.ALL_TO_ALL:  # participant p brings blocks (p, j)
+                row.append(((p,), ("input", p)) if pair_of(lo)[0] == p else None)
+            else:  # ALL_GATHER, GATHER: participant p brings block p
                 row.append(((p,), ("input", p)) if block_of(lo) == p else None)
         state.append(row)
 
@@ -115,6 +122,13 @@ def check(schedule: Schedule) -> None:
             holders, want = [block_of(lo)], everyone
         elif kind is Collective.BROADCAST:
             holders, want = range(n), (root,)
+        elif kind is Collective.SCATTER:
+            holders, want = [block_of(lo)], (root,)
+        elif kind is Collective.GATHER:
+            holders, want = [root], (block_of(lo),)
+        elif kind is Collective.ALL_TO_ALL:
+            source, target = pair_of(lo)
+            holders, want = [target], (source,)
         else:
             holders, want = range(n), (block_of(lo),)
         values = {state[p][a][1] if state[p][a] else None for p in holders}

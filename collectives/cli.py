@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices: the multi-device API from one thread; spmd: thread ranks "
                         "via collectives.run; mpi: this process is one rank of an mpiexec "
                         "launch (the launch sets the ranks; rank 0 prints); default: devices")
+    b.add_argument("--backend", default="local",
+                   help="devices mode: whose arrays (local: NumPy; cupy: GPUs, participant p on "
+                        "GPU p mod the GPU count, with a copy ceiling per size); default local")
     b.add_argument("-b", "--minbytes", type=_size, default="8",
                    help="smallest size, K/M/G suffixes; default 8")
     b.add_argument("-e", "--maxbytes", type=_size, default="64M", help="largest size; default 64M")
@@ -118,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "'d+=s[lo,hi)' reduces s's range into d, 'd<-s[lo,hi)' copies "
                                    "it. Then run the checker on it.")
     d.add_argument("algorithm", help="one_device, ring, rechd, tree, shuffle, an alias or 'A/B'")
-    d.add_argument("-c", "--collective", default="all_reduce", choices=bench.COLLECTIVES)
+    d.add_argument("-c", "--collective", default="all_reduce",
+                   choices=[c.value for c in collectives.Collective])
     d.add_argument("-n", "--participants", type=_positive, default=4, help="default 4")
     d.add_argument("--root", type=_non_negative, default=0)
     d.add_argument("--shards", type=_non_negative, default=0)
@@ -263,6 +267,22 @@ def _summary(rows: list[bench.Row], config: bench.BenchConfig) -> int:
     return wrong
 
 
+def _ceilings(rows: list[bench.Row]) -> None:
+    """The copy ceiling of each size, where the backend measured one: the time to copy the
+    participants' inputs into their outputs, the least any out-of-place collective costs."""
+    seen = {}
+    for row in rows:
+        if row.get("ceiling") is not None:
+            seen.setdefault(row["size"], row["ceiling"])
+    if not seen:
+        return
+    print("# Copy ceiling (inputs -> outputs, every participant):")
+    print(f"#{'size(B)':>11} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
+    for size, half in seen.items():
+        print(f"#{size:>11} {half['time_us']:>11.2f} {half['algbw']:>12.3f} "
+              f"{half['busbw']:>12.3f}")
+
+
 def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     """Run ``collectives bench``; returns the exit status."""
     config = bench.BenchConfig(
@@ -270,7 +290,7 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
         participants=args.participants, mode=args.mode, minbytes=args.minbytes,
         maxbytes=args.maxbytes, stepfactor=args.stepfactor, dtype=args.dtype, op=args.op,
         warmup=args.warmup, iters=args.iters, repeats=args.repeats, check=args.check,
-        root=args.root)
+        root=args.root, backend=args.backend)
     plot = (args.plot or f"{config.collective}_busbw.png") if args.plot is not None else None
     if plot is not None:
         try:
@@ -285,6 +305,11 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
         config.validate()
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    if config.backend != "local":  # its arrays need its hardware: say so before the sweep
+        try:
+            collectives.load_backend(config.backend).bench_kit(config.participants)
+        except (ImportError, RuntimeError, ValueError, AttributeError) as exc:
+            parser.error(f"--backend {config.backend}: {exc}")
     if comm is not None and comm.rank != 0:  # every rank measures; rank 0 alone reports
         rows = bench.run_bench(config, comm=comm)
         return 1 if any(h and h["wrong"] for r in rows for h in (r, r["inplace"])) else 0
@@ -308,6 +333,7 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: 
         rows = bench.run_bench(config, on_row, comm=comm)
 
     wrong = _summary(rows, config)
+    _ceilings(rows)
     if args.json:
         bench.write_json(args.json, rows, bench.metadata(command, config))
     if plot is not None:

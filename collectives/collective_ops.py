@@ -14,6 +14,7 @@ import numpy as np
 
 from .arrays import overlaps
 from .fastpath import FastAllReduce
+from .foreign import accepts_foreign, call_foreign, is_foreign
 from .ops import ReduceOp
 from .schedule import Collective
 
@@ -29,10 +30,17 @@ class CollectiveOps:
         ``algorithm`` takes any spec form ("ring", "nccl/xring", "xring#2", tuples, ranges).
         ``out``: where the result goes (may be ``x`` itself); else a new array.
         """
+        if is_foreign(x) or is_foreign(out):
+            return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
+                                dict(out=out, shards=shards, groups=groups, timeout=timeout,
+                                     async_op=async_op))
         fast_key = None
         if not async_op and not shards and groups is None and self.arrays.owns(x):
             fast_key = (x.shape, x.dtype, op, algorithm)
-            fast = self._fast.get(fast_key)
+            try:
+                fast = self._fast.get(fast_key)
+            except TypeError:  # an unhashable spec (a list of ranges): no fast path
+                fast_key = fast = None
             if fast is not None and (out is None or self._fits(out, x)) and (
                     not self.check or fast.call.check in self._engine.agreed):
                 return fast(x, out, timeout)
@@ -67,6 +75,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         result = self._start("all_reduce", build, async_op, timeout)
@@ -82,6 +91,7 @@ class CollectiveOps:
         return (arrays.owns(out) and out.shape == x.shape and out.dtype == x.dtype
                 and arrays.contiguous(out) and arrays.writable(out))
 
+    @accepts_foreign
     def reduce(self, x: Any, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
                *, out: Any = None, shards: int = 0, timeout: float | None = None,
                async_op: bool = False) -> Any:
@@ -112,10 +122,12 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("reduce", build, async_op, timeout)
 
+    @accepts_foreign
     def broadcast(self, x: Any = None, root: int = 0, algorithm: Any = "auto", *, out: Any = None,
                   timeout: float | None = None, async_op: bool = False) -> Any:
         """Every rank gets root's ``x``; other ranks may pass None (or ``out`` to fill).
@@ -128,6 +140,7 @@ class CollectiveOps:
         return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
                            async_op, timeout)
 
+    @accepts_foreign
     def all_gather(self, x: Any, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
                    timeout: float | None = None, async_op: bool = False) -> Any:
         """Concatenation of every rank's ``x`` along ``axis``, in rank order."""
@@ -164,10 +177,12 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("all_gather", build, async_op, timeout)
 
+    @accepts_foreign
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                        out: Any = None, shards: int = 0, timeout: float | None = None,
                        async_op: bool = False) -> Any:
@@ -201,6 +216,7 @@ class CollectiveOps:
                     raise late
                 return result
 
+            finish.late = late  # type: ignore[attr-defined]
             return call, [data], finish
 
         return self._start("reduce_scatter", build, async_op, timeout)

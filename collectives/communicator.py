@@ -17,8 +17,9 @@ and :meth:`Communicator.adapt` (which arrays a call accepts).
 
 from __future__ import annotations
 
+import logging
 import math
-import os
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,18 +30,28 @@ from .agreement import agreed
 from .algorithms.base import Layout
 from .calls import Call, check_op_for, resolve_algorithm
 from .collective_ops import CollectiveOps
-from .prepared_ops import PreparedOps
 from .engine import Engine
+from .exchange_ops import ExchangeOps
 from .execute.spmd import SpmdRun
+from .log import configure, debug_setting
+from .p2p_ops import PointToPointOps
+from .prepared_ops import PreparedOps
 from .schedule import Collective
 from .stages import NativeStage
-from .validate import check_communicable, check_root, check_shards, resolve_groups
+from .validate import (
+    check_communicable,
+    check_root,
+    check_shards,
+    check_timeout,
+    resolve_groups,
+)
 from .work import Operation
 
-DEBUG_ENV = "COLLECTIVES_DEBUG"
+CALLS = logging.getLogger("collectives.calls")
+REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 
 
-class Communicator(CollectiveOps, PreparedOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -58,7 +69,8 @@ class Communicator(CollectiveOps, PreparedOps):
         self.name = name or transport.name
         self.timeout, self.check = float(timeout), bool(check)
         self.arrays = transport.arrays
-        self.debug = os.environ.get(DEBUG_ENV, "").strip().lower()
+        self.debug = debug_setting()  # read once, here: it must be the same on every rank
+        configure()
         self._engine = Engine(transport, timeout=self.timeout, check=self.check,
                               detail=self.debug == "detail")
         self._calls: dict = {}
@@ -80,6 +92,37 @@ class Communicator(CollectiveOps, PreparedOps):
         """Release what the transport holds for this communicator (collective on MPI)."""
         self.transport.free()
 
+    def dup(self) -> Communicator:
+        """A new communicator over the same ranks, with this one's options: its calls never
+        mix with this one's (give each thread, or each library, its own). Collective."""
+        engine = self._engine
+        engine.enter("dup")
+        try:
+            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
+                              name=self.name)
+        finally:
+            engine.leave()
+
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
+        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
+        Collective over this communicator; the child has this one's options, and its failures
+        never break this one."""
+        if color is not None and (isinstance(color, bool) or not isinstance(
+                color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"key={key!r} must be an integer")
+        engine = self._engine
+        engine.enter("split")
+        try:
+            child = self.transport.split(None if color is None else int(color), int(key))
+        finally:
+            engine.leave()
+        if child is None:
+            return None
+        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+
     # --- hooks --------------------------------------------------------------------------
 
     def adapt(self, x: Any, argument: str) -> Any:
@@ -90,10 +133,11 @@ class Communicator(CollectiveOps, PreparedOps):
             return x
         if x is None:
             raise TypeError(f"{argument} is None; pass an array")
-        if isinstance(x, (list, tuple)):
-            raise TypeError(f"{argument} is a {type(x).__name__}; a collective takes one array "
-                            f"(stack it yourself with numpy.asarray, or use batch_all_reduce "
-                            "for several tensors)")
+        if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or hasattr(v, "__array__")
+                                                 for v in x):
+            raise TypeError(f"{argument} is a {type(x).__name__} of arrays; a collective takes "
+                            "one array (stack them yourself with numpy.stack, or use "
+                            "batch_all_reduce for several tensors)")
         try:
             return np.asarray(x)
         except Exception as exc:  # noqa: BLE001 - NumPy's message is the useful part
@@ -111,11 +155,21 @@ class Communicator(CollectiveOps, PreparedOps):
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
             return name
-        if self.size == 1:
-            return "one_device"
         if native is not None and native.supports(call) and native.preferred(call):
             return "native"
-        return select.choose(call.collective, self.size, call.nbytes, self.transport.cost_model)
+        layout = self.transport.layout
+        if layout is not None and len(layout.groups) > 1 and call.collective in (
+                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+            # across nodes: weigh the links between them against copies inside them
+            link = getattr(self.transport, "link", None) or select.LinkModel()
+            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
+                                        .bit_length(), layout, link)
+            if "/" in name:
+                call.layout = layout
+            return name
+        gathered = call.collective in (Collective.ALL_GATHER, Collective.GATHER)
+        nbytes = call.nbytes * (self.size if gathered else 1)  # what the plans move in all
+        return select.choose(call.collective, self.size, nbytes, self.transport.cost_model)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -137,9 +191,9 @@ class Communicator(CollectiveOps, PreparedOps):
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
         dtype = np.dtype(x.dtype)
+        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
-        parsed = check_op_for(op, dtype, "x") if op is not None else None
         if collective in (Collective.REDUCE, Collective.BROADCAST):
             root = check_root(root, self.size)
         shards = check_shards(shards)
@@ -155,6 +209,7 @@ class Communicator(CollectiveOps, PreparedOps):
                       else self.transport.layout)
         call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
         call.run_as = self.choose_algorithm(call)
+        CALLS.info("rank %d: %s runs as %s", self.rank, call.describe(), call.run_as)
         return call
 
     def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
@@ -180,27 +235,44 @@ class Communicator(CollectiveOps, PreparedOps):
         try:
             seq = engine.next_seq()
             try:
+                check_timeout(timeout)
                 call, data, finish = build(seq)
                 error = None
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
-            if not self.check:
+                timeout = None  # (it may be the bad argument) the agreement waits the default
+            late = getattr(finish, "late", None)
+            own = getattr(call, "agrees_itself", False)
+            if not self.check or own:
                 if error is not None:
                     engine.fail_locally(error, seq)
                     raise error
                 agreement = None
             else:
                 signature = call.signature if call is not None else None
-                agreement = engine.agreement(seq, signature, call.check if call else 0, error,
-                                             always=getattr(call, "always_agree", False))
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
+                if error is not None and self.size > 1:
+                    engine.reject(error, seq)  # peers that skip this agreement must hear
+                if agreement is not None and late is not None:
+                    # agreed only now: the bad ``out`` goes into the agreement, nothing moves
+                    agreement.fail_with(late)
+                    data = None
+                # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
+                # and raise at the end: its peers get their results)
             subject = subject or (call if call is not None else what)
+            if self.debug == "detail":
+                CALLS.debug("rank %d: call %d: %s", self.rank, seq,
+                            call.describe() if call is not None else f"{what}: {error}")
             if call is not None:
                 self.last_algorithm = call.run_as
-            self.transport.publish_activity((seq, subject, True))
+            # what peers see of this rank: the call, and whether it agrees on it or moves data
+            self.transport.publish_activity(
+                (seq, subject, "agreeing" if agreement is not None or own else "moving"))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or _nothing,
                            signature=call.signature if call else None,
-                           check=call.check if call else 0, skipped_agreement=agreement is None)
+                           check=call.check if call else 0,
+                           skipped_agreement=agreement is None and not own)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))
@@ -218,19 +290,36 @@ class Communicator(CollectiveOps, PreparedOps):
             self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0
         shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
-        plan = algorithms.rank_plan(call.collective, call.run_as, self.size, self.rank,
-                                    root=call.root, shards=shards, layout=call.layout)
+        plan = call.plans.get(shards)
+        if plan is None:  # the call keeps its plan: no lookup on later calls
+            plan = call.plans[shards] = algorithms.rank_plan(
+                call.collective, call.run_as, self.size, self.rank, root=call.root,
+                shards=shards, layout=call.layout)
         return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
                        check=call.check if self.check else 0)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived (or raise naming those that did not)."""
         def build(seq):
-            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            call = self._barrier_call()
             token = np.zeros(1, np.int64)
             return call, [self._data_stage(call, seq, None, token)], _nothing
 
         self._start("barrier", build, False, timeout, subject="barrier")
+
+    def _barrier_call(self) -> Call:
+        """A barrier is a one-element all-reduce with a signature of its own (so that a rank in
+        a barrier and one in an all-reduce are told they disagree)."""
+        call = self._calls.get("barrier")
+        if call is None:
+            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            barrier = Call(Collective.ALL_REDUCE, call.shape, call.dtype, call.op, 0, "rechd", 0,
+                           None)
+            barrier.signature = ("barrier",) + (None,) * 8
+            barrier.check = zlib.crc32(b"barrier") & ((1 << 30) - 1)
+            barrier.run_as = "rechd"
+            call = self._calls["barrier"] = barrier
+        return call
 
     def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
                          num_packs: int = 0, agg_small_grads_max_bytes: int = 0,

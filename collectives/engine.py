@@ -15,6 +15,7 @@ failure into an error on every rank:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -34,8 +35,11 @@ from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
+FAILURES = logging.getLogger("collectives.failures")
 MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
 SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
+DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
+DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
 
 class Engine:
@@ -56,6 +60,7 @@ class Engine:
         self.native_next = 0
         self.native_skipped: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._asked = 0.0  # when a slow wait last asked peers what they do
 
     # --- entering a call ----------------------------------------------------------------
 
@@ -67,8 +72,11 @@ class Engine:
                 "this communicator; calls on one communicator must come from one thread at a "
                 "time, in the same order on every rank (give each thread its own: comm.dup())")
         if self.broken is not None or self.unreported:
-            self.busy.release()
-            self._raise_pending(what)
+            try:
+                self._raise_pending(what)
+            except BaseException:
+                self.busy.release()
+                raise
 
     def leave(self) -> None:
         self.busy.release()
@@ -91,17 +99,27 @@ class Engine:
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
-        """The agreement stage a call needs, or None when its signature was agreed before."""
+        """The agreement stage a call needs, or None when its signature was agreed before.
+
+        A signature counts as agreed from the moment its agreement is *issued*: every rank
+        issues calls in the same order, so every rank decides alike even while asynchronous
+        agreements are still in flight (should one fail, every rank forgets it alike, and calls
+        issued meanwhile are caught by the check value that rides with their data)."""
         if error is None and not always and not self.detail:
             if check in self.agreed:
                 self.agreed.move_to_end(check)
                 return None
+        if error is None:
+            self.remember(check)
         return Agreement(self, seq, signature, check, error)
 
     def remember(self, check: int) -> None:
         self.agreed[check] = True
         if len(self.agreed) > AGREED_SIGNATURES:
             self.agreed.popitem(last=False)
+
+    def forget(self, check: int) -> None:
+        self.agreed.pop(check, None)
 
     # --- running ------------------------------------------------------------------------
 
@@ -111,7 +129,7 @@ class Engine:
             done = op.advance()
             if not done:
                 self.inflight.append(op)
-        if op.error is not None and not getattr(op.error, AGREED, False):
+        if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
             self._broke(op.error, op.seq)
         if async_op:
             work = Work(op)
@@ -137,7 +155,7 @@ class Engine:
                 if op.advance():
                     self.inflight.remove(op)
                     if op.error is not None:
-                        if not getattr(op.error, AGREED, False):
+                        if op.breaking and not getattr(op.error, AGREED, False):
                             self._broke(op.error, op.seq)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
@@ -170,7 +188,9 @@ class Engine:
                     self.inflight.remove(op)
 
     def _look_around(self, op: Operation) -> None:
-        """A slow wait also hears peers' failure notices and late agreements."""
+        """A slow wait also hears peers' failure notices and late agreements, and now and
+        then asks the ranks it waits for what they do: a peer agreeing on a call this rank
+        took as agreed (or moving the data of one it agrees on) disputes it."""
         failure = self.transport.poll_failure()
         if failure is not None:
             self._peer_failed(failure)
@@ -179,12 +199,44 @@ class Engine:
             if (other.skipped_agreement and not other.finished
                     and self.transport.agreement_waiting(other.seq)):
                 self._join_late(other)
+        now = time.monotonic()
+        if now - self._asked > DISPUTE_CHECK and not op.finished:
+            self._asked = now
+            self._check_dispute(op)
+
+    def _check_dispute(self, op: Operation) -> None:
+        waited = set(op.pending_peers())
+        if not waited:
+            return
+        mine = "moving" if op.skipped_agreement else "agreeing"
+        for rank, entry in self.transport.peer_activity(DISPUTE_ANSWER).items():
+            phase = entry[2] if len(entry) > 2 else None
+            if rank in waited and entry[0] == op.seq and phase in ("agreeing", "moving") and (
+                    phase != mine):
+                if op.skipped_agreement:
+                    self._join_late(op)
+                else:  # tell the ranks that skipped it: they join this agreement
+                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+                return
 
     def _join_late(self, op: Operation) -> None:
-        """A peer runs the agreement of a call this rank took as agreed: they disagree."""
+        """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
+        every rank (those that also took it as agreed join too), then join it, within the
+        communicator's timeout and hearing notices, to learn how."""
+        op.skipped_agreement = False
+        self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
         agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
+        deadline = time.monotonic() + self.timeout
         try:
             while not agreement.advance():
+                failure = self.transport.poll_failure()
+                if failure is not None:
+                    self._peer_failed(failure)
+                    if op.finished:
+                        return
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(op.description, agreement.pending_peers(),
+                                                 self.timeout, self.rank, call=op.seq)
                 self.transport.idle(SLOW_WAIT)
         except BaseException as exc:  # noqa: BLE001 - the verdict fails the operation
             op.fail(exc)
@@ -195,37 +247,53 @@ class Engine:
         # Who never arrived: ranks that are not in this call (by what they say they do), else
         # the ranks this one waits for.
         activity = self.transport.peer_activity(0.5)
-        absent = [r for r, (seq, _) in sorted(activity.items()) if seq is None or seq < op.seq]
+        absent = [r for r, (seq, *_) in sorted(activity.items()) if seq is None or seq < op.seq]
         missing = absent or op.pending_peers() or sorted(activity)
-        doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
+        doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
-                                       detail=doing, call=op.seq)
+                                       detail=doing, call=op.seq if op.breaking else None)
         op.fail(error)
-        self._broke(error, op.seq)
+        if op.breaking:
+            self._broke(error, op.seq)
 
     def _peer_failed(self, failure: Failure) -> None:
         """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
-        unless the peer merely left after finishing it: kind "exited")."""
+        unless the peer merely left after finishing it: kind "exited"). Kind "rejected": the
+        peer could not start call ``seq`` and runs its agreement; only a rank that skipped that
+        agreement (it had agreed the call before) is affected, and its data may have moved."""
+        if failure.kind in ("rejected", "disputed"):
+            with self.state:
+                ops = [op for op in self.inflight if op.seq == failure.seq and
+                       op.skipped_agreement and not op.finished]
+            for op in ops:  # this rank took the call as agreed: it joins the agreement late
+                self._join_late(op)
+            return  # (a rank in the agreement already hears the verdict there)
         kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
         lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
         where = ("failed after call" if failure.kind == "exited" else "failed in call")
         with self.state:
             for op in list(self.inflight):
                 if op.seq >= lost:
-                    op.fail(kind(f"rank {self.rank}: {op.description} cannot finish because "
-                                 f"rank {failure.rank} {where} {failure.seq}: {failure.message}"))
+                    own = getattr(op.stages[op.stage], "error", None) if (
+                        op.stage < len(op.stages)) else None
+                    # a rank that could not start the call raises its own error
+                    op.fail(own if isinstance(own, Exception) else kind(
+                        f"rank {self.rank}: {op.description} cannot finish because rank "
+                        f"{failure.rank} {where} {failure.seq}: {failure.message}"))
                     self.inflight.remove(op)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 
-    def _broke(self, error: BaseException, seq: int) -> None:
-        """A failure that may have left messages in flight: broken here, and peers told."""
+    def _broke(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
+        """A failure that may have left messages in flight: broken here, and peers told
+        (``notify`` None: unless the failure came from a peer, who knows already)."""
         if self.broken is not None:
             return
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
+        FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
         kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
                 "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
-        if not isinstance(error, PeerFailedError):
+        if notify or (notify is None and not isinstance(error, PeerFailedError)):
             self.transport.notify_failure(Failure(self.rank, seq, kind,
                                                   f"{type(error).__name__}: {error}"))
         with self.state:
@@ -237,6 +305,12 @@ class Engine:
 
     def break_for(self, reason: str) -> None:
         self.broken = self.broken or reason
+
+    def reject(self, error: BaseException, seq: int) -> None:
+        """This rank could not start call ``seq`` and will agree on it; peers that took the
+        call as agreed (and skipped the agreement) must hear it."""
+        self.transport.notify_failure(Failure(self.rank, seq, "rejected",
+                                              f"{type(error).__name__}: {error}"))
 
     def fail_locally(self, error: BaseException, seq: int) -> None:
         """A rank-local error in a call that skipped the agreement: peers must hear of it."""

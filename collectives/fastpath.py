@@ -76,6 +76,7 @@ class FastAllReduce:
                                    check=self.call.check, skipped_agreement=True)
                     engine.run(op, False, timeout)
                     break
+            comm.transport.publish_activity((seq, self.call, False))
             return self._result(out)
         except BaseException as exc:
             engine._broke(exc, engine.seq)

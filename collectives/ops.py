@@ -30,18 +30,25 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
+        """A ReduceOp from its name (any case; "avg", "average", "product" too), another
+        library's enum with a ``name`` (TensorFlow's, torch.distributed's ``ReduceOp``), or
+        mpi4py's ``MPI.SUM``/``PROD``/``MAX``/``MIN``."""
         if isinstance(op, ReduceOp):
             return op
         known = _BY_NAME.get(op) if isinstance(op, str) else None
         if known is not None:
             return known
-        name = getattr(op, "name", op)  # also accepts other libraries' enums (tf ReduceOp)
+        name = _mpi4py_name(op) or getattr(op, "name", op)
         if isinstance(name, str):
             key = name.strip().lower()
             key = {"avg": "mean", "average": "mean", "product": "prod", "add": "sum"}.get(key, key)
             for member in cls:
                 if member.value == key:
                     return member
+            if key in _BITWISE:
+                raise ValueError(f"op={op!r} is a bitwise or logical reduction, which this "
+                                 "library does not offer; use MAX or MIN on booleans for "
+                                 "logical or/and")
         raise ValueError(
             f"op={op!r} is not a reduction; use one of "
             f"{', '.join(repr(m.value) for m in cls)} (or 'avg' for mean)"
@@ -53,7 +60,21 @@ class ReduceOp(enum.Enum):
         return ReduceOp.SUM if self is ReduceOp.MEAN else self
 
 
-_BY_NAME = {m.value: m for m in ReduceOp}  # the common spellings, without string work
+_BY_NAME = {m.value: m for m in ReduceOp}
+_BITWISE = {"band", "bor", "bxor", "land", "lor", "lxor", "premul_sum"}
+
+
+def _mpi4py_name(op: object) -> str | None:
+    """The name of an mpi4py reduction (``MPI.SUM`` ...), without importing mpi4py."""
+    if not type(op).__module__.startswith("mpi4py"):
+        return None
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    for name in ("SUM", "PROD", "MAX", "MIN", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR"):
+        if mpi is not None and op == getattr(mpi, name, None):
+            return name
+    return None  # the common spellings, without string work
 
 _KERNELS = {
     ReduceOp.SUM: "add",

@@ -128,7 +128,7 @@ class PackPlan:
             elif pieces:
                 buf = arrays.concatenate(pieces, 0)
             else:
-                buf = arrays.empty((0,), pack.dtype)
+                buf = arrays.empty((0,), pack.dtype, like=flats[0] if flats else None)
             buffers.append(buf)
         return buffers
 
@@ -163,7 +163,8 @@ class PackPlan:
                 out.append(flat_bufs[k][offset:offset + stop - start].reshape(shape))
                 continue
             # Spread over several buffers (concat_and_split): assemble a fresh array.
-            result = arrays.empty((prod(shape),), flat_bufs[pieces[0][0]].dtype)
+            first = flat_bufs[pieces[0][0]]
+            result = arrays.empty((prod(shape),), first.dtype, like=first)
             for k, offset, start, stop in pieces:
                 arrays.copy(result[start:stop], flat_bufs[k][offset:offset + stop - start])
             out.append(result.reshape(shape))

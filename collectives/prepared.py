@@ -67,6 +67,7 @@ class PreparedCall:
         self._agreed = False
         self._persistent = None
         self._work: Work | None = None
+        self._waited = True
         if call.run_as == "native":
             self._persistent = comm.transport.native.prepare(call, src, work, call.op.wire_op
                                                              if call.op is not None else None)
@@ -75,7 +76,7 @@ class PreparedCall:
         """Start one run; ``wait()`` before the next ``start()``."""
         comm = self.comm
         engine = comm._engine
-        if self._work is not None and not self._work._op.finished:
+        if self._work is not None and not self._waited:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
         engine.enter(self.what)
         try:
@@ -96,6 +97,7 @@ class PreparedCall:
                            signature=call.signature, check=call.check,
                            skipped_agreement=agreement is None)
             self._work = engine.run(op, True, None)
+            self._waited = False
         finally:
             engine.leave()
         return self
@@ -104,6 +106,7 @@ class PreparedCall:
         """The result of the last ``start()`` (the bound ``out``, or None off the root)."""
         if self._work is None:
             raise CollectiveError(f"rank {self.comm.rank}: {self.what}: wait() before start()")
+        self._waited = True
         return self._work.wait(timeout)
 
     def is_completed(self) -> bool:

@@ -26,8 +26,15 @@ def load_backend(name: str):
 
 def backend_for_arrays(values) -> object:
     """The multi-device backend for these arrays: NumPy goes to the embedded backend, CuPy to
-    the ``cupy`` backend where one is installed (else ``load_backend`` says it is missing)."""
-    module = type(values[0]).__module__.split(".")[0]
-    if module == "cupy":
+    the ``cupy`` backend where one is installed (else ``load_backend`` says it is missing).
+    Every array must be of the same library."""
+    kinds = [type(v).__module__.split(".")[0] for v in values]
+    for i, kind in enumerate(kinds[1:], 1):
+        if kind != kinds[0]:
+            raise TypeError(f"values[{i}] is a {type(values[i]).__module__}."
+                            f"{type(values[i]).__name__} but values[0] is a "
+                            f"{type(values[0]).__module__}.{type(values[0]).__name__}; one call "
+                            "takes arrays of one library (move them with cupy.asarray or .get())")
+    if kinds and kinds[0] == "cupy":
         return load_backend("cupy").devices()
     return load_backend("local").devices()

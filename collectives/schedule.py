@@ -28,6 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+# Lengths whose element offsets a plan keeps: per-tensor all-reduces of a model's gradients
+# cycle through a few dozen lengths with one plan.
+OFFSET_LENGTHS = 64
+
 
 class Collective(enum.Enum):
     ALL_REDUCE = "all_reduce"
@@ -35,6 +39,9 @@ class Collective(enum.Enum):
     BROADCAST = "broadcast"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
+    GATHER = "gather"  # block p of the root's buffer comes from participant p
+    SCATTER = "scatter"  # participant p gets block p of the root's buffer
+    ALL_TO_ALL = "all_to_all"  # block (i, j) at position i*n + j goes from i to j
 
 
 # Plans are plain tuples: a rank of a large job builds thousands of them, and a tuple costs a
@@ -83,21 +90,25 @@ class RankPlan:
         """
         key = (units, granule)
         cached = self._offsets.get(key)
-        if cached is None:
-            den, g = self.den, granule
-            out = []
-            for index, sends, recvs in self.rounds:
-                sends = tuple((dst, lo * units // den * g, hi * units // den * g, lo)
-                              for dst, lo, hi in sends if lo * units // den < hi * units // den)
-                recvs = tuple((srcs, lo * units // den * g, hi * units // den * g, reduce, lo)
-                              for _, srcs, lo, hi, reduce in recvs
-                              if lo * units // den < hi * units // den)
-                if sends or recvs:
-                    out.append((index, sends, recvs))
-            cached = tuple(out)
-            if len(self._offsets) >= 8:  # a few lengths per plan; bounded all the same
-                self._offsets.clear()
-            self._offsets[key] = cached
+        if cached is not None:
+            return cached
+        den, g = self.den, granule
+        out = []
+        for index, sends, recvs in self.rounds:
+            sends = tuple((dst, lo * units // den * g, hi * units // den * g, lo)
+                          for dst, lo, hi in sends if lo * units // den < hi * units // den)
+            recvs = tuple((srcs, lo * units // den * g, hi * units // den * g, reduce, lo)
+                          for _, srcs, lo, hi, reduce in recvs
+                          if lo * units // den < hi * units // den)
+            if sends or recvs:
+                out.append((index, sends, recvs))
+        cached = tuple(out)
+        if len(self._offsets) >= OFFSET_LENGTHS:  # the oldest length goes (dicts keep order)
+            try:
+                self._offsets.pop(next(iter(self._offsets)), None)
+            except (StopIteration, RuntimeError):  # another thread's call got there first
+                pass
+        self._offsets[key] = cached
         return cached
 
     def draw(self) -> str:
@@ -122,6 +133,8 @@ class Schedule:
     den: int
     rounds: tuple[tuple[Step, ...], ...]
     root: int = 0
+    # per buffer length, the steps in elements (collectives.execute.steps)
+    elements: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def steps(self) -> Iterable[Step]:
@@ -135,9 +148,10 @@ class Schedule:
 
     def draw(self) -> str:
         """A text picture: one line per round, what each participant receives."""
+        busy = [(i, rnd) for i, rnd in enumerate(self.rounds) if rnd]  # skip rounds nobody acts in
         lines = [f"{self.name}: {self.collective.value} over {self.size} participants, "
-                 f"{len(self.rounds)} rounds, {self.wire_fraction()} buffers on the wire"]
-        for i, rnd in enumerate(self.rounds):
+                 f"{len(busy)} rounds, {self.wire_fraction()} buffers on the wire"]
+        for i, rnd in busy:
             lines.append(f"  round {i:>2}: " + "  ".join(
                 describe(s, self.den) for s in sorted(rnd, key=lambda s: (s[0], s[2]))))
         return "\n".join(lines)

@@ -42,8 +42,8 @@ def _samples(size: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _choose(collective: Collective, size: int, bucket: int, model: CostModel) -> str:
-    if size == 1:
-        return "one_device"
+    if size == 1:  # nothing moves: the simplest algorithm that has this collective
+        return "one_device" if algorithms.supports(collective, "one_device") else "shuffle"
     nbytes = 1 << (bucket - 1)
     best, best_cost = "ring", float("inf")
     for name in CANDIDATES:
@@ -66,3 +66,64 @@ def _choose(collective: Collective, size: int, bucket: int, model: CostModel) ->
 def choose(collective: Collective, size: int, nbytes: int, model: CostModel) -> str:
     """The canonical name of the cheapest algorithm for this call."""
     return _choose(collective, size, _bucket(nbytes), model)
+
+
+# --- across nodes: links between groups are slower than inside them ---------------------------
+
+TWO_LEVEL_CANDIDATES = ("ring/ring", "rechd/ring", "ring/rechd", "shuffle/ring", "tree/tree")
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Two cost models: between participants of one group (``intra``: shared memory) and
+    across groups (``inter``: the network, whose link every member of a group shares)."""
+
+    intra: CostModel = CostModel(latency=5e-6, seconds_per_byte=1 / 8e9)
+    inter: CostModel = CostModel(latency=30e-6, seconds_per_byte=1 / 1.25e9)
+
+
+def hierarchical_cost(plans, layout, nbytes: int, link: LinkModel) -> float:
+    """Per round, a latency plus the busier of: the busiest participant's local traffic, and
+    the busiest group's traffic over its link (what its members receive from other groups,
+    added up: they share the link). ``plans``: a sample of participants, one per group position."""
+    den = plans[0].den
+    members = len(layout.groups[0]) if layout.uniform else max(len(g) for g in layout.groups)
+    total = 0.0
+    rounds: dict[int, list[float]] = {}
+    for plan in plans:
+        home = layout.group_of[plan.rank]
+        for index, _, recvs in plan.rounds:
+            local = remote = 0.0
+            for _, srcs, lo, hi, _ in recvs:
+                width = (hi - lo) / den * nbytes
+                for q in srcs:
+                    if layout.group_of[q] == home:
+                        local += width
+                    else:
+                        remote += width
+            slot = rounds.setdefault(index, [0.0, 0.0, 0.0])
+            slot[0] = max(slot[0], local * link.intra.seconds_per_byte)
+            slot[1] = max(slot[1], remote * members * link.inter.seconds_per_byte)
+            slot[2] = max(slot[2], link.inter.latency if remote else link.intra.latency)
+    for local, remote, latency in rounds.values():
+        total += latency + max(local, remote)
+    return total
+
+
+@lru_cache(maxsize=1024)
+def choose_across(collective: Collective, size: int, bucket: int, layout, link: LinkModel) -> str:
+    """The cheapest flat or two-level algorithm over ``layout``'s groups (nodes)."""
+    nbytes = 1 << (bucket - 1)
+    best, best_cost = "ring", float("inf")
+    sample = sorted({g[i] for g in layout.groups[:2] for i in (0, len(g) // 2, len(g) - 1)})
+    names = [n for n in CANDIDATES if n not in ("shuffle", "one_device")]
+    if layout.uniform and len(layout.groups) > 1:
+        names += list(TWO_LEVEL_CANDIDATES)
+    for name in names:
+        if not algorithms.supports(collective, name):
+            continue
+        plans = [algorithms.rank_plan(collective, name, size, r, layout=layout) for r in sample]
+        estimate = hierarchical_cost(plans, layout, nbytes, link)
+        if estimate < best_cost:
+            best, best_cost = name, estimate
+    return best

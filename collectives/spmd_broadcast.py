@@ -1,10 +1,15 @@
-"""Broadcast, whose non-roots may not know what they will receive.
+"""Broadcast and scatter, whose non-roots may not know what they will receive.
 
-Non-roots may pass ``x=None``: they learn the shape and dtype from the root. So a broadcast's
-agreement covers what every rank knows (root and algorithm), and a small *descriptor* (the
-root's shape, dtype, or the root's error) then travels from the root down a tree before the
-data does. A non-root whose own ``x`` or ``out`` does not fit receives into a buffer of its own
-and raises afterwards, so no rank is left with half a broadcast.
+Non-roots may pass ``x=None``: they learn the shape and dtype (of the whole array, or of one
+row for a scatter) from the root. So every
+broadcast (with ``check=True``) opens with one small all-reduce over the control channel that
+does three things at once: the usual agreement on what every rank knows (root, algorithm), the
+shape and dtype where a non-root passed an ``x`` (it must match the root's), and the root's
+*descriptor* (its shape and dtype, or its error), which reaches every rank as the maximum of
+the root's bytes and everyone else's zeros. Then the data moves.
+
+A non-root whose ``out`` does not fit receives into a buffer of its own and raises afterwards,
+so no rank is left with half a broadcast.
 """
 
 from __future__ import annotations
@@ -17,139 +22,135 @@ from typing import Any
 import numpy as np
 
 from . import algorithms
-from .agreement import agreed
-from .calls import Call
-from .errors import CollectiveMismatchError, PeerFailedError
-from .execute.spmd import SpmdRun
-from .ops import ReduceOp
+from .agreement import Agreement
+from .calls import resolve_algorithm
 from .schedule import Collective
 from .validate import check_root
 
-DESCRIPTOR_BYTES = 512
-
 
 class Header:
-    """What every rank knows of a broadcast before the root's descriptor arrives."""
+    """What every rank knows of a broadcast (or scatter) before the root's descriptor arrives."""
 
-    collective = Collective.BROADCAST
-    always_agree = False
+    agrees_itself = True  # its opening stage is its agreement
 
-    def __init__(self, root: int, algorithm: str, run_as: str):
-        self.root, self.algorithm, self.run_as = root, algorithm, run_as
-        self.signature = ("broadcast", None, None, None, root, algorithm, 0, None, None)
+    def __init__(self, root: int, algorithm: str, kind: Collective = Collective.BROADCAST):
+        self.root, self.algorithm, self.run_as = root, algorithm, ""
+        self.collective = kind
+        self.signature = (kind.value, None, None, None, root, algorithm, 0, None, None)
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
-        self.call: Call | None = None
+        self.call = None
 
     def describe(self) -> str:
-        return self.call.describe() if self.call else f"broadcast(root={self.root})"
+        return self.call.describe() if self.call else f"{self.collective.value}(root={self.root})"
 
 
-class Descriptor:
-    """The stage that carries the root's shape and dtype (or error), then builds the data
-    stage; with ``check=False`` the non-roots' own ``x``/``out`` stand in for it."""
+class Opening:
+    """The broadcast's opening all-reduce (agreement + descriptor), then its data stage."""
 
-    def __init__(self, comm, seq: int, header: Header, mine: Any, error, make_data):
+    def __init__(self, comm, seq: int, header: Header, known: tuple | None, error, make_data):
         self.comm, self.seq, self.header, self.make_data = comm, seq, header, make_data
         self.data = None
-        self.buf = np.zeros(DESCRIPTOR_BYTES, np.uint8)
-        if comm.rank == header.root:
-            what = (error and f"{type(error).__name__}: {error}", mine)
-            blob = pickle.dumps(what, protocol=pickle.HIGHEST_PROTOCOL)
-            if len(blob) > DESCRIPTOR_BYTES:
-                raise ValueError(f"x has {len(mine[0])} dimensions; too many to broadcast")
-            self.buf[:len(blob)] = np.frombuffer(blob, np.uint8)
-        plan = algorithms.rank_plan(Collective.BROADCAST, "tree", comm.size, comm.rank,
-                                    root=header.root)
-        self.run = SpmdRun(plan, self.buf, ReduceOp.SUM, comm.transport.control, seq=seq,
-                           check=3) if comm.check else None
-        self.known = None if comm.check else mine
+        root = comm.rank == header.root
+        blob = b""
+        if root and error is None:
+            blob = pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL)
+        mine = known if known is not None and not root else None
+        digest = zlib.crc32(repr(mine).encode()) if mine is not None else None
+        shape = known[0] if known is not None else None
+        dtype = known[1] if known is not None else None
+        signature = (header.signature[0], shape, dtype, *header.signature[3:])
+        self.agreement = Agreement(comm._engine, seq, signature, header.check, error,
+                                   known=digest, payload=blob) if comm.check else None
+        self.known = None if comm.check else known
 
     def advance(self) -> bool:
         if self.data is None:
-            if self.run is not None:
-                if not self.run.advance():
+            if self.agreement is not None:
+                if not self.agreement.advance():
                     return False
-                error, self.known = pickle.loads(self.buf.tobytes())
-                if error is not None:
-                    if self.comm.rank == self.header.root:
-                        raise agreed(ValueError(error))
-                    raise agreed(PeerFailedError(
-                        f"rank {self.comm.rank}: broadcast call {self.seq} cannot run because "
-                        f"the root, rank {self.header.root}, failed to start it: {error}"))
+                self.known = pickle.loads(self.agreement.payload)
             self.data = self.make_data(self.known)
         return self.data.advance()
 
     def pending_peers(self) -> list[int]:
-        stage = self.data if self.data is not None else self.run
+        stage = self.data if self.data is not None else self.agreement
         return stage.pending_peers() if stage is not None else []
 
     def abort(self) -> None:
-        for stage in (self.run, self.data):
+        for stage in (self.agreement, self.data):
             if stage is not None:
                 stage.abort()
 
 
 def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
     """The builder ``Communicator._start`` runs for ``comm.broadcast(...)``."""
+    return build_rooted(comm, Collective.BROADCAST, x, root, algorithm, out)
+
+
+def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any):
+    """The builder of a broadcast or a scatter: the root's ``x`` goes out whole, or one row of
+    its leading axis (of length ``size``) to each rank."""
+    scatter = kind is Collective.SCATTER
 
     def build(seq):
         arrays = comm.arrays
-        root_ = check_root(root, comm.size)
-        mine = root_ == comm.rank
-        xa = comm.adapt(x, "x") if (mine or x is not None) else None
-        name = algorithm if isinstance(algorithm, str) else "auto"
-        from .calls import resolve_algorithm
-
-        name, _ = resolve_algorithm(name, 0, 0, comm._native_names)
-        if name not in comm._native_names and name != "auto" and not algorithms.supports(
-                Collective.BROADCAST, name):
-            raise ValueError(f"algorithm={algorithm!r} has no broadcast; use 'auto' or one of "
-                             f"{', '.join(algorithms.names_for(Collective.BROADCAST))}")
-        header = Header(root_, name, "")
-        known, error = None, None
-        if mine:
-            try:
-                known = comm._call(Collective.BROADCAST, xa, None, name, root=root_).shape, \
-                    np.dtype(xa.dtype).str
-            except (TypeError, ValueError) as exc:
-                error = exc
-        elif not comm.check:
-            like = out if out is not None else xa
-            if like is None:
-                raise ValueError("with check=False, non-root ranks must pass x or out (the "
-                                 "shape and dtype to receive); or use check=True")
-            known = tuple(like.shape), np.dtype(like.dtype).str
+        known, error, src, name, root_ = None, None, None, "auto", -1
+        mine = root == comm.rank
+        try:  # every error goes into the opening agreement, so that every rank hears of it
+            root_ = check_root(root, comm.size)
+            name, _ = resolve_algorithm(algorithm, 0, 0, comm._native_names)
+            if name not in comm._native_names and name != "auto" and not algorithms.supports(
+                    kind, name):
+                raise ValueError(f"algorithm={algorithm!r} has no {kind.value}; use 'auto' or one "
+                                 f"of {', '.join(algorithms.names_for(kind))}")
+            if mine:  # the root prepares everything it can before agreeing
+                xa = comm.adapt(x, "x")
+                if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
+                    raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
+                                     f"axis of length {comm.size} (one row per rank)")
+                call = comm._call(kind, xa, None, name, root=root_)
+                known = (call.shape[1:] if scatter else call.shape), call.dtype.str
+                if len(known[0]) > 16:
+                    raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
+                src = arrays.flat(xa)
+            elif x is not None:
+                xa = comm.adapt(x, "x")
+                known = tuple(xa.shape), np.dtype(xa.dtype).str
+            elif not comm.check:
+                if out is None:
+                    raise ValueError("with check=False, non-root ranks must pass x or out (the "
+                                     "shape and dtype to receive); or use check=True")
+                known = tuple(out.shape), np.dtype(out.dtype).str
+        except (TypeError, ValueError, MemoryError) as exc:
+            if not comm.check:
+                raise
+            error = exc
+        header = Header(root_, name, kind)  # -1: a root that is not a rank (every rank hears why)
         late: list = []
         result: list = []
 
         def make_data(desc):
             shape, dtype = tuple(desc[0]), np.dtype(desc[1])
-            if mine:
-                xr = xa
-            else:
-                xr = _Like(shape, dtype)
-                if xa is not None and (tuple(xa.shape), np.dtype(xa.dtype)) != (shape, dtype):
-                    late.append(agreed(CollectiveMismatchError(
-                        f"rank {comm.rank}: broadcast: x has shape {tuple(xa.shape)} and dtype "
-                        f"{np.dtype(xa.dtype)} but the root sends {shape} {dtype}")))
-            call = comm._call(Collective.BROADCAST, xr, None, name, root=root_)
+            whole = (comm.size, *shape) if scatter else shape
+            call = comm._call(kind, _Like(whole, dtype), None, name, root=header.root)
             header.call, header.run_as = call, call.run_as
             comm.last_algorithm = call.run_as
             target, bad = comm._target(out, shape, dtype)
             if bad is not None:
                 late.append(bad)
-            work = target if target is not None and not (mine and target is xa) else (
-                arrays.result(shape, dtype, like=xa))
-            if mine and work is not xa:
-                src = arrays.flat(xa)
-            else:
-                src = None
-            result.append(work)
-            return comm._data_stage(call, seq, src, work.reshape(-1))
+            mine_result = target if target is not None else arrays.result(shape, dtype)
+            result.append(mine_result)
+            if not scatter:
+                return comm._data_stage(call, seq, src, mine_result.reshape(-1))
+            # the root reads its x in place; the others receive into a buffer of every row (only
+            # their own rows, and those they pass on, are ever touched)
+            count = call.count // comm.size
+            work = src if src is not None else arrays.empty((call.count,), dtype)
+            row = slice(comm.rank * count, (comm.rank + 1) * count)
+            stage = comm._data_stage(call, seq, None, work, granule=count if count else 1)
+            return _Then(stage, lambda: arrays.copy(mine_result.reshape(-1), work[row]))
 
-        if error is not None and not comm.check:
-            raise error
-        stage = Descriptor(comm, seq, header, known, error, make_data)
+        stage = Opening(comm, seq, header, known, error, make_data)
 
         def finish():
             if late:
@@ -161,8 +162,27 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
     return build
 
 
+class _Then:
+    """A data stage followed by a last local step (scatter's copy of this rank's row)."""
+
+    def __init__(self, stage: Any, then: Any):
+        self.stage, self.then, self.done = stage, then, False
+
+    def advance(self) -> bool:
+        if not self.done and self.stage.advance():
+            self.then()
+            self.done = True
+        return self.done
+
+    def pending_peers(self) -> list[int]:
+        return self.stage.pending_peers()
+
+    def abort(self) -> None:
+        self.stage.abort()
+
+
 class _Like:
-    """Shape and dtype of what a non-root will receive (it may have passed no array)."""
+    """Shape and dtype of what a broadcast moves (the validated call needs no data)."""
 
     def __init__(self, shape: tuple, dtype: np.dtype):
         self.shape, self.dtype = shape, dtype

@@ -93,6 +93,7 @@ class Transport(Protocol):
     arrays: ArrayBackend
     data: PointToPoint
     control: PointToPoint
+    p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
     cost_model: Any  # collectives.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None
@@ -115,12 +116,14 @@ class Transport(Protocol):
         ...
 
     def publish_activity(self, activity: tuple) -> None:
-        """``(seq, call, inside)``: the call this rank is in (or last finished), for peers'
-        timeout messages. Called on every call: it must be cheap."""
+        """``(seq, call, phase)``: the call this rank is in, and whether it is "agreeing" on
+        it or "moving" its data (False: it finished it), for peers' timeout messages and
+        disputes. Called on every call: it must be cheap."""
         ...
 
-    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
-        """What each other rank says it is doing: ``(call number or None, description)``."""
+    def peer_activity(self, timeout: float) -> dict[int, tuple]:
+        """What each other rank says it is doing: ``(call number or None, description,
+        phase)`` (phase as published; None where unknown)."""
         ...
 
     def dup(self) -> Transport:

@@ -23,9 +23,10 @@ def as_array(x: Any, argument: str, arrays: Any = None) -> Any:
         return x
     if x is None:
         raise TypeError(f"{argument} is None; pass an array")
-    if isinstance(x, (list, tuple)):
-        raise TypeError(f"{argument} is a {type(x).__name__}; pass one array (for example "
-                        "numpy.asarray of it)")
+    if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or hasattr(v, "__array__")
+                                             for v in x):
+        raise TypeError(f"{argument} is a {type(x).__name__} of arrays; pass one array (stack "
+                        "them yourself with numpy.stack)")
     try:
         return np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - NumPy's own message is the useful part
@@ -39,8 +40,9 @@ def check_communicable(dtype: np.dtype, argument: str) -> None:
                         "communicated; use a numeric dtype (or all_gather_object for objects)")
 
 
-def same_layout(values: Sequence, argument: str = "values") -> tuple[tuple[int, ...], np.dtype]:
-    """All values share one shape and dtype; return them."""
+def same_layout(values: Sequence, argument: str = "values",
+                op: Any = None) -> tuple[tuple[int, ...], np.dtype]:
+    """All values share one shape and dtype (that ``op``, if given, can reduce); return them."""
     if len(values) == 0:
         raise ValueError(f"{argument} is empty; pass one array per device")
     shape, dtype = tuple(values[0].shape), np.dtype(values[0].dtype)
@@ -51,6 +53,8 @@ def same_layout(values: Sequence, argument: str = "values") -> tuple[tuple[int, 
         if np.dtype(v.dtype) != dtype:
             raise TypeError(f"{argument}[{i}] has dtype {np.dtype(v.dtype)} but {argument}[0] has "
                             f"{dtype}; every device must bring the same dtype")
+    if op is not None:
+        check_op(op, dtype, argument)
     check_communicable(dtype, argument)
     return shape, dtype
 
@@ -94,6 +98,18 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str =
                          "(e.g. numpy.ascontiguousarray) to receive results")
     if not writable:
         raise ValueError(f"{argument} is read-only; pass a writable array")
+
+
+def check_timeout(timeout: Any) -> None:
+    """None (the communicator's default) or a positive number of seconds."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
+                                                             np.floating)):
+        raise TypeError(f"timeout={timeout!r} must be a number of seconds (or None for the "
+                        "communicator's default)")
+    if not timeout > 0:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
 
 
 def check_shards(shards: Any) -> int:

@@ -22,12 +22,13 @@ from .errors import CollectiveError
 class Operation:
     """One collective in flight on one communicator."""
 
-    __slots__ = ("check", "engine", "error", "finish", "finished", "handle", "result", "seq",
-                 "signature", "skipped_agreement", "stage", "stages", "subject", "waited_by")
+    __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
+                 "seq", "signature", "skipped_agreement", "stage", "stages", "subject",
+                 "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
-                 skipped_agreement: bool = False):
+                 skipped_agreement: bool = False, breaking: bool = True):
         # ``subject``: what the call is, a Call (described only when an error needs it) or text
         self.engine, self.seq, self.subject = engine, seq, subject
         self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
@@ -39,6 +40,9 @@ class Operation:
         # what the call's late agreement needs, should a peer start one
         self.signature, self.check = signature, check
         self.skipped_agreement = skipped_agreement
+        # whether its failure (a timeout, an error) leaves the communicator broken: a
+        # collective's does; a point-to-point message's does not (it is withdrawn)
+        self.breaking = breaking
 
     def advance(self) -> bool:
         """Move on as far as possible without waiting; True once finished (or failed)."""
@@ -127,3 +131,22 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self._op.finished else "in flight"
         return f"<Work {self._op.description} call {self._op.seq}: {state}>"
+
+
+class Completed:
+    """The handle of a multi-device call that finished before returning (host backends): the
+    same ``wait``/``is_completed``/``exception`` as :class:`Work`."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any):
+        self.result = result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None

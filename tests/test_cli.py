@@ -107,7 +107,11 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
     assert "nccl" not in headers["Summary"].lower() and "cuda" not in headers["Summary"].lower()
     extras = [line.split(": ")[1] for line in metadata.splitlines()
               if line.startswith("Provides-Extra")]
-    assert "cuda" not in extras and {"bench", "mpi", "docs", "test"} <= set(extras)
+    assert {"bench", "mpi", "docs", "test", "cuda"} <= set(extras)
+    # the GPU backends ship; their CUDA wheels come only with the cuda extra
+    assert {"collectives/backends/cupy/__init__.py", "collectives/backends/nccl/__init__.py"
+            } <= set(names)
+    assert 'Requires-Dist: cupy-cuda12x>=13; extra == "cuda"' in metadata
     assert 'Requires-Dist: ml_dtypes>=0.3; extra == "bench"' in metadata  # -d bfloat16 works
 
 

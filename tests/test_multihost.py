@@ -41,9 +41,12 @@ def _why_not() -> str | None:
     if importlib.util.find_spec("mpi4py") is None:
         return "needs mpi4py (pip install 'collectives[mpi]')"
     try:
-        lab._default_mpiexec()
+        mpiexec = lab.find_mpiexec()
     except RuntimeError as exc:
         return str(exc)
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+    if "HYDRA" not in version:
+        return f"{mpiexec} is not MPICH's hydra, which the lab's mpiexec() drives"
     return lab.available()
 
 

@@ -1,4 +1,5 @@
-"""The TensorFlow adapter: host-side reductions in process, TensorFlow checks in subprocesses.
+"""The TensorFlow adapter: host-side reductions in process, TensorFlow checks in subprocesses
+(the GPU path's own tests, which need a GPU, are ``tests/gpu/test_tensorflow_gpu.py``).
 
 TensorFlow can split the CPU into logical devices only once per process, so every
 TensorFlow configuration runs as a script of ``tests/tf_scenarios/`` in its own process (the
@@ -302,7 +303,7 @@ def three_devices():
 def four_devices(tmp_path_factory):
     """Also saves TensorFlow's 4-device Keras weights, which the MPI test must reproduce."""
     path = tmp_path_factory.mktemp("tf") / "reference.npz"
-    report = run_scenario(["run.py", "4", "fixtures", "threads", "keras",
+    report = run_scenario(["run.py", "4", "fixtures", "threads", "keras", "device",
                            "--save-reference", str(path)])
     return report, path
 
@@ -349,6 +350,17 @@ def test_keras_fit_four_devices(four_devices):
 def test_multi_worker_threads(four_devices):
     report, _ = four_devices
     assert len(_names(report, "threads: ")) == 6
+
+
+@needs_tf
+@pytest.mark.slow
+def test_device_path_on_logical_cpus(four_devices):
+    """The device path (GPU tensors' route) with the NumPy kit: TensorFlow's fixtures for 13
+    classes, graph ops, unknown shapes, replica context, Keras fit, two workers."""
+    report, _ = four_devices
+    names = _names(report, "device path: ")
+    assert len(names) == 13 * 4 + 6, names
+    assert "device path: workers" in names and "device path: keras" in names
 
 
 def _mpiexec() -> str | None:

@@ -5,7 +5,8 @@ that reduces every tensor of the batch through the core with the class's route (
 spec, packing, groups), and whose results are placed on each destination device. One
 destination device gives a plain tensor, several a ``Mirrored`` in destination order, as in
 TensorFlow. With a communicator, the local totals are then reduced across worker processes,
-after the workers agree on the whole batch (``agreement``).
+after the workers agree on the whole batch (``agreement``). Floating values on GPUs take the
+device path instead (``device_path``: CuPy on the tensors' own memory, no host copies).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from tensorflow.python.distribute import cross_device_ops as tf_cdo
 from collectives.ops import ReduceOp as CoreOp
 from collectives.spec import SpecRange
 
-from . import convert, host
-from .agreement import BatchAgreement, agree, signature
+from . import convert, device_path, host
+from .agreement import BatchAgreement, agree
+from .concat import Concatenations
 from .host import Packing
+from .kits import PinnedBuffer
 from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
 from .world import open_communicator
 
@@ -65,9 +68,11 @@ class _Job:
     components: tuple
     destinations: tuple[str, ...]
     route: Route | None  # None: accumulation_fn in TF ops
+    matches: bool = False  # the value's devices are its destinations
+    kit: Any = None  # the device path's kit (kits), or None for the host path
 
 
-class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
+class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     """The machinery every public class shares; subclasses choose the route of each value."""
 
     def __init__(self, *, route: Route = Route(), communicator=None, workers_sum: str = "mean",
@@ -80,6 +85,8 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self._workers_sum = workers_sum
         self.reduce_to_device = reduce_to_device
         self.accumulation_fn = accumulation_fn
+        self._device_kit = None  # a kit for every device (kits.NUMPY: the device path on CPUs)
+        self._pinned = PinnedBuffer()  # staging of GPU totals across workers, under _lock
         # One batch at a time per process: collectives between processes must not interleave.
         self._lock = threading.Lock()
 
@@ -179,7 +186,8 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             check_replicas(components, names[i])
             route = (None if self.accumulation_fn is not None
                      else self._route_for(value_devices, devices, matches))
-            dense.append(_Job(i, components, devices, route))
+            kit = None if route is None else device_path.kit_for(components, self._device_kit)
+            dense.append(_Job(i, components, devices, route, matches, kit))
         agreement = (self._describe(op, dense, sparse, packing_override)
                      if self.num_workers > 1 else None)
         if dense and self._reduce_dense(op, dense, options, packing_override, results, agreement):
@@ -201,6 +209,8 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         for job in dense:
             first = job.components[0]
             route = None if job.route is None else job.route.key(packing_override)
+            if job.kit is not None:  # the device path makes other calls than the host path
+                route = (*route, "device")
             entries[job.index] = (len(job.components), route,
                                   ("dense", first.dtype.name, static_dims(first.shape)))
         devices, routes, tensors = zip(*(entries[i] for i in sorted(entries)))
@@ -210,12 +220,18 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
                       results: list, agreement: BatchAgreement | None) -> bool:
-        """Reduce the dense values; True when a host call was made (it holds the agreement)."""
+        """Reduce the dense values (floating values on GPUs through ``device_path``, the rest
+        in one host call); True when a call was made (the first holds the agreement)."""
         for job in [j for j in jobs if j.route is None]:
             results[job.index] = self._accumulate_in_tf(op, job)
-        jobs = [j for j in jobs if j.route is not None]
+        on_device = [j for j in jobs if j.route is not None and j.kit is not None]
+        for kit in dict.fromkeys(j.kit for j in on_device):
+            device_path.reduce_dense(self, op, [j for j in on_device if j.kit is kit], options,
+                                     packing_override, results, agreement)
+            agreement = None  # the first call agreed for the whole batch
+        jobs = [j for j in jobs if j.route is not None and j.kit is None]
         if not jobs:
-            return False
+            return bool(on_device)
         in_dtypes = [job.components[0].dtype for job in jobs]
         out_dtypes = [convert.mean_dtype(d) if op is CoreOp.MEAN else d for d in in_dtypes]
         out_np = [convert.numpy_dtype(d) for d in out_dtypes]
@@ -274,64 +290,3 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             if op is CoreOp.MEAN:
                 total = total / len(job.components)
         return convert.mirrored([convert.place(total, d) for d in job.destinations])
-
-    def _reduce_sparse(self, op: CoreOp, job: _Job, options, agreement: BatchAgreement | None):
-        components = job.components
-        index_dtypes = {c.indices.dtype for c in components}
-        index_dtype = tf.int64 if len(index_dtypes) > 1 else index_dtypes.pop()
-        with tf.device(self.reduce_to_device or job.destinations[0]):
-            values = tf.concat([c.values for c in components], axis=0)
-            indices = tf.concat([tf.cast(c.indices, index_dtype) for c in components], axis=0)
-            divisor = 1
-            workers = self.num_workers
-            if workers > 1:
-                values, indices = self._gather_slices(
-                    values, indices, options, self.reduce_to_device or job.destinations[0],
-                    agreement)
-            if op is CoreOp.MEAN:
-                divisor = len(components) * workers
-            elif self._workers_sum == "mean" and workers > 1 and values.dtype.is_floating:
-                divisor = workers
-            if divisor != 1:
-                values = values / divisor
-        result = tf.IndexedSlices(values, indices, components[0].dense_shape)
-        return convert.mirrored([convert.place(result, d) for d in job.destinations])
-
-    def _gather_slices(self, values, indices, options, device, agreement: BatchAgreement | None):
-        timeout = options.timeout_seconds
-        np_values, np_indices = convert.numpy_dtype(values.dtype), convert.numpy_dtype(indices.dtype)
-
-        def run(v, i):
-            with self._lock:
-                if agreement is not None:
-                    agree(self._comm, agreement.signature(), timeout=timeout)
-                return (convert.as_output(host.gather_ragged(self._comm, v, 0, timeout=timeout),
-                                          np_values),
-                        convert.as_output(host.gather_ragged(self._comm, i, 0, timeout=timeout),
-                                          np_indices))
-
-        shapes = [tf.TensorShape([None]).concatenate(values.shape[1:]), tf.TensorShape([None])]
-        return convert.host_call(run, [values, indices], [values.dtype, indices.dtype], shapes,
-                                 device=device, name="collectives_gather_slices")
-
-    def _gather_across_workers(self, joined, axis, count, options, device):
-        timeout = options.timeout_seconds
-        np_dtype = convert.numpy_dtype(joined.dtype)
-
-        def run(x):
-            with self._lock:
-                dims = list(x.shape)
-                dims[axis] = None  # the gathered axis may differ between workers
-                agree(self._comm, signature({"call": "gather", "devices": (count,), "axis": axis,
-                                             "tensors": (("dense", x.dtype.name, tuple(dims)),)}),
-                      timeout=timeout)
-                return [convert.as_output(host.gather_ragged(self._comm, x, axis, timeout=timeout),
-                                          np_dtype)]
-
-        shape = joined.shape
-        if shape.rank is not None:
-            dims = shape.as_list()
-            dims[axis] = None
-            shape = tf.TensorShape(dims)
-        return convert.host_call(run, [joined], [joined.dtype], [shape], device=device,
-                                 name="collectives_gather")[0]

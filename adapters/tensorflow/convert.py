@@ -39,6 +39,8 @@ __all__ = [
     "mirrored",
     "numpy_dtype",
     "place",
+    "previous_calls",
+    "record_call",
     "to_numpy",
     "to_tensor",
 ]
@@ -115,6 +117,16 @@ def mirrored(per_device: Sequence):
 _LAST_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def previous_calls() -> list:
+    """The ops of the last library call in the current graph (none yet: an empty list)."""
+    return list(_LAST_CALL.get(tf.compat.v1.get_default_graph()) or [])
+
+
+def record_call(ops: Sequence) -> None:
+    """Order the next library call of the current graph after ``ops``."""
+    _LAST_CALL[tf.compat.v1.get_default_graph()] = list(ops)
+
+
 def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dtypes: Sequence,
               out_shapes: Sequence, *, device: str | None = None,
               name: str = "collectives") -> list:
@@ -135,14 +147,12 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     def run(*arrays):
         return tuple(fn(*arrays))
 
-    graph = tf.compat.v1.get_default_graph()
-    previous = _LAST_CALL.get(graph)
-    with tf.device(device), tf.control_dependencies(previous or []):
+    with tf.device(device), tf.control_dependencies(previous_calls()):
         outputs = tf.numpy_function(run, list(inputs), Tout=out_dtypes, stateful=True, name=name)
     if not isinstance(outputs, (list, tuple)):
         outputs = [outputs]
     outputs = list(outputs)
     for out, shape in zip(outputs, out_shapes):
         out.set_shape(shape)
-    _LAST_CALL[graph] = [outputs[0].op]
+    record_call([outputs[0].op])
     return outputs

@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from collectives.registry import load_backend
 from collectives.spec import SpecRange, parse_spec
 from collectives.validate import check_shards
 
-from . import host
+from . import device_path, host
 from .base import ONE_DEVICE, LibraryCrossDeviceOps, Route
 from .host import Packing
 
@@ -65,14 +64,11 @@ class ReductionToOneDevice(LibraryCrossDeviceOps):
 
 
 def nccl_unavailable(devices: Sequence[str]) -> str | None:
-    """Why NCCL cannot run over ``devices`` here, or None when it can."""
+    """Why NCCL cannot run over ``devices`` here, or None when it can: every device a GPU
+    of its own (not logical GPUs sharing one), CuPy able to use them, NCCL loadable."""
     if not devices or any("gpu" not in d.lower() for d in devices):
         return f"the devices are not all GPUs ({', '.join(d or '<unplaced>' for d in devices)})"
-    try:
-        load_backend("nccl")
-    except ValueError:
-        return "the library's NCCL transport (collectives.backends.nccl) is not installed"
-    return None
+    return device_path.nccl_unavailable(devices)
 
 
 class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
@@ -108,8 +104,9 @@ class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
 
 
 class NcclAllReduce(AllReduceCrossDeviceOps):
-    """TensorFlow's ``NcclAllReduce``; without GPUs and NCCL it falls back to
-    ``ReductionToOneDevice`` (and logs once why)."""
+    """TensorFlow's ``NcclAllReduce``: NCCL's all-reduce through CuPy where every device is a
+    GPU of its own; otherwise ``ReductionToOneDevice`` (on the GPU where the values are on
+    GPUs), and it logs once why."""
 
     def __init__(self, num_packs: int = 1):
         if num_packs < 0:

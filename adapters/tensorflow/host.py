@@ -14,24 +14,18 @@ local totals then go through the ``Communicator``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from math import prod
 
 import numpy as np
 
-from collectives import algorithms
-from collectives.api import pick_algorithm, resolve_groups
+import collectives
 from collectives.batch import plan_batch
-from collectives.execute import run_multi_device
-from collectives.ops import BFLOAT16, ReduceOp, divide_for_mean, result_dtype
+from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.packing import make_plan
-from collectives.registry import backend_for_arrays
-from collectives.schedule import Collective
 from collectives.spec import SpecRange, parse_spec
-from collectives.validate import check_op, check_shards, flat, same_layout
+from collectives.validate import check_op, same_layout
 
 __all__ = [
     "Packing",
@@ -64,74 +58,26 @@ class Packing:
 
 
 def _groups_for(groups: Groups, n: int):
-    if callable(groups):
-        groups = groups(n)
-    return resolve_groups(groups, n)
-
-
-_LOCAL = threading.local()
-
-
-def _scratch(slot: int, count: int, dtype: np.dtype) -> np.ndarray:
-    """A per-thread work buffer, reused across calls: first touches of fresh memory (page
-    faults) cost more than the reduction itself on small VMs."""
-    buffers = getattr(_LOCAL, "buffers", None)
-    if buffers is None:
-        buffers = _LOCAL.buffers = {}
-    nbytes = count * np.dtype(dtype).itemsize
-    buf = buffers.get(slot)
-    if buf is None or buf.nbytes < nbytes:
-        buf = buffers[slot] = np.empty(max(nbytes, 1), np.uint8)
-    return buf[:nbytes].view(dtype)
-
-
-def _groups_key(groups):
-    return None if groups is None else tuple(tuple(g) for g in groups)
-
-
-@lru_cache(maxsize=4096)
-def _reduce_schedule(algorithm: str, n: int, nbytes: int, shards: int, groups, model):
-    """The reduce schedule onto 0 and the other participants it writes to (a training loop
-    asks for the same few every step)."""
-    name = pick_algorithm(Collective.REDUCE, algorithm, n, nbytes, model)
-    schedule = algorithms.build(Collective.REDUCE, name, n, shards=shards, groups=groups)
-    return schedule, tuple(sorted({step.dst for step in schedule.steps} - {0}))
+    return groups(n) if callable(groups) else groups
 
 
 def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", algorithm: str = "auto",
                    *, shards: int = 0, groups: Groups = None,
                    accumulation_fn: Callable | None = None,
                    empty: Callable = np.empty) -> np.ndarray:
-    """``collectives.reduce(values, op, root=0, algorithm)``, writing only what is needed.
+    """``collectives.reduce(values, op, root=0, algorithm)`` into ``empty(shape, dtype)``.
 
-    Same validation, schedule and result bits as the core's ``reduce``, and like it a
-    participant the schedule never writes reads its input in place. What this adds for a
-    training loop: the schedule is cached per call shape, scratch buffers of written
-    participants are reused across steps (fresh ones page-fault on every call), and
-    ``empty(shape, dtype)`` allocates the result (the TF adapter passes an aligned allocator).
+    The core's reduce, with the result in a buffer the adapter allocates (an aligned one, that
+    TensorFlow can adopt without a copy); the core reuses its work buffers across calls.
     """
     if len(values) == 0:
         raise ValueError("values is empty; pass one array per device")
     shape, dtype = same_layout(values)
-    op = check_op(op, dtype)
-    n, shards = len(values), check_shards(shards)
-    backend = backend_for_arrays(values)
-    count = prod(shape)
-    schedule, written = _reduce_schedule(algorithm, n, count * dtype.itemsize, shards,
-                                         _groups_key(_groups_for(groups, n)), backend.cost_model)
-    inputs = [flat(v) for v in values]
-    # A buffer the schedule never writes is only read: let it be the input itself (the
-    # executor treats `work is input` as already filled). Participant 0 always gets a fresh
-    # buffer because it holds the result.
-    work = list(inputs)
-    work[0] = empty((count,), dtype)
-    for p in written:
-        work[p] = _scratch(p, count, dtype)
-    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
-    total = work[0].reshape(shape)
-    if op is ReduceOp.MEAN:
-        return divide_for_mean(total, n, out=total if result_dtype(op, dtype) == dtype else None)
-    return total
+    parsed = check_op(op, dtype)
+    out = empty(shape, result_dtype(parsed, dtype))
+    return collectives.reduce(values, parsed, 0, algorithm, out=out, shards=shards,
+                              groups=_groups_for(groups, len(values)),
+                              accumulation_fn=accumulation_fn)
 
 
 def check_packing(packing: Packing) -> None:
@@ -232,10 +178,10 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     out = []
     for total, v in zip(totals, values):
         dtype = np.dtype(v[0].dtype)
-        if op is ReduceOp.MEAN:
-            total = divide_for_mean(total, n * comm.size)
+        if op is ReduceOp.MEAN:  # integers divide into float64, as NumPy's true division
+            total = np.true_divide(total, n * comm.size)
         elif workers_sum == "mean" and _is_inexact(dtype) and comm.size > 1:
-            total = divide_for_mean(total, comm.size, out=total)
+            total = np.true_divide(total, comm.size, out=total, casting="unsafe")
         out.append(total)
     return out
 

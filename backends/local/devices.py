@@ -34,6 +34,12 @@ class NumpyDevices:
         self.strategy = strategy
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="collectives")
 
+    def begin_call(self) -> None:
+        """Nothing to order: the steps run in this thread."""
+
+    def end_call(self) -> None:
+        """Nothing to order: the steps ran in this thread."""
+
     def begin_round(self, index: int) -> None:
         """Nothing to order: the steps run in this thread."""
 

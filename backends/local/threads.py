@@ -69,7 +69,7 @@ class ThreadWorld:
         self.events = [0] * size
         self.mail: dict[tuple, _Message] = {}
         self.agreeing: dict[tuple[int, int], int] = {}
-        self.failures: dict[int, Failure] = {}
+        self.notices: list[Failure] = []  # every rank's notices, in the order sent
         self.activity: list[Any] = [None] * size
         self.children: dict[tuple, Any] = {}
 
@@ -164,8 +164,9 @@ class ThreadTransport:
         self.local_rank = rank
         self.data = ThreadChannel(world, rank, "data")
         self.control = ThreadChannel(world, rank, "control")
+        self.p2p = ThreadChannel(world, rank, "p2p")
         self._seen_events = 0
-        self._seen_failures: set[int] = set()
+        self._seen_notices = 0
         self._children = itertools.count()
 
     def idle(self, waited: float) -> None:
@@ -177,13 +178,15 @@ class ThreadTransport:
 
     def notify_failure(self, failure: Failure) -> None:
         with self.world.lock:
-            self.world.failures.setdefault(self.rank, failure)
+            self.world.notices.append(failure)
             self.world.wake_all()
 
     def poll_failure(self) -> Failure | None:
-        for rank, failure in list(self.world.failures.items()):
-            if rank != self.rank and rank not in self._seen_failures:
-                self._seen_failures.add(rank)
+        notices = self.world.notices
+        while self._seen_notices < len(notices):
+            failure = notices[self._seen_notices]
+            self._seen_notices += 1
+            if failure.rank != self.rank:
                 return failure
         return None
 
@@ -193,7 +196,7 @@ class ThreadTransport:
     def publish_activity(self, activity: Any) -> None:
         self.world.activity[self.rank] = activity
 
-    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+    def peer_activity(self, timeout: float) -> dict[int, tuple]:
         return {r: _describe(self.world.activity[r]) for r in range(self.size) if r != self.rank}
 
     def dup(self) -> ThreadTransport:
@@ -233,12 +236,12 @@ class ThreadTransport:
         """Nothing to release: thread worlds go with their threads."""
 
 
-def _describe(activity: Any) -> tuple[int | None, str]:
+def _describe(activity: Any) -> tuple[int | None, str, Any]:
     if activity is None:
-        return None, "has made no call"
-    seq, subject, inside = activity
+        return None, "has made no call", None
+    seq, subject, phase = activity
     text = subject if isinstance(subject, str) else subject.describe()
-    return seq, f"{'in' if inside else 'last finished'} call {seq}, {text}"
+    return seq, f"{'in' if phase else 'last finished'} call {seq}, {text}", phase
 
 
 def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple = (),

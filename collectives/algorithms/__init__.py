@@ -12,6 +12,7 @@ lets the selector choose.
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from ..schedule import Collective, RankPlan, Schedule, union
@@ -34,7 +35,9 @@ ALIASES = {
 }
 
 NAMES = tuple(MODULES) + tuple(ALIASES)
-SHARDED = frozenset({"ring", "shuffle"})  # the algorithms ``shards`` means something to
+PLANS = logging.getLogger("collectives.plans")
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
+                    Collective.SCATTER})
 
 
 def canonical(name: str, argument: str = "algorithm") -> str:
@@ -76,12 +79,15 @@ def names_for(collective: Collective) -> list[str]:
 
 
 def _key_shards(name: str, shards: int) -> int:
-    return shards if any(part in SHARDED for part in name.split("/")) else 0
+    # plans of algorithms that ignore ``shards`` are the same for every value: one cache entry
+    return shards if any(MODULES[part].SHARDED for part in name.split("/")) else 0
 
 
 @lru_cache(maxsize=8192)
 def _plan(collective: Collective, name: str, size: int, rank: int, root: int, shards: int,
           layout: Layout | None) -> RankPlan:
+    PLANS.info("plan: %s %s over %d, participant %d (root %d, shards %d)", name,
+               collective.value, size, rank, root, shards)
     if "/" in name:
         inner, outer = (MODULES[p] for p in name.split("/"))
         phase = two_level.phase(inner, outer, collective, size, rank, root=root, shards=shards,
@@ -98,10 +104,10 @@ def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: 
     if not supports(collective, name):
         raise ValueError(f"algorithm {name!r} has no {collective.value}; use one of "
                          f"{', '.join(names_for(collective))}")
-    if collective not in (Collective.REDUCE, Collective.BROADCAST):
+    if collective not in ROOTED:
         root = 0
-    if layout is not None and "/" not in name and not (name == "ring" and layout.runs):
-        layout = None  # only two-level algorithms and the ring's rotations look at groups
+    if layout is not None and "/" not in name and not MODULES[name].uses_layout(layout):
+        layout = None  # a plan that ignores the groups: one cache entry for every layout
     return _plan(collective, name, size, rank, root, _key_shards(name, shards), layout)
 
 

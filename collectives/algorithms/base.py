@@ -19,8 +19,7 @@ from functools import lru_cache
 from math import lcm
 from typing import NamedTuple, Protocol
 
-from ..schedule import Collective
-
+from ..schedule import Collective, Round, Send, Step
 
 
 class Layout:
@@ -75,6 +74,11 @@ class AlgorithmModule(Protocol):
 
     NAME: str
     COLLECTIVES: frozenset[Collective]
+    SHARDED: bool  # whether ``shards`` changes its plans
+
+    def uses_layout(self, layout: Layout) -> bool:
+        """Whether its plans depend on these groups."""
+        ...
 
     def phase(self, collective: Collective, size: int, rank: int, *, root: int = 0,
               shards: int = 0, groups: Groups | None = None) -> Phase:
@@ -106,8 +110,14 @@ def _recv_order(step: Step) -> int:
 
 
 def phase_of(den: int, count: int, rounds: Sequence[tuple[int, list, list]]) -> Phase:
-    """A phase from ``(index, sends, recvs)`` triples; rounds with nothing to do are dropped."""
-    return Phase(den, count, tuple(round_of(i, s, r) for i, s, r in rounds if s or r))
+    """A phase from ``(index, sends, recvs)`` triples, in any order; rounds with nothing to do
+    are dropped."""
+    return Phase(den, count, tuple(sorted((round_of(i, s, r) for i, s, r in rounds if s or r),
+                                          key=_index)))
+
+
+def _index(rnd: Round) -> int:
+    return rnd[0]
 
 
 def rescaled(phase: Phase, den: int) -> Phase:

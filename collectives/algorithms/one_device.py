@@ -15,10 +15,16 @@ every other participant's has one.
 from __future__ import annotations
 
 from ..schedule import Collective
-from .base import EMPTY, Groups, Ownership, Phase, block, concat, phase_of
+from .base import EMPTY, Groups, Layout, Ownership, Phase, block, concat, phase_of
 
 NAME = "one_device"
-COLLECTIVES = frozenset(Collective)
+COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
+                         Collective.REDUCE_SCATTER, Collective.ALL_GATHER})
+SHARDED = False
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def reduce_phase(n: int, rank: int, root: int) -> tuple[Phase, Ownership]:

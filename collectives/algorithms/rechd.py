@@ -25,6 +25,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     cached_ownership,
@@ -35,7 +36,13 @@ from .base import (
 )
 
 NAME = "rechd"
-COLLECTIVES = frozenset(c for c in Collective if c is not Collective.BROADCAST)
+COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER,
+                         Collective.ALL_GATHER})
+SHARDED = False
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _split(n: int) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     block,
@@ -37,7 +38,15 @@ from .base import (
 )
 
 NAME = "ring"
-COLLECTIVES = frozenset(Collective)
+COLLECTIVES = frozenset(c for c in Collective
+                         if c not in (Collective.GATHER, Collective.SCATTER))
+SHARDED = True
+
+
+def uses_layout(layout: Layout) -> bool:
+    """Sub-chunks rotate inside groups of equal consecutive participants (TensorFlow's ring
+    permutations): only such groups change the plans."""
+    return bool(layout.runs)
 
 
 class Rings:
@@ -118,6 +127,18 @@ def _segment_rounds(n: int, shards: int, group: int, rank: int, first: int, redu
     return Phase(n * shards, n - 1, tuple(rounds))
 
 
+def _pairwise(n: int, rank: int) -> Phase:
+    """All-to-all as ``n - 1`` shifts: in round ``k`` participant ``r`` sends its block for
+    ``r + k`` and receives the block of ``r - k`` for it (block (i, j) at position i n + j):
+    one message each way per round, ``(n - 1) B / n`` bytes each way in all."""
+    rounds = []
+    for k in range(1, n):
+        to, frm = (rank + k) % n, (rank - k) % n
+        rounds.append((k - 1, ((to, rank * n + to, rank * n + to + 1),),
+                       ((rank, (frm,), frm * n + rank, frm * n + rank + 1, False),)))
+    return Phase(n * n, n - 1, tuple(rounds))
+
+
 def _ownership(n: int, shards: int, group: int) -> Ownership:
     rings = Rings(n, shards, group)
     count = n * shards
@@ -154,6 +175,8 @@ def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards
     group = groups.runs if groups is not None else 0
     if collective is Collective.BROADCAST:
         return _broadcast(size, rank, root, shards)
+    if collective is Collective.ALL_TO_ALL:
+        return _pairwise(size, rank)
     if collective is Collective.ALL_GATHER:
         # Block p starts on participant p, which is ring position p's segment with one sub-chunk.
         return _segment_rounds(size, 1, 0, rank, 1, False)

@@ -20,6 +20,7 @@ from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
+    Layout,
     Ownership,
     Phase,
     block,
@@ -32,6 +33,11 @@ from .base import (
 
 NAME = "shuffle"
 COLLECTIVES = frozenset(Collective)
+SHARDED = True
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _gathers(n: int, shards: int) -> int:
@@ -65,6 +71,19 @@ def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards
     if size == 1:
         return EMPTY
     n = size
+    if collective is Collective.GATHER:
+        if rank == root:
+            return phase_of(n, 1, [(0, [], [(root, (p,), p, p + 1, False)
+                                            for p in range(n) if p != root])])
+        return phase_of(n, 1, [(0, [(root, rank, rank + 1)], [])])
+    if collective is Collective.SCATTER:
+        if rank == root:
+            return phase_of(n, 1, [(0, [(p, p, p + 1) for p in range(n) if p != root], [])])
+        return phase_of(n, 1, [(0, [], [(rank, (root,), rank, rank + 1, False)])])
+    if collective is Collective.ALL_TO_ALL:  # block (i, j) sits at position i * n + j
+        sends = [(j, rank * n + j, rank * n + j + 1) for j in range(n) if j != rank]
+        recvs = [(rank, (i,), i * n + rank, i * n + rank + 1, False) for i in range(n) if i != rank]
+        return phase_of(n * n, 1, [(0, sends, recvs)])
     if collective is Collective.BROADCAST:
         if rank == root:
             return phase_of(1, 1, [(0, [(p, 0, 1) for p in range(n) if p != root], [])])

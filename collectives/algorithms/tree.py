@@ -17,10 +17,15 @@ and broadcasts back.
 from __future__ import annotations
 
 from ..schedule import Collective
-from .base import EMPTY, Groups, Ownership, Phase, concat, phase_of, scatter_to_blocks
+from .base import EMPTY, Groups, Layout, Ownership, Phase, concat, phase_of, scatter_to_blocks
 
 NAME = "tree"
-COLLECTIVES = frozenset(Collective)
+COLLECTIVES = frozenset(c for c in Collective if c is not Collective.ALL_TO_ALL)
+SHARDED = False
+
+
+def uses_layout(layout: Layout) -> bool:
+    return False
 
 
 def _levels(n: int) -> int:
@@ -65,10 +70,45 @@ def _gather_up(n: int, rank: int) -> Phase:
     return phase_of(n, _levels(n), rounds)
 
 
+def _subtree(n: int, root: int, v: int, width: int) -> list[tuple[int, int]]:
+    """The blocks of relative participants ``v .. v+width-1`` (absolute numbers wrap around the
+    root): one or two ranges."""
+    lo, hi = (root + v) % n, (root + v) % n + min(width, n - v)
+    return [(lo, hi)] if hi <= n else [(lo, n), (0, hi - n)]
+
+
+def _gather_to(n: int, rank: int, root: int, up: bool) -> Phase:
+    """Gather up the tree to ``root`` (``up``), or scatter down it (its reverse): a subtree's
+    blocks travel together, so every participant handles one message per round."""
+    v = (rank - root) % n
+    levels = _levels(n)
+    rounds = []
+    for k in range(levels):
+        step = 1 << k
+        index = k if up else levels - 1 - k
+        if v % (2 * step) == step:  # the subtree of v (width step) and its parent v - step
+            blocks = _subtree(n, root, v, step)
+            peer = (rank - step) % n
+            if up:
+                rounds.append((index, [(peer, lo, hi) for lo, hi in blocks], []))
+            else:
+                rounds.append((index, [], [(rank, (peer,), lo, hi, False) for lo, hi in blocks]))
+        elif v % (2 * step) == 0 and v + step < n:
+            blocks = _subtree(n, root, v + step, step)
+            peer = (rank + step) % n
+            if up:
+                rounds.append((index, [], [(rank, (peer,), lo, hi, False) for lo, hi in blocks]))
+            else:
+                rounds.append((index, [(peer, lo, hi) for lo, hi in blocks], []))
+    return phase_of(n, levels, rounds)
+
+
 def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards: int = 0,
           groups: Groups | None = None) -> Phase:
     if size == 1:
         return EMPTY
+    if collective in (Collective.GATHER, Collective.SCATTER):
+        return _gather_to(size, rank, root, up=collective is Collective.GATHER)
     if collective is Collective.BROADCAST:
         return broadcast_phase(size, rank, root)
     if collective is Collective.ALL_GATHER:

@@ -23,6 +23,14 @@ class DeviceBackend(Protocol):
         """Call ``fn(a, b)`` over tiles covering ``[0, length)`` (the tiles strategy)."""
         ...
 
+    def begin_call(self) -> None:
+        """Before a collective's first step (e.g. forget the previous call's ordering)."""
+        ...
+
+    def end_call(self) -> None:
+        """After its last step (e.g. make every device's stream wait for the others)."""
+        ...
+
     def begin_round(self, index: int) -> None:
         """Before the steps of round ``index`` (the rounds strategy): e.g. wait on events."""
         ...
@@ -44,5 +52,7 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
     ``accumulation_fn(list) -> array`` replaces the op's kernel for reduce steps.
     """
     runner = rounds if (strategy or backend.strategy) == "rounds" else tiles
+    backend.begin_call()
     runner.run(schedule, inputs, work, op, backend, granule=granule,
                input_offsets=input_offsets, accumulation_fn=accumulation_fn)
+    backend.end_call()

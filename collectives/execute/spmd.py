@@ -58,6 +58,9 @@ class PointToPoint(Protocol):
         """Withdraw receives of a run that failed, so nothing lands in its buffer later."""
         ...
 
+    # Optional: ``begin_round()`` and ``end_round()``, called around the posting of each
+    # round's receives and sends (NCCL must group a round's calls, or a ring deadlocks).
+
 
 class SpmdRun:
     """This rank's part of ``plan`` on its flat working buffer ``buf``, in place."""
@@ -92,6 +95,18 @@ class SpmdRun:
 
     def _post(self, rnd) -> None:
         index, sends, recvs = rnd
+        transport = self.transport
+        begin = getattr(transport, "begin_round", None)
+        if begin is not None:
+            begin()
+            try:
+                self._post_round(index, sends, recvs)
+            finally:
+                transport.end_round()
+            return
+        self._post_round(index, sends, recvs)
+
+    def _post_round(self, index, sends, recvs) -> None:
         transport, buf, seq, check = self.transport, self.buf, self.seq, self.check
         posted = []
         for srcs, a, b, reduce, lo in recvs:

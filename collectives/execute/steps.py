@@ -18,7 +18,19 @@ def combiners(arrays: ArrayBackend, op: ReduceOp, accumulation_fn):
 
 
 def element_steps(schedule: Schedule, units: int, granule: int) -> list[list[tuple]]:
-    """Per round, ``(dst, srcs, a, b, reduce)`` in elements; empty ranges dropped."""
+    """Per round, ``(dst, srcs, a, b, reduce)`` in elements; empty ranges dropped. Cached per
+    length (schedules are cached: a training loop repeats its lengths)."""
+    cache = schedule.elements
+    steps = cache.get((units, granule))
+    if steps is None:
+        steps = _element_steps(schedule, units, granule)
+        if len(cache) >= 64:
+            cache.clear()
+        cache[units, granule] = steps
+    return steps
+
+
+def _element_steps(schedule: Schedule, units: int, granule: int) -> list[list[tuple]]:
     den = schedule.den
     out = []
     for rnd in schedule.rounds:

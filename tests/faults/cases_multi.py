@@ -15,7 +15,6 @@ import numpy as np
 from collectives.reference import reference
 from faults import bodies
 from faults.cases_inputs import HUGE, read_only
-from faults.defects import D5, D8
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, inputs
 
@@ -122,16 +121,6 @@ add("valid-batch-empty", lambda ctx: Call("batch_all_reduce", ([],), {}, ok([]))
 
 # --- out= aliasing: the right answer or a clear error, never a wrong answer ------------------------
 
-# Where today's algorithms give wrong results, by number of devices (found by this suite).
-WRONG_TODAY = {
-    ("reversed", 3): {"one_device", "ring", "tree", "shuffle"},
-    ("reversed", 4): set(ALGORITHMS),
-    ("shared", 3): {"ring", "rechd", "shuffle"},
-    ("shared", 4): {"ring", "rechd", "tree", "shuffle"},
-    ("overlapping", 3): {"ring", "shuffle"},
-    ("overlapping", 4): {"ring", "rechd", "shuffle"},
-}
-
 
 def aliased(kind: str, algorithm: str):
     def step(ctx: Ctx) -> Call:
@@ -150,9 +139,7 @@ def aliased(kind: str, algorithm: str):
 
 for kind in ("in-place", "reversed", "shared", "overlapping"):
     for algorithm in ALGORITHMS:
-        add(f"alias-out-{kind}-{algorithm}", aliased(kind, algorithm), sizes=(3, 4),
-            xfail=tuple((f"multi{n}", D5) for n in (3, 4)
-                        if algorithm in WRONG_TODAY.get((kind, n), ())))
+        add(f"alias-out-{kind}-{algorithm}", aliased(kind, algorithm), sizes=(3, 4))
 
 # --- NaN, inf and overflow ------------------------------------------------------------------------
 
@@ -217,5 +204,4 @@ def concurrent_callers(ctx: Ctx) -> Call:
 add("threads-concurrent-callers", concurrent_callers)
 add("shards-huge", lambda ctx: Call(
     "all_reduce", (inputs(ctx, count=3), "sum", "ring"), {"shards": 10**6},
-    ok(everywhere(ctx, reference(inputs(ctx, count=3), "sum")), within=1.0)), limit=3.0,
-    xfail=(("*", D8),))
+    ok(everywhere(ctx, reference(inputs(ctx, count=3), "sum")), within=1.0)), limit=3.0)

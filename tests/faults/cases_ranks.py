@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from faults import bodies
-from faults.defects import D1, D6, D7, D12
+from faults.defects import D6
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import (
     COUNT,
@@ -92,12 +92,12 @@ add("raising-rank-wakes-the-others", _raising_rank, where=("threads",))
 add("after-timeout-broken",
     absent(expecting(good(), _missing("all_reduce"), caught=True), last),
     absent(expecting(good(), raises("CommunicatorBrokenError", within=0.5)), last),
-    timeout=T, xfail=(("*", D7),), **WIDE)
+    timeout=T, **WIDE)
 add("after-timeout-broken-unchecked",
     absent(expecting(good(algorithm="ring"), timed_out("all_reduce", T), caught=True), last),
     absent(expecting(good(algorithm="ring"), raises("CommunicatorBrokenError", within=0.5)),
            last),
-    timeout=T, check=False, xfail=(("*", D7),))
+    timeout=T, check=False)
 
 # --- an argument error on one rank only -------------------------------------------------------------
 
@@ -152,7 +152,7 @@ def _broadcast_step(k: int, *, bad_out: bool = False):
 
 
 add("one-rank-bad-broadcast-out", _broadcast_step(0, bad_out=True), _broadcast_step(1),
-    _broadcast_step(2), timeout=1.0, xfail=(("*", D1),))
+    _broadcast_step(2), timeout=1.0)
 
 # --- every kind of cross-rank mismatch --------------------------------------------------------------
 
@@ -203,7 +203,6 @@ def _mismatch(field: str, choose):
 
 for name, (field, choose) in MISMATCHES.items():
     add(f"mismatch-{name}", _mismatch(field, choose), then_usable, timeout=1.0,
-        xfail=(("threads", D12),) if name == "collective-barrier" else (),
         **(WIDE if name in ("shape", "op") else {}))
 add("mismatch-algorithm-native", _mismatch("algorithm", lambda c: (
     "all_reduce", (X, "sum", "native" if odd(c) else "ring"), {})), then_usable, timeout=1.0,

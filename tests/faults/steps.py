@@ -105,9 +105,9 @@ def timed_out(method: str, timeout: float, *, naming: str | None = None) -> Expe
     second of ``timeout``; or, where another waiter timed out first and woke this one, a
     ``PeerFailedError`` that carries that timeout (thread ranks)."""
     who = rf" waiting for rank\(s\) {naming}," if naming else ""
-    message = rf"{method} timed out after {timeout:g} s{who}"
+    message = rf"{method}(\([^)]*\))?( \(call \d+\))? timed out after {timeout:g} s{who}"
     return (raises("CollectiveTimeoutError", match=message, within=timeout + 1.0)
-            | raises("PeerFailedError", match=r"failed: CollectiveTimeoutError: .*" + message))
+            | raises("PeerFailedError", match=r"failed[^:]*: CollectiveTimeoutError: .*" + message))
 
 
 def peer_failed(rank: int, error: str, within: float = 1.0) -> Expect:

@@ -1,0 +1,116 @@
+"""What the device path runs on a kit's arrays (``kits``): arrays in, arrays out, no TensorFlow.
+
+The counterpart of ``host`` for arrays that stay on their devices (CuPy arrays on GPUs):
+
+* :func:`all_reduce_batch`: every device gets each tensor's result, on its own device
+  (``collectives.batch_all_reduce``; on CuPy arrays NCCL where the spec says ``"nccl"`` and
+  each device has a GPU of its own);
+* :func:`reduce_batch`: each tensor's result on device ``root`` only (the route of
+  ``ReductionToOneDevice``, and of destinations that are not the value's devices);
+* :func:`reduce_batch_across_workers`: the local total on ``root``, then every worker's through
+  a ``Communicator`` whose transport reads host memory (MPI): the totals are staged through
+  the kit's host buffers (pinned for CuPy) and come back into the same device arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import numpy as np
+
+import collectives
+from collectives.batch import plan_batch
+from collectives.ops import ReduceOp
+from collectives.spec import SpecRange, parse_spec
+
+from .host import Packing, cross_worker_spec, local_algorithm
+from .kits import PinnedBuffer
+
+__all__ = ["all_reduce_batch", "reduce_batch", "reduce_batch_across_workers"]
+
+_UNPACKED = Packing()
+
+
+def _spec(spec) -> list:
+    return list(spec) if isinstance(spec, (list, tuple)) and spec and all(
+        isinstance(r, SpecRange) for r in spec) else list(parse_spec(spec))
+
+
+def all_reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, *,
+                     packing: Packing = _UNPACKED, groups=None) -> list[list]:
+    """``results[k][d]``: tensor k reduced over every device, on device d."""
+    if not values:
+        return []
+    return collectives.batch_all_reduce([list(v) for v in values], op, _spec(spec),
+                                        groups=groups, **packing.kwargs())
+
+
+def reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, *, root: int = 0,
+                 packing: Packing = _UNPACKED, groups=None) -> list:
+    """``results[k]``: tensor k reduced over every device, on device ``root``.
+
+    Each range of the spec packs its tensors on each device (the packing knobs), reduces each
+    pack onto ``root`` with its algorithm, and unpacks there.
+    """
+    if not values:
+        return []
+    n = len(values[0])
+    for k, v in enumerate(values):
+        if len(v) != n:
+            raise ValueError(f"tensor {k} has {len(v)} per-device values but tensor 0 has {n}")
+    shapes = [tuple(v[0].shape) for v in values]
+    dtypes = [np.dtype(v[0].dtype) for v in values]
+    results: list = [None] * len(values)
+    for part in plan_batch(shapes, dtypes, _spec(spec), extra_names=kit.extra_names,
+                           **packing.kwargs()):
+        per_device = []
+        for d in range(n):  # device d's tensors are packed on device d
+            with kit.home(values[part.indices[0]][d]):
+                per_device.append(part.plan.pack([values[i][d] for i in part.indices],
+                                                 arrays=kit.arrays))
+        reduced = [collectives.reduce([per_device[d][j] for d in range(n)], op, root,
+                                      part.spec.algorithm, shards=part.spec.shards, groups=groups)
+                   for j in range(len(part.plan.packs))]
+        with kit.home(reduced[0]) if reduced else nullcontext():
+            unpacked = part.plan.unpack(reduced, arrays=kit.arrays)
+        for i, result in zip(part.indices, unpacked):
+            results[i] = result
+    return results
+
+
+def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, comm,
+                                *, root: int = 0, packing: Packing = _UNPACKED,
+                                workers_sum: str = "mean", timeout: float | None = None,
+                                buffer: PinnedBuffer | None = None) -> list:
+    """``host.reduce_batch_across_workers`` for device arrays; results on device ``root``.
+
+    1. each tensor is summed onto ``root`` over the local devices with the A of its spec
+       range's "A/B" (the name itself for a one-level name);
+    2. the local totals are staged to the host (into ``buffer``, pinned, for CuPy), go
+       through ``comm.batch_all_reduce`` with the cross-worker spec and the packing knobs
+       (the same calls as the host path), and are copied back into the device arrays of
+       step 1;
+    3. MEAN divides by the global device count; floating SUMs by the worker count when
+       ``workers_sum="mean"``. (The device path carries floating tensors only.)
+    """
+    op = ReduceOp.parse(op)
+    if not values:
+        return []
+    ranges = _spec(spec)
+    n = len(values[0])
+    totals = []
+    for v in values:
+        size = int(np.prod(v[0].shape))
+        rng = next(r for r in ranges if r.limit < 0 or size <= r.limit)
+        totals.append(collectives.reduce(list(v), ReduceOp.SUM, root,
+                                         local_algorithm(rng.algorithm)))
+    hosts = kit.stage(totals, buffer if buffer is not None else PinnedBuffer())
+    reduced = comm.batch_all_reduce(hosts, ReduceOp.SUM, cross_worker_spec(ranges),
+                                    timeout=timeout, **packing.kwargs())
+    totals = [kit.unstage(r, like) for r, like in zip(reduced, totals)]
+    if op is ReduceOp.MEAN:
+        return [kit.divide(t, n * comm.size) for t in totals]
+    if workers_sum == "mean" and comm.size > 1:
+        return [kit.divide(t, comm.size) for t in totals]
+    return totals

@@ -1,0 +1,241 @@
+"""The multi-device API for CuPy arrays, with NCCL and ``async_op``.
+
+These functions take the arguments of ``collectives.all_reduce`` and friends, plus
+``async_op=True`` (a :class:`~.work.DeviceWork` handle instead of the result). They decide
+between NCCL and the library's algorithms, then run one or the other:
+
+* ``algorithm="nccl"``: NCCL's own collective, one GPU per array (two arrays on one GPU raise
+  ``ValueError`` naming it). Dtypes and ops NCCL cannot reduce exactly (``nccl_types``) run
+  the library's ring instead, which is what the name means to the core;
+* ``"nccl/X"`` (TensorFlow's ``nccl/xring``, ``nccl/rechd``, ``nccl/pscpu``): NCCL inside
+  each group of ``groups`` (reduce onto the group's first device, then broadcast back), the
+  library's ``X`` across the groups' first devices;
+* ``"auto"``: NCCL where every array has a GPU of its own and NCCL reduces the dtype exactly,
+  else the library's choice (logical devices sharing a GPU always run the library's);
+* anything else: the library's algorithm, as ``collectives.all_reduce`` runs it.
+
+Every check runs before anything is enqueued. MEAN is SUM then one division by the number of
+devices (NCCL's AVG is never used), so results match the NumPy backend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import collectives.api as core
+from collectives.arrays import overlaps, unsafe_outputs
+from collectives.calls import resolve_algorithm
+from collectives.ops import ReduceOp, result_dtype
+from collectives.validate import as_array, check_op, check_out, resolve_groups, same_layout
+
+from . import group
+from .devices import devices as _devices
+from .probe import NcclUnavailableError, cupy_module, nccl_module
+from .work import DeviceWork
+
+
+def _arrays():
+    return _devices().arrays
+
+
+def _prepare(values: Any, op: Any, argument: str = "values"):
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{argument} must be a list with one CuPy array per device, "
+                        f"not {type(values).__name__}")
+    values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
+    ndarray = cupy_module().ndarray
+    for i, v in enumerate(values):
+        if not isinstance(v, ndarray):
+            raise TypeError(
+                f"{argument}[{i}] is a {type(v).__module__}.{type(v).__name__}; these calls "
+                "take CuPy arrays only (NumPy arrays and CuPy arrays cannot be mixed): move it "
+                "with cupy.asarray under its device, or call collectives.all_reduce on NumPy "
+                "arrays")
+    shape, dtype = same_layout(values, argument, op)
+    op = check_op(op, dtype, argument) if op is not None else None
+    _arrays()  # no GPU visible: raise here, before anything else
+    return values, shape, dtype, op
+
+
+def nccl_request(algorithm: Any, count: int) -> str | None:
+    """``"nccl"``, ``"nccl/X"`` (X canonical), ``"auto"``, or None (a library algorithm)."""
+    if isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm:
+        text = algorithm.strip().lower()
+        if text in ("auto", "collective"):
+            return "auto"
+        if text == "nccl":
+            return "nccl"
+        if text.startswith("nccl/"):
+            return "nccl/" + resolve_algorithm(text.split("/", 1)[1], count, 0)[0]
+        return None
+    name, _ = resolve_algorithm(algorithm, count, 0, ("nccl",))  # spec forms: by count
+    return "nccl" if name == "nccl" else None
+
+
+def _use_nccl(request: str | None, values: Sequence, dtype: np.dtype, op: ReduceOp | None,
+              groups: Any = None) -> bool:
+    """Whether NCCL runs this call; raises where NCCL was asked for and cannot be."""
+    if request is None or (request == "auto" and len(values) < 2):
+        return False
+    if request == "auto":
+        if len({v.device.id for v in values}) < len(values):
+            return False  # logical devices share a GPU: the library's algorithms
+        try:
+            return group.supports(dtype, op)
+        except (ImportError, NcclUnavailableError):
+            return False
+    nccl_module()  # raises, naming the wheel, where NCCL is missing
+    if not group.supports(dtype, op):
+        return False  # no exact NCCL form: the library's algorithms run it
+    if request == "nccl" or groups is None:
+        group.distinct_devices(values)
+    else:
+        for members in resolve_groups(groups, len(values)):
+            group.distinct_devices([values[p] for p in members])
+    return True
+
+
+def _handle(result: Any, arrays_out: Sequence, description: str, async_op: bool) -> Any:
+    if not async_op:
+        return result
+    return DeviceWork(result, [a.device.id for a in arrays_out if a is not None], description)
+
+
+def _outputs(arrays, out, values, shape, dtype) -> list:
+    if out is None:
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != len(values):
+        raise TypeError(f"out must be a list of {len(values)} CuPy arrays, one per device")
+    for i, (o, v) in enumerate(zip(out, values)):
+        check_out(o, shape, dtype, f"out[{i}]", arrays)
+        if o.device.id != v.device.id:
+            raise ValueError(f"out[{i}] is on GPU {o.device.id} but values[{i}] on GPU "
+                             f"{v.device.id}; each result stays on its input's device")
+    return list(out)
+
+
+def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
+               out: Sequence | None = None, shards: int = 0, groups: Any = None,
+               accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
+    """``collectives.all_reduce`` for CuPy arrays, with NCCL and ``async_op``."""
+    values, shape, dtype, op = _prepare(values, op)
+    request = nccl_request(algorithm, int(np.prod(shape)))
+    if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
+        results = core.all_reduce.library(values, op, algorithm, out=out, shards=shards, groups=groups,
+                                  accumulation_fn=accumulation_fn)
+        return _handle(results, results, "all_reduce", async_op)
+    arrays = _arrays()
+    final = result_dtype(op, dtype)
+    results = _outputs(arrays, out, values, shape, final)
+    flats = [arrays.flat(v) for v in values]
+    same = final == dtype and not unsafe_outputs(arrays, values, results)
+    work = ([r.reshape(-1) for r in results] if same
+            else [arrays.result((f.size,), dtype, like=f) for f in flats])
+    if request.startswith("nccl/") and groups is not None:
+        _hybrid(arrays, flats, work, op, request.split("/", 1)[1], shards, groups)
+    else:
+        group.all_reduce(arrays, flats, work, op.wire_op)
+    _deliver(arrays, op, work, results, len(values))
+    return _handle(results, results, "all_reduce", async_op)
+
+
+def _hybrid(arrays, flats, work, op: ReduceOp, outer: str, shards: int, groups: Any) -> None:
+    """NCCL reduce inside each group, ``outer`` across the groups' first devices, NCCL
+    broadcast back inside each group (TensorFlow's "nccl/xring")."""
+    layout = resolve_groups(groups, len(flats))
+    for members in layout:
+        if len(members) == 1:
+            arrays.copy(work[members[0]], flats[members[0]])
+        else:
+            group.reduce(arrays, [flats[p] for p in members], work[members[0]], 0, op.wire_op)
+    leaders = [work[members[0]] for members in layout]
+    if len(leaders) > 1:
+        core.all_reduce.library(leaders, op.wire_op, outer, out=leaders, shards=shards)
+    for members in layout:
+        if len(members) > 1:
+            group.broadcast([work[p] for p in members], 0)
+
+
+def _deliver(arrays, op, work, results, n) -> None:
+    for w, r in zip(work, results):
+        if op is ReduceOp.MEAN:
+            arrays.divide(w, n, out=r.reshape(-1))
+        elif w is not r and w.data.ptr != r.data.ptr:
+            arrays.copy(r.reshape(-1), w)
+
+
+def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
+           *, out: Any = None, shards: int = 0, groups: Any = None,
+           accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
+    """``collectives.reduce`` for CuPy arrays, with NCCL and ``async_op``."""
+    from collectives.validate import check_root
+
+    values, shape, dtype, op = _prepare(values, op)
+    root = check_root(root, len(values))
+    request = nccl_request(algorithm, int(np.prod(shape)))
+    if (accumulation_fn is not None or (request or "").startswith("nccl/")
+            or not _use_nccl(request, values, dtype, op)):
+        result = core.reduce.library(values, op, root, algorithm, out=out, shards=shards, groups=groups,
+                             accumulation_fn=accumulation_fn)
+        return _handle(result, [result], "reduce", async_op)
+    arrays = _arrays()
+    final = result_dtype(op, dtype)
+    result = _outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
+    flats = [arrays.flat(v) for v in values]
+    in_place = result is values[root] or not overlaps(arrays, result, values[root])
+    total = (result.reshape(-1) if final == dtype and in_place
+             else arrays.result((flats[root].size,), dtype, like=flats[root]))
+    group.reduce(arrays, flats, total, root, op.wire_op)
+    _deliver(arrays, op, [total], [result], len(values))
+    return _handle(result, [result], "reduce", async_op)
+
+
+def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
+                     algorithm: Any = "auto", *, num_packs: int = 0,
+                     agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
+                     bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
+                     async_op: bool = False) -> Any:
+    """``collectives.batch_all_reduce`` for CuPy arrays: each pack runs as :func:`all_reduce`
+    (so through NCCL where that applies)."""
+    from collectives.batch import plan_batch
+    from collectives.validate import check_shards
+
+    if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
+        raise TypeError("value_lists must be a list with, per tensor, one array per device")
+    if len(value_lists) == 0:
+        return _handle([], [], "batch_all_reduce", async_op)
+    tensors = [_prepare(v, op, f"value_lists[{k}]") for k, v in enumerate(value_lists)]
+    n = len(tensors[0][0])
+    for k, (values, *_rest) in enumerate(tensors):
+        if len(values) != n:
+            raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] "
+                             f"has {n}; every tensor needs one array per device")
+    arrays = _arrays()
+    results: list[list | None] = [None] * len(tensors)
+    parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
+                       num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                       agg_small_grads_max_group=agg_small_grads_max_group,
+                       bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                       extra_names=("nccl",))
+    homes = [v.device for v in tensors[0][0]]
+    for part in parts:
+        per_device = []
+        for d in range(n):  # packs of device d's tensors are made on device d
+            with homes[d]:
+                per_device.append(part.plan.pack([tensors[i][0][d] for i in part.indices],
+                                                 arrays=arrays))
+        reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
+                              shards=part.spec.shards, groups=groups)
+                   for j in range(len(part.plan.packs))]
+        unpacked = []
+        for d in range(n):
+            with homes[d]:
+                unpacked.append(part.plan.unpack([reduced[j][d] for j in range(len(reduced))],
+                                                 arrays=arrays))
+        for position, i in enumerate(part.indices):
+            results[i] = [unpacked[d][position] for d in range(n)]
+    devices = [v for values, *_ in tensors for v in values]
+    return _handle(results, devices, "batch_all_reduce", async_op)

@@ -1,0 +1,107 @@
+"""Broadcast, all-gather and reduce-scatter for CuPy arrays, with NCCL and ``async_op``.
+
+The same choice as :mod:`.api`: NCCL for ``"nccl"`` (and for ``"auto"`` where every
+participant has a GPU of its own), the library's algorithms otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import collectives.api as core
+from collectives.arrays import unsafe_outputs
+from collectives.ops import ReduceOp, result_dtype
+from collectives.validate import as_array, check_communicable, check_out
+
+from . import group
+from .api import _arrays, _deliver, _handle, _outputs, _prepare, _use_nccl, nccl_request
+
+
+def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
+              shards: int = 0, async_op: bool = False) -> Any:
+    """``collectives.broadcast`` for a CuPy array. ``devices``: a count (every copy on the
+    value's GPU, as logical devices) or a list of GPU ids (one copy on each); ``out``: the
+    arrays to fill, wherever they are."""
+    arrays = _arrays()
+    value = as_array(value, "value")
+    if not arrays.owns(value):
+        raise TypeError(f"value is a {type(value).__module__}.{type(value).__name__}; pass a "
+                        "CuPy array (or call collectives.broadcast for NumPy arrays)")
+    check_communicable(np.dtype(value.dtype), "value")
+    if out is None and not isinstance(devices, (int, np.integer)):
+        ids = [int(d) for d in devices]
+        if not ids:
+            raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
+        out = [arrays.empty_on(d, value.shape, value.dtype) for d in ids]
+    n = devices if isinstance(devices, (int, np.integer)) else len(devices)
+    if out is not None:
+        if isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != n:
+            raise TypeError(f"out must be a list of {n} CuPy arrays, one per device")
+        for i, o in enumerate(out):
+            check_out(o, tuple(value.shape), np.dtype(value.dtype), f"out[{i}]", arrays)
+    request = nccl_request(algorithm, int(value.size))
+    targets = list(out) if out is not None else []
+    if (out is None or (request or "").startswith("nccl/")
+            or not _use_nccl(request, targets, value.dtype, None)):
+        results = core.broadcast.library(value, n, algorithm, out=out, shards=shards)
+        return _handle(results, results, "broadcast", async_op)
+    if targets[0].data.ptr != value.data.ptr:
+        arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
+        arrays.copy(targets[0], value)
+    group.broadcast(targets, 0)
+    return _handle(targets, targets, "broadcast", async_op)
+
+
+def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
+               async_op: bool = False) -> Any:
+    """``collectives.all_gather`` for CuPy arrays, with NCCL and ``async_op``."""
+    values, shape, dtype, _ = _prepare(values, None)
+    n = len(values)
+    base = shape if shape else (1,)
+    request = nccl_request(algorithm, int(np.prod(shape)))
+    if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
+            or not _use_nccl(request, values, dtype, None)):
+        results = core.all_gather.library(values, axis, algorithm, out=out)
+        return _handle(results, results, "all_gather", async_op)
+    arrays = _arrays()
+    axis %= len(base)
+    gathered = list(base)
+    gathered[axis] *= n
+    results = _outputs(arrays, out, values, tuple(gathered), dtype)
+    flats = [arrays.flat(v) for v in values]
+    leading = all(d == 1 for d in base[:axis]) and not unsafe_outputs(arrays, values, results)
+    stacked = ([r.reshape(-1) for r in results] if leading
+               else [arrays.empty((n * f.size,), dtype, like=f) for f in flats])
+    group.all_gather(flats, stacked)
+    if not leading:
+        for r, s in zip(results, stacked):
+            arrays.copy(r, arrays.concatenate(list(s.reshape((n, *base))), axis))
+    return _handle(results, results, "all_gather", async_op)
+
+
+def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
+                   out: Any = None, shards: int = 0, async_op: bool = False) -> Any:
+    """``collectives.reduce_scatter`` for CuPy arrays, with NCCL and ``async_op``. NCCL needs
+    equal blocks: rows not divisible by the device count run the library's algorithms."""
+    values, shape, dtype, op = _prepare(values, op)
+    n = len(values)
+    request = nccl_request(algorithm, int(np.prod(shape)))
+    if (not shape or shape[0] % n or (request or "").startswith("nccl/")
+            or not _use_nccl(request, values, dtype, op)):
+        results = core.reduce_scatter.library(values, op, algorithm, out=out, shards=shards)
+        return _handle(results, results, "reduce_scatter", async_op)
+    arrays = _arrays()
+    final = result_dtype(op, dtype)
+    rows = shape[0] // n
+    block_shape = (rows, *shape[1:])
+    results = _outputs(arrays, out, values, block_shape, final)
+    flats = [arrays.flat(v) for v in values]
+    blocks = ([r.reshape(-1) for r in results]
+              if final == dtype and not unsafe_outputs(arrays, values, results)
+              else [arrays.result((int(np.prod(block_shape)),), dtype, like=f) for f in flats])
+    group.reduce_scatter(arrays, flats, blocks, op.wire_op)
+    _deliver(arrays, op, blocks, results, n)
+    return _handle(results, results, "reduce_scatter", async_op)

@@ -1,0 +1,90 @@
+"""``collectives bench --backend cupy``: the benchmark's arrays on GPUs.
+
+Participant ``p`` lives on GPU ``p mod (GPU count)``: with one GPU, every participant is a
+logical device on it. Calls go through this backend's functions (so ``-a nccl`` runs NCCL),
+and the clock stops only after every GPU has finished (the calls return once enqueued). For
+each size the kit also measures the copy ceiling: the time the card takes to copy the
+participants' inputs into their outputs, which no out-of-place collective can beat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CupyBenchKit:
+    """The ``collectives.bench.ArrayKit`` of CuPy arrays."""
+
+    def __init__(self, participants: int):
+        import collectives.backends.cupy as module
+
+        from .devices import devices
+
+        self.cupy = devices().arrays.xp  # raises where no GPU is visible
+        self.api = module
+        count = self.cupy.cuda.runtime.getDeviceCount()
+        self.devices = [p % count for p in range(participants)]
+
+    def inputs(self, values: list) -> list:
+        cp = self.cupy
+        out = []
+        for p, v in enumerate(values):
+            with cp.cuda.Device(self.devices[p]):
+                out.append(cp.asarray(v))
+        return out
+
+    def zeros(self, shape, dtype, participant: int):
+        cp = self.cupy
+        with cp.cuda.Device(self.devices[participant]):
+            return cp.zeros(shape, dtype)
+
+    def copyto(self, dst, src) -> None:
+        cp = self.cupy
+        with cp.cuda.Device(dst.device.id):
+            if src.device.id == dst.device.id:
+                cp.copyto(dst, src)
+            else:
+                dst.data.copy_from_device_async(src.data, src.nbytes)
+
+    def host(self, x) -> Any:
+        return None if x is None else self.cupy.asnumpy(x)
+
+    def fence(self) -> None:
+        cp = self.cupy
+        for d in sorted(set(self.devices)):
+            with cp.cuda.Device(d):
+                cp.cuda.get_current_stream().synchronize()
+
+    def resolve(self, case, algorithm: str) -> str:
+        """What runs: "nccl" where this backend takes NCCL, else the library's choice."""
+        from collectives.bench import resolve_algorithm
+
+        from .api import nccl_request
+
+        request = nccl_request(algorithm, case.count)
+        distinct = len(set(self.devices)) == len(self.devices)
+        if request == "nccl" or (request == "auto" and distinct and case.n > 1):
+            return "nccl"
+        from .devices import devices
+
+        return resolve_algorithm(case, algorithm, devices().cost_model)
+
+    def ceiling(self, case, inputs: list, config) -> Any:
+        """Time to copy each participant's input into an output of its own (raw device
+        copies, as the library's copies are)."""
+        from collectives.bench import measure
+
+        arrays = self.api.devices().arrays
+        outs = [self.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]
+
+        def copy_all() -> None:
+            for o, x in zip(outs, inputs):
+                arrays.copy(o.reshape(-1), x.reshape(-1))
+
+        return measure(copy_all, warmup=config.warmup, iters=config.iters,
+                       repeats=config.repeats, fence=self.fence)
+
+
+def bench_kit(participants: int) -> CupyBenchKit:
+    return CupyBenchKit(participants)
+

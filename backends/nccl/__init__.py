@@ -1,0 +1,42 @@
+"""NCCL under mpiexec: one process per GPU, the core's ``Communicator`` over CuPy arrays.
+
+``comm = collectives.load_backend("nccl").init()`` (run under ``mpiexec -n N``) gives a
+:class:`~.communicator.NcclCommunicator`: ``comm.all_reduce(x)`` and the other collectives on
+``cupy.ndarray`` run NCCL's own collectives (``auto``, ``"nccl"``), the library's schedules
+over NCCL send/recv (``"ring"``, ``"rechd"``, ...), or the two-level path across nodes
+(``"two_level"``). See :mod:`.transport` for streams, :mod:`.watchdog` for failures, and
+``docs/gpu.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .bootstrap import broadcast_unique_id, node_of_ranks, ranks_per_node, shared_gpu
+from .communicator import GpuWork, NcclCommunicator
+
+__all__ = ["GpuWork", "NcclCommunicator", "broadcast_unique_id", "init", "node_of_ranks",
+           "ranks_per_node", "shared_gpu"]
+
+
+def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
+         timeout: float = 300.0, check: bool = True) -> NcclCommunicator:
+    """This rank's communicator over ``comm`` (default: ``MPI.COMM_WORLD``).
+
+    ``device``: the GPU (default: local rank modulo the visible GPUs); ``stream``: the CUDA
+    stream every call of this communicator is enqueued on (default: the device's current
+    stream); ``timeout``: seconds before an unfinished call is an error; ``check``: agree on
+    each call's arguments across ranks the first time its signature is seen.
+    """
+    from collectives.backends.cupy.probe import nccl_module, require_gpu
+
+    require_gpu()
+    nccl_module()
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    from .transport import NcclTransport
+
+    transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
+    return NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")

@@ -1,0 +1,176 @@
+"""The ``Communicator`` of the NCCL transport: stream-ordered calls, handles that wait on an
+event, and the watchdog's verdicts.
+
+A blocking call returns once its work is enqueued on the transport's stream (as NCCL's own
+calls do): the result is ready for later work on that stream. ``async_op=True`` returns a
+:class:`GpuWork` whose ``wait()`` also waits on the host until the stream has finished the
+call (polling an event, with the communicator's deadline). A call made after the watchdog
+found a failure raises ``CommunicatorBrokenError`` naming it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from collectives.communicator import Communicator
+from collectives.errors import CollectiveTimeoutError
+
+POLL_SECONDS = 50e-6
+
+
+class GpuWork:
+    """The handle of an asynchronous call on the NCCL transport."""
+
+    def __init__(self, comm: NcclCommunicator, work: Any):
+        self._comm, self._work = comm, work
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result, once the call's work on the GPU has finished (or its error)."""
+        comm = self._comm
+        t = comm.transport
+        result = self._work.wait(timeout)
+        event = t.record()  # after everything the call enqueued
+        limit = comm.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + limit
+        while not event.done:
+            if t.failed is not None:
+                raise t.failed
+            t.watchdog.check()
+            if time.monotonic() >= deadline:
+                error = CollectiveTimeoutError(self._work.description, [], limit, t.rank,
+                                               detail="its work on the GPU did not finish")
+                t.watchdog.fail(error, None)
+                raise error
+            time.sleep(POLL_SECONDS)
+        if t.failed is not None:
+            raise t.failed
+        return result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and self._comm.transport.record().done
+
+    def exception(self) -> BaseException | None:
+        return self._work.exception() or self._comm.transport.failed
+
+    @property
+    def description(self) -> str:
+        return self._work.description
+
+    def __repr__(self) -> str:
+        return f"<GpuWork {self._work.description}>"
+
+
+class NcclCommunicator(Communicator):
+    """A ``Communicator`` over :class:`~.transport.NcclTransport`."""
+
+    def adapt(self, x: Any, argument: str) -> Any:
+        """CuPy arrays on this rank's GPU pass; anything else raises, saying what to do."""
+        if self.arrays.owns(x):
+            device = self.transport.device
+            if x.device.id != device:
+                raise ValueError(f"{argument} is on GPU {x.device.id}, but this rank's "
+                                 f"communicator works on GPU {device}; move it there "
+                                 "(cupy.asarray under cupy.cuda.Device) or init(device=...)")
+            return x
+        if x is None:
+            raise TypeError(f"{argument} is None; pass a CuPy array")
+        raise TypeError(f"{argument} is a {type(x).__module__}.{type(x).__name__}; the nccl "
+                        "backend works on CuPy arrays on this rank's GPU: pass "
+                        "cupy.asarray(x), or use the mpi backend for host arrays")
+
+    def _guard(self, what: str) -> None:
+        failed = self.transport.failed
+        if failed is not None:
+            self._engine.break_for(f"the watchdog found {type(failed).__name__}: {failed}")
+
+    def _wrap(self, result: Any, async_op: bool) -> Any:
+        return GpuWork(self, result) if async_op else result
+
+    def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: bool = False, **kw):
+        self._guard("all_reduce")
+        return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
+                          async_op)
+
+    def reduce(self, x, op="sum", root: int = 0, algorithm="auto", *, async_op: bool = False,
+               **kw):
+        self._guard("reduce")
+        return self._wrap(super().reduce(x, op, root, algorithm, async_op=async_op, **kw),
+                          async_op)
+
+    def broadcast(self, x=None, root: int = 0, algorithm="auto", *, async_op: bool = False,
+                  **kw):
+        self._guard("broadcast")
+        return self._wrap(super().broadcast(x, root, algorithm, async_op=async_op, **kw),
+                          async_op)
+
+    def all_gather(self, x, axis: int = 0, algorithm="auto", *, async_op: bool = False, **kw):
+        self._guard("all_gather")
+        return self._wrap(super().all_gather(x, axis, algorithm, async_op=async_op, **kw),
+                          async_op)
+
+    def reduce_scatter(self, x, op="sum", algorithm="auto", *, async_op: bool = False, **kw):
+        self._guard("reduce_scatter")
+        return self._wrap(super().reduce_scatter(x, op, algorithm, async_op=async_op, **kw),
+                          async_op)
+
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
+        """Every rank's ``obj`` (anything picklable), in rank order: over MPI on the host (the
+        core's version moves host arrays, which this communicator does not take)."""
+        self._guard("all_gather_object")
+        return self.transport.objects.allgather(obj)
+
+    def broadcast_object(self, obj: Any = None, root: int = 0, *,
+                         timeout: float | None = None) -> Any:
+        """The root's ``obj`` (anything picklable) on every rank, over MPI on the host."""
+        self._guard("broadcast_object")
+        return self.transport.objects.bcast(obj, root=root)
+
+    def choose_algorithm(self, call) -> str:
+        """The core's choice, except that NCCL's world communicator must be possible for
+        anything but the two-level path: ranks sharing a GPU get a clear error here, while
+        the call is still being validated (so every rank raises it, and nothing moves)."""
+        name = super().choose_algorithm(call)
+        t = self.transport
+        two_level = name == "native" and t.native.mode(call) == "two_level"
+        if name != "one_device" and not two_level and not t.world_possible:
+            t.comms.check_group(tuple(range(self.size)), call.describe())
+        return name
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Every rank has arrived (an MPI barrier, polled with the deadline), and this rank's
+        stream has finished its calls."""
+        self._guard("barrier")
+        self._engine.enter("barrier")  # raises where the communicator is broken
+        try:
+            t = self.transport
+            request = t.control.comm.Ibarrier()
+            limit = self.timeout if timeout is None else float(timeout)
+            deadline = time.monotonic() + limit
+            while not request.Test():
+                if time.monotonic() >= deadline:
+                    activity = t.peer_activity(0.5)
+                    error = CollectiveTimeoutError("barrier", sorted(activity), limit, self.rank)
+                    t.watchdog.fail(error, None)
+                    raise error
+                t.idle(1.0)
+        finally:
+            self._engine.leave()
+        GpuWork(self, _Done()).wait(timeout)
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait on the host until this rank's stream has finished every call so far."""
+        GpuWork(self, _Done()).wait(timeout)
+
+
+class _Done:
+    description = "synchronize"
+
+    def wait(self, timeout=None):
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self):
+        return None

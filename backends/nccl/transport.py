@@ -1,0 +1,184 @@
+"""``NcclTransport``: the core's ``Transport`` over NCCL (data) and MPI (everything else).
+
+One process per GPU. Data moves with NCCL on one CUDA stream per communicator (``stream``:
+by default the stream current when the transport is made, usually the device's null stream);
+every array operation of a call, the core's copies and divisions included, is enqueued on it,
+in call order. Agreements, failure notices and activity go over MPI (:mod:`.control`); the
+watchdog (:mod:`.watchdog`) turns stuck, failed or mismatched calls into errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from collectives.backends.cupy import nccl_types
+from collectives.backends.cupy.arrays import CupyArrays
+from collectives.backends.cupy.probe import nccl_module, require_gpu
+
+from collectives.algorithms.base import Layout
+from collectives.select import CostModel
+from collectives.transport import Failure
+
+from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
+from .control import MpiChannel, Notices
+from .native import NcclNative
+from .p2p import NcclChannel
+from .watchdog import Watchdog
+
+# Schedules over NCCL send/recv cost a group launch per round (~20 us from Python); bytes
+# move at NVLink/PCIe speed between GPUs.
+COST_MODEL = CostModel(latency=30e-6, seconds_per_byte=1 / 50e9,
+                       reduce_seconds_per_byte=1 / 500e9, message_overhead=10e-6)
+
+
+class NcclTransport:
+    """The ``Transport`` of one rank (one GPU) of an MPI launch."""
+
+    name = "nccl"
+    cost_model = COST_MODEL
+
+    def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
+                 timeout: float = 300.0):
+        cupy = require_gpu()
+        self.nccl = nccl_module()
+        self.world = comm.Dup()
+        self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
+        nodes = node_of_ranks(self.world)
+        node = next(m for m in nodes if self.rank in m)
+        self.local_rank, self.local_size = node.index(self.rank), len(node)
+        self.device = choose_device(self.local_rank) if device is None else int(device)
+        cupy.cuda.Device(self.device).use()
+        with cupy.cuda.Device(self.device):
+            self.stream = stream if stream is not None else cupy.cuda.get_current_stream()
+        identities = self.world.allgather(device_identity(self.device))
+        self.comms = Communicators(self.world, self.device, identities, nodes)
+        # NCCL's own collectives and point-to-point need one GPU per rank
+        self.world_possible = len(set(identities)) == len(identities)
+        self.layout = Layout(tuple(tuple(m) for m in nodes)) if len(nodes) > 1 else None
+        self.arrays = CupyArrays(stream=self.stream)
+        self.byte_type = nccl_types.byte_type(self.nccl)
+        self.timeout = float(timeout)
+        self.control = MpiChannel(self.world.Dup())
+        self.notices = Notices(self.world.Dup())
+        self._digests = self.world.Dup()
+        self._notice_lock = threading.Lock()
+        self.data = NcclChannel(self)
+        self.p2p = NcclChannel(self)  # users' send/recv: a channel (and group) of their own
+        self.objects = self.world.Dup()  # pickled objects between ranks: host-side, over MPI
+        self.native = NcclNative(self)
+        self.failed: BaseException | None = None
+        self.watchdog = Watchdog(self)
+        self._pinned: list = []
+        self._last_digest = 0
+
+    # --- streams and the watchdog ------------------------------------------------------
+
+    def on_stream(self):
+        """Context for CuPy calls that enqueue on the current stream: this device, its
+        stream."""
+        import cupy
+
+        return _Both(cupy.cuda.Device(self.device), self.stream)
+
+    def record(self):
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(self.stream)
+        return event
+
+    def watch(self, description: str, seq: int | None = None) -> None:
+        """Hand what was just enqueued to the watchdog."""
+        self.watchdog.watch(description, seq if seq is not None else self._last_digest,
+                            self.record(), self.timeout)
+
+    def digest(self, seq: int, check: int) -> None:
+        """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog)."""
+        if seq > self._last_digest:
+            self._last_digest = seq
+            self.watchdog.digest(seq, check, self._digests)
+
+    def pinned(self, nbytes: int):
+        """A pinned host buffer (uint8) of at least ``nbytes``, reused across calls; give it
+        back with :meth:`release_pinned`."""
+        import cupy
+        import numpy as np
+
+        for i, buf in enumerate(self._pinned):
+            if buf.nbytes >= nbytes:
+                return self._pinned.pop(i)
+        size = max(nbytes, 1)
+        return np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)
+
+    def release_pinned(self, buf) -> None:
+        self._pinned.append(buf)
+
+    # --- Transport --------------------------------------------------------------------------
+
+    def idle(self, waited: float) -> None:
+        if waited > 1e-3:
+            with self._notice_lock:
+                self.notices.answer()
+            time.sleep(min(1e-3, waited / 100))
+
+    def notify_failure(self, failure: Failure) -> None:
+        with self._notice_lock:
+            self.notices.notify(failure)
+
+    def poll_failure(self) -> Failure | None:
+        return self.notices_poll()
+
+    def notices_poll(self) -> Failure | None:
+        with self._notice_lock:
+            return self.notices.poll()
+
+    def notices_ask(self, timeout: float) -> dict:
+        with self._notice_lock:
+            return self.notices.ask(timeout)
+
+    def agreement_waiting(self, seq: int) -> bool:
+        return self.control.waiting_from_call(seq)
+
+    def publish_activity(self, activity: tuple) -> None:
+        self.notices.activity = activity
+        seq, subject, inside = activity
+        if inside:  # every call, in order on every rank: its digest (see the watchdog)
+            self.digest(seq, int(getattr(subject, "check", 0) or 0))
+
+    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+        return self.notices_ask(timeout)
+
+    def dup(self) -> NcclTransport:
+        return NcclTransport(self.world, device=self.device, stream=self.stream,
+                             timeout=self.timeout)
+
+    def split(self, color: int | None, key: int) -> NcclTransport | None:
+        from mpi4py import MPI
+
+        sub = self.world.Split(MPI.UNDEFINED if color is None else color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        return NcclTransport(sub, device=self.device, stream=self.stream, timeout=self.timeout)
+
+    def free(self) -> None:
+        self.comms.free()
+        for comm in (self.control.comm, self.notices.comm, self._digests, self.objects,
+                     self.world):
+            comm.Free()
+
+
+class _Both:
+    def __init__(self, device, stream):
+        self.device, self.stream = device, stream
+
+    def __enter__(self):
+        self.device.__enter__()
+        self.stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stream.__exit__(*exc)
+        self.device.__exit__(*exc)

@@ -1,0 +1,148 @@
+"""The watchdog: stream-ordered calls that never finish, fail, or disagree become errors.
+
+NCCL calls return as soon as they are enqueued, so the core's waiting loop never sees a
+stuck one. Each call instead leaves an event on the transport's stream, and a background
+thread (alive only while calls are outstanding) checks, every few milliseconds:
+
+* NCCL's ``check_async_error()`` on every communicator: a failed peer or network turns into
+  :class:`~collectives.PeerFailedError`;
+* the call digests (every call's check value, all-reduced MAX over MPI without waiting, as
+  ``[check, -check]``): ranks that called different collectives turn into
+  :class:`~collectives.CollectiveMismatchError`;
+* the oldest event's deadline (the communicator's timeout): a call still unfinished then
+  turns into :class:`~collectives.CollectiveTimeoutError` naming the ranks that do not say
+  they are in it.
+
+On any of them the NCCL communicators are aborted (their kernels exit, so nothing stays
+stuck on the GPU), peers are told, and the transport is marked failed: the next call raises
+``CommunicatorBrokenError`` with the cause, and so does ``Work.wait()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from collectives.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+)
+from collectives.transport import Failure
+
+PERIOD = 2e-3  # seconds between checks while calls are outstanding
+
+
+class Watchdog:
+    def __init__(self, transport: Any):
+        self.t = transport
+        self.lock = threading.Lock()
+        self.events: deque = deque()  # (seq, description, event, deadline)
+        self.digests: deque = deque()  # (seq, buffer, request)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, description: str, seq: int, event: Any, timeout: float) -> None:
+        with self.lock:
+            self.events.append((seq, description, event, time.monotonic() + timeout))
+        self._start()
+
+    def digest(self, seq: int, check: int, comm: Any) -> None:
+        from mpi4py import MPI
+
+        buf = np.array([check, -check], np.int64)
+        with self.lock:
+            self.digests.append((seq, buf, comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)))
+        self._start()
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"collectives-nccl-watchdog-{self.t.rank}")
+            self._thread.start()
+
+    def _run(self) -> None:
+        while self.t.failed is None:
+            with self.lock:
+                if not self.events and not self.digests:
+                    return
+            try:
+                self.check()
+            except Exception as exc:  # noqa: BLE001 - a failure of the checks is a failure
+                self.fail(PeerFailedError(f"rank {self.t.rank}: the watchdog failed: "
+                                          f"{type(exc).__name__}: {exc}"), None)
+                return
+            time.sleep(PERIOD)
+
+    def check(self) -> None:
+        """One round of checks (also called by waits on the calling thread)."""
+        t = self.t
+        if t.failed is not None:
+            return
+        for comm in t.comms.all():
+            try:
+                comm.check_async_error()
+            except Exception as exc:  # noqa: BLE001 - NCCL's error, by name, is the cause
+                self.fail(PeerFailedError(
+                    f"rank {t.rank}: NCCL reported {type(exc).__name__}: {exc} (a peer failed "
+                    "or the network broke); run with NCCL_DEBUG=INFO for details"), None)
+                return
+        failure = t.notices_poll()
+        if failure is not None:
+            kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
+            self.fail(kind(f"rank {t.rank}: rank {failure.rank} failed in call {failure.seq}: "
+                           f"{failure.message}"), failure.seq, tell=False)
+            return
+        with self.lock:
+            while self.digests and self.digests[0][2].Test():
+                seq, buf, _ = self.digests.popleft()
+                if int(buf[0]) != -int(buf[1]):
+                    error = CollectiveMismatchError(
+                        f"rank {t.rank}: call {seq}: ranks called different collectives, or the "
+                        "same one with different arguments (their check values differ); every "
+                        "rank must make the same calls in the same order")
+                    break
+            else:
+                error = None
+            while self.events and self.events[0][2].done:
+                self.events.popleft()
+            late = self.events[0] if self.events and time.monotonic() > self.events[0][3] \
+                else None
+        if error is not None:
+            self.fail(error, None)
+        elif late is not None:
+            seq, description, _, _ = late
+            activity = t.notices_ask(0.5)
+            absent = [r for r, (s, _) in sorted(activity.items()) if s is None or s < seq]
+            missing = absent or sorted(activity)
+            doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
+                              if r in missing)
+            self.fail(CollectiveTimeoutError(description, missing, t.timeout, t.rank,
+                                             detail=doing, call=seq), seq)
+
+    def fail(self, error: BaseException, seq: int | None, tell: bool = True) -> None:
+        """Abort NCCL, mark the transport failed with ``error``, and tell the peers."""
+        t = self.t
+        if t.failed is not None:
+            return
+        t.failed = error
+        for comm in t.comms.all():
+            try:
+                comm.abort()
+            except Exception:  # noqa: BLE001 - already aborted or destroyed
+                pass
+        with self.lock:
+            self.events.clear()
+            self.digests.clear()
+        if tell:
+            kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
+                    "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+            t.notify_failure(Failure(t.rank, seq if seq is not None else -1, kind,
+                                     f"{type(error).__name__}: {error}"))
+
+    def outstanding(self) -> bool:
+        with self.lock:
+            return bool(self.events)

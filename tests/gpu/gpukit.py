@@ -1,0 +1,108 @@
+"""Helpers of the GPU tests: why they skip, moving exact inputs to devices, comparing bits.
+
+GPU tests run on a real GPU and skip, with the reason, where CuPy is missing or no GPU is
+visible; nothing stands in for CuPy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def gpu_reason() -> str | None:
+    """None where a GPU test can run, else why not."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install -e '.[cuda]')"
+    import cupy
+
+    if not cupy.cuda.is_available():
+        return "no CUDA GPU is visible (cupy.cuda.is_available() is False)"
+    return None
+
+
+def nccl_reason() -> str | None:
+    """None where CuPy loads NCCL, else why not (GPU or not)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install -e '.[cuda]')"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from cupy.cuda import nccl
+    if not getattr(nccl, "available", False):
+        return "CuPy cannot load NCCL (pip install nvidia-nccl-cu12)"
+    return None
+
+
+def gpu_count() -> int:
+    if gpu_reason() is not None:
+        return 0
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+GPU = gpu_reason()
+needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(GPU is not None, reason=GPU or "")]
+needs_gpus = pytest.mark.skipif(gpu_count() < 2, reason=GPU or "needs two GPUs; this "
+                                "machine shows one")
+
+
+def find_mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+MPIEXEC = find_mpiexec()
+MPI_REASON = (None if importlib.util.find_spec("mpi4py") and MPIEXEC
+              else "needs mpi4py and mpiexec (pip install -e '.[mpi]')")
+needs_mpi = pytest.mark.skipif(MPI_REASON is not None, reason=MPI_REASON or "")
+
+
+def launch(script: str, n: int, *args: str, env: dict | None = None,
+           timeout: float = 240) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python scenarios/script args`` from the checkout."""
+    full = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_RANKS_PER_NODE"}
+    full.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(SCENARIOS / script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full,
+                          cwd=ROOT)
+
+
+def passed(proc: subprocess.CompletedProcess, name: str) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
+    assert f"SUMMARY {name} PASS" in out, out[-6000:]
+    return out
+
+
+def on_devices(values, devices):
+    """``values[i]`` copied to GPU ``devices[i]``."""
+    import cupy
+
+    out = []
+    for v, d in zip(values, devices):
+        with cupy.cuda.Device(d):
+            out.append(cupy.asarray(v))
+    return out
+
+
+def host(x) -> np.ndarray:
+    import cupy
+
+    return cupy.asnumpy(x)
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

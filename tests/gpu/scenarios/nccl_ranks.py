@@ -1,0 +1,110 @@
+"""Under mpiexec on a GPU: the NCCL backend's Communicator, checked against the reference.
+
+``one_rank`` (mpiexec -n 1): every collective, op and dtype on a one-rank NCCL communicator,
+blocking and async, plus the errors for host arrays. ``two_level`` (mpiexec -n 2 with
+COLLECTIVES_RANKS_PER_NODE=1, every rank on GPU 0): all-reduce through NCCL inside each
+simulated node and MPI between them; calls that need a NCCL world communicator raise a clear
+error naming the shared GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy
+import numpy as np
+
+import collectives
+from collectives.ops import ReduceOp, check_dtype
+from collectives.reference import exact_input, expected_outputs
+
+mode = sys.argv[1]
+comm = collectives.load_backend("nccl").init(timeout=60)
+rank, size = comm.rank, comm.size
+DTYPES = [np.bool_, np.int8, np.int16, np.uint32, np.int64, np.float16, np.float32, np.float64,
+          np.complex64, np.complex128]
+checked = 0
+
+
+def pairs():
+    for dtype in DTYPES:
+        for op in ReduceOp:
+            try:
+                check_dtype(op, np.dtype(dtype))
+            except TypeError:
+                continue
+            yield np.dtype(dtype), op
+
+
+def same(a, b) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def check(collective, dtype, op, count, algorithm, async_op=False):
+    global checked
+    n = size
+    rows = count * n if collective == "reduce_scatter" else count
+    inputs = [exact_input(n, p, rows, dtype, op) for p in range(n)]
+    x = cupy.asarray(inputs[rank])
+    fn = getattr(comm, collective)
+    if collective in ("all_reduce", "reduce_scatter"):
+        out = fn(x, op.value, algorithm, async_op=async_op)
+    elif collective == "reduce":
+        out = fn(x, op.value, 0, algorithm, async_op=async_op)
+    elif collective == "broadcast":
+        out = fn(x, 0, algorithm, async_op=async_op)
+    else:
+        out = fn(x, 0, algorithm, async_op=async_op)
+    if async_op:
+        out = out.wait()
+    expected = expected_outputs(collective, inputs, op)[rank]
+    if expected is None:
+        return
+    got = cupy.asnumpy(out)
+    if op is ReduceOp.MEAN and expected.dtype.kind in "fc":
+        np.testing.assert_allclose(got, expected, rtol=1e-2 if expected.itemsize <= 4 else 1e-6)
+    else:
+        assert same(got, expected), (collective, dtype, op, count, algorithm, got, expected)
+    checked += 1
+
+
+if mode == "one_rank":
+    for dtype, op in pairs():
+        for collective in ("all_reduce", "reduce", "reduce_scatter"):
+            for count in (0, 1, 1009):
+                check(collective, dtype, op, count, "auto")
+        check("all_reduce", dtype, op, 257, "nccl", async_op=True)
+        check("all_reduce", dtype, op, 257, "ring")
+    for dtype in DTYPES:
+        check("broadcast", np.dtype(dtype), ReduceOp.SUM, 1009, "auto")
+        check("all_gather", np.dtype(dtype), ReduceOp.SUM, 1009, "auto")
+    try:
+        comm.all_reduce(np.zeros(3, np.float32))
+        raise AssertionError("a NumPy array was accepted")
+    except TypeError as exc:
+        assert "CuPy arrays" in str(exc), exc
+    comm.barrier()
+    comm.synchronize()
+elif mode == "two_level":
+    for dtype, op in pairs():
+        if dtype in (np.float16, np.int16) or (dtype.kind == "c" and op is ReduceOp.PROD):
+            continue  # no exact NCCL form (float16 also has no MPI type)
+        for count in (0, 1, 1009, (4 << 20) + 3):
+            for algorithm in ("auto", "two_level"):
+                if count > 2000 and (dtype != np.float32 or algorithm == "auto"):
+                    continue
+                check("all_reduce", dtype, op, count, algorithm)
+    x = cupy.ones(10, np.float32)
+    for bad in (lambda: comm.all_reduce(x, "sum", "nccl"), lambda: comm.broadcast(x, 0)):
+        try:
+            bad()
+            raise AssertionError("ranks sharing a GPU were given a NCCL world communicator")
+        except ValueError as exc:  # every rank that validated the call itself
+            assert "share GPU" in str(exc), exc
+        except collectives.PeerFailedError as exc:  # a broadcast's non-root hears the root's
+            assert rank != 0 and "share GPU" in str(exc), exc
+    assert (cupy.asnumpy(comm.all_reduce(x)) == size).all()  # still usable
+comm.barrier()
+if rank == 0:
+    print(f"SUMMARY {mode} PASS checked={checked} ranks={size}")

@@ -1,0 +1,184 @@
+"""The multi-device API over CuPy arrays, on a real GPU: 2, 3 and 4 logical devices sharing
+one GPU, every algorithm, collective, op and dtype, sizes 0, 1, a prime and 64 MiB, bitwise
+equal to the NumPy backend running the same algorithm (and to the float64 reference); NCCL
+over one device; several GPUs where there are several. Skipped, with the reason, where CuPy
+or a GPU is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpukit import host, needs_gpu, needs_gpus, on_devices, same_bits
+
+import collectives
+from collectives.ops import ReduceOp, check_dtype
+from collectives.reference import exact_inputs, expected_outputs, random_inputs
+
+pytestmark = needs_gpu
+
+ALGORITHMS = ["one_device", "ring", "rechd", "tree", "shuffle", "xring", "pscpu/pscpu"]
+DTYPES = [np.bool_, np.int8, np.int16, np.uint32, np.int64, np.float16, np.float32,
+          np.float64, np.complex64, np.complex128]
+SIZES = [0, 1, 1009]
+
+
+def pairs():
+    out = []
+    for dtype in DTYPES:
+        for op in ReduceOp:
+            try:
+                check_dtype(op, np.dtype(dtype))
+            except TypeError:
+                continue
+            out.append((np.dtype(dtype), op))
+    return out
+
+
+def gpu():
+    from collectives.backends import cupy as backend
+
+    return backend
+
+
+def run_both(collective: str, values: list, op: ReduceOp, algorithm: str, n: int, **kw):
+    """The NumPy backend's results and the CuPy backend's (as host arrays)."""
+    cpu_fn = getattr(collectives, collective)
+    gpu_fn = getattr(gpu(), collective)
+    devices = [0] * n
+    if collective == "broadcast":
+        cpu = cpu_fn(values[0], n, algorithm)
+        out = gpu_fn(on_devices(values[:1], [0])[0], n, algorithm)
+    elif collective == "all_gather":
+        cpu = cpu_fn(values, 0, algorithm)
+        out = gpu_fn(on_devices(values, devices), 0, algorithm)
+    elif collective == "reduce":
+        cpu = [cpu_fn(values, op, 0, algorithm, **kw)]
+        out = [gpu_fn(on_devices(values, devices), op, 0, algorithm, **kw)]
+    else:
+        cpu = cpu_fn(values, op, algorithm, **kw)
+        out = gpu_fn(on_devices(values, devices), op, algorithm, **kw)
+    return cpu, [host(o) for o in out]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "reduce_scatter"])
+def test_reductions_match_numpy_bit_for_bit(collective, algorithm, n):
+    # (the core's reduce_scatter takes no groups: its two-level form spans one group)
+    kw = {"groups": 2} if "/" in algorithm and collective != "reduce_scatter" else {}
+    for dtype, op in pairs():
+        for count in SIZES:
+            rows = count * n if collective == "reduce_scatter" else count
+            values = exact_inputs(n, rows, dtype, op)
+            before = [v.copy() for v in values]
+            cpu, got = run_both(collective, values, op, algorithm, n, **kw)
+            for c, g in zip(cpu, got):
+                assert same_bits(c, g), (collective, algorithm, n, dtype, op, count)
+            expected = [e for e in expected_outputs(collective, values, op) if e is not None]
+            if op is not ReduceOp.MEAN:
+                for e, g in zip(expected, got):
+                    assert same_bits(e, g), (collective, algorithm, dtype, op, count)
+            for v, b in zip(values, before):
+                assert same_bits(v, b)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "rechd", "tree", "shuffle"])
+def test_moves_match_numpy(algorithm, n):
+    for dtype in DTYPES:
+        for count in SIZES:
+            values = exact_inputs(n, count, dtype, ReduceOp.SUM)
+            for collective in ("broadcast", "all_gather"):
+                cpu, got = run_both(collective, values, ReduceOp.SUM, algorithm, n)
+                assert all(same_bits(c, g) for c, g in zip(cpu, got)), (collective, dtype)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "tree", "shuffle", "one_device"])
+def test_rounded_sums_follow_the_same_order(algorithm):
+    # random floats round: only the same order of additions gives the same bits
+    values = random_inputs(3, 100_003, np.float32, seed=5)
+    cpu, got = run_both("all_reduce", values, ReduceOp.SUM, algorithm, 3)
+    assert all(same_bits(c, g) for c, g in zip(cpu, got))
+    assert all(same_bits(got[0], g) for g in got)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "auto"])
+def test_64_mib(algorithm):
+    count = (64 << 20) // 4
+    values = exact_inputs(4, count, np.float32, ReduceOp.SUM)
+    cpu, got = run_both("all_reduce", values, ReduceOp.SUM, algorithm if algorithm != "auto"
+                        else "ring", 4)
+    assert all(same_bits(c, g) for c, g in zip(cpu, got))
+
+
+def test_nan_propagates_through_max_and_min():
+    n = 3
+    values = [np.arange(10, dtype=np.float32) for _ in range(n)]
+    values[1][4] = np.nan
+    for op in ("max", "min"):
+        for algorithm in ("ring", "rechd", "tree", "shuffle"):
+            out = gpu().all_reduce(on_devices(values, [0] * n), op, algorithm)
+            assert all(np.isnan(host(o)[4]) for o in out)
+
+
+def test_nccl_over_one_device():
+    for dtype, op in pairs():
+        values = exact_inputs(1, 1009, dtype, op)
+        got = host(gpu().all_reduce(on_devices(values, [0]), op, "nccl")[0])
+        cpu = collectives.all_reduce(values, op, "ring")[0]
+        assert same_bits(cpu, got), (dtype, op)
+    x = np.arange(8, dtype=np.float64)
+    x[3] = np.nan
+    for op in ("max", "min"):
+        assert np.isnan(host(gpu().all_reduce(on_devices([x], [0]), op, "nccl")[0])[3])
+
+
+def test_explicit_nccl_on_one_gpu_names_it_and_auto_does_not():
+    values = on_devices(exact_inputs(2, 16, np.float32), [0, 0])
+    with pytest.raises(ValueError, match=r"values\[0\] and values\[1\] are both on GPU 0"):
+        gpu().all_reduce(values, "sum", "nccl")
+    assert host(gpu().all_reduce(values, "sum", "auto")[1]).sum() > 0
+
+
+def test_core_api_routes_cupy_arrays_and_async_handles_wait():
+    import cupy
+
+    values = on_devices(exact_inputs(4, 1000, np.float32), [0] * 4)
+    expected = collectives.all_reduce(exact_inputs(4, 1000, np.float32), "sum", "ring")
+    assert all(isinstance(r, cupy.ndarray) for r in collectives.all_reduce(values, "sum"))
+    handle = gpu().all_reduce(values, "sum", "ring", async_op=True)
+    results = handle.wait(timeout=60)
+    assert handle.is_completed()
+    assert all(same_bits(e, host(r)) for e, r in zip(expected, results))
+    with pytest.raises(TypeError, match="mixed|NumPy"):
+        gpu().all_reduce([values[0], np.zeros(1000, np.float32)])
+
+
+def test_batch_all_reduce():
+    n = 3
+    lists = [exact_inputs(n, c, np.float32) for c in (5, 0, 70, 1)]
+    cpu = collectives.batch_all_reduce(lists, "sum", "ring", num_packs=2)
+    got = gpu().batch_all_reduce([on_devices(v, [0] * n) for v in lists], "sum", "ring",
+                                 num_packs=2)
+    for c, g in zip(cpu, got):
+        assert all(same_bits(a, host(b)) for a, b in zip(c, g))
+
+
+@needs_gpus
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "nccl", "auto", "nccl/xring"])
+def test_several_gpus(algorithm):
+    import cupy
+
+    n = cupy.cuda.runtime.getDeviceCount()
+    for dtype, op in pairs():
+        values = exact_inputs(n, 1009, dtype, op)
+        got = gpu().all_reduce(on_devices(values, list(range(n))), op, algorithm,
+                               groups=2 if "/" in algorithm else None)
+        assert [g.device.id for g in got] == list(range(n))
+        cpu = collectives.all_reduce(values, op, "ring")
+        for c, g in zip(cpu, got):
+            if op is ReduceOp.MEAN or algorithm.startswith("nccl") or algorithm == "auto":
+                np.testing.assert_array_equal(c, host(g))  # NCCL's order is its own
+            else:
+                assert same_bits(c, host(g))

@@ -1,0 +1,128 @@
+"""What of the GPU backends runs without a GPU, run for real: imports, registry, errors
+raised before any GPU work, dtype plans, kernels compiled by NVRTC, and the NCCL backend's
+host side (unique id over MPI, nodes, control channel, notices) under mpiexec."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+from gpukit import GPU, MPI_REASON, launch, nccl_reason, needs_mpi, passed
+
+import collectives
+from collectives.ops import ReduceOp, check_dtype, supported_dtypes
+
+needs_cupy = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("cupy") is None,
+    reason="CuPy is not installed (pip install -e '.[cuda]')")
+no_gpu_here = pytest.mark.skipif(GPU is None, reason="a GPU is visible: the no-GPU errors "
+                                                    "cannot happen here")
+
+
+def test_backends_import_and_register_without_cuda():
+    names = {ep.name for ep in importlib.metadata.entry_points(group="collectives.backends")}
+    assert {"cupy", "nccl"} <= names
+    assert collectives.load_backend("cupy").__name__ == "collectives.backends.cupy"
+    assert collectives.load_backend("nccl").__name__ == "collectives.backends.nccl"
+    # the CPU paths do not notice
+    assert (collectives.all_reduce([np.ones(3), np.ones(3)])[0] == 2).all()
+
+
+@needs_cupy
+@no_gpu_here
+def test_no_gpu_is_a_clear_error():
+    from collectives.backends.cupy import GpuUnavailableError, devices
+
+    with pytest.raises(GpuUnavailableError, match="no CUDA GPU is visible.*CUDA_VISIBLE_DEVICES"):
+        devices()
+    with pytest.raises(GpuUnavailableError, match="no CUDA GPU is visible"):
+        collectives.load_backend("nccl").init()
+
+
+@needs_cupy
+def test_numpy_arrays_are_refused_by_name():
+    from collectives.backends import cupy as gpu
+
+    with pytest.raises(TypeError, match=r"values\[0\] is a numpy.ndarray.*cannot be mixed"):
+        gpu.all_reduce([np.zeros(3), np.zeros(3)])
+    with pytest.raises(TypeError, match="one CuPy array per device"):
+        gpu.all_reduce(np.zeros(3))
+
+
+def test_nccl_names_are_read_as_the_backend_needs():
+    from collectives.backends.cupy import nccl_request
+
+    assert nccl_request("nccl", 10) == "nccl"
+    assert nccl_request(" NCCL/xring ", 10) == "nccl/ring"
+    assert nccl_request("nccl/pscpu", 10) == "nccl/shuffle"
+    assert nccl_request("auto", 10) == "auto"
+    assert nccl_request("ring", 10) is None
+    assert nccl_request("tree:1k:nccl", 10) is None  # 10 elements: the "tree" range
+    assert nccl_request("tree:1k:nccl", 10_000) == "nccl"
+
+
+@pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or "")
+def test_every_dtype_has_an_exact_nccl_form_or_none():
+    import warnings
+
+    from collectives.backends.cupy.nccl_types import reduction
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from cupy.cuda import nccl
+    for dtype in supported_dtypes():
+        for op in ReduceOp:
+            try:
+                check_dtype(op, dtype)
+            except TypeError:
+                continue
+            plan = reduction(nccl, dtype, op)
+            kind = np.dtype(dtype).kind
+            if dtype in (np.int16, np.uint16) or dtype.name == "bfloat16":
+                assert plan is None
+            elif kind == "c":
+                assert (plan is None) == (op is ReduceOp.PROD)
+                if plan is not None:
+                    assert plan.scale == 2 and plan.view.itemsize * 2 == dtype.itemsize
+            elif kind == "b":
+                assert plan.view == np.uint8
+            elif kind == "f" and op in (ReduceOp.MAX, ReduceOp.MIN):
+                assert (plan is None) == (dtype == np.float16)
+                assert plan is None or (plan.keys and plan.view.kind == "i")
+            else:
+                assert plan is not None and plan.view == dtype and not plan.keys
+
+
+def test_shared_gpus_are_named():
+    from collectives.backends.nccl import ranks_per_node, shared_gpu
+
+    ids = ["h/0000:01:00.0", "h/0000:02:00.0", "h/0000:01:00.0"]
+    assert shared_gpu(ids, (0, 1, 2)) == (0, 2, "h/0000:01:00.0")
+    assert shared_gpu(ids, (0, 1)) is None
+    assert ranks_per_node({"COLLECTIVES_RANKS_PER_NODE": "2"}) == 2
+    assert ranks_per_node({}) is None
+    with pytest.raises(ValueError, match="COLLECTIVES_RANKS_PER_NODE='x'"):
+        ranks_per_node({"COLLECTIVES_RANKS_PER_NODE": "x"})
+
+
+def test_control_tags_pack_the_call():
+    from collectives.backends.nccl.control import control_tag, tag_seq
+
+    tags = {control_tag((seq, check, r, pos)) for seq in (1, 2) for check in (0, 1)
+            for r in range(3) for pos in (0, 5)}
+    assert len(tags) == 24 and max(tags) < 2**29
+    assert tag_seq(control_tag((4100, 1, 2, 3))) == 4100 % 4096
+
+
+@needs_mpi
+@pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or "")
+@pytest.mark.parametrize("n, per_node", [(1, None), (2, None), (3, None), (3, "1"), (4, "2")])
+def test_host_side_under_mpiexec(n, per_node):
+    env = {"COLLECTIVES_RANKS_PER_NODE": per_node} if per_node else None
+    out = passed(launch("host_side.py", n, env=env), "host_side")
+    assert f"ranks={n}" in out
+
+
+def test_mpi_reason_is_stated():
+    assert MPI_REASON is None or "mpi4py" in MPI_REASON

@@ -1,0 +1,58 @@
+"""Every kernel of the CuPy backend compiles with NVRTC, as CuPy compiles it, for every op,
+dtype and form: NVRTC needs no GPU, so a kernel that would fail on a card fails here first.
+Skipped, with the reason, where NVRTC or the CUDA headers are not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from collectives.ops import ReduceOp, check_dtype
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("cupy") is None,
+                                reason="CuPy is not installed (pip install -e '.[cuda]')")
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    from nvrtc import compile_source, elementwise_source, nvrtc_ready
+
+    reason = nvrtc_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    return compile_source, elementwise_source
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_combine_and_divide_kernels_compile(nvrtc, dtype):
+    from collectives.backends.cupy import kernels
+
+    compile_source, source = nvrtc
+    dtype = np.dtype(dtype)
+    for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN):
+        try:
+            check_dtype(op, dtype)
+        except TypeError:
+            continue
+        for arity, into in ((1, False), (3, True)):
+            i, o, operation = kernels.combine_operation(op, arity, into)
+            compile_source(source("k", i, o, operation, {"T": dtype}, kernels.PREAMBLE))
+    if dtype.kind != "b":
+        i, o, operation = kernels.divide_operation(dtype)
+        compile_source(source("mean", i, o, operation, {"T": dtype}))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_key_kernels_compile(nvrtc, dtype):
+    from collectives.backends.cupy import kernels
+
+    compile_source, source = nvrtc
+    for op in (ReduceOp.MAX, ReduceOp.MIN):
+        key, to_key, from_key = kernels.key_operations(np.dtype(dtype), op)
+        for operation in (to_key, from_key):
+            compile_source(source("keys", "", f"{key} k", operation, {}))

@@ -1,0 +1,28 @@
+"""The NCCL backend under mpiexec on a real GPU: a one-rank communicator for every
+collective, op and dtype; the two-level path with one rank per simulated node, two processes
+sharing one GPU; several GPUs where there are several. Skipped, with the reason, where CuPy,
+NCCL, a GPU or MPI is missing (the host side runs for real in test_gpu_host_side.py)."""
+
+from __future__ import annotations
+
+import pytest
+from gpukit import gpu_count, launch, nccl_reason, needs_gpu, needs_mpi, passed
+
+pytestmark = [*needs_gpu, needs_mpi,
+              pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or "")]
+
+
+def test_one_rank_every_collective_op_and_dtype():
+    out = passed(launch("nccl_ranks.py", 1, "one_rank", timeout=540), "one_rank")
+    assert "checked=" in out
+
+
+def test_two_level_with_one_rank_per_simulated_node_on_one_gpu():
+    out = passed(launch("nccl_ranks.py", 2, "two_level", timeout=540,
+                        env={"COLLECTIVES_RANKS_PER_NODE": "1"}), "two_level")
+    assert "ranks=2" in out
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_world_over_several_gpus():
+    passed(launch("nccl_ranks.py", gpu_count(), "one_rank", timeout=540), "one_rank")

@@ -1,0 +1,85 @@
+"""When ranks disagree about a call only some of them agreed before: no hang, every rank told,
+and a bad ``out`` after agreement costs nobody else their result."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import CollectiveMismatchError, PeerFailedError
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("bad", ["x-none", "shape", "op"])
+def test_one_rank_breaks_an_agreed_call_and_every_rank_hears_within_a_second(n, bad):
+    x = np.ones(6)
+
+    def body(comm):
+        comm.all_reduce(x)  # agreed once
+        start = time.monotonic()
+        try:
+            if comm.rank == 1:
+                arg = {"x-none": None, "shape": np.ones(7), "op": x}[bad]
+                comm.all_reduce(arg, "median" if bad == "op" else "sum")
+            else:
+                comm.all_reduce(x)
+        except (TypeError, ValueError, PeerFailedError, collectives.CollectiveError) as exc:
+            return type(exc).__name__, time.monotonic() - start
+        return "returned", time.monotonic() - start
+
+    outcomes = collectives.run(body, n, timeout=20)
+    for rank, (kind, took) in enumerate(outcomes):
+        assert kind != "returned", f"rank {rank} returned a result"
+        assert took < 2.0, f"rank {rank} took {took:.1f} s"
+    assert outcomes[1][0] in ("TypeError", "ValueError", "CollectiveMismatchError")
+
+
+def test_a_bad_out_after_agreement_leaves_the_others_their_result():
+    def body(comm):
+        comm.all_reduce(np.ones(4))  # agreed
+        out = np.empty(5) if comm.rank == 1 else np.empty(4)
+        try:
+            got = comm.all_reduce(np.ones(4), out=out)
+        except ValueError as exc:
+            assert "out has shape (5,)" in str(exc)
+            got = None
+        after = comm.all_reduce(np.full(2, 2.0))  # still usable
+        return got, after
+
+    results = collectives.run(body, 3)
+    assert results[1][0] is None
+    for r in (0, 2):
+        np.testing.assert_array_equal(results[r][0], np.full(4, 3.0))
+    for _, after in results:
+        np.testing.assert_array_equal(after, np.full(2, 6.0))
+
+
+def test_a_mismatch_the_first_time_raises_everywhere_and_leaves_it_usable():
+    def body(comm):
+        with pytest.raises(CollectiveMismatchError, match="different shape"):
+            comm.all_reduce(np.ones(3 + comm.rank % 2))
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(body, 4) == [[4.0, 4.0]] * 4
+
+
+def test_numpy_integer_roots():
+    def body(comm):
+        root = np.int64(1)
+        got = comm.broadcast(np.arange(3.0) if comm.rank == 1 else None, root)
+        row = comm.scatter(np.arange(6.0).reshape(3, 2) if comm.rank == 1 else None, root)
+        return got.tolist(), row.tolist()
+
+    assert collectives.run(body, 3) == [([0.0, 1.0, 2.0], [2 * r, 2 * r + 1.0]) for r in range(3)]
+
+
+def test_a_specs_shard_count_is_taken_as_given():
+    values = [np.random.default_rng(d).standard_normal(12) for d in range(4)]
+    one_gatherer = collectives.all_reduce(values, "sum", "one_device")
+    assert np.array_equal(collectives.all_reduce(values, "sum", "pscpu#1")[0], one_gatherer[0])
+    assert np.array_equal(collectives.all_reduce(values, "sum", ("pscpu", 1))[0], one_gatherer[0])
+    batch = collectives.batch_all_reduce([values], "sum", "pscpu")  # a plain name: the default
+    assert np.array_equal(batch[0][0], collectives.all_reduce(values, "sum", "shuffle")[0])

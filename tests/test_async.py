@@ -1,0 +1,126 @@
+"""Asynchronous handles' error paths, prepared calls' misuse, and threads on one communicator
+(thread ranks; tests/suite covers the results over every transport)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    ConcurrentCallError,
+    PeerFailedError,
+)
+
+
+def test_a_timeout_arrives_through_wait_and_breaks_the_communicator():
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(1.5)  # never joins in time
+            return "late"
+        handle = comm.all_reduce(np.ones(3), async_op=True)
+        assert not handle.is_completed()
+        with pytest.raises(CollectiveTimeoutError, match="rank\\(s\\) 1"):
+            handle.wait(timeout=0.3)
+        assert isinstance(handle.exception(), CollectiveTimeoutError)
+        with pytest.raises(CommunicatorBrokenError, match="timed out"):
+            comm.all_reduce(np.ones(3))
+        return "ok"
+
+    assert collectives.run(body, 2, timeout=10) == ["ok", "late"]
+
+
+def test_a_mismatch_arrives_through_wait_on_every_rank():
+    def body(comm):
+        shape = 3 if comm.rank else 4
+        handle = comm.all_reduce(np.ones(shape), async_op=True)
+        with pytest.raises(CollectiveMismatchError, match="different shape"):
+            handle.wait()
+        comm.barrier()  # an agreed error leaves the communicator usable
+        return float(comm.all_reduce(np.ones(2))[0])
+
+    assert collectives.run(body, 3) == [3.0] * 3
+
+
+def test_a_dropped_handles_error_is_raised_by_the_next_call():
+    def body(comm):
+        comm.all_reduce(np.ones(3 + comm.rank), async_op=True)  # dropped: never waited
+        time.sleep(0.3)
+        with pytest.raises(CollectiveMismatchError):
+            comm.all_reduce(np.ones(2))
+        return "raised"
+
+    assert collectives.run(body, 2) == ["raised"] * 2
+
+
+def test_a_failing_peer_reaches_handles_in_flight():
+    def body(comm):
+        if comm.rank == 0:
+            raise RuntimeError("boom")
+        handle = comm.all_reduce(np.ones(3), async_op=True)
+        with pytest.raises(PeerFailedError, match="rank 0 failed.*boom"):
+            handle.wait(timeout=10)
+        return "told"
+
+    with pytest.raises(RuntimeError, match="boom"):
+        collectives.run(body, 3)
+
+
+def test_a_second_thread_is_refused_and_never_gets_a_wrong_result():
+    results, refused = [], []
+
+    def body(comm):
+        barrier = threading.Barrier(2)
+
+        def hammer(offset):
+            barrier.wait()
+            for k in range(200):
+                try:
+                    got = comm.all_reduce(np.full(4, float(comm.rank + offset + k)))
+                except ConcurrentCallError:
+                    refused.append(1)
+                    continue
+                except CollectiveMismatchError:
+                    continue  # ranks paired calls of different threads: caught, never wrong
+                except Exception:  # noqa: BLE001 - a peer's failure after a refusal
+                    return
+                results.append((got, k, offset, comm.rank))
+
+        threads = [threading.Thread(target=hammer, args=(o,)) for o in (0, 1000)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    try:
+        collectives.run(body, 2, timeout=5)
+    except Exception:  # noqa: BLE001 - the run may end in a timeout once calls are refused
+        pass
+    assert refused, "a second thread's call was never refused"
+    for got, _, _, _ in results:  # whatever completed holds a sum of one call per rank
+        assert got.min() == got.max()
+
+
+def test_prepared_calls_are_started_and_waited_in_turn():
+    def body(comm):
+        x, out = np.ones(3), np.empty(3)
+        prepared = comm.all_reduce_init(x, out=out)
+        with pytest.raises(collectives.CollectiveError, match="wait\\(\\) before start"):
+            prepared.wait()
+        prepared.start()
+        with pytest.raises(collectives.CollectiveError, match="start\\(\\) again before wait"):
+            prepared.start()
+        return prepared.wait().tolist()
+
+    assert collectives.run(body, 2) == [[2.0] * 3] * 2
+    buf = np.ones(4)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        collectives.run(lambda c: c.all_reduce_init(buf[:3], out=buf[1:]), 1)
+    with pytest.raises(TypeError, match="out is required"):
+        collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
