@@ -1,7 +1,8 @@
 """Point-to-point channels: what the SPMD executor sends and receives over MPI.
 
-A channel owns a duplicate of the user's communicator (the ``data`` and ``control`` channels
-own one each, so their messages never match each other's or the user's). Sends and receives
+A channel owns a duplicate of the user's communicator (the ``data``, ``control`` and ``p2p``
+channels own one each, so their messages never match each other's or the user's own MPI
+calls'). ``p2p`` carries the communicator's ``send``/``recv``, tagged with the user's tag. Sends and receives
 are ``Isend``/``Irecv`` of raw bytes (any dtype travels), split at ``MAX_COUNT`` bytes.
 Receives land in place where the executor asks, else in a scratch arena that is reused from
 call to call (it grows to the largest set of receives outstanding at once, and stays).
@@ -136,8 +137,10 @@ class MPIChannel:
 
     def __init__(self, comm: Any, tags: TagSpace, name: str, *, probe: bool):
         self.comm, self.tags, self.name, self.probe = comm, tags, name, probe
+        self.what = "message tag" if name == "p2p" else "call"  # what a tag's number is
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.arena = Arena()
+        self.withdrew = False  # receives were withdrawn: their senders may still send
         self._status = MPI.Status()
 
     def send(self, data: np.ndarray, dst: int, tag: tuple) -> _Send:
@@ -174,6 +177,7 @@ class MPIChannel:
                 except MPI.Exception:
                     pass  # already complete, or the library cannot cancel it
             withdrawn = withdrawn or (request.scratch and bool(request.reqs))
+            self.withdrew = self.withdrew or bool(request.reqs)
             request.reqs = []
             self.release(request)
         if withdrawn:
@@ -196,24 +200,24 @@ class MPIChannel:
             tag = status.Get_tag()
             if tag != request.tag and self.tags.same_call(tag, request.tag):
                 raise CollectiveMismatchError(
-                    f"rank {self.rank}: call {request.seq}: rank {request.src} sent a message of a "
+                    f"rank {self.rank}: {self.what} {request.seq}: rank {request.src} sent a message of a "
                     "call with other arguments (ranks called different collectives, or the same "
                     "one with different arguments); every rank must make the same calls in the "
                     "same order")
 
     def wrong_size(self, request: _Recv, got: int, expected: int) -> CollectiveMismatchError:
         return CollectiveMismatchError(
-            f"rank {self.rank}: call {request.seq}: rank {request.src} sent {got} bytes where "
+            f"rank {self.rank}: {self.what} {request.seq}: rank {request.src} sent {got} bytes where "
             f"{expected} were expected: ranks passed different shapes or dtypes (with "
             "check=False nothing compares them first; pass check=True to be told which)")
 
     def failed(self, what: str, peer: int, seq: int, exc: Exception) -> Exception:
         if exc.Get_error_class() == MPI.ERR_TRUNCATE:
             return CollectiveMismatchError(
-                f"rank {self.rank}: call {seq}: rank {peer} sent more bytes than this rank "
+                f"rank {self.rank}: {self.what} {seq}: rank {peer} sent more bytes than this rank "
                 "expects: ranks passed different shapes or dtypes (with check=False nothing "
                 "compares them first; pass check=True to be told which)")
-        return PeerFailedError(f"rank {self.rank}: call {seq}: MPI failed {what} rank {peer}: "
+        return PeerFailedError(f"rank {self.rank}: {self.what} {seq}: MPI failed {what} rank {peer}: "
                                f"{exc.Get_error_string()}")
 
     def free(self) -> None:

@@ -32,6 +32,8 @@ from .persistent import Entries, Entry, PersistentRun
 from .runs import STALL_POLLS, mpi_error
 
 ASK_EVERY = 0.25  # seconds between two questions of a stalled call to its peers
+NATIVE_COLLECTIVES = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
+                      Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
 
 
 class Bound:
@@ -121,6 +123,8 @@ class MPINatives:
 
     def supports(self, call: Call) -> bool:
         collective = call.collective
+        if collective not in NATIVE_COLLECTIVES:
+            return False  # gather, scatter, all-to-all: the schedules move them
         if call.algorithm in tuning.SHM_NAMES:
             return collective is Collective.ALL_REDUCE and self.single_node
         if collective in (Collective.BROADCAST, Collective.ALL_GATHER):

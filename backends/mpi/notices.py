@@ -24,13 +24,14 @@ FAILURE, QUESTION, ANSWER = 1, 2, 3
 ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers
 
 
-def describe(activity: Any) -> tuple[int | None, str]:
-    """``(seq, text)`` for a published ``(seq, call, inside)``."""
+def describe(activity: Any) -> tuple[int | None, str, Any]:
+    """``(seq, text, phase)`` for a published ``(seq, call, phase)`` (phase: "agreeing",
+    "moving", or False once the call finished)."""
     if activity is None:
-        return None, "has made no call"
-    seq, subject, inside = activity
+        return None, "has made no call", None
+    seq, subject, phase = activity
     text = subject if isinstance(subject, str) else subject.describe()
-    return seq, f"{'in' if inside else 'last finished'} call {seq}, {text}"
+    return seq, f"{'in' if phase else 'last finished'} call {seq}, {text}", phase
 
 
 class Notices:
@@ -105,12 +106,12 @@ class Notices:
                 self._answers[source] = calls
         return self._answers
 
-    def ask(self, timeout: float) -> dict[int, tuple[int | None, str]]:
-        """What every peer says it is doing; peers that do not answer within ``timeout``
-        are described as such."""
+    def ask(self, timeout: float) -> dict[int, tuple]:
+        """What every peer says it is doing, ``(seq, text, phase)``; peers that do not answer
+        within ``timeout`` are described as such."""
         number = self.ask_later()
         peers = [r for r in range(self.size) if r != self.rank]
-        answers: dict[int, tuple[int | None, str]] = {}
+        answers: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         while len(answers) < len(peers) and time.monotonic() < deadline:
             self.serve()  # a peer asking at the same time must hear from us too
@@ -123,7 +124,7 @@ class Notices:
                 answers[source] = said
         for peer in peers:
             answers.setdefault(peer, (None, f"did not answer within {timeout:g} s (busy outside "
-                                            "the library, or gone)"))
+                                            "the library, or gone)", None))
         return answers
 
     def free(self) -> None:

@@ -46,6 +46,11 @@ class TagSpace:
         return (tag ^ other) & self.seq_mask == 0
 
 
+def user_tags(tag_ub: int) -> TagSpace:
+    """Users' own messages: the tag they gave (0 .. 32767), as it is."""
+    return TagSpace(tag_ub, seq_bits=15, check_bits=0)
+
+
 def data_tags(tag_ub: int) -> TagSpace:
     return TagSpace(tag_ub, seq_bits=SEQ_BITS)
 

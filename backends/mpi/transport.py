@@ -1,8 +1,9 @@
 """The MPI transport: everything a :class:`~collectives.Communicator` needs, over mpi4py.
 
-It duplicates the user's communicator three times: ``data`` (the schedules' messages and
-every native collective), ``control`` (argument agreements) and ``notices`` (failure notices
-and status questions), so none of their messages ever matches another's, or the user's.
+It duplicates the user's communicator four times: ``data`` (the schedules' messages and
+every native collective), ``control`` (argument agreements), ``notices`` (failure notices
+and status questions) and ``p2p`` (the communicator's own ``send``/``recv``), so none of
+their messages ever matches another's, or the user's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .groups import groups_from_env, layout_for, local_place, shared_nodes
 from .natives import MPINatives
 from .notices import Notices
 from .shm import SharedWindow
-from .tags import control_tags, data_tags
+from .tags import control_tags, data_tags, user_tags
 from .waiting import Idler
 
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
@@ -52,8 +53,8 @@ class MPITransport:
         self.size: int = comm.Get_size()
         self._groups = groups
         layout_for(groups, ((r,) for r in range(self.size)), self.size)  # bad groups: raise now
-        self._comms = [comm.Dup() for _ in range(3)]
-        data, control, notices = self._comms
+        self._comms = [comm.Dup() for _ in range(4)]
+        data, control, notices, p2p = self._comms
         self._node = data.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         nodes = groups_from_env(self.size) or shared_nodes(data, self._node)
         self.nodes = nodes
@@ -62,6 +63,7 @@ class MPITransport:
         ub = data.Get_attr(MPI.TAG_UB)
         self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
         self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
+        self.p2p = MPIChannel(p2p, user_tags(ub), "p2p", probe=False)
         self.notices = Notices(notices)
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
@@ -100,7 +102,7 @@ class MPITransport:
     def publish_activity(self, activity: tuple) -> None:
         self.notices.activity = activity
 
-    def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+    def peer_activity(self, timeout: float) -> dict[int, tuple]:
         return self.notices.ask(min(timeout, ASK_SECONDS))
 
     # --- communicators ------------------------------------------------------------------
@@ -134,8 +136,8 @@ class MPITransport:
         a new communicator that reused a freed one's context."""
         if not self._comms:
             return
-        troubled = (self._troubled or self.native.abandoned or self.data.arena.old
-                    or self.control.arena.old)
+        troubled = self._troubled or self.native.abandoned or any(
+            c.withdrew for c in (self.data, self.control, self.p2p))
         if troubled:
             _KEPT.append((self._node, *self._comms, self.native, self.notices))
         else:
@@ -143,6 +145,6 @@ class MPITransport:
             self.notices.free()
             for comm in (self._node, *self._comms):
                 comm.Free()
-        self.data.free()
-        self.control.free()
+        for channel in (self.data, self.control, self.p2p):
+            channel.free()
         self._comms = []

@@ -4,7 +4,9 @@
   an order that differs from rank to rank, mixed with blocking calls;
 * 10,000 back-to-back small all-reduces (the hot path), every result checked;
 * prepared calls of every collective, started again and again on refilled inputs;
-* ``dup`` and ``split`` of the transport, each a communicator of its own.
+* ``dup`` and ``split`` of the transport, each a communicator of its own;
+* point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
+  receive that times out, after which the communicator still works.
 """
 
 from __future__ import annotations
@@ -144,6 +146,30 @@ def new_communicators() -> None:
     dup.free()
 
 
+def messages() -> None:
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for k in range(20):  # a ring of messages, several tags, in flight with a collective
+        works = [comm.irecv(np.empty(5 + t), left, tag=t) for t in (k % 3, 7)]
+        sends = [comm.isend(np.full(5 + t, rank * 100.0 + k), right, tag=t) for t in (k % 3, 7)]
+        total = comm.all_reduce(np.array([k]), algorithm="native")
+        report.check(int(total[0]) == k * n, f"messages: collective {k} among them")
+        for work, t in zip(works, (k % 3, 7)):
+            got = work.wait()
+            report.check(np.array_equal(got, np.full(5 + t, left * 100.0 + k)),
+                         f"messages: round {k}, tag {t}")
+        for send in sends:
+            send.wait()
+    try:  # nobody sends tag 99: the receive times out, withdrawn, and nothing is broken
+        comm.recv(np.empty(3), left, tag=99, timeout=0.2)
+        report.check(False, "messages: a receive of nothing returned")
+    except Exception as exc:  # noqa: BLE001 - the kind is what is checked
+        report.check(type(exc).__name__ == "CollectiveTimeoutError",
+                     f"messages: receive of nothing raised {type(exc).__name__}: {exc}")
+    meet()
+    got = comm.all_reduce(np.ones(2), algorithm="ring")
+    report.check(np.array_equal(got, np.full(2, n)), "messages: usable after a receive timed out")
+
+
 def main() -> None:
     many_in_flight()
     meet()
@@ -152,6 +178,9 @@ def main() -> None:
     prepared()
     meet()
     new_communicators()
+    meet()
+    if n > 1:
+        messages()
     comm.free()
     report.finish()
 

@@ -22,6 +22,9 @@ from collectives.reference import exact_inputs, expected_outputs, random_inputs
 from collectives.schedule import Collective
 
 SIZES = (0, 1, 7, 1000)
+FIVE = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST, Collective.ALL_GATHER,
+        Collective.REDUCE_SCATTER)
+EXCHANGES = (Collective.GATHER, Collective.SCATTER, Collective.ALL_TO_ALL)  # moves, no arithmetic
 SCHEDULES = ("one_device", "ring", "rechd", "tree", "shuffle", "ring/ring", "tree/rechd")
 REDUCING = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
 # what the schedules run on (the natives and auto run every pair the library accepts)
@@ -157,7 +160,7 @@ class Matrix:
                 self.case(collective, "native" if "native" in self.natives else "auto", dtype,
                           None, 7, root=n - 1)
         # 2. every algorithm of every collective, at every size, on a few pairs
-        for collective in Collective:
+        for collective in FIVE:
             for algorithm in algorithms_for(collective, self.natives):
                 for count in sizes:
                     for dtype, op in SAMPLES[:2] if count != 7 else SAMPLES:
@@ -167,14 +170,51 @@ class Matrix:
             for algorithm in algorithms_for(collective, self.natives):
                 for dtype in (np.float32, np.float16):
                     self.case(collective, algorithm, dtype, ReduceOp.SUM, 1000, kind="random")
+        # 4. gather, scatter, all-to-all: every algorithm, a few sizes and dtypes
+        for collective in EXCHANGES:
+            for algorithm in algorithms_for(collective, self.natives):
+                for count in sizes:
+                    for dtype in (np.float32, np.int8, np.bool_):
+                        self.exchange(collective, algorithm, dtype, count, root=count % n)
         return self
+
+    def exchange(self, collective: Collective, algorithm: str, dtype, count: int, *,
+                 root: int = 0) -> None:
+        """A gather, scatter or all-to-all of ``count`` elements per block: exact copies."""
+        n, rank, comm = self.n, self.rank, self.comm
+        key = f"{collective.value}|{algorithm}|{np.dtype(dtype)}|None|{count}|exact|{root}"
+        blocks = [[(np.arange(count) * 7 + 13 * r + 3 * k).astype(dtype) for k in range(n)]
+                  for r in range(n)]  # blocks[r][k]: rank r's k-th block
+        self.cases += 1
+        try:
+            if collective is Collective.GATHER:
+                x = blocks[rank][0]
+                got = comm.gather(x, root, algorithm)
+                want = np.stack([blocks[r][0] for r in range(n)]) if rank == root else None
+            elif collective is Collective.SCATTER:
+                x = np.stack(blocks[root]) if rank == root else None
+                got = comm.scatter(x, root, algorithm)
+                want = blocks[root][rank]
+            else:
+                x = np.concatenate(blocks[rank])
+                got = comm.all_to_all(x, algorithm=algorithm)
+                want = np.concatenate([blocks[r][rank] for r in range(n)])
+        except Exception as exc:  # noqa: BLE001 - recorded; the summary lists it
+            self.fail(key, f"raised {type(exc).__name__}: {exc}")
+            return
+        self.digests[key] = digest(got)
+        if want is None:
+            if got is not None:
+                self.fail(key, "a rank other than the root got a result")
+        elif got is None or got.dtype != want.dtype or not np.array_equal(got, want):
+            self.fail(key, f"got {got!r}, expected {want!r}")
 
 
 def identical(per_rank: list[dict[str, str]]) -> list[str]:
     """Keys of calls that give every rank the same result whose bits differ between ranks."""
     bad = []
     for key in per_rank[0]:
-        if key.split("|")[0] in ("reduce", "reduce_scatter"):
+        if key.split("|")[0] not in ("all_reduce", "broadcast", "all_gather"):
             continue  # one rank holds the result, or each rank its own block
         held = {d.get(key) for d in per_rank}
         if len(held) > 1:

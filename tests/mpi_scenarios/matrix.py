@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from _common import WORLD, Report
-from body import Matrix, identical
+from body import FIVE, Matrix, identical
 from collectives.backends import mpi
 from collectives.backends.mpi import tuning
 
@@ -29,7 +29,7 @@ def split_paths(matrix: Matrix) -> None:
     saved = tuning.MAX_COUNT, tuning.NATIVE_PIECE_BYTES, tuning.PERSISTENT_BYTES
     tuning.MAX_COUNT, tuning.NATIVE_PIECE_BYTES, tuning.PERSISTENT_BYTES = 300, 1024, 0
     try:
-        for collective in Collective:
+        for collective in FIVE:
             op = ReduceOp.SUM
             for algorithm in ("native", "ring", "auto"):
                 for count in (1000, 4099):
