@@ -256,6 +256,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                 if agreement is not None and late is not None:
                     # agreed only now: the bad ``out`` goes into the agreement, nothing moves
                     agreement.fail_with(late)
+                    for stage in data or ():
+                        abort = getattr(stage, "abort", None)
+                        if abort is not None:  # e.g. give back a native turn it reserved
+                            abort()
                     data = None
                 # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
                 # and raise at the end: its peers get their results)
@@ -280,12 +284,17 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         finally:
             engine.leave()
 
-    def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1):
-        """The stage that moves the data: the native collective, or this rank's plan."""
+    def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
+                    turn: int | None = None):
+        """The stage that moves the data: the native collective, or this rank's plan.
+        ``turn``: a place in the native start order reserved when the call was issued (for
+        calls that learn their data stage later); released where no native runs."""
         op = call.op.wire_op if call.op is not None else None
         if call.run_as == "native":
             return NativeStage(self._engine, self.transport.native, call, src, work,
-                               op, seq)
+                               op, seq, turn)
+        if turn is not None:
+            self._engine.release_turn(turn)
         if src is not None and src is not work:
             self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0

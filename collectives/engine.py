@@ -38,6 +38,7 @@ AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used
 FAILURES = logging.getLogger("collectives.failures")
 MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
 SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
+THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
@@ -121,6 +122,16 @@ class Engine:
     def forget(self, check: int) -> None:
         self.agreed.pop(check, None)
 
+    def reserve_turn(self) -> int:
+        """A place in the order native collectives start in (they pair by issue order)."""
+        turn = self.native_next
+        self.native_next += 1
+        return turn
+
+    def release_turn(self, turn: int) -> None:
+        """A reserved place that no native collective will take: later ones need not wait."""
+        self.native_skipped.add(turn)
+
     # --- running ------------------------------------------------------------------------
 
     def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
@@ -166,7 +177,6 @@ class Engine:
         transport = self.transport
         start = time.monotonic()
         deadline = start + timeout
-        slow = False
         while not op.finished:
             self.progress()
             if op.finished:
@@ -174,14 +184,13 @@ class Engine:
             now = time.monotonic()
             waited = now - start
             if waited > SLOW_WAIT:
-                slow = True
                 self._look_around(op)
                 if op.finished:
                     break
             if now >= deadline:
                 self._time_out(op, timeout)
                 break
-            transport.idle(waited if slow else 0.0)
+            transport.idle(waited)
         if op in self.inflight:
             with self.state:
                 if op in self.inflight:
@@ -319,18 +328,27 @@ class Engine:
     # --- the progress thread for asynchronous calls -----------------------------------
 
     def _start_thread(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._thread = threading.Thread(target=self._drive, name=f"collectives-progress-{self.rank}",
-                                        daemon=True)
-        self._thread.start()
+        with self.state:  # (a lingering thread decides under this lock whether to end)
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._drive, daemon=True,
+                                            name=f"collectives-progress-{self.rank}")
+            self._thread.start()
 
     def _drive(self) -> None:
         start = time.monotonic()
+        idle_since = None
         while True:
             with self.state:
                 if not self.inflight:
-                    return
+                    # linger: a loop of start()/wait() reuses this thread instead of
+                    # starting one per call
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > THREAD_LINGER:
+                        self._thread = None
+                        return
+                else:
+                    idle_since = None
             try:
                 self.progress()
                 if time.monotonic() - start > SLOW_WAIT:
@@ -339,4 +357,5 @@ class Engine:
                         self._peer_failed(failure)
             except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
                 pass
-            self.transport.idle(time.monotonic() - start)
+            # never a spin here: a user thread may be computing beside this one
+            self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))

@@ -77,6 +77,7 @@ class FastAllReduce:
                     engine.run(op, False, timeout)
                     break
             comm.transport.publish_activity((seq, self.call, False))
+            comm.last_algorithm = "native"
             return self._result(out)
         except BaseException as exc:
             engine._broke(exc, engine.seq)

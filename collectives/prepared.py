@@ -83,8 +83,8 @@ class PreparedCall:
             seq = engine.next_seq()
             call = self.call
             agreement = None
-            if comm.check and not self._agreed:
-                agreement = engine.agreement(seq, call.signature, call.check, None, always=True)
+            if comm.check and not self._agreed:  # as a plain call of this signature would
+                agreement = engine.agreement(seq, call.signature, call.check, None)
             self._agreed = True
             if self.place is not None:
                 self.place()

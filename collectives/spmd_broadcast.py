@@ -24,6 +24,7 @@ import numpy as np
 from . import algorithms
 from .agreement import Agreement
 from .calls import resolve_algorithm
+from .ops import BFLOAT16
 from .schedule import Collective
 from .validate import check_root
 
@@ -47,8 +48,10 @@ class Header:
 class Opening:
     """The broadcast's opening all-reduce (agreement + descriptor), then its data stage."""
 
-    def __init__(self, comm, seq: int, header: Header, known: tuple | None, error, make_data):
+    def __init__(self, comm, seq: int, header: Header, known: tuple | None, error, make_data,
+                 turn: int):
         self.comm, self.seq, self.header, self.make_data = comm, seq, header, make_data
+        self.turn = turn
         self.data = None
         root = comm.rank == header.root
         blob = b""
@@ -77,6 +80,8 @@ class Opening:
         return stage.pending_peers() if stage is not None else []
 
     def abort(self) -> None:
+        if self.data is None:
+            self.comm._engine.release_turn(self.turn)
         for stage in (self.agreement, self.data):
             if stage is not None:
                 stage.abort()
@@ -109,18 +114,18 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                     raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
                                      f"axis of length {comm.size} (one row per rank)")
                 call = comm._call(kind, xa, None, name, root=root_)
-                known = (call.shape[1:] if scatter else call.shape), call.dtype.str
+                known = (call.shape[1:] if scatter else call.shape), dtype_token(call.dtype)
                 if len(known[0]) > 16:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
                 src = arrays.flat(xa)
             elif x is not None:
                 xa = comm.adapt(x, "x")
-                known = tuple(xa.shape), np.dtype(xa.dtype).str
+                known = tuple(xa.shape), dtype_token(xa.dtype)
             elif not comm.check:
                 if out is None:
                     raise ValueError("with check=False, non-root ranks must pass x or out (the "
                                      "shape and dtype to receive); or use check=True")
-                known = tuple(out.shape), np.dtype(out.dtype).str
+                known = tuple(out.shape), dtype_token(out.dtype)
         except (TypeError, ValueError, MemoryError) as exc:
             if not comm.check:
                 raise
@@ -130,7 +135,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         result: list = []
 
         def make_data(desc):
-            shape, dtype = tuple(desc[0]), np.dtype(desc[1])
+            shape, dtype = tuple(desc[0]), from_token(desc[1])
             whole = (comm.size, *shape) if scatter else shape
             call = comm._call(kind, _Like(whole, dtype), None, name, root=header.root)
             header.call, header.run_as = call, call.run_as
@@ -141,16 +146,19 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
             mine_result = target if target is not None else arrays.result(shape, dtype)
             result.append(mine_result)
             if not scatter:
-                return comm._data_stage(call, seq, src, mine_result.reshape(-1))
+                return comm._data_stage(call, seq, src, mine_result.reshape(-1), turn=turn)
             # the root reads its x in place; the others receive into a buffer of every row (only
             # their own rows, and those they pass on, are ever touched)
             count = call.count // comm.size
             work = src if src is not None else arrays.empty((call.count,), dtype)
             row = slice(comm.rank * count, (comm.rank + 1) * count)
-            stage = comm._data_stage(call, seq, None, work, granule=count if count else 1)
+            stage = comm._data_stage(call, seq, None, work, granule=count if count else 1,
+                                     turn=turn)
             return _Then(stage, lambda: arrays.copy(mine_result.reshape(-1), work[row]))
 
-        stage = Opening(comm, seq, header, known, error, make_data)
+        # natives start in call order: this call's place is taken now, whatever it runs later
+        turn = comm._engine.reserve_turn()
+        stage = Opening(comm, seq, header, known, error, make_data, turn)
 
         def finish():
             if late:
@@ -160,6 +168,16 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         return header, [stage], finish
 
     return build
+
+
+def dtype_token(dtype) -> str:
+    """A dtype as text that any rank turns back into it (bfloat16's own ``str`` is "<V2")."""
+    dtype = np.dtype(dtype)
+    return "bfloat16" if BFLOAT16 is not None and dtype == BFLOAT16 else dtype.str
+
+
+def from_token(token: str) -> np.dtype:
+    return BFLOAT16 if token == "bfloat16" else np.dtype(token)
 
 
 class _Then:

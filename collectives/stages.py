@@ -19,11 +19,11 @@ class NativeStage:
     __slots__ = ("call", "dst", "engine", "native", "op", "run", "seq", "src", "turn")
 
     def __init__(self, engine: Any, native: Any, call: Call, src: Any, dst: Any, op: ReduceOp,
-                 seq: int):
+                 seq: int, turn: int | None = None):
         self.engine, self.native, self.call = engine, native, call
         self.src, self.dst, self.op, self.seq = src, dst, op, seq
-        self.turn = engine.native_next
-        engine.native_next += 1
+        # the place in the native start order: reserved now, or when the call was issued
+        self.turn = engine.reserve_turn() if turn is None else turn
         self.run = None
 
     def advance(self) -> bool:
@@ -40,7 +40,7 @@ class NativeStage:
 
     def abort(self) -> None:
         if self.run is None:  # never issued: later calls must not wait for it
-            self.engine.native_skipped.add(self.turn)
+            self.engine.release_turn(self.turn)
 
     def pending_peers(self) -> list[int]:
         pending = getattr(self.run, "pending_peers", None)

@@ -99,7 +99,7 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
         names = z.namelist()
         metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "collectives/py.typed" in names
-    assert "collectives/backends/mpi.py" in names and "collectives/reference.py" in names
+    assert "collectives/backends/mpi/__init__.py" in names and "collectives/reference.py" in names
     headers = dict(line.split(": ", 1) for line in metadata.split("\n\n")[0].splitlines()
                    if ": " in line)
     assert headers["Name"] == DIST and headers["Version"] == collectives.__version__

@@ -32,12 +32,7 @@ RUN_MPI = re.compile(r"^mpiexec -n (\d+)$")
 
 # Pages of others' that are wrong today; each entry fails loudly (strict xfail) once fixed,
 # so it gets removed then.
-MPI_NOT_PORTED = ("backends/mpi.py predates the engine v2 core (ImportError: cannot import "
-                  "combine_into); passes once the MPI transport runs on the new core")
 BROKEN_EXAMPLES = {
-    "docs/index.md#3": MPI_NOT_PORTED,
-    "docs/choosing-an-algorithm.md#2": MPI_NOT_PORTED,
-    "docs/mpi.md#1": MPI_NOT_PORTED,
     "docs/multi-host.md#1": "imports lab from benchmarks/ relative to the working directory "
                             "(the example runs elsewhere) and needs network namespaces",
 }

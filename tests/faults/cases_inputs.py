@@ -8,7 +8,6 @@ import numpy as np
 
 from collectives.reference import reference
 from faults import bodies
-from faults.defects import D3, D4, D10
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, bad, good, inputs, peer_failed
 
@@ -141,7 +140,6 @@ def in_place(ctx: Ctx) -> Call:
 add("alias-out-is-x", in_place)
 for algorithm in ("auto", "native", "ring", "tree"):
     add(f"alias-out-overlaps-x-{algorithm}", bodies.overlapping(algorithm),
-        xfail=(("mpi", D3),) if algorithm in ("auto", "native") else (),
         **(MPI_ONLY if algorithm == "native" else WIDE if algorithm == "auto" else {}))
 add("alias-broadcast-out-is-x", lambda ctx: (lambda x: Call(
     "broadcast", (x,), {"out": x}, ok(inputs(ctx)[0])))(inputs(ctx)[ctx.rank].copy()))
@@ -151,17 +149,15 @@ add("alias-broadcast-out-is-x", lambda ctx: (lambda x: Call(
 for algorithm in ("auto", "native", "ring", "tree", "rechd"):
     for op in ("max", "min"):
         add(f"nan-{op}-{algorithm}", bodies.special("nan", op, algorithm=algorithm),
-            xfail=(("mpi", D4),) if algorithm in ("auto", "native") else (),
             **(MPI_ONLY if algorithm == "native" else WIDE if algorithm == "auto" else {}))
-add("nan-max-float32-auto", bodies.special("nan", "max", dtype=np.float32), xfail=(("mpi", D4),))
+add("nan-max-float32-auto", bodies.special("nan", "max", dtype=np.float32))
 add("nan-max-two-level", lambda ctx: bodies.special(
     "nan", "max", algorithm="ring/ring",
     **({} if ctx.transport == "mpi-nodes" else {"groups": 2}))(ctx), **WIDE)
 add("nan-sum", bodies.special("nan", "sum"))
 add("nan-mean-float32", bodies.special("nan", "mean", dtype=np.float32))
-add("nan-reduce-max", bodies.special("nan", "max", method="reduce"), xfail=(("mpi", D4),))
-add("nan-reduce-scatter-min", bodies.special("nan", "min", method="reduce_scatter"),
-    xfail=(("mpi", D4),))
+add("nan-reduce-max", bodies.special("nan", "max", method="reduce"))
+add("nan-reduce-scatter-min", bodies.special("nan", "min", method="reduce_scatter"),)
 for algorithm in ("auto", "ring"):
     add(f"inf-sum-{algorithm}", bodies.special("inf", "sum", algorithm=algorithm))
 add("inf-max", bodies.special("inf", "max"))
@@ -199,11 +195,10 @@ def unchecked(method: str, algorithm: str = "auto"):
 
 for algorithm in ("auto", "native", "ring", "tree"):
     add(f"unchecked-length-all-reduce-{algorithm}", unchecked("all_reduce", algorithm),
-        check=False, timeout=0.5, xfail=(("mpi", D10),) if algorithm in ("auto", "native") else (),
+        check=False, timeout=0.5,
         **(MPI_ONLY if algorithm == "native" else {}))
 add("unchecked-length-broadcast", unchecked("broadcast"), check=False, timeout=0.5)
-add("unchecked-length-all-gather", unchecked("all_gather"), check=False, timeout=0.5,
-    xfail=(("mpi", D10),))
+add("unchecked-length-all-gather", unchecked("all_gather"), check=False, timeout=0.5)
 
 # --- two threads on one communicator --------------------------------------------------------------
 

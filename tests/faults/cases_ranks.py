@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from faults import bodies
-from faults.defects import D6
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import (
     COUNT,
@@ -128,11 +127,11 @@ def _one_rank_bad(bad_call, right_call, error, bad_rank=1):
 
 for name, bad_call, right_call, error in ONE_RANK_BAD:
     add(f"one-rank-bad-{name}", _one_rank_bad(bad_call, right_call, error), timeout=1.2,
-        xfail=(("mpi", D6),), **(WIDE if name == "op" else {}))
+        **(WIDE if name == "op" else {}))
 # The root of a broadcast passes None (the others may: they receive).
 add("one-rank-bad-broadcast-root-x-none", _one_rank_bad(
     ("broadcast", (None,), {}), ("broadcast", (None,), {}), "TypeError", bad_rank=0),
-    timeout=1.2, xfail=(("mpi", D6),))
+    timeout=1.2)
 
 
 def _broadcast_step(k: int, *, bad_out: bool = False):
