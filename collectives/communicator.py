@@ -270,13 +270,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             if call is not None:
                 self.last_algorithm = call.run_as
             # what peers see of this rank: the call, and whether it agrees on it or moves data
-            self.transport.publish_activity(
-                (seq, subject, "agreeing" if agreement is not None or own else "moving"))
+            phase = "agreeing" if agreement is not None or own else "moving"
+            self.transport.publish_activity((seq, subject, phase))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or _nothing,
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
-                           skipped_agreement=agreement is None and not own)
+                           skipped_agreement=agreement is None and not own, phase=phase)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))

@@ -31,7 +31,7 @@ from .errors import (
     ConcurrentCallError,
     PeerFailedError,
 )
-from .transport import Failure, Transport
+from .transport import SILENT, Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
@@ -40,6 +40,7 @@ MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicat
 SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
 THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
+TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
 
@@ -62,6 +63,7 @@ class Engine:
         self.native_skipped: set[int] = set()
         self._thread: threading.Thread | None = None
         self._asked = 0.0  # when a slow wait last asked peers what they do
+        self._told = 0.0  # when a slow wait last published whom it waits for
 
     # --- entering a call ----------------------------------------------------------------
 
@@ -209,6 +211,11 @@ class Engine:
                     and self.transport.agreement_waiting(other.seq)):
                 self._join_late(other)
         now = time.monotonic()
+        if now - self._told > TELL_WAITING and op.seq == self.seq and not op.finished:
+            # (only for the latest call: an older one would tell peers this rank is behind)
+            self._told = now
+            self.transport.publish_activity((op.seq, op.subject, op.phase,
+                                             tuple(op.pending_peers())))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
             self._check_dispute(op)
@@ -253,13 +260,19 @@ class Engine:
             return
 
     def _time_out(self, op: Operation, timeout: float) -> None:
-        # Who never arrived: ranks that are not in this call (by what they say they do), else
-        # the ranks this one waits for.
+        # Who never arrived: ranks that say they are not in this call yet, else the ranks this
+        # one waits for, else ranks that did not answer, else (a native call names none) every
+        # other rank. A silent peer may merely have timed out first and left; a transport may
+        # leave some peers unasked (MPI: those on other hosts).
         activity = self.transport.peer_activity(0.5)
-        absent = [r for r, (seq, *_) in sorted(activity.items()) if seq is None or seq < op.seq]
-        missing = absent or op.pending_peers() or sorted(activity)
+        silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
+        absent = [r for r, (seq, *_) in sorted(activity.items())
+                  if r not in silent and (seq is None or seq < op.seq)]
+        waited = op.pending_peers()
+        missing = (absent or _held_up_by(waited, op.seq, activity, self.rank)
+                   or silent or [r for r in range(self.size) if r != self.rank])
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
-                          if r in missing)
+                          if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
                                        detail=doing, call=op.seq if op.breaking else None)
         op.fail(error)
@@ -359,3 +372,26 @@ class Engine:
                 pass
             # never a spin here: a user thread may be computing beside this one
             self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+
+
+def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
+                rank: int) -> list[int]:
+    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
+    in call ``seq`` itself and says it waits for others is followed to them (the first rank
+    to time out names the lost one, not the live neighbour stuck behind it)."""
+    found: list[int] = []
+    seen = {rank}
+    todo = list(waited)
+    while todo:
+        peer = todo.pop(0)
+        if peer in seen:
+            continue
+        seen.add(peer)
+        entry = activity.get(peer, ())
+        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
+                  if r not in seen]
+        if onward:
+            todo.extend(onward)
+        else:
+            found.append(peer)
+    return sorted(found) or waited

@@ -23,6 +23,23 @@ from .calls import Call
 from .execute.spmd import PointToPoint
 from .ops import ReduceOp
 
+SILENT = "silent"  # the phase :meth:`Transport.peer_activity` gives a peer that did not answer
+
+
+def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
+    """A peer's answer to :meth:`Transport.peer_activity` from what it published:
+    ``(seq, text, phase, waiting_for)``. ``activity`` is ``(seq, call, phase)``, or with a
+    fourth item, the ranks a slow wait is waiting for (published by the engine now and then,
+    so a rank that times out can follow the chain of waits to the rank that holds it up)."""
+    if activity is None:
+        return None, "has made no call", None, ()
+    seq, subject, phase, *rest = activity
+    text = subject if isinstance(subject, str) else subject.describe()
+    waiting = tuple(rest[0]) if rest else ()
+    text = f"{'in' if phase else 'last finished'} call {seq}, {text}"
+    if phase and waiting:
+        text += f", waiting for rank(s) {', '.join(map(str, waiting))}"
+    return seq, text, phase, waiting if phase else ()
 
 @dataclass(frozen=True)
 class Failure:
@@ -122,8 +139,9 @@ class Transport(Protocol):
         ...
 
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
-        """What each other rank says it is doing: ``(call number or None, description,
-        phase)`` (phase as published; None where unknown)."""
+        """What other ranks say they are doing: ``(call number or None, description,
+        phase)`` (phase as published; None where unknown; :data:`SILENT` for a peer that did
+        not answer in time). A transport may leave peers out that it cannot ask safely."""
         ...
 
     def dup(self) -> Transport:

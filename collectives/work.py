@@ -23,12 +23,12 @@ class Operation:
     """One collective in flight on one communicator."""
 
     __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
-                 "seq", "signature", "skipped_agreement", "stage", "stages", "subject",
-                 "waited_by")
+                 "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
+                 "subject", "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
-                 skipped_agreement: bool = False, breaking: bool = True):
+                 skipped_agreement: bool = False, breaking: bool = True, phase: Any = True):
         # ``subject``: what the call is, a Call (described only when an error needs it) or text
         self.engine, self.seq, self.subject = engine, seq, subject
         self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
@@ -43,6 +43,7 @@ class Operation:
         # whether its failure (a timeout, an error) leaves the communicator broken: a
         # collective's does; a point-to-point message's does not (it is withdrawn)
         self.breaking = breaking
+        self.phase = phase  # as published to peers when the call was issued
 
     def advance(self) -> bool:
         """Move on as far as possible without waiting; True once finished (or failed)."""

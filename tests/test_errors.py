@@ -158,6 +158,40 @@ def test_timeout_mid_collective_without_checks():
         collectives.run(body, 3, timeout=30, check=False)
 
 
+def test_a_timeout_tells_whom_the_stuck_neighbour_waits_for():
+    # Ring: rank 1 waits for rank 0, which waits for the absent rank 3. Rank 1's error names
+    # the absent rank, and says what rank 0 (published by its slow wait) was waiting for.
+    errors = {}
+
+    def body(comm):
+        if comm.rank == 3:
+            return None
+        try:
+            comm.all_reduce(np.ones(64), "sum", "ring", timeout=1.0)
+        except CollectiveTimeoutError as exc:
+            errors[comm.rank] = exc
+            raise
+
+    with pytest.raises(CollectiveTimeoutError):
+        collectives.run(body, 4, timeout=30, check=False)
+    assert all(e.missing == [3] for e in errors.values()), errors
+    assert "rank 0: in call 1, all_reduce" in str(errors[1])
+    assert "waiting for rank(s) 3" in str(errors[1]).split("rank 0: in call 1", 1)[1]
+
+
+@pytest.mark.parametrize("waited, activity, held_up_by", [
+    ([0], {0: (5, "", "moving", (3,))}, [3]),            # through a neighbour to an unasked rank
+    ([0], {0: (5, "", "moving", (1,))}, [0]),            # a cycle back to this rank stops there
+    ([0], {0: (4, "", "moving", (3,))}, [0]),            # a peer in another call is not followed
+    ([0, 2], {0: (5, "", "moving", (2,)), 2: (5, "", "moving", ())}, [2]),
+    ([0], {}, [0]),
+])
+def test_a_timeout_follows_the_chain_of_waits(waited, activity, held_up_by):
+    from collectives.engine import _held_up_by
+
+    assert _held_up_by(waited, 5, activity, rank=1) == held_up_by
+
+
 def test_a_failing_rank_does_not_hang_the_others():
     def body(comm):
         if comm.rank == 0:

@@ -19,7 +19,7 @@ from collectives.arrays import NUMPY
 from collectives.communicator import Communicator
 from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
 from collectives.select import CostModel
-from collectives.transport import Failure
+from collectives.transport import Failure, describe_activity
 
 IDLE_SLICE = 0.05  # a sleeping rank re-checks (deadlines, notices) at least this often
 _worlds = itertools.count()
@@ -197,7 +197,8 @@ class ThreadTransport:
         self.world.activity[self.rank] = activity
 
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
-        return {r: _describe(self.world.activity[r]) for r in range(self.size) if r != self.rank}
+        activity = self.world.activity
+        return {r: describe_activity(activity[r]) for r in range(self.size) if r != self.rank}
 
     def dup(self) -> ThreadTransport:
         return ThreadTransport(self._child(("dup", next(self._children)), self.size), self.rank)
@@ -235,13 +236,6 @@ class ThreadTransport:
     def free(self) -> None:
         """Nothing to release: thread worlds go with their threads."""
 
-
-def _describe(activity: Any) -> tuple[int | None, str, Any]:
-    if activity is None:
-        return None, "has made no call", None
-    seq, subject, phase = activity
-    text = subject if isinstance(subject, str) else subject.describe()
-    return seq, f"{'in' if phase else 'last finished'} call {seq}, {text}", phase
 
 
 def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple = (),

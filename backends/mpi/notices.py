@@ -8,6 +8,10 @@
   the library, or gone, does not answer, and is reported as such. A native call that waits
   long asks the same question without waiting for the answers (``ask_later``) and compares
   check values when they come.
+* Across hosts, questions go to the ranks of this rank's own node only, and a timeout's notice
+  too: MPI's first message to a peer whose host died can block inside MPI (a connection being
+  retried, holding MPI's lock), and the rank that asks is the one that suspects a dead peer.
+  Peers on other nodes that are alive time out by themselves.
 """
 
 from __future__ import annotations
@@ -18,28 +22,22 @@ from typing import Any
 
 from mpi4py import MPI
 
-from collectives.transport import Failure
+from collectives.transport import SILENT, Failure, describe_activity
 
 FAILURE, QUESTION, ANSWER = 1, 2, 3
 ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers
 
 
-def describe(activity: Any) -> tuple[int | None, str, Any]:
-    """``(seq, text, phase)`` for a published ``(seq, call, phase)`` (phase: "agreeing",
-    "moving", or False once the call finished)."""
-    if activity is None:
-        return None, "has made no call", None
-    seq, subject, phase = activity
-    text = subject if isinstance(subject, str) else subject.describe()
-    return seq, f"{'in' if phase else 'last finished'} call {seq}, {text}", phase
-
-
 class Notices:
     """This rank's side of the notice communicator."""
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Any, near: Any = None):
+        """``near``: the ranks of this rank's node (None: every rank), those it asks and
+        tells of a timeout."""
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.peers = [r for r in range(self.size) if r != self.rank]
+        self.near = [r for r in (self.peers if near is None else sorted(near)) if r != self.rank]
         self.activity: Any = None
         self.calls: dict = {}  # native calls in flight, by number: the transport's
         self._sent: list = []  # (request, buffer): notices and answers still in flight
@@ -69,9 +67,8 @@ class Notices:
         return status.Get_source(), pickle.loads(blob)
 
     def notify(self, failure: Failure) -> None:
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._post(failure, peer, FAILURE)
+        for peer in self.near if failure.kind == "timeout" else self.peers:
+            self._post(failure, peer, FAILURE)
 
     def poll(self) -> Failure | None:
         self.serve()
@@ -86,14 +83,13 @@ class Notices:
                 return
             source, number = got
             calls = {seq: (call.check, call.describe()) for seq, call in list(self.calls.items())}
-            self._post((number, describe(self.activity), calls), source, ANSWER)
+            self._post((number, describe_activity(self.activity), calls), source, ANSWER)
 
     def ask_later(self) -> int:
-        """Ask every peer; the answers come with :meth:`answers`."""
+        """Ask the peers of this node; the answers come with :meth:`answers`."""
         self._question += 1
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._post(self._question, peer, QUESTION)
+        for peer in self.near:
+            self._post(self._question, peer, QUESTION)
         self._answers: dict[int, tuple] = {}
         return self._question
 
@@ -107,10 +103,10 @@ class Notices:
         return self._answers
 
     def ask(self, timeout: float) -> dict[int, tuple]:
-        """What every peer says it is doing, ``(seq, text, phase)``; peers that do not answer
-        within ``timeout`` are described as such."""
+        """What each peer of this node says it is doing, ``(seq, text, phase)``; peers that do
+        not answer within ``timeout`` are described as such."""
         number = self.ask_later()
-        peers = [r for r in range(self.size) if r != self.rank]
+        peers = self.near
         answers: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         while len(answers) < len(peers) and time.monotonic() < deadline:
@@ -124,7 +120,7 @@ class Notices:
                 answers[source] = said
         for peer in peers:
             answers.setdefault(peer, (None, f"did not answer within {timeout:g} s (busy outside "
-                                            "the library, or gone)", None))
+                                            "the library, or gone)", SILENT))
         return answers
 
     def free(self) -> None:

@@ -56,7 +56,8 @@ class MPITransport:
         self._comms = [comm.Dup() for _ in range(4)]
         data, control, notices, p2p = self._comms
         self._node = data.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        nodes = groups_from_env(self.size) or shared_nodes(data, self._node)
+        hosts = shared_nodes(data, self._node)  # real ones, even where simulated nodes are set
+        nodes = groups_from_env(self.size) or hosts
         self.nodes = nodes
         self.local_rank, self.local_size = local_place(nodes, self.rank)
         self.layout = layout_for(groups, nodes, self.size)
@@ -64,7 +65,7 @@ class MPITransport:
         self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
         self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
         self.p2p = MPIChannel(p2p, user_tags(ub), "p2p", probe=False)
-        self.notices = Notices(notices)
+        self.notices = Notices(notices, near=next(g for g in hosts if self.rank in g))
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
         self.notices.calls = self.native.inflight

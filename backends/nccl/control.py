@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from collectives.arrays import NUMPY
-from collectives.transport import Failure
+from collectives.transport import SILENT, Failure, describe_activity
 
 # Tag fields: call number (12 bits), check part (2), round (7), range position (8).
 _SEQ, _CHECK, _ROUND, _POS = 12, 2, 7, 8
@@ -143,7 +143,7 @@ class Notices:
         while self.comm.Iprobe(MPI.ANY_SOURCE, QUERY, status):
             asker = status.Get_source()
             self.comm.Recv(np.empty(1, np.uint8), asker, QUERY)
-            blob = np.frombuffer(pickle.dumps(_describe(self.activity)), np.uint8).copy()
+            blob = np.frombuffer(pickle.dumps(describe_activity(self.activity)), np.uint8).copy()
             self._sent.append((blob, self.comm.Isend(blob, asker, ANSWER)))
         self._sent = [(b, r) for b, r in self._sent if not r.Test()]
 
@@ -170,13 +170,6 @@ class Notices:
         for peer in range(self.size):
             if peer != self.rank and peer not in answers:
                 answers[peer] = (None, f"did not answer within {timeout:g} s (busy outside the "
-                                       "library, or stuck)")
+                                       "library, or stuck)", SILENT)
         return answers
 
-
-def _describe(activity: Any) -> tuple[int | None, str]:
-    if activity is None:
-        return None, "has made no call"
-    seq, subject, inside = activity
-    text = subject if isinstance(subject, str) else subject.describe()
-    return seq, f"{'in' if inside else 'last finished'} call {seq}, {text}"
