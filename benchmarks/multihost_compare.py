@@ -78,7 +78,7 @@ def worker(sizes: list[int], repeats: int) -> dict:
     p, rank = world.size, world.rank
     comm = mpi.init(timeout=300)
     reduce_max = lambda t: world.allreduce(t, op=MPI.MAX)  # noqa: E731
-    results: dict = {"groups": [list(g) for g in comm.groups or []], "methods": {}}
+    results: dict = {"groups": [list(g) for g in comm.transport.nodes], "methods": {}}
     for nbytes in sizes:
         x = np.full(nbytes // 4, rank + 1, np.float32)
         want = np.full(nbytes // 4, p * (p + 1) // 2, np.float32)

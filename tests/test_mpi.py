@@ -206,6 +206,7 @@ def test_what_auto_runs():
     assert tuning.prefer_native(Collective.ALL_REDUCE, 2, small)
     assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, big)  # a schedule: the ring
     assert tuning.prefer_native(Collective.BROADCAST, 4, big)
+    assert tuning.prefer_native(Collective.ALL_REDUCE, 4, big, single_node=False)  # across hosts
     assert tuning.use_shm("shm", Collective.ALL_REDUCE, small, True)
     assert not tuning.use_shm("shm", Collective.ALL_REDUCE, small, False)
     assert not tuning.use_shm("auto", Collective.ALL_REDUCE, big, True)  # only on request

@@ -134,7 +134,7 @@ class MPINatives:
         return collective is not Collective.REDUCE_SCATTER or call.count <= tuning.MAX_COUNT
 
     def preferred(self, call: Call) -> bool:
-        return (tuning.prefer_native(call.collective, self.size, call.nbytes)
+        return (tuning.prefer_native(call.collective, self.size, call.nbytes, self.single_node)
                 or tuning.use_shm("auto", call.collective, call.nbytes, self.single_node))
 
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq: int) -> Any:

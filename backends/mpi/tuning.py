@@ -70,10 +70,12 @@ def ring_from(size: int) -> int:
     return RING_FROM_BYTES.get(size, RING_FROM_BYTES[max(RING_FROM_BYTES)])
 
 
-def prefer_native(collective: Collective, size: int, nbytes: int) -> bool:
-    """What ``auto`` runs natively: MPI's all-reduce below the ring's crossover, and every
-    other collective (MPI's own beat the schedules at every size measured)."""
-    if collective is Collective.ALL_REDUCE:
+def prefer_native(collective: Collective, size: int, nbytes: int, single_node: bool = True) -> bool:
+    """What ``auto`` runs natively: on one node, MPI's all-reduce below the ring's crossover,
+    and every other collective (MPI's own beat the schedules at every size measured); across
+    hosts, everything: MPI's all-reduce, in pieces, sent the minimum over each host's link
+    and beat every flat and two-level schedule at 1, 16 and 64 MiB (docs/multi-host.md)."""
+    if collective is Collective.ALL_REDUCE and single_node:
         return nbytes < ring_from(size) or (SHM_FROM_BYTES is not None and nbytes >= SHM_FROM_BYTES)
     return True
 
