@@ -10,6 +10,7 @@ with the reason, without root, namespaces, mpi4py or an ``mpiexec``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import queue
 import re
 import subprocess
@@ -305,3 +306,21 @@ def test_dead_host_ends_the_job(net):
     while any(net.processes(h) for h in net.hosts[:2]):  # h0's proxy takes its ranks along
         assert time.monotonic() < deadline, {h.name: net.processes(h) for h in net.hosts[:2]}
         time.sleep(0.1)
+
+
+# --- the benchmark across hosts ----------------------------------------------------------------
+
+def test_the_benchmark_runs_and_auto_runs_mpi_across_hosts(tmp_path):
+    # A lab of its own (2 hosts x 2 ranks, shaped links); one small size, one repeat.
+    out = tmp_path / "multihost.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multihost_compare.py"),
+                           "-s", "64K", "-r", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    data = json.loads(out.read_text())
+    assert data["groups"] == [[0, 1], [2, 3]]
+    cells = {name: cell[str(64 << 10)] for name, cell in data["methods"].items()}
+    assert cells["auto"]["ran"] == "native"  # across hosts, MPI's own collective
+    # the flat ring sends 1.5 S over host 0's link; every other method about S
+    assert cells["ring"]["wire"] > 1.4 * (64 << 10)
+    assert all(cells[m]["wire"] < 1.2 * (64 << 10) for m in ("auto", "rechd", "ring/ring"))
