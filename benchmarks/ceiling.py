@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from collectives import bench
+from collectives.tools import bench
 
 DTYPE = np.dtype(np.float32)
 

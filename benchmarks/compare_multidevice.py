@@ -49,10 +49,10 @@ import ceiling  # noqa: E402
 from tf_worker import TfWorker  # noqa: E402
 
 import collectives  # noqa: E402
-from collectives import bench  # noqa: E402
-from collectives.api import pick_algorithm  # noqa: E402
+from collectives.algorithms.schedule import Collective  # noqa: E402
+from collectives.api.multi_device import pick_algorithm  # noqa: E402
 from collectives.registry import backend_for_arrays  # noqa: E402
-from collectives.schedule import Collective  # noqa: E402
+from collectives.tools import bench  # noqa: E402
 
 ALGORITHMS = ("one_device", "ring", "rechd", "tree", "shuffle", "auto")
 VARIANTS = ("auto shared", "auto rounds", "ring rounds")

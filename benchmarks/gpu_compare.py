@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collectives import bench
+from collectives.tools import bench
 
 ALGORITHMS = ("one_device", "ring", "rechd", "tree", "shuffle")
 

@@ -31,9 +31,9 @@ import numpy as np
 
 import collectives
 from collectives import algorithms
+from collectives.algorithms.schedule import Collective
 from collectives.arrays import NUMPY, unsafe_outputs
-from collectives.execute.steps import element_steps
-from collectives.schedule import Collective
+from collectives.runtime.execute.steps import element_steps
 
 
 def per_call_us(fn, seconds: float = 0.02) -> float:

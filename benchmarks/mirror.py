@@ -9,8 +9,8 @@ passes: every rank's digest is this rank's.
 
 from __future__ import annotations
 
+from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
-from collectives.select import CostModel
 
 
 class _Done:

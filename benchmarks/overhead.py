@@ -45,10 +45,11 @@ from collectives.backends.local.threads import ThreadTransport  # noqa: E402
 from mirror import MirrorTransport  # noqa: E402
 
 import collectives  # noqa: E402
-from collectives import algorithms, bench  # noqa: E402
-from collectives.communicator import Communicator  # noqa: E402
-from collectives.execute.spmd import SpmdRun  # noqa: E402
-from collectives.schedule import Collective  # noqa: E402
+from collectives import algorithms  # noqa: E402
+from collectives.algorithms.schedule import Collective  # noqa: E402
+from collectives.api.communicator import Communicator  # noqa: E402
+from collectives.runtime.execute.spmd import SpmdRun  # noqa: E402
+from collectives.tools import bench  # noqa: E402
 
 COUNT = 1024  # float32: 4 KiB
 ISOLATED = [(a, r, p) for p in (2, 64) for a, r in (("auto", -1), ("auto", 0), ("one_device", -1),

@@ -69,7 +69,7 @@ LOOKUPS = 10000
 
 def _lookups(name: str, size: int, rank: int, layout) -> None:
     from collectives import algorithms
-    from collectives.schedule import Collective
+    from collectives.algorithms.schedule import Collective
 
     for _ in range(LOOKUPS):
         algorithms.rank_plan(Collective.ALL_REDUCE, name, size, rank, layout=layout)
@@ -79,7 +79,7 @@ def measure_new(cases: list[str], repeats: int) -> list[dict]:
     from collectives import algorithms
     from collectives.algorithms import base, two_level
     from collectives.algorithms.base import Layout
-    from collectives.schedule import Collective
+    from collectives.algorithms.schedule import Collective
 
     def clear() -> None:
         algorithms._plan.cache_clear()
@@ -123,7 +123,7 @@ def measure_old(cases: list[str], repeats: int) -> list[dict]:
     """Runs in the subprocess whose ``collectives`` is the old tree."""
     import collectives
     from collectives import algorithms
-    from collectives.schedule import Collective
+    from collectives.algorithms.schedule import Collective
 
     print(f"# old tree: {collectives.__file__}", file=sys.stderr)
     rows = []
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     new = measure_new(cases, args.repeats)
     old = run_old(args.old, args.old_cases, max(1, args.repeats // 2)) if args.old else []
     load_after = os.getloadavg()
-    from collectives import bench
+    from collectives.tools import bench
 
     meta = bench.metadata(command)
     meta["load"] = {"before": load_before, "after": load_after}

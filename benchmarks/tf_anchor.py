@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from collectives import bench  # noqa: E402
+from collectives.tools import bench  # noqa: E402
 
 METHODS = ("tf_r2od", "tf_r2od_batch", "tf_add_n")
 

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tf_anchor import per_replica, setup_devices  # noqa: E402
 
-from collectives import bench  # noqa: E402
+from collectives.tools import bench  # noqa: E402
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_anchor  # noqa: E402
 
-from collectives import bench  # noqa: E402
+from collectives.tools import bench  # noqa: E402
 
 
 class Worker:

@@ -9,9 +9,11 @@ Two ways of calling:
 
 from __future__ import annotations
 
-from .api import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
-from .api_blocks import all_to_all, gather, scatter
-from .communicator import Communicator
+from .algorithms.schedule import Collective, Schedule
+from .api.communicator import Communicator
+from .api.initialize import init
+from .api.multi_device import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
+from .api.multi_device_copies import all_to_all, gather, scatter
 from .errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -20,11 +22,9 @@ from .errors import (
     ConcurrentCallError,
     PeerFailedError,
 )
-from .initialize import init
 from .ops import ReduceOp
 from .registry import load_backend
-from .schedule import Collective, Schedule
-from .work import Work
+from .runtime.work import Work
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
-from collectives.reference import exact_inputs, reference
+from collectives.tools.reference import exact_inputs, reference
 
 __all__ = ["exact_inputs", "reference"]  # re-exported: the test modules import them from here
 

@@ -12,7 +12,7 @@ import pytest
 
 import collectives
 from collectives import ReduceOp
-from collectives.initialize import launched_by_mpi
+from collectives.api.initialize import launched_by_mpi
 
 
 def test_init_local_is_one_rank_and_idempotent():

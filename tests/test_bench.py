@@ -7,15 +7,16 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 import collectives
-from collectives import bench, cli, reference
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
+from collectives.tools import bench, cli, reference
 
-CLI = [sys.executable, "-m", "collectives.cli", "bench"]
+CLI = [sys.executable, "-m", "collectives.tools.cli", "bench"]
 FAST = ["-w", "1", "-i", "2", "-r", "2"]
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
@@ -142,7 +143,7 @@ def test_defaults_adapt_iterations_and_plot(tmp_path):
 
 def test_auto_prints_what_the_cost_model_picks():
     """The algorithm column of an auto row is what collectives.api.pick_algorithm resolves."""
-    from collectives.api import pick_algorithm
+    from collectives.api.multi_device import pick_algorithm
     from collectives.registry import backend_for_arrays
 
     proc = run_cli("-n", "5", "-b", "8", "-e", "8M", "-f", "32", "-a", "auto", "-w", "0", "-i", "1",
@@ -194,7 +195,7 @@ def test_algorithm_without_that_collective_is_refused():
 def test_measure_adapts_iterations_to_the_target(monkeypatch):
     """With a clock that advances 2**-14 s (61 us) per call, a 20 ms repeat needs 328 calls."""
     clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
 
     def call():
         clock[0] += 2**-14  # exact in binary: no rounding in the clock's sums

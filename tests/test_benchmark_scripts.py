@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, "benchmarks")
 import numpy as np
 from mirror import MirrorTransport
-from collectives.communicator import Communicator
+from collectives.api.communicator import Communicator
 for alg in ("auto", "one_device", "ring", "rechd", "tree", "shuffle"):
     comm = Communicator(MirrorTransport(1, 4))
     comm.all_reduce(np.arange(8, dtype=np.float32), "sum", alg)

@@ -32,7 +32,7 @@ def cli(*args: str, blocked: tuple[str, ...] = (), stderr=subprocess.PIPE, cwd=N
     code = ("import sys\n"
             f"for name in {list(blocked)!r}:\n"
             "    sys.modules[name] = None  # import raises ModuleNotFoundError\n"
-            "from collectives.cli import main\n"
+            "from collectives.tools.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                           stderr=stderr, text=True, timeout=timeout, cwd=cwd)
@@ -99,7 +99,7 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
         names = z.namelist()
         metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "collectives/py.typed" in names
-    assert "collectives/backends/mpi/__init__.py" in names and "collectives/reference.py" in names
+    assert "collectives/backends/mpi/__init__.py" in names and "collectives/tools/reference.py" in names
     headers = dict(line.split(": ", 1) for line in metadata.split("\n\n")[0].splitlines()
                    if ": " in line)
     assert headers["Name"] == DIST and headers["Version"] == collectives.__version__
@@ -195,7 +195,8 @@ def test_the_core_imports_no_transport():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] in ("mpi4py", "cupy", "nccl") for n in names), path
-    code = ("import sys, collectives, collectives.cli, collectives.bench, collectives.reference\n"
+    code = ("import sys, collectives, collectives.tools.cli, collectives.tools.bench, "
+            "collectives.tools.reference\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mpi4py'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
@@ -211,7 +212,7 @@ def test_mpi_mode_without_mpi4py_says_what_to_install():
                                                  "(pip install -e '.[mpi]')")
 def test_mpi_mode_prints_what_ran_from_rank_0():
     proc = subprocess.run(
-        [str(MPIEXEC), "-n", "2", sys.executable, "-m", "collectives.cli", "bench", "--mode", "mpi",
+        [str(MPIEXEC), "-n", "2", sys.executable, "-m", "collectives.tools.cli", "bench", "--mode", "mpi",
          "-b", "4K", "-e", "4K", "-a", "auto,ring,tree", "-w", "1", "-i", "2", "-r", "1"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -189,7 +189,7 @@ def test_a_timeout_tells_whom_the_stuck_neighbour_waits_for():
     ([0], {}, [0]),
 ])
 def test_a_timeout_follows_the_chain_of_waits(waited, activity, held_up_by):
-    from collectives.engine import _held_up_by
+    from collectives.runtime.engine import _held_up_by
 
     assert _held_up_by(waited, 5, activity, rank=1) == held_up_by
 

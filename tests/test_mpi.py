@@ -23,8 +23,8 @@ from collectives.backends import mpi
 from collectives.backends.mpi import rider, tags, tuning
 
 import collectives
+from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
 
 SCENARIOS = Path(__file__).parent / "mpi_scenarios"
 ROOT = Path(__file__).parent.parent
@@ -138,7 +138,7 @@ def test_killed_rank_survivors_raise(algorithm):
 
 @needs_mpi
 def test_bench_under_mpiexec_prints_once_from_rank_0():
-    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.cli", "bench", "--mode", "mpi",
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.tools.cli", "bench", "--mode", "mpi",
            "-b", "4K", "-e", "16K", "-f", "4", "-a", "auto,native,ring", "-w", "1", "-r", "1",
            "-i", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,

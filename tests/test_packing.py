@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from collectives.packing import (
+from collectives.algorithms.packing import (
     Pack,
     PackPlan,
     aggregate_small,

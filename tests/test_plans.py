@@ -7,9 +7,9 @@ import pytest
 
 from collectives import algorithms
 from collectives.algorithms.base import Layout
+from collectives.algorithms.checker import ScheduleError, check, check_plans
 from collectives.algorithms.ring import Rings, ring_permutations
-from collectives.checker import ScheduleError, check, check_plans
-from collectives.schedule import Collective, Schedule, copy_step, reduce_step
+from collectives.algorithms.schedule import Collective, Schedule, copy_step, reduce_step
 
 BASE = list(algorithms.MODULES)
 ROOTED = (Collective.REDUCE, Collective.BROADCAST)
@@ -170,14 +170,14 @@ def test_plan_checker_rejects_plans_that_do_not_fit():
 
 
 def test_cost_model_prefers_tree_small_ring_large():
-    from collectives.select import CostModel, choose
+    from collectives.algorithms.select import CostModel, choose
     model = CostModel()
     assert choose(Collective.ALL_REDUCE, 8, 64, model) == "tree"
     assert choose(Collective.ALL_REDUCE, 8, 64 << 20, model) in ("ring", "rechd")
 
 
 def test_draw_command_prints_and_proves(capsys):
-    from collectives.cli import main
+    from collectives.tools.cli import main
 
     assert main(["draw", "rechd", "-n", "5"]) == 0
     text = capsys.readouterr().out

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectives.spec import (
+from collectives.algorithms.spec import (
     SpecRange,
     assign_ranges,
     group_device_names,

@@ -29,7 +29,7 @@ from collectives.adapters.tensorflow.pool import ALIGNMENT, BufferPool
 from collectives.adapters.tensorflow.world import launched_world_size, open_communicator
 
 import collectives
-from collectives.spec import parse_spec
+from collectives.algorithms.spec import parse_spec
 
 SCENARIOS = Path(__file__).parent / "tf_scenarios"
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None

@@ -22,8 +22,8 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
+from collectives.algorithms.spec import SpecRange
 from collectives.ops import ReduceOp as CoreOp
-from collectives.spec import SpecRange
 
 from . import convert, device_path, host
 from .agreement import BatchAgreement, agree

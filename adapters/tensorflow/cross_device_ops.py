@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from collectives.spec import SpecRange, parse_spec
-from collectives.validate import check_shards
+from collectives.algorithms.spec import SpecRange, parse_spec
+from collectives.runtime.validate import check_shards
 
 from . import device_path, host
 from .base import ONE_DEVICE, LibraryCrossDeviceOps, Route

@@ -20,9 +20,9 @@ from contextlib import nullcontext
 import numpy as np
 
 import collectives
-from collectives.batch import plan_batch
+from collectives.algorithms.batch import plan_batch
+from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.ops import ReduceOp
-from collectives.spec import SpecRange, parse_spec
 
 from .host import Packing, cross_worker_spec, local_algorithm
 from .kits import PinnedBuffer

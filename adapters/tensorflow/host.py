@@ -21,11 +21,11 @@ from functools import lru_cache
 import numpy as np
 
 import collectives
-from collectives.batch import plan_batch
+from collectives.algorithms.batch import plan_batch
+from collectives.algorithms.packing import make_plan
+from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
-from collectives.packing import make_plan
-from collectives.spec import SpecRange, parse_spec
-from collectives.validate import check_op, same_layout
+from collectives.runtime.validate import check_op, same_layout
 
 __all__ = [
     "Packing",

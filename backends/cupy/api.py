@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-import collectives.api as core
+import collectives as core
 from collectives.arrays import overlaps, unsafe_outputs
-from collectives.calls import resolve_algorithm
 from collectives.ops import ReduceOp, result_dtype
-from collectives.validate import as_array, check_op, check_out, resolve_groups, same_layout
+from collectives.runtime.calls import resolve_algorithm
+from collectives.runtime.validate import as_array, check_op, check_out, resolve_groups, same_layout
 
 from . import group
 from .devices import devices as _devices
@@ -171,7 +171,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
            *, out: Any = None, shards: int = 0, groups: Any = None,
            accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
     """``collectives.reduce`` for CuPy arrays, with NCCL and ``async_op``."""
-    from collectives.validate import check_root
+    from collectives.runtime.validate import check_root
 
     values, shape, dtype, op = _prepare(values, op)
     root = check_root(root, len(values))
@@ -200,8 +200,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      async_op: bool = False) -> Any:
     """``collectives.batch_all_reduce`` for CuPy arrays: each pack runs as :func:`all_reduce`
     (so through NCCL where that applies)."""
-    from collectives.batch import plan_batch
-    from collectives.validate import check_shards
+    from collectives.algorithms.batch import plan_batch
+    from collectives.runtime.validate import check_shards
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
         raise TypeError("value_lists must be a list with, per tensor, one array per device")

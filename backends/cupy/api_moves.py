@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-import collectives.api as core
+import collectives as core
 from collectives.arrays import unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
-from collectives.validate import as_array, check_communicable, check_out
+from collectives.runtime.validate import as_array, check_communicable, check_out
 
 from . import group
 from .api import _arrays, _deliver, _handle, _outputs, _prepare, _use_nccl, nccl_request

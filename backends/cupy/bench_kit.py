@@ -57,7 +57,7 @@ class CupyBenchKit:
 
     def resolve(self, case, algorithm: str) -> str:
         """What runs: "nccl" where this backend takes NCCL, else the library's choice."""
-        from collectives.bench import resolve_algorithm
+        from collectives.tools.bench import resolve_algorithm
 
         from .api import nccl_request
 
@@ -72,7 +72,7 @@ class CupyBenchKit:
     def ceiling(self, case, inputs: list, config) -> Any:
         """Time to copy each participant's input into an output of its own (raw device
         copies, as the library's copies are)."""
-        from collectives.bench import measure
+        from collectives.tools.bench import measure
 
         arrays = self.api.devices().arrays
         outs = [self.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from collectives.select import CostModel
+from collectives.algorithms.select import CostModel
 
 from .arrays import CupyArrays, _cupy
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
+from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
-from collectives.select import CostModel
 
 TILE_BYTES = 512 * 1024  # a tile of every buffer of a few participants stays in L2
 PARALLEL_BYTES = 1 << 20  # below this, handing work to threads costs more than it saves

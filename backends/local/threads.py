@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from collectives import Communicator
+from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
-from collectives.communicator import Communicator
 from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
-from collectives.select import CostModel
-from collectives.transport import Failure, describe_activity
+from collectives.runtime.transport import Failure, describe_activity
 
 IDLE_SLICE = 0.05  # a sleeping rank re-checks (deadlines, notices) at least this often
 _worlds = itertools.count()

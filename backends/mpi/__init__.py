@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from collectives.communicator import Communicator
+from collectives import Communicator
 
 from .groups import ENV_RANKS_PER_NODE, groups_from_env
 from .tuning import NATIVE_NAMES, SHM_NAMES, canonical, chunks

@@ -22,11 +22,11 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives import algorithms
-from collectives.calls import Call
+from collectives.algorithms.schedule import Collective
 from collectives.errors import CollectiveMismatchError
-from collectives.execute.spmd import SpmdRun
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
+from collectives.runtime.calls import Call
+from collectives.runtime.execute.spmd import SpmdRun
 
 REPAIR_PART = 4  # the control channel's check field for NaN repairs (agreements use 0..3)
 

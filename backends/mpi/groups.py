@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives.algorithms.base import Layout
-from collectives.validate import resolve_groups
+from collectives.runtime.validate import resolve_groups
 
 ENV_RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from collectives.algorithms.schedule import Collective
 from collectives.arrays import ResultPool
-from collectives.calls import Call
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
+from collectives.runtime.calls import Call
 
 from . import nonblocking, tuning
 from .checks import CheckSlots

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from collectives.calls import Call
+from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
+from collectives.runtime.calls import Call
 
 from . import tuning
 from .checks import local_nans

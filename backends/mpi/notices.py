@@ -22,7 +22,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from collectives.transport import SILENT, Failure, describe_activity
+from collectives.runtime.transport import SILENT, Failure, describe_activity
 
 FAILURE, QUESTION, ANSWER = 1, 2, 3
 ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers

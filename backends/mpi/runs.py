@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from collectives.calls import Call
 from collectives.errors import CollectiveMismatchError, PeerFailedError
+from collectives.runtime.calls import Call
 
 from . import tuning
 from .checks import Repair, verify

@@ -23,9 +23,9 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.arrays import NUMPY
-from collectives.calls import Call
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
+from collectives.runtime.calls import Call
 
 ALIGN = 4096
 HEADER = 64  # bytes before each buffer: the call's check value

@@ -14,7 +14,7 @@ from typing import Any
 from mpi4py import MPI
 
 from collectives.arrays import NUMPY
-from collectives.transport import Failure
+from collectives.runtime.transport import Failure
 
 from . import tuning
 from .channel import MPIChannel

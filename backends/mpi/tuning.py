@@ -10,8 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from collectives import algorithms
-from collectives.schedule import Collective
-from collectives.select import CostModel
+from collectives.algorithms.schedule import Collective
+from collectives.algorithms.select import CostModel
 
 NATIVE_NAMES = ("native", "mpi")  # MPI's own collectives
 SHM_NAMES = ("shm", "shared_memory")  # the one-pass all-reduce through a shared window

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from collectives.communicator import Communicator
+from collectives import Communicator
 from collectives.errors import CollectiveTimeoutError
 
 POLL_SECONDS = 50e-6

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from collectives.backends.cupy import kernels, nccl_types
 
-from collectives.calls import Call
+from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
+from collectives.runtime.calls import Call
 
 from .two_level import TwoLevelRun, two_level_ok
 

@@ -18,8 +18,8 @@ from collectives.backends.cupy.arrays import CupyArrays
 from collectives.backends.cupy.probe import nccl_module, require_gpu
 
 from collectives.algorithms.base import Layout
-from collectives.select import CostModel
-from collectives.transport import Failure
+from collectives.algorithms.select import CostModel
+from collectives.runtime.transport import Failure
 
 from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
 from .control import MpiChannel, Notices

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from collectives.backends.cupy import kernels, nccl_types
 
-from collectives.calls import Call
+from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
+from collectives.runtime.calls import Call
 
 CHUNK_BYTES = 4 << 20  # pinned staging per chunk: large enough for MPI's bandwidth, small
 # enough that the copies of several chunks overlap the MPI work of others

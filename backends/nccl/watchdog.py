@@ -32,7 +32,7 @@ from collectives.errors import (
     CollectiveTimeoutError,
     PeerFailedError,
 )
-from collectives.transport import Failure
+from collectives.runtime.transport import Failure
 
 PERIOD = 2e-3  # seconds between checks while calls are outstanding
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from ..schedule import Collective, RankPlan, Schedule, union
 from . import one_device, rechd, ring, shuffle, tree, two_level
 from .base import AlgorithmModule, Layout
+from .schedule import Collective, RankPlan, Schedule, union
 
 MODULES: dict[str, AlgorithmModule] = {
     m.NAME: m for m in (one_device, ring, rechd, tree, shuffle)  # type: ignore[misc]

@@ -19,7 +19,7 @@ from functools import lru_cache
 from math import lcm
 from typing import NamedTuple, Protocol
 
-from ..schedule import Collective, Round, Send, Step
+from .schedule import Collective, Round, Send, Step
 
 
 class Layout:

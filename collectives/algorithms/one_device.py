@@ -14,8 +14,8 @@ every other participant's has one.
 
 from __future__ import annotations
 
-from ..schedule import Collective
 from .base import EMPTY, Groups, Layout, Ownership, Phase, block, concat, phase_of
+from .schedule import Collective
 
 NAME = "one_device"
 COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,

@@ -21,7 +21,6 @@ a participant's plan is ``O(log n)`` steps for every collective.
 
 from __future__ import annotations
 
-from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
@@ -34,6 +33,7 @@ from .base import (
     phase_of,
     scatter_to_blocks,
 )
+from .schedule import Collective
 
 NAME = "rechd"
 COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER,

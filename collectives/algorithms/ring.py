@@ -23,7 +23,6 @@ Every participant's positions are computed arithmetically, so one participant's 
 
 from __future__ import annotations
 
-from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
@@ -36,6 +35,7 @@ from .base import (
     gather_to_root,
     scatter_to_blocks,
 )
+from .schedule import Collective
 
 NAME = "ring"
 COLLECTIVES = frozenset(c for c in Collective

@@ -16,7 +16,6 @@ participant's plan has ``O(n)`` messages: it talks to everyone.
 
 from __future__ import annotations
 
-from ..schedule import Collective
 from .base import (
     EMPTY,
     Groups,
@@ -30,6 +29,7 @@ from .base import (
     phase_of,
     scatter_to_blocks,
 )
+from .schedule import Collective
 
 NAME = "shuffle"
 COLLECTIVES = frozenset(Collective)

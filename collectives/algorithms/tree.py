@@ -16,8 +16,8 @@ and broadcasts back.
 
 from __future__ import annotations
 
-from ..schedule import Collective
 from .base import EMPTY, Groups, Layout, Ownership, Phase, concat, phase_of, scatter_to_blocks
+from .schedule import Collective
 
 NAME = "tree"
 COLLECTIVES = frozenset(c for c in Collective if c is not Collective.ALL_TO_ALL)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from functools import lru_cache
 from math import lcm
 
-from ..schedule import Collective
 from . import tree
 from .base import (
     AlgorithmModule,
@@ -38,6 +37,7 @@ from .base import (
     phase_of,
     rescaled,
 )
+from .schedule import Collective
 
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 

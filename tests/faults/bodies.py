@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from collectives import CollectiveError
-from collectives.reference import reference
+from collectives.tools.reference import reference
 from faults.kit import Call, Ctx, ok, raises
 from faults.steps import COUNT, inputs, tolerance
 

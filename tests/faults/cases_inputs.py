@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.reference import reference
+from collectives.tools.reference import reference
 from faults import bodies
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, bad, good, inputs, peer_failed

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from collectives.reference import reference
+from collectives.tools.reference import reference
 from faults import bodies
 from faults.cases_inputs import HUGE, read_only
 from faults.kit import Call, Case, Ctx, ok, raises

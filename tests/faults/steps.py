@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from collectives import ReduceOp
-from collectives.reference import exact_inputs, reference
+from collectives.tools.reference import exact_inputs, reference
 from faults.kit import Call, Ctx, Expect, Step, ok, raises
 
 COUNT = 6  # elements per rank: more than any rank count, and not a multiple of 4

@@ -12,7 +12,7 @@ from gpukit import host, needs_gpu, needs_gpus, on_devices, same_bits
 
 import collectives
 from collectives.ops import ReduceOp, check_dtype
-from collectives.reference import exact_inputs, expected_outputs, random_inputs
+from collectives.tools.reference import exact_inputs, expected_outputs, random_inputs
 
 pytestmark = needs_gpu
 

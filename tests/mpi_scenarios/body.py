@@ -17,9 +17,9 @@ import numpy as np
 
 import collectives
 from collectives import algorithms
+from collectives.algorithms.schedule import Collective
 from collectives.ops import BFLOAT16, ReduceOp, check_dtype, supported_dtypes
-from collectives.reference import exact_inputs, expected_outputs, random_inputs
-from collectives.schedule import Collective
+from collectives.tools.reference import exact_inputs, expected_outputs, random_inputs
 
 SIZES = (0, 1, 7, 1000)
 FIVE = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST, Collective.ALL_GATHER,

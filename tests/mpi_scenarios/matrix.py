@@ -14,8 +14,8 @@ from body import FIVE, Matrix, identical
 from collectives.backends import mpi
 from collectives.backends.mpi import tuning
 
+from collectives.algorithms.schedule import Collective
 from collectives.ops import BFLOAT16, ReduceOp
-from collectives.schedule import Collective
 
 comm = mpi.init(timeout=60)
 report = Report("matrix")

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
-from collectives.reference import exact_inputs, expected_outputs, reference
+from collectives.tools.reference import exact_inputs, expected_outputs, reference
 
 Report = dict
 

@@ -19,10 +19,10 @@ from collectives.backends.nccl.control import MpiChannel, Notices
 from mpi4py import MPI
 
 from collectives import algorithms
-from collectives.execute.spmd import SpmdRun
+from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.schedule import Collective
-from collectives.transport import Failure
+from collectives.runtime.execute.spmd import SpmdRun
+from collectives.runtime.transport import Failure
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -16,7 +16,7 @@ import numpy as np
 
 import collectives
 from collectives.ops import ReduceOp, check_dtype
-from collectives.reference import exact_input, expected_outputs
+from collectives.tools.reference import exact_input, expected_outputs
 
 mode = sys.argv[1]
 comm = collectives.load_backend("nccl").init(timeout=60)

@@ -1,0 +1,342 @@
+"""Packing: batch one participant's many tensors into a few contiguous 1-D buffers.
+
+A :class:`PackPlan` depends only on the tensors' shapes and dtypes, so every participant of a
+collective computes the same plan from its own (identically shaped) list. ``plan.pack(arrays)``
+gives one buffer per :class:`Pack`; after the buffers are reduced, ``plan.unpack(buffers)``
+returns the tensors in input order with input shapes.
+
+Every pack holds one dtype. A pack is a list of pieces: element ranges ``[start, stop)`` of
+its members' flattened arrays, concatenated in order. Whole-tensor plans use full ranges;
+:func:`concat_and_split` cuts tensors at pack boundaries, so a tensor may span several packs.
+
+Plans, after TensorFlow (see :func:`make_plan`):
+
+* :func:`no_packing` - every tensor alone;
+* :func:`concat_and_split` - TF's ``_ConcatAndSplitPacker`` (``num_packs``);
+* :func:`aggregate_small` - TF's ``AggregateSmallTensorPacker`` (``agg_small_grads_max_bytes``,
+  ``agg_small_grads_max_group``), with :func:`extract_ranges` reproduced exactly;
+* :func:`group_by_size` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``).
+
+Differences from TensorFlow, all so that mixed dtypes work (TF needs one dtype per batch):
+
+* :func:`concat_and_split` groups tensors by dtype (in order of first appearance) and splits
+  each group into ``num_packs`` packs;
+* :func:`aggregate_small` counts any dtype as small when ``nbytes <= max_bytes`` (TF: float32
+  only, ``4 * elements``), and a range joins only consecutive tensors of the same dtype;
+* :func:`group_by_size` also closes a pack when the dtype changes, so ``bytes_per_pack=0``
+  gives one pack per run of equal dtypes (one pack when all dtypes agree);
+* an empty tensor list gives a plan with no packs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+__all__ = [
+    "Pack",
+    "PackPlan",
+    "aggregate_small",
+    "concat_and_split",
+    "extract_ranges",
+    "group_by_size",
+    "make_plan",
+    "no_packing",
+]
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One buffer: pieces ``spans[k]`` of the flattened inputs ``indices[k]``, concatenated."""
+
+    indices: tuple[int, ...]
+    dtype: np.dtype
+    spans: tuple[tuple[int, int], ...]
+
+    @property
+    def size(self) -> int:
+        """Number of elements in the buffer."""
+        return sum(stop - start for start, stop in self.spans)
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """How a list of tensors of ``shapes`` and ``dtypes`` maps onto ``packs``."""
+
+    shapes: tuple[Shape, ...]
+    dtypes: tuple[np.dtype, ...]
+    packs: tuple[Pack, ...]
+
+    def __post_init__(self) -> None:
+        # A hand-built plan must still cover every element exactly once, or unpack would
+        # return garbage; the constructors below always pass this check.
+        if len(self.shapes) != len(self.dtypes):
+            raise ValueError(f"got {len(self.shapes)} shapes but {len(self.dtypes)} dtypes")
+        spans: list[list[tuple[int, int]]] = [[] for _ in self.shapes]
+        for k, pack in enumerate(self.packs):
+            if len(pack.indices) != len(pack.spans):
+                raise ValueError(f"pack {k} has {len(pack.indices)} indices but "
+                                 f"{len(pack.spans)} spans")
+            for i, span in zip(pack.indices, pack.spans, strict=True):
+                if not 0 <= i < len(self.shapes) or self.dtypes[i] != pack.dtype:
+                    raise ValueError(f"pack {k} (dtype {pack.dtype}) cannot hold tensor {i}")
+                spans[i].append(span)
+        for i, shape in enumerate(self.shapes):
+            covered = 0
+            for start, stop in sorted(spans[i]):
+                if start != covered or stop < start:
+                    break
+                covered = stop
+            else:
+                if spans[i] and covered == prod(shape):
+                    continue
+            raise ValueError(f"the packs do not cover tensor {i} (shape {shape}) exactly once")
+
+    def pack(self, tensors: Sequence[ArrayLike], *, copy: bool = False,
+             arrays: Any = None) -> list:
+        """One contiguous 1-D buffer per pack; inputs are never modified.
+
+        A buffer made of a single piece of a contiguous input is a view of it (the
+        collectives never write their inputs); pass ``copy=True`` for fresh buffers
+        throughout. ``arrays``: the array backend of the tensors (NumPy by default).
+        """
+        arrays = arrays or _numpy()
+        if len(tensors) != len(self.shapes):
+            raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(tensors)}")
+        flats = []
+        for i, arr in enumerate(tensors):
+            if not arrays.owns(arr):
+                arr = np.asarray(arr)
+            if tuple(arr.shape) != self.shapes[i] or np.dtype(arr.dtype) != self.dtypes[i]:
+                raise ValueError(f"tensor {i} has shape {tuple(arr.shape)} and dtype {arr.dtype}; "
+                                 f"the plan expects {self.shapes[i]} and {self.dtypes[i]}")
+            flats.append(arrays.flat(arr))
+        buffers = []
+        for pack in self.packs:
+            pieces = [flats[i][start:stop] for i, (start, stop) in zip(pack.indices, pack.spans,
+                                                                        strict=True)]
+            if len(pieces) == 1 and not copy:
+                buf = pieces[0]
+            elif pieces:
+                buf = arrays.concatenate(pieces, 0)
+            else:
+                buf = arrays.empty((0,), pack.dtype, like=flats[0] if flats else None)
+            buffers.append(buf)
+        return buffers
+
+    def unpack(self, buffers: Sequence[ArrayLike], *, arrays: Any = None) -> list:
+        """The tensors in input order and shapes; each takes the dtype of its (first) buffer.
+
+        A tensor that lies within one buffer is returned as a view of that buffer.
+        """
+        arrays = arrays or _numpy()
+        if len(buffers) != len(self.packs):
+            raise ValueError(f"the plan has {len(self.packs)} packs, got {len(buffers)} buffers")
+        flat_bufs = []
+        for k, (pack, buf) in enumerate(zip(self.packs, buffers, strict=True)):
+            if not arrays.owns(buf):
+                buf = np.asarray(buf)
+            buf = buf.reshape(-1)
+            if buf.size != pack.size:
+                raise ValueError(f"buffer {k} has {buf.size} elements; pack {k} has {pack.size}")
+            flat_bufs.append(buf)
+        # Where each tensor's pieces lie: (buffer, offset in buffer, start, stop) per piece.
+        places: list[list[tuple[int, int, int, int]]] = [[] for _ in self.shapes]
+        for k, pack in enumerate(self.packs):
+            offset = 0
+            for i, (start, stop) in zip(pack.indices, pack.spans, strict=True):
+                places[i].append((k, offset, start, stop))
+                offset += stop - start
+        out = []
+        for i, shape in enumerate(self.shapes):
+            pieces = [p for p in places[i] if p[3] > p[2]] or places[i][:1]
+            if len(pieces) == 1:
+                k, offset, start, stop = pieces[0]
+                out.append(flat_bufs[k][offset:offset + stop - start].reshape(shape))
+                continue
+            # Spread over several buffers (concat_and_split): assemble a fresh array.
+            first = flat_bufs[pieces[0][0]]
+            result = arrays.empty((prod(shape),), first.dtype, like=first)
+            for k, offset, start, stop in pieces:
+                arrays.copy(result[start:stop], flat_bufs[k][offset:offset + stop - start])
+            out.append(result.reshape(shape))
+        return out
+
+
+def _numpy():
+    from ..arrays import NUMPY
+
+    return NUMPY
+
+
+def _normalise(shapes: Sequence[Sequence[int]],
+               dtypes: Sequence[DTypeLike]) -> tuple[tuple[Shape, ...], tuple[np.dtype, ...]]:
+    if len(shapes) != len(dtypes):
+        raise ValueError(f"got {len(shapes)} shapes but {len(dtypes)} dtypes")
+    norm_shapes = []
+    for i, shape in enumerate(shapes):
+        dims = tuple(operator.index(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"shape {i} {dims} has a negative dimension")
+        norm_shapes.append(dims)
+    return tuple(norm_shapes), tuple(np.dtype(d) for d in dtypes)
+
+
+def _whole_packs(groups: Sequence[Sequence[int]], shapes: Sequence[Shape],
+                 dtypes: Sequence[np.dtype]) -> tuple[Pack, ...]:
+    return tuple(Pack(tuple(g), dtypes[g[0]], tuple((0, prod(shapes[i])) for i in g))
+                 for g in groups)
+
+
+def no_packing(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]) -> PackPlan:
+    """Every tensor in a pack of its own."""
+    shp, dts = _normalise(shapes, dtypes)
+    return PackPlan(shp, dts, _whole_packs([[i] for i in range(len(shp))], shp, dts))
+
+
+def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
+                     num_packs: int) -> PackPlan:
+    """Per dtype, concatenate and cut into ``num_packs`` packs; the last takes the remainder.
+
+    With ``total`` elements, packs hold ``total // num_packs`` elements, the last one
+    ``total - (num_packs - 1) * (total // num_packs)`` (10 in 3 -> 3, 3, 4; 2 in 3 -> 0, 0, 2).
+    """
+    if num_packs <= 0:
+        raise ValueError(f"num_packs must be greater than zero, not {num_packs}")
+    shp, dts = _normalise(shapes, dtypes)
+    groups: dict[np.dtype, list[int]] = {}
+    for i, dt in enumerate(dts):
+        groups.setdefault(dt, []).append(i)
+    packs = []
+    for dt, members in groups.items():
+        sizes = [prod(shp[i]) for i in members]
+        total = sum(sizes)
+        split = total // num_packs
+        bounds = [k * split for k in range(num_packs)] + [total]
+        per_pack: list[list[tuple[int, int, int]]] = [[] for _ in range(num_packs)]
+        offset = 0
+        for i, size in zip(members, sizes, strict=True):
+            lo, hi = offset, offset + size
+            if size == 0:
+                # An empty tensor still needs a pack (its result takes that buffer's dtype):
+                # the one its offset falls in.
+                k = min(lo // split, num_packs - 1) if split else num_packs - 1
+                per_pack[k].append((i, 0, 0))
+            for k in range(num_packs):
+                start, stop = max(lo, bounds[k]), min(hi, bounds[k + 1])
+                if start < stop:
+                    per_pack[k].append((i, start - lo, stop - lo))
+            offset = hi
+        for pieces in per_pack:
+            packs.append(Pack(tuple(p[0] for p in pieces), dt,
+                              tuple((p[1], p[2]) for p in pieces)))
+    return PackPlan(shp, dts, tuple(packs))
+
+
+def extract_ranges(index_list: Sequence[int],
+                   range_size_limit: int = 32) -> tuple[list[list[int]], list[int]]:
+    """TF's ``extract_ranges``: runs of consecutive indices as ``[first, last]``, and singles.
+
+    Exactly as TensorFlow, a run keeps growing while ``last - first <= range_size_limit``,
+    so it can hold up to ``range_size_limit + 2`` indices (limit 1 on 0..4 -> [[0, 2], [3, 4]]).
+    """
+    ranges: list[list[int]] = []
+    singles: list[int] = []
+    if not index_list:
+        return ranges, singles
+    first = last = index_list[0]
+
+    def close() -> None:
+        if last > first:
+            ranges.append([first, last])
+        else:
+            singles.append(first)
+
+    for i in index_list[1:]:
+        if i == last + 1 and last - first <= range_size_limit:
+            last = i
+        else:
+            close()
+            first = last = i
+    close()
+    return ranges, singles
+
+
+def aggregate_small(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
+                    max_bytes: int, max_group: int) -> PackPlan:
+    """TF's small-tensor aggregation: runs of small tensors become packs, the rest stay alone.
+
+    Small means ``nbytes <= max_bytes``. Runs come from :func:`extract_ranges` with limit
+    ``max_group`` (so up to ``max_group + 2`` tensors each); an isolated small tensor is not
+    packed. Packs are ordered as TensorFlow does: the runs first, then the unpacked tensors
+    in input order.
+    """
+    if max_bytes <= 0 or max_group <= 0:
+        raise ValueError(f"max_bytes ({max_bytes}) and max_group ({max_group}) must both be "
+                         "greater than zero")
+    shp, dts = _normalise(shapes, dtypes)
+    small = [i for i in range(len(shp)) if prod(shp[i]) * dts[i].itemsize <= max_bytes]
+    large = [i for i in range(len(shp)) if prod(shp[i]) * dts[i].itemsize > max_bytes]
+    # A dtype change acts as a gap: extract_ranges then never joins across it, and on a
+    # single-dtype list the result is exactly TensorFlow's.
+    segments: list[list[int]] = []
+    for i in small:
+        if segments and segments[-1][-1] == i - 1 and dts[i] == dts[i - 1]:
+            segments[-1].append(i)
+        else:
+            segments.append([i])
+    ranges: list[list[int]] = []
+    singles: list[int] = []
+    for segment in segments:
+        seg_ranges, seg_singles = extract_ranges(segment, range_size_limit=max_group)
+        ranges += seg_ranges
+        singles += seg_singles
+    groups = [list(range(first, last + 1)) for first, last in ranges]
+    groups += [[i] for i in sorted(large + singles)]
+    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+
+
+def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
+                  bytes_per_pack: int) -> PackPlan:
+    """TF's ``group_by_size``: fill packs in order, closing one once it exceeds the target.
+
+    A pack closes only when its bytes are strictly greater than ``bytes_per_pack``, or when
+    the dtype changes; ``bytes_per_pack=0`` means no size limit.
+    """
+    if bytes_per_pack < 0:
+        raise ValueError(f"bytes_per_pack must be 0 (one pack) or more, not {bytes_per_pack}")
+    shp, dts = _normalise(shapes, dtypes)
+    groups: list[list[int]] = []
+    filled = 0
+    for i in range(len(shp)):
+        full = bytes_per_pack > 0 and filled > bytes_per_pack
+        if not groups or full or dts[i] != dts[groups[-1][-1]]:
+            groups.append([])
+            filled = 0
+        groups[-1].append(i)
+        filled += prod(shp[i]) * dts[i].itemsize
+    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+
+
+def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
+              num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
+              agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None) -> PackPlan:
+    """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size."""
+    if num_packs < 0:
+        raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
+    if num_packs > 0:
+        return concat_and_split(shapes, dtypes, num_packs)
+    if agg_small_grads_max_bytes > 0 and agg_small_grads_max_group > 0:
+        return aggregate_small(shapes, dtypes, agg_small_grads_max_bytes,
+                               agg_small_grads_max_group)
+    if bytes_per_pack is not None:
+        return group_by_size(shapes, dtypes, bytes_per_pack)
+    return no_packing(shapes, dtypes)

@@ -1,0 +1,364 @@
+"""The SPMD API: one process (or thread) per rank, each calling the same collectives.
+
+A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
+
+1. validates its arguments into a :class:`~collectives.calls.Call` (cached: a training loop
+   repeats its calls, so this is paid once per distinct call);
+2. agrees with every other rank on the call the first time its signature is seen (a mismatch,
+   or a rank that could not validate its arguments, raises on every rank before any data
+   moves); afterwards the signature's check value rides with the data instead;
+3. runs this rank's plan of the chosen algorithm (or the transport's native collective) as an
+   operation that a blocking call waits for, and ``async_op=True`` returns as a handle.
+
+Extending it: a transport implements :class:`collectives.transport.Transport`; the public
+hooks a subclass may override are :meth:`Communicator.choose_algorithm` (what ``auto`` runs)
+and :meth:`Communicator.adapt` (which arrays a call accepts).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms import select
+from ..algorithms.base import Layout
+from ..algorithms.schedule import Collective
+from ..log import configure, debug_setting
+from ..runtime.agreement import agreed
+from ..runtime.calls import Call, check_op_for, resolve_algorithm
+from ..runtime.engine import Engine
+from ..runtime.execute.spmd import SpmdRun
+from ..runtime.stages import NativeStage
+from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
+from ..runtime.work import Operation
+from .spmd_collectives import CollectiveOps
+from .spmd_exchanges import ExchangeOps
+from .spmd_p2p import PointToPointOps
+from .spmd_prepared import PreparedOps
+
+CALLS = logging.getLogger("collectives.calls")
+REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
+
+
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
+    """Collectives among ``size`` ranks; this one is ``rank``.
+
+    ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
+    arguments across ranks (the first time a call signature is seen; ``check=False`` skips it,
+    and a mismatch then shows as a wrong length or a timeout instead of a clear error).
+    """
+
+    def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
+                 name: str | None = None):
+        self.transport = transport
+        self.rank: int = transport.rank
+        self.size: int = transport.size
+        self.local_rank: int = getattr(transport, "local_rank", 0)
+        self.local_size: int = getattr(transport, "local_size", 1)
+        self.name = name or transport.name
+        self.timeout, self.check = float(timeout), bool(check)
+        self.arrays = transport.arrays
+        self.debug = debug_setting()  # read once, here: it must be the same on every rank
+        configure()
+        self._engine = Engine(transport, timeout=self.timeout, check=self.check,
+                              detail=self.debug == "detail")
+        self._calls: dict = {}
+        self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
+        native = transport.native
+        self._native_names: tuple[str, ...] = native.names if native is not None else ()
+        self.last_algorithm: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Communicator {self.name} rank {self.rank} of {self.size}>"
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def free(self) -> None:
+        """Release what the transport holds for this communicator (collective on MPI)."""
+        self.transport.free()
+
+    def dup(self) -> Communicator:
+        """A new communicator over the same ranks, with this one's options: its calls never
+        mix with this one's (give each thread, or each library, its own). Collective."""
+        engine = self._engine
+        engine.enter("dup")
+        try:
+            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
+                              name=self.name)
+        finally:
+            engine.leave()
+
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
+        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
+        Collective over this communicator; the child has this one's options, and its failures
+        never break this one."""
+        if color is not None and (isinstance(color, bool) or not isinstance(
+                color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"key={key!r} must be an integer")
+        engine = self._engine
+        engine.enter("split")
+        try:
+            child = self.transport.split(None if color is None else int(color), int(key))
+        finally:
+            engine.leave()
+        if child is None:
+            return None
+        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+
+    # --- hooks --------------------------------------------------------------------------
+
+    def adapt(self, x: Any, argument: str) -> Any:
+        """The array a call works on: arrays of the transport's array backend pass as they
+        are; lists raise TypeError (one array per call); scalars and array-likes become
+        NumPy arrays."""
+        if self.arrays.owns(x):
+            return x
+        if x is None:
+            raise TypeError(f"{argument} is None; pass an array")
+        if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or hasattr(v, "__array__")
+                                                 for v in x):
+            raise TypeError(f"{argument} is a {type(x).__name__} of arrays; a collective takes "
+                            "one array (stack them yourself with numpy.stack, or use "
+                            "batch_all_reduce for several tensors)")
+        try:
+            return np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - NumPy's message is the useful part
+            raise TypeError(f"{argument} cannot be read as an array: {exc}") from exc
+
+    def choose_algorithm(self, call: Call) -> str:
+        """What runs ``call``: the transport's native collective ("native") or a schedule's
+        canonical name. ``call.algorithm`` is what the caller asked for ("auto" lets this
+        method choose)."""
+        native = self.transport.native
+        name = call.algorithm
+        if name in self._native_names:
+            if native.supports(call) and self.size > 1:
+                return "native"
+            name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
+        if name != "auto":
+            return name
+        if native is not None and native.supports(call) and native.preferred(call):
+            return "native"
+        layout = self.transport.layout
+        if layout is not None and len(layout.groups) > 1 and call.collective in (
+                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+            # across nodes: weigh the links between them against copies inside them
+            link = getattr(self.transport, "link", None) or select.LinkModel()
+            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
+                                        .bit_length(), layout, link)
+            if "/" in name:
+                call.layout = layout
+            return name
+        gathered = call.collective in (Collective.ALL_GATHER, Collective.GATHER)
+        nbytes = call.nbytes * (self.size if gathered else 1)  # what the plans move in all
+        return select.choose(call.collective, self.size, nbytes, self.transport.cost_model)
+
+    # --- calls --------------------------------------------------------------------------
+
+    def _call(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
+              shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
+        """The validated call, from the cache when these arguments were seen before."""
+        try:
+            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis)
+            call = self._calls.get(key)
+        except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
+            key, call = None, None
+        if call is None:
+            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis)
+            if key is not None:
+                if len(self._calls) > 4096:
+                    self._calls.clear()
+                self._calls[key] = call
+        return call
+
+    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
+        dtype = np.dtype(x.dtype)
+        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
+        check_communicable(dtype, "x")
+        shape = tuple(int(d) for d in x.shape)
+        if collective in (Collective.REDUCE, Collective.BROADCAST):
+            root = check_root(root, self.size)
+        shards = check_shards(shards)
+        name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
+        if name not in self._native_names and name != "auto":
+            if not algorithms.supports(collective, name):
+                raise ValueError(
+                    f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
+                    f"{', '.join(algorithms.names_for(collective))}")
+        layout = None
+        if "/" in name or groups is not None:
+            layout = (Layout(resolve_groups(groups, self.size)) if groups is not None
+                      else self.transport.layout)
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
+        call.run_as = self.choose_algorithm(call)
+        CALLS.info("rank %d: %s runs as %s", self.rank, call.describe(), call.run_as)
+        return call
+
+    def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
+        """``(out, None)`` when ``out`` can take the result, else ``(None, its error)``: the
+        call still runs (with a buffer of its own) and raises the error at the end, so peers
+        are not left with half a collective."""
+        if out is None:
+            return None, None
+        try:
+            from ..runtime.validate import check_out
+
+            check_out(out, shape, dtype, argument, self.arrays)
+        except (TypeError, ValueError) as exc:
+            return None, agreed(exc)
+        return out, None
+
+    def _start(self, what: str, build, async_op: bool, timeout: float | None,
+               subject: str | None = None):
+        """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
+        ``subject`` names the call in errors (default: the call's own description)."""
+        engine = self._engine
+        engine.enter(what)
+        try:
+            seq = engine.next_seq()
+            try:
+                check_timeout(timeout)
+                call, data, finish = build(seq)
+                error = None
+            except (TypeError, ValueError, MemoryError) as exc:
+                call, data, finish, error = None, None, None, exc
+                timeout = None  # (it may be the bad argument) the agreement waits the default
+            late = getattr(finish, "late", None)
+            own = getattr(call, "agrees_itself", False)
+            if not self.check or own:
+                if error is not None:
+                    engine.fail_locally(error, seq)
+                    raise error
+                agreement = None
+            else:
+                signature = call.signature if call is not None else None
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
+                if error is not None and self.size > 1:
+                    engine.reject(error, seq)  # peers that skip this agreement must hear
+                if agreement is not None and late is not None:
+                    # agreed only now: the bad ``out`` goes into the agreement, nothing moves
+                    agreement.fail_with(late)
+                    for stage in data or ():
+                        abort = getattr(stage, "abort", None)
+                        if abort is not None:  # e.g. give back a native turn it reserved
+                            abort()
+                    data = None
+                # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
+                # and raise at the end: its peers get their results)
+            subject = subject or (call if call is not None else what)
+            if self.debug == "detail":
+                CALLS.debug("rank %d: call %d: %s", self.rank, seq,
+                            call.describe() if call is not None else f"{what}: {error}")
+            if call is not None:
+                self.last_algorithm = call.run_as
+            # what peers see of this rank: the call, and whether it agrees on it or moves data
+            phase = "agreeing" if agreement is not None or own else "moving"
+            self.transport.publish_activity((seq, subject, phase))
+            stages = [agreement, *(data or [])]
+            op = Operation(engine, seq, subject, stages, finish or _nothing,
+                           signature=call.signature if call else None,
+                           check=call.check if call else 0,
+                           skipped_agreement=agreement is None and not own, phase=phase)
+            result = engine.run(op, async_op, timeout)
+            if not async_op:
+                self.transport.publish_activity((seq, subject, False))
+            return result
+        finally:
+            engine.leave()
+
+    def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
+                    turn: int | None = None):
+        """The stage that moves the data: the native collective, or this rank's plan.
+        ``turn``: a place in the native start order reserved when the call was issued (for
+        calls that learn their data stage later); released where no native runs."""
+        op = call.op.wire_op if call.op is not None else None
+        if call.run_as == "native":
+            return NativeStage(self._engine, self.transport.native, call, src, work,
+                               op, seq, turn)
+        if turn is not None:
+            self._engine.release_turn(turn)
+        if src is not None and src is not work:
+            self.arrays.copy(work, src)
+        units = len(work) // granule if granule else 0
+        shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
+        plan = call.plans.get(shards)
+        if plan is None:  # the call keeps its plan: no lookup on later calls
+            plan = call.plans[shards] = algorithms.rank_plan(
+                call.collective, call.run_as, self.size, self.rank, root=call.root,
+                shards=shards, layout=call.layout)
+        return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
+                       check=call.check if self.check else 0)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every rank has arrived (or raise naming those that did not)."""
+        def build(seq):
+            call = self._barrier_call()
+            token = np.zeros(1, np.int64)
+            return call, [self._data_stage(call, seq, None, token)], _nothing
+
+        self._start("barrier", build, False, timeout, subject="barrier")
+
+    def _barrier_call(self) -> Call:
+        """A barrier is a one-element all-reduce with a signature of its own (so that a rank in
+        a barrier and one in an all-reduce are told they disagree)."""
+        call = self._calls.get("barrier")
+        if call is None:
+            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            barrier = Call(Collective.ALL_REDUCE, call.shape, call.dtype, call.op, 0, "rechd", 0,
+                           None)
+            barrier.signature = ("barrier",) + (None,) * 8
+            barrier.check = zlib.crc32(b"barrier") & ((1 << 30) - 1)
+            barrier.run_as = "rechd"
+            call = self._calls["barrier"] = barrier
+        return call
+
+    def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
+                         num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
+                         agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
+                         shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
+        """All-reduce a list of tensors as few packed buffers; results in input order.
+
+        ``algorithm`` takes any all-reduce spec (see ``collectives.spec``); the packing knobs
+        are those of ``collectives.batch_all_reduce``.
+        """
+        from ..algorithms.batch import plan_batch
+
+        if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
+            raise TypeError("xs must be a list of arrays")
+        xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
+        for k, x in enumerate(xs):
+            check_op_for(op, np.dtype(x.dtype), f"xs[{k}]")
+        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs],
+                           algorithm, num_packs=num_packs,
+                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                           agg_small_grads_max_group=agg_small_grads_max_group,
+                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                           extra_names=self._native_names)
+        results: list = [None] * len(xs)
+        for part in parts:
+            packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
+            reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
+                                       groups=groups, timeout=timeout) for buf in packed]
+            for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
+                results[i] = result
+        return results
+
+
+_TOKEN = np.zeros(1, np.int64)
+
+
+def _nothing() -> None:
+    return None

@@ -1,0 +1,84 @@
+"""``collectives.init()``: the communicator of this process, whatever launched it.
+
+``init("auto")`` is MPI when the launcher's environment says this process is one of several
+MPI ranks (the variables of MPICH/Hydra's PMI, PMIx and Open MPI, read without initialising
+MPI), else one local rank. Calling it again returns the same communicator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..registry import load_backend
+
+logger = logging.getLogger("collectives")
+
+# The job size as MPI launchers give it to every rank they start: MPICH's Hydra (PMI), PMIx,
+# Open MPI. A batch system's own variables (SLURM_NTASKS, ...) are not enough: a job step may
+# run one plain Python process.
+LAUNCHER_SIZE = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE")
+
+_ACTIVE: dict[str, Any] = {}
+
+
+def launched_by_mpi(env: dict | None = None) -> bool:
+    """Whether a launcher started this process as one of several MPI ranks."""
+    env = os.environ if env is None else env
+    for name in LAUNCHER_SIZE:
+        text = env.get(name, "").strip()
+        if text.isdigit() and int(text) > 1:
+            return True
+    return False
+
+
+def init(backend: str = "auto", **options: Any):
+    """The communicator of this process: ``"mpi"``, ``"local"`` (one rank), ``"auto"`` (MPI
+    under an MPI launcher, else local; said at info level), or another installed backend
+    (``"nccl"``). ``options`` go to the backend's ``init`` (``timeout=``, ``check=``, ...).
+    Idempotent per backend: a second call returns the first communicator."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a name such as 'auto', 'mpi' or 'local', not "
+                        f"{type(backend).__name__}")
+    name = backend.strip().lower()
+    if name == "auto":
+        if launched_by_mpi():
+            name = "mpi"
+            logger.info("collectives.init: an MPI launcher started this process; using MPI")
+        else:
+            logger.info("collectives.init: no MPI launcher in the environment; one local rank")
+            name = "local"
+    if name in _ACTIVE:
+        return _ACTIVE[name]
+    try:
+        module = load_backend(name)
+    except ValueError:
+        from difflib import get_close_matches
+        from importlib.metadata import entry_points
+
+        known = sorted({ep.name for ep in entry_points(group="collectives.backends")} | {"local"})
+        hint = get_close_matches(name, known, n=1)
+        maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ValueError(f"backend={backend!r} is not installed{maybe}; installed: "
+                         f"{', '.join(known)}, or 'auto'") from None
+    except ImportError as exc:
+        raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}); for "
+                          "MPI: pip install -e '.[mpi]' in this project's checkout") from exc
+    comm = module.init(**options)
+    if comm.size > 1:
+        _check_versions(comm)
+    _ACTIVE[name] = comm
+    return comm
+
+
+def _check_versions(comm) -> None:
+    """Every rank must run the same version of the library (a mixed install mismatches in
+    subtle ways)."""
+    from .. import __version__
+
+    versions = comm.all_gather_object(__version__)
+    if len(set(versions)) > 1:
+        by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(versions))
+        raise RuntimeError(f"ranks run different versions of collectives ({by_rank}); install "
+                           "the same one everywhere")

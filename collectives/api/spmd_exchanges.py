@@ -1,0 +1,163 @@
+"""Collectives that move blocks without reducing them: gather, scatter, all-to-all, and small
+Python objects (mixed into :class:`~collectives.Communicator`).
+
+``gather`` stacks every rank's ``x`` along a new leading axis on the root (``all_gather``
+concatenates instead); ``scatter`` hands rank ``r`` row ``r`` of the root's ``x``; ``all_to_all``
+sends block ``j`` of each rank's leading axis to rank ``j``. Their plans are proved by the same
+checker as the reductions' (every block lands exactly once, where it belongs).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms.schedule import Collective
+from ..foreign import accepts_foreign
+from ..runtime.execute.exchange import ExchangeRun
+
+
+class ExchangeOps:
+    """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
+
+    @accepts_foreign
+    def gather(self, x: Any, root: int = 0, algorithm: Any = "auto", *,
+               timeout: float | None = None, async_op: bool = False) -> Any:
+        """The root gets every rank's ``x`` stacked along a new leading axis of length
+        ``size`` (row ``r`` from rank ``r``); other ranks get None."""
+        def build(seq):
+            arrays = self.arrays
+            xa = self.adapt(x, "x")
+            call = self._call(Collective.GATHER, xa, None, algorithm, root=root)
+            n, count = self.size, call.count
+            mine = self.rank == call.root
+            work = (arrays.result((n * count,), call.dtype, like=xa) if mine
+                    else arrays.empty((n * count,), call.dtype, like=xa))
+            arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
+            data = self._data_stage(call, seq, None, work, granule=count if count else 1)
+
+            def finish():
+                return work.reshape((n, *call.shape)) if mine else None
+
+            finish.late = None
+            return call, [data], finish
+
+        return self._start("gather", build, async_op, timeout)
+
+    @accepts_foreign
+    def scatter(self, x: Any = None, root: int = 0, algorithm: Any = "auto", *, out: Any = None,
+                timeout: float | None = None, async_op: bool = False) -> Any:
+        """Rank ``r`` gets ``x[r]`` of the root's ``x`` (whose leading axis is ``size``).
+        Other ranks pass None, or ``out`` (the shape and dtype of one row) to skip learning
+        them from the root."""
+        from .spmd_broadcast import build_rooted
+
+        return self._start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
+                                                   out), async_op, timeout)
+
+    @accepts_foreign
+    def all_to_all(self, x: Any, splits: Sequence[int] | None = None, algorithm: Any = "auto", *,
+                   timeout: float | None = None, async_op: bool = False) -> Any:
+        """Block ``j`` of ``x``'s leading axis goes to rank ``j``; the result's block ``i``
+        came from rank ``i``.
+
+        Without ``splits`` the leading axis is cut into ``size`` equal blocks (it must divide).
+        ``splits`` gives this rank's block sizes (rows sent to each rank, summing to the leading
+        axis); every rank passes its own, and receivers learn theirs with one small all-gather.
+        """
+        arrays = self.arrays
+        n = self.size
+        counts = None
+        if splits is not None:  # every rank's sizes first (bad ones become a row of -1s)
+            try:
+                rows = self.adapt(x, "x").shape[0]
+                mine, problem = _check_splits(splits, rows, n), None
+            except (TypeError, ValueError, IndexError) as exc:
+                mine, problem = np.full(n, -1, np.int64), exc
+            counts = self.all_gather(mine, timeout=timeout).reshape(n, n)
+            failed = [r for r in range(n) if (counts[r] < 0).any()]
+            if problem is not None:
+                raise problem
+            if failed:
+                from ..errors import PeerFailedError
+
+                raise PeerFailedError(f"rank {self.rank}: all_to_all cannot run because rank(s) "
+                                      f"{failed} passed bad splits")
+
+        def build(seq):
+            nonlocal counts
+            xa = self.adapt(x, "x")
+            if len(xa.shape) == 0:
+                raise ValueError("x is a scalar; all_to_all splits its leading axis, so pass "
+                                 "an array")
+            rows, row_shape = xa.shape[0], tuple(xa.shape[1:])
+            row = int(np.prod(row_shape, dtype=np.int64))
+            if counts is None:
+                if rows % n:
+                    raise ValueError(f"x has {rows} rows, which do not split into {n} equal "
+                                     "blocks; pass splits= with the rows for each rank")
+                counts = np.full((n, n), rows // n, np.int64)
+                shape = tuple(xa.shape)
+            else:
+                shape = (0, *row_shape)  # the leading axis may differ between ranks
+            call = self._call(Collective.ALL_TO_ALL, _Shape(shape, xa.dtype), None, algorithm)
+            send_at = [0, *np.cumsum(counts[self.rank] * row).tolist()]
+            recv_at = [0, *np.cumsum(counts[:, self.rank] * row).tolist()]
+            result = arrays.result((int(counts[:, self.rank].sum()), *row_shape), call.dtype,
+                                   like=xa)
+            src, dst = arrays.flat(xa), result.reshape(-1)
+            r = self.rank
+            arrays.copy(dst[recv_at[r]:recv_at[r + 1]], src[send_at[r]:send_at[r + 1]])
+            name = call.run_as if call.run_as != "native" else "shuffle"
+            plan = algorithms.rank_plan(Collective.ALL_TO_ALL, name, n, self.rank)
+            data = ExchangeRun(plan, src, dst, send_at, recv_at, self.transport.data, seq=seq,
+                               check=call.check if self.check else 0)
+
+            def finish():
+                return result
+
+            finish.late = None
+            return call, [data], finish
+
+        return self._start("all_to_all", build, async_op, timeout)
+
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
+        """Every rank's ``obj`` (anything picklable), in rank order."""
+        blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        lengths = self.all_gather(np.array([len(blob)], np.int64), timeout=timeout)
+        width = int(lengths.max()) if len(lengths) else 0
+        padded = np.zeros(width, np.uint8)
+        padded[:len(blob)] = blob
+        gathered = self.all_gather(padded, timeout=timeout).reshape(self.size, width)
+        return [pickle.loads(gathered[r, :int(lengths[r])].tobytes()) for r in range(self.size)]
+
+    def broadcast_object(self, obj: Any = None, root: int = 0, *,
+                         timeout: float | None = None) -> Any:
+        """The root's ``obj`` (anything picklable) on every rank."""
+        blob = None
+        if self.rank == root:
+            blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        got = self.broadcast(blob, root, timeout=timeout)
+        return obj if self.rank == root else pickle.loads(got.tobytes())
+
+
+class _Shape:
+    """Shape and dtype for describing a call (all-to-all's leading axis may vary)."""
+
+    def __init__(self, shape: tuple, dtype: Any):
+        self.shape, self.dtype = shape, dtype
+
+
+def _check_splits(splits: Sequence[int], rows: int, n: int) -> np.ndarray:
+    try:
+        mine = np.asarray(splits, np.int64)
+    except (TypeError, ValueError):
+        raise TypeError(f"splits={splits!r} must be {n} whole numbers of rows") from None
+    if mine.shape != (n,) or (mine < 0).any() or int(mine.sum()) != rows:
+        raise ValueError(f"splits={list(splits)!r} must be {n} non-negative row counts (one per "
+                         f"rank) summing to x's leading axis, {rows}")
+    return mine

@@ -1,0 +1,162 @@
+"""Agreeing on a call before any data moves: the first time a signature is seen, or on demand.
+
+Ranks that disagree about a call (shape, dtype, op, root, algorithm, ...) or where one rank
+could not even validate its arguments must all raise, before any data moves. The agreement
+runs over the control channel with the library's own schedules:
+
+1. a digest exchange: an all-reduce (MAX) of ``[failed, check, -check]``; when no rank failed
+   and ``max(check) == -max(-check)``, every rank has the same check value: done;
+2. otherwise the details: every rank's signature, or its error, all-gathered, so that every
+   rank raises the same diagnosis: the failing rank its own error, every other rank a
+   :class:`~collectives.PeerFailedError` naming it; or, on disagreement, a
+   :class:`~collectives.CollectiveMismatchError` naming the field and every rank's value.
+
+Errors the agreement raises leave the communicator usable: every rank saw the same outcome and
+no data moved. (A rank that had already moved data, because it took the call for agreed and
+joined the agreement late, reports so, and everyone then marks the communicator broken.)
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms.schedule import Collective
+from ..errors import CollectiveMismatchError, PeerFailedError
+from ..ops import ReduceOp
+from .execute.spmd import SpmdRun
+
+AGREED = "__collectives_agreed__"  # set on errors that every rank raised together
+PAYLOAD_BYTES = 252  # what a broadcast's root tells every rank (its shape and dtype)
+_WORDS = PAYLOAD_BYTES // 7  # packed 7 bytes to an int64, so every word stays non-negative
+
+
+def agreed(exc: BaseException) -> BaseException:
+    """Mark an error as one every rank raised in agreement (it does not break anything)."""
+    setattr(exc, AGREED, True)
+    return exc
+
+
+class Agreement:
+    """An agreement stage: ``advance()`` until True, raising the agreed error if any."""
+
+    __slots__ = ("comm", "error", "late", "run", "seq", "signature", "state", "check",
+                 "payload", "_buf", "_lengths", "_blob", "_width")
+
+    def __init__(self, engine, seq: int, signature: tuple | None, check: int,
+                 error: BaseException | None, late: bool = False, *,
+                 known: int | None = None, payload: bytes = b""):
+        """``engine``: the communicator's collectives.engine.Engine.
+
+        Broadcast extras: ``known``, a digest only some ranks have (the shape a non-root
+        passed; None: this rank does not know), must agree among the ranks that have it;
+        ``payload`` (the root's, at most ``PAYLOAD_BYTES``) reaches every rank in
+        ``self.payload``. Every agreement exchanges the same fixed-size digest, so that a
+        broadcast and another collective at the same point disagree in words, not in size."""
+        self.comm, self.seq, self.signature, self.check = engine, seq, signature, check
+        self.error, self.late = error, late
+        failed = 1 if error is not None else 0
+        unknown = np.iinfo(np.int64).min
+        pair = (known, -known) if known is not None else (unknown, unknown)
+        if len(payload) > PAYLOAD_BYTES:
+            raise ValueError(f"an agreement carries at most {PAYLOAD_BYTES} bytes")
+        raw = np.zeros(_WORDS * 8, np.uint8).reshape(_WORDS, 8)
+        raw[:, :7] = np.frombuffer(payload.ljust(_WORDS * 7, b"\0"), np.uint8).reshape(_WORDS, 7)
+        extra = raw.reshape(-1).view("<i8").astype(np.int64)
+        self._buf = np.concatenate([np.array([failed + (2 if late else 0), check, -check, *pair],
+                                             np.int64), extra])
+        self.payload = b""
+        self.run = self._all_reduce(self._buf, 0)
+        self.state = "digest"
+
+    def _all_reduce(self, buf: np.ndarray, part: int) -> SpmdRun:
+        comm = self.comm
+        plan = algorithms.rank_plan(Collective.ALL_REDUCE, "rechd", comm.size, comm.rank)
+        return SpmdRun(plan, buf, ReduceOp.MAX, comm.transport.control,
+                       seq=self.seq, check=part)
+
+    def fail_with(self, error: BaseException) -> None:
+        """This rank cannot run the call after all (found before anything was posted)."""
+        if self.error is None:
+            self.error = error
+            self._buf[0] += 1
+
+    def advance(self) -> bool:
+        if not self.run.advance():
+            return False
+        if self.state == "digest":
+            status, high, low, known, known_neg = (int(v) for v in self._buf[:5])
+            words = self._buf[5:].astype("<i8").view(np.uint8).reshape(_WORDS, 8)
+            self.payload = words[:, :7].tobytes()
+            unknown = np.iinfo(np.int64).min
+            shapes_agree = known == known_neg == unknown or known == -known_neg
+            if status == 0 and high == -low == self.check and shapes_agree:
+                return True
+            self.comm.forget(self.check)  # every rank reaches this verdict alike
+            # disagreement, or a rank failed: everyone exchanges the details
+            self._blob = pickle.dumps(self._details(), protocol=pickle.HIGHEST_PROTOCOL)
+            self._lengths = np.array([len(self._blob)], np.int64)
+            self.run = self._all_reduce(self._lengths, 1)
+            self.state = "lengths"
+            return self.advance()
+        if self.state == "lengths":
+            width = int(self._lengths[0])
+            comm = self.comm
+            gathered = np.zeros(width * comm.size, np.uint8)
+            mine = np.frombuffer(self._blob, np.uint8)
+            gathered[comm.rank * width:comm.rank * width + len(mine)] = mine
+            plan = algorithms.rank_plan(Collective.ALL_GATHER, "rechd", comm.size, comm.rank)
+            self._buf, self._width = gathered, width
+            self.run = SpmdRun(plan, gathered, ReduceOp.SUM, comm.transport.control,
+                               granule=width, seq=self.seq, check=2)
+            self.state = "details"
+            return self.advance()
+        details = [pickle.loads(self._buf[r * self._width:(r + 1) * self._width].tobytes())
+                   for r in range(self.comm.size)]
+        raise self._verdict(details)
+
+    def _details(self) -> tuple:
+        error = None
+        if self.error is not None:
+            error = f"{type(self.error).__name__}: {self.error}"
+        return self.signature, error, self.late
+
+    def _verdict(self, details: list[tuple]) -> BaseException:
+        comm = self.comm
+        if any(late for _, _, late in details):
+            comm.break_for(f"ranks disagreed about call {self.seq} after some had already moved "
+                           "its data")
+        failed = [(r, error) for r, (_, error, _) in enumerate(details) if error is not None]
+        if failed:
+            if self.error is not None:
+                return agreed(self.error)
+            who, what = failed[0]
+            others = f" (and rank(s) {', '.join(str(r) for r, _ in failed[1:])})" if len(
+                failed) > 1 else ""
+            return agreed(PeerFailedError(
+                f"rank {comm.rank}: call {self.seq} cannot run because rank {who}{others} "
+                f"failed to start it: {what}"))
+        from .calls import differences
+
+        signatures = [sig for sig, _, _ in details]
+        if any(s is None for s in signatures):  # a rank failed after the digest: say who
+            who = [r for r, s in enumerate(signatures) if s is None]
+            return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {who} "
+                                          "could not describe their call"))
+        name = next((s[0] for s in signatures if s is not None), "a collective")
+        kinds = {s[0] for s in signatures if s is not None}
+        if len(kinds) > 1:
+            by_rank = ", ".join(f"rank {r}: {s[0]}" for r, s in enumerate(signatures))
+            text = (f"ranks called different collectives at the same point ({by_rank}); every "
+                    "rank must call the same collectives in the same order")
+        else:
+            text = differences(signatures, name)
+        return agreed(CollectiveMismatchError(f"rank {comm.rank}: {text}"))
+
+    def pending_peers(self) -> list[int]:
+        return self.run.pending_peers()
+
+    def abort(self) -> None:
+        self.run.abort()

@@ -1,0 +1,122 @@
+"""What a collective call is: its validated arguments, its signature and its check value.
+
+Every call is first described by a :class:`Call`: the collective, shape, dtype, op, root,
+algorithm, shards and groups, validated once and cached by the raw arguments (a training loop
+makes the same calls every step, so validation and parsing are paid once). The call's
+*signature* is what every rank must agree on; its *check value* is a 30-bit digest of the
+signature, identical in every process, that rides with the data so that ranks which disagree
+never pair their messages up silently.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms.base import Layout
+from ..algorithms.schedule import Collective
+from ..algorithms.spec import parse_spec, pick_range
+from ..ops import ReduceOp, check_dtype, result_dtype
+
+CHECK_BITS = 30
+
+
+@dataclass(eq=False)
+class Call:
+    """A validated collective call (cached: treat as read-only)."""
+
+    collective: Collective
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    op: ReduceOp | None
+    root: int
+    algorithm: str  # canonical name, "auto", or a transport's own (e.g. "native")
+    shards: int
+    layout: Layout | None
+    axis: int | None = None
+    final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
+    count: int = field(init=False)
+    nbytes: int = field(init=False)
+    signature: tuple = field(init=False)
+    check: int = field(init=False)
+    run_as: str = field(init=False, default="")  # what runs it: "native" or a schedule's name
+    plans: dict = field(init=False, default_factory=dict, repr=False)  # this rank's, by shards
+    always_agree = False
+
+    def __post_init__(self) -> None:
+        self.count = math.prod(self.shape)
+        self.nbytes = self.count * self.dtype.itemsize
+        self.final = result_dtype(self.op, self.dtype) if self.op is not None else self.dtype
+        self.signature = (self.collective.value, self.shape, str(self.dtype),
+                          self.op.value if self.op else None, self.root, self.algorithm,
+                          self.shards, None if self.layout is None else self.layout.groups,
+                          self.axis)
+        self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << CHECK_BITS) - 1)
+
+    def describe(self) -> str:
+        """``all_reduce(float32[1000], op=sum)``: for error messages."""
+        parts = [f"{self.dtype}[{','.join(map(str, self.shape))}]"]
+        if self.op is not None:
+            parts.append(f"op={self.op.value}")
+        if self.collective in (Collective.REDUCE, Collective.BROADCAST):
+            parts.append(f"root={self.root}")
+        if self.algorithm != "auto":
+            parts.append(f"algorithm={self.algorithm}")
+        return f"{self.collective.value}({', '.join(parts)})"
+
+
+FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis")
+
+
+def differences(signatures: list[tuple], collective: str) -> str:
+    """The first field on which ranks' signatures differ, by rank (for mismatch errors).
+    A broadcast's non-roots may not know the shape and dtype (None): only known ones count."""
+    for i, name in enumerate(FIELDS):
+        seen = [s[i] if s is not None else None for s in signatures]
+        known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
+        if len(set(map(repr, known))) > 1:
+            by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
+            return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
+                    f"must pass the same {name}")
+    return "ranks called collectives with different arguments"
+
+
+def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -> tuple[str, int]:
+    """``(canonical name, shards)`` for one array of ``count`` elements.
+
+    ``algorithm`` takes every spec form (a name, ``"A/B"``, ``"alg#shards"``, tuples, lists of
+    ranges, the ``"pscpu:2k:xring"`` grammar): the range is chosen by the element count, as a
+    batch would choose it. ``extra_names`` are a transport's own algorithms (e.g. "native").
+    """
+    if not isinstance(algorithm, (str, tuple, list)):
+        raise TypeError(f"algorithm must be a name such as 'ring' or 'nccl/xring', or an "
+                        f"all-reduce spec (a tuple, a list of tuples, 'pscpu:2k:xring'), not "
+                        f"{type(algorithm).__name__} {algorithm!r}")
+    return _resolve(algorithm, count, shards, tuple(extra_names))
+
+
+def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tuple[str, int]:
+    if isinstance(algorithm, str):
+        text = algorithm.strip().lower()
+        if text in extra_names:
+            return text, shards
+        if ":" not in text and "#" not in text:
+            return algorithms.canonical(algorithm), shards
+    chosen = pick_range(parse_spec(algorithm, extra_names=extra_names), count)
+    name = chosen.algorithm.strip().lower()
+    name = name if name in extra_names else algorithms.canonical(name)
+    if shards and chosen.shards != 1 and shards != chosen.shards:
+        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
+                         "which sets its own; put them in the spec (e.g. 'xring#2')")
+    return name, shards or chosen.shards  # a spec's shards count as given (TensorFlow's)
+
+
+def check_op_for(op: Any, dtype: np.dtype, argument: str) -> ReduceOp:
+    parsed = ReduceOp.parse(op)
+    check_dtype(parsed, dtype, argument)
+    return parsed

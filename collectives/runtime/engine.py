@@ -1,0 +1,397 @@
+"""The engine under a Communicator: call numbering, agreement, progress, waiting, failure.
+
+One :class:`Engine` per communicator. It numbers calls (every rank numbers them alike), keeps
+the signatures already agreed (the same on every rank, since every rank sees the same calls),
+drives operations in flight (:mod:`collectives.work`), waits with deadlines, and turns every
+failure into an error on every rank:
+
+* a timeout raises :class:`~collectives.CollectiveTimeoutError` naming the missing ranks and
+  what each rank says it is doing, marks the communicator broken, and tells the peers;
+* a peer's failure notice fails every operation in flight with
+  :class:`~collectives.PeerFailedError` naming that rank and its error (or
+  :class:`~collectives.CollectiveMismatchError` when the peer found a mismatch);
+* after either, every call raises :class:`~collectives.CommunicatorBrokenError` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+from ..errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    ConcurrentCallError,
+    PeerFailedError,
+)
+from .agreement import AGREED, Agreement
+from .transport import SILENT, Failure, Transport
+from .work import Operation, Work
+
+AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
+FAILURES = logging.getLogger("collectives.failures")
+MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
+SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
+THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
+DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
+TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
+DISPUTE_ANSWER = 0.05  # how long it waits for their answers
+
+
+class Engine:
+    """Call numbering, agreement, progress and waiting for one communicator."""
+
+    def __init__(self, transport: Transport, *, timeout: float, check: bool, detail: bool):
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.timeout, self.check, self.detail = timeout, check, detail
+        self.seq = 0
+        self.agreed: OrderedDict[int, bool] = OrderedDict()
+        self.inflight: list[Operation] = []
+        self.unreported: list[tuple[weakref.ref, Operation]] = []
+        self.broken: str | None = None
+        self.busy = threading.Lock()  # held by the thread inside a call
+        self.state = threading.RLock()  # held while operations advance
+        self.native_issued = 0  # native collectives start in call order
+        self.native_next = 0
+        self.native_skipped: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._asked = 0.0  # when a slow wait last asked peers what they do
+        self._told = 0.0  # when a slow wait last published whom it waits for
+
+    # --- entering a call ----------------------------------------------------------------
+
+    def enter(self, what: str) -> None:
+        """Claim the communicator for this thread's call, or raise why it cannot be had."""
+        if not self.busy.acquire(blocking=False):
+            raise ConcurrentCallError(
+                f"rank {self.rank}: {what} was called while another thread is inside a call on "
+                "this communicator; calls on one communicator must come from one thread at a "
+                "time, in the same order on every rank (give each thread its own: comm.dup())")
+        if self.broken is not None or self.unreported:
+            try:
+                self._raise_pending(what)
+            except BaseException:
+                self.busy.release()
+                raise
+
+    def leave(self) -> None:
+        self.busy.release()
+
+    def _raise_pending(self, what: str) -> None:
+        for ref, op in list(self.unreported):
+            if ref() is None:  # the handle was dropped without wait(): its error surfaces here
+                self.unreported.remove((ref, op))
+                raise op.error  # type: ignore[misc]
+        self.unreported = [(r, o) for r, o in self.unreported if r() is not None]
+        if self.broken is not None:
+            raise CommunicatorBrokenError(
+                f"rank {self.rank}: {what} cannot run: this communicator is broken since "
+                f"{self.broken}; messages of the failed call may still be in flight. Create a "
+                "new communicator (or end the job)")
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def agreement(self, seq: int, signature: tuple | None, check: int,
+                  error: BaseException | None, always: bool = False) -> Agreement | None:
+        """The agreement stage a call needs, or None when its signature was agreed before.
+
+        A signature counts as agreed from the moment its agreement is *issued*: every rank
+        issues calls in the same order, so every rank decides alike even while asynchronous
+        agreements are still in flight (should one fail, every rank forgets it alike, and calls
+        issued meanwhile are caught by the check value that rides with their data)."""
+        if error is None and not always and not self.detail:
+            if check in self.agreed:
+                self.agreed.move_to_end(check)
+                return None
+        if error is None:
+            self.remember(check)
+        return Agreement(self, seq, signature, check, error)
+
+    def remember(self, check: int) -> None:
+        self.agreed[check] = True
+        if len(self.agreed) > AGREED_SIGNATURES:
+            self.agreed.popitem(last=False)
+
+    def forget(self, check: int) -> None:
+        self.agreed.pop(check, None)
+
+    def reserve_turn(self) -> int:
+        """A place in the order native collectives start in (they pair by issue order)."""
+        turn = self.native_next
+        self.native_next += 1
+        return turn
+
+    def release_turn(self, turn: int) -> None:
+        """A reserved place that no native collective will take: later ones need not wait."""
+        self.native_skipped.add(turn)
+
+    # --- running ------------------------------------------------------------------------
+
+    def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
+        """Advance a new operation; block for it, or hand back its handle."""
+        with self.state:
+            done = op.advance()
+            if not done:
+                self.inflight.append(op)
+        if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
+            self._broke(op.error, op.seq)
+        if async_op:
+            work = Work(op)
+            op.handle = weakref.ref(work)
+            if not done:
+                if len(self.inflight) > MAX_IN_FLIGHT:
+                    raise CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} "
+                                          "asynchronous calls in flight; wait() for some")
+                self._start_thread()
+            elif op.error is not None:
+                self.unreported.append((weakref.ref(work), op))
+            return work
+        if not done:
+            self.wait(op, timeout)
+        return op.outcome()
+
+    def progress(self) -> None:
+        """Advance every operation in flight, in call order."""
+        with self.state:
+            if not self.inflight:
+                return
+            for op in list(self.inflight):
+                if op.advance():
+                    self.inflight.remove(op)
+                    if op.error is not None:
+                        if op.breaking and not getattr(op.error, AGREED, False):
+                            self._broke(op.error, op.seq)
+                        if op.handle is not None and not op.waited_by:
+                            self.unreported.append((op.handle, op))
+
+    def wait(self, op: Operation, timeout: float | None) -> None:
+        """Drive progress until ``op`` finishes; raise on timeout or a peer's failure."""
+        timeout = self.timeout if timeout is None else float(timeout)
+        transport = self.transport
+        start = time.monotonic()
+        deadline = start + timeout
+        while not op.finished:
+            self.progress()
+            if op.finished:
+                break
+            now = time.monotonic()
+            waited = now - start
+            if waited > SLOW_WAIT:
+                self._look_around(op)
+                if op.finished:
+                    break
+            if now >= deadline:
+                self._time_out(op, timeout)
+                break
+            transport.idle(waited)
+        if op in self.inflight:
+            with self.state:
+                if op in self.inflight:
+                    self.inflight.remove(op)
+
+    def _look_around(self, op: Operation) -> None:
+        """A slow wait also hears peers' failure notices and late agreements, and now and
+        then asks the ranks it waits for what they do: a peer agreeing on a call this rank
+        took as agreed (or moving the data of one it agrees on) disputes it."""
+        failure = self.transport.poll_failure()
+        if failure is not None:
+            self._peer_failed(failure)
+            return
+        for other in list(self.inflight):
+            if (other.skipped_agreement and not other.finished
+                    and self.transport.agreement_waiting(other.seq)):
+                self._join_late(other)
+        now = time.monotonic()
+        if now - self._told > TELL_WAITING and op.seq == self.seq and not op.finished:
+            # (only for the latest call: an older one would tell peers this rank is behind)
+            self._told = now
+            self.transport.publish_activity((op.seq, op.subject, op.phase,
+                                             tuple(op.pending_peers())))
+        if now - self._asked > DISPUTE_CHECK and not op.finished:
+            self._asked = now
+            self._check_dispute(op)
+
+    def _check_dispute(self, op: Operation) -> None:
+        waited = set(op.pending_peers())
+        if not waited:
+            return
+        mine = "moving" if op.skipped_agreement else "agreeing"
+        for rank, entry in self.transport.peer_activity(DISPUTE_ANSWER).items():
+            phase = entry[2] if len(entry) > 2 else None
+            if rank in waited and entry[0] == op.seq and phase in ("agreeing", "moving") and (
+                    phase != mine):
+                if op.skipped_agreement:
+                    self._join_late(op)
+                else:  # tell the ranks that skipped it: they join this agreement
+                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+                return
+
+    def _join_late(self, op: Operation) -> None:
+        """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
+        every rank (those that also took it as agreed join too), then join it, within the
+        communicator's timeout and hearing notices, to learn how."""
+        op.skipped_agreement = False
+        self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+        agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
+        deadline = time.monotonic() + self.timeout
+        try:
+            while not agreement.advance():
+                failure = self.transport.poll_failure()
+                if failure is not None:
+                    self._peer_failed(failure)
+                    if op.finished:
+                        return
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(op.description, agreement.pending_peers(),
+                                                 self.timeout, self.rank, call=op.seq)
+                self.transport.idle(SLOW_WAIT)
+        except BaseException as exc:  # noqa: BLE001 - the verdict fails the operation
+            op.fail(exc)
+            self._broke(exc, op.seq)
+            return
+
+    def _time_out(self, op: Operation, timeout: float) -> None:
+        # Who never arrived: ranks that say they are not in this call yet, else the ranks this
+        # one waits for, else ranks that did not answer, else (a native call names none) every
+        # other rank. A silent peer may merely have timed out first and left; a transport may
+        # leave some peers unasked (MPI: those on other hosts).
+        activity = self.transport.peer_activity(0.5)
+        silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
+        absent = [r for r, (seq, *_) in sorted(activity.items())
+                  if r not in silent and (seq is None or seq < op.seq)]
+        waited = op.pending_peers()
+        missing = (absent or _held_up_by(waited, op.seq, activity, self.rank)
+                   or silent or [r for r in range(self.size) if r != self.rank])
+        doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
+                          if r in missing or r in waited)
+        error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
+                                       detail=doing, call=op.seq if op.breaking else None)
+        op.fail(error)
+        if op.breaking:
+            self._broke(error, op.seq)
+
+    def _peer_failed(self, failure: Failure) -> None:
+        """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
+        unless the peer merely left after finishing it: kind "exited"). Kind "rejected": the
+        peer could not start call ``seq`` and runs its agreement; only a rank that skipped that
+        agreement (it had agreed the call before) is affected, and its data may have moved."""
+        if failure.kind in ("rejected", "disputed"):
+            with self.state:
+                ops = [op for op in self.inflight if op.seq == failure.seq and
+                       op.skipped_agreement and not op.finished]
+            for op in ops:  # this rank took the call as agreed: it joins the agreement late
+                self._join_late(op)
+            return  # (a rank in the agreement already hears the verdict there)
+        kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
+        lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
+        where = ("failed after call" if failure.kind == "exited" else "failed in call")
+        with self.state:
+            for op in list(self.inflight):
+                if op.seq >= lost:
+                    own = getattr(op.stages[op.stage], "error", None) if (
+                        op.stage < len(op.stages)) else None
+                    # a rank that could not start the call raises its own error
+                    op.fail(own if isinstance(own, Exception) else kind(
+                        f"rank {self.rank}: {op.description} cannot finish because rank "
+                        f"{failure.rank} {where} {failure.seq}: {failure.message}"))
+                    self.inflight.remove(op)
+        self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
+
+    def _broke(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
+        """A failure that may have left messages in flight: broken here, and peers told
+        (``notify`` None: unless the failure came from a peer, who knows already)."""
+        if self.broken is not None:
+            return
+        self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
+        FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
+        kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
+                "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+        if notify or (notify is None and not isinstance(error, PeerFailedError)):
+            self.transport.notify_failure(Failure(self.rank, seq, kind,
+                                                  f"{type(error).__name__}: {error}"))
+        with self.state:
+            for other in list(self.inflight):
+                if not other.finished:
+                    other.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
+            self.inflight.clear()
+
+    def break_for(self, reason: str) -> None:
+        self.broken = self.broken or reason
+
+    def reject(self, error: BaseException, seq: int) -> None:
+        """This rank could not start call ``seq`` and will agree on it; peers that took the
+        call as agreed (and skipped the agreement) must hear it."""
+        self.transport.notify_failure(Failure(self.rank, seq, "rejected",
+                                              f"{type(error).__name__}: {error}"))
+
+    def fail_locally(self, error: BaseException, seq: int) -> None:
+        """A rank-local error in a call that skipped the agreement: peers must hear of it."""
+        self._broke(error, seq)
+
+    # --- the progress thread for asynchronous calls -----------------------------------
+
+    def _start_thread(self) -> None:
+        with self.state:  # (a lingering thread decides under this lock whether to end)
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._drive, daemon=True,
+                                            name=f"collectives-progress-{self.rank}")
+            self._thread.start()
+
+    def _drive(self) -> None:
+        start = time.monotonic()
+        idle_since = None
+        while True:
+            with self.state:
+                if not self.inflight:
+                    # linger: a loop of start()/wait() reuses this thread instead of
+                    # starting one per call
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > THREAD_LINGER:
+                        self._thread = None
+                        return
+                else:
+                    idle_since = None
+            try:
+                self.progress()
+                if time.monotonic() - start > SLOW_WAIT:
+                    failure = self.transport.poll_failure()
+                    if failure is not None:
+                        self._peer_failed(failure)
+            except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
+                pass
+            # never a spin here: a user thread may be computing beside this one
+            self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+
+
+def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
+                rank: int) -> list[int]:
+    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
+    in call ``seq`` itself and says it waits for others is followed to them (the first rank
+    to time out names the lost one, not the live neighbour stuck behind it)."""
+    found: list[int] = []
+    seen = {rank}
+    todo = list(waited)
+    while todo:
+        peer = todo.pop(0)
+        if peer in seen:
+            continue
+        seen.add(peer)
+        entry = activity.get(peer, ())
+        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
+                  if r not in seen]
+        if onward:
+            todo.extend(onward)
+        else:
+            found.append(peer)
+    return sorted(found) or waited

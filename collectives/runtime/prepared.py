@@ -1,0 +1,123 @@
+"""Prepared calls: a collective bound to its buffers, started again and again.
+
+``comm.all_reduce_init(x, op, out=out)`` (and ``reduce_init``, ``broadcast_init``,
+``all_gather_init``, ``reduce_scatter_init``) validates once and returns a
+:class:`PreparedCall`; each ``start()`` reads ``x`` afresh (the caller refills it between
+calls) and each ``wait()`` returns ``out`` holding the result. Arguments are agreed across
+ranks once, at the first ``start()``. Where the transport has persistent collectives (MPI-4's
+``MPI_Allreduce_init``), a prepared call uses one; otherwise it runs this rank's cached plan
+over the same buffers. This is the fastest way to call the library repeatedly on the same
+buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CollectiveError
+from .calls import Call
+from .work import Operation, Work
+
+
+class PersistentStage:
+    """Start a prepared native collective in its turn (natives start in call order)."""
+
+    __slots__ = ("engine", "persistent", "seq", "started", "turn")
+
+    def __init__(self, engine: Any, persistent: Any, seq: int):
+        self.engine, self.persistent, self.seq = engine, persistent, seq
+        self.turn = engine.native_next
+        engine.native_next += 1
+        self.started = False
+
+    def advance(self) -> bool:
+        engine = self.engine
+        if not self.started:
+            while engine.native_issued in engine.native_skipped:
+                engine.native_skipped.discard(engine.native_issued)
+                engine.native_issued += 1
+            if engine.native_issued != self.turn:
+                return False
+            engine.native_issued += 1
+            self.persistent.start(self.seq)
+            self.started = True
+        return self.persistent.advance()
+
+    def abort(self) -> None:
+        if not self.started:
+            self.engine.native_skipped.add(self.turn)
+
+    def pending_peers(self) -> list[int]:
+        return [r for r in range(self.engine.size) if r != self.engine.rank]
+
+
+class PreparedCall:
+    """A validated collective bound to ``src`` (read at each start) and ``work`` (written).
+
+    ``finish()`` turns the work buffer into the result (MEAN's division, copies into ``out``).
+    """
+
+    def __init__(self, comm: Any, what: str, call: Call, src: Any, work: Any, finish: Any, *,
+                 granule: int = 1, place: Any = None):
+        # ``src`` None: the input already sits in ``work`` (in place), or ``place()`` puts it
+        # there at every start (all-gather's block)
+        self.comm, self.what, self.call = comm, what, call
+        self.src, self.work, self.finish, self.granule = src, work, finish, granule
+        self.place = place
+        self._agreed = False
+        self._persistent = None
+        self._work: Work | None = None
+        self._waited = True
+        if call.run_as == "native":
+            self._persistent = comm.transport.native.prepare(call, src, work, call.op.wire_op
+                                                             if call.op is not None else None)
+
+    def start(self) -> PreparedCall:
+        """Start one run; ``wait()`` before the next ``start()``."""
+        comm = self.comm
+        engine = comm._engine
+        if self._work is not None and not self._waited:
+            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
+        engine.enter(self.what)
+        try:
+            seq = engine.next_seq()
+            call = self.call
+            agreement = None
+            if comm.check and not self._agreed:  # as a plain call of this signature would
+                agreement = engine.agreement(seq, call.signature, call.check, None)
+            self._agreed = True
+            if self.place is not None:
+                self.place()
+            if self._persistent is not None:
+                data = PersistentStage(engine, self._persistent, seq)
+            else:
+                data = comm._data_stage(call, seq, self.src, self.work, granule=self.granule)
+            comm.transport.publish_activity((seq, call, True))
+            op = Operation(engine, seq, call, [agreement, data], self.finish,
+                           signature=call.signature, check=call.check,
+                           skipped_agreement=agreement is None)
+            self._work = engine.run(op, True, None)
+            self._waited = False
+        finally:
+            engine.leave()
+        return self
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result of the last ``start()`` (the bound ``out``, or None off the root)."""
+        if self._work is None:
+            raise CollectiveError(f"rank {self.comm.rank}: {self.what}: wait() before start()")
+        self._waited = True
+        return self._work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._work is not None and self._work.is_completed()
+
+    def free(self) -> None:
+        """Release the transport's persistent request, if any."""
+        if self._persistent is not None:
+            self._persistent.free()
+            self._persistent = None
+
+    def __repr__(self) -> str:
+        return f"<PreparedCall {self.call.describe()}>"
+

@@ -1,0 +1,49 @@
+"""Data stages of an operation besides the SPMD executor's: a transport's native collective.
+
+Native collectives (MPI's ``Iallreduce``, ...) are matched by the order in which ranks issue
+them, not by tags, so they must start in call order on every rank even when an earlier call
+is still agreeing on its arguments: :class:`NativeStage` waits for its turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops import ReduceOp
+from .calls import Call
+
+
+class NativeStage:
+    """Start a native collective in its turn, then advance it to completion."""
+
+    __slots__ = ("call", "dst", "engine", "native", "op", "run", "seq", "src", "turn")
+
+    def __init__(self, engine: Any, native: Any, call: Call, src: Any, dst: Any, op: ReduceOp,
+                 seq: int, turn: int | None = None):
+        self.engine, self.native, self.call = engine, native, call
+        self.src, self.dst, self.op, self.seq = src, dst, op, seq
+        # the place in the native start order: reserved now, or when the call was issued
+        self.turn = engine.reserve_turn() if turn is None else turn
+        self.run = None
+
+    def advance(self) -> bool:
+        engine = self.engine
+        if self.run is None:
+            while engine.native_issued in engine.native_skipped:
+                engine.native_skipped.discard(engine.native_issued)
+                engine.native_issued += 1
+            if engine.native_issued != self.turn:
+                return False  # an earlier call has not issued its native collective yet
+            engine.native_issued += 1
+            self.run = self.native.start(self.call, self.src, self.dst, self.op, self.seq)
+        return self.run.advance()
+
+    def abort(self) -> None:
+        if self.run is None:  # never issued: later calls must not wait for it
+            self.engine.release_turn(self.turn)
+
+    def pending_peers(self) -> list[int]:
+        pending = getattr(self.run, "pending_peers", None)
+        if pending is not None:
+            return pending()
+        return [r for r in range(self.engine.size) if r != self.engine.rank]

@@ -1,0 +1,155 @@
+"""What a transport provides to a :class:`~collectives.Communicator`.
+
+A transport is one module (or package) that imports the core and implements
+:class:`Transport`: who this rank is, two point-to-point channels (``data`` for collectives'
+payloads, ``control`` for agreements, never matched against each other), how to wait when
+nothing progresses, how to tell peers that this rank failed and hear that they did, and
+optionally :class:`NativeCollectives` it runs better itself (MPI's ``Iallreduce``, NCCL's
+``allReduce``), which ``auto`` may prefer to the library's schedules.
+
+The thread-rank transport (``collectives.backends.local``) and the MPI transport
+(``collectives.backends.mpi``) are the two implementations; ``docs/architecture.md`` walks
+through both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..algorithms.base import Layout
+from ..arrays import ArrayBackend
+from ..ops import ReduceOp
+from .calls import Call
+from .execute.spmd import PointToPoint
+
+SILENT = "silent"  # the phase :meth:`Transport.peer_activity` gives a peer that did not answer
+
+
+def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
+    """A peer's answer to :meth:`Transport.peer_activity` from what it published:
+    ``(seq, text, phase, waiting_for)``. ``activity`` is ``(seq, call, phase)``, or with a
+    fourth item, the ranks a slow wait is waiting for (published by the engine now and then,
+    so a rank that times out can follow the chain of waits to the rank that holds it up)."""
+    if activity is None:
+        return None, "has made no call", None, ()
+    seq, subject, phase, *rest = activity
+    text = subject if isinstance(subject, str) else subject.describe()
+    waiting = tuple(rest[0]) if rest else ()
+    text = f"{'in' if phase else 'last finished'} call {seq}, {text}"
+    if phase and waiting:
+        text += f", waiting for rank(s) {', '.join(map(str, waiting))}"
+    return seq, text, phase, waiting if phase else ()
+
+@dataclass(frozen=True)
+class Failure:
+    """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
+    "timeout", or "exited" when the peer raised outside the library after finishing call
+    ``seq``; ``message`` is its exception, as text."""
+
+    rank: int
+    seq: int
+    kind: str
+    message: str
+
+
+class NativeRun(Protocol):
+    """A native collective in flight."""
+
+    def advance(self) -> bool:
+        """Whether it has completed (raises its error, e.g. a mismatch its check caught)."""
+        ...
+
+
+class NativeCollectives(Protocol):
+    """Collectives a transport runs itself. ``names`` are the ``algorithm=`` spellings that
+    ask for them explicitly (e.g. "native", "mpi")."""
+
+    names: tuple[str, ...]
+
+    def supports(self, call: Call) -> bool:
+        """Whether this call (collective, dtype, op) can run natively."""
+        ...
+
+    def preferred(self, call: Call) -> bool:
+        """Whether ``algorithm="auto"`` should run this call natively (the transport's tuning)."""
+        ...
+
+    def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int) -> NativeRun:
+        """Start the collective from flat ``src`` into flat ``dst`` (they may be the same
+        array, or overlap). ``call.check`` should ride with the data where the transport can
+        carry it, so that ranks calling different collectives raise
+        :class:`~collectives.CollectiveMismatchError` instead of mixing their data."""
+        ...
+
+    def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
+        """A collective bound to these buffers, to start again and again (MPI-4 persistent
+        collectives); None where the transport has none for this call."""
+        ...
+
+
+class PersistentNative(Protocol):
+    """A prepared native collective: ``start()`` it, then ``advance()`` until True, again and
+    again; ``src`` is read afresh at every start."""
+
+    def start(self, seq: int) -> None: ...
+
+    def advance(self) -> bool: ...
+
+    def free(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Everything a Communicator needs from the ranks it spans."""
+
+    name: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    arrays: ArrayBackend
+    data: PointToPoint
+    control: PointToPoint
+    p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
+    cost_model: Any  # collectives.select.CostModel
+    layout: Layout | None  # the node groups: the default of two-level algorithms
+    native: NativeCollectives | None
+
+    def idle(self, waited: float) -> None:
+        """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""
+        ...
+
+    def notify_failure(self, failure: Failure) -> None:
+        """Tell every peer that this rank failed (best effort, never blocks for long)."""
+        ...
+
+    def poll_failure(self) -> Failure | None:
+        """A peer's failure notice received since the last poll, if any."""
+        ...
+
+    def agreement_waiting(self, seq: int) -> bool:
+        """Whether a peer has started the argument agreement of call ``seq`` (which this rank
+        skipped: the ranks disagree about the call)."""
+        ...
+
+    def publish_activity(self, activity: tuple) -> None:
+        """``(seq, call, phase)``: the call this rank is in, and whether it is "agreeing" on
+        it or "moving" its data (False: it finished it), for peers' timeout messages and
+        disputes. Called on every call: it must be cheap."""
+        ...
+
+    def peer_activity(self, timeout: float) -> dict[int, tuple]:
+        """What other ranks say they are doing: ``(call number or None, description,
+        phase)`` (phase as published; None where unknown; :data:`SILENT` for a peer that did
+        not answer in time). A transport may leave peers out that it cannot ask safely."""
+        ...
+
+    def dup(self) -> Transport:
+        """A new transport over the same ranks (collective)."""
+        ...
+
+    def split(self, color: int | None, key: int) -> Transport | None:
+        """MPI_Comm_split's meaning (collective); None where ``color`` is None."""
+        ...
+
+    def free(self) -> None: ...

@@ -1,0 +1,138 @@
+"""Argument checks shared by both ways of calling. All run before any data moves.
+
+They read only shapes, dtypes and flags, and ask the array backend about the rest (whether an
+array is contiguous or writable), so they serve NumPy and GPU arrays alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ops import ReduceOp, check_dtype
+
+Groups = Sequence[Sequence[int]] | int | None
+
+
+def as_array(x: Any, argument: str, arrays: Any = None) -> Any:
+    """An array (anything with ``shape`` and ``dtype``); scalars and array-likes become NumPy
+    arrays. None and lists raise TypeError: one array is expected."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return x
+    if x is None:
+        raise TypeError(f"{argument} is None; pass an array")
+    if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or hasattr(v, "__array__")
+                                             for v in x):
+        raise TypeError(f"{argument} is a {type(x).__name__} of arrays; pass one array (stack "
+                        "them yourself with numpy.stack)")
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - NumPy's own message is the useful part
+        raise TypeError(f"{argument} cannot be read as an array: {exc}") from exc
+
+
+def check_communicable(dtype: np.dtype, argument: str) -> None:
+    """Any fixed-size dtype travels as bytes; Python objects (pointers) cannot."""
+    if dtype.hasobject:
+        raise TypeError(f"{argument} has dtype {dtype} (Python objects), which cannot be "
+                        "communicated; use a numeric dtype (or all_gather_object for objects)")
+
+
+def same_layout(values: Sequence, argument: str = "values",
+                op: Any = None) -> tuple[tuple[int, ...], np.dtype]:
+    """All values share one shape and dtype (that ``op``, if given, can reduce); return them."""
+    if len(values) == 0:
+        raise ValueError(f"{argument} is empty; pass one array per device")
+    shape, dtype = tuple(values[0].shape), np.dtype(values[0].dtype)
+    for i, v in enumerate(values[1:], 1):
+        if tuple(v.shape) != shape:
+            raise ValueError(f"{argument}[{i}] has shape {tuple(v.shape)} but {argument}[0] has "
+                             f"{shape}; every device must bring the same shape")
+        if np.dtype(v.dtype) != dtype:
+            raise TypeError(f"{argument}[{i}] has dtype {np.dtype(v.dtype)} but {argument}[0] has "
+                            f"{dtype}; every device must bring the same dtype")
+    if op is not None:
+        check_op(op, dtype, argument)
+    check_communicable(dtype, argument)
+    return shape, dtype
+
+
+def check_op(op: Any, dtype: np.dtype, argument: str = "values") -> ReduceOp:
+    parsed = ReduceOp.parse(op)
+    check_dtype(parsed, dtype, argument)
+    return parsed
+
+
+def check_root(root: Any, size: int) -> int:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        raise TypeError(f"root must be an integer rank, not {type(root).__name__}")
+    if not 0 <= root < size:
+        raise ValueError(f"root={root} is out of range; there are {size} participants (0..{size - 1})")
+    return int(root)
+
+
+def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str = "out",
+              arrays: Any = None) -> None:
+    """``out`` must be a writable, C-contiguous array of the result's shape and dtype, of the
+    same kind as the inputs (``arrays``: their backend)."""
+    if not (hasattr(out, "shape") and hasattr(out, "dtype")):
+        raise TypeError(f"{argument} must be an array, not {type(out).__name__}")
+    if arrays is not None and not arrays.owns(out):
+        raise TypeError(f"{argument} is a {type(out).__module__}.{type(out).__name__}; the "
+                        f"inputs are {arrays.name} arrays, so pass one of those")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{argument} has shape {tuple(out.shape)}; the result has shape {shape}")
+    if np.dtype(out.dtype) != np.dtype(dtype):
+        raise TypeError(f"{argument} has dtype {np.dtype(out.dtype)}; the result has dtype "
+                        f"{np.dtype(dtype)}")
+    if arrays is not None:
+        contiguous, writable = arrays.contiguous(out), arrays.writable(out)
+    else:
+        flags = getattr(out, "flags", None)
+        contiguous = flags is None or flags.c_contiguous
+        writable = flags is None or flags.writeable
+    if not contiguous:
+        raise ValueError(f"{argument} is not C-contiguous; pass a contiguous array "
+                         "(e.g. numpy.ascontiguousarray) to receive results")
+    if not writable:
+        raise ValueError(f"{argument} is read-only; pass a writable array")
+
+
+def check_timeout(timeout: Any) -> None:
+    """None (the communicator's default) or a positive number of seconds."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
+                                                             np.floating)):
+        raise TypeError(f"timeout={timeout!r} must be a number of seconds (or None for the "
+                        "communicator's default)")
+    if not timeout > 0:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+
+
+def check_shards(shards: Any) -> int:
+    if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 0:
+        raise ValueError(f"shards={shards!r} must be a non-negative integer (0: the default)")
+    return int(shards)
+
+
+def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | None:
+    """Groups for two-level algorithms: None, a group size, or a partition of the participants."""
+    if groups is None:
+        return None
+    if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
+        if groups < 1:
+            raise ValueError(f"groups={groups} must be a positive group size or a list of groups")
+        return tuple(tuple(range(i, min(i + groups, size))) for i in range(0, size, groups))
+    try:
+        out = tuple(tuple(int(p) for p in g) for g in groups)
+    except TypeError:
+        raise TypeError(f"groups={groups!r} must be a group size or a list of lists of "
+                        "participants") from None
+    members = sorted(p for g in out for p in g)
+    if members != list(range(size)) or any(len(g) == 0 for g in out):
+        raise ValueError(f"groups={groups!r} must split the participants 0..{size - 1} into "
+                         "non-empty groups, each participant in exactly one")
+    return out

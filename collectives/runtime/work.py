@@ -1,0 +1,153 @@
+"""Collectives in flight: operations, the handles users hold, and the waiting loop.
+
+An :class:`Operation` is a collective as a small state machine: a list of *stages* (the
+argument agreement, then the data movement, each a resumable ``advance() -> bool``) and a
+``finish`` that turns the working buffer into the result. A blocking call starts one and waits
+for it; ``async_op=True`` hands back its :class:`Work` handle instead. Several may be in flight
+on one communicator: each completes as its data arrives, whoever drives the progress (a
+``wait()``, the next call, or the communicator's progress thread).
+
+Waiting spins for a few microseconds (a peer slightly late), then yields, then sleeps (a peer
+much later), so a wait never burns a core for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import CollectiveError
+
+
+class Operation:
+    """One collective in flight on one communicator."""
+
+    __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
+                 "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
+                 "subject", "waited_by")
+
+    def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
+                 finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
+                 skipped_agreement: bool = False, breaking: bool = True, phase: Any = True):
+        # ``subject``: what the call is, a Call (described only when an error needs it) or text
+        self.engine, self.seq, self.subject = engine, seq, subject
+        self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
+        self.finished = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.waited_by = False  # a Work.wait() will report the error; no one else must
+        self.handle: Any = None  # a weak reference to the Work handle of an asynchronous call
+        # what the call's late agreement needs, should a peer start one
+        self.signature, self.check = signature, check
+        self.skipped_agreement = skipped_agreement
+        # whether its failure (a timeout, an error) leaves the communicator broken: a
+        # collective's does; a point-to-point message's does not (it is withdrawn)
+        self.breaking = breaking
+        self.phase = phase  # as published to peers when the call was issued
+
+    def advance(self) -> bool:
+        """Move on as far as possible without waiting; True once finished (or failed)."""
+        if self.finished:
+            return True
+        try:
+            while self.stage < len(self.stages):
+                if not self.stages[self.stage].advance():
+                    return False
+                self.stage += 1
+            self.result = self.finish()
+        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
+            self.fail(exc)
+        self.finished = True
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.finished:
+            self.error = exc
+            self.finished = True
+            for stage in self.stages[self.stage:]:
+                abort = getattr(stage, "abort", None)
+                if abort is not None:
+                    abort()
+
+    @property
+    def description(self) -> str:
+        subject = self.subject
+        return subject if isinstance(subject, str) else subject.describe()
+
+    def pending_peers(self) -> list[int]:
+        if self.finished or self.stage >= len(self.stages):
+            return []
+        pending = getattr(self.stages[self.stage], "pending_peers", None)
+        return pending() if pending is not None else []
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Work:
+    """The handle of an asynchronous collective (``async_op=True``).
+
+    As with MPI's non-blocking calls, the input must not change before ``wait()`` returns.
+    """
+
+    __slots__ = ("_op", "__weakref__")
+
+    def __init__(self, op: Operation):
+        self._op = op
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The collective's result (None on ranks that get none), or its error.
+
+        A ``timeout`` (seconds; default: the communicator's) that expires raises
+        :class:`~collectives.CollectiveTimeoutError` and marks the communicator broken, like
+        a blocking call's timeout.
+        """
+        op = self._op
+        op.waited_by = True
+        if not op.finished:
+            op.engine.wait(op, timeout)
+        return op.outcome()
+
+    def is_completed(self) -> bool:
+        """Whether it has finished (successfully or not); never waits, never raises."""
+        op = self._op
+        if not op.finished:
+            try:
+                op.engine.progress()
+            except CollectiveError:
+                pass
+        return op.finished
+
+    def exception(self) -> BaseException | None:
+        """The error it finished with, or None (also while still running)."""
+        return self._op.error
+
+    @property
+    def description(self) -> str:
+        """What the call is, e.g. ``all_reduce(float32[1000], op=sum)``."""
+        return self._op.description
+
+    def __repr__(self) -> str:
+        state = "done" if self._op.finished else "in flight"
+        return f"<Work {self._op.description} call {self._op.seq}: {state}>"
+
+
+class Completed:
+    """The handle of a multi-device call that finished before returning (host backends): the
+    same ``wait``/``is_completed``/``exception`` as :class:`Work`."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any):
+        self.result = result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None

@@ -1,0 +1,43 @@
+"""``collectives bench``: time a collective over a sweep of sizes, in the style of nccl-tests."""
+
+from .run import (
+    COLLECTIVES,
+    HEADER,
+    MAX_ITERS,
+    MODES,
+    NUMPY_KIT,
+    REDUCING,
+    TARGET_SECONDS,
+    TITLE,
+    ArrayKit,
+    BenchConfig,
+    Case,
+    Measurement,
+    Row,
+    Runner,
+    bench_devices,
+    bench_spmd,
+    bus_factor,
+    count_wrong,
+    expected_output,
+    expected_outputs,
+    format_row,
+    machine_info,
+    make_row,
+    measure,
+    metadata,
+    parse_dtype,
+    parse_size,
+    resolve_algorithm,
+    run_bench,
+    sweep,
+    write_json,
+)
+
+__all__ = [
+    "COLLECTIVES", "HEADER", "MAX_ITERS", "MODES", "NUMPY_KIT", "REDUCING", "TARGET_SECONDS",
+    "TITLE", "ArrayKit", "BenchConfig", "Case", "Measurement", "Row", "Runner", "bench_devices",
+    "bench_spmd", "bus_factor", "count_wrong", "expected_output", "expected_outputs",
+    "format_row", "machine_info", "make_row", "measure", "metadata", "parse_dtype", "parse_size",
+    "resolve_algorithm", "run_bench", "sweep", "write_json",
+]
