@@ -1,4 +1,4 @@
-"""``collectives bench``: time a collective over a sweep of sizes, in the style of nccl-tests.
+"""The bench's sweep: its configuration, its cases, and running them in each mode.
 
 For every size and algorithm the buffers are allocated once, the call is warmed up, then
 timed ``repeats`` times over ``iters`` back-to-back calls; the reported time is the median
@@ -24,15 +24,9 @@ launches thread ranks; under ``mpiexec`` the ``mpi`` mode passes the MPI communi
 
 from __future__ import annotations
 
-import datetime
-import math
-import os
-import platform
 import re
-import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -43,15 +37,19 @@ from ...api.multi_device import pick_algorithm
 from ...ops import BFLOAT16, ReduceOp, check_dtype, result_dtype
 from .. import reference
 from ..reference import COLLECTIVES, REDUCING
+from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from .common import NUMPY_KIT, ArrayKit, Runner
+from .report import Row, half, make_row
+from .timing import Measurement, measure, same
 
 MODES = ("devices", "spmd", "mpi")
-TARGET_SECONDS = 0.02  # each timed repeat lasts at least this long when iters adapt
-MAX_ITERS = 1000
+# One record per collective (nccl-tests' testColl): what each participant must hold after
+# the call, and how each mode calls it on preallocated buffers.
+RECORDS = {"all_reduce": all_reduce, "reduce": reduce, "broadcast": broadcast,
+           "all_gather": all_gather, "reduce_scatter": reduce_scatter}
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-
-Row = dict
 
 
 # --- configuration ----------------------------------------------------------------------------
@@ -205,45 +203,9 @@ def sweep(config: BenchConfig) -> list[Case]:
 
 # --- checking ---------------------------------------------------------------------------------
 
-def _tile(period: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """Elements lo..hi of the infinite repetition of ``period``."""
-    return np.resize(np.roll(period, -(lo % len(period))), hi - lo)
-
-
 def expected_output(case: Case, participant: int, _cache: dict | None = None) -> np.ndarray | None:
     """What ``participant`` must hold after the call (None: it receives nothing)."""
-    c, n = case.count, case.n
-    if case.collective in ("broadcast", "all_gather"):  # the same on every participant
-        key = ("moved", case)
-        if _cache is not None and key in _cache:
-            return _cache[key]
-        moved = (case.input(case.root) if case.collective == "broadcast"
-                 else np.concatenate(case.inputs()))
-        if _cache is not None:
-            _cache[key] = moved
-        return moved
-    if case.collective == "reduce" and participant != case.root:
-        return None
-    # Exact inputs repeat every input_period elements, so their reduction does too:
-    # reduce one period and tile it.
-    key = ("period", case)
-    if _cache is not None and key in _cache:
-        period = _cache[key]
-    else:
-        length = reference.input_period(n, case.op)
-        period = reference.reference(
-            [reference.exact_input(n, p, length, case.dtype, case.op) for p in range(n)], case.op)
-        if _cache is not None:
-            _cache[key] = period
-    if case.collective == "reduce_scatter":
-        return _tile(period, participant * c, (participant + 1) * c)
-    full_key = ("full", case)
-    if _cache is not None and full_key in _cache:
-        return _cache[full_key]
-    full = _tile(period, 0, c)
-    if _cache is not None:
-        _cache[full_key] = full
-    return full
+    return RECORDS[case.collective].expected(case, participant, {} if _cache is None else _cache)
 
 
 def expected_outputs(case: Case) -> list[np.ndarray | None]:
@@ -269,117 +231,6 @@ def count_wrong(outputs: Sequence, expected: Sequence) -> int:
     return wrong
 
 
-# --- timing -----------------------------------------------------------------------------------
-
-@dataclass
-class Measurement:
-    seconds: float  # median over repeats of seconds per call
-    iters: int
-    repeats: list[float]
-
-
-def _same(values: list[float]) -> list[float]:
-    return values
-
-
-def measure(call: Callable[[], object], *, warmup: int = 2, iters: int | None = None,
-            repeats: int = 5, sync: Callable[[], None] | None = None,
-            agree: Callable[[list[float]], list[float]] = _same,
-            target: float = TARGET_SECONDS,
-            fence: Callable[[], None] | None = None) -> Measurement:
-    """Median over ``repeats`` of the time per call of ``iters`` back-to-back calls.
-
-    ``iters=None`` adapts: enough calls that a repeat lasts ``target`` seconds, at most
-    MAX_ITERS. Under SPMD, ``sync`` is a barrier and ``agree`` takes the maximum over ranks,
-    so every rank uses the same iteration count and a repeat lasts as long as its slowest rank.
-    ``fence`` runs before the clock stops (a GPU backend waits for its devices there: its
-    calls return once enqueued).
-    """
-    sync = sync or (lambda: None)
-    fence = fence or (lambda: None)
-    for _ in range(warmup):
-        call()
-    if iters is None:
-        probe = 1
-        for _ in range(2):
-            sync()
-            start = time.perf_counter()
-            for _ in range(probe):
-                call()
-            fence()
-            per_call = agree([(time.perf_counter() - start) / probe])[0]
-            if per_call * probe >= target / 4 or probe >= MAX_ITERS:
-                break
-            probe = min(MAX_ITERS, math.ceil(target / 4 / max(per_call, 1e-9)))
-        iters = max(1, min(MAX_ITERS, math.ceil(target / max(per_call, 1e-9))))
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(iters):
-            call()
-        fence()
-        times.append((time.perf_counter() - start) / iters)
-    times = agree(times)
-    return Measurement(statistics.median(times), iters, list(times))
-
-
-@dataclass
-class Runner:
-    """One way of calling the collective on preallocated buffers: ``call()`` runs it once and
-    returns this side's outputs (one per participant it holds); ``reset()`` restores what the
-    timed calls overwrote, so that the checked call starts from the original inputs."""
-
-    call: Callable[[], list]
-    reset: Callable[[], None]
-
-
-# --- rows -------------------------------------------------------------------------------------
-
-def _half(case: Case, m: Measurement, wrong: int | None) -> dict:
-    algbw, busbw = reference.record(case.collective).bandwidth(case.nbytes, m.seconds, case.n)
-    return {"time_us": m.seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong,
-            "iters": m.iters, "repeats_us": [t * 1e6 for t in m.repeats]}
-
-
-def make_row(config: BenchConfig, case: Case, algorithm: str, resolved: str,
-             m: Measurement, wrong: int,
-             inplace: tuple[Measurement, int] | None = None) -> Row:
-    """One result as a dict: the out-of-place measurement at the top level (time_us, algbw,
-    busbw, wrong, iters, repeats_us), the in-place one under ``"inplace"`` (None: N/A)."""
-    row = {"collective": config.collective, "mode": config.mode, "participants": case.n,
-           "size": case.nbytes, "count": case.count, "type": str(case.dtype),
-           "redop": config.redop, "algorithm": algorithm, "resolved": resolved,
-           **_half(case, m, wrong if config.check else None), "inplace": None}
-    if inplace is not None:
-        row["inplace"] = _half(case, inplace[0], inplace[1] if config.check else None)
-    return row
-
-
-_LABELS = (f"#{'size(B)':>11} {'count':>11} {'type':>9} {'redop':>6} {'request':>9} "
-           f"{'algorithm':>11} ")
-_MEASURED = f"{'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
-# nccl-tests' two header lines: which half is which, then the columns.
-TITLE = f"#{'':<{len(_LABELS) - 1}}{'out-of-place':^{len(_MEASURED)}}  {'in-place':^{len(_MEASURED)}}"
-HEADER = f"{_LABELS}{_MEASURED}  {_MEASURED}"
-
-
-def _format_half(half: dict | None) -> str:
-    if half is None:
-        return f"{'N/A':>11} {'N/A':>12} {'N/A':>12} {'N/A':>7}"
-    wrong = "N/A" if half["wrong"] is None else str(half["wrong"])
-    return (f"{half['time_us']:>11.2f} {half['algbw']:>12.3f} {half['busbw']:>12.3f} "
-            f"{wrong:>7}")
-
-
-def format_row(row: Row) -> str:
-    """One table line, columns as in HEADER: ``request`` is the algorithm asked for,
-    ``algorithm`` what ran."""
-    return (f"{row['size']:>12} {row['count']:>11} {row['type']:>9} {row['redop']:>6} "
-            f"{row['algorithm']:>9} {row['resolved']:>11} {_format_half(row)}  "
-            f"{_format_half(row['inplace'])}")
-
-
 def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
     """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
     try:
@@ -390,7 +241,7 @@ def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
 
 
 def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfig, *,
-                       sync=None, agree=_same, total_wrong=lambda w: w,
+                       sync=None, agree=same, total_wrong=lambda w: w,
                        kit: ArrayKit | None = None) -> tuple[Measurement, int]:
     kit = kit or NUMPY_KIT
     m = measure(runner.call, warmup=config.warmup, iters=config.iters, repeats=config.repeats,
@@ -403,94 +254,21 @@ def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfi
 
 # --- multi-device ----------------------------------------------------------------------------
 
-class ArrayKit:
-    """How the devices mode makes and reads the arrays of a backend: NumPy here; a GPU
-    backend's ``bench_kit(n)`` returns one for its arrays (with ``api``, the module whose
-    collectives take them, and ``ceiling``, the time to copy n inputs into n outputs)."""
-
-    api = collectives
-
-    def inputs(self, values: list) -> list:
-        return values
-
-    def zeros(self, shape, dtype, participant: int):
-        return np.zeros(shape, dtype)
-
-    def copyto(self, dst, src) -> None:
-        np.copyto(dst, src)
-
-    def host(self, x):
-        return x
-
-    def fence(self) -> None:
-        """Nothing to wait for: NumPy calls finish before they return."""
-
-    ceiling = None
-
-
-NUMPY_KIT = ArrayKit()
-
-
-def _zero(buffers: list) -> Callable[[], None]:
-    return lambda: [b.fill(0) for b in buffers]
-
-
 def _device_runner(case: Case, algorithm: str, inputs: list, kit: ArrayKit = NUMPY_KIT
                    ) -> Runner:
     """Out of place: results go to preallocated outputs; the inputs stay untouched."""
-    op, n, root, c, dt = case.op.value, case.n, case.root, case.count, case.dtype
-    final = result_dtype(case.op, dt)
-    if case.collective == "all_reduce":
-        outs = [kit.zeros(c, final, p) for p in range(n)]
-        return Runner(lambda: kit.api.all_reduce(inputs, op, algorithm, out=outs), _zero(outs))
-    if case.collective == "reduce":
-        out = kit.zeros(c, final, root)
-        return Runner(lambda: [kit.api.reduce(inputs, op, root, algorithm, out=out)],
-                      _zero([out]))
-    if case.collective == "broadcast":
-        outs = [kit.zeros(c, dt, p) for p in range(n)]
-        return Runner(lambda: kit.api.broadcast(inputs[root], n, algorithm, out=outs),
-                      _zero(outs))
-    if case.collective == "all_gather":
-        outs = [kit.zeros(n * c, dt, p) for p in range(n)]
-        return Runner(lambda: kit.api.all_gather(inputs, 0, algorithm, out=outs), _zero(outs))
-    outs = [kit.zeros(c, final, p) for p in range(n)]
-    return Runner(lambda: kit.api.reduce_scatter(inputs, op, algorithm, out=outs), _zero(outs))
+    return RECORDS[case.collective].devices(case, algorithm, inputs, kit)
 
 
 def _device_inplace_runner(case: Case, algorithm: str, inputs: list,
                            kit: ArrayKit = NUMPY_KIT) -> Runner | None:
     """In place: ``out`` is each device's input buffer (for all_gather and reduce_scatter,
     the input is that device's block of the whole buffer, as in nccl-tests). None where the
-    result's dtype differs from the input's (integer MEAN)."""
-    op, n, root, c = case.op.value, case.n, case.root, case.count
+    result's dtype differs from the input's (integer MEAN). Zero-filled for the timed calls
+    (see the module's docstring); ``reset()`` puts the inputs in."""
     if result_dtype(case.op, case.dtype) != case.dtype:
         return None
-    # zero-filled for the timed calls (see the module's docstring); reset() puts the inputs in
-    if case.collective == "all_gather":
-        bufs = [kit.zeros(n * c, case.dtype, p) for p in range(n)]
-        own = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
-
-        def reset() -> None:
-            for o, x in zip(own, inputs):
-                kit.copyto(o, x)
-
-        return Runner(lambda: kit.api.all_gather(own, 0, algorithm, out=bufs), reset)
-    bufs = [kit.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]
-
-    def restore() -> None:
-        for b, x in zip(bufs, inputs):
-            kit.copyto(b, x)
-
-    if case.collective == "all_reduce":
-        return Runner(lambda: kit.api.all_reduce(bufs, op, algorithm, out=bufs), restore)
-    if case.collective == "reduce":
-        return Runner(lambda: [kit.api.reduce(bufs, op, root, algorithm, out=bufs[root])],
-                      restore)
-    if case.collective == "broadcast":
-        return Runner(lambda: kit.api.broadcast(bufs[root], n, algorithm, out=bufs), restore)
-    blocks = [b[p * c:(p + 1) * c] for p, b in enumerate(bufs)]
-    return Runner(lambda: kit.api.reduce_scatter(bufs, op, algorithm, out=blocks), restore)
+    return RECORDS[case.collective].devices_in_place(case, algorithm, inputs, kit)
 
 
 def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
@@ -518,7 +296,7 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
                         else resolve_algorithm(case, algorithm, model))
             row = make_row(config, case, algorithm, resolved, m, wrong, inplace)
             if ceiling is not None:
-                row["ceiling"] = _half(case, ceiling, None)
+                row["ceiling"] = half(case, ceiling, None)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -529,34 +307,7 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
 
 def _spmd_runners(comm, case: Case, algorithm: str) -> tuple[Runner, Runner | None]:
     """This rank's out-of-place and in-place runners (None: the call has no ``out=``)."""
-    op, root, rank = case.op.value, case.root, comm.rank
-    final = result_dtype(case.op, case.dtype)
-    if case.collective == "broadcast":
-        x = case.input(root) if rank == root else None
-        out = np.zeros(case.count, case.dtype)
-        mine = np.zeros(case.count, case.dtype)  # zeros while timed, like the devices' buffers
-
-        def restore() -> None:
-            if x is not None:
-                np.copyto(mine, x)
-
-        oop = Runner(lambda: [comm.broadcast(x, root, algorithm, out=out)], _zero([out]))
-        return oop, Runner(lambda: [comm.broadcast(mine if x is not None else None, root,
-                                                   algorithm, out=mine)], restore)
-    x = case.input(rank)
-    if case.collective == "all_reduce":
-        out = np.zeros(case.count, final)
-        oop = Runner(lambda: [comm.all_reduce(x, op, algorithm, out=out)], _zero([out]))
-        if final != case.dtype:
-            return oop, None
-        mine = np.zeros_like(x)  # zeros while timed; the checked call gets x
-        return oop, Runner(lambda: [comm.all_reduce(mine, op, algorithm, out=mine)],
-                           lambda: np.copyto(mine, x))
-    if case.collective == "reduce":
-        return Runner(lambda: [comm.reduce(x, op, root, algorithm)], lambda: None), None
-    if case.collective == "all_gather":
-        return Runner(lambda: [comm.all_gather(x, 0, algorithm)], lambda: None), None
-    return Runner(lambda: [comm.reduce_scatter(x, op, algorithm)], lambda: None), None
+    return RECORDS[case.collective].spmd(comm, case, algorithm)
 
 
 def _recording(call: Callable[[], list], comm, ran: list) -> Callable[[], list]:
@@ -620,31 +371,3 @@ def run_bench(config: BenchConfig, on_row: Callable[[Row], None] | None = None, 
     if config.mode == "mpi":
         return bench_spmd(comm, config, on_row)
     return collectives.run(bench_spmd, config.participants, args=(config, on_row), timeout=600.0)[0]
-
-
-# --- reporting --------------------------------------------------------------------------------
-
-def machine_info() -> dict:
-    """Where the numbers came from."""
-    return {"node": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version()}
-
-
-def metadata(command: str, config: BenchConfig | None = None) -> dict:
-    """Command, machine, versions and date, for JSON files."""
-    meta = {"command": command, "machine": machine_info(), "numpy": np.__version__,
-            "collectives": collectives.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    if config is not None:
-        meta["config"] = {k: v for k, v in asdict(config).items() if k != "extra"}
-    return meta
-
-
-def write_json(path: str, rows: Sequence[Row], meta: dict) -> None:
-    """``meta`` plus ``rows`` (a list of row dicts) as one JSON object."""
-    import json
-
-    with open(path, "w") as f:
-        json.dump({**meta, "rows": list(rows)}, f, indent=1, default=str)
-        f.write("\n")
