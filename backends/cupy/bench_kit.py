@@ -9,11 +9,12 @@ participants' inputs into their outputs, which no out-of-place collective can be
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
 class CupyBenchKit:
-    """The ``collectives.bench.ArrayKit`` of CuPy arrays."""
+    """The bench's array kit (``collectives.tools.bench.ArrayKit``) for CuPy arrays."""
 
     def __init__(self, participants: int):
         import collectives.backends.cupy as module
@@ -55,25 +56,19 @@ class CupyBenchKit:
             with cp.cuda.Device(d):
                 cp.cuda.get_current_stream().synchronize()
 
-    def resolve(self, case, algorithm: str) -> str:
-        """What runs: "nccl" where this backend takes NCCL, else the library's choice."""
-        from collectives.tools.bench import resolve_algorithm
-
+    def resolve(self, case, algorithm: str) -> str | None:
+        """What runs: "nccl" where this backend takes NCCL, else None (the library's choice)."""
         from .api import nccl_request
 
         request = nccl_request(algorithm, case.count)
         distinct = len(set(self.devices)) == len(self.devices)
         if request == "nccl" or (request == "auto" and distinct and case.n > 1):
             return "nccl"
-        from .devices import devices
+        return None
 
-        return resolve_algorithm(case, algorithm, devices().cost_model)
-
-    def ceiling(self, case, inputs: list, config) -> Any:
-        """Time to copy each participant's input into an output of its own (raw device
-        copies, as the library's copies are)."""
-        from collectives.tools.bench import measure
-
+    def ceiling(self, case, inputs: list) -> Callable[[], None]:
+        """A call that copies each participant's input into an output of its own (raw device
+        copies, as the library's copies are): the bench times it as the copy ceiling."""
         arrays = self.api.devices().arrays
         outs = [self.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]
 
@@ -81,8 +76,7 @@ class CupyBenchKit:
             for o, x in zip(outs, inputs):
                 arrays.copy(o.reshape(-1), x.reshape(-1))
 
-        return measure(copy_all, warmup=config.warmup, iters=config.iters,
-                       repeats=config.repeats, fence=self.fence)
+        return copy_all
 
 
 def bench_kit(participants: int) -> CupyBenchKit:

@@ -58,8 +58,10 @@ def reduced_period(case, cache: dict) -> np.ndarray:
 
 class ArrayKit:
     """How the devices mode makes and reads the arrays of a backend: NumPy here; a GPU
-    backend's ``bench_kit(n)`` returns one for its arrays (with ``api``, the module whose
-    collectives take them, and ``ceiling``, the time to copy n inputs into n outputs)."""
+    backend's ``bench_kit(n)`` returns one for its arrays, with ``api`` (the module whose
+    collectives take them), ``ceiling(case, inputs)`` (a call copying n inputs into n
+    outputs, which the bench times) and ``resolve(case, algorithm)`` (what the backend runs
+    itself, or None for the library's choice)."""
 
     api = collectives
 
