@@ -25,8 +25,7 @@ from .errors import (
 from .ops import ReduceOp
 from .registry import load_backend
 from .runtime.work import Work
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 
 def __getattr__(name: str):

@@ -22,7 +22,6 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
-from collectives.algorithms.spec import SpecRange
 from collectives.ops import ReduceOp as CoreOp
 
 from . import convert, device_path, host
@@ -30,28 +29,11 @@ from .agreement import BatchAgreement, agree
 from .concat import Concatenations
 from .host import Packing
 from .kits import PinnedBuffer
+from .routes import Route
 from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
 from .world import open_communicator
 
 __all__ = ["LibraryCrossDeviceOps", "Route"]
-
-
-@dataclass(frozen=True)
-class Route:
-    """How one group of values is reduced: spec ranges (with shards), packing, groups."""
-
-    spec: tuple[SpecRange, ...] = (SpecRange("auto", 1, -1),)
-    packing: Packing = Packing()
-    groups: Any = None  # a group size, a partition, or a callable n -> groups
-
-    def key(self, packing_override: Packing | None) -> tuple:
-        """What workers must agree on (groups stay within a worker)."""
-        packing = packing_override or self.packing
-        return (tuple((r.algorithm, r.shards, r.limit) for r in self.spec),
-                tuple(sorted(packing.kwargs().items())))
-
-
-ONE_DEVICE = Route((SpecRange("one_device", 1, -1),))
 
 
 def _devices_match(left: Sequence[str], right: Sequence[str]) -> bool:
@@ -75,7 +57,8 @@ class _Job:
 class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     """The machinery every public class shares; subclasses choose the route of each value."""
 
-    def __init__(self, *, route: Route = Route(), communicator=None, workers_sum: str = "mean",
+    def __init__(self, *, route: Route = Route(),  # noqa: B008 - a frozen dataclass
+                 communicator=None, workers_sum: str = "mean",
                  reduce_to_device: str | None = None, accumulation_fn: Callable | None = None):
         super().__init__()  # sets _canonicalize_devices, which the base class reads
         if workers_sum not in ("mean", "sum"):

@@ -18,8 +18,9 @@ from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.runtime.validate import check_shards
 
 from . import device_path, host
-from .base import ONE_DEVICE, LibraryCrossDeviceOps, Route
+from .base import LibraryCrossDeviceOps
 from .host import Packing
+from .routes import ONE_DEVICE, Route
 
 __all__ = [
     "AllReduceCrossDeviceOps",

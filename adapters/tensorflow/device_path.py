@@ -24,6 +24,7 @@ from collectives.ops import ReduceOp as CoreOp
 from . import convert, device_reduce, kits
 from .agreement import BatchAgreement, agree
 from .device_call import Output, device_call, same_device
+from .routes import ONE_DEVICE
 
 __all__ = ["kit_for", "nccl_unavailable", "reduce_dense", "with_nccl_fallback"]
 
@@ -89,8 +90,6 @@ def _groups(groups, n: int):
 def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results: list,
                  agreement: BatchAgreement | None) -> None:
     """Reduce ``jobs`` (``base._Job`` with a kit, all of one kit) into ``results``."""
-    from .base import ONE_DEVICE
-
     kit = jobs[0].kit
     workers = cdo.num_workers
     inputs: list = []

@@ -33,6 +33,7 @@ from collectives.runtime.validate import as_array, check_op, check_out, resolve_
 
 from . import group
 from .devices import devices as _devices
+from .devices import own_function
 from .probe import NcclUnavailableError, cupy_module, nccl_module
 from .work import DeviceWork
 
@@ -117,6 +118,7 @@ def _outputs(arrays, out, values, shape, dtype) -> list:
     return list(out)
 
 
+@own_function
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Any = None,
                accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
@@ -167,6 +169,7 @@ def _deliver(arrays, op, work, results, n) -> None:
             arrays.copy(r.reshape(-1), w)
 
 
+@own_function
 def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
            *, out: Any = None, shards: int = 0, groups: Any = None,
            accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
@@ -193,6 +196,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     return _handle(result, [result], "reduce", async_op)
 
 
+@own_function
 def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,

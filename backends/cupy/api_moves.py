@@ -18,8 +18,10 @@ from collectives.runtime.validate import as_array, check_communicable, check_out
 
 from . import group
 from .api import _arrays, _deliver, _handle, _outputs, _prepare, _use_nccl, nccl_request
+from .devices import own_function
 
 
+@own_function
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0, async_op: bool = False) -> Any:
     """``collectives.broadcast`` for a CuPy array. ``devices``: a count (every copy on the
@@ -55,6 +57,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     return _handle(targets, targets, "broadcast", async_op)
 
 
+@own_function
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
                async_op: bool = False) -> Any:
     """``collectives.all_gather`` for CuPy arrays, with NCCL and ``async_op``."""
@@ -82,6 +85,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     return _handle(results, results, "all_gather", async_op)
 
 
+@own_function
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0, async_op: bool = False) -> Any:
     """``collectives.reduce_scatter`` for CuPy arrays, with NCCL and ``async_op``. NCCL needs

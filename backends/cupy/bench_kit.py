@@ -10,6 +10,7 @@ participants' inputs into their outputs, which no out-of-place collective can be
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -17,12 +18,10 @@ class CupyBenchKit:
     """The bench's array kit (``collectives.tools.bench.ArrayKit``) for CuPy arrays."""
 
     def __init__(self, participants: int):
-        import collectives.backends.cupy as module
-
-        from .devices import devices
+        from .devices import OWN_FUNCTIONS, devices
 
         self.cupy = devices().arrays.xp  # raises where no GPU is visible
-        self.api = module
+        self.api = SimpleNamespace(**OWN_FUNCTIONS)  # this backend's functions (-a nccl: NCCL)
         count = self.cupy.cuda.runtime.getDeviceCount()
         self.devices = [p % count for p in range(participants)]
 
@@ -69,7 +68,9 @@ class CupyBenchKit:
     def ceiling(self, case, inputs: list) -> Callable[[], None]:
         """A call that copies each participant's input into an output of its own (raw device
         copies, as the library's copies are): the bench times it as the copy ceiling."""
-        arrays = self.api.devices().arrays
+        from .devices import devices
+
+        arrays = devices().arrays
         outs = [self.zeros(x.shape, x.dtype, p) for p, x in enumerate(inputs)]
 
         def copy_all() -> None:

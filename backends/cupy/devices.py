@@ -29,6 +29,16 @@ from collectives.algorithms.select import CostModel
 
 from .arrays import CupyArrays, _cupy
 
+# This backend's own multi-device functions by name, registered by the modules that define
+# them (which import this one: the backend never imports its functions, so no circle).
+OWN_FUNCTIONS: dict[str, Callable] = {}
+
+
+def own_function(fn: Callable) -> Callable:
+    """Register ``fn`` as what the backend runs for the multi-device function of its name."""
+    OWN_FUNCTIONS[fn.__name__] = fn
+    return fn
+
 
 class _CallState(threading.local):
     """The devices of the call this thread is running, and whether a join is due."""
@@ -100,10 +110,8 @@ class CupyDevices:
 
     def own(self, name: str):
         """This backend's own multi-device function ``name`` (NCCL, async handles), which
-        ``collectives.all_reduce`` and friends hand CuPy arrays to."""
-        from . import api, api_moves
-
-        return getattr(api, name, None) or getattr(api_moves, name, None)
+        ``collectives.all_reduce`` and friends hand CuPy arrays to (see :func:`own_function`)."""
+        return OWN_FUNCTIONS.get(name)
 
     def begin_call(self) -> None:
         """A call begins: its first round meets its devices afresh."""

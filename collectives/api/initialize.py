@@ -75,7 +75,7 @@ def init(backend: str = "auto", **options: Any):
 def _check_versions(comm) -> None:
     """Every rank must run the same version of the library (a mixed install mismatches in
     subtle ways)."""
-    from .. import __version__
+    from ..version import __version__
 
     versions = comm.all_gather_object(__version__)
     if len(set(versions)) > 1:
