@@ -5,7 +5,7 @@ request per line on stdin; each answer is one JSON line on stdout. TensorFlow th
 process (nor its thread pools), yet its repeats interleave with the parent's own, so a burst
 of load on the machine hits both sides alike. The methods are those of ``tf_anchor.py``
 ("tf_r2od", "tf_r2od_batch", "tf_add_n") on ``-p`` logical CPU devices, float32 inputs of
-``collectives.bench``'s sweep (the same exact inputs as the library's side):
+``collectives.tools.bench``'s sweep (the same exact inputs as the library's side):
 
 * ``{"case": i, "do": "calibrate"}``: warm up case ``i`` of the sweep; answers the calls per
   repeat of each method (enough for ``target`` seconds, as ``bench.measure``);

@@ -29,13 +29,18 @@ from .version import __version__ as __version__
 
 
 def __getattr__(name: str):
-    # ``collectives.backends`` is reachable after ``import collectives`` alone; its
-    # submodules (transports) are imported when first named.
-    if name == "backends":
+    # ``collectives.backends`` and ``collectives.adapters`` are reachable after ``import
+    # collectives`` alone; their submodules (transports, adapters) are imported when first named.
+    if name in ("backends", "adapters"):
         import importlib
 
-        return importlib.import_module("collectives.backends")
+        return importlib.import_module(f"collectives.{name}")
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # What ``import collectives`` offers: the public names, not the modules of its wings.
+    return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors"])
 
 
 def run(fn, size: int, **kwargs) -> list:

@@ -1,5 +1,5 @@
 """Shared test helpers: the parameter axes and assertions. Exact inputs and the float64
-reference come from ``collectives.reference`` (re-exported here for the test modules)."""
+reference come from ``collectives.tools.reference`` (re-exported here for the test modules)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``collectives bench``: the CLI end to end (as a subprocess), the checker it relies on, and
-``collectives.reference`` (exact inputs, the float64 reference, the per-collective records)."""
+``collectives.tools.reference`` (exact inputs, the float64 reference, the per-collective records)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_defaults_adapt_iterations_and_plot(tmp_path):
 
 
 def test_auto_prints_what_the_cost_model_picks():
-    """The algorithm column of an auto row is what collectives.api.pick_algorithm resolves."""
+    """The algorithm column of an auto row is what collectives.api.multi_device.pick_algorithm resolves."""
     from collectives.api.multi_device import pick_algorithm
     from collectives.registry import backend_for_arrays
 
@@ -240,7 +240,7 @@ def test_count_wrong_counts_corrupted_elements():
                                        ("bfloat16", "min"), ("int16", "mean")])
 def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
     """The periodic shortcut gives what reducing the full inputs in float64 gives, and what
-    collectives.reference.expected_outputs gives."""
+    collectives.tools.reference.expected_outputs gives."""
     n, count = 3, 200
     dt = bench.parse_dtype(dtype)
     op = ReduceOp.parse(op) if collective in bench.REDUCING else ReduceOp.SUM
@@ -323,7 +323,7 @@ def test_in_place_passes_the_input_as_out(monkeypatch, mode):
     assert (rows[0]["wrong"], rows[0]["inplace"]["wrong"]) == (0, 0)
 
 
-# --- collectives.reference ------------------------------------------------------------------------
+# --- collectives.tools.reference ------------------------------------------------------------------------
 
 def _in_dtype(values: list[np.ndarray], op: ReduceOp, order: list[int]) -> np.ndarray:
     """Reduce in the inputs' own dtype, in the given order of participants."""

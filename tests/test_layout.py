@@ -170,3 +170,11 @@ def test_pyproject_installs_every_package():
     packages = {m for m, path in MODULES.items() if path.name == "__init__.py"}
     assert listed == packages, (f"pyproject.toml's packages lack {sorted(packages - listed)} "
                                 f"and list {sorted(listed - packages)} that do not exist")
+
+
+def test_dir_shows_the_public_names_only():
+    import collectives
+
+    shown = {name for name in dir(collectives) if not name.startswith("_")}
+    assert shown == set(collectives.__all__) | {"adapters", "algorithms", "backends", "errors"}
+    assert "runtime" not in shown and "api" not in shown  # the wings are not the public API

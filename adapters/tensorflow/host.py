@@ -107,7 +107,7 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
                  groups: Groups = None, empty: Callable = np.empty) -> list[np.ndarray]:
     """Reduce tensor ``k``'s per-device arrays ``values[k]``: one result per tensor, in order.
 
-    ``spec`` is any all-reduce spec of ``collectives.spec`` (its size ranges pick each tensor's
+    ``spec`` is any all-reduce spec of ``collectives.algorithms.spec`` (its size ranges pick each tensor's
     algorithm and shards); ``packing`` packs each range's tensors into few buffers first.
     """
     if not values:

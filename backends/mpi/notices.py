@@ -1,6 +1,6 @@
 """Failure notices and status questions between ranks, on a communicator of their own.
 
-* A rank that fails sends a pickled :class:`~collectives.transport.Failure` to every peer
+* A rank that fails sends a pickled :class:`~collectives.runtime.transport.Failure` to every peer
   (``Isend``: small, so eager; nothing waits for it). Peers poll for them in slow waits.
 * A rank whose call times out asks every peer what it is doing. Peers answer from inside
   their own waits (whenever they poll), with the activity they last published and the native

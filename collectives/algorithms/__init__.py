@@ -7,7 +7,7 @@ with a native collective of its own (MPI, NCCL) may run that instead for ``nccl`
 lets the selector choose.
 
 :func:`rank_plan` gives one participant's plan (cached: a training loop repeats the same calls),
-:func:`schedule` the union of all of them, which :func:`collectives.checker.check` proves.
+:func:`schedule` the union of all of them, which :func:`collectives.algorithms.checker.check` proves.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Algorithms produce a :class:`RankPlan` for one participant directly (the rounds 
 in: what it receives, as steps, and what it sends, as ``(dst, lo, hi)``), in time proportional
 to its own work, so a rank of a 4,096-rank job never looks at the other ranks' steps. The
 global :class:`Schedule` is the union of every participant's received steps; the checker
-(``collectives.checker``) proves it and ``collectives draw`` prints it.
+(``collectives.algorithms.checker``) proves it and ``collectives draw`` prints it.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Schedule:
     den: int
     rounds: tuple[tuple[Step, ...], ...]
     root: int = 0
-    # per buffer length, the steps in elements (collectives.execute.steps)
+    # per buffer length, the steps in elements (collectives.runtime.execute.steps)
     elements: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property

@@ -2,7 +2,7 @@
 
 A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
 
-1. validates its arguments into a :class:`~collectives.calls.Call` (cached: a training loop
+1. validates its arguments into a :class:`~collectives.runtime.calls.Call` (cached: a training loop
    repeats its calls, so this is paid once per distinct call);
 2. agrees with every other rank on the call the first time its signature is seen (a mismatch,
    or a rank that could not validate its arguments, raises on every rank before any data
@@ -10,7 +10,7 @@ A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
 3. runs this rank's plan of the chosen algorithm (or the transport's native collective) as an
    operation that a blocking call waits for, and ``async_op=True`` returns as a handle.
 
-Extending it: a transport implements :class:`collectives.transport.Transport`; the public
+Extending it: a transport implements :class:`collectives.runtime.transport.Transport`; the public
 hooks a subclass may override are :meth:`Communicator.choose_algorithm` (what ``auto`` runs)
 and :meth:`Communicator.adapt` (which arrays a call accepts).
 """
@@ -34,7 +34,7 @@ from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
 from ..runtime.execute.spmd import SpmdRun
-from ..runtime.stages import NativeStage
+from ..runtime.native_stage import NativeStage
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
 from .spmd_collectives import CollectiveOps
@@ -331,7 +331,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                          shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
         """All-reduce a list of tensors as few packed buffers; results in input order.
 
-        ``algorithm`` takes any all-reduce spec (see ``collectives.spec``); the packing knobs
+        ``algorithm`` takes any all-reduce spec (see ``collectives.algorithms.spec``); the packing knobs
         are those of ``collectives.batch_all_reduce``.
         """
         from ..algorithms.batch import plan_batch

@@ -48,7 +48,7 @@ class Agreement:
     def __init__(self, engine, seq: int, signature: tuple | None, check: int,
                  error: BaseException | None, late: bool = False, *,
                  known: int | None = None, payload: bytes = b""):
-        """``engine``: the communicator's collectives.engine.Engine.
+        """``engine``: the communicator's collectives.runtime.engine.Engine.
 
         Broadcast extras: ``known``, a digest only some ranks have (the shape a non-root
         passed; None: this rank does not know), must agree among the ranks that have it;

@@ -2,7 +2,7 @@
 
 One :class:`Engine` per communicator. It numbers calls (every rank numbers them alike), keeps
 the signatures already agreed (the same on every rank, since every rank sees the same calls),
-drives operations in flight (:mod:`collectives.work`), waits with deadlines, and turns every
+drives operations in flight (:mod:`collectives.runtime.work`), waits with deadlines, and turns every
 failure into an error on every rank:
 
 * a timeout raises :class:`~collectives.CollectiveTimeoutError` naming the missing ranks and

@@ -111,7 +111,7 @@ class Transport(Protocol):
     data: PointToPoint
     control: PointToPoint
     p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
-    cost_model: Any  # collectives.select.CostModel
+    cost_model: Any  # collectives.algorithms.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None
 

@@ -16,7 +16,7 @@ class DeviceBackend(Protocol):
     GPUs). It owns the arrays and says how schedules run over them."""
 
     arrays: ArrayBackend
-    cost_model: Any  # a collectives.select.CostModel
+    cost_model: Any  # a collectives.algorithms.select.CostModel
     strategy: str  # "tiles" or "rounds"
 
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:

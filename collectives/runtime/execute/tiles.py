@@ -1,6 +1,6 @@
 """The tiles strategy: the whole schedule runs tile by tile (right for CPUs).
 
-Because every step is element-wise (see ``collectives.schedule``), each cache-sized tile can
+Because every step is element-wise (see ``collectives.algorithms.schedule``), each cache-sized tile can
 go through all rounds while it is hot, and tiles run in parallel on the backend's workers. So
 any algorithm reads each input once and writes each output once from main memory.
 

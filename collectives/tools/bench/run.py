@@ -12,9 +12,9 @@ over repeats of the time per call. Each row has nccl-tests' two halves:
   overflow; zeros cost the same arithmetic), and the checked call runs on the exact inputs.
 
 Sizes, algbw and busbw follow nccl-tests' PERFORMANCE.md, through the per-collective records
-of ``collectives.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
+of ``collectives.tools.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
 buffer of one participant, ``busbw = algbw * factor``. ``#wrong`` counts the output elements,
-over every participant, that differ from ``collectives.reference``'s float64 reference for
+over every participant, that differ from ``collectives.tools.reference``'s float64 reference for
 its exact inputs, so the comparison is exact.
 
 Modes: ``devices`` drives the multi-device API from one thread (``bench_devices``); ``spmd``
@@ -146,7 +146,7 @@ class BenchConfig:
 
 
 def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for ``n`` participants (see ``collectives.reference``)."""
+    """nccl-tests' busbw / algbw for ``n`` participants (see ``collectives.tools.reference``)."""
     return reference.record(collective).bus_factor(n)
 
 
@@ -177,7 +177,7 @@ class Case:
         return self.total if self.collective == "reduce_scatter" else self.count
 
     def input(self, participant: int) -> np.ndarray:
-        """Participant ``participant``'s exact input (``collectives.reference.exact_input``)."""
+        """Participant ``participant``'s exact input (``collectives.tools.reference.exact_input``)."""
         return reference.exact_input(self.n, participant, self.input_count, self.dtype, self.op)
 
     def inputs(self) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Data stages of an operation besides the SPMD executor's: a transport's native collective.
+"""A transport's native collective as the data stage of an operation, started in its turn.
 
 Native collectives (MPI's ``Iallreduce``, ...) are matched by the order in which ranks issue
 them, not by tags, so they must start in call order on every rank even when an earlier call
