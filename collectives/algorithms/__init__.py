@@ -8,6 +8,11 @@ lets the selector choose.
 
 :func:`rank_plan` gives one participant's plan (cached: a training loop repeats the same calls),
 :func:`schedule` the union of all of them, which :func:`collectives.algorithms.checker.check` proves.
+
+This package is also the core's wing that says what moves where: plans as data
+(``schedule``), one module per algorithm, their proof (``checker``), ``auto``'s choice
+(``select``), all-reduce specs, packing and batches. It imports only the base
+(``collectives.errors``, ``ops``, ``arrays``, ...); see docs/architecture.md.
 """
 
 from __future__ import annotations
