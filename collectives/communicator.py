@@ -49,6 +49,7 @@ from .work import Operation
 
 CALLS = logging.getLogger("collectives.calls")
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
 class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
@@ -194,7 +195,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
-        if collective in (Collective.REDUCE, Collective.BROADCAST):
+        if collective in ROOTED:
             root = check_root(root, self.size)
         shards = check_shards(shards)
         name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
