@@ -85,7 +85,7 @@ class PreparedCall:
             agreement = None
             if comm.check and not self._agreed:  # as a plain call of this signature would
                 agreement = engine.agreement(seq, call.signature, call.check, None)
-            self._agreed = True
+            # (agreed only once a run succeeds: a failed agreement runs again at the next start)
             if self.place is not None:
                 self.place()
             if self._persistent is not None:
@@ -107,7 +107,9 @@ class PreparedCall:
         if self._work is None:
             raise CollectiveError(f"rank {self.comm.rank}: {self.what}: wait() before start()")
         self._waited = True
-        return self._work.wait(timeout)
+        result = self._work.wait(timeout)
+        self._agreed = True
+        return result
 
     def is_completed(self) -> bool:
         return self._work is not None and self._work.is_completed()

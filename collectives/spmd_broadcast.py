@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from . import algorithms
-from .agreement import Agreement
+from .agreement import PAYLOAD_BYTES, Agreement
 from .calls import resolve_algorithm
-from .ops import BFLOAT16
 from .schedule import Collective
 from .validate import check_root
 
@@ -117,6 +116,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                 known = (call.shape[1:] if scatter else call.shape), dtype_token(call.dtype)
                 if len(known[0]) > 16:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
+                check_describable(known, call.dtype)
                 src = arrays.flat(xa)
             elif x is not None:
                 xa = comm.adapt(x, "x")
@@ -170,14 +170,26 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
     return build
 
 
-def dtype_token(dtype) -> str:
-    """A dtype as text that any rank turns back into it (bfloat16's own ``str`` is "<V2")."""
+def dtype_token(dtype) -> str | np.dtype:
+    """A dtype as any rank turns it back into it: NumPy's own as text ("<f4"), others whole
+    (structured dtypes, ml_dtypes' bfloat16, float8, int4: their ``str`` is only "|V12",
+    "<V1", which would make every rank's result raw bytes)."""
     dtype = np.dtype(dtype)
-    return "bfloat16" if BFLOAT16 is not None and dtype == BFLOAT16 else dtype.str
+    return dtype.str if dtype.isbuiltin == 1 else dtype
 
 
-def from_token(token: str) -> np.dtype:
-    return BFLOAT16 if token == "bfloat16" else np.dtype(token)
+def from_token(token: str | np.dtype) -> np.dtype:
+    return np.dtype(token)
+
+
+def check_describable(known: tuple, dtype: np.dtype) -> None:
+    """The root's shape and dtype must fit the opening agreement (``PAYLOAD_BYTES``)."""
+    size = len(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL))
+    if size > PAYLOAD_BYTES:
+        raise TypeError(f"x has dtype {dtype}, whose description takes {size} bytes; a broadcast "
+                        f"or scatter tells the other ranks at most {PAYLOAD_BYTES} bytes of shape "
+                        "and dtype. Send its bytes (x.view(numpy.uint8)) and view them back as "
+                        "the dtype on every rank")
 
 
 class _Then:
