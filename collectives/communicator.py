@@ -235,10 +235,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         engine.enter(what)
         try:
             seq = engine.next_seq()
+            call = data = finish = None
+            # too many calls in flight: refused before anything is issued, in the agreement
+            error = engine.crowded() if async_op else None
             try:
                 check_timeout(timeout)
-                call, data, finish = build(seq)
-                error = None
+                if error is None:
+                    call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default

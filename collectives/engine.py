@@ -30,6 +30,7 @@ from .errors import (
     CommunicatorBrokenError,
     ConcurrentCallError,
     PeerFailedError,
+    peer_error,
 )
 from .transport import SILENT, Failure, Transport
 from .work import Operation, Work
@@ -86,10 +87,11 @@ class Engine:
 
     def _raise_pending(self, what: str) -> None:
         for ref, op in list(self.unreported):
-            if ref() is None:  # the handle was dropped without wait(): its error surfaces here
+            if ref() is None and not op.waited_by:  # dropped without wait(): it surfaces here
                 self.unreported.remove((ref, op))
                 raise op.error  # type: ignore[misc]
-        self.unreported = [(r, o) for r, o in self.unreported if r() is not None]
+        self.unreported = [(r, o) for r, o in self.unreported
+                           if r() is not None and not o.waited_by]
         if self.broken is not None:
             raise CommunicatorBrokenError(
                 f"rank {self.rank}: {what} cannot run: this communicator is broken since "
@@ -99,6 +101,22 @@ class Engine:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+    def crowded(self) -> CollectiveError | None:
+        """The error refusing one more asynchronous call, when ``MAX_IN_FLIGHT`` are in
+        flight already (checked before the call issues anything; a collective puts it into
+        its agreement, so every rank refuses that call)."""
+        if len(self.inflight) < MAX_IN_FLIGHT:
+            return None
+        return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} asynchronous calls "
+                               "would be in flight on this communicator; wait() for some first")
+
+    def reported(self, op: Operation) -> None:
+        """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
+        and nothing here holds it (or its buffers) any more."""
+        if self.unreported:
+            with self.state:
+                self.unreported = [(r, o) for r, o in self.unreported if o is not op]
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
@@ -148,9 +166,6 @@ class Engine:
             work = Work(op)
             op.handle = weakref.ref(work)
             if not done:
-                if len(self.inflight) > MAX_IN_FLIGHT:
-                    raise CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} "
-                                          "asynchronous calls in flight; wait() for some")
                 self._start_thread()
             elif op.error is not None:
                 self.unreported.append((weakref.ref(work), op))
@@ -275,7 +290,10 @@ class Engine:
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
                                        detail=doing, call=op.seq if op.breaking else None)
-        op.fail(error)
+        with self.state:
+            if op.finished:  # it finished while the peers were asked: nothing timed out
+                return
+            op.fail(error)
         if op.breaking:
             self._broke(error, op.seq)
 
@@ -291,18 +309,20 @@ class Engine:
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self._join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
-        kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
         lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
         where = ("failed after call" if failure.kind == "exited" else "failed in call")
         with self.state:
             for op in list(self.inflight):
-                if op.seq >= lost:
+                # a message to or from the failed rank is lost too, whatever call it follows
+                if op.seq >= lost or (not op.breaking and failure.rank in op.pending_peers()):
                     own = getattr(op.stages[op.stage], "error", None) if (
                         op.stage < len(op.stages)) else None
                     # a rank that could not start the call raises its own error
-                    op.fail(own if isinstance(own, Exception) else kind(
+                    op.fail(own if isinstance(own, Exception) else peer_error(
+                        failure.kind,
                         f"rank {self.rank}: {op.description} cannot finish because rank "
-                        f"{failure.rank} {where} {failure.seq}: {failure.message}"))
+                        f"{failure.rank} {where} {failure.seq}: {failure.message}",
+                        failure.message))
                     self.inflight.remove(op)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 

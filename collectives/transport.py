@@ -110,7 +110,9 @@ class Transport(Protocol):
     arrays: ArrayBackend
     data: PointToPoint
     control: PointToPoint
-    p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
+    # users' own messages (send/recv), tags (user tag, 0, 0, 0): between two ranks, those of
+    # one tag pair in order (MPI's rule), and a cancelled receive pairs with nothing
+    p2p: PointToPoint
     cost_model: Any  # collectives.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None

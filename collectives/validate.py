@@ -129,6 +129,15 @@ def check_timeout(timeout: Any) -> None:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
 
 
+def valid_timeout(timeout: Any) -> bool:
+    """Whether ``check_timeout`` accepts ``timeout``."""
+    try:
+        check_timeout(timeout)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def check_shards(shards: Any) -> int:
     if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 0:
         raise ValueError(f"shards={shards!r} must be a non-negative integer (0: the default)")

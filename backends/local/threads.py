@@ -21,6 +21,8 @@ from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, 
 from collectives.select import CostModel
 from collectives.transport import Failure, describe_activity
 
+from .p2p import Postings, ThreadMessages
+
 IDLE_SLICE = 0.05  # a sleeping rank re-checks (deadlines, notices) at least this often
 _worlds = itertools.count()
 
@@ -72,6 +74,7 @@ class ThreadWorld:
         self.notices: list[Failure] = []  # every rank's notices, in the order sent
         self.activity: list[Any] = [None] * size
         self.children: dict[tuple, Any] = {}
+        self.postings = Postings()  # users' point-to-point messages not yet paired
 
     def wake(self, rank: int) -> None:  # call with the lock held
         self.events[rank] += 1
@@ -83,7 +86,7 @@ class ThreadWorld:
 
 
 class ThreadChannel:
-    """One point-to-point channel ("data" or "control") of one thread rank."""
+    """One channel of the library's own messages ("data" or "control") of one thread rank."""
 
     arrays = NUMPY
 
@@ -164,7 +167,7 @@ class ThreadTransport:
         self.local_rank = rank
         self.data = ThreadChannel(world, rank, "data")
         self.control = ThreadChannel(world, rank, "control")
-        self.p2p = ThreadChannel(world, rank, "p2p")
+        self.p2p = ThreadMessages(world, rank)
         self._seen_events = 0
         self._seen_notices = 0
         self._children = itertools.count()

@@ -329,15 +329,15 @@ def told_of_a_timeout(ctx: Ctx) -> Call | None:
 
 
 def detail_logs_every_call(ctx: Ctx) -> Call:
-    """With ``COLLECTIVES_DEBUG=detail`` each rank logs every call it makes, the repeated
-    small all-reduces (MPI's fast path) among them."""
+    """With ``COLLECTIVES_DEBUG=detail`` each rank logs every call it makes: the repeated
+    small all-reduces (MPI's fast path) and a prepared call's starts among them."""
     def body(comm):
         lines: list[str] = []
 
         class Keep(logging.Handler):
             def emit(self, record):
                 text = record.getMessage()
-                if text.startswith(f"rank {comm.rank}: call") and "all_reduce(float64[4]" in text:
+                if text.startswith(f"rank {comm.rank}: call") and "all_reduce(float64[" in text:
                     lines.append(text)
 
         top = logging.getLogger("collectives")
@@ -354,11 +354,14 @@ def detail_logs_every_call(ctx: Ctx) -> Call:
         try:
             for _ in range(5):
                 child.all_reduce(np.ones(4))
+            prepared = child.all_reduce_init(np.ones(3), out=np.empty(3))
+            for _ in range(3):
+                prepared.start().wait()
             child.barrier()  # every rank logged before the logger is restored
         finally:
             calls.removeHandler(keep)
             top.setLevel(level)
             top.handlers[:] = handlers
-        return len(lines)
+        return [sum("[4]" in line for line in lines), sum("[3]" in line for line in lines)]
 
-    return Call(body, expect=expecting_value(5))
+    return Call(body, expect=expecting_value([5, 3]))
