@@ -114,8 +114,8 @@ class Engine:
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
         and nothing here holds it (or its buffers) any more."""
-        if self.unreported:
-            with self.state:
+        with self.state:  # (the progress thread may be adding it right now)
+            if self.unreported:
                 self.unreported = [(r, o) for r, o in self.unreported if o is not op]
 
     def agreement(self, seq: int, signature: tuple | None, check: int,

@@ -91,9 +91,11 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
     return build_rooted(comm, Collective.BROADCAST, x, root, algorithm, out)
 
 
-def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any):
+def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any, *,
+                 problem: Exception | None = None):
     """The builder of a broadcast or a scatter: the root's ``x`` goes out whole, or one row of
-    its leading axis (of length ``size``) to each rank."""
+    its leading axis (of length ``size``) to each rank. ``problem``: why this rank cannot take
+    part (e.g. a root that could not pickle its object), told to every rank in the opening."""
     scatter = kind is Collective.SCATTER
 
     def build(seq):
@@ -102,6 +104,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         mine = root == comm.rank
         try:  # every error goes into the opening agreement, so that every rank hears of it
             root_ = check_root(root, comm.size)
+            if problem is not None:
+                raise problem
             name, _ = resolve_algorithm(algorithm, 0, 0, comm._native_names)
             if name not in comm._native_names and name != "auto" and not algorithms.supports(
                     kind, name):

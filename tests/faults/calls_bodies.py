@@ -248,6 +248,18 @@ def async_limit(ctx: Ctx) -> Call:
     return Call(body, expect=ok(check=check), same=False)
 
 
+def settle(refs: list, seconds: float = 1.0) -> int:
+    """How many of ``refs`` still live once collected (other ranks' threads may hold a
+    failed call's error, and so its cycle of frames, for a moment: give them a second)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
 def failed_async_released(ctx: Ctx) -> Call:
     """40 asynchronous all-reduces that fail (the last rank passes another dtype), each
     waited for and dropped: none stays held (its input is freed), and none is reported again
@@ -264,8 +276,7 @@ def failed_async_released(ctx: Ctx) -> Call:
             except CollectiveError as exc:
                 errors.add(name_of(exc))
             del handle, x
-        gc.collect()
-        alive = sum(r() is not None for r in refs)
+        alive = settle(refs)
         try:
             after = _right(comm.all_reduce(np.ones(4)), np.full(4, float(comm.size)))
         except CollectiveError as exc:

@@ -58,8 +58,9 @@ add("bad-root-reduce-init", bad("reduce_init", X, root=-1, error="ValueError", m
 
 def _one_rank_bad_gather_root(ctx: Ctx) -> Call:
     if ctx.rank == 1:
-        return Call("gather", (X,), {"root": 1.5}, raises("TypeError", match="root", within=1.0))
-    return Call("gather", (X,), {"root": 0}, peer_failed(1, "TypeError"))
+        return Call("gather", (X,), {"root": 1.5}, raises("TypeError", match="root", within=1.0),
+                    caught=True)
+    return Call("gather", (X,), {"root": 0}, peer_failed(1, "TypeError"), caught=True)
 
 
 add("one-rank-bad-gather-root", _one_rank_bad_gather_root, then_usable, timeout=2.0)
