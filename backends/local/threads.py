@@ -28,10 +28,11 @@ _worlds = itertools.count()
 
 
 class _Message:
-    __slots__ = ("check", "data", "done")
+    __slots__ = ("check", "data", "done", "refused")
 
     def __init__(self, data, check: int):
         self.data, self.check, self.done = data, check, False
+        self.refused: str | None = None  # why the receiver would not take it
 
 
 class _Send:
@@ -42,6 +43,8 @@ class _Send:
         self.message = message
 
     def done(self) -> bool:
+        if self.message.refused is not None:  # the sender fails too, not only the receiver
+            raise CollectiveMismatchError(self.message.refused)
         return self.message.done
 
 
@@ -128,6 +131,8 @@ class ThreadChannel:
             problem = (f"it sent {data.size} elements of {data.dtype} where {into.size} of "
                        f"{into.dtype} were expected (ranks passed different shapes or dtypes)")
         if problem is not None:
+            message.refused = (f"rank {request.src}: call {request.key[3]}: rank {self.rank} "
+                               f"refused its message: {problem}")
             self._finish(request.src, message)
             raise CollectiveMismatchError(
                 f"rank {self.rank}: call {request.key[3]}: rank {request.src} disagrees: {problem}")
