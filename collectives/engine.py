@@ -32,7 +32,7 @@ from .errors import (
     PeerFailedError,
     peer_error,
 )
-from .transport import SILENT, Failure, Transport
+from .transport import SILENT, Failure, Transport, held_up_by
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
@@ -284,7 +284,7 @@ class Engine:
         absent = [r for r, (seq, *_) in sorted(activity.items())
                   if r not in silent and (seq is None or seq < op.seq)]
         waited = op.pending_peers()
-        missing = (absent or _held_up_by(waited, op.seq, activity, self.rank)
+        missing = (absent or held_up_by(waited, op.seq, activity, self.rank)
                    or silent or [r for r in range(self.size) if r != self.rank])
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
@@ -393,25 +393,3 @@ class Engine:
             # never a spin here: a user thread may be computing beside this one
             self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
 
-
-def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
-                rank: int) -> list[int]:
-    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
-    in call ``seq`` itself and says it waits for others is followed to them (the first rank
-    to time out names the lost one, not the live neighbour stuck behind it)."""
-    found: list[int] = []
-    seen = {rank}
-    todo = list(waited)
-    while todo:
-        peer = todo.pop(0)
-        if peer in seen:
-            continue
-        seen.add(peer)
-        entry = activity.get(peer, ())
-        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
-                  if r not in seen]
-        if onward:
-            todo.extend(onward)
-        else:
-            found.append(peer)
-    return sorted(found) or waited
