@@ -38,6 +38,7 @@ from .p2p_ops import PointToPointOps
 from .prepared_ops import PreparedOps
 from .schedule import Collective
 from .stages import NativeStage
+from .subcomm_ops import SubcommOps
 from .validate import (
     check_communicable,
     check_root,
@@ -52,7 +53,7 @@ REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUC
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, SubcommOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -92,37 +93,6 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
     def free(self) -> None:
         """Release what the transport holds for this communicator (collective on MPI)."""
         self.transport.free()
-
-    def dup(self) -> Communicator:
-        """A new communicator over the same ranks, with this one's options: its calls never
-        mix with this one's (give each thread, or each library, its own). Collective."""
-        engine = self._engine
-        engine.enter("dup")
-        try:
-            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
-                              name=self.name)
-        finally:
-            engine.leave()
-
-    def split(self, color: int | None, key: int = 0) -> Communicator | None:
-        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
-        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
-        Collective over this communicator; the child has this one's options, and its failures
-        never break this one."""
-        if color is not None and (isinstance(color, bool) or not isinstance(
-                color, (int, np.integer)) or color < 0):
-            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
-            raise TypeError(f"key={key!r} must be an integer")
-        engine = self._engine
-        engine.enter("split")
-        try:
-            child = self.transport.split(None if color is None else int(color), int(key))
-        finally:
-            engine.leave()
-        if child is None:
-            return None
-        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
 
     # --- hooks --------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -176,6 +177,8 @@ class ThreadTransport:
         self._seen_events = 0
         self._seen_notices = 0
         self._children = itertools.count()
+        self._kids: list[weakref.ref] = []  # this rank's transports in child worlds
+        self.freed = False
 
     def idle(self, waited: float) -> None:
         world = self.world
@@ -209,7 +212,8 @@ class ThreadTransport:
         return {r: describe_activity(activity[r]) for r in range(self.size) if r != self.rank}
 
     def dup(self) -> ThreadTransport:
-        return ThreadTransport(self._child(("dup", next(self._children)), self.size), self.rank)
+        child = self._child(("dup", next(self._children)), self.size)
+        return self._kid(ThreadTransport(child, self.rank))
 
     def split(self, color: int | None, key: int) -> ThreadTransport | None:
         """MPI_Comm_split among the threads: every rank posts (color, key), then joins its
@@ -231,18 +235,41 @@ class ThreadTransport:
         members = sorted((k, r) for r, (c, k) in enumerate(posts) if c == color)
         ranks = [r for _, r in members]
         child = self._child(("color", index, color), len(ranks))
-        return ThreadTransport(child, ranks.index(self.rank))
+        return self._kid(ThreadTransport(child, ranks.index(self.rank)))
 
     def _child(self, key: tuple, size: int) -> ThreadWorld:
+        """The child world ``key`` of ``size`` members: made by the first to come, and no
+        longer held here once every member has it."""
         world = self.world
         with world.lock:
-            child = world.children.get(key)
-            if child is None:
-                child = world.children[key] = ThreadWorld(size, world.timeout)
-            return child
+            entry = world.children.get(key)
+            if entry is None:
+                entry = world.children[key] = [ThreadWorld(size, world.timeout), 0]
+            entry[1] += 1
+            if entry[1] == size:
+                del world.children[key]
+            return entry[0]
+
+    def _kid(self, kid: ThreadTransport) -> ThreadTransport:
+        """Remember a child transport of this rank (weakly): if this rank's own code raises,
+        its peers in child worlds must hear it too."""
+        self._kids = [ref for ref in self._kids if ref() is not None and not ref().freed]
+        self._kids.append(weakref.ref(kid))
+        return kid
+
+    def tell_exit(self, seq: int, message: str) -> None:
+        """This rank's own code raised after call ``seq``: tell this world, and every child
+        world it is still in (each after the last call this rank finished there)."""
+        self.notify_failure(Failure(self.rank, seq, "exited", message))
+        for ref in self._kids:
+            kid = ref()
+            if kid is not None and not kid.freed:
+                last = kid.world.activity[kid.rank]  # (seq, call, phase): phase False: done
+                kid.tell_exit(0 if last is None else last[0] - (1 if last[2] else 0), message)
 
     def free(self) -> None:
         """Nothing to release: thread worlds go with their threads."""
+        self.freed = True
 
 
 
@@ -266,8 +293,7 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
             results[rank] = fn(comm, *args)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
-            transport.notify_failure(Failure(rank, comm._engine.seq, "exited",
-                                             f"{type(exc).__name__}: {exc}"))
+            transport.tell_exit(comm._engine.seq, f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
                for r in range(size)]
