@@ -19,6 +19,7 @@ from .errors import (
     CommunicatorBrokenError,
     ConcurrentCallError,
     PeerFailedError,
+    PeerTimeoutError,
 )
 from .initialize import init
 from .ops import ReduceOp
@@ -46,7 +47,8 @@ def run(fn, size: int, **kwargs) -> list:
 
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp",
-    "Schedule", "Work", "all_gather", "all_reduce", "all_to_all", "batch_all_reduce", "broadcast",
-    "gather", "init", "load_backend", "reduce", "reduce_scatter", "run", "scatter",
+    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError",
+    "PeerTimeoutError", "ReduceOp", "Schedule", "Work", "all_gather", "all_reduce", "all_to_all",
+    "batch_all_reduce", "broadcast", "gather", "init", "load_backend", "reduce", "reduce_scatter",
+    "run", "scatter",
 ]

@@ -30,7 +30,6 @@ from .errors import (
     CommunicatorBrokenError,
     ConcurrentCallError,
     PeerFailedError,
-    peer_error,
 )
 from .transport import SILENT, Failure, Transport, held_up_by
 from .work import Operation, Work
@@ -318,11 +317,9 @@ class Engine:
                     own = getattr(op.stages[op.stage], "error", None) if (
                         op.stage < len(op.stages)) else None
                     # a rank that could not start the call raises its own error
-                    op.fail(own if isinstance(own, Exception) else peer_error(
-                        failure.kind,
+                    op.fail(own if isinstance(own, Exception) else failure.error(
                         f"rank {self.rank}: {op.description} cannot finish because rank "
-                        f"{failure.rank} {where} {failure.seq}: {failure.message}",
-                        failure.message))
+                        f"{failure.rank} {where} {failure.seq}: {failure.message}"))
                     self.inflight.remove(op)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 

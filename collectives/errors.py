@@ -62,16 +62,6 @@ class PeerTimeoutError(PeerFailedError, CollectiveTimeoutError):
         self.collective, self.rank, self.call = "", None, None
 
 
-def peer_error(kind: str, message: str, told: str = "") -> CollectiveError:
-    """The error that ends a call because a peer failed: ``kind`` is the peer's notice
-    ("mismatch", "timeout", "error", "exited"), ``told`` its own error message."""
-    if kind == "mismatch":
-        return CollectiveMismatchError(message)
-    if kind == "timeout":
-        return PeerTimeoutError(message, told)
-    return PeerFailedError(message)
-
-
 class CommunicatorBrokenError(CollectiveError):
     """The communicator cannot be used any more: an earlier collective timed out or failed,
     and its messages may still be in flight. Create a new communicator (or end the job)."""

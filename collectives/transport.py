@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from .algorithms.base import Layout
 from .arrays import ArrayBackend
 from .calls import Call
+from .errors import CollectiveError, CollectiveMismatchError, PeerFailedError, PeerTimeoutError
 from .execute.spmd import PointToPoint
 from .ops import ReduceOp
 
@@ -75,6 +76,16 @@ class Failure:
     seq: int
     kind: str
     message: str
+
+    def error(self, text: str) -> CollectiveError:
+        """The error, saying ``text``, of a call this notice ends: a mismatch, a timeout
+        (:class:`~collectives.errors.PeerTimeoutError`, both a peer's failure and a timeout)
+        or another peer failure."""
+        if self.kind == "mismatch":
+            return CollectiveMismatchError(text)
+        if self.kind == "timeout":
+            return PeerTimeoutError(text, self.message)
+        return PeerFailedError(text)
 
 
 class NativeRun(Protocol):
