@@ -262,7 +262,7 @@ def settle(refs: list, seconds: float = 1.0) -> int:
 
 def failed_async_released(ctx: Ctx) -> Call:
     """40 asynchronous all-reduces that fail (the last rank passes another dtype), each
-    waited for and dropped: none stays held (its input is freed), and none is reported again
+    finished, then waited for and dropped: none stays held (its input is freed), and none is reported again
     by a later call."""
     def body(comm):
         odd = comm.rank == comm.size - 1
@@ -271,6 +271,8 @@ def failed_async_released(ctx: Ctx) -> Call:
             x = np.ones(1000, np.float32 if odd else np.float64)
             refs.append(weakref.ref(x))
             handle = comm.all_reduce(x, async_op=True)
+            while not handle.is_completed():  # (it fails before anyone waits for it)
+                time.sleep(0.001)
             try:
                 handle.wait()
             except CollectiveError as exc:
