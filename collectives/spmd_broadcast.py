@@ -92,7 +92,7 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
 
 
 def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any, *,
-                 problem: Exception | None = None):
+                 problem: TypeError | ValueError | None = None):
     """The builder of a broadcast or a scatter: the root's ``x`` goes out whole, or one row of
     its leading axis (of length ``size``) to each rank. ``problem``: why this rank cannot take
     part (e.g. a root that could not pickle its object), told to every rank in the opening."""

@@ -253,7 +253,7 @@ class ThreadTransport:
     def _kid(self, kid: ThreadTransport) -> ThreadTransport:
         """Remember a child transport of this rank (weakly): if this rank's own code raises,
         its peers in child worlds must hear it too."""
-        self._kids = [ref for ref in self._kids if ref() is not None and not ref().freed]
+        self._kids = [ref for ref in self._kids if (k := ref()) is not None and not k.freed]
         self._kids.append(weakref.ref(kid))
         return kid
 

@@ -115,6 +115,7 @@ def _children_released(ctx: Ctx) -> Call:
             worlds.append(weakref.ref(child.transport.world))
             child.free()
             del child
+        comm.barrier()  # every rank has joined every child
         gc.collect()
         return [sum(w() is not None for w in worlds), len(comm.transport.world.children)]
 
