@@ -135,7 +135,7 @@ class ExchangeOps:
             raise problem
         failed = [str(r) for r in range(self.size) if lengths[r] < 0]
         if failed:
-            from .errors import PeerFailedError
+            from ..errors import PeerFailedError
 
             raise PeerFailedError(f"rank {self.rank}: all_gather_object cannot run because "
                                   f"rank {', '.join(failed)} could not pickle obj")
