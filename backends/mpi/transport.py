@@ -64,7 +64,7 @@ class MPITransport:
         ub = data.Get_attr(MPI.TAG_UB)
         self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
         self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
-        self.p2p = MPIChannel(p2p, user_tags(ub), "p2p", probe=False)
+        self.p2p = MPIChannel(p2p, user_tags(ub), "p2p", probe=False, typed=True)
         self.notices = Notices(notices, near=next(g for g in hosts if self.rank in g))
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
