@@ -261,16 +261,22 @@ class Engine:
 
     def _time_out(self, op: Operation, timeout: float) -> None:
         # Who never arrived: ranks that say they are not in this call yet, else the ranks this
-        # one waits for, else ranks that did not answer, else (a native call names none) every
-        # other rank. A silent peer may merely have timed out first and left; a transport may
-        # leave some peers unasked (MPI: those on other hosts).
+        # one waits for (followed along their own waits) that have not said they issued this
+        # call, else ranks that did not answer, else the ranks it waits for, else every other
+        # rank. (A native call waits for every rank: with calls in flight, a peer that issued
+        # this call and later ones answers with a later number, and is alive.) A silent peer
+        # may merely have timed out first and left; a transport may leave some peers unasked
+        # (MPI: those on other hosts).
         activity = self.transport.peer_activity(0.5)
         silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
         absent = [r for r, (seq, *_) in sorted(activity.items())
                   if r not in silent and (seq is None or seq < op.seq)]
+        arrived = {r for r, (seq, *_) in activity.items()
+                   if r not in silent and seq is not None and seq >= op.seq}
         waited = op.pending_peers()
-        missing = (absent or _held_up_by(waited, op.seq, activity, self.rank)
-                   or silent or [r for r in range(self.size) if r != self.rank])
+        ends = _held_up_by(waited, op.seq, activity, self.rank)
+        missing = (absent or [r for r in ends if r not in arrived] or silent or ends
+                   or [r for r in range(self.size) if r != self.rank])
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
@@ -370,8 +376,13 @@ class Engine:
                         self._peer_failed(failure)
             except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
                 pass
-            # never a spin here: a user thread may be computing beside this one
-            self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+            # Never a spin here: a user thread may be computing beside this one. The idle
+            # answers peers' questions, so it may fail too: the thread lives on regardless
+            # (the calls in flight need it).
+            try:
+                self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+            except BaseException:  # noqa: BLE001 - as above
+                time.sleep(SLOW_WAIT)
 
 
 def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
