@@ -89,7 +89,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         self.free()
 
     def free(self) -> None:
-        """Release what the transport holds for this communicator (collective on MPI)."""
+        """Release what the transport holds for this communicator (collective on MPI).
+        Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
+        self._engine.close()
         self.transport.free()
 
     def dup(self) -> Communicator:

@@ -56,6 +56,7 @@ class Engine:
         self.inflight: list[Operation] = []
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
+        self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
         self.native_issued = 0  # native collectives start in call order
@@ -85,6 +86,10 @@ class Engine:
         self.busy.release()
 
     def _raise_pending(self, what: str) -> None:
+        if self.freed:
+            raise CommunicatorBrokenError(
+                f"rank {self.rank}: {what} cannot run: this communicator was freed (free(), or "
+                "the end of its with block); use a communicator that is still alive")
         for ref, op in list(self.unreported):
             if ref() is None:  # the handle was dropped without wait(): its error surfaces here
                 self.unreported.remove((ref, op))
@@ -330,6 +335,11 @@ class Engine:
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
             self.inflight.clear()
+
+    def close(self) -> None:
+        """The communicator was freed: every later call raises at once (``enter``)."""
+        self.freed = True
+        self.broken = self.broken or "it was freed"
 
     def break_for(self, reason: str) -> None:
         self.broken = self.broken or reason
