@@ -36,7 +36,11 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+    from collectives import __version__
+    from collectives.initialize import check_versions
+
     from .transport import NcclTransport
 
+    check_versions(comm.allgather(__version__))  # MPI's own: the user's calls count from 1
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
     return NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
