@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from faults import cases_inputs, cases_multi, cases_ranks
+from faults import cases_inflight, cases_inputs, cases_multi, cases_ranks
 from faults.kit import Case
 
-SPMD: list[Case] = cases_ranks.CASES + cases_inputs.CASES
+SPMD: list[Case] = cases_ranks.CASES + cases_inputs.CASES + cases_inflight.CASES
 MULTI: list[Case] = cases_multi.CASES
 
 # (transport, ranks or devices): thread ranks, MPI ranks (COLLECTIVES_RANKS_PER_NODE=2 for
