@@ -129,11 +129,12 @@ class _Recv:
         comm = channel.comm
         self.first: np.ndarray | None = None  # typed: the header and first bytes land here
         if channel.typed:
-            self.first = np.empty(typed.HEADER + min(len(raw), typed.FIRST), np.uint8)
-            self.pieces = [(-typed.HEADER, min(len(raw), typed.FIRST))]
-            self.pieces += typed.pieces(len(raw), tuning.MAX_COUNT)
+            head, rest = typed.split(len(raw), tuning.MAX_COUNT)
+            self.first = np.empty(typed.HEADER + head, np.uint8)
+            self.pieces = [(-typed.HEADER, head), *rest]
             self.reqs = [comm.Irecv([self.first, MPI.BYTE], src, tag)]
-            self.reqs += [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in self.pieces[1:]]
+            if rest:
+                self.reqs += [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in rest]
         else:
             self.pieces = list(tuning.chunks(len(raw), tuning.MAX_COUNT))
             self.reqs = [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in self.pieces]
@@ -172,7 +173,7 @@ class _Recv:
 
     def _verify(self, got: int) -> None:
         """The header that came with the first piece matches what this receive expects."""
-        problem = typed.difference(self.first[:got], typed.header(self.data))
+        problem = typed.difference(self.first[:got], self.data)
         if problem is not None:
             raise CollectiveMismatchError(f"rank {self.channel.rank}: {self.channel.what} "
                                           f"{self.seq}: rank {self.src} disagrees: {problem}")
@@ -200,10 +201,11 @@ class MPIChannel:
         raw = _bytes(data)
         comm = self.comm
         if self.typed:
-            first = typed.first_piece(data, raw)
+            head, rest = typed.split(len(raw), tuning.MAX_COUNT)
+            first = typed.first_piece(data, raw, head)
             reqs = [comm.Isend([first, MPI.BYTE], dst, t)]
-            reqs += [comm.Isend([raw[a:b], MPI.BYTE], dst, t)
-                     for a, b in typed.pieces(len(raw), tuning.MAX_COUNT)]
+            if rest:
+                reqs += [comm.Isend([raw[a:b], MPI.BYTE], dst, t) for a, b in rest]
             return _Send(self, reqs, (raw, first), dst, seq)
         reqs = [comm.Isend([raw[a:b], MPI.BYTE], dst, t)
                 for a, b in tuning.chunks(len(raw), tuning.MAX_COUNT)]

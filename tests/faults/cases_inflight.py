@@ -93,7 +93,8 @@ def many_in_flight(count: int):
 
 
 add("many-in-flight-200", many_in_flight(200), where=BOTH, timeout=20.0, limit=40.0)
-add("many-in-flight-1000", many_in_flight(1000), where=BOTH, timeout=20.0, limit=40.0)
+add("many-in-flight-1000", many_in_flight(1000), where=(*BOTH, "mpi-nodes"), sizes=(3, 4),
+    timeout=20.0, limit=40.0)
 
 
 T_STOP = 1.0
@@ -115,7 +116,8 @@ def rank_stops_with_calls_in_flight(ctx: Ctx) -> Call:
     return Call(body, expect=timed_out("all_reduce", T_STOP, naming=str(last)), same=False)
 
 
-add("rank-stops-with-calls-in-flight", rank_stops_with_calls_in_flight, where=BOTH,
+add("rank-stops-with-calls-in-flight", rank_stops_with_calls_in_flight,
+    where=(*BOTH, "mpi-nodes"), sizes=(3, 4),
     timeout=T_STOP, limit=15.0)
 
 # --- point-to-point messages of another type ------------------------------------------------------
