@@ -31,7 +31,8 @@ from .errors import (
     ConcurrentCallError,
     PeerFailedError,
 )
-from .transport import SILENT, Failure, Transport
+from .missing import missing_ranks
+from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
@@ -265,23 +266,9 @@ class Engine:
             return
 
     def _time_out(self, op: Operation, timeout: float) -> None:
-        # Who never arrived: ranks that say they are not in this call yet, else the ranks this
-        # one waits for (followed along their own waits) that have not said they issued this
-        # call, else ranks that did not answer, else the ranks it waits for, else every other
-        # rank. (A native call waits for every rank: with calls in flight, a peer that issued
-        # this call and later ones answers with a later number, and is alive.) A silent peer
-        # may merely have timed out first and left; a transport may leave some peers unasked
-        # (MPI: those on other hosts).
         activity = self.transport.peer_activity(0.5)
-        silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
-        absent = [r for r, (seq, *_) in sorted(activity.items())
-                  if r not in silent and (seq is None or seq < op.seq)]
-        arrived = {r for r, (seq, *_) in activity.items()
-                   if r not in silent and seq is not None and seq >= op.seq}
         waited = op.pending_peers()
-        ends = _held_up_by(waited, op.seq, activity, self.rank)
-        missing = (absent or [r for r in ends if r not in arrived] or silent or ends
-                   or [r for r in range(self.size) if r != self.rank])
+        missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
@@ -336,10 +323,8 @@ class Engine:
                         f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
             self.inflight.clear()
 
-    def close(self) -> None:
-        """The communicator was freed: every later call raises at once (``enter``)."""
-        self.freed = True
-        self.broken = self.broken or "it was freed"
+    def close(self) -> None:  # the communicator was freed: every later call raises at once
+        self.freed, self.broken = True, self.broken or "it was freed"
 
     def break_for(self, reason: str) -> None:
         self.broken = self.broken or reason
@@ -386,33 +371,9 @@ class Engine:
                         self._peer_failed(failure)
             except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
                 pass
-            # Never a spin here: a user thread may be computing beside this one. The idle
-            # answers peers' questions, so it may fail too: the thread lives on regardless
-            # (the calls in flight need it).
+            # never a spin here (a user thread may be computing beside this one); the idle
+            # answers peers' questions and may fail: the calls in flight need this thread
             try:
                 self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
             except BaseException:  # noqa: BLE001 - as above
                 time.sleep(SLOW_WAIT)
-
-
-def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
-                rank: int) -> list[int]:
-    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
-    in call ``seq`` itself and says it waits for others is followed to them (the first rank
-    to time out names the lost one, not the live neighbour stuck behind it)."""
-    found: list[int] = []
-    seen = {rank}
-    todo = list(waited)
-    while todo:
-        peer = todo.pop(0)
-        if peer in seen:
-            continue
-        seen.add(peer)
-        entry = activity.get(peer, ())
-        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
-                  if r not in seen]
-        if onward:
-            todo.extend(onward)
-        else:
-            found.append(peer)
-    return sorted(found) or waited
