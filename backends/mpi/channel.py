@@ -12,12 +12,7 @@ receive never matches a message of another call; a receive that has waited a cou
 milliseconds probes for a message from its source with the same sequence bits but other
 check bits and raises :class:`~collectives.CollectiveMismatchError`. A message of the wrong
 size (``check=False``: nothing agreed on the lengths) raises the same error, from the
-receive's status or MPI's truncation error. On the ``p2p`` channel (``typed``) each message
-carries a header (``typed.py``), so a receive into an array of another dtype or length raises
-it too, naming both.
-
-A receive is withdrawn whole or not at all: once the first piece of its message has arrived,
-the rest is on its way and is let land (cancelling it would hand it to the next receive).
+receive's status or MPI's truncation error.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from mpi4py import MPI
 from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError, PeerFailedError
 
-from . import tuning, typed
+from . import tuning
 from .tags import TagSpace
 
 PROBE_AFTER = 2e-3  # a receive waiting this long looks for a mismatched message
@@ -80,24 +75,6 @@ def _bytes(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint8)
 
 
-def _withdrawn(req: Any) -> bool:
-    """Cancel a receive: True if it was withdrawn before any message matched it."""
-    status = MPI.Status()
-    try:
-        req.Cancel()
-        req.Wait(status)  # at once: cancelled, or complete (a matched message lands first)
-    except MPI.Exception:
-        return False  # it failed (e.g. truncated): a message did match it
-    return status.Is_cancelled()
-
-
-def _finished(req: Any) -> bool:
-    try:
-        return req.Test()
-    except MPI.Exception:
-        return True
-
-
 class _Send:
     __slots__ = ("buf", "channel", "dst", "reqs", "seq")
     data = None
@@ -118,30 +95,20 @@ class _Send:
 
 
 class _Recv:
-    __slots__ = ("channel", "data", "first", "pieces", "polls", "reqs", "scratch", "seq", "since",
-                 "src", "started", "status", "tag")
+    __slots__ = ("channel", "data", "pieces", "polls", "reqs", "scratch", "seq", "since", "src",
+                 "status", "tag")
 
     def __init__(self, channel: MPIChannel, data: np.ndarray, src: int, seq: int, tag: int,
                  scratch: bool):
         self.channel, self.data, self.src, self.seq, self.tag = channel, data, src, seq, tag
         self.scratch = scratch
         raw = _bytes(data)
+        self.pieces = list(tuning.chunks(len(raw), tuning.MAX_COUNT))
         comm = channel.comm
-        self.first: np.ndarray | None = None  # typed: the header and first bytes land here
-        if channel.typed:
-            head, rest = typed.split(len(raw), tuning.MAX_COUNT)
-            self.first = np.empty(typed.HEADER + head, np.uint8)
-            self.pieces = [(-typed.HEADER, head), *rest]
-            self.reqs = [comm.Irecv([self.first, MPI.BYTE], src, tag)]
-            if rest:
-                self.reqs += [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in rest]
-        else:
-            self.pieces = list(tuning.chunks(len(raw), tuning.MAX_COUNT))
-            self.reqs = [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in self.pieces]
+        self.reqs = [comm.Irecv([raw[a:b], MPI.BYTE], src, tag) for a, b in self.pieces]
         self.status = MPI.Status()
         self.polls = 0
         self.since = 0.0
-        self.started = False  # a piece has arrived: the rest of the message follows
 
     def done(self) -> bool:
         reqs, status = self.reqs, self.status
@@ -149,34 +116,18 @@ class _Recv:
             try:
                 complete = reqs[0].Test(status)
             except MPI.Exception as exc:
-                self.started = True
-                if self.first is not None and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                    self._verify(len(self.first))  # MPI kept what fits: the header says more
                 raise self.channel.failed("receiving from", self.src, self.seq, exc) from exc
             if not complete:
                 self.polls += 1
                 if self.polls % PROBE_EVERY == 0:
                     self.channel.look(self)
                 return False
-            self.started = True
             a, b = self.pieces.pop(0)
             reqs.pop(0)
             got = status.Get_count(MPI.BYTE)
-            if a < 0:
-                self._verify(got)
             if got != b - a:
                 raise self.channel.wrong_size(self, got, b - a)
-            if a < 0:
-                _bytes(self.data)[:b] = self.first[typed.HEADER:]
-                self.first = None
         return True
-
-    def _verify(self, got: int) -> None:
-        """The header that came with the first piece matches what this receive expects."""
-        problem = typed.difference(self.first[:got], self.data)
-        if problem is not None:
-            raise CollectiveMismatchError(f"rank {self.channel.rank}: {self.channel.what} "
-                                          f"{self.seq}: rank {self.src} disagrees: {problem}")
 
 
 class MPIChannel:
@@ -184,15 +135,12 @@ class MPIChannel:
 
     arrays = NUMPY
 
-    def __init__(self, comm: Any, tags: TagSpace, name: str, *, probe: bool,
-                 typed: bool = False):
+    def __init__(self, comm: Any, tags: TagSpace, name: str, *, probe: bool):
         self.comm, self.tags, self.name, self.probe = comm, tags, name, probe
-        self.typed = typed  # messages carry a header saying what they hold
         self.what = "message tag" if name == "p2p" else "call"  # what a tag's number is
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.arena = Arena()
         self.withdrew = False  # receives were withdrawn: their senders may still send
-        self.landing: list = []  # pieces of failed receives, let land (see ``cancel``)
         self._status = MPI.Status()
 
     def send(self, data: np.ndarray, dst: int, tag: tuple) -> _Send:
@@ -200,13 +148,6 @@ class MPIChannel:
         t = self.tags.tag(seq, check)
         raw = _bytes(data)
         comm = self.comm
-        if self.typed:
-            head, rest = typed.split(len(raw), tuning.MAX_COUNT)
-            first = typed.first_piece(data, raw, head)
-            reqs = [comm.Isend([first, MPI.BYTE], dst, t)]
-            if rest:
-                reqs += [comm.Isend([raw[a:b], MPI.BYTE], dst, t) for a, b in rest]
-            return _Send(self, reqs, (raw, first), dst, seq)
         reqs = [comm.Isend([raw[a:b], MPI.BYTE], dst, t)
                 for a, b in tuning.chunks(len(raw), tuning.MAX_COUNT)]
         return _Send(self, reqs, raw, dst, seq)
@@ -226,18 +167,17 @@ class MPIChannel:
 
     def cancel(self, requests: list) -> None:
         withdrawn = False
-        self.landing = [req for req in self.landing if not _finished(req)]
         for request in requests:
             if not isinstance(request, _Recv):
                 continue
-            reqs = request.reqs
-            if reqs and not request.started and _withdrawn(reqs[0]):
-                for req in reqs[1:]:  # (the first piece was not matched: nor were these)
-                    _withdrawn(req)
-            else:  # part of the message came: the rest follows, and must not match later
-                self.landing += [req for req in reqs if not _finished(req)]
-            withdrawn = withdrawn or (request.scratch and bool(reqs))
-            self.withdrew = self.withdrew or bool(reqs)
+            for req in request.reqs:
+                try:
+                    req.Cancel()
+                    req.Test()  # a cancelled request is freed once tested
+                except MPI.Exception:
+                    pass  # already complete, or the library cannot cancel it
+            withdrawn = withdrawn or (request.scratch and bool(request.reqs))
+            self.withdrew = self.withdrew or bool(request.reqs)
             request.reqs = []
             self.release(request)
         if withdrawn:

@@ -1,15 +1,10 @@
-"""What a point-to-point message says about itself: the header its first piece carries.
+"""What a point-to-point message says about itself: its header.
 
 MPI matches a receive by source and tag and checks only that the message fits: a float32[4]
-received into an int32[4] would land as reinterpreted bits. So each message of the ``p2p``
-channel starts with a small header (element count, a hash of the dtype, the dtype's name),
-and the receiver compares it with its own before the data counts as received, as thread
-ranks compare the arrays themselves.
-
-A message of up to ``SMALL`` bytes travels as one MPI message, header and data together
-(copied on both sides: a microsecond or two), so the two are matched, or withdrawn, together.
-A larger one sends its header alone, then its data as it is, without copies; once the header
-has arrived, the receiver lets the data land whatever happens (see ``channel.py``).
+received into an int32[4] would land as reinterpreted bits. So each message of the
+communicator's own ``send``/``recv`` starts with a small header (element count, a hash of the
+dtype, the item size, the dtype's name), and the receiver compares it with its own array
+before taking the data, as thread ranks compare the arrays themselves (``messages.py``).
 """
 
 from __future__ import annotations
@@ -41,31 +36,42 @@ def header(data: np.ndarray) -> tuple[np.ndarray, bytes]:
     return made
 
 
-def first_piece(data: np.ndarray, raw: np.ndarray, head: int) -> np.ndarray:
-    """The header and the first ``head`` bytes of ``raw`` (``data``'s bytes), in one buffer."""
-    buf = np.empty(HEADER + head, np.uint8)
+def first_piece(data: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """The first MPI message of ``data`` (``raw``: its bytes): the header, and the data too
+    when it is small."""
+    size = len(raw) if len(raw) <= SMALL else 0
+    buf = np.empty(HEADER + size, np.uint8)
     buf[:HEADER] = header(data)[0]
-    buf[HEADER:] = raw[:head]
+    buf[HEADER:] = raw[:size]
     return buf
 
 
+def announced(got: np.ndarray) -> int | None:
+    """The number of data bytes the header ``got`` announces, or None when ``got`` is no
+    header."""
+    if len(got) < HEADER:
+        return None
+    words = got[:24].view(np.int64)
+    count, itemsize = int(words[0]), int(words[2])
+    return count * itemsize if count >= 0 and itemsize > 0 else None
+
+
+def follows(nbytes: int) -> bool:
+    """Whether a message of ``nbytes`` sends its data after its header, as MPI messages of
+    their own (else the data rode with the header)."""
+    return nbytes > SMALL
+
+
 def difference(got: np.ndarray, data: np.ndarray) -> str | None:
-    """Why the header ``got`` (what arrived, possibly cut short) does not describe a message
-    for ``data``, or None."""
+    """Why the header ``got`` does not describe a message for ``data``, or None."""
     want, key = header(data)
-    if len(got) < HEADER or got[:KEY].tobytes() == key:
-        return None  # (too short to tell: the sizes differ, and the caller says so)
+    if len(got) >= HEADER and got[:KEY].tobytes() == key:
+        return None
+    if announced(got) is None:
+        return f"it sent {len(got)} bytes that are not a message of this library"
     theirs, mine = got[:24].view(np.int64), want[:24].view(np.int64)
     return (f"it sent {int(theirs[0])} elements of {_name(got)} where {int(mine[0])} of "
             f"{_name(want)} were expected (ranks passed different shapes or dtypes)")
-
-
-def split(nbytes: int, max_count: int) -> tuple[int, list[tuple[int, int]]]:
-    """How a message of ``nbytes`` travels: the bytes riding with the header (all or none),
-    and the byte ranges of the pieces after it (at most ``max_count`` bytes each)."""
-    if nbytes <= SMALL:
-        return nbytes, []
-    return 0, [(a, min(a + max_count, nbytes)) for a in range(0, nbytes, max_count)]
 
 
 def _hash(dtype: np.dtype) -> int:

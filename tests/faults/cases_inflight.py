@@ -150,6 +150,11 @@ _type_mismatch("large-float32-into-int32", np.arange(100_000, dtype=np.float32),
                np.zeros(100_000, np.int32), r"100000 elements of float32 where 100000 of int32")
 _type_mismatch("float64-into-int32", np.arange(4, dtype=np.float64), np.zeros(4, np.int32),
                r"float64.* int32")
+# a message in one piece against a receive expecting several, and the other way round
+_type_mismatch("small-into-large", np.arange(4, dtype=np.float64), np.zeros(100_000),
+               r"4 elements of float64 where 100000 of float64")
+_type_mismatch("large-into-small", np.arange(100_000, dtype=np.float64), np.zeros(4),
+               r"100000 elements of float64 where 4 of float64")
 
 # --- a freed communicator, and the numbers calls are given ----------------------------------------
 
