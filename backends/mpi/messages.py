@@ -151,10 +151,10 @@ class _Take:
     def _read_header(self, got: int) -> None:
         """What the header says: the data that follows it, and whether it is this receive's."""
         head, self.head = self.head[:got], None
-        nbytes = typed.announced(head)
+        problem = typed.difference(head, self.data)
+        nbytes = self.data.nbytes if problem is None else typed.announced(head)
         self.pieces = (list(tuning.chunks(nbytes, tuning.MAX_COUNT))
                        if nbytes is not None and typed.follows(nbytes) else [])
-        problem = typed.difference(head, self.data)
         if problem is not None:  # take the whole message all the same (the sender's completes)
             self.discard = True
             self.error = self._disagree(problem)

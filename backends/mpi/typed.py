@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 
 HEADER = 64  # bytes: count, dtype hash, itemsize (int64 each), then the dtype's name
-SMALL = 16 << 10  # messages up to this many bytes travel with their header, in one piece
+SMALL = 64 << 10  # messages up to this many bytes travel with their header, in one piece
 KEY = 16  # the header's bytes that must match: count and dtype hash
 _NAME = slice(24, HEADER)
 _HEADERS: dict[tuple[np.dtype, int], tuple[np.ndarray, bytes]] = {}  # built once per kind
