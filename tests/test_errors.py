@@ -189,7 +189,7 @@ def test_a_timeout_tells_whom_the_stuck_neighbour_waits_for():
     ([0], {}, [0]),
 ])
 def test_a_timeout_follows_the_chain_of_waits(waited, activity, held_up_by):
-    from collectives.runtime.transport import held_up_by as follow
+    from collectives.runtime.missing import held_up_by as follow
 
     assert follow(waited, 5, activity, rank=1) == held_up_by
 

@@ -86,7 +86,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         self.free()
 
     def free(self) -> None:
-        """Release what the transport holds for this communicator (collective on MPI)."""
+        """Release what the transport holds for this communicator (collective on MPI).
+        Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
+        self._engine.close()
         self.transport.free()
 
     # --- hooks --------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from ..errors import (
     PeerFailedError,
 )
 from .agreement import AGREED, Agreement
-from .transport import SILENT, Failure, Transport, held_up_by
+from .missing import missing_ranks
+from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
@@ -56,6 +57,7 @@ class Engine:
         self.inflight: list[Operation] = []
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
+        self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
         self.native_issued = 0  # native collectives start in call order
@@ -85,6 +87,10 @@ class Engine:
         self.busy.release()
 
     def _raise_pending(self, what: str) -> None:
+        if self.freed:
+            raise CommunicatorBrokenError(
+                f"rank {self.rank}: {what} cannot run: this communicator was freed (free(), or "
+                "the end of its with block); use a communicator that is still alive")
         for ref, op in list(self.unreported):
             if ref() is None and not op.waited_by:  # dropped without wait(): it surfaces here
                 self.unreported.remove((ref, op))
@@ -274,17 +280,9 @@ class Engine:
             return
 
     def _time_out(self, op: Operation, timeout: float) -> None:
-        # Who never arrived: ranks that say they are not in this call yet, else the ranks this
-        # one waits for, else ranks that did not answer, else (a native call names none) every
-        # other rank. A silent peer may merely have timed out first and left; a transport may
-        # leave some peers unasked (MPI: those on other hosts).
         activity = self.transport.peer_activity(0.5)
-        silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
-        absent = [r for r, (seq, *_) in sorted(activity.items())
-                  if r not in silent and (seq is None or seq < op.seq)]
         waited = op.pending_peers()
-        missing = (absent or held_up_by(waited, op.seq, activity, self.rank)
-                   or silent or [r for r in range(self.size) if r != self.rank])
+        missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
@@ -342,6 +340,9 @@ class Engine:
                         f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
             self.inflight.clear()
 
+    def close(self) -> None:  # the communicator was freed: every later call raises at once
+        self.freed, self.broken = True, self.broken or "it was freed"
+
     def break_for(self, reason: str) -> None:
         self.broken = self.broken or reason
 
@@ -387,6 +388,9 @@ class Engine:
                         self._peer_failed(failure)
             except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
                 pass
-            # never a spin here: a user thread may be computing beside this one
-            self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
-
+            # never a spin here (a user thread may be computing beside this one); the idle
+            # answers peers' questions and may fail: the calls in flight need this thread
+            try:
+                self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+            except BaseException:  # noqa: BLE001 - as above
+                time.sleep(SLOW_WAIT)

@@ -43,29 +43,6 @@ def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, .
     return seq, text, phase, waiting if phase else ()
 
 
-def held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
-               rank: int) -> list[int]:
-    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
-    in call ``seq`` itself and says it waits for others is followed to them (the first rank
-    to time out names the lost one, not the live neighbour stuck behind it)."""
-    found: list[int] = []
-    seen = {rank}
-    todo = list(waited)
-    while todo:
-        peer = todo.pop(0)
-        if peer in seen:
-            continue
-        seen.add(peer)
-        entry = activity.get(peer, ())
-        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
-                  if r not in seen]
-        if onward:
-            todo.extend(onward)
-        else:
-            found.append(peer)
-    return sorted(found) or waited
-
-
 @dataclass(frozen=True)
 class Failure:
     """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
