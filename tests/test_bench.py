@@ -20,10 +20,14 @@ CLI = [sys.executable, "-m", "collectives.tools.cli", "bench"]
 FAST = ["-w", "1", "-i", "2", "-r", "2"]
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
-           "reduce": lambda n: 1.0}
+           "reduce": lambda n: 1.0, "gather": lambda n: (n - 1) / n,
+           "scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+           "batch_all_reduce": lambda n: 2 * (n - 1) / n}
 COLUMNS = ("size", "count", "type", "redop", "request", "algorithm", "time", "algbw", "busbw",
            "wrong", "ip_time", "ip_algbw", "ip_busbw", "ip_wrong")
-INPLACE = {("devices", c) for c in bench.COLLECTIVES} | {("spmd", "all_reduce"), ("spmd", "broadcast")}
+INPLACE = ({("devices", c) for c in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")}
+           | {("spmd", "all_reduce"), ("spmd", "broadcast"), ("spmd", "scatter")})
+BLOCKED = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -53,7 +57,7 @@ def expected_sizes(collective: str, n: int, lo: int, hi: int, itemsize: int = 4)
     sizes, size = [], lo
     while size <= hi:
         count = max(1, size // itemsize)
-        if collective in ("all_gather", "reduce_scatter"):
+        if collective in BLOCKED:
             count = max(1, count // n) * n
         if count * itemsize not in sizes:
             sizes.append(count * itemsize)
@@ -70,11 +74,18 @@ def expected_sizes(collective: str, n: int, lo: int, hi: int, itemsize: int = 4)
     ("all_gather", "devices", 3, 8),
     ("broadcast", "spmd", 3, 8),
     ("reduce", "devices", 3, 8),
+    ("gather", "spmd", 3, 8),
+    ("scatter", "spmd", 4, 64),
+    ("all_to_all", "spmd", 3, 8),
+    ("batch_all_reduce", "devices", 3, 8),
+    ("batch_all_reduce", "spmd", 3, 64),
 ])
 def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
     out = tmp_path / "rows.json"
+    names = {"gather": ("tree", "shuffle"), "scatter": ("tree", "shuffle"),
+             "all_to_all": ("ring", "shuffle")}.get(collective, ("ring", "tree"))
     proc = run_cli("-c", collective, "--mode", mode, "-n", str(n), "-b", str(lo), "-e", "4K",
-                   "-a", "ring", "-a", "tree", "--json", str(out), *FAST)
+                   "-a", names[0], "-a", names[1], "--json", str(out), *FAST)
     assert proc.returncode == 0, proc.stderr
     rows = parse_table(proc.stdout)
     header = [line for line in proc.stdout.splitlines() if "busbw" in line]
@@ -84,14 +95,14 @@ def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
 
     sizes = expected_sizes(collective, n, lo, 4096)
     assert len(rows) == 2 * len(sizes)
-    for algorithm in ("ring", "tree"):
+    for algorithm in names:
         mine = [r for r in rows if r["request"] == algorithm]
         assert [r["size"] for r in mine] == sizes
         assert {r["algorithm"] for r in mine} == {algorithm}  # what ran
-    if n == 4 or collective not in ("all_gather", "reduce_scatter"):
+    if n == 4 or collective not in BLOCKED:
         assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))  # sizes double
     factor = FACTORS[collective](n)
-    per_rank = collective in ("all_gather", "reduce_scatter")
+    per_rank = collective in BLOCKED
     inplace = (mode, collective) in INPLACE
     for r in rows:
         assert r["wrong"] == 0
@@ -246,7 +257,8 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
     op = ReduceOp.parse(op) if collective in bench.REDUCING else ReduceOp.SUM
     case = bench.Case(collective, n, dt, op, 1, count)
     inputs = case.inputs()
-    assert [x.size for x in inputs] == [count * n if collective == "reduce_scatter" else count] * n
+    whole = collective in ("reduce_scatter", "scatter", "all_to_all")  # n blocks per input
+    assert [x.size for x in inputs] == [count * n if whole else count] * n
     wide = [x.astype(np.float64) for x in inputs]
     full = {ReduceOp.SUM: sum(wide), ReduceOp.MEAN: sum(wide),
             ReduceOp.PROD: wide[0] * wide[1] * wide[2],
@@ -254,7 +266,8 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
     if op is ReduceOp.MEAN:  # the library's MEAN: the exact sum, then one division
         full = np.true_divide(full, n)
         assert full.dtype == (dt if dt.kind == "f" else np.float64)
-    if collective == "all_reduce":
+    blocks = [[x[p * count:(p + 1) * count] for p in range(n)] for x in inputs]
+    if collective in ("all_reduce", "batch_all_reduce"):
         want = [full] * n
     elif collective == "reduce":
         want = [None, full, None]
@@ -262,15 +275,27 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
         want = [inputs[1]] * n
     elif collective == "all_gather":
         want = [np.concatenate(inputs)] * n
+    elif collective == "gather":
+        want = [None, np.concatenate(inputs), None]
+    elif collective == "scatter":
+        want = blocks[1]
+    elif collective == "all_to_all":
+        want = [np.concatenate([blocks[i][j] for i in range(n)]) for j in range(n)]
     else:
         want = [full[p * count:(p + 1) * count] for p in range(n)]
-    direct = reference.expected_outputs(collective, inputs, op, root=1)
+    if collective == "batch_all_reduce":  # the values of one all-reduce of them all
+        direct = reference.expected_outputs("all_reduce", inputs, op)
+    elif collective == "scatter":  # the root's input as one row per participant
+        direct = reference.expected_outputs(collective, [x.reshape(n, count) for x in inputs],
+                                            op, root=1)
+    else:
+        direct = reference.expected_outputs(collective, inputs, op, root=1)
     for g, d, w in zip(bench.expected_outputs(case), direct, want):
         if w is None:
             assert g is None and d is None
         else:
             assert g.dtype == d.dtype == w.dtype
-            assert np.array_equal(g, w) and np.array_equal(d, w)
+            assert np.array_equal(g, w) and np.array_equal(d.reshape(-1), w)
 
 
 def test_bench_reports_wrong_results_and_fails(monkeypatch, capsys):
@@ -397,8 +422,24 @@ def test_expected_outputs_per_collective():
     assert all(np.array_equal(o, np.concatenate(x)) for o in reference.expected_outputs("all_gather", x))
     blocks = reference.expected_outputs("reduce_scatter", x)
     assert [b.tolist() for b in blocks] == [total[0:1].tolist(), total[1:2].tolist(), total[2:3].tolist()]
-    with pytest.raises(ValueError, match="all_to_all"):
-        reference.expected_outputs("all_to_all", x)
+    stacked = reference.expected_outputs("gather", x, root=1)
+    assert stacked[0] is None and stacked[2] is None and np.array_equal(stacked[1], np.stack(x))
+    rows = reference.expected_outputs("scatter", x, root=2)
+    assert [r.tolist() for r in rows] == [x[2][0].tolist(), x[2][1].tolist(), x[2][2].tolist()]
+    exchanged = reference.expected_outputs("all_to_all", x)  # block j of each, to j
+    assert [e.tolist() for e in exchanged] == [[x[i][j].tolist() for i in range(3)]
+                                               for j in range(3)]
+    with pytest.raises(ValueError, match="batch_all_reduce"):
+        reference.expected_outputs("batch_all_reduce", x)
+
+
+@pytest.mark.parametrize("collective", bench.COPIES)
+def test_multi_device_copies_are_timed_and_checked(collective):
+    proc = run_cli("-c", collective, "-n", "3", "-b", "64", "-e", "1K", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    rows = parse_table(proc.stdout)
+    assert len(rows) == 5 and all(r["wrong"] == 0 and r["ip_wrong"] is None for r in rows)
+    assert {(r["request"], r["algorithm"]) for r in rows} == {("auto", "copies")}
 
 
 def test_records_follow_nccl_tests():
@@ -411,7 +452,9 @@ def test_records_follow_nccl_tests():
     assert ag.nbytes(1000, 4, 4) == rs.nbytes(1000, 4, 4) == ar.nbytes(1000, 4, 4) == 4000
     factors = {c: reference.record(c).bus_factor(4) for c in reference.COLLECTIVES}
     assert factors == {"all_reduce": 1.5, "reduce": 1.0, "broadcast": 1.0, "all_gather": 0.75,
-                       "reduce_scatter": 0.75}
+                       "reduce_scatter": 0.75, "gather": 0.75, "scatter": 0.75,
+                       "all_to_all": 0.75, "batch_all_reduce": 1.5}
+    assert reference.record("all_to_all").counts(1000, 4) == reference.Counts(1000, 1000, 250, 0, 0)
     assert ar.bandwidth(2_000_000_000, 2.0, 4) == (1.0, 1.5)
     assert [c for c in reference.COLLECTIVES if reference.record(c).reduces] == list(bench.REDUCING)
     with pytest.raises(ValueError, match="gather_all"):

@@ -4,11 +4,13 @@ backend registry, and what a built wheel holds."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.metadata
 import os
 import pty
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -129,6 +131,82 @@ def test_help_is_plain_text(args):
             assert expected in text
         # the description is whole: every paragraph of it is printed, none cut mid-sentence
         assert "prove it correct" in text and "lists a command's options." in text
+        # each command is listed once, with what it does
+        assert sum(line.split()[0] == "bench" for line in text.splitlines() if line.strip()) == 1
+        assert sum(line.split()[0] == "draw" for line in text.splitlines() if line.strip()) == 1
+
+
+def test_every_option_says_what_it_does():
+    from collectives.tools.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) >= {"bench", "draw"}
+    for name, command in sub.choices.items():
+        bare = [a.option_strings or [a.dest] for a in command._actions if not a.help]
+        assert not bare, f"collectives {name}: options without help: {bare}"
+
+
+# Each: one line on stderr naming the command, exit status 2, nothing measured or printed.
+BAD_INVOCATIONS = {
+    "unknown option": ("bench", "--bogus"),
+    "mpi outside a launch": ("bench", "--mode", "mpi"),
+    "two-level without groups": ("draw", "ring/ring"),
+    "sizes beyond memory": ("bench", "-b", "1T", "-e", "1T"),
+    "smallest above largest": ("bench", "-b", "1T"),
+    "json into no folder": ("bench", "--json", "/missing/dir/x.json"),
+    "plot into no folder": ("bench", "--plot", "/missing/dir/x.png"),
+    "objects": ("bench", "-c", "broadcast", "-d", "object"),
+    "participants beyond memory": ("bench", "-n", "10000"),
+    "an algorithm for copies": ("bench", "-c", "gather", "-a", "ring"),
+    "an unknown algorithm": ("draw", "rung"),
+}
+LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_UNIVERSE_SIZE")
+
+
+@pytest.mark.parametrize("args", BAD_INVOCATIONS.values(), ids=BAD_INVOCATIONS.keys())
+def test_bad_invocations_fail_in_one_line_before_any_work(args):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.cli", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"collectives {args[0]}: error: ")
+    assert lines[0].endswith(f"(see 'collectives {args[0]} --help')")
+
+
+def test_unknown_option_names_the_subcommand():
+    proc = cli("bench", "--bogus")
+    assert "collectives bench: error: unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_a_closed_pipe_ends_quietly():
+    """``collectives draw ... | head -1``: no BrokenPipeError traceback, exit 141 as after
+    SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.tools.cli", "draw", "ring", "-n",
+                             "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"ring: all_reduce over 64")
+    proc.stdout.close()  # the reader goes away with ~190 KB still to come
+    status = proc.wait(timeout=60)
+    assert (status, proc.stderr.read()) == (141, b"")
+
+
+@pytest.mark.parametrize("mode", ["devices", "spmd"])
+def test_ctrl_c_ends_the_bench_in_one_line(mode):
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.tools.cli", "bench", "--mode",
+                             mode, "-n", "2", "-b", "4K", "-e", "64M"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the first row: the sweep is under way
+        if not line.startswith("#"):
+            break
+    proc.send_signal(signal.SIGINT)
+    status = proc.wait(timeout=60)
+    stderr = proc.stderr.read()
+    assert status == 130, stderr
+    assert stderr.strip() == "collectives bench: interrupted"
 
 
 @pytest.mark.parametrize("command", ["draw ring", "bench"])
@@ -179,10 +257,46 @@ def test_plot_alone_writes_a_default_file(tmp_path):
     assert "# Plot              : all_gather_busbw.png" in proc.stdout
 
 
+def test_plot_reads_sizes_as_4K_1M_64M_and_says_what_auto_ran():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from collectives.tools.bench import command
+
+    assert [command.human_size(b) for b in (8, 4096, 1 << 20, 64 << 20, 3 << 29)] == [
+        "8", "4K", "1M", "64M", "1.5G"]
+    rows = [{"algorithm": "auto", "resolved": name, "size": size, "busbw": 1.0,
+             "collective": "all_reduce", "mode": "devices", "participants": 4}
+            for name, size in (("rechd", 8), ("rechd", 64 << 10), ("ring", 128 << 10),
+                               ("ring", 64 << 20))]
+    assert command.legend_label("auto", rows) == "auto: rechd 8-64K, ring 128K-64M"
+    ring = [dict(r, algorithm="ring", resolved="ring") for r in rows]
+    assert command.legend_label("ring", ring) == "ring"
+    figures = []
+    import matplotlib.pyplot as plt
+
+    real_close = plt.close
+    plt.close = lambda fig: figures.append(fig)  # keep the figure to read its axis
+    try:
+        command.write_plot(os.devnull, rows + ring, "collectives bench")
+    finally:
+        plt.close = real_close
+    (fig,) = figures
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    labels = {t.get_text() for t in ax.get_xticklabels() if t.get_text()}
+    assert {"4K", "1M", "64M"} <= labels and not any("^" in t for t in labels), labels
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "auto: rechd 8-64K, ring 128K-64M", "ring"]
+    real_close(fig)
+
+
 def test_plot_without_matplotlib_fails_before_the_sweep(tmp_path):
     proc = cli("bench", *FAST, "--plot", "out.png", blocked=("matplotlib",), cwd=tmp_path)
     assert proc.returncode == 2
     assert "--plot needs matplotlib" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install 'collective-schedules[bench]'" in proc.stderr
     assert proc.stdout == "" and not (tmp_path / "out.png").exists()  # nothing was measured
 
 
@@ -205,7 +319,8 @@ def test_the_core_imports_no_transport():
 def test_mpi_mode_without_mpi4py_says_what_to_install():
     proc = cli("bench", "--mode", "mpi", *FAST, blocked=("mpi4py",))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--mode mpi needs mpi4py" in proc.stderr and "pip install -e '.[mpi]'" in proc.stderr
+    assert "--mode mpi needs mpi4py" in proc.stderr
+    assert "pip install 'collective-schedules[mpi]'" in proc.stderr
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the mpich wheel's mpiexec beside this Python "

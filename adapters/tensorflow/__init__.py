@@ -9,8 +9,10 @@
 Classes: ``ReductionToOneDevice``, ``NcclAllReduce``, ``HierarchicalCopyAllReduce``,
 ``AllReduceCrossDeviceOps``, ``MultiWorkerAllReduce`` (one process per worker under
 ``mpiexec``) and the general ``CrossDeviceOps(algorithm=...)``. See ``docs/tensorflow.md``.
-Needs TensorFlow (``pip install collectives[tensorflow]``); TensorFlow is imported on first use
-of a class, so ``collectives.adapters.tensorflow.host`` (the NumPy side) works without it.
+Needs TensorFlow: ``pip install 'collective-schedules[tensorflow]'`` (the CPU build), or
+``[tensorflow-full]`` for TensorFlow's full build (GPUs); see ``docs/tensorflow.md``. TensorFlow
+is imported on first use of a class (without it, that use raises one line naming the ``pip
+install``), so ``collectives.adapters.tensorflow.host`` (the NumPy side) works without it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from collectives.extras import require
+
+    if module != "world":  # (the launch's world size needs no TensorFlow)
+        require("tensorflow", "tensorflow", f"collectives.adapters.tensorflow.{name}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

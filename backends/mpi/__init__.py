@@ -53,10 +53,11 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     for this one until their timeout; ``python -m mpi4py`` is then not needed. See
     ``abort.py``.
     """
-    from mpi4py import MPI
-
     from collectives import __version__
+    from collectives.extras import require
     from collectives.version import check_versions
+
+    MPI = require("mpi4py.MPI", "mpi", "the MPI transport")
 
     from . import abort
     from .transport import MPITransport

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from ..extras import install_line
 from ..registry import load_backend
 
 logger = logging.getLogger("collectives")
@@ -67,8 +68,10 @@ def init(backend: str = "auto", **options: Any):
         raise ValueError(f"backend={backend!r} is not installed{maybe}; installed: "
                          f"{', '.join(known)}, or 'auto'") from None
     except ImportError as exc:
-        raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}); for "
-                          "MPI: pip install -e '.[mpi]' in this project's checkout") from exc
+        extra = {"mpi": "mpi", "cupy": "cuda", "nccl": "cuda,mpi"}.get(name)
+        how = f": {install_line(extra)}" if extra else ""
+        raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
+                          ) from None
     comm = module.init(**options)
     _ACTIVE[name] = comm
     return comm

@@ -25,8 +25,9 @@ import numpy as np
 
 from ..ops import BFLOAT16, ReduceOp, result_dtype
 
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "gather",
+               "scatter", "all_to_all", "batch_all_reduce")
+REDUCING = ("all_reduce", "reduce", "reduce_scatter", "batch_all_reduce")
 
 # Sums stay at or below this, so they are exact in int8 (127), float16 (2048) and bfloat16 (256).
 _SUM_LIMIT = 127
@@ -150,15 +151,27 @@ def scatter_blocks(rows: int, n: int) -> list[tuple[int, int]]:
 def expected_outputs(collective: str, inputs: Sequence[np.ndarray], op: ReduceOp | str = "sum",
                      *, root: int = 0, axis: int = 0) -> list[np.ndarray | None]:
     """What each participant holds after ``collective`` over ``inputs`` (one per participant):
-    None where it receives nothing (every participant but the root of a reduce)."""
+    None where it receives nothing (every participant but the root of a reduce or a gather).
+
+    Gather stacks the inputs along a new leading axis on the root; scatter gives participant
+    ``p`` row ``p`` of the root's input; all-to-all gives participant ``j`` block ``j`` of
+    every input's leading axis (cut into ``n`` equal blocks), in participant order.
+    """
     n = len(inputs)
     if collective == "broadcast":
         return [np.array(inputs[root], copy=True) for _ in range(n)]
     if collective == "all_gather":
         gathered = np.concatenate([np.atleast_1d(x) for x in inputs], axis=axis)
         return [gathered] * n
-    if collective not in REDUCING:
-        raise ValueError(f"collective {collective!r} is not one of {', '.join(COLLECTIVES)}")
+    if collective == "gather":
+        return [np.stack(inputs) if p == root else None for p in range(n)]
+    if collective == "scatter":
+        return [np.array(inputs[root][p], copy=True) for p in range(n)]
+    if collective == "all_to_all":
+        rows = inputs[0].shape[0] // n
+        return [np.concatenate([x[j * rows:(j + 1) * rows] for x in inputs]) for j in range(n)]
+    if collective not in REDUCING or collective == "batch_all_reduce":
+        raise ValueError(f"collective {collective!r} is not one of {', '.join(COLLECTIVES[:-1])}")
     full = reference(inputs, op)
     if collective == "all_reduce":
         return [full] * n
@@ -187,7 +200,8 @@ class CollectiveRecord:
     """One collective's sizes and bus bandwidth (nccl-tests' PERFORMANCE.md).
 
     ``layout`` is "same" (send and receive buffers hold ``count`` elements), "gather" (each
-    sends a block, receives all n) or "scatter" (each sends n blocks, receives one).
+    sends a block, receives all n), "scatter" (each sends n blocks, receives one) or
+    "exchange" (each sends n blocks and receives n: all-to-all).
     """
 
     name: str
@@ -204,6 +218,8 @@ class CollectiveRecord:
         block = max(1, count // n)
         if self.layout == "gather":
             return Counts(block, block * n, block, block * rank, 0)
+        if self.layout == "exchange":
+            return Counts(block * n, block * n, block, 0, 0)
         return Counts(block * n, block, block, 0, block * rank)
 
     def nbytes(self, count: int, n: int, itemsize: int) -> int:
@@ -212,11 +228,11 @@ class CollectiveRecord:
         return max(c.send, c.recv) * itemsize
 
     def bus_factor(self, n: int) -> float:
-        """busbw / algbw: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter,
-        1 for broadcast and reduce."""
-        if self.name == "all_reduce":
+        """busbw / algbw: 2(n-1)/n for all_reduce (and a batch of them), (n-1)/n for
+        all_gather, reduce_scatter, gather, scatter and all_to_all, 1 for broadcast and reduce."""
+        if self.name in ("all_reduce", "batch_all_reduce"):
             return 2 * (n - 1) / n
-        if self.layout in ("gather", "scatter"):
+        if self.layout in ("gather", "scatter", "exchange"):
             return (n - 1) / n
         return 1.0
 
@@ -233,12 +249,17 @@ RECORDS: dict[str, CollectiveRecord] = {
     "all_gather": CollectiveRecord("all_gather", reduces=False, rooted=False, layout="gather"),
     "reduce_scatter": CollectiveRecord("reduce_scatter", reduces=True, rooted=False,
                                        layout="scatter"),
+    "gather": CollectiveRecord("gather", reduces=False, rooted=True, layout="gather"),
+    "scatter": CollectiveRecord("scatter", reduces=False, rooted=True, layout="scatter"),
+    "all_to_all": CollectiveRecord("all_to_all", reduces=False, rooted=False, layout="exchange"),
+    # many tensors all-reduced at once: sized and counted as one all-reduce of them all
+    "batch_all_reduce": CollectiveRecord("batch_all_reduce", reduces=True, rooted=False,
+                                         layout="same"),
 }
 
 
 def record(collective: str) -> CollectiveRecord:
-    """The record of ``collective`` ("all_reduce", "reduce", "broadcast", "all_gather",
-    "reduce_scatter")."""
+    """The record of ``collective`` (one of ``COLLECTIVES``)."""
     try:
         return RECORDS[collective]
     except KeyError:

@@ -1,18 +1,18 @@
 """``collectives bench``: time a collective over a sweep of sizes, in the style of nccl-tests.
 
-The tool's names, from its parts: :mod:`.run` (the configuration, the sweep and its modes),
-:mod:`.timing` (one measurement), :mod:`.report` (rows, the table, JSON), :mod:`.common`
-(runners and array kits) and one record per collective (:mod:`.all_reduce`, :mod:`.reduce`,
-:mod:`.broadcast`, :mod:`.all_gather`, :mod:`.reduce_scatter`).
+The tool's names, from its parts: ``config`` (what to measure), ``run`` (the sweep and its modes),
+``timing`` (one measurement), ``report`` (rows, the table, JSON), ``common`` (runners and
+array kits), ``command`` (the command line) and one record per collective (``all_reduce``,
+``reduce``, ``broadcast``, ``all_gather``, ``reduce_scatter``, ``gather``, ``scatter``,
+``all_to_all``, ``batch_all_reduce``).
 """
 
 from ..reference import COLLECTIVES, REDUCING
 from .common import NUMPY_KIT, ArrayKit, Runner
+from .config import COPIES, MODES, BenchConfig, kind, parse_dtype, parse_size
 from .report import HEADER, TITLE, Row, format_row, machine_info, make_row, metadata, write_json
 from .run import (
-    MODES,
     RECORDS,
-    BenchConfig,
     Case,
     bench_devices,
     bench_spmd,
@@ -20,8 +20,6 @@ from .run import (
     count_wrong,
     expected_output,
     expected_outputs,
-    parse_dtype,
-    parse_size,
     resolve_algorithm,
     run_bench,
     sweep,
@@ -29,9 +27,9 @@ from .run import (
 from .timing import MAX_ITERS, TARGET_SECONDS, Measurement, measure
 
 __all__ = [
-    "COLLECTIVES", "HEADER", "MAX_ITERS", "MODES", "NUMPY_KIT", "RECORDS", "REDUCING",
+    "COLLECTIVES", "COPIES", "HEADER", "MAX_ITERS", "MODES", "NUMPY_KIT", "RECORDS", "REDUCING",
     "TARGET_SECONDS", "TITLE", "ArrayKit", "BenchConfig", "Case", "Measurement", "Row", "Runner",
     "bench_devices", "bench_spmd", "bus_factor", "count_wrong", "expected_output",
-    "expected_outputs", "format_row", "machine_info", "make_row", "measure", "metadata",
+    "expected_outputs", "format_row", "kind", "machine_info", "make_row", "measure", "metadata",
     "parse_dtype", "parse_size", "resolve_algorithm", "run_bench", "sweep", "write_json",
 ]

@@ -24,130 +24,47 @@ launches thread ranks; under ``mpiexec`` the ``mpi`` mode passes the MPI communi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 import collectives
 
-from ...algorithms.select import CostModel
 from ...api.multi_device import pick_algorithm
-from ...ops import BFLOAT16, ReduceOp, check_dtype, result_dtype
+from ...ops import ReduceOp, result_dtype
 from .. import reference
-from ..reference import COLLECTIVES, REDUCING
-from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from ..reference import REDUCING
+from . import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    batch_all_reduce,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
 from .common import NUMPY_KIT, ArrayKit, Runner
+from .config import COPIES, BenchConfig, kind
 from .report import Row, half, make_row
 from .timing import Measurement, measure, same
 
-MODES = ("devices", "spmd", "mpi")
 # One record per collective (nccl-tests' testColl): what each participant must hold after
 # the call, and how each mode calls it on preallocated buffers.
 RECORDS = {"all_reduce": all_reduce, "reduce": reduce, "broadcast": broadcast,
-           "all_gather": all_gather, "reduce_scatter": reduce_scatter}
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-
-
-# --- configuration ----------------------------------------------------------------------------
-
-def parse_size(text: str | int) -> int:
-    """Bytes from ``"8"``, ``"4K"``, ``"64M"``, ``"1G"`` (powers of 1024; "KB"/"KiB" also work)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"size {text!r} is not a byte count such as 8, 4K, 64M or 1G")
-    value = float(match.group(1)) * _UNITS[match.group(2).upper()]
-    if value != int(value):
-        raise ValueError(f"size {text!r} is not a whole number of bytes")
-    return int(value)
-
-
-def parse_dtype(name: str | np.dtype) -> np.dtype:
-    """A NumPy dtype from its name; ``bfloat16`` (or ``bf16``) comes from ml_dtypes."""
-    if isinstance(name, np.dtype):
-        return name
-    key = str(name).strip().lower()
-    if key in ("bfloat16", "bf16"):
-        if BFLOAT16 is None:
-            raise ValueError("dtype bfloat16 needs the ml_dtypes package: pip install -e '.[bench]'")
-        return BFLOAT16
-    aliases = {"float": "float32", "half": "float16", "double": "float64", "int": "int32"}
-    try:
-        return np.dtype(aliases.get(key, key))
-    except TypeError as exc:
-        raise ValueError(f"dtype {name!r} is not a NumPy dtype name (e.g. float32, float16, "
-                         "bfloat16, int32)") from exc
-
-
-@dataclass
-class BenchConfig:
-    """What to measure: one collective, some algorithms, a sweep of sizes."""
-
-    collective: str = "all_reduce"
-    algorithms: tuple[str, ...] = ("auto",)
-    participants: int = 4
-    mode: str = "devices"
-    minbytes: int = 8
-    maxbytes: int = 64 << 20
-    stepfactor: int = 2
-    dtype: str = "float32"
-    op: str = "sum"
-    warmup: int = 2
-    iters: int | None = None
-    repeats: int = 5
-    check: bool = True
-    root: int = 0
-    backend: str = "local"  # the multi-device backend whose arrays the devices mode uses
-    extra: dict = field(default_factory=dict)
-
-    def validate(self) -> None:
-        """Raise ValueError (naming the bad setting) before anything runs."""
-        if self.collective not in COLLECTIVES:
-            raise ValueError(f"collective {self.collective!r} is not one of {', '.join(COLLECTIVES)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if self.participants < 1:
-            raise ValueError(f"participants={self.participants} must be at least 1")
-        if not 0 <= self.root < self.participants:
-            raise ValueError(f"root={self.root} is not one of the {self.participants} participants")
-        if self.minbytes < 1 or self.maxbytes < self.minbytes:
-            raise ValueError(f"sizes {self.minbytes}..{self.maxbytes}: need 1 <= minbytes <= maxbytes")
-        if self.stepfactor < 2:
-            raise ValueError(f"stepfactor={self.stepfactor} must be at least 2")
-        if self.warmup < 0 or self.repeats < 1 or (self.iters is not None and self.iters < 1):
-            raise ValueError("need warmup >= 0, repeats >= 1 and iters >= 1")
-        if not self.algorithms:
-            raise ValueError("no algorithm given")
-        if self.backend != "local" and self.mode != "devices":
-            raise ValueError(f"backend {self.backend!r} runs in the devices mode only")
-        dtype = parse_dtype(self.dtype)
-        collective = collectives.Collective(self.collective)
-        for name in self.algorithms:
-            if self.mode == "mpi":  # the MPI transport adds names of its own ("native", "shm")
-                if collectives.load_backend("mpi").canonical(name) in ("native", "shm"):
-                    continue
-            # names an algorithm and one that has this collective, or raises saying which do
-            pick_algorithm(collective, name, self.participants, 1, CostModel())
-        if self.collective in REDUCING:
-            check_dtype(ReduceOp.parse(self.op), dtype, "inputs")
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return parse_dtype(self.dtype)
-
-    @property
-    def redop(self) -> str:
-        return ReduceOp.parse(self.op).value if self.collective in REDUCING else "none"
+           "all_gather": all_gather, "reduce_scatter": reduce_scatter, "gather": gather,
+           "scatter": scatter, "all_to_all": all_to_all, "batch_all_reduce": batch_all_reduce}
 
 
 def bus_factor(collective: str, n: int) -> float:
     """nccl-tests' busbw / algbw for ``n`` participants (see ``collectives.tools.reference``)."""
     return reference.record(collective).bus_factor(n)
+
+
+# collectives whose count argument is a block: a participant's buffer holds n of them
+_BLOCKED = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -165,7 +82,7 @@ class Case:
 
     @property
     def total(self) -> int:
-        return self.count * self.n if self.collective in ("all_gather", "reduce_scatter") else self.count
+        return self.count * self.n if self.collective in _BLOCKED else self.count
 
     @property
     def nbytes(self) -> int:
@@ -173,8 +90,9 @@ class Case:
 
     @property
     def input_count(self) -> int:
-        """Elements of one participant's input (reduce_scatter's is the whole buffer)."""
-        return self.total if self.collective == "reduce_scatter" else self.count
+        """Elements of one participant's input (reduce_scatter's, scatter's and all_to_all's
+        is the whole buffer of ``n`` blocks)."""
+        return self.total if self.collective in ("reduce_scatter", "scatter", "all_to_all") else self.count
 
     def input(self, participant: int) -> np.ndarray:
         """Participant ``participant``'s exact input (``collectives.tools.reference.exact_input``)."""
@@ -224,6 +142,8 @@ def count_wrong(outputs: Sequence, expected: Sequence) -> int:
     for out, exp in zip(outputs, expected, strict=True):
         if exp is None:
             continue
+        if isinstance(out, list):  # a batch: the participant's tensors, in order
+            out = np.concatenate([np.ravel(t) for t in out]) if out else None
         if out is None or np.size(out) != exp.size:
             wrong += exp.size
             continue
@@ -234,8 +154,8 @@ def count_wrong(outputs: Sequence, expected: Sequence) -> int:
 def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
     """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
     try:
-        return pick_algorithm(collectives.Collective(case.collective), algorithm, case.n,
-                              case.nbytes, cost_model)[0]
+        return pick_algorithm(kind(case.collective), algorithm, case.n, case.nbytes,
+                              cost_model)[0]
     except Exception:  # noqa: BLE001 - only a label; the call itself reports real errors
         return algorithm
 
@@ -249,7 +169,9 @@ def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfi
     if expected is None:
         return m, 0
     runner.reset()
-    return m, total_wrong(count_wrong([kit.host(o) for o in runner.call()], expected))
+    outputs = [[kit.host(t) for t in o] if isinstance(o, list) else kit.host(o)
+               for o in runner.call()]
+    return m, total_wrong(count_wrong(outputs, expected))
 
 
 # --- multi-device ----------------------------------------------------------------------------
@@ -282,7 +204,7 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
     for case in sweep(config):
         inputs = kit.inputs(case.inputs())
         expected = expected_outputs(case) if config.check else None
-        if case.collective == "reduce" and expected is not None:
+        if case.collective in ("reduce", "gather") and expected is not None:
             expected = [expected[case.root]]
         model = backend_for_arrays(inputs).cost_model
         ceiling = None
@@ -295,8 +217,9 @@ def bench_devices(config: BenchConfig, on_row: Callable[[Row], None] | None = No
             runner = _device_inplace_runner(case, algorithm, inputs, kit)
             inplace = None if runner is None else _measure_and_check(runner, expected, config,
                                                                      kit=kit)
-            resolved = (kit.resolve(case, algorithm) if hasattr(kit, "resolve") else None
-                        ) or resolve_algorithm(case, algorithm, model)
+            resolved = "copies" if case.collective in COPIES else (
+                (kit.resolve(case, algorithm) if hasattr(kit, "resolve") else None)
+                or resolve_algorithm(case, algorithm, model))
             row = make_row(config, case, algorithm, resolved, m, wrong, inplace)
             if ceiling is not None:
                 row["ceiling"] = half(case, ceiling, None)

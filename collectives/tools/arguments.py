@@ -1,0 +1,42 @@
+"""Argument types and the parser the ``collectives`` commands share: sizes with K/M/G
+suffixes, counts with a least value, and errors of one line each."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from .bench.config import parse_size
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, naming the command and its ``--help``
+    (argparse's default prints the whole usage first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def size(text: str) -> int:
+    """Bytes from "8", "4K", "64M", "1G"; argparse's error where the text is not one."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def count(least: int) -> Callable[[str], int]:
+    """A type for integers of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {text}")
+        return value
+
+    return parse
+
+
+non_negative, positive = count(0), count(1)
