@@ -347,7 +347,7 @@ def find_mpiexec() -> str:
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if not found:
         raise RuntimeError("lab: no mpiexec next to this Python or on PATH "
-                           "(pip install 'collectives[mpi]' brings MPICH's)")
+                           "(pip install -e '.[mpi]' brings MPICH's)")
     return found
 
 

@@ -9,10 +9,12 @@ import ast
 import importlib.metadata
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import zipfile
 from pathlib import Path
@@ -23,6 +25,7 @@ import collectives
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST = "collective-schedules"
+PACKAGING = ("pyproject.toml", "README.md", "PYPI.md", "LICENSE", "MANIFEST.in")
 FAST = ["-b", "64", "-e", "128", "-w", "1", "-i", "2", "-r", "2"]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
@@ -90,7 +93,7 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
     src = tmp_path / "src"
     for name in ("collectives", "backends", "adapters"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in PACKAGING:
         shutil.copy(ROOT / name, src / name)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
                            str(tmp_path / "dist"), str(src)], capture_output=True, text=True,
@@ -115,6 +118,50 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
             } <= set(names)
     assert 'Requires-Dist: cupy-cuda12x>=13; extra == "cuda"' in metadata
     assert 'Requires-Dist: ml_dtypes>=0.3; extra == "bench"' in metadata  # -d bfloat16 works
+    # TensorFlow's CPU build, or its full build instead
+    assert 'Requires-Dist: tensorflow-cpu>=2.16; extra == "tensorflow"' in metadata
+    assert 'Requires-Dist: tensorflow>=2.16; extra == "tensorflow-full"' in metadata
+    # who, under what licence (its full text ships), for whom
+    assert headers["Author"] == "collectives authors"
+    assert headers["License-Expression"] == "Apache-2.0" and headers["License-File"] == "LICENSE"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    classifiers = [line.split(": ", 1)[1] for line in metadata.splitlines()
+                   if line.startswith("Classifier: ")]
+    assert "Typing :: Typed" in classifiers and "Topic :: System :: Distributed Computing" in classifiers
+    # PyPI's page is PYPI.md, which stands alone
+    assert metadata.split("\n\n", 1)[1].strip() == (ROOT / "PYPI.md").read_text().strip()
+
+
+def test_the_pypi_description_works_outside_a_checkout():
+    """Its links are absolute and its installs name the distribution: nothing assumes the
+    reader holds the repository."""
+    text = (ROOT / "PYPI.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert all(re.match(r"https?://", link) for link in links), links
+    for line in text.splitlines():
+        assert ".venv/" not in line and "-e ." not in line and "-e '." not in line, line
+    assert "pip install collective-schedules" in text
+    assert "pip install 'collective-schedules[tensorflow-full]'" in text
+
+
+def test_the_sdist_holds_the_package_and_not_the_tests(tmp_path):
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked + [f for f in PACKAGING if f not in tracked]:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir",
+                           str(tmp_path / "dist"), str(src)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+    assert {"LICENSE", "PYPI.md", "pyproject.toml", "collectives/__init__.py",
+            "backends/mpi/__init__.py", "adapters/tensorflow/__init__.py"} <= set(names)
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "docs/"))]
 
 
 # --- help and argument errors ---------------------------------------------------------------------

@@ -6,7 +6,11 @@ Examples run one per subprocess, several at a time. An HTML comment on the line 
 fence changes how its block runs:
 
 * ``<!-- run: mpiexec -n 2 -->``: under the venv's ``mpiexec`` with that many ranks;
+* ``<!-- run: lab -->``: from the repository root, where ``benchmarks/lab.py`` can make a lab
+  of hosts (skipped with its reason elsewhere);
 * ``<!-- skip: why -->``: not run (for blocks that cannot run standalone; use sparingly).
+
+PYPI.md, the package's page on PyPI, counts as a page too.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "PYPI.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 BLOCK_TIMEOUT = 300
 
@@ -30,22 +34,9 @@ FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 DIRECTIVE = re.compile(r"<!--\s*(run|skip):\s*(.*?)\s*-->")
 RUN_MPI = re.compile(r"^mpiexec -n (\d+)$")
 
-# Pages of others' that are wrong today; each entry fails loudly (strict xfail) once fixed,
-# so it gets removed then.
-BROKEN_EXAMPLES = {
-    "docs/multi-host.md#1": "imports lab from benchmarks/ relative to the working directory "
-                            "(the example runs elsewhere) and needs network namespaces",
-}
 # Pages whose examples another test runs, with more checks than "it exits 0".
 RUN_ELSEWHERE = {
     "docs/tensorflow.md": ("tests/test_tensorflow.py", "test_doc_examples_run_as_written"),
-}
-NAMED_INSTALLS = {
-    "docs/tensorflow.md": "pip install 'collectives[tensorflow]'",
-}
-BARE_LAUNCHES = {
-    "docs/tensorflow.md": "mpiexec -n 2 python -m mpi4py train.py (the system's python)",
-    "docs/multi-host.md": "mpiexec -hosts node1,node2 ... python -m mpi4py train.py",
 }
 
 
@@ -74,8 +65,11 @@ class Example:
         kind, value = self.directive
         if kind == "skip":
             return None
+        if value == "lab":
+            return [sys.executable, str(script)]
         mpi = RUN_MPI.match(value)
-        assert mpi, f"{self.id}: unknown directive 'run: {value}' (want 'run: mpiexec -n N')"
+        assert mpi, (f"{self.id}: unknown directive 'run: {value}' (want 'run: mpiexec -n N' or "
+                     "'run: lab')")
         return [str(MPIEXEC), "-n", mpi.group(1), sys.executable, str(script)]
 
 
@@ -103,14 +97,32 @@ def _run(example: Example, workdir: Path) -> tuple[int | None, str]:
         return None, ""
     if command[0] == str(MPIEXEC) and not MPIEXEC.exists():
         return None, "no mpiexec beside this Python (pip install -e '.[mpi]')"
+    cwd = workdir
+    if example.directive == ("run", "lab"):
+        reason = _why_no_lab()
+        if reason is not None:
+            return None, reason
+        cwd = ROOT
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONUNBUFFERED": "1"}
     try:
-        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
+        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
                               timeout=BLOCK_TIMEOUT, env=env)
     except subprocess.TimeoutExpired as exc:
         return -1, f"timed out after {BLOCK_TIMEOUT} s\n{exc.stdout or ''}{exc.stderr or ''}"
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def _why_no_lab() -> str | None:
+    """None where benchmarks/lab.py can make a lab of hosts here, else why not."""
+    if not MPIEXEC.exists():
+        return "no mpiexec beside this Python (pip install -e '.[mpi]')"
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import lab
+    finally:
+        sys.path.pop(0)
+    return lab.available()
 
 
 @pytest.fixture(scope="session")
@@ -124,12 +136,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[int | None, str]]:
         return {key: future.result() for key, future in futures.items()}
 
 
-def _marks(example: Example) -> list:
-    reason = BROKEN_EXAMPLES.get(example.id)
-    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-
-
-@pytest.mark.parametrize("example", [pytest.param(e, id=e.id, marks=_marks(e)) for e in EXAMPLES])
+@pytest.mark.parametrize("example", [pytest.param(e, id=e.id) for e in EXAMPLES])
 def test_example_runs_as_written(example: Example, outcomes):
     status, output = outcomes[example.id]
     if example.page in RUN_ELSEWHERE:
@@ -150,6 +157,7 @@ def test_examples_were_found():
     assert {"README.md", "docs/index.md", "docs/mpi.md", "docs/debugging-hangs.md",
             "docs/choosing-an-algorithm.md"} <= pages
     assert sum(1 for e in EXAMPLES if e.directive and e.directive[0] == "run") >= 3
+    assert any(e.directive == ("run", "lab") for e in EXAMPLES)
 
 
 # --- the site -----------------------------------------------------------------------------------
@@ -220,7 +228,12 @@ def test_relative_links_resolve(page: Path):
 
 # --- install and launch lines -------------------------------------------------------------------
 
-NAMED_INSTALL = re.compile(r"pip install\s+(-\S+\s+)*['\"]?(collectives|collective-schedules)\b")
+# PyPI's "collectives" is another project: an install names the distribution
+# (collective-schedules) or the checkout (pip install -e '.[mpi]'), never the import name.
+WRONG_INSTALL = re.compile(r"(?<![\w-])collectives\[[\w,.-]*\]"
+                           r"|pip install\s+(?:-\S+\s+)*['\"]?collectives(?![\w.-]|\[)")
+SOURCES = sorted(p for folder in ("collectives", "backends", "adapters", "tests", "benchmarks")
+                 for p in (ROOT / folder).rglob("*.py"))
 BARE_MPIEXEC = re.compile(r"(?<![\w/.$-])mpiexec\s+(?:-\S+\s+\S+\s+)*-n\b")
 BARE_PYTHON = re.compile(r"mpiexec\b[^`\n]*?(?<![\w/.])python3?\b")
 
@@ -229,22 +242,34 @@ def _paragraphs(text: str) -> list[str]:
     return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
-def _strict_xfail(known: dict, page: Path):
-    reason = known.get(rel(page))
-    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+@pytest.mark.parametrize("page", PAGES + [ROOT / "pyproject.toml"], ids=rel)
+def test_installs_name_the_distribution(page: Path):
+    """Pages install from the checkout (pip install -e '.[mpi]') or by the distribution's
+    name (pip install 'collective-schedules[mpi]')."""
+    bad = [m.group(0) for m in WRONG_INSTALL.finditer(page.read_text())]
+    assert not bad, f"{rel(page)}: {bad}; write pip install 'collective-schedules[EXTRAS]'"
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, id=rel(p), marks=_strict_xfail(NAMED_INSTALLS, p))
-                                  for p in PAGES])
-def test_installs_come_from_the_checkout(page: Path):
-    """This project installs from its checkout (pip install -e '.[mpi]'); PyPI's
-    ``collectives`` is another project and ours is not published."""
-    bad = [m.group(0) for m in NAMED_INSTALL.finditer(page.read_text())]
-    assert not bad, f"{rel(page)}: {bad}; write pip install -e '.[EXTRAS]' instead"
+def test_code_names_the_distribution_in_hints():
+    """Docstrings, messages and skip reasons of every module say the same."""
+    bad = [f"{rel(path)}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}"
+           for path in SOURCES for text in [path.read_text()]
+           for m in WRONG_INSTALL.finditer(text)]
+    assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, id=rel(p), marks=_strict_xfail(BARE_LAUNCHES, p))
-                                  for p in PAGES])
+def test_the_grep_finds_the_wrong_name():
+    name = "collect" + "ives"  # (spelled apart, so that this file passes its own grep)
+    for wrong in (f"pip install '{name}[tensorflow]'", f"pip install {name}",
+                  f'pip install -q "{name}[mpi,bench]"', f"install {name}[mpi] first"):
+        assert WRONG_INSTALL.search(wrong), wrong
+    for right in ("pip install 'collective-schedules[tensorflow]'", "pip install -e '.[mpi]'",
+                  "pip install collective-schedules", "import collectives",
+                  "pip install collectives-schedules-docs"):
+        assert not WRONG_INSTALL.search(right), right
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "PYPI.md"], ids=rel)
 def test_mpiexec_lines_run_the_venv(page: Path):
     """A bare ``mpiexec ... python`` runs the system's MPI and Python unless a venv is active:
     name .venv/bin/mpiexec and .venv/bin/python, or say to activate the venv."""

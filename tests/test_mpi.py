@@ -44,7 +44,7 @@ MPIEXEC = find_mpiexec()
 HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
 needs_mpi = pytest.mark.skipif(
     not HAVE_MPI4PY or MPIEXEC is None,
-    reason="needs mpi4py and an mpiexec (pip install 'collectives[mpi]' installs both)"
+    reason="needs mpi4py and an mpiexec (pip install -e '.[mpi]' installs both)"
     if not HAVE_MPI4PY else "no mpiexec next to sys.executable or on PATH")
 
 

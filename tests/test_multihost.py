@@ -40,7 +40,7 @@ lab = _load_lab()
 
 def _why_not() -> str | None:
     if importlib.util.find_spec("mpi4py") is None:
-        return "needs mpi4py (pip install 'collectives[mpi]')"
+        return "needs mpi4py (pip install -e '.[mpi]')"
     try:
         mpiexec = lab.find_mpiexec()
     except RuntimeError as exc:

@@ -14,7 +14,7 @@ from faults import harness
 from faults.table import CONFIGS, cases_for
 
 NO_MPI = pytest.mark.skipif(not harness.HAVE_MPI, reason="needs mpi4py and an mpiexec "
-                            "(pip install 'collectives[mpi]' installs both)")
+                            "(pip install -e '.[mpi]' installs both)")
 
 
 def _params():
