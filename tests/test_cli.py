@@ -383,3 +383,31 @@ def test_mpi_mode_prints_what_ran_from_rank_0():
     assert [(r[4], r[5]) for r in table] == [("auto", "native"), ("ring", "ring"), ("tree", "tree")]
     assert all(r[9] == "0" and r[13] == "0" for r in table)  # #wrong out of place and in place
     assert "participants 2" in proc.stdout
+
+
+# --- optional packages ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("code, missing, extra", [
+    ("from collectives.backends import mpi\nmpi.init()", "mpi4py", "mpi"),
+    ("import collectives\ncollectives.init('mpi')", "mpi4py", "mpi"),
+    ("from collectives.adapters import tensorflow as ctf\nctf.NcclAllReduce()", "tensorflow",
+     "tensorflow"),
+])
+def test_a_missing_optional_package_says_the_install_in_one_line(code, missing, extra):
+    blocked = f"import sys\nsys.modules[{missing!r}] = None\n"
+    proc = subprocess.run([sys.executable, "-c", blocked + code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("collectives.extras.MissingDependencyError: ")
+    assert last.endswith(f"needs {missing}, which is not installed: "
+                         f"pip install 'collective-schedules[{extra}]'"), last
+    assert "During handling" not in proc.stderr  # no chained ModuleNotFoundError
+
+
+def test_the_missing_package_error_is_an_import_error():
+    from collectives.extras import MissingDependencyError, require
+
+    with pytest.raises(ImportError, match=r"pip install 'collective-schedules\[bench\]'"):
+        require("a_package_that_is_not_there", "bench", "this")
+    assert issubclass(MissingDependencyError, ModuleNotFoundError)
