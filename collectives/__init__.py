@@ -9,11 +9,15 @@ Two ways of calling:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from .algorithms.schedule import Collective, Schedule
 from .api.communicator import Communicator
 from .api.initialize import init
-from .api.multi_device import all_gather, all_reduce, batch_all_reduce, broadcast, reduce, reduce_scatter
+from .api.multi_device import all_reduce, batch_all_reduce, reduce
 from .api.multi_device_copies import all_to_all, gather, scatter
+from .api.multi_device_spread import all_gather, broadcast, reduce_scatter
 from .errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -27,6 +31,8 @@ from .ops import ReduceOp
 from .registry import load_backend
 from .runtime.work import Work
 from .version import __version__ as __version__
+
+R = TypeVar("R")
 
 
 def __getattr__(name: str):
@@ -44,8 +50,29 @@ def __dir__() -> list[str]:
     return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors"])
 
 
-def run(fn, size: int, **kwargs) -> list:
-    """Run ``fn(comm)`` on ``size`` thread ranks of the embedded transport; results in rank order."""
+def run(fn: Callable[..., R], size: int, **kwargs: Any) -> list[R]:
+    """Run ``fn(comm)`` on ``size`` thread ranks of the embedded transport.
+
+    Parameters
+    ----------
+    fn
+        Called on every rank as ``fn(comm, *args)`` with that rank's `Communicator`.
+    size
+        How many ranks (threads).
+    **kwargs
+        For ``collectives.backends.local.run``: ``args`` (more arguments for ``fn``),
+        ``timeout``, ``check``.
+
+    Returns
+    -------
+    list
+        What ``fn`` returned on each rank, in rank order.
+
+    Raises
+    ------
+    Exception
+        The first exception a rank raised (the others then raise `PeerFailedError`).
+    """
     return load_backend("local").run(fn, size, **kwargs)
 
 

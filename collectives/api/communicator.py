@@ -29,6 +29,7 @@ from .. import algorithms
 from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..hints import ArrayT, BatchSpec, Op, SpmdAlgorithm
 from ..log import configure, debug_setting
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
@@ -41,6 +42,7 @@ from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
 from .spmd_prepared import PreparedOps
+from .spmd_spread import SpreadOps
 from .spmd_subcomms import SubcommOps
 
 CALLS = logging.getLogger("collectives.calls")
@@ -48,7 +50,8 @@ REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUC
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, SubcommOps):
+class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPointOps,
+                   SubcommOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -301,14 +304,43 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
             call = self._calls["barrier"] = barrier
         return call
 
-    def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
-                         num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
-                         agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                         shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
-        """All-reduce a list of tensors as few packed buffers; results in input order.
+    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = "sum",
+                         algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
+                         agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
+                         bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
+                         timeout: float | None = None) -> list[ArrayT]:
+        """All-reduce a list of tensors as few packed buffers.
 
-        ``algorithm`` takes any all-reduce spec (see ``collectives.algorithms.spec``); the packing knobs
-        are those of ``collectives.batch_all_reduce``.
+        Parameters
+        ----------
+        xs
+            This rank's tensors (every rank: the same shapes and dtypes, in the same order).
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            Any all-reduce spec (see ``collectives.algorithms.spec``).
+        num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack
+            The packing knobs of `collectives.batch_all_reduce`.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the spec's).
+        groups
+            The groups of a two-level ``"A/B"``.
+        timeout
+            Seconds each packed call may wait for its peers (None: the communicator's).
+
+        Returns
+        -------
+        list
+            The reduced tensors, in input order, with input shapes.
+
+        Raises
+        ------
+        TypeError
+            ``xs`` is not a list of arrays; ValueError for a bad spec or knob.
+        CollectiveMismatchError
+            The ranks passed different tensors or arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
         """
         from ..algorithms.batch import plan_batch
 

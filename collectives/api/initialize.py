@@ -5,7 +5,7 @@ MPI ranks (the variables of MPICH/Hydra's PMI, PMIx and Open MPI, read without i
 MPI), else one local rank. Calling it again returns the same communicator.
 
 Backends whose ranks are processes check that every rank runs the same version of the library
-(:func:`collectives.version.check_versions`) with their own means, before the communicator exists, so that the
+(``collectives.version.check_versions``) with their own means, before the communicator exists, so that the
 program's first call is call 1 in every message about it.
 """
 
@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..extras import install_line
 from ..registry import load_backend
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
 
 logger = logging.getLogger("collectives")
 
@@ -38,11 +41,32 @@ def launched_by_mpi(env: dict | None = None) -> bool:
     return False
 
 
-def init(backend: str = "auto", **options: Any):
-    """The communicator of this process: ``"mpi"``, ``"local"`` (one rank), ``"auto"`` (MPI
-    under an MPI launcher, else local; said at info level), or another installed backend
-    (``"nccl"``). ``options`` go to the backend's ``init`` (``timeout=``, ``check=``, ...).
-    Idempotent per backend: a second call returns the first communicator."""
+def init(backend: str = "auto", **options: Any) -> Communicator:
+    """The communicator of this process, whatever launched it.
+
+    Idempotent per backend: a second call returns the first communicator.
+
+    Parameters
+    ----------
+    backend
+        ``"auto"`` (MPI under an MPI launcher, else one local rank; said at info level),
+        ``"mpi"``, ``"local"`` (one rank), or another installed backend (``"nccl"``).
+    **options
+        For the backend's ``init``: ``timeout=``, ``check=``, ...
+
+    Returns
+    -------
+    Communicator
+        This process's rank among all of the launch's.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` names no installed backend (the message suggests the nearest).
+    ImportError
+        The backend needs a package that is not installed (the message names the
+        ``pip install``).
+    """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a name such as 'auto', 'mpi' or 'local', not "
                         f"{type(backend).__name__}")

@@ -10,142 +10,94 @@ buffers of the library's own, so aliasing never gives a wrong answer.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
-import numpy as np
-
-from .. import algorithms
-from ..algorithms import select
-from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
 from ..foreign import accepts_foreign_values
-from ..ops import ReduceOp, result_dtype
+from ..hints import Algorithm, ArrayT, BatchSpec, Op
+from ..ops import result_dtype
 from ..registry import backend_for_arrays
-from ..runtime.calls import resolve_algorithm
 from ..runtime.execute import run_multi_device
 from ..runtime.validate import (
     Groups,
-    as_array,
-    check_communicable,
-    check_devices,
-    check_op,
-    check_out,
     check_root,
     check_shards,
-    resolve_groups,
-    same_layout,
 )
-from ..runtime.work import Completed
+from ..runtime.work import Work
+from .multi_device_parts import (
+    backend_first,
+    deliver,
+    outputs,
+    pick_algorithm,
+    plan,
+    prepare,
+    work_buffers,
+)
 
-__all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
-           "reduce", "reduce_scatter"]
+__all__ = ["all_reduce", "batch_all_reduce", "pick_algorithm", "reduce"]
 
-
-def backend_first(function: Callable) -> Callable:
-    """A multi-device function whose arrays' backend may run the call its own way (the CuPy
-    backend: NCCL for "nccl" names on distinct GPUs; handles that wait for the devices'
-    streams), else the library's algorithms here. Adds ``async_op``: a handle whose ``wait()``
-    returns the results. ``function.library`` is the library's own implementation, for
-    backends that fall back to it."""
-
-    @functools.wraps(function)
-    def wrapper(values, *args, async_op: bool = False, **kwargs):
-        first = values[0] if isinstance(values, (list, tuple)) and values else values
-        if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
-            own = getattr(backend_for_arrays([first]), "own", None)
-            runner = own(function.__name__) if own is not None else None
-            if runner is not None:
-                return runner(values, *args, async_op=async_op, **kwargs)
-        result = function(values, *args, **kwargs)
-        return Completed(result) if async_op else result
-
-    wrapper.library = function  # type: ignore[attr-defined]
-    return wrapper
+Accumulate = Callable[[list[Any]], Any]  # accumulation_fn: the arrays of all devices -> their reduction
 
 
-def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
-                   model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
-    """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
-    spec forms by the element ``count``."""
-    name, shards = resolve_algorithm(algorithm, count, shards)
-    if name == "auto":
-        return select.choose(collective, size, nbytes, model), shards
-    if not algorithms.supports(collective, name):
-        raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
-                         f"of {', '.join(algorithms.names_for(collective))}")
-    return name, shards
-
-
-def _prepare(values: Any, op: Any, argument: str = "values"):
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{argument} must be a list with one array per device, "
-                        f"not {type(values).__name__}")
-    values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
-    shape, dtype = same_layout(values, argument, op)
-    op = check_op(op, dtype, argument) if op is not None else None
-    return values, shape, dtype, op
-
-
-def _plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
-    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
-                                  count, check_shards(shards))
-    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
-    shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
-    return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
-
-
-def _outputs(arrays, out, values, shape, dtype, argument="out") -> list:
-    if out is None:
-        return [arrays.result(shape, dtype, like=v) for v in values]
-    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
-        raise TypeError(f"{argument} must be a list of {len(values)} arrays, one per device")
-    if len(out) != len(values):
-        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices; pass one "
-                         "per device")
-    for i, o in enumerate(out):
-        check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
-    return list(out)
-
-
-def _work(arrays, results, values, shape, dtype, given: bool = True):
-    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
-    library allocated (``given`` False) share memory with nothing: no check needed."""
-    if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
-        return [arrays.result(shape, dtype, like=v) for v in values]
-    return results
-
-
-def _deliver(arrays, op, work, results, size):
-    """Results from work buffers: MEAN's one division, or a copy where work stood in."""
-    for w, r in zip(work, results):
-        if op is ReduceOp.MEAN:
-            arrays.divide(w, size, out=r)
-        elif w is not r:
-            arrays.copy(r, w)
-
-
+@overload
+def all_reduce(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
+               out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
+               accumulation_fn: Accumulate | None = ..., shared_result: bool = ...,
+               async_op: Literal[False] = ...) -> list[ArrayT]: ...
+@overload
+def all_reduce(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
+               out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
+               accumulation_fn: Accumulate | None = ..., shared_result: bool = ...,
+               async_op: Literal[True]) -> Work[list[ArrayT]]: ...
 @accepts_foreign_values
 @backend_first
-def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
-               out: Sequence | None = None, shards: int = 0, groups: Groups = None,
-               accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
+def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = "auto", *,
+               out: Sequence[ArrayT] | None = None, shards: int = 0, groups: Groups = None,
+               accumulation_fn: Accumulate | None = None, shared_result: bool = False,
+               async_op: bool = False) -> list[ArrayT]:
     """Reduce the arrays of all devices; every device gets the result (bitwise identical).
 
-    ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
-    name ("xring", "pscpu", "nccl", ...), a two-level "A/B" over ``groups``, or any spec form
-    ("xring#2", ``("pscpu", 1, 1024)``, "pscpu:2k:xring": the range by element count).
-    ``shards``: ring sub-chunks or shuffle gather devices (0: the algorithm's default).
-    ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
-    ``shared_result``: where the devices share memory (logical CPU devices), compute the
-    result once and return it as read-only views, one per device (no per-device copies).
+    Parameters
+    ----------
+    values
+        One array per device, all of one shape and dtype.
+    op
+        ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+    algorithm
+        ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"rechd"``,
+        ``"tree"``, ``"shuffle"``, a TensorFlow name (``"xring"``, ``"pscpu"``, ``"nccl"``,
+        ...), a two-level ``"A/B"`` over ``groups``, or a spec (``("xring", 2)``,
+        ``"pscpu:2k:xring"``: the range by element count).
+    out
+        One array per device for the results (a device's own input: in place).
+    shards
+        Ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    groups
+        The groups of a two-level ``"A/B"``: a group size, or a partition of the devices.
+    accumulation_fn
+        ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel.
+    shared_result
+        Where the devices share memory (logical CPU devices), compute the result once and
+        return it as read-only views, one per device (no per-device copies).
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the result(s) instead.
+
+    Returns
+    -------
+    list
+        One result per device, of the inputs' array type (integer MEAN: float64 arrays).
+
+    Raises
+    ------
+    TypeError
+        ``values`` is not a list of arrays, or their dtype cannot take ``op``.
+    ValueError
+        Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
+        ``out`` that does not fit; before any data moves.
     """
-    values, shape, dtype, op = _prepare(values, op)
+    values, shape, dtype, op = prepare(values, op)
     n = len(values)
     backend = backend_for_arrays(values)
     arrays = backend.arrays
@@ -162,30 +114,76 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
         view = result.view()
         view.flags.writeable = False
         return [view] * n
-    schedule = _plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
-    results = _outputs(arrays, out, values, shape, final)
-    work = _work(arrays, results, values, shape, dtype, out is not None)
+    schedule = plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
+    results = outputs(arrays, out, values, shape, final)
+    work = work_buffers(arrays, results, values, shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, accumulation_fn=accumulation_fn)
-    _deliver(arrays, op, work, results, n)
+    deliver(arrays, op, work, results, n)
     return results
 
 
+@overload
+def reduce(values: Sequence[ArrayT], op: Op = ..., root: int = ..., algorithm: Algorithm = ...,
+           *, out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+           accumulation_fn: Accumulate | None = ..., async_op: Literal[False] = ...) -> ArrayT: ...
+@overload
+def reduce(values: Sequence[ArrayT], op: Op = ..., root: int = ..., algorithm: Algorithm = ...,
+           *, out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+           accumulation_fn: Accumulate | None = ..., async_op: Literal[True]) -> Work[ArrayT]: ...
 @accepts_foreign_values
 @backend_first
-def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
-           *, out: Any = None, shards: int = 0, groups: Groups = None,
-           accumulation_fn: Callable | None = None) -> Any:
-    """Reduce the arrays of all devices onto device ``root``; returns that one array."""
-    values, shape, dtype, op = _prepare(values, op)
+def reduce(values: Sequence[ArrayT], op: Op = "sum", root: int = 0, algorithm: Algorithm = "auto",
+           *, out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
+           accumulation_fn: Accumulate | None = None, async_op: bool = False) -> ArrayT:
+    """Reduce the arrays of all devices onto device ``root``.
+
+    Parameters
+    ----------
+    values
+        One array per device, all of one shape and dtype.
+    op
+        ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+    root
+        The device that gets the result.
+    algorithm
+        ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"rechd"``,
+        ``"tree"``, ``"shuffle"``, a TensorFlow name (``"xring"``, ``"pscpu"``, ``"nccl"``,
+        ...), a two-level ``"A/B"`` over ``groups``, or a spec (``("xring", 2)``,
+        ``"pscpu:2k:xring"``: the range by element count).
+    out
+        The array for the result (``values[root]`` itself: in place).
+    shards
+        Ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    groups
+        The groups of a two-level ``"A/B"``: a group size, or a partition of the devices.
+    accumulation_fn
+        ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel.
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the result(s) instead.
+
+    Returns
+    -------
+    ArrayT
+        The result, on device ``root``.
+
+    Raises
+    ------
+    TypeError
+        ``values`` is not a list of arrays, or their dtype cannot take ``op``.
+    ValueError
+        Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
+        ``out`` that does not fit; before any data moves.
+    """
+    values, shape, dtype, op = prepare(values, op)
     n = len(values)
     root = check_root(root, n)
     backend = backend_for_arrays(values)
     arrays = backend.arrays
-    schedule = _plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
+    schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
                      root)
     final = result_dtype(op, dtype)
-    result = _outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
+    result = outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
     written = {s[0] for s in schedule.steps}
@@ -199,107 +197,67 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     if root not in written:  # a single participant: its input is the total
         arrays.copy(work[root], inputs[root])
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
-    _deliver(arrays, op, [total], [result], n)
+    deliver(arrays, op, [total], [result], n)
     return result
 
 
-@accepts_foreign_values
+@overload
+def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
+                     algorithm: BatchSpec = ..., *, num_packs: int = ...,
+                     agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
+                     bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
+                     async_op: Literal[False] = ...) -> list[list[ArrayT]]: ...
+@overload
+def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
+                     algorithm: BatchSpec = ..., *, num_packs: int = ...,
+                     agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
+                     bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
+                     async_op: Literal[True]) -> Work[list[list[ArrayT]]]: ...
 @backend_first
-def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
-              shards: int = 0) -> list:
-    """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
-    value = as_array(value, "value")
-    n = check_devices(devices)
-    shape, dtype = tuple(value.shape), np.dtype(value.dtype)
-    check_communicable(dtype, "value")
-    backend = backend_for_arrays([value])
-    arrays = backend.arrays
-    schedule = _plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
-    results = _outputs(arrays, out, [value] * n, shape, dtype)
-    work = _work(arrays, results, [value], shape, dtype, out is not None)
-    run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
-                     [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
-    _deliver(arrays, None, work, results, n)
-    return results
-
-
-@accepts_foreign_values
-@backend_first
-def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None
-               ) -> list:
-    """Every device gets the concatenation of all devices' arrays along ``axis``."""
-    values, shape, dtype, _ = _prepare(values, None)
-    n = len(values)
-    base = shape if shape else (1,)
-    if not -len(base) <= axis < len(base):
-        raise ValueError(f"axis={axis} is out of range for arrays of {len(shape)} dimensions")
-    axis %= len(base)
-    gathered_shape = list(base)
-    gathered_shape[axis] *= n
-    backend = backend_for_arrays(values)
-    arrays = backend.arrays
-    results = _outputs(arrays, out, values, tuple(gathered_shape), dtype)
-    schedule = _plan(backend, Collective.ALL_GATHER, algorithm, n, shape, dtype)
-    size = math.prod(shape)
-    # Along the leading axis the rank-major buffer already is the result: gather in place.
-    leading = all(d == 1 for d in base[:axis]) and not unsafe_outputs(arrays, values, results)
-    stacked = ([r.reshape(-1) for r in results] if leading
-               else [arrays.empty((n * size,), dtype, like=v) for v in values])
-    run_multi_device(schedule, [arrays.flat(v) for v in values], stacked, ReduceOp.SUM, backend,
-                     granule=size if size else 1, input_offsets=[p * size for p in range(n)])
-    if not leading:
-        for r, s in zip(results, stacked):
-            arrays.copy(r, arrays.concatenate(list(s.reshape((n, *base))), axis))
-    return results
-
-
-@accepts_foreign_values
-@backend_first
-def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
-                   out: Any = None, shards: int = 0) -> list:
-    """Reduce, then device ``i`` keeps block ``i`` of axis 0.
-
-    Block ``i`` is rows ``floor(i R / n)`` to ``floor((i + 1) R / n)`` of the ``R`` rows, so
-    the blocks differ by at most one row when ``n`` does not divide ``R``.
-    """
-    values, shape, dtype, op = _prepare(values, op)
-    if not shape:
-        raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
-    n = len(values)
-    backend = backend_for_arrays(values)
-    arrays = backend.arrays
-    schedule = _plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards)
-    rows, row = shape[0], math.prod(shape[1:])
-    final = result_dtype(op, dtype)
-    blocks = [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
-    if out is not None:
-        if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
-            raise TypeError(f"out must be a list of {n} arrays, one per device")
-        if len(out) != n:
-            raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
-        for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
-            check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
-    work = [arrays.result(shape, dtype, like=v) for v in values]
-    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
-                     op.wire_op, backend, granule=row if row else 1)
-    results = list(out) if out is not None else [
-        arrays.result((hi - lo, *shape[1:]), final, like=v) for v, (lo, hi) in zip(values, blocks)]
-    _deliver(arrays, op, [w[lo:hi] for w, (lo, hi) in zip(work, blocks)], results, n)
-    return results
-
-
-@backend_first
-def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum",
-                     algorithm: Any = "auto", *, num_packs: int = 0,
+def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
+                     algorithm: BatchSpec = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
-                     bytes_per_pack: int | None = None, shards: int = 0,
-                     groups: Groups = None) -> list[list]:
-    """All-reduce many tensors at once: ``value_lists[k]`` holds tensor k on every device.
+                     bytes_per_pack: int | None = None, shards: int = 0, groups: Groups = None,
+                     async_op: bool = False) -> list[list[ArrayT]]:
+    """All-reduce many tensors at once, packed so that many small tensors cost few
+    collectives.
 
-    ``algorithm`` takes any all-reduce spec: a name, ``(alg, shards, limit)`` tuples with
-    limits in elements, or a string like ``"pscpu:2k:pscpu#2:64k:xring"``. Tensors are packed
-    (``num_packs``, small-tensor aggregation or ``bytes_per_pack``) so many small tensors cost
-    few collectives. Returns ``results[k][d]``, in input order with input shapes.
+    Parameters
+    ----------
+    value_lists
+        ``value_lists[k]`` holds tensor ``k`` on every device.
+    op
+        ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+    algorithm
+        Any all-reduce spec: a name, ``(algorithm, shards, limit)`` tuples with limits in
+        elements, or a string such as ``"pscpu:2k:pscpu#2:64k:xring"``.
+    num_packs
+        Pack the tensors into this many buffers (0: no such packing).
+    agg_small_grads_max_bytes
+        Aggregate tensors of at most this many bytes (0: no aggregation).
+    agg_small_grads_max_group
+        At most this many tensors per aggregate.
+    bytes_per_pack
+        Pack into buffers of about this many bytes (None: no such packing).
+    shards
+        Ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    groups
+        The groups of a two-level ``"A/B"``: a group size, or a partition of the devices.
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the result(s) instead.
+
+    Returns
+    -------
+    list
+        ``results[k][d]``: tensor ``k`` on device ``d``, in input order with input shapes.
+
+    Raises
+    ------
+    TypeError
+        ``value_lists`` is not a list of lists of arrays.
+    ValueError
+        Tensors with different device counts, a bad spec or packing knob; before any data
+        moves.
     """
     from ..algorithms.batch import plan_batch
 
@@ -307,7 +265,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
     if len(value_lists) == 0:
         return []
-    tensors = [_prepare(v, op, f"value_lists[{k}]") for k, v in enumerate(value_lists)]
+    tensors = [prepare(v, op, f"value_lists[{k}]") for k, v in enumerate(value_lists)]
     n = len(tensors[0][0])
     for k, (values, *_rest) in enumerate(tensors):
         if len(values) != n:

@@ -7,14 +7,16 @@ SPMD plans move them; no schedule is needed when one process holds every buffer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from ..foreign import accepts_foreign_values
+from ..hints import ArrayT
 from ..registry import backend_for_arrays
 from ..runtime.validate import as_array, check_communicable, check_devices, check_root, same_layout
-from .multi_device import backend_first
+from ..runtime.work import Work
+from .multi_device_parts import backend_first
 
 
 def _values(values: Any, argument: str = "values") -> list:
@@ -24,11 +26,39 @@ def _values(values: Any, argument: str = "values") -> list:
     return [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
 
 
+@overload
+def gather(values: Sequence[ArrayT], root: int = ..., *,
+           async_op: Literal[False] = ...) -> ArrayT: ...
+@overload
+def gather(values: Sequence[ArrayT], root: int = ..., *,
+           async_op: Literal[True]) -> Work[ArrayT]: ...
 @accepts_foreign_values
 @backend_first
-def gather(values: Sequence, root: int = 0) -> Any:
+def gather(values: Sequence[ArrayT], root: int = 0, *, async_op: bool = False) -> ArrayT:
     """Device ``root`` gets every device's array stacked along a new leading axis (row ``d``
-    from device ``d``); ``all_gather`` concatenates instead."""
+    from device ``d``); ``all_gather`` concatenates instead.
+
+    Parameters
+    ----------
+    values
+        One array per device, all of one shape and dtype.
+    root
+        The device that gets the stack.
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the result instead.
+
+    Returns
+    -------
+    ArrayT
+        The stack, on device ``root``, of shape ``(devices, *shape)``.
+
+    Raises
+    ------
+    TypeError
+        ``values`` is not a list of arrays.
+    ValueError
+        Arrays of different shapes or dtypes, or a ``root`` that is no device.
+    """
     values = _values(values)
     shape, dtype = same_layout(values)
     root = check_root(root, len(values))
@@ -39,11 +69,38 @@ def gather(values: Sequence, root: int = 0) -> Any:
     return out
 
 
+@overload
+def scatter(value: ArrayT, devices: int | Sequence[Any], *,
+            async_op: Literal[False] = ...) -> list[ArrayT]: ...
+@overload
+def scatter(value: ArrayT, devices: int | Sequence[Any], *,
+            async_op: Literal[True]) -> Work[list[ArrayT]]: ...
 @accepts_foreign_values
 @backend_first
-def scatter(value: Any, devices: int | Sequence) -> list:
-    """Device ``d`` gets row ``d`` of ``value`` (whose leading axis has one row per device);
-    ``devices`` is a count or a list of arrays to place the rows beside."""
+def scatter(value: ArrayT, devices: int | Sequence[Any], *, async_op: bool = False) -> list[ArrayT]:
+    """Device ``d`` gets row ``d`` of ``value``.
+
+    Parameters
+    ----------
+    value
+        An array whose leading axis has one row per device.
+    devices
+        How many devices, or a list of arrays (one per device) to place the rows beside.
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the results instead.
+
+    Returns
+    -------
+    list
+        Row ``d`` of ``value`` on device ``d``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an array, or holds Python objects.
+    ValueError
+        The leading axis does not have one row per device.
+    """
     value = as_array(value, "value")
     n = check_devices(devices)
     if not value.shape or value.shape[0] != n:
@@ -58,11 +115,36 @@ def scatter(value: Any, devices: int | Sequence) -> list:
     return results
 
 
+@overload
+def all_to_all(values: Sequence[ArrayT], *, async_op: Literal[False] = ...) -> list[ArrayT]: ...
+@overload
+def all_to_all(values: Sequence[ArrayT], *, async_op: Literal[True]) -> Work[list[ArrayT]]: ...
 @accepts_foreign_values
 @backend_first
-def all_to_all(values: Sequence) -> list:
-    """Block ``j`` of device ``i``'s leading axis goes to device ``j``, as its block ``i``
-    (the leading axis is cut into as many equal blocks as there are devices)."""
+def all_to_all(values: Sequence[ArrayT], *, async_op: bool = False) -> list[ArrayT]:
+    """Block ``j`` of device ``i``'s leading axis goes to device ``j``, as its block ``i``.
+
+    Parameters
+    ----------
+    values
+        One array per device, all of one shape and dtype, whose leading axis is cut into as
+        many equal blocks as there are devices.
+    async_op
+        Return a `Work` handle whose ``wait()`` returns the results instead.
+
+    Returns
+    -------
+    list
+        On device ``j``, block ``j`` of every device's array, in device order.
+
+    Raises
+    ------
+    TypeError
+        ``values`` is not a list of arrays.
+    ValueError
+        Arrays of different shapes or dtypes, or a leading axis the device count does not
+        divide.
+    """
     values = _values(values)
     shape, dtype = same_layout(values)
     n = len(values)

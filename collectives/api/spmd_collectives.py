@@ -1,35 +1,75 @@
-"""The five collectives of :class:`~collectives.Communicator`, argument by argument.
+"""The five collectives of `Communicator`, argument by argument.
 
 Each method describes its call, chooses its buffers (the user's ``out`` where it can take the
 result, else a fresh result the user may keep) and hands ``Communicator._start`` a builder of
 the call's data stage and of the ``finish`` that returns the result. Every method takes
-``async_op=True`` to return a :class:`~collectives.Work` handle instead of the result.
+``async_op=True`` to return a `Work` handle instead of the result.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import Any, Literal, overload
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
 from ..foreign import accepts_foreign, call_foreign, is_foreign
+from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
-from ..runtime.validate import valid_timeout
+from ..runtime.validate import Groups, valid_timeout
+from ..runtime.work import Work
 
 
 class CollectiveOps:
     """All-reduce, reduce, broadcast, all-gather and reduce-scatter (mixed into Communicator)."""
 
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
-                   out: Any = None, shards: int = 0, groups: Any = None,
+    @overload
+    def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                   out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                   timeout: float | None = ..., async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                   out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                   timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT]: ...
+    def all_reduce(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
+                   out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
                    timeout: float | None = None, async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result.
 
-        ``algorithm`` takes any spec form ("ring", "nccl/xring", "xring#2", tuples, ranges).
-        ``out``: where the result goes (may be ``x`` itself); else a new array.
+        Parameters
+        ----------
+        x
+            This rank's array (every rank passes one of the same shape and dtype).
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            ``"auto"``, a name (``"ring"``, ``"rechd"``, ``"tree"``, ...), ``"native"`` (the
+            transport's own collective), a two-level ``"A/B"``, or a spec (``("xring", 2)``).
+        out
+            Where the result goes (``x`` itself: in place); else a new array.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``: a group size or a partition of the ranks.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            The reduction, of ``x``'s array type (integer MEAN: float64).
+
+        Raises
+        ------
+        TypeError
+            A bad argument, on this rank before any data moves (its peers raise
+            `PeerFailedError` naming it); ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``; the communicator is broken after it.
         """
         if is_foreign(x) or is_foreign(out):
             return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
@@ -95,11 +135,53 @@ class CollectiveOps:
         return (arrays.owns(out) and out.shape == x.shape and out.dtype == x.dtype
                 and arrays.contiguous(out) and arrays.writable(out))
 
+    @overload
+    def reduce(self, x: ArrayT, op: Op = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
+               *, out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
+               async_op: Literal[False] = ...) -> ArrayT | None: ...
+    @overload
+    def reduce(self, x: ArrayT, op: Op = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
+               *, out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
+               async_op: Literal[True]) -> Work[ArrayT | None]: ...
     @accepts_foreign
-    def reduce(self, x: Any, op: ReduceOp | str = "sum", root: int = 0, algorithm: Any = "auto",
-               *, out: Any = None, shards: int = 0, timeout: float | None = None,
+    def reduce(self, x: ArrayT, op: Op = "sum", root: int = 0, algorithm: SpmdAlgorithm = "auto",
+               *, out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,
                async_op: bool = False) -> Any:
-        """Reduce onto ``root``; returns the result there and None on every other rank."""
+        """Reduce ``x`` over all ranks onto ``root``.
+
+        Parameters
+        ----------
+        x
+            This rank's array (every rank passes one of the same shape and dtype).
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        root
+            The rank that gets the result.
+        algorithm
+            As for `all_reduce`.
+        out
+            On the root: where the result goes; else a new array.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT or None
+            The reduction on ``root``; None on every other rank.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, on this rank before any data moves; ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
@@ -131,96 +213,65 @@ class CollectiveOps:
 
         return self._start("reduce", build, async_op, timeout)
 
+    @overload
+    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT | None = ..., timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT | None = ..., timeout: float | None = ...,
+                  async_op: Literal[True]) -> Work[ArrayT]: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT, timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: None = ..., timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> Any: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: Any = ..., timeout: float | None = ...,
+                  async_op: Literal[True]) -> Work[Any]: ...
     @accepts_foreign
-    def broadcast(self, x: Any = None, root: int = 0, algorithm: Any = "auto", *, out: Any = None,
+    def broadcast(self, x: ArrayT | None = None, root: int = 0,
+                  algorithm: SpmdAlgorithm = "auto", *, out: ArrayT | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Any:
-        """Every rank gets root's ``x``; other ranks may pass None (or ``out`` to fill).
+        """Every rank gets root's ``x``.
 
         Non-roots that pass neither ``x`` nor ``out`` learn the shape and dtype from the root
         (an extra small exchange per call; pass ``out`` to save it).
+
+        Parameters
+        ----------
+        x
+            The array, on the root; None (or an array of the same shape and dtype) elsewhere.
+        root
+            The rank whose ``x`` everyone gets.
+        algorithm
+            As for `all_reduce`.
+        out
+            Where the copy goes; else a new array.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            The root's array (on the root: ``x`` itself, or ``out`` filled).
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
         """
         from .spmd_broadcast import build_broadcast
 
         return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
                            async_op, timeout)
-
-    @accepts_foreign
-    def all_gather(self, x: Any, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
-                   timeout: float | None = None, async_op: bool = False) -> Any:
-        """Concatenation of every rank's ``x`` along ``axis``, in rank order."""
-        def build(seq):
-            arrays = self.arrays
-            xa = self.adapt(x, "x")
-            ndim = max(len(xa.shape), 1)
-            if not -ndim <= axis < ndim:
-                raise ValueError(f"axis={axis} is out of range for x of {len(xa.shape)} "
-                                 "dimensions")
-            call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=axis % ndim)
-            n, count = self.size, call.count
-            base = call.shape if call.shape else (1,)
-            gathered = list(base)
-            gathered[call.axis] *= n
-            target, late = self._target(out, tuple(gathered), call.dtype)
-            leading = all(d == 1 for d in base[:call.axis])
-            if leading and target is not None and not overlaps(arrays, target, xa):
-                work = target.reshape(-1)
-            else:
-                work = arrays.result((n * count,), call.dtype, like=xa)
-            arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
-            data = self._data_stage(call, seq, None, work, granule=count if count else 1)
-
-            def finish():
-                if leading:
-                    result = work.reshape(tuple(gathered))
-                else:
-                    result = arrays.concatenate(list(work.reshape((n, *base))), call.axis)
-                if target is not None and result.base is not target and result is not target:
-                    arrays.copy(target, result)
-                    result = target
-                if late is not None:
-                    raise late
-                return result
-
-            finish.late = late  # type: ignore[attr-defined]
-            return call, [data], finish
-
-        return self._start("all_gather", build, async_op, timeout)
-
-    @accepts_foreign
-    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
-                       out: Any = None, shards: int = 0, timeout: float | None = None,
-                       async_op: bool = False) -> Any:
-        """Reduce, then rank ``i`` keeps rows ``floor(i R / n)`` to ``floor((i+1) R / n)``."""
-        def build(seq):
-            arrays = self.arrays
-            xa = self.adapt(x, "x")
-            if len(xa.shape) == 0:
-                raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
-            call = self._call(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
-            rows, n, i = call.shape[0], self.size, self.rank
-            lo, hi = i * rows // n, (i + 1) * rows // n
-            mine = (hi - lo, *call.shape[1:])
-            target, late = self._target(out, mine, call.final)
-            work = arrays.empty(call.shape, call.dtype, like=xa)
-            row = int(np.prod(call.shape[1:], dtype=np.int64))
-            data = self._data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
-                                    granule=row if row else 1)
-
-            def finish():
-                block = work[lo:hi]
-                if call.op is ReduceOp.MEAN:
-                    dest = target if target is not None else arrays.result(mine, call.final,
-                                                                           like=xa)
-                    result = arrays.divide(block, n, out=dest)
-                else:
-                    result = target if target is not None else arrays.result(mine, call.dtype,
-                                                                             like=xa)
-                    arrays.copy(result, block)
-                if late is not None:
-                    raise late
-                return result
-
-            finish.late = late  # type: ignore[attr-defined]
-            return call, [data], finish
-
-        return self._start("reduce_scatter", build, async_op, timeout)

@@ -1,5 +1,5 @@
 """Collectives that move blocks without reducing them: gather, scatter, all-to-all, and small
-Python objects (mixed into :class:`~collectives.Communicator`).
+Python objects (mixed into `Communicator`).
 
 ``gather`` stacks every rank's ``x`` along a new leading axis on the root (``all_gather``
 concatenates instead); ``scatter`` hands rank ``r`` row ``r`` of the root's ``x``; ``all_to_all``
@@ -11,24 +11,60 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from .. import algorithms
 from ..algorithms.schedule import Collective
 from ..foreign import accepts_foreign
+from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.execute.exchange import ExchangeRun
+from ..runtime.work import Work
 
 
 class ExchangeOps:
     """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
 
+    @overload
+    def gather(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+               timeout: float | None = ..., async_op: Literal[False] = ...) -> ArrayT | None: ...
+    @overload
+    def gather(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+               timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT | None]: ...
     @accepts_foreign
-    def gather(self, x: Any, root: int = 0, algorithm: Any = "auto", *,
+    def gather(self, x: ArrayT, root: int = 0, algorithm: SpmdAlgorithm = "auto", *,
                timeout: float | None = None, async_op: bool = False) -> Any:
-        """The root gets every rank's ``x`` stacked along a new leading axis of length
-        ``size`` (row ``r`` from rank ``r``); other ranks get None."""
+        """The root gets every rank's ``x`` stacked along a new leading axis.
+
+        Parameters
+        ----------
+        x
+            This rank's array (every rank: the same shape and dtype).
+        root
+            The rank that gets the stack.
+        algorithm
+            ``"auto"``, ``"tree"`` or ``"shuffle"``.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT or None
+            On the root, the stack of shape ``(size, *x.shape)`` (row ``r`` from rank ``r``);
+            None elsewhere.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
@@ -48,26 +84,99 @@ class ExchangeOps:
 
         return self._start("gather", build, async_op, timeout)
 
+    @overload
+    def scatter(self, x: ArrayT | None = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
+                *, out: ArrayT | None = ..., timeout: float | None = ...,
+                async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def scatter(self, x: ArrayT | None = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
+                *, out: ArrayT | None = ..., timeout: float | None = ...,
+                async_op: Literal[True]) -> Work[ArrayT]: ...
     @accepts_foreign
-    def scatter(self, x: Any = None, root: int = 0, algorithm: Any = "auto", *, out: Any = None,
-                timeout: float | None = None, async_op: bool = False) -> Any:
-        """Rank ``r`` gets ``x[r]`` of the root's ``x`` (whose leading axis is ``size``).
-        Other ranks pass None, or ``out`` (the shape and dtype of one row) to skip learning
-        them from the root."""
+    def scatter(self, x: ArrayT | None = None, root: int = 0, algorithm: SpmdAlgorithm = "auto",
+                *, out: ArrayT | None = None, timeout: float | None = None,
+                async_op: bool = False) -> Any:
+        """Rank ``r`` gets row ``r`` of the root's ``x``.
+
+        Parameters
+        ----------
+        x
+            On the root, an array whose leading axis has ``size`` rows; None elsewhere.
+        root
+            The rank whose rows are handed out.
+        algorithm
+            ``"auto"``, ``"tree"`` or ``"shuffle"``.
+        out
+            Where this rank's row goes (on non-roots it also saves learning the row's shape
+            and dtype from the root); else a new array.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            Row ``rank`` of the root's ``x``.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
         from .spmd_broadcast import build_rooted
 
         return self._start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
                                                    out), async_op, timeout)
 
+    @overload
+    def all_to_all(self, x: ArrayT, splits: Sequence[int] | None = ...,
+                   algorithm: SpmdAlgorithm = ..., *, timeout: float | None = ...,
+                   async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def all_to_all(self, x: ArrayT, splits: Sequence[int] | None = ...,
+                   algorithm: SpmdAlgorithm = ..., *, timeout: float | None = ...,
+                   async_op: Literal[True]) -> Work[ArrayT]: ...
     @accepts_foreign
-    def all_to_all(self, x: Any, splits: Sequence[int] | None = None, algorithm: Any = "auto", *,
-                   timeout: float | None = None, async_op: bool = False) -> Any:
+    def all_to_all(self, x: ArrayT, splits: Sequence[int] | None = None,
+                   algorithm: SpmdAlgorithm = "auto", *, timeout: float | None = None,
+                   async_op: bool = False) -> Any:
         """Block ``j`` of ``x``'s leading axis goes to rank ``j``; the result's block ``i``
         came from rank ``i``.
 
-        Without ``splits`` the leading axis is cut into ``size`` equal blocks (it must divide).
-        ``splits`` gives this rank's block sizes (rows sent to each rank, summing to the leading
-        axis); every rank passes its own, and receivers learn theirs with one small all-gather.
+        Parameters
+        ----------
+        x
+            This rank's array (every rank: the same dtype and trailing shape).
+        splits
+            This rank's block sizes (rows sent to each rank, summing to the leading axis);
+            every rank passes its own, and receivers learn theirs with one small all-gather.
+            None: the leading axis is cut into ``size`` equal blocks (it must divide).
+        algorithm
+            ``"auto"``, ``"ring"`` or ``"shuffle"``.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            The blocks every rank sent this one, in rank order.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise (``splits`` that do
+            not sum to the leading axis, or a leading axis ``size`` does not divide).
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
         """
         arrays = self.arrays
         n = self.size
@@ -125,8 +234,28 @@ class ExchangeOps:
 
         return self._start("all_to_all", build, async_op, timeout)
 
-    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
-        """Every rank's ``obj`` (anything picklable), in rank order."""
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``obj``, in rank order.
+
+        Parameters
+        ----------
+        obj
+            Anything picklable.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+
+        Returns
+        -------
+        list
+            Every rank's object, unpickled, in rank order.
+
+        Raises
+        ------
+        TypeError
+            ``obj`` cannot be pickled (its peers raise `PeerFailedError` naming this rank).
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
         blob, problem = _pickled(obj)
         # every rank learns every length, -1 where a rank could not pickle its object
         lengths = self.all_gather(np.array([-1 if problem else len(blob)], np.int64),
@@ -147,7 +276,29 @@ class ExchangeOps:
 
     def broadcast_object(self, obj: Any = None, root: int = 0, *,
                          timeout: float | None = None) -> Any:
-        """The root's ``obj`` (anything picklable) on every rank."""
+        """The root's ``obj`` on every rank.
+
+        Parameters
+        ----------
+        obj
+            On the root, anything picklable; ignored elsewhere.
+        root
+            The rank whose object everyone gets.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+
+        Returns
+        -------
+        Any
+            The root's object (on the root, ``obj`` itself).
+
+        Raises
+        ------
+        TypeError
+            The root's ``obj`` cannot be pickled (every rank raises).
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
         from .spmd_broadcast import build_rooted
 
         blob, problem = _pickled(obj) if self.rank == root else (None, None)

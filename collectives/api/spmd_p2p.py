@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..hints import Array, ArrayT
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
 
@@ -72,23 +73,105 @@ class PointToPointOps:
                        breaking=False)
         return engine.run(op, True, None)
 
-    def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Send ``x`` to rank ``dst``; returns once ``x`` may be changed again."""
+    def send(self, x: Array, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``x`` to rank ``dst``; returns once ``x`` may be changed again.
+
+        Parameters
+        ----------
+        x
+            The array to send.
+        dst
+            The receiving rank.
+        tag
+            Messages of one ``(source, tag)`` are received in the order they were sent.
+        timeout
+            Seconds to wait for the receiver (None: the communicator's timeout).
+
+        Raises
+        ------
+        ValueError
+            ``dst`` is no rank or ``tag`` is negative; TypeError for a bad ``x``.
+        CollectiveTimeoutError
+            The message was not taken within ``timeout``.
+        """
         check_timeout(timeout)  # before anything is posted
         self._post("send", x, dst, tag).wait(timeout)
 
-    def recv(self, out: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
-        """Receive from rank ``src`` into ``out`` (its shape and dtype must match what was
-        sent); returns ``out``."""
+    def recv(self, out: ArrayT, src: int, tag: int = 0, *, timeout: float | None = None) -> ArrayT:
+        """Receive from rank ``src`` into ``out``.
+
+        Parameters
+        ----------
+        out
+            Where the message goes; its shape and dtype must match what was sent.
+        src
+            The sending rank.
+        tag
+            The tag the message was sent with.
+        timeout
+            Seconds to wait for the message (None: the communicator's timeout).
+
+        Returns
+        -------
+        ArrayT
+            ``out``, filled.
+
+        Raises
+        ------
+        ValueError
+            ``src`` is no rank, ``tag`` is negative, or the message does not fit ``out``.
+        CollectiveTimeoutError
+            No message came within ``timeout``.
+        """
         check_timeout(timeout)  # before anything is posted
         return self._post("recv", out, src, tag).wait(timeout)
 
-    def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
-        """Post a send; ``x`` must not change before the handle's ``wait()`` returns."""
+    def isend(self, x: Array, dst: int, tag: int = 0) -> Work[None]:
+        """Post a send; ``x`` must not change before the handle's ``wait()`` returns.
+
+        Parameters
+        ----------
+        x
+            The array to send.
+        dst
+            The receiving rank.
+        tag
+            Messages of one ``(source, tag)`` are received in the order they were sent.
+
+        Returns
+        -------
+        Work
+            A handle whose ``wait()`` returns None once the message is sent.
+
+        Raises
+        ------
+        ValueError
+            ``dst`` is no rank or ``tag`` is negative; TypeError for a bad ``x``.
+        """
         return self._post("send", x, dst, tag)
 
-    def irecv(self, out: Any, src: int, tag: int = 0) -> Work:
-        """Post a receive into ``out``; the handle's ``wait()`` returns the filled ``out``."""
+    def irecv(self, out: ArrayT, src: int, tag: int = 0) -> Work[ArrayT]:
+        """Post a receive into ``out``.
+
+        Parameters
+        ----------
+        out
+            Where the message goes; its shape and dtype must match what was sent.
+        src
+            The sending rank.
+        tag
+            The tag the message was sent with.
+
+        Returns
+        -------
+        Work
+            A handle whose ``wait()`` returns the filled ``out``.
+
+        Raises
+        ------
+        ValueError
+            ``src`` is no rank or ``tag`` is negative.
+        """
         return self._post("recv", out, src, tag)
 
     def _post(self, direction: str, array: Any, peer: Any, tag: Any) -> Work:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
+from ..hints import Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.prepared import PreparedCall
 from ..runtime.validate import check_out
@@ -39,7 +40,7 @@ class PreparedOps:
                              "array")
         return xa
 
-    def all_reduce_init(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
+    def all_reduce_init(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
                         out: Any, shards: int = 0, groups: Any = None) -> PreparedCall:
         """A prepared all-reduce of ``x`` into ``out`` (which may be ``x``)."""
         xa = self.adapt(x, "x")
@@ -56,8 +57,8 @@ class PreparedOps:
         src = None if xa is work else arrays.flat(xa)
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1), finish)
 
-    def reduce_init(self, x: Any, op: ReduceOp | str = "sum", root: int = 0,
-                    algorithm: Any = "auto", *, out: Any = None, shards: int = 0) -> PreparedCall:
+    def reduce_init(self, x: Any, op: Op = "sum", root: int = 0,
+                    algorithm: SpmdAlgorithm = "auto", *, out: Any = None, shards: int = 0) -> PreparedCall:
         """A prepared reduce onto ``root``; ``out`` is required there (ignored elsewhere)."""
         xa = self.adapt(x, "x")
         call = self._call(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
@@ -78,7 +79,7 @@ class PreparedOps:
 
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish)
 
-    def broadcast_init(self, x: Any, root: int = 0, algorithm: Any = "auto") -> PreparedCall:
+    def broadcast_init(self, x: Any, root: int = 0, algorithm: SpmdAlgorithm = "auto") -> PreparedCall:
         """A prepared broadcast of root's ``x`` into every rank's ``x`` (same shape and dtype
         on every rank)."""
         xa = self.adapt(x, "x")
@@ -86,7 +87,7 @@ class PreparedOps:
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
 
-    def all_gather_init(self, x: Any, algorithm: Any = "auto", *, out: Any) -> PreparedCall:
+    def all_gather_init(self, x: Any, algorithm: SpmdAlgorithm = "auto", *, out: Any) -> PreparedCall:
         """A prepared all-gather along the leading axis into ``out``."""
         xa = self.adapt(x, "x")
         call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
@@ -100,7 +101,7 @@ class PreparedOps:
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,
                             granule=count if count else 1, place=lambda: arrays.copy(mine, src))
 
-    def reduce_scatter_init(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto",
+    def reduce_scatter_init(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
                             *, out: Any, shards: int = 0) -> PreparedCall:
         """A prepared reduce-scatter: ``out`` takes this rank's rows of the total."""
         xa = self.adapt(x, "x")

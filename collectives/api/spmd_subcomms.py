@@ -13,11 +13,13 @@ instead of leaving its peers inside ``MPI_Comm_split`` forever. The agreement ru
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..runtime.agreement import Agreement
+
+C = TypeVar("C", bound="SubcommOps")  # the communicator's own class
 
 INT_LIMIT = 2 ** 31  # colors and keys are C ints in MPI
 
@@ -40,13 +42,13 @@ class _Making:
 class SubcommOps:
     """dup and split."""
 
-    def dup(self) -> Any:
+    def dup(self: C) -> C:
         """A new communicator over the same ranks, with this one's options: its calls never
         mix with this one's (give each thread, or each library, its own). Collective."""
         transport = self._agree_then("dup", None, self.transport.dup)
         return type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
 
-    def split(self, color: int | None, key: int = 0) -> Any:
+    def split(self: C, color: int | None, key: int = 0) -> C | None:
         """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
         ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
         Collective over this communicator; the child has this one's options, and its failures

@@ -14,10 +14,12 @@ much later), so a wait never burns a core for long.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import CollectiveError
 from .validate import check_timeout
+
+T = TypeVar("T")
 
 
 class Operation:
@@ -87,8 +89,9 @@ class Operation:
         return self.result
 
 
-class Work:
-    """The handle of an asynchronous collective (``async_op=True``).
+class Work(Generic[T]):
+    """The handle of an asynchronous collective (``async_op=True``); ``Work[T]`` is one whose
+    ``wait()`` returns a ``T``.
 
     As with MPI's non-blocking calls, the input must not change before ``wait()`` returns.
     """
@@ -98,12 +101,25 @@ class Work:
     def __init__(self, op: Operation):
         self._op = op
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """The collective's result (None on ranks that get none), or its error.
+    def wait(self, timeout: float | None = None) -> T:
+        """The collective's result, once it has finished.
 
-        A ``timeout`` (seconds; default: the communicator's) that expires raises
-        :class:`~collectives.CollectiveTimeoutError` and marks the communicator broken, like
-        a blocking call's timeout.
+        Parameters
+        ----------
+        timeout
+            Seconds to wait; None: the communicator's timeout.
+
+        Returns
+        -------
+        T
+            The result the blocking call would have returned (None on ranks that get none).
+
+        Raises
+        ------
+        CollectiveTimeoutError
+            The timeout expired; the communicator is broken, as after a blocking call's timeout.
+        CollectiveError
+            The call failed (the error it failed with).
         """
         check_timeout(timeout)  # (a bad one raises here, and breaks nothing)
         op = self._op
@@ -137,16 +153,17 @@ class Work:
         return f"<Work {self._op.description} call {self._op.seq}: {state}>"
 
 
-class Completed:
-    """The handle of a multi-device call that finished before returning (host backends): the
-    same ``wait``/``is_completed``/``exception`` as :class:`Work`."""
+class Completed(Work[T]):
+    """The handle of a multi-device call that finished before returning (host backends): a
+    ``Work`` whose ``wait()`` returns at once."""
 
     __slots__ = ("result",)
 
-    def __init__(self, result: Any):
+    def __init__(self, result: T):  # (no operation: nothing is in flight)
         self.result = result
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> T:
+        """The result, at once (``timeout`` is not needed)."""
         return self.result
 
     def is_completed(self) -> bool:
@@ -154,3 +171,10 @@ class Completed:
 
     def exception(self) -> BaseException | None:
         return None
+
+    @property
+    def description(self) -> str:
+        return "a finished multi-device call"
+
+    def __repr__(self) -> str:
+        return "<Work a finished multi-device call: done>"

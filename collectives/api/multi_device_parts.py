@@ -1,0 +1,108 @@
+"""The pieces every multi-device function is built from: handing the call to the arrays'
+backend where it runs calls its own way, checking the arrays, choosing the algorithm and its
+schedule, the result buffers, and delivering results from work buffers."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms import select
+from ..algorithms.base import Layout
+from ..algorithms.schedule import Collective
+from ..arrays import unsafe_outputs
+from ..ops import ReduceOp
+from ..registry import backend_for_arrays
+from ..runtime.calls import resolve_algorithm
+from ..runtime.validate import as_array, check_op, check_out, check_shards, resolve_groups, same_layout
+from ..runtime.work import Completed
+
+
+def backend_first(function: Callable) -> Callable:
+    """A multi-device function whose arrays' backend may run the call its own way (the CuPy
+    backend: NCCL for "nccl" names on distinct GPUs; handles that wait for the devices'
+    streams), else the library's algorithms here. Adds ``async_op``: a handle whose ``wait()``
+    returns the results. ``function.library`` is the library's own implementation, for
+    backends that fall back to it."""
+
+    @functools.wraps(function)
+    def wrapper(values, *args, async_op: bool = False, **kwargs):
+        first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
+            own = getattr(backend_for_arrays([first]), "own", None)
+            runner = own(function.__name__) if own is not None else None
+            if runner is not None:
+                return runner(values, *args, async_op=async_op, **kwargs)
+        result = function(values, *args, **kwargs)
+        return Completed(result) if async_op else result
+
+    wrapper.library = function  # type: ignore[attr-defined]
+    return wrapper
+
+
+def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
+                   model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
+    """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
+    spec forms by the element ``count``."""
+    name, shards = resolve_algorithm(algorithm, count, shards)
+    if name == "auto":
+        return select.choose(collective, size, nbytes, model), shards
+    if not algorithms.supports(collective, name):
+        raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
+                         f"of {', '.join(algorithms.names_for(collective))}")
+    return name, shards
+
+
+def prepare(values: Any, op: Any, argument: str = "values"):
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{argument} must be a list with one array per device, "
+                        f"not {type(values).__name__}")
+    values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
+    shape, dtype = same_layout(values, argument, op)
+    op = check_op(op, dtype, argument) if op is not None else None
+    return values, shape, dtype, op
+
+
+def plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
+    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
+                                  count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
+    shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
+    return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
+
+
+def outputs(arrays, out, values, shape, dtype, argument="out") -> list:
+    if out is None:
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise TypeError(f"{argument} must be a list of {len(values)} arrays, one per device")
+    if len(out) != len(values):
+        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices; pass one "
+                         "per device")
+    for i, o in enumerate(out):
+        check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
+    return list(out)
+
+
+def work_buffers(arrays, results, values, shape, dtype, given: bool = True):
+    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
+    library allocated (``given`` False) share memory with nothing: no check needed."""
+    if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    return results
+
+
+def deliver(arrays, op, work, results, size):
+    """Results from work buffers: MEAN's one division, or a copy where work stood in."""
+    for w, r in zip(work, results):
+        if op is ReduceOp.MEAN:
+            arrays.divide(w, size, out=r)
+        elif w is not r:
+            arrays.copy(r, w)

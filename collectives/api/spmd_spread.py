@@ -1,0 +1,181 @@
+"""All-gather and reduce-scatter of `Communicator`: the collectives that leave each rank
+every block, or one reduced block, of the ranks' arrays (mixed into Communicator like
+``spmd_collectives``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, overload
+
+import numpy as np
+
+from ..algorithms.schedule import Collective
+from ..arrays import overlaps
+from ..foreign import accepts_foreign
+from ..hints import ArrayT, Op, SpmdAlgorithm
+from ..ops import ReduceOp
+from ..runtime.work import Work
+
+
+class SpreadOps:
+    """All-gather and reduce-scatter (mixed into Communicator)."""
+
+    @overload
+    def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                   out: ArrayT | None = ..., timeout: float | None = ...,
+                   async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                   out: ArrayT | None = ..., timeout: float | None = ...,
+                   async_op: Literal[True]) -> Work[ArrayT]: ...
+    @accepts_foreign
+    def all_gather(self, x: ArrayT, axis: int = 0, algorithm: SpmdAlgorithm = "auto", *,
+                   out: ArrayT | None = None, timeout: float | None = None,
+                   async_op: bool = False) -> Any:
+        """Concatenation of every rank's ``x`` along ``axis``, in rank order.
+
+        Parameters
+        ----------
+        x
+            This rank's array (every rank passes one of the same shape and dtype).
+        axis
+            The axis to concatenate along.
+        algorithm
+            As for `all_reduce`.
+        out
+            Where the concatenation goes; else a new array.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            Every rank's ``x``, concatenated in rank order.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise (an ``axis`` out of
+            range).
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
+        def build(seq):
+            arrays = self.arrays
+            xa = self.adapt(x, "x")
+            ndim = max(len(xa.shape), 1)
+            if not -ndim <= axis < ndim:
+                raise ValueError(f"axis={axis} is out of range for x of {len(xa.shape)} "
+                                 "dimensions")
+            call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=axis % ndim)
+            n, count = self.size, call.count
+            base = call.shape if call.shape else (1,)
+            gathered = list(base)
+            gathered[call.axis] *= n
+            target, late = self._target(out, tuple(gathered), call.dtype)
+            leading = all(d == 1 for d in base[:call.axis])
+            if leading and target is not None and not overlaps(arrays, target, xa):
+                work = target.reshape(-1)
+            else:
+                work = arrays.result((n * count,), call.dtype, like=xa)
+            arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
+            data = self._data_stage(call, seq, None, work, granule=count if count else 1)
+
+            def finish():
+                if leading:
+                    result = work.reshape(tuple(gathered))
+                else:
+                    result = arrays.concatenate(list(work.reshape((n, *base))), call.axis)
+                if target is not None and result.base is not target and result is not target:
+                    arrays.copy(target, result)
+                    result = target
+                if late is not None:
+                    raise late
+                return result
+
+            finish.late = late  # type: ignore[attr-defined]
+            return call, [data], finish
+
+        return self._start("all_gather", build, async_op, timeout)
+
+    @overload
+    def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
+                       async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
+                       async_op: Literal[True]) -> Work[ArrayT]: ...
+    @accepts_foreign
+    def reduce_scatter(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
+                       out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,
+                       async_op: bool = False) -> Any:
+        """Reduce, then rank ``i`` keeps rows ``floor(i R / n)`` to ``floor((i+1) R / n)``.
+
+        Parameters
+        ----------
+        x
+            This rank's array, at least one-dimensional (every rank: the same shape and dtype).
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            As for `all_reduce`.
+        out
+            Where this rank's block goes; else a new array.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            This rank's block of the reduction.
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise (a scalar ``x``).
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
+        def build(seq):
+            arrays = self.arrays
+            xa = self.adapt(x, "x")
+            if len(xa.shape) == 0:
+                raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
+            call = self._call(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
+            rows, n, i = call.shape[0], self.size, self.rank
+            lo, hi = i * rows // n, (i + 1) * rows // n
+            mine = (hi - lo, *call.shape[1:])
+            target, late = self._target(out, mine, call.final)
+            work = arrays.empty(call.shape, call.dtype, like=xa)
+            row = int(np.prod(call.shape[1:], dtype=np.int64))
+            data = self._data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
+                                    granule=row if row else 1)
+
+            def finish():
+                block = work[lo:hi]
+                if call.op is ReduceOp.MEAN:
+                    dest = target if target is not None else arrays.result(mine, call.final,
+                                                                           like=xa)
+                    result = arrays.divide(block, n, out=dest)
+                else:
+                    result = target if target is not None else arrays.result(mine, call.dtype,
+                                                                             like=xa)
+                    arrays.copy(result, block)
+                if late is not None:
+                    raise late
+                return result
+
+            finish.late = late  # type: ignore[attr-defined]
+            return call, [data], finish
+
+        return self._start("reduce_scatter", build, async_op, timeout)
