@@ -1,11 +1,11 @@
 """Arrays are the backend's business: the core asks it for every allocation, copy and reduction.
 
-:class:`ArrayBackend` is what the core needs from whoever owns the arrays: NumPy for the
-embedded and MPI transports (:class:`NumpyArrays`, here, since NumPy is the core's one
+``ArrayBackend`` is what the core needs from whoever owns the arrays: NumPy for the
+embedded and MPI transports (``NumpyArrays``, here, since NumPy is the core's one
 dependency), CuPy for GPU backends. The core never calls an array library itself on a user's
 array or a result; it only reads ``shape`` and ``dtype`` and asks the backend.
 
-Results that the library allocates come from :class:`ResultPool`: memory that stays mapped,
+Results that the library allocates come from ``ResultPool``: memory that stays mapped,
 reused only once nothing outside the pool refers to it, so a fresh result never page-faults in
 the steady state and a user never holds a buffer the library will write again.
 """

@@ -48,7 +48,7 @@ class PeerTimeoutError(PeerFailedError, CollectiveTimeoutError):
     """A peer timed out in a call this rank is in, and told this rank before its own deadline
     came: the call cannot finish here either.
 
-    Both a :class:`PeerFailedError` and a :class:`CollectiveTimeoutError`, so ``except
+    Both a ``PeerFailedError`` and a ``CollectiveTimeoutError``, so ``except
     CollectiveTimeoutError`` catches a timeout whichever rank noticed it first; ``missing``
     and ``timeout`` are the peer's (the ranks it waited for, and its deadline).
     """

@@ -187,6 +187,58 @@ def test_site_builds_strict(tmp_path):
         html = (site / page / "index.html").read_text()
         for name in names:
             assert name in html, (page, name)
+    backends = (site / "api/backends/index.html").read_text()
+    assert "abort_on_error" in backends  # mpi.init's signature is shown
+    assert 'id="backends.mpi.MPICommunicator.free"' in backends  # MPICommunicator has members
+    reference = (site / "api/collectives/index.html").read_text()
+    assert "Parameters:" in reference and "Returns:" in reference and "Raises:" in reference
+
+
+def _tiny_site(tmp_path: Path, page: str) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of one page with this project's hooks and link rules."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(page)
+    (tmp_path / "src.py").write_text("")
+    (tmp_path / "mkdocs.yml").write_text(
+        f"site_name: t\ntheme: mkdocs\nhooks: [{ROOT / 'mkdocs_hooks.py'}]\n"
+        "validation:\n  links:\n    not_found: warn\n    anchors: warn\n"
+        "    unrecognized_links: warn\n")
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
+                           str(tmp_path / "site")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+def test_a_raw_sphinx_role_fails_the_strict_build(tmp_path):
+    proc = _tiny_site(tmp_path, "# t\n\nSee :class:`~collectives.Communicator` here.\n")
+    assert proc.returncode != 0
+    assert "raw Sphinx role" in proc.stderr and ":class:`~collectives.Communicator`" in proc.stderr
+
+
+def test_a_dead_link_fails_the_strict_build(tmp_path):
+    proc = _tiny_site(tmp_path, "# t\n\nSee [the guide](missing.md).\n")
+    assert proc.returncode != 0 and "missing.md" in proc.stderr
+
+
+def test_a_source_link_becomes_its_text_without_a_repository(tmp_path):
+    proc = _tiny_site(tmp_path, "# t\n\nSee [`src.py`](../src.py) and [us](#t).\n")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert "<code>src.py</code>" in html and "../src.py" not in html
+
+
+def test_source_links_point_at_the_repository_where_one_is_configured():
+    sys.path.insert(0, str(ROOT))
+    try:
+        import mkdocs_hooks
+    finally:
+        sys.path.pop(0)
+    repo = "https://example.org/x/collectives"
+    assert mkdocs_hooks.source_link("../collectives/ops.py", "algorithms.md", repo) == (
+        f"{repo}/blob/HEAD/collectives/ops.py")
+    assert mkdocs_hooks.source_link("../../backends/local/", "api/transport.md", repo) == (
+        f"{repo}/tree/HEAD/backends/local/")
+    assert mkdocs_hooks.source_link("mpi.md#timeouts", "index.md", repo) is None
+    assert mkdocs_hooks.source_link("../collectives/ops.py", "algorithms.md", None) == ""
 
 
 def _nav_pages(nav) -> list[str]:

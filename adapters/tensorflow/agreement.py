@@ -10,7 +10,7 @@ and shape, in order.
 
 Cost in the steady state: one ``all_gather`` of an 8-byte digest of the description. Only when
 the digests differ do the workers exchange their full descriptions, so that every worker raises
-the same :class:`collectives.CollectiveMismatchError` saying what differs, before data moves.
+the same ``collectives.CollectiveMismatchError`` saying what differs, before data moves.
 Nothing here imports TensorFlow.
 """
 

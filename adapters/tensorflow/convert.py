@@ -6,10 +6,10 @@ What crosses the boundary, and why it is done this way (measured with TF 2.21 on
   of the tensors' buffers: no copy. They are never written.
 * **Out**: TensorFlow aliases a NumPy array only when it is 64-byte aligned (Eigen's alignment);
   anything else it copies, slowly (about 1 GB/s for a fresh 64 MiB output). So every result
-  is written into (or copied once into) an :func:`aligned_empty` buffer. In eager mode it
+  is written into (or copied once into) an ``aligned_empty`` buffer. In eager mode it
   becomes a tensor through DLPack (no copy; ``tf.convert_to_tensor`` would copy); inside
   ``tf.function`` the ``numpy_function`` output aliases it.
-* **Graph mode**: :func:`host_call` wraps the host work in ONE ``tf.numpy_function`` per call
+* **Graph mode**: ``host_call`` wraps the host work in ONE ``tf.numpy_function`` per call
   site. The Python of a cross-device op runs once, at trace time; only the host function runs
   at every step. The op is stateful, gets the static shapes of its outputs, and is chained
   (control dependency) after the previous host call of the same graph, so every process issues
@@ -135,7 +135,7 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     Eager: ``fn`` runs now and its results become tensors without a copy. In a graph: one
     stateful ``tf.numpy_function`` runs ``fn`` at every step, ordered after the previous host
     call of the same graph; ``out_shapes`` (TensorShapes, possibly partial) are set on the
-    outputs. ``fn`` must return aligned arrays of exactly ``out_dtypes`` (see :func:`as_output`).
+    outputs. ``fn`` must return aligned arrays of exactly ``out_dtypes`` (see ``as_output``).
     """
     out_dtypes = [tf.as_dtype(d) for d in out_dtypes]
     if not out_dtypes:

@@ -1,6 +1,6 @@
 """Run a reduction on the tensors' own devices, in eager mode and inside ``tf.function``.
 
-:func:`device_call` hands ``fn`` the arrays of a kit (``kits``: CuPy arrays for GPU tensors)
+``device_call`` hands ``fn`` the arrays of a kit (``kits``: CuPy arrays for GPU tensors)
 on the tensors' memory, and turns the arrays ``fn`` returns into tensors on the devices asked
 for, without copies through the host.
 

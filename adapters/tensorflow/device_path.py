@@ -1,6 +1,6 @@
 """The device path: dense values on GPUs are reduced where they are, never through the host.
 
-``base.LibraryCrossDeviceOps`` sends a dense value here when :func:`kit_for` finds a kit for
+``base.LibraryCrossDeviceOps`` sends a dense value here when ``kit_for`` finds a kit for
 it: every replica on a GPU, a floating dtype, and CuPy able to use a GPU in this process.
 Everything else keeps the host path (``host``), exactly as without GPUs.
 

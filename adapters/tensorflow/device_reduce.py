@@ -2,12 +2,12 @@
 
 The counterpart of ``host`` for arrays that stay on their devices (CuPy arrays on GPUs):
 
-* :func:`all_reduce_batch`: every device gets each tensor's result, on its own device
+* ``all_reduce_batch``: every device gets each tensor's result, on its own device
   (``collectives.batch_all_reduce``; on CuPy arrays NCCL where the spec says ``"nccl"`` and
   each device has a GPU of its own);
-* :func:`reduce_batch`: each tensor's result on device ``root`` only (the route of
+* ``reduce_batch``: each tensor's result on device ``root`` only (the route of
   ``ReductionToOneDevice``, and of destinations that are not the value's devices);
-* :func:`reduce_batch_across_workers`: the local total on ``root``, then every worker's through
+* ``reduce_batch_across_workers``: the local total on ``root``, then every worker's through
   a ``Communicator`` whose transport reads host memory (MPI): the totals are staged through
   the kit's host buffers (pinned for CuPy) and come back into the same device arrays.
 """

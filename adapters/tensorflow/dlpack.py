@@ -15,7 +15,7 @@
   to the CUDA device that holds the memory (asked of CUDA) on the way in, to the logical GPU
   the tensor should live on on the way out.
 * **Streams**: TensorFlow runs a GPU's kernels on its own streams, which nothing here can wait
-  on, so :func:`sync_tensorflow` waits for each GPU's TensorFlow work (TensorFlow's
+  on, so ``sync_tensorflow`` waits for each GPU's TensorFlow work (TensorFlow's
   ``SyncDevice``) before CuPy reads its memory, and the caller synchronises CuPy's streams
   before TensorFlow reads results.
 

@@ -7,10 +7,10 @@ their devices. A kit says how a tensor becomes an array and back, how to wait fo
 side's work, and how arrays are staged through host memory for a ``Communicator`` across
 workers.
 
-* :data:`CUPY` (GPUs): the arrays of ``collectives.backends.cupy`` (NCCL where
+* ``CUPY`` (GPUs): the arrays of ``collectives.backends.cupy`` (NCCL where
   ``algorithm="nccl"`` and every device has a GPU of its own), tensors through DLPack
-  (``dlpack``), staging through pinned host memory (:class:`PinnedBuffer`).
-* :data:`NUMPY`: the core's NumPy backend on logical CPU devices. The adapter itself reduces
+  (``dlpack``), staging through pinned host memory (``PinnedBuffer``).
+* ``NUMPY``: the core's NumPy backend on logical CPU devices. The adapter itself reduces
   CPU tensors on its host path (``host``, one ``numpy_function`` per batch); this kit runs the
   device path's TensorFlow side on a machine without a GPU.
 """

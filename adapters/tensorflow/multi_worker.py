@@ -39,7 +39,7 @@ class MultiWorkerAllReduce(CrossDeviceOps):
     * Every worker must run the same steps with the same number of devices and tensors of the
       same shapes. Each batch is agreed first (an 8-byte digest of the whole batch): workers
       that differ all raise ``collectives.CollectiveMismatchError``, before any data moves.
-      The initial weights should come from one worker (:func:`broadcast_variables`).
+      The initial weights should come from one worker (``broadcast_variables``).
     """
 
     def __init__(self, worker_devices: Sequence[str] | None = None,

@@ -100,7 +100,7 @@ class BufferPool:
         return len(self._order)
 
     def empty(self, shape, dtype) -> np.ndarray:
-        """Like :func:`aligned_empty`, from the pool where a buffer of that size is free."""
+        """Like ``aligned_empty``, from the pool where a buffer of that size is free."""
         dtype, shape = np.dtype(dtype), _shape(shape)
         nbytes = prod(shape) * dtype.itemsize
         with self._lock:

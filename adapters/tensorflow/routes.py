@@ -1,6 +1,6 @@
 """Routes: how the adapter reduces one group of values (spec ranges, packing, groups).
 
-Every cross-device-ops class maps each value to a :class:`Route`; ``ONE_DEVICE`` is the
+Every cross-device-ops class maps each value to a ``Route``; ``ONE_DEVICE`` is the
 route of TensorFlow's ReductionToOneDevice, which the device path spreads differently.
 """
 

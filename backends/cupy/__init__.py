@@ -1,14 +1,14 @@
 """GPUs in one process: the multi-device backend for CuPy arrays.
 
 ``collectives.all_reduce([x0, x1, ...])`` with ``cupy.ndarray`` inputs runs here (the core's
-registry sends CuPy arrays to :func:`devices`): each ``xi`` on its own GPU, or several on one
+registry sends CuPy arrays to ``devices``): each ``xi`` on its own GPU, or several on one
 GPU as logical devices. Results come back on each input's GPU, ready for work enqueued on that
 device's current stream; nothing in a call waits on the host.
 
-The functions of this module (:func:`all_reduce`, :func:`reduce`, :func:`broadcast`,
-:func:`all_gather`, :func:`reduce_scatter`, :func:`batch_all_reduce`) take the same
+The functions of this module (``all_reduce``, ``reduce``, ``broadcast``,
+``all_gather``, ``reduce_scatter``, ``batch_all_reduce``) take the same
 arguments plus ``async_op=True``, and run NCCL where it applies (``algorithm="nccl"``, the
-``"nccl/X"`` names, and ``"auto"`` over distinct GPUs); see :mod:`.api`.
+``"nccl/X"`` names, and ``"auto"`` over distinct GPUs); see ``.api``.
 
 Importing this package needs neither CUDA nor CuPy; the first GPU call checks for both.
 """

@@ -1,7 +1,7 @@
 """The multi-device API for CuPy arrays, with NCCL and ``async_op``.
 
 These functions take the arguments of ``collectives.all_reduce`` and friends, plus
-``async_op=True`` (a :class:`~.work.DeviceWork` handle instead of the result). They decide
+``async_op=True`` (a ``DeviceWork`` handle instead of the result). They decide
 between NCCL and the library's algorithms, then run one or the other:
 
 * ``algorithm="nccl"``: NCCL's own collective, one GPU per array (two arrays on one GPU raise
@@ -202,7 +202,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
                      async_op: bool = False) -> Any:
-    """``collectives.batch_all_reduce`` for CuPy arrays: each pack runs as :func:`all_reduce`
+    """``collectives.batch_all_reduce`` for CuPy arrays: each pack runs as ``all_reduce``
     (so through NCCL where that applies)."""
     from collectives.algorithms.batch import plan_batch
     from collectives.runtime.validate import check_shards

@@ -1,6 +1,6 @@
 """Broadcast, all-gather and reduce-scatter for CuPy arrays, with NCCL and ``async_op``.
 
-The same choice as :mod:`.api`: NCCL for ``"nccl"`` (and for ``"auto"`` where every
+The same choice as ``.api``: NCCL for ``"nccl"`` (and for ``"auto"`` where every
 participant has a GPU of its own), the library's algorithms otherwise.
 """
 

@@ -110,7 +110,7 @@ class CupyDevices:
 
     def own(self, name: str):
         """This backend's own multi-device function ``name`` (NCCL, async handles), which
-        ``collectives.all_reduce`` and friends hand CuPy arrays to (see :func:`own_function`)."""
+        ``collectives.all_reduce`` and friends hand CuPy arrays to (see ``own_function``)."""
         return OWN_FUNCTIONS.get(name)
 
     def begin_call(self) -> None:

@@ -6,7 +6,7 @@ on that device's current stream, between ``groupStart()`` and ``groupEnd()``: re
 ready for later work on each device's stream, and nothing waits on the host.
 
 Every participant needs its own GPU: NCCL refuses two ranks of one communicator on one GPU,
-so :func:`distinct_devices` raises, naming the shared device, before anything is enqueued.
+so ``distinct_devices`` raises, naming the shared device, before anything is enqueued.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ give the same bits on the same schedule:
   differs in the last bit from a plain division;
 * integer MEAN divides into float64.
 
-:func:`key_kernels` maps floats to integers whose order is the floats' order, NaN first or
+``key_kernels`` maps floats to integers whose order is the floats' order, NaN first or
 last: NCCL's float MAX/MIN may drop NaN, its integer MAX/MIN cannot.
 """
 
@@ -133,7 +133,7 @@ def _cupy():
 
 @cache
 def combine_kernel(op: ReduceOp, arity: int, into: bool):
-    """The cached ``ElementwiseKernel`` of :func:`combine_operation` (dtype-generic: CuPy
+    """The cached ``ElementwiseKernel`` of ``combine_operation`` (dtype-generic: CuPy
     compiles one binary per dtype and device on first use)."""
     in_params, out_params, operation = combine_operation(op, arity, into)
     name = f"collectives_{op.wire_op.value}_{'into' if into else 'acc'}_{arity}"

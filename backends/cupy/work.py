@@ -38,7 +38,7 @@ class DeviceWork:
     def wait(self, timeout: float | None = None) -> Any:
         """The call's result, once every device's stream has finished it.
 
-        With ``timeout`` (seconds), raise :class:`~collectives.CollectiveTimeoutError` if the
+        With ``timeout`` (seconds), raise ``CollectiveTimeoutError`` if the
         devices have not finished by then (the work stays enqueued).
         """
         if timeout is None:

@@ -1,8 +1,8 @@
 """The embedded transport: NumPy arrays in one process, nothing to install.
 
-* Multi-device (:mod:`.devices`): the "devices" are logical CPU devices sharing this process's
+* Multi-device (``.devices``): the "devices" are logical CPU devices sharing this process's
   memory; schedules run tile by tile on a small pool of worker threads (or round by round).
-* SPMD (:mod:`.threads`): ranks are threads of this process. ``collectives.run(fn, size)``
+* SPMD (``.threads``): ranks are threads of this process. ``collectives.run(fn, size)``
   calls ``fn(comm)`` on every rank; ``init()`` gives a one-rank communicator.
 """
 

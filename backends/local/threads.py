@@ -3,7 +3,7 @@
 A send posts a view of the sender's buffer in a shared mailbox; a receive reads straight out
 of it (zero copies) or copies it into place, and the sender's request completes once the
 receiver is done with it. Every message carries its call's check value and its length, so
-ranks that disagree about a call fail with :class:`~collectives.CollectiveMismatchError`
+ranks that disagree about a call fail with ``CollectiveMismatchError``
 instead of pairing up. Waiting ranks sleep on a condition that every message, release or
 failure notice addressed to them wakes.
 """
@@ -158,7 +158,7 @@ class ThreadChannel:
 
 
 class ThreadTransport:
-    """One thread rank's transport in a :class:`ThreadWorld`."""
+    """One thread rank's transport in a ``ThreadWorld``."""
 
     name = "local"
     arrays = NUMPY

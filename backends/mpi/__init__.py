@@ -1,7 +1,7 @@
 """The MPI transport: one process per rank, launched with ``mpiexec -n N python train.py``.
 
 ``init()`` wraps any mpi4py communicator (``COMM_WORLD`` by default) in the core's
-:class:`~collectives.Communicator` over an :class:`MPITransport`. Collectives run one of
+``Communicator`` over an ``MPITransport``. Collectives run one of
 three ways: MPI's own (``algorithm="native"``, alias ``"mpi"``: ``Iallreduce``, ``Ireduce``,
 ``Ibcast``, ``Iallgather``, ``Ireduce_scatter``, and their persistent forms for small
 payloads), any schedule of the core over non-blocking point-to-point, or the one-pass
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from collectives import Communicator
+from collectives import Communicator as MPICommunicator  # the name init() once returned
 
 from .groups import ENV_RANKS_PER_NODE, groups_from_env
 from .tuning import NATIVE_NAMES, SHM_NAMES, canonical, chunks
@@ -33,25 +34,43 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: mpi4py is imported on first
 __all__ = ["ENV_RANKS_PER_NODE", "MPICommunicator", "MPITransport", "NATIVE_NAMES", "SHM_NAMES",
            "canonical", "chunks", "groups_from_env", "init", "node_groups"]
 
-MPICommunicator = Communicator  # what init() returned before the core's became generic
-
 
 def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
          groups: str | int | Sequence[Sequence[int]] | None = "node",
          abort_on_error: bool = True) -> Communicator:
-    """A :class:`~collectives.Communicator` over ``comm`` (default ``MPI.COMM_WORLD``).
-    Collective: every rank calls it, with the same arguments.
+    """This rank's communicator over ``comm``. Collective: every rank calls it, with the
+    same arguments.
 
-    ``timeout`` is every call's default deadline in seconds; ``check=False`` skips the
-    cross-rank argument agreement (made once per distinct call). ``groups`` is the default
-    of two-level ``"A/B"`` algorithms (the transport's ``layout``): ``"node"`` (the ranks
-    sharing each node, or ``COLLECTIVES_RANKS_PER_NODE``'s simulated nodes), a group size,
-    an explicit partition, or None.
+    Parameters
+    ----------
+    comm
+        An mpi4py communicator (None: ``MPI.COMM_WORLD``); the transport works on duplicates.
+    timeout
+        Every call's default deadline, in seconds.
+    check
+        Agree on each distinct call's arguments across ranks before its data moves
+        (``False`` skips it).
+    groups
+        The default of two-level ``"A/B"`` algorithms (the transport's ``layout``):
+        ``"node"`` (the ranks sharing each node, or ``COLLECTIVES_RANKS_PER_NODE``'s
+        simulated nodes), a group size, an explicit partition, or None.
+    abort_on_error
+        An exception the program does not catch aborts the whole MPI job (``MPI_Abort``,
+        after printing the traceback), instead of leaving the other ranks waiting for this
+        one until their timeout; ``python -m mpi4py`` is then not needed.
 
-    ``abort_on_error``: an exception the program does not catch aborts the whole MPI job
-    (``MPI_Abort``, after printing the traceback), instead of leaving the other ranks waiting
-    for this one until their timeout; ``python -m mpi4py`` is then not needed. See
-    ``abort.py``.
+    Returns
+    -------
+    Communicator
+        This rank's communicator (``MPICommunicator`` is the same class).
+
+    Raises
+    ------
+    MissingDependencyError
+        mpi4py is not installed (the message names ``pip install
+        'collective-schedules[mpi]'``).
+    RuntimeError
+        The ranks run different versions of the library.
     """
     from collectives import __version__
     from collectives.extras import require

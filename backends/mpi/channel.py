@@ -10,7 +10,7 @@ call to call (it grows to the largest set of receives outstanding at once, and s
 Ranks that disagree never pair up silently: a tag carries the call's check bits, so a
 receive never matches a message of another call; a receive that has waited a couple of
 milliseconds probes for a message from its source with the same sequence bits but other
-check bits and raises :class:`~collectives.CollectiveMismatchError`. A message of the wrong
+check bits and raises ``CollectiveMismatchError``. A message of the wrong
 size (``check=False``: nothing agreed on the lengths) raises the same error, from the
 receive's status or MPI's truncation error.
 """

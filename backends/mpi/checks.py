@@ -6,7 +6,7 @@ three numbers, so every rank reaches the same verdict:
 
 * ``max(check) == check`` and ``max(-check) == -check`` on a rank means every rank has its
   check value; otherwise ranks called different collectives (or the same one with other
-  arguments) and every one of them raises :class:`~collectives.CollectiveMismatchError`;
+  arguments) and every one of them raises ``CollectiveMismatchError``;
 * ``nan`` is 1 where some rank's input holds a NaN of a float MAX/MIN. MPI's MAX and MIN
   may drop a NaN depending on the order of operands (``a > b ? a : b``), so those calls
   repair their result: the ranks all-reduce a mask of their NaN positions (a core schedule

@@ -8,7 +8,7 @@ tag) posts the receive of the next message's header (only the oldest: no other r
 take it), reads the header, and then takes exactly the data the header announces, with
 matched probes (``Improbe``): into its own array when the header matches, else into
 scratch, raising
-:class:`~collectives.CollectiveMismatchError` naming both dtypes and lengths. So a mismatch
+``CollectiveMismatchError`` naming both dtypes and lengths. So a mismatch
 or a withdrawn receive never pairs a later message with the wrong receive: a receive
 withdrawn (its timeout) before its header came took nothing, and the next receive gets that
 message; one withdrawn after its header came takes the rest of its message into scratch,

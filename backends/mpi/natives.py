@@ -1,5 +1,5 @@
 """The transport's own collectives: MPI's (``"native"``, ``"mpi"``) and the shared window's
-(``"shm"``), as the core's :class:`~collectives.runtime.transport.NativeCollectives`.
+(``"shm"``), as the core's ``NativeCollectives``.
 
 What MPI reduces itself runs natively (``datatypes.native_types``); broadcasts and gathers
 move bytes, so every dtype runs natively. Small calls run as persistent collectives

@@ -1,6 +1,6 @@
 """Failure notices and status questions between ranks, on a communicator of their own.
 
-* A rank that fails sends a pickled :class:`~collectives.runtime.transport.Failure` to every peer
+* A rank that fails sends a pickled ``Failure`` to every peer
   (``Isend``: small, so eager; nothing waits for it). Peers poll for them in slow waits.
 * A rank whose call times out asks every peer what it is doing. Peers answer from inside
   their own waits (whenever they poll), with the activity they last published: a peer that
@@ -104,7 +104,7 @@ class Notices:
 
     def ask_later(self, about: int | None = None) -> int:
         """Ask the peers of this node what they do (and which native call they run under
-        number ``about``); the answers come with :meth:`answers`. One message per peer,
+        number ``about``); the answers come with ``answers``. One message per peer,
         however many calls this rank has in flight."""
         with self._lock:
             self._question += 1

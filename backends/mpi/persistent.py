@@ -5,7 +5,7 @@ which is most of a small collective's cost. MPICH matches persistent collectives
 request (the k-th ``*_init`` of one rank with the k-th of every other) and never with a
 non-blocking or blocking call, so whether a call runs persistent must not depend on which
 code path issued it: every native call of the persistent class (``tuning.persistent``) goes
-through :class:`Entries`, whether it came from a plain call, a prepared call or the fast
+through ``Entries``, whether it came from a plain call, a prepared call or the fast
 path, and the first ``PERSISTENT_CALLS`` distinct signatures (in call order: the same on
 every rank) get an entry, created at their first call (ranks that disagree about a call
 still create one each, so their later requests stay paired; their checks fail first). An

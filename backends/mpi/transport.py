@@ -1,4 +1,4 @@
-"""The MPI transport: everything a :class:`~collectives.Communicator` needs, over mpi4py.
+"""The MPI transport: everything a ``Communicator`` needs, over mpi4py.
 
 It duplicates the user's communicator four times: ``data`` (the schedules' messages and
 every native collective), ``control`` (argument agreements), ``notices`` (failure notices

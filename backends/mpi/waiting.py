@@ -5,7 +5,7 @@ fastest spinning on ``Test``; a ``sched_yield`` costs a few microseconds but let
 rank on the same core run (4 ranks on 2 cores must let their peers progress); once a wait is
 clearly long (a late peer, not a transfer), sleeping gives the core back entirely.
 
-The engine calls :meth:`Idler.idle` between polls with how long the wait has lasted, or 0
+The engine calls ``Idler.idle`` between polls with how long the wait has lasted, or 0
 while it is younger than the engine's "slow" mark (2 ms): then the idler times the spin
 itself, taking a pause of more than ``GAP`` since its last call as the start of a new wait
 (polls of one wait follow each other within microseconds), and yields, never sleeps. Each

@@ -1,10 +1,10 @@
 """NCCL under mpiexec: one process per GPU, the core's ``Communicator`` over CuPy arrays.
 
 ``comm = collectives.load_backend("nccl").init()`` (run under ``mpiexec -n N``) gives a
-:class:`~.communicator.NcclCommunicator`: ``comm.all_reduce(x)`` and the other collectives on
+``NcclCommunicator``: ``comm.all_reduce(x)`` and the other collectives on
 ``cupy.ndarray`` run NCCL's own collectives (``auto``, ``"nccl"``), the library's schedules
 over NCCL send/recv (``"ring"``, ``"rechd"``, ...), or the two-level path across nodes
-(``"two_level"``). See :mod:`.transport` for streams, :mod:`.watchdog` for failures, and
+(``"two_level"``). See ``.transport`` for streams, ``.watchdog`` for failures, and
 ``docs/gpu.md``.
 """
 

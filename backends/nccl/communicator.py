@@ -3,7 +3,7 @@ event, and the watchdog's verdicts.
 
 A blocking call returns once its work is enqueued on the transport's stream (as NCCL's own
 calls do): the result is ready for later work on that stream. ``async_op=True`` returns a
-:class:`GpuWork` whose ``wait()`` also waits on the host until the stream has finished the
+``GpuWork`` whose ``wait()`` also waits on the host until the stream has finished the
 call (polling an event, with the communicator's deadline). A call made after the watchdog
 found a failure raises ``CommunicatorBrokenError`` naming it.
 """
@@ -62,7 +62,7 @@ class GpuWork:
 
 
 class NcclCommunicator(Communicator):
-    """A ``Communicator`` over :class:`~.transport.NcclTransport`."""
+    """A ``Communicator`` over ``NcclTransport``."""
 
     def adapt(self, x: Any, argument: str) -> Any:
         """CuPy arrays on this rank's GPU pass; anything else raises, saying what to do."""

@@ -6,7 +6,7 @@ travel as ``collectives.backends.cupy.nccl_types`` says (complex SUM as floats, 
 bytes, float MAX/MIN as integer keys so NaN survives); others, and reduce-scatters whose rows
 do not split evenly, run the library's schedules over NCCL send/recv instead. Across nodes,
 ``algorithm="two_level"`` (and ``auto`` where a world communicator is impossible, e.g. several
-simulated nodes sharing one GPU) runs :mod:`.two_level`.
+simulated nodes sharing one GPU) runs ``.two_level``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class _Done:
 
 
 class NcclNative:
-    """``NativeCollectives`` of :class:`~.transport.NcclTransport`."""
+    """``NativeCollectives`` of ``NcclTransport``."""
 
     names = NAMES
 

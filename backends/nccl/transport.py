@@ -3,8 +3,8 @@
 One process per GPU. Data moves with NCCL on one CUDA stream per communicator (``stream``:
 by default the stream current when the transport is made, usually the device's null stream);
 every array operation of a call, the core's copies and divisions included, is enqueued on it,
-in call order. Agreements, failure notices and activity go over MPI (:mod:`.control`); the
-watchdog (:mod:`.watchdog`) turns stuck, failed or mismatched calls into errors.
+in call order. Agreements, failure notices and activity go over MPI (``.control``); the
+watchdog (``.watchdog``) turns stuck, failed or mismatched calls into errors.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class NcclTransport:
 
     def pinned(self, nbytes: int):
         """A pinned host buffer (uint8) of at least ``nbytes``, reused across calls; give it
-        back with :meth:`release_pinned`."""
+        back with ``release_pinned``."""
         import cupy
         import numpy as np
 

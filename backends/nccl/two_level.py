@@ -11,7 +11,7 @@
 Only ``1/L`` of the buffer crosses nodes per rank (``L`` ranks per node). With one rank per
 node (``COLLECTIVES_RANKS_PER_NODE=1``) the NCCL steps are one-rank communicators, so several
 processes can share one GPU. Steps 1 and 3 are enqueued on the transport's stream; step 2
-needs the host, so :class:`TwoLevelRun` is a state machine the engine drives (with its
+needs the host, so ``TwoLevelRun`` is a state machine the engine drives (with its
 deadlines) until the last chunk is back on the stream.
 """
 

@@ -5,12 +5,12 @@ stuck one. Each call instead leaves an event on the transport's stream, and a ba
 thread (alive only while calls are outstanding) checks, every few milliseconds:
 
 * NCCL's ``check_async_error()`` on every communicator: a failed peer or network turns into
-  :class:`~collectives.PeerFailedError`;
+  ``PeerFailedError``;
 * the call digests (every call's check value, all-reduced MAX over MPI without waiting, as
   ``[check, -check]``): ranks that called different collectives turn into
-  :class:`~collectives.CollectiveMismatchError`;
+  ``CollectiveMismatchError``;
 * the oldest event's deadline (the communicator's timeout): a call still unfinished then
-  turns into :class:`~collectives.CollectiveTimeoutError` naming the ranks that do not say
+  turns into ``CollectiveTimeoutError`` naming the ranks that do not say
   they are in it.
 
 On any of them the NCCL communicators are aborted (their kernels exit, so nothing stays

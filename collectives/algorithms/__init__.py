@@ -6,8 +6,8 @@ composition ``"A/B"``. TensorFlow's names are aliases: ``xring`` is the ring, ``
 with a native collective of its own (MPI, NCCL) may run that instead for ``nccl``. ``auto``
 lets the selector choose.
 
-:func:`rank_plan` gives one participant's plan (cached: a training loop repeats the same calls),
-:func:`schedule` the union of all of them, which :func:`collectives.algorithms.checker.check` proves.
+``rank_plan`` gives one participant's plan (cached: a training loop repeats the same calls),
+``schedule`` the union of all of them, which ``collectives.algorithms.checker.check`` proves.
 
 This package is also the core's wing that says what moves where: plans as data
 (``schedule``), one module per algorithm, their proof (``checker``), ``auto``'s choice

@@ -1,14 +1,14 @@
 """What every algorithm module provides, and the pieces they are built from.
 
-An algorithm module produces, for one participant, a :class:`Phase`: the rounds that
+An algorithm module produces, for one participant, a ``Phase``: the rounds that
 participant takes part in (what it receives and what it sends), with range positions out of
 the phase's ``den``. Phases compose: a collective is often a reduce phase followed by a
 distribution phase, and a two-level algorithm embeds whole phases of one algorithm inside
 groups of participants and of another across them.
 
-Every module has the same interface (:class:`AlgorithmModule`); derived collectives (reduce,
+Every module has the same interface (``AlgorithmModule``); derived collectives (reduce,
 reduce-scatter) come from a module's reduce phase and who ends up owning which range of the
-total (:class:`Ownership`), through :func:`gather_to_root` and :func:`scatter_to_blocks`.
+total (``Ownership``), through ``gather_to_root`` and ``scatter_to_blocks``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,29 @@
 """Packing: batch one participant's many tensors into a few contiguous 1-D buffers.
 
-A :class:`PackPlan` depends only on the tensors' shapes and dtypes, so every participant of a
+A ``PackPlan`` depends only on the tensors' shapes and dtypes, so every participant of a
 collective computes the same plan from its own (identically shaped) list. ``plan.pack(arrays)``
-gives one buffer per :class:`Pack`; after the buffers are reduced, ``plan.unpack(buffers)``
+gives one buffer per ``Pack``; after the buffers are reduced, ``plan.unpack(buffers)``
 returns the tensors in input order with input shapes.
 
 Every pack holds one dtype. A pack is a list of pieces: element ranges ``[start, stop)`` of
 its members' flattened arrays, concatenated in order. Whole-tensor plans use full ranges;
-:func:`concat_and_split` cuts tensors at pack boundaries, so a tensor may span several packs.
+``concat_and_split`` cuts tensors at pack boundaries, so a tensor may span several packs.
 
-Plans, after TensorFlow (see :func:`make_plan`):
+Plans, after TensorFlow (see ``make_plan``):
 
-* :func:`no_packing` - every tensor alone;
-* :func:`concat_and_split` - TF's ``_ConcatAndSplitPacker`` (``num_packs``);
-* :func:`aggregate_small` - TF's ``AggregateSmallTensorPacker`` (``agg_small_grads_max_bytes``,
-  ``agg_small_grads_max_group``), with :func:`extract_ranges` reproduced exactly;
-* :func:`group_by_size` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``).
+* ``no_packing`` - every tensor alone;
+* ``concat_and_split`` - TF's ``_ConcatAndSplitPacker`` (``num_packs``);
+* ``aggregate_small`` - TF's ``AggregateSmallTensorPacker`` (``agg_small_grads_max_bytes``,
+  ``agg_small_grads_max_group``), with ``extract_ranges`` reproduced exactly;
+* ``group_by_size`` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``).
 
 Differences from TensorFlow, all so that mixed dtypes work (TF needs one dtype per batch):
 
-* :func:`concat_and_split` groups tensors by dtype (in order of first appearance) and splits
+* ``concat_and_split`` groups tensors by dtype (in order of first appearance) and splits
   each group into ``num_packs`` packs;
-* :func:`aggregate_small` counts any dtype as small when ``nbytes <= max_bytes`` (TF: float32
+* ``aggregate_small`` counts any dtype as small when ``nbytes <= max_bytes`` (TF: float32
   only, ``4 * elements``), and a range joins only consecutive tensors of the same dtype;
-* :func:`group_by_size` also closes a pack when the dtype changes, so ``bytes_per_pack=0``
+* ``group_by_size`` also closes a pack when the dtype changes, so ``bytes_per_pack=0``
   gives one pack per run of equal dtypes (one pack when all dtypes agree);
 * an empty tensor list gives a plan with no packs.
 """
@@ -274,7 +274,7 @@ def aggregate_small(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]
                     max_bytes: int, max_group: int) -> PackPlan:
     """TF's small-tensor aggregation: runs of small tensors become packs, the rest stay alone.
 
-    Small means ``nbytes <= max_bytes``. Runs come from :func:`extract_ranges` with limit
+    Small means ``nbytes <= max_bytes``. Runs come from ``extract_ranges`` with limit
     ``max_group`` (so up to ``max_group + 2`` tensors each); an isolated small tensor is not
     packed. Packs are ordered as TensorFlow does: the runs first, then the unpacked tensors
     in input order.

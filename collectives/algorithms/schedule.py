@@ -13,10 +13,10 @@ participant (a reduce step reading its own destination aside). So the steps of a
 run in any order or all at once, and every operation is element-wise: position ``i`` of a
 buffer only ever meets position ``i`` of other buffers. Executors rely on both facts.
 
-Algorithms produce a :class:`RankPlan` for one participant directly (the rounds it takes part
+Algorithms produce a ``RankPlan`` for one participant directly (the rounds it takes part
 in: what it receives, as steps, and what it sends, as ``(dst, lo, hi)``), in time proportional
 to its own work, so a rank of a 4,096-rank job never looks at the other ranks' steps. The
-global :class:`Schedule` is the union of every participant's received steps; the checker
+global ``Schedule`` is the union of every participant's received steps; the checker
 (``collectives.algorithms.checker``) proves it and ``collectives draw`` prints it.
 """
 

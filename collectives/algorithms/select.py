@@ -1,6 +1,6 @@
 """``algorithm="auto"``: pick the algorithm with the lowest estimated time.
 
-Every candidate is costed by the alpha-beta-gamma model of :func:`collectives.algorithms.schedule.cost`
+Every candidate is costed by the alpha-beta-gamma model of ``collectives.algorithms.schedule.cost``
 (per round a latency, per byte received a transfer time, per byte reduced a compute time,
 per message an overhead) with the transport's own constants, over the plans of a few sample
 participants (the first, the last, one in the middle: the busiest in every algorithm here), so

@@ -1,8 +1,8 @@
 """All-reduce specs: which algorithm (and how many shards) reduces which tensors.
 
-A spec is a list of :class:`SpecRange` ``(algorithm, shards, limit)``. A tensor of ``n``
+A spec is a list of ``SpecRange`` ``(algorithm, shards, limit)``. A tensor of ``n``
 **elements** (not bytes) goes to the first range with ``n <= limit``; the last range has
-``limit == -1`` (no limit). Every form TensorFlow accepts is accepted by :func:`parse_spec`:
+``limit == -1`` (no limit). Every form TensorFlow accepts is accepted by ``parse_spec``:
 
 * a plain algorithm name: ``"pscpu/pscpu"``, ``"ring"``, ``"auto"`` -> one range, 1 shard;
 * a tuple ``(alg,)``, ``(alg, shards)`` or ``(alg, shards, limit)`` (namedtuples included,
@@ -12,9 +12,9 @@ A spec is a list of :class:`SpecRange` ``(algorithm, shards, limit)``. A tensor 
   ``M``, ``G`` or ``T`` suffix, powers of 1024). A string is read as the grammar when it
   contains ``:`` or ``#``, otherwise as a plain name.
 
-Algorithm names are checked with :func:`collectives.algorithms.canonical`, so this library's
+Algorithm names are checked with ``collectives.algorithms.canonical``, so this library's
 names, TensorFlow's (``nccl``, ``xring``, ``pscpu``, ``psgpu``, ``collective``, ...) and any
-``"A/B"`` composition of them are accepted; :attr:`SpecRange.algorithm` keeps the user's text.
+``"A/B"`` composition of them are accepted; ``SpecRange.algorithm`` keeps the user's text.
 
 Differences from TensorFlow, all of them raising where TensorFlow misbehaves:
 
@@ -29,7 +29,7 @@ Differences from TensorFlow, all of them raising where TensorFlow misbehaves:
 * the limit is documented as a number of elements, which is what TensorFlow's code compares
   (its ``MultiWorkerAllReduce`` docstring says bytes).
 
-:func:`assign_ranges` only partitions tensor indices; callers keep results in input order
+``assign_ranges`` only partitions tensor indices; callers keep results in input order
 (TensorFlow's ``MultiWorkerAllReduce`` returned small-tensor ranges first).
 """
 
@@ -180,7 +180,7 @@ def _parse_grammar(spec: str, extra_names: Sequence[str] = ()) -> list[SpecRange
 
 def parse_spec(spec: str | tuple | Sequence[tuple],
                extra_names: Sequence[str] = ()) -> list[SpecRange]:
-    """Normalise any accepted all-reduce spec form to a checked list of :class:`SpecRange`.
+    """Normalise any accepted all-reduce spec form to a checked list of ``SpecRange``.
 
     ``extra_names``: algorithm names a transport adds (e.g. MPI's "native").
     """

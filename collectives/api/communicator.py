@@ -1,8 +1,8 @@
 """The SPMD API: one process (or thread) per rank, each calling the same collectives.
 
-A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
+A ``Communicator`` wraps a transport (thread ranks, MPI, ...). Each call:
 
-1. validates its arguments into a :class:`~collectives.runtime.calls.Call` (cached: a training loop
+1. validates its arguments into a ``Call`` (cached: a training loop
    repeats its calls, so this is paid once per distinct call);
 2. agrees with every other rank on the call the first time its signature is seen (a mismatch,
    or a rank that could not validate its arguments, raises on every rank before any data
@@ -10,9 +10,9 @@ A :class:`Communicator` wraps a transport (thread ranks, MPI, ...). Each call:
 3. runs this rank's plan of the chosen algorithm (or the transport's native collective) as an
    operation that a blocking call waits for, and ``async_op=True`` returns as a handle.
 
-Extending it: a transport implements :class:`collectives.runtime.transport.Transport`; the public
-hooks a subclass may override are :meth:`Communicator.choose_algorithm` (what ``auto`` runs)
-and :meth:`Communicator.adapt` (which arrays a call accepts).
+Extending it: a transport implements ``collectives.runtime.transport.Transport``; the public
+hooks a subclass may override are ``Communicator.choose_algorithm`` (what ``auto`` runs)
+and ``Communicator.adapt`` (which arrays a call accepts).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Point-to-point messages between two ranks (mixed into :class:`~collectives.Communicator`).
+"""Point-to-point messages between two ranks (mixed into ``Communicator``).
 
 Messages travel on a channel of their own, so they never disturb collectives; between two
 ranks, messages with the same tag arrive in the order they were sent (MPI's rule). A send may
 wait until the matching receive is posted, as MPI's may: post receives first, or use
-``isend``/``irecv``, whose handles are the same :class:`~collectives.Work` as asynchronous
+``isend``/``irecv``, whose handles are the same ``Work`` as asynchronous
 collectives' (``irecv(...).wait()`` returns the filled array).
 
 A receive that times out is withdrawn and raises ``CollectiveTimeoutError``; unlike a

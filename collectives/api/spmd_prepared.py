@@ -1,7 +1,7 @@
-"""The ``*_init`` methods of :class:`~collectives.Communicator`: prepared collectives.
+"""The ``*_init`` methods of ``Communicator``: prepared collectives.
 
 Each validates its call and buffers once and returns a
-:class:`~collectives.runtime.prepared.PreparedCall`. ``x`` must be C-contiguous (it is read in place at
+``PreparedCall``. ``x`` must be C-contiguous (it is read in place at
 every ``start()``); ``out`` is required, and is either ``x`` itself (in place) or shares no
 memory with it.
 """

@@ -1,5 +1,5 @@
 """New communicators from an existing one: ``dup`` and ``split`` (mixed into
-:class:`~collectives.Communicator`).
+``Communicator``).
 
 Both are collective, and agreed like any call before the transport makes anything: every rank
 takes part in one small agreement (with the communicator's timeout, hearing failure notices)

@@ -3,5 +3,5 @@
 A call described and validated, agreed on by every rank, run as an operation by the engine
 (stages, work handles, prepared calls, the fast path), the executors that run plans over
 buffers, and the transport interface backends implement. It may import the base and
-:mod:`collectives.algorithms`; backends and adapters build on it.
+``collectives.algorithms``; backends and adapters build on it.
 """

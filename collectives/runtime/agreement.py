@@ -8,8 +8,8 @@ runs over the control channel with the library's own schedules:
    and ``max(check) == -max(-check)``, every rank has the same check value: done;
 2. otherwise the details: every rank's signature, or its error, all-gathered, so that every
    rank raises the same diagnosis: the failing rank its own error, every other rank a
-   :class:`~collectives.PeerFailedError` naming it; or, on disagreement, a
-   :class:`~collectives.CollectiveMismatchError` naming the field and every rank's value.
+   ``PeerFailedError`` naming it; or, on disagreement, a
+   ``CollectiveMismatchError`` naming the field and every rank's value.
 
 Errors the agreement raises leave the communicator usable: every rank saw the same outcome and
 no data moved. (A rank that had already moved data, because it took the call for agreed and

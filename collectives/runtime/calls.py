@@ -1,6 +1,6 @@
 """What a collective call is: its validated arguments, its signature and its check value.
 
-Every call is first described by a :class:`Call`: the collective, shape, dtype, op, root,
+Every call is first described by a ``Call``: the collective, shape, dtype, op, root,
 algorithm, shards and groups, validated once and cached by the raw arguments (a training loop
 makes the same calls every step, so validation and parsing are paid once). The call's
 *signature* is what every rank must agree on; its *check value* is a 30-bit digest of the

@@ -1,16 +1,16 @@
 """The engine under a Communicator: call numbering, agreement, progress, waiting, failure.
 
-One :class:`Engine` per communicator. It numbers calls (every rank numbers them alike), keeps
+One ``Engine`` per communicator. It numbers calls (every rank numbers them alike), keeps
 the signatures already agreed (the same on every rank, since every rank sees the same calls),
-drives operations in flight (:mod:`collectives.runtime.work`), waits with deadlines, and turns every
+drives operations in flight (``collectives.runtime.work``), waits with deadlines, and turns every
 failure into an error on every rank:
 
-* a timeout raises :class:`~collectives.CollectiveTimeoutError` naming the missing ranks and
+* a timeout raises ``CollectiveTimeoutError`` naming the missing ranks and
   what each rank says it is doing, marks the communicator broken, and tells the peers;
 * a peer's failure notice fails every operation in flight with
-  :class:`~collectives.PeerFailedError` naming that rank and its error (or
-  :class:`~collectives.CollectiveMismatchError` when the peer found a mismatch);
-* after either, every call raises :class:`~collectives.CommunicatorBrokenError` at once.
+  ``PeerFailedError`` naming that rank and its error (or
+  ``CollectiveMismatchError`` when the peer found a mismatch);
+* after either, every call raises ``CommunicatorBrokenError`` at once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The hot path: a repeated small all-reduce with nothing per call that can be cached.
 
 Training loops issue the same small all-reduce thousands of times. Once a call's signature is
-agreed and it runs natively, :class:`FastAllReduce` keeps everything the call needs: the
+agreed and it runs natively, ``FastAllReduce`` keeps everything the call needs: the
 validated call, a persistent native collective bound to scratch buffers of the library's own
 (the input is copied in, the result out: for small payloads two copies cost less than any
 per-call setup), and the result's shape. A call then costs one copy in, one start, a short

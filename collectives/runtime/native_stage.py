@@ -2,7 +2,7 @@
 
 Native collectives (MPI's ``Iallreduce``, ...) are matched by the order in which ranks issue
 them, not by tags, so they must start in call order on every rank even when an earlier call
-is still agreeing on its arguments: :class:`NativeStage` waits for its turn.
+is still agreeing on its arguments: ``NativeStage`` waits for its turn.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``comm.all_reduce_init(x, op, out=out)`` (and ``reduce_init``, ``broadcast_init``,
 ``all_gather_init``, ``reduce_scatter_init``) validates once and returns a
-:class:`PreparedCall`; each ``start()`` reads ``x`` afresh (the caller refills it between
+``PreparedCall``; each ``start()`` reads ``x`` afresh (the caller refills it between
 calls) and each ``wait()`` returns ``out`` holding the result. Arguments are agreed across
 ranks as a plain call's are: at the first ``start()`` (and again after a failed agreement).
 Where the transport has persistent collectives (MPI-4's ``MPI_Allreduce_init``), a prepared

@@ -1,10 +1,10 @@
-"""What a transport provides to a :class:`~collectives.Communicator`.
+"""What a transport provides to a ``Communicator``.
 
 A transport is one module (or package) that imports the core and implements
-:class:`Transport`: who this rank is, two point-to-point channels (``data`` for collectives'
+``Transport``: who this rank is, two point-to-point channels (``data`` for collectives'
 payloads, ``control`` for agreements, never matched against each other), how to wait when
 nothing progresses, how to tell peers that this rank failed and hear that they did, and
-optionally :class:`NativeCollectives` it runs better itself (MPI's ``Iallreduce``, NCCL's
+optionally ``NativeCollectives`` it runs better itself (MPI's ``Iallreduce``, NCCL's
 ``allReduce``), which ``auto`` may prefer to the library's schedules.
 
 The thread-rank transport (``collectives.backends.local``) and the MPI transport
@@ -24,11 +24,11 @@ from ..ops import ReduceOp
 from .calls import Call
 from .execute.spmd import PointToPoint
 
-SILENT = "silent"  # the phase :meth:`Transport.peer_activity` gives a peer that did not answer
+SILENT = "silent"  # the phase ``Transport.peer_activity`` gives a peer that did not answer
 
 
 def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
-    """A peer's answer to :meth:`Transport.peer_activity` from what it published:
+    """A peer's answer to ``Transport.peer_activity`` from what it published:
     ``(seq, text, phase, waiting_for)``. ``activity`` is ``(seq, call, phase)``, or with a
     fourth item, the ranks a slow wait is waiting for (published by the engine now and then,
     so a rank that times out can follow the chain of waits to the rank that holds it up)."""
@@ -56,7 +56,7 @@ class Failure:
 
     def error(self, text: str) -> CollectiveError:
         """The error, saying ``text``, of a call this notice ends: a mismatch, a timeout
-        (:class:`~collectives.errors.PeerTimeoutError`, both a peer's failure and a timeout)
+        (``PeerTimeoutError``, both a peer's failure and a timeout)
         or another peer failure."""
         if self.kind == "mismatch":
             return CollectiveMismatchError(text)
@@ -91,7 +91,7 @@ class NativeCollectives(Protocol):
         """Start the collective from flat ``src`` into flat ``dst`` (they may be the same
         array, or overlap). ``call.check`` should ride with the data where the transport can
         carry it, so that ranks calling different collectives raise
-        :class:`~collectives.CollectiveMismatchError` instead of mixing their data."""
+        ``CollectiveMismatchError`` instead of mixing their data."""
         ...
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
@@ -154,7 +154,7 @@ class Transport(Protocol):
 
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
         """What other ranks say they are doing: ``(call number or None, description,
-        phase)`` (phase as published; None where unknown; :data:`SILENT` for a peer that did
+        phase)`` (phase as published; None where unknown; ``SILENT`` for a peer that did
         not answer in time). A transport may leave peers out that it cannot ask safely."""
         ...
 

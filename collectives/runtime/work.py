@@ -1,9 +1,9 @@
 """Collectives in flight: operations, the handles users hold, and the waiting loop.
 
-An :class:`Operation` is a collective as a small state machine: a list of *stages* (the
+An ``Operation`` is a collective as a small state machine: a list of *stages* (the
 argument agreement, then the data movement, each a resumable ``advance() -> bool``) and a
 ``finish`` that turns the working buffer into the result. A blocking call starts one and waits
-for it; ``async_op=True`` hands back its :class:`Work` handle instead. Several may be in flight
+for it; ``async_op=True`` hands back its ``Work`` handle instead. Several may be in flight
 on one communicator: each completes as its data arrives, whoever drives the progress (a
 ``wait()``, the next call, or the communicator's progress thread).
 

@@ -2,7 +2,7 @@
 
 An all-to-all plan places block ``(i, j)`` (what participant ``i`` sends to ``j``) at position
 ``i * n + j`` of a virtual buffer of ``n * n`` blocks, so the checker proves it like any other
-plan. No participant holds that buffer: :class:`ExchangeRun` reads a send's block ``(rank, j)``
+plan. No participant holds that buffer: ``ExchangeRun`` reads a send's block ``(rank, j)``
 from rows ``send[j]`` of the input and writes a receive's block ``(i, rank)`` into rows
 ``recv[i]`` of the output. Blocks may differ in size (``splits``); empty ones are not sent.
 """

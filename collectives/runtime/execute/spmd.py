@@ -3,7 +3,7 @@
 A rank runs its rounds in order. Each round it posts every receive, then every send, then
 combines each received range as it arrives (a reduce step's sources strictly in the plan's
 order, so every rank computes the same bits) and finishes the round once its sends are done.
-:meth:`SpmdRun.advance` does whatever can be done now and returns; whoever waits for the
+``SpmdRun.advance`` does whatever can be done now and returns; whoever waits for the
 collective (a blocking call, ``Work.wait()``, a progress thread) calls it again until it
 reports completion. So blocking and asynchronous calls are one and the same object.
 
@@ -47,7 +47,7 @@ class PointToPoint(Protocol):
     def recv(self, into: Any, src: int, tag: tuple, *, in_place: bool) -> Request:
         """Post a receive of ``into``'s shape and dtype. With ``in_place`` the data lands in
         ``into``; otherwise wherever the transport likes (``request.data``), readable until
-        :meth:`release`."""
+        ``release``."""
         ...
 
     def release(self, request: Request) -> None:

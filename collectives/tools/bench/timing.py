@@ -1,7 +1,7 @@
 """Timing one call: warm up, adapt the iteration count, take the median of repeats.
 
 Under SPMD every rank must time the same number of calls, and a repeat lasts as long as its
-slowest rank: :func:`measure` takes a barrier (``sync``) and a maximum over ranks (``agree``).
+slowest rank: ``measure`` takes a barrier (``sync``) and a maximum over ranks (``agree``).
 """
 
 from __future__ import annotations
