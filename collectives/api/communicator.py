@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,6 @@ from .. import algorithms
 from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
-from ..hints import ArrayT, BatchSpec, Op, SpmdAlgorithm
 from ..log import configure, debug_setting
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
@@ -54,9 +52,31 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
                    SubcommOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
-    ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
-    arguments across ranks (the first time a call signature is seen; ``check=False`` skips it,
-    and a mismatch then shows as a wrong length or a timeout instead of a clear error).
+    Made by `collectives.init`, `collectives.run` or a backend's ``init``, rarely by hand.
+
+    Parameters
+    ----------
+    transport
+        What carries the bytes (``collectives.runtime.transport.Transport``).
+    timeout
+        Every call's default deadline, in seconds.
+    check
+        Agree on each call's arguments across ranks the first time a call signature is
+        seen (``False`` skips it, and a mismatch then shows as a wrong length or a timeout
+        instead of a clear error).
+    name
+        The communicator's name in messages (default: the transport's).
+
+    Attributes
+    ----------
+    rank : int
+        This rank, from 0.
+    size : int
+        How many ranks.
+    local_rank, local_size : int
+        This rank's place among the ranks of its node.
+    last_algorithm : str or None
+        What the last call ran: a canonical algorithm name, or ``"native"``.
     """
 
     def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
@@ -90,16 +110,35 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
 
     def free(self) -> None:
         """Release what the transport holds for this communicator (collective on MPI).
-        Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
+
+        Every later call on it raises `CommunicatorBrokenError` saying it was freed.
+        """
         self._engine.close()
         self.transport.free()
 
     # --- hooks --------------------------------------------------------------------------
 
     def adapt(self, x: Any, argument: str) -> Any:
-        """The array a call works on: arrays of the transport's array backend pass as they
-        are; lists raise TypeError (one array per call); scalars and array-likes become
-        NumPy arrays."""
+        """The array a call works on (a hook a subclass may override).
+
+        Parameters
+        ----------
+        x
+            What the caller passed.
+        argument
+            Its name, for error messages.
+
+        Returns
+        -------
+        Any
+            Arrays of the transport's array backend as they are; scalars and array-likes as
+            NumPy arrays.
+
+        Raises
+        ------
+        TypeError
+            ``x`` is None, a list of arrays (one array per call), or not readable as an array.
+        """
         if self.arrays.owns(x):
             return x
         if x is None:
@@ -115,9 +154,19 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
             raise TypeError(f"{argument} cannot be read as an array: {exc}") from exc
 
     def choose_algorithm(self, call: Call) -> str:
-        """What runs ``call``: the transport's native collective ("native") or a schedule's
-        canonical name. ``call.algorithm`` is what the caller asked for ("auto" lets this
-        method choose)."""
+        """What runs ``call`` (a hook a subclass may override).
+
+        Parameters
+        ----------
+        call
+            The validated call; ``call.algorithm`` is what the caller asked for (``"auto"``
+            lets this method choose).
+
+        Returns
+        -------
+        str
+            ``"native"`` (the transport's own collective) or a schedule's canonical name.
+        """
         native = self.transport.native
         name = call.algorithm
         if name in self._native_names:
@@ -282,7 +331,20 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
                        check=call.check if self.check else 0)
 
     def barrier(self, timeout: float | None = None) -> None:
-        """Return once every rank has arrived (or raise naming those that did not)."""
+        """Return once every rank has arrived.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait for the others (None: the communicator's timeout).
+
+        Raises
+        ------
+        CollectiveTimeoutError
+            Ranks did not arrive in time; the message names them.
+        CollectiveMismatchError
+            Another rank called another collective.
+        """
         def build(seq):
             call = self._barrier_call()
             token = np.zeros(1, np.int64)
@@ -303,66 +365,6 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
             barrier.run_as = "rechd"
             call = self._calls["barrier"] = barrier
         return call
-
-    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = "sum",
-                         algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
-                         agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
-                         bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
-                         timeout: float | None = None) -> list[ArrayT]:
-        """All-reduce a list of tensors as few packed buffers.
-
-        Parameters
-        ----------
-        xs
-            This rank's tensors (every rank: the same shapes and dtypes, in the same order).
-        op
-            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
-        algorithm
-            Any all-reduce spec (see ``collectives.algorithms.spec``).
-        num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack
-            The packing knobs of `collectives.batch_all_reduce`.
-        shards
-            Ring sub-chunks or shuffle gather ranks (0: the spec's).
-        groups
-            The groups of a two-level ``"A/B"``.
-        timeout
-            Seconds each packed call may wait for its peers (None: the communicator's).
-
-        Returns
-        -------
-        list
-            The reduced tensors, in input order, with input shapes.
-
-        Raises
-        ------
-        TypeError
-            ``xs`` is not a list of arrays; ValueError for a bad spec or knob.
-        CollectiveMismatchError
-            The ranks passed different tensors or arguments.
-        CollectiveTimeoutError
-            A peer did not arrive within ``timeout``.
-        """
-        from ..algorithms.batch import plan_batch
-
-        if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
-            raise TypeError("xs must be a list of arrays")
-        xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
-        for k, x in enumerate(xs):
-            check_op_for(op, np.dtype(x.dtype), f"xs[{k}]")
-        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs],
-                           algorithm, num_packs=num_packs,
-                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                           agg_small_grads_max_group=agg_small_grads_max_group,
-                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                           extra_names=self._native_names)
-        results: list = [None] * len(xs)
-        for part in parts:
-            packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
-            reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                       groups=groups, timeout=timeout) for buf in packed]
-            for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
-                results[i] = result
-        return results
 
 
 _TOKEN = np.zeros(1, np.int64)

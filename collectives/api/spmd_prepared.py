@@ -14,7 +14,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
-from ..hints import Op, SpmdAlgorithm
+from ..hints import Array, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.prepared import PreparedCall
 from ..runtime.validate import check_out
@@ -40,9 +40,36 @@ class PreparedOps:
                              "array")
         return xa
 
-    def all_reduce_init(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
-                        out: Any, shards: int = 0, groups: Any = None) -> PreparedCall:
-        """A prepared all-reduce of ``x`` into ``out`` (which may be ``x``)."""
+    def all_reduce_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
+                        out: Array, shards: int = 0, groups: Any = None) -> PreparedCall:
+        """A prepared all-reduce of ``x`` into ``out``, agreed once and started many times.
+
+        Parameters
+        ----------
+        x
+            The array read at every ``start()``.
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            As for `all_reduce`.
+        out
+            The array every run writes (may be ``x``).
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``.
+
+        Returns
+        -------
+        PreparedCall
+            ``start()`` runs it, ``wait()`` returns ``out``.
+
+        Raises
+        ------
+        TypeError
+            A bad argument; ValueError likewise (an ``out`` that overlaps ``x`` without
+            being it).
+        """
         xa = self.adapt(x, "x")
         call = self._call(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
@@ -57,9 +84,36 @@ class PreparedOps:
         src = None if xa is work else arrays.flat(xa)
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1), finish)
 
-    def reduce_init(self, x: Any, op: Op = "sum", root: int = 0,
-                    algorithm: SpmdAlgorithm = "auto", *, out: Any = None, shards: int = 0) -> PreparedCall:
-        """A prepared reduce onto ``root``; ``out`` is required there (ignored elsewhere)."""
+    def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
+                    algorithm: SpmdAlgorithm = "auto", *, out: Array | None = None,
+                    shards: int = 0) -> PreparedCall:
+        """A prepared reduce onto ``root``.
+
+        Parameters
+        ----------
+        x
+            The array read at every ``start()``.
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        root
+            The rank that gets the result.
+        algorithm
+            As for `all_reduce`.
+        out
+            On the root, the array every run writes (required there); ignored elsewhere.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+
+        Returns
+        -------
+        PreparedCall
+            ``start()`` runs it, ``wait()`` returns ``out`` on the root and None elsewhere.
+
+        Raises
+        ------
+        TypeError
+            A bad argument; ValueError likewise.
+        """
         xa = self.adapt(x, "x")
         call = self._call(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
         arrays = self.arrays
@@ -79,16 +133,58 @@ class PreparedOps:
 
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish)
 
-    def broadcast_init(self, x: Any, root: int = 0, algorithm: SpmdAlgorithm = "auto") -> PreparedCall:
-        """A prepared broadcast of root's ``x`` into every rank's ``x`` (same shape and dtype
-        on every rank)."""
+    def broadcast_init(self, x: Array, root: int = 0,
+                       algorithm: SpmdAlgorithm = "auto") -> PreparedCall:
+        """A prepared broadcast of root's ``x`` into every rank's ``x``.
+
+        Parameters
+        ----------
+        x
+            On the root, the array sent at every ``start()``; elsewhere, the array every run
+            writes (the same shape and dtype on every rank).
+        root
+            The rank whose ``x`` everyone gets.
+        algorithm
+            As for `broadcast`.
+
+        Returns
+        -------
+        PreparedCall
+            ``start()`` runs it, ``wait()`` returns ``x``.
+
+        Raises
+        ------
+        TypeError
+            A bad argument; ValueError likewise.
+        """
         xa = self.adapt(x, "x")
         call = self._call(Collective.BROADCAST, xa, None, algorithm, root=root)
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
 
-    def all_gather_init(self, x: Any, algorithm: SpmdAlgorithm = "auto", *, out: Any) -> PreparedCall:
-        """A prepared all-gather along the leading axis into ``out``."""
+    def all_gather_init(self, x: Array, algorithm: SpmdAlgorithm = "auto", *,
+                        out: Array) -> PreparedCall:
+        """A prepared all-gather along the leading axis into ``out``.
+
+        Parameters
+        ----------
+        x
+            The array read at every ``start()``.
+        algorithm
+            As for `all_gather`.
+        out
+            The array every run writes: ``size`` times ``x``'s leading axis.
+
+        Returns
+        -------
+        PreparedCall
+            ``start()`` runs it, ``wait()`` returns ``out``.
+
+        Raises
+        ------
+        TypeError
+            A bad argument; ValueError likewise.
+        """
         xa = self.adapt(x, "x")
         call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
         base = call.shape if call.shape else (1,)
@@ -101,9 +197,33 @@ class PreparedOps:
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,
                             granule=count if count else 1, place=lambda: arrays.copy(mine, src))
 
-    def reduce_scatter_init(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
-                            *, out: Any, shards: int = 0) -> PreparedCall:
-        """A prepared reduce-scatter: ``out`` takes this rank's rows of the total."""
+    def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
+                            *, out: Array, shards: int = 0) -> PreparedCall:
+        """A prepared reduce-scatter: ``out`` takes this rank's rows of the total.
+
+        Parameters
+        ----------
+        x
+            The array read at every ``start()``.
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            As for `reduce_scatter`.
+        out
+            The array every run writes: this rank's rows.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+
+        Returns
+        -------
+        PreparedCall
+            ``start()`` runs it, ``wait()`` returns ``out``.
+
+        Raises
+        ------
+        TypeError
+            A bad argument; ValueError likewise.
+        """
         xa = self.adapt(x, "x")
         call = self._call(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
         rows, n, i = call.shape[0], self.size, self.rank

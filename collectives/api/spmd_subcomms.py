@@ -43,16 +43,48 @@ class SubcommOps:
     """dup and split."""
 
     def dup(self: C) -> C:
-        """A new communicator over the same ranks, with this one's options: its calls never
-        mix with this one's (give each thread, or each library, its own). Collective."""
+        """A new communicator over the same ranks, with this one's options. Collective.
+
+        Its calls never mix with this one's: give each thread, or each library, its own.
+
+        Returns
+        -------
+        Communicator
+            The new communicator (of this one's class).
+
+        Raises
+        ------
+        CollectiveTimeoutError
+            A rank did not call it in time.
+        """
         transport = self._agree_then("dup", None, self.transport.dup)
         return type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
 
     def split(self: C, color: int | None, key: int = 0) -> C | None:
-        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
-        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
-        Collective over this communicator; the child has this one's options, and its failures
-        never break this one."""
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator.
+        Collective over this communicator; the child has this one's options, and its
+        failures never break this one.
+
+        Parameters
+        ----------
+        color
+            The group to join (a non-negative int); None: not a member.
+        key
+            Orders the ranks of the new communicator (then by rank here).
+
+        Returns
+        -------
+        Communicator or None
+            The new communicator; None where ``color`` is None.
+
+        Raises
+        ------
+        TypeError
+            ``color`` or ``key`` is not an int; ValueError where it is out of range (every
+            other rank raises `PeerFailedError`).
+        CollectiveTimeoutError
+            A rank did not call it in time.
+        """
         try:
             color, key = _check_color(color), _check_key(key)
             error = None
