@@ -9,11 +9,29 @@ from __future__ import annotations
 import importlib
 from functools import cache
 from importlib.metadata import entry_points
+from types import ModuleType
 
 
 @cache
-def load_backend(name: str):
-    """The module of backend ``name`` ("local", "mpi", "nccl", ...)."""
+def load_backend(name: str) -> ModuleType:
+    """The module of an installed backend, found through the ``collectives.backends``
+    entry points.
+
+    Parameters
+    ----------
+    name
+        ``"local"``, ``"mpi"``, ``"cupy"``, ``"nccl"`` or another installed backend.
+
+    Returns
+    -------
+    types.ModuleType
+        The backend's module (``init()``, ``run()``, ...).
+
+    Raises
+    ------
+    ValueError
+        No backend of that name is installed (the message lists those that are).
+    """
     for ep in entry_points(group="collectives.backends"):
         if ep.name == name:
             return ep.load()

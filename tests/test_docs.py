@@ -333,3 +333,50 @@ def test_mpiexec_lines_run_the_venv(page: Path):
             if BARE_MPIEXEC.search(line) or BARE_PYTHON.search(line):
                 bad.append(line.strip())
     assert not bad, f"{rel(page)}: {bad}"
+
+
+# --- the API reference's docstrings ---------------------------------------------------------------
+
+def _documented_api() -> list[tuple[str, object]]:
+    """(name, griffe function) of every public function of ``collectives`` and every method the
+    Communicator page lists."""
+    griffe = pytest.importorskip("griffe")
+    package = griffe.load("collectives", search_paths=[str(ROOT)], docstring_parser="numpy")
+    found = []
+    import collectives
+
+    for name in collectives.__all__:
+        obj = package[name]
+        target = obj.final_target if obj.is_alias else obj
+        if target.kind.value == "function":
+            found.append((f"collectives.{name}", target))
+    page = (ROOT / "docs" / "api" / "communicator.md").read_text()
+    listed = re.findall(r"^\s+- (\w+)$", page, re.M)
+    communicator = package["Communicator"].final_target
+    for name in listed:
+        member = communicator.all_members[name]
+        member = member.final_target if member.is_alias else member
+        if member.kind.value == "function":
+            found.append((f"Communicator.{name}", member))
+    return found
+
+
+def test_public_functions_have_numpy_sections():
+    """Every public function and Communicator method says, in NumPy style, what each parameter
+    is, what it returns and what it raises (where it takes, returns or raises anything)."""
+    problems = []
+    documented = _documented_api()
+    assert len(documented) >= 35
+    for name, function in documented:
+        sections = {s.kind.value: s for s in function.docstring.parse("numpy")} if function.docstring else {}
+        params = [p.name for p in function.parameters if p.name not in ("self", "cls")]
+        if params:
+            given = {item.name for item in sections["parameters"].value} if "parameters" in sections else set()
+            missing = [p for p in params if p not in given and not any(p in g for g in given)]
+            if missing:
+                problems.append(f"{name}: parameters without a description: {missing}")
+        if str(function.returns) not in ("None", "") and "returns" not in sections:
+            problems.append(f"{name}: no Returns section")
+        if name.split(".")[-1] not in ("free", "adapt", "choose_algorithm") and "raises" not in sections:
+            problems.append(f"{name}: no Raises section")
+    assert not problems, "\n".join(problems)
