@@ -65,19 +65,22 @@ def expected_sizes(collective: str, n: int, lo: int, hi: int, itemsize: int = 4)
     return sizes
 
 
+SLOW = pytest.mark.slow  # one per collective and mode stays in the quick subset
+
+
 @pytest.mark.parametrize("collective, mode, n, lo", [
     ("all_reduce", "devices", 3, 8),
     ("all_reduce", "spmd", 3, 8),
     ("reduce_scatter", "devices", 4, 64),
-    ("reduce_scatter", "spmd", 3, 8),
+    pytest.param("reduce_scatter", "spmd", 3, 8, marks=SLOW),
     ("all_gather", "spmd", 4, 64),
-    ("all_gather", "devices", 3, 8),
+    pytest.param("all_gather", "devices", 3, 8, marks=SLOW),
     ("broadcast", "spmd", 3, 8),
     ("reduce", "devices", 3, 8),
-    ("gather", "spmd", 3, 8),
+    pytest.param("gather", "spmd", 3, 8, marks=SLOW),
     ("scatter", "spmd", 4, 64),
-    ("all_to_all", "spmd", 3, 8),
-    ("batch_all_reduce", "devices", 3, 8),
+    pytest.param("all_to_all", "spmd", 3, 8, marks=SLOW),
+    pytest.param("batch_all_reduce", "devices", 3, 8, marks=SLOW),
     ("batch_all_reduce", "spmd", 3, 64),
 ])
 def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):

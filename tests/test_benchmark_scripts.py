@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every benchmark script end to end: left out of the quick subset
+
 ROOT = Path(__file__).resolve().parent.parent
 # mpi_compare.py launches the mpiexec beside this Python and no other.
 MPIEXEC = Path(sys.executable).parent / "mpiexec"

@@ -87,6 +87,7 @@ def test_version_is_defined_once():
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
 
 
+@pytest.mark.slow  # builds in an isolated environment from PyPI
 def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
     """Build a wheel from a copy of the sources: py.typed ships, the version and the
     distribution name are the ones the package and pyproject give."""
@@ -144,6 +145,7 @@ def test_the_pypi_description_works_outside_a_checkout():
     assert "pip install 'collective-schedules[tensorflow-full]'" in text
 
 
+@pytest.mark.slow  # builds in an isolated environment from PyPI
 def test_the_sdist_holds_the_package_and_not_the_tests(tmp_path):
     src = tmp_path / "src"
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,

@@ -371,7 +371,8 @@ def test_public_functions_have_numpy_sections():
         sections = {s.kind.value: s for s in function.docstring.parse("numpy")} if function.docstring else {}
         params = [p.name for p in function.parameters if p.name not in ("self", "cls")]
         if params:
-            given = {item.name for item in sections["parameters"].value} if "parameters" in sections else set()
+            listed = sections["parameters"].value if "parameters" in sections else []
+            given = {item.name for item in listed}
             missing = [p for p in params if p not in given and not any(p in g for g in given)]
             if missing:
                 problems.append(f"{name}: parameters without a description: {missing}")

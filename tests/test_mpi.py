@@ -31,6 +31,8 @@ ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(SCENARIOS))
 import body  # noqa: E402
 
+pytestmark = pytest.mark.slow  # MPI launches: left out of the quick subset
+
 
 def find_mpiexec() -> str | None:
     """``mpiexec`` next to this Python (a venv's MPICH wheel), else on PATH."""

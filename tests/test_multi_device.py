@@ -42,12 +42,14 @@ def _check_all_reduce(n, algorithm, pairs, sizes, **kw):
                 np.testing.assert_array_equal(v, b)  # inputs untouched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", RANKS)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_all_reduce_matrix(algorithm, n):
     _check_all_reduce(n, algorithm, PAIRS, SIZES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3, 4, 7])
 @pytest.mark.parametrize("algorithm", TF_NAMES + TWO_LEVEL)
 @pytest.mark.parametrize("groups", [None, 2, 3])
@@ -63,6 +65,7 @@ def test_shards(algorithm, shards):
                       groups=2)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ring", "rechd", "one_device", "shuffle", "tree"])
 def test_large_buffers_run_in_parallel_tiles(algorithm):

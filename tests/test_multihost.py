@@ -52,7 +52,8 @@ def _why_not() -> str | None:
 
 
 REASON = _why_not()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+# slow: MPI launches (left out of the quick subset)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
 @pytest.fixture(scope="module")

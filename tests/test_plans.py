@@ -21,6 +21,7 @@ def prove(collective, name, n, **kw):
     check(algorithms.schedule(collective, name, n, **kw))  # and together they are right
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collective, name", [
     (c, name) for c in Collective for name in BASE if algorithms.supports(c, name)],
     ids=lambda v: getattr(v, "value", v))
@@ -46,6 +47,7 @@ def test_ring_rotations_inside_groups(group):
             prove(Collective.ALL_REDUCE, "ring", n, shards=shards, layout=layout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pscpu/pscpu", "ring/ring", "tree/rechd", "rechd/shuffle",
                                   "one_device/tree", "shuffle/ring", "rechd/ring"])
 @pytest.mark.parametrize("collective", [Collective.ALL_REDUCE, Collective.REDUCE,

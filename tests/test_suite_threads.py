@@ -16,6 +16,7 @@ def run_body(body, n, **kwargs):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16])
+@pytest.mark.slow
 def test_all_reduce_matrix(n):
     run_body(bodies.all_reduce_matrix, n, full=n in (1, 3, 4))
 

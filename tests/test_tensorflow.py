@@ -31,6 +31,8 @@ from collectives.adapters.tensorflow.world import launched_world_size, open_comm
 import collectives
 from collectives.algorithms.spec import parse_spec
 
+pytestmark = pytest.mark.slow  # real MirroredStrategy runs: left out of the quick subset
+
 SCENARIOS = Path(__file__).parent / "tf_scenarios"
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
 needs_tf = pytest.mark.skipif(not HAVE_TF, reason="tensorflow is not installed")

@@ -20,7 +20,7 @@ NO_MPI = pytest.mark.skipif(not harness.HAVE_MPI, reason="needs mpi4py and an mp
 def _params():
     for transport, size in CONFIGS:
         for case in cases_for(transport, size):
-            marks = [NO_MPI] if transport.startswith("mpi") else []
+            marks = [NO_MPI, pytest.mark.slow] if transport.startswith("mpi") else []
             reason = case.xfail_reason(transport, size)
             if reason:
                 marks.append(pytest.mark.xfail(strict=case.xfail_strict, reason=reason))

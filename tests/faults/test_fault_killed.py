@@ -24,7 +24,8 @@ RANKS = 3
 TIMEOUT = 1.0
 WALL = 20.0  # seconds a launch may take before it counts as a hang
 
-pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and an mpiexec")
+# slow: MPI launches (left out of the quick subset)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and an mpiexec")]
 
 
 def launch(when: str, *flags: str) -> tuple[subprocess.CompletedProcess, float, list[dict]]:

@@ -16,7 +16,8 @@ from faults.harness import HAVE_MPI, MPIEXEC, ROOT, environment
 SCRIPT = Path(__file__).resolve().parent / "uncaught_rank.py"
 WALL = 30.0  # seconds before the job counts as hanging (it ends in about one)
 
-pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and an mpiexec")
+# slow: MPI launches (left out of the quick subset)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and an mpiexec")]
 
 
 def launch(mode: str, ranks: int) -> tuple[subprocess.CompletedProcess, float]:
