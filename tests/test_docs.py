@@ -381,3 +381,17 @@ def test_public_functions_have_numpy_sections():
         if name.split(".")[-1] not in ("free", "adapt", "choose_algorithm") and "raises" not in sections:
             problems.append(f"{name}: no Raises section")
     assert not problems, "\n".join(problems)
+
+
+def test_ci_runs_the_readme_commands():
+    """README's two commands: one sets up and runs the benchmark, one sets up and runs the
+    whole suite, and .ci/run runs exactly the latter; the quick subset is named beside it."""
+    readme = (ROOT / "README.md").read_text()
+    setups = [line for line in readme.splitlines() if line.startswith("python3 -m venv .venv")]
+    assert len(setups) == 2 and "collectives bench" in setups[0] and setups[1].endswith("pytest")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.startswith("python3 -m venv")]
+    assert ci == [setups[1]]
+    assert '.venv/bin/python -m pytest -m "not slow"' in readme
+    markers = (ROOT / "pyproject.toml").read_text()
+    assert '"slow: ' in markers
