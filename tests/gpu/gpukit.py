@@ -73,7 +73,9 @@ def launch(script: str, n: int, *args: str, env: dict | None = None,
            timeout: float = 240) -> subprocess.CompletedProcess:
     """``mpiexec -n n python scenarios/script args`` from the checkout."""
     full = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_RANKS_PER_NODE"}
-    full.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
+    # the checkout first, then whatever the caller's path holds (a stand-in CuPy, say)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    full.update({"PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})})
     cmd = [MPIEXEC, "-n", str(n), sys.executable, str(SCENARIOS / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full,
                           cwd=ROOT)
