@@ -50,8 +50,6 @@ class TwoLevelRun:
     """One two-level all-reduce in flight: ``advance()`` until True."""
 
     def __init__(self, t: Any, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int):
-        from mpi4py.util.dtlib import from_numpy_dtype
-
         self.t, self.call, self.dst, self.seq = t, call, dst, seq
         self.plan = plan = nccl_types.reduction(t.nccl, call.dtype, op)
         self.op = op
@@ -83,7 +81,9 @@ class TwoLevelRun:
                            stream)
         self.work, self.flat, self.mine, self.node = work, flat, mine, node
         self.shard, self.local_rank = shard, local_rank
-        self.mpi_type, self.mpi_op = from_numpy_dtype(view), _mpi_op(op)
+        # MPI's predefined type, which mpi4py infers from the NumPy buffer: a duplicate of it
+        # (mpi4py's from_numpy_dtype) is a user type, on which MPICH refuses predefined ops
+        self.mpi_op = _mpi_op(op)
         per = max(1, CHUNK_BYTES // view.itemsize)
         self.chunks = [(lo, min(lo + per, shard)) for lo in range(0, shard, per)]
         self.pinned = t.pinned(shard * view.itemsize)
@@ -122,8 +122,8 @@ class TwoLevelRun:
             if self.requests[k] is None:
                 if not self.copied[k].done:
                     break  # chunks land in order
-                self.requests[k] = self.cross.Iallreduce(
-                    _IN_PLACE(), [self.host[lo:hi], self.mpi_type], self.mpi_op)
+                self.requests[k] = self.cross.Iallreduce(_IN_PLACE(), self.host[lo:hi],
+                                                         self.mpi_op)
         while self.back < len(self.chunks):
             request = self.requests[self.back]
             if request is None or not request.Test():
