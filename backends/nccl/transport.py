@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from collectives.backends.cupy import nccl_types
@@ -64,6 +65,7 @@ class NcclTransport:
         self.notices = Notices(self.world.Dup())
         self._digests = self.world.Dup()
         self._notice_lock = threading.Lock()
+        self._deferred: deque = deque()  # notices the watchdog leaves to the engine
         self.data = NcclChannel(self)
         self.p2p = NcclChannel(self)  # users' send/recv: a channel (and group) of their own
         self.objects = self.world.Dup()  # pickled objects between ranks: host-side, over MPI
@@ -129,7 +131,15 @@ class NcclTransport:
             self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
+        with self._notice_lock:
+            if self._deferred:
+                return self._deferred.popleft()
         return self.notices_poll()
+
+    def defer_notice(self, failure: Failure) -> None:
+        """A notice the watchdog received but the engine handles (see ``poll_failure``)."""
+        with self._notice_lock:
+            self._deferred.append(failure)
 
     def notices_poll(self) -> Failure | None:
         with self._notice_lock:
@@ -143,9 +153,10 @@ class NcclTransport:
         return self.control.waiting_from_call(seq)
 
     def publish_activity(self, activity: tuple) -> None:
+        """``(seq, call, phase)``, or with a fourth item (the ranks a slow wait waits for)."""
         self.notices.activity = activity
-        seq, subject, inside = activity
-        if inside:  # every call, in order on every rank: its digest (see the watchdog)
+        seq, subject, phase = activity[:3]
+        if phase:  # every call, in order on every rank: its digest (see the watchdog)
             self.digest(seq, int(getattr(subject, "check", 0) or 0))
 
     def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:

@@ -126,3 +126,21 @@ def test_host_side_under_mpiexec(n, per_node):
 
 def test_mpi_reason_is_stated():
     assert MPI_REASON is None or "mpi4py" in MPI_REASON
+
+
+def test_watchdog_reads_the_answers_peers_give():
+    """Peers answer with describe_activity's four items (three for one that stayed silent):
+    a late call names the ranks not in it yet, else every peer, with what each says."""
+    from collectives.backends.nccl.watchdog import late_ranks
+
+    from collectives.transport import SILENT, describe_activity
+
+    answers = {1: describe_activity((7, "all_reduce(float32[4], op=sum)", "moving", (2,))),
+               2: describe_activity((6, "broadcast(int8[3], root=0)", False)),
+               3: (None, "did not answer within 0.5 s", SILENT)}
+    missing, doing = late_ranks(answers, 7)
+    assert missing == [2, 3]
+    assert "rank 2: last finished call 6" in doing and "rank 3: did not answer" in doing
+    assert "rank 1" not in doing
+    missing, doing = late_ranks({1: answers[1]}, 7)
+    assert missing == [1] and "waiting for rank(s) 2" in doing
