@@ -98,15 +98,19 @@ class TwoLevelRun:
         t.watch(call.describe(), seq)
 
     def _copy(self, host, device, to_host: bool) -> None:
+        """A chunk's copy on the transport's stream, under its device: the progress thread
+        that drives asynchronous calls sits on device 0, and a copy must be ordered after
+        the reduce-scatter (and before the all-gather) on this rank's GPU."""
         import cupy
 
         runtime = cupy.cuda.runtime
-        if to_host:
-            runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
-                                runtime.memcpyDeviceToHost, self.t.stream.ptr)
-        else:
-            runtime.memcpyAsync(device.data.ptr, host.ctypes.data, device.nbytes,
-                                runtime.memcpyHostToDevice, self.t.stream.ptr)
+        with cupy.cuda.Device(self.t.device):
+            if to_host:
+                runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
+                                    runtime.memcpyDeviceToHost, self.t.stream.ptr)
+            else:
+                runtime.memcpyAsync(device.data.ptr, host.ctypes.data, device.nbytes,
+                                    runtime.memcpyHostToDevice, self.t.stream.ptr)
 
     def _keys(self, keys, forward: bool) -> None:
         to_key, from_key = kernels.key_kernels(np.dtype(self.call.dtype), self.op.wire_op)
