@@ -47,7 +47,17 @@ def _mpi_op(op: ReduceOp):
 
 
 class TwoLevelRun:
-    """One two-level all-reduce in flight: ``advance()`` until True."""
+    """One two-level all-reduce in flight: ``advance()`` until True.
+
+    It issues collectives as it advances (each chunk's MPI all-reduce once that chunk's copy
+    has landed, NCCL's all-gather once every chunk is back), at moments that differ between
+    ranks. So it keeps the communicator's native turn until it finishes (``holds_turn``): a
+    later call's NCCL collective on the same stream, or MPI all-reduce on ``cross``, could
+    otherwise be issued between them on one rank and before them on another (a deadlock on
+    the stream; mixed data on the MPI communicator).
+    """
+
+    holds_turn = True
 
     def __init__(self, t: Any, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int):
         self.t, self.call, self.dst, self.seq = t, call, dst, seq
