@@ -32,11 +32,11 @@ CHUNK_BYTES = 4 << 20  # pinned staging per chunk: large enough for MPI's bandwi
 
 def two_level_ok(transport: Any, call: Call) -> bool:
     """Whether the two-level path runs this call: all-reduce of a dtype NCCL reduces exactly
-    whose wire form MPI also reduces (not float16)."""
+    whose wire form MPI also reduces (not float16 or bfloat16: MPI has no 16-bit floats)."""
     if call.collective is not Collective.ALL_REDUCE or call.op is None:
         return False
     plan = nccl_types.reduction(transport.nccl, call.dtype, call.op)
-    return plan is not None and plan.view != np.float16
+    return plan is not None and plan.view.kind in "biuf" and plan.view != np.float16
 
 
 def _mpi_op(op: ReduceOp):

@@ -1,7 +1,10 @@
 """Helpers of the GPU tests: why they skip, moving exact inputs to devices, comparing bits.
 
 GPU tests run on a real GPU and skip, with the reason, where CuPy is missing or no GPU is
-visible; nothing stands in for CuPy.
+visible. They also run under a NumPy stand-in for CuPy put first on ``PYTHONPATH`` (its
+``cupy.__version__`` ends in "-fake"): it checks the plumbing (API use, which device each
+piece of work goes to) on a CPU, proves nothing about a GPU, and does not model bfloat16 in
+NCCL or NaN in bfloat16 kernels, so those cases skip under it (:data:`STAND_IN_GAP`).
 """
 
 from __future__ import annotations
@@ -40,8 +43,25 @@ def nccl_reason() -> str | None:
         warnings.simplefilter("ignore")
         from cupy.cuda import nccl
     if not getattr(nccl, "available", False):
-        return "CuPy cannot load NCCL (pip install nvidia-nccl-cu12)"
+        return "CuPy cannot load NCCL (pip install nvidia-nccl-cu13, or -cu12 for CUDA 12)"
     return None
+
+
+def stand_in() -> bool:
+    """Whether ``cupy`` is the NumPy stand-in rather than CuPy."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    import cupy
+
+    return str(getattr(cupy, "__version__", "")).endswith("-fake")
+
+
+STAND_IN = stand_in()
+STAND_IN_GAP = "the CuPy stand-in models neither NCCL's bfloat16 nor NaN in bfloat16 kernels"
+
+
+def is_bfloat16(dtype) -> bool:
+    return np.dtype(dtype).name == "bfloat16"
 
 
 def gpu_count() -> int:

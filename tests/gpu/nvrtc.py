@@ -46,9 +46,12 @@ def elementwise_source(name: str, in_params: str, out_params: str, operation: st
             params.append(f"CArray<{c}, 1, true, true> _raw_{pname}")
             loads.append(f"{'const ' if const else ''}{c} &{pname} = _raw_{pname}[_ind.get()];")
     typedefs = "".join(f"typedef {_typename(d)} {t};\n" for t, d in types.items())
+    # CuPy includes the bfloat16 class only for kernels with bfloat16 parameters
+    extra = ("#include <cupy/bfloat16.cuh>\n"
+             if any(np.dtype(d).name == "bfloat16" for d in types.values()) else "")
     return (
         "#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n"
-        f"{typedefs}{preamble}\n"
+        f"{extra}{typedefs}{preamble}\n"
         f'extern "C" __global__ void {name}({", ".join(params)}, CIndexer<1, true> _ind) {{\n'
         "  CUPY_FOR(i, _ind.size()) {\n    _ind.set(i);\n"
         f"    {' '.join(loads)}\n    {operation}\n  }}\n}}\n")

@@ -79,7 +79,12 @@ def test_every_dtype_has_an_exact_nccl_form_or_none():
                 continue
             plan = reduction(nccl, dtype, op)
             kind = np.dtype(dtype).kind
-            if dtype in (np.int16, np.uint16) or dtype.name == "bfloat16":
+            if dtype.name == "bfloat16":  # NCCL's bfloat16; no exact MAX/MIN (no int16 keys)
+                if op in (ReduceOp.MAX, ReduceOp.MIN):
+                    assert plan is None
+                else:
+                    assert plan.nccl_type == nccl.NCCL_BFLOAT16 and plan.view == dtype
+            elif dtype in (np.int16, np.uint16):
                 assert plan is None
             elif kind == "c":
                 assert (plan is None) == (op is ReduceOp.PROD)

@@ -16,7 +16,7 @@ import cupy
 import numpy as np
 
 import collectives
-from collectives.ops import ReduceOp, check_dtype
+from collectives.ops import BFLOAT16, ReduceOp, check_dtype
 from collectives.reference import exact_input, expected_outputs
 
 mode = sys.argv[1]
@@ -24,6 +24,9 @@ comm = collectives.load_backend("nccl").init(timeout=60)
 rank, size = comm.rank, comm.size
 DTYPES = [np.bool_, np.int8, np.int16, np.uint32, np.int64, np.float16, np.float32, np.float64,
           np.complex64, np.complex128]
+# bfloat16 where ml_dtypes is installed (a NumPy stand-in for CuPy has no NCCL bfloat16)
+if BFLOAT16 is not None and not str(cupy.__version__).endswith("-fake"):
+    DTYPES.append(BFLOAT16)
 checked = 0
 
 
@@ -89,8 +92,9 @@ if mode == "one_rank":
     comm.synchronize()
 elif mode == "two_level":
     for dtype, op in pairs():
-        if dtype in (np.float16, np.int16) or (dtype.kind == "c" and op is ReduceOp.PROD):
-            continue  # no exact NCCL form (float16 also has no MPI type)
+        if (dtype in (np.float16, np.int16) or dtype.name == "bfloat16"
+                or (dtype.kind == "c" and op is ReduceOp.PROD)):
+            continue  # no exact NCCL form, or no MPI type (float16, bfloat16)
         for count in (0, 1, 1009, (4 << 20) + 3):
             for algorithm in ("auto", "two_level"):
                 if count > 2000 and (dtype != np.float32 or algorithm == "auto"):
