@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).parent / "scenarios"
 
 
+def install_line() -> str:
+    from collectives.backends.cupy.probe import install_line
+
+    return install_line()
+
+
 def gpu_reason() -> str | None:
     """None where a GPU test can run, else why not."""
     if importlib.util.find_spec("cupy") is None:
-        return "CuPy is not installed (pip install -e '.[cuda]')"
+        return f"CuPy is not installed ({install_line()})"
     import cupy
 
     if not cupy.cuda.is_available():
@@ -38,12 +43,13 @@ def gpu_reason() -> str | None:
 def nccl_reason() -> str | None:
     """None where CuPy loads NCCL, else why not (GPU or not)."""
     if importlib.util.find_spec("cupy") is None:
-        return "CuPy is not installed (pip install -e '.[cuda]')"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from cupy.cuda import nccl
-    if not getattr(nccl, "available", False):
-        return "CuPy cannot load NCCL (pip install nvidia-nccl-cu13, or -cu12 for CUDA 12)"
+        return f"CuPy is not installed ({install_line()})"
+    from collectives.backends.cupy.probe import NcclUnavailableError, nccl_module
+
+    try:
+        nccl_module()
+    except (ImportError, NcclUnavailableError) as exc:
+        return str(exc)
     return None
 
 

@@ -21,9 +21,10 @@ def nvrtc_ready() -> str | None:
 
         nvrtc.getVersion()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot compile here"
-        return f"NVRTC is not loadable ({type(exc).__name__}: {exc}); pip install nvidia-cuda-nvrtc-cu12"
+        return (f"NVRTC is not loadable ({type(exc).__name__}: {exc}); pip install -e "
+                "'.[cuda13]' (or '.[cuda12]')")
     if not find_nvidia_header_directory("cudart"):
-        return "CUDA headers are missing; pip install nvidia-cuda-runtime-cu12"
+        return "CUDA headers are missing; pip install -e '.[cuda13]' (or '.[cuda12]')"
     return None
 
 

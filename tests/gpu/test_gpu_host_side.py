@@ -5,17 +5,19 @@ host side (unique id over MPI, nodes, control channel, notices) under mpiexec.""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import re
 
 import numpy as np
 import pytest
-from gpukit import GPU, MPI_REASON, launch, nccl_reason, needs_mpi, passed
+from gpukit import GPU, MPI_REASON, ROOT, launch, nccl_reason, needs_mpi, passed
 
 import collectives
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
 
 needs_cupy = pytest.mark.skipif(
-    __import__("importlib.util").util.find_spec("cupy") is None,
-    reason="CuPy is not installed (pip install -e '.[cuda]')")
+    importlib.util.find_spec("cupy") is None,
+    reason="CuPy is not installed (pip install -e '.[cuda13]', or '.[cuda12]')")
 no_gpu_here = pytest.mark.skipif(GPU is None, reason="a GPU is visible: the no-GPU errors "
                                                     "cannot happen here")
 
@@ -149,3 +151,32 @@ def test_watchdog_reads_the_answers_peers_give():
     assert "rank 1" not in doing
     missing, doing = late_ranks({1: answers[1]}, 7)
     assert missing == [1] and "waiting for rank(s) 2" in doing
+
+
+def test_install_lines_name_the_wheels_of_each_cuda_extra():
+    """Every wheel a GPU error tells to install is in the extra of its CUDA line, and each
+    line's extra holds CuPy 14 or later of that line."""
+    from collectives.backends.cupy import probe
+
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["cuda"] == ["collective-schedules[cuda12]"]
+    for line in probe.LINES:
+        names = {re.split(r"[<>=\[; ]", r, maxsplit=1)[0]: r for r in extras[f"cuda{line}"]}
+        assert names[f"cupy-cuda{line}x"].endswith(f">={probe.MIN_CUPY}")
+        for wheel in probe.WHEELS[line]:
+            assert re.split(r"[<>=]", wheel.strip("'"), maxsplit=1)[0] in names, (line, wheel)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_missing_cupy_says_which_extra_to_install():
+    from collectives.backends import cupy as gpu
+    from collectives.backends.cupy import probe
+
+    with pytest.raises(ImportError, match=r"need CuPy 14 or later.*pip install -e "
+                                          r"'\.\[cuda1[23]\]' from the checkout"):
+        gpu.all_reduce([np.zeros(3)])
+    assert probe.cuda_line() in probe.LINES
+    assert "CuPy 14 or later, which is not installed" in probe.describe()

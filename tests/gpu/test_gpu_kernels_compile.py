@@ -12,7 +12,8 @@ import pytest
 from collectives.ops import BFLOAT16, ReduceOp, check_dtype
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cupy") is None,
-                                reason="CuPy is not installed (pip install -e '.[cuda]')")
+                                reason="CuPy is not installed (pip install -e '.[cuda13]', "
+                                       "or '.[cuda12]')")
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
           np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128] + (
