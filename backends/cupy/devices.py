@@ -249,3 +249,9 @@ def devices() -> CupyDevices:
 
     require_gpu()
     return CupyDevices()
+
+
+def logical_streams(enabled: bool = True):
+    """``with logical_streams(): ...``: calls of this thread give each logical device sharing
+    a GPU a stream of its own (see :meth:`CupyDevices.logical_streams`)."""
+    return devices().logical_streams(enabled)

@@ -209,3 +209,20 @@ def test_several_gpus(algorithm):
                 np.testing.assert_array_equal(c, host(g))  # NCCL's order is its own
             else:
                 assert same_bits(c, host(g))
+
+
+def test_nccl_cliques_are_made_per_device_order_and_freed():
+    import cupy
+    from collectives.backends.cupy import free_communicators
+
+    free_communicators()
+    ids = list(range(min(2, cupy.cuda.runtime.getDeviceCount())))
+    values = exact_inputs(len(ids), 64, np.float32)
+    orders = [ids, ids[::-1]] if len(ids) > 1 else [ids]
+    for order in orders:
+        got = gpu().all_gather(on_devices(values, order), 0, "nccl")
+        assert all(same_bits(np.concatenate(values), host(g)) for g in got)
+    assert free_communicators() == len(orders)
+    assert free_communicators() == 0
+    got = gpu().all_reduce(on_devices(values, ids), "sum", "nccl")  # made again
+    assert same_bits(host(got[0]), sum(values))
