@@ -9,13 +9,14 @@ the host; streams are ordered with events instead:
   sharing it) gets a stream of its own, which first waits for the current stream;
 * within a round, steps never read what another step writes, so every stream runs its steps
   at once;
-* at the end of every round the streams that took part are joined: one waits for an event of
+* at the end of every round every stream of the call is joined: one waits for an event of
   each that worked since the last join, records one, and every other one waits for that. The
   next round reads finished data and overwrites nothing another stream still reads; after
   the last round the same join means the results are ready for work on each device's current
   stream, and no stream still reads them;
-* a stream met for the first time in a call, as the source of a step, is waited for where it
-  is first read (its pending work is the caller's input, or the call's first copies).
+* a step whose stream, or its source's, has not taken part in a join of the call yet (the
+  first round, which reads the call's first copies; a stream first met later) waits for an
+  event of the source's stream where it first reads it.
 
 Logical devices on one GPU share its current stream by default, so for them the joins cost
 nothing. The order of operations is the schedule's, exactly as on the NumPy backend, so
@@ -60,7 +61,8 @@ class _CallState(threading.local):
         self.written: set[int] = set()  # devices whose current stream a written buffer took
         self.spare: dict[int, int] = {}  # device -> pool streams handed out in this call
         self.pool: dict[int, list] = {}  # device -> this thread's own streams, made once
-        self.met: dict[int, _Lane] = {}  # id(lane) -> lane: ordered by the joins
+        self.joined: set[int] = set()  # id(lane): lanes the last join ordered
+        self.waited: set[tuple[int, int]] = set()  # (reader, source) waits since then
         self.pending = False
         self.fresh = True  # a call is being set up: its first round meets streams afresh
         self.last_round = -1
@@ -150,15 +152,16 @@ class CupyDevices:
         if not state.active:
             return None  # outside a call's steps: the current streams, as CuPy's own calls
         target = self._lane_of(dst, True)
-        met = state.met
+        joined, waited = state.joined, state.waited
         for src in srcs:
             source = self._lane_of(src, False)
-            if source is not target and id(source) not in met:
-                # First read of this stream in the call: wait for what it holds now (the
-                # caller's work on its input, or the call's first copies), and no more.
+            if source is target or (id(target) in joined and id(source) in joined):
+                continue  # one stream, or both ordered by the last join
+            if (id(target), id(source)) not in waited:
+                # First read of this stream since the last join that ordered both: wait for
+                # what it holds now (the caller's input, the call's first copies), no more.
                 self._wait(target, self._record(source))
-                met[id(source)] = source
-        met.setdefault(id(target), target)
+                waited.add((id(target), id(source)))
         target.pending = state.pending = True
         return target.stream
 
@@ -174,25 +177,24 @@ class CupyDevices:
             lane.handle().wait_event(event)
 
     def join(self) -> None:
-        """Every stream met in the call waits for every other one's work so far."""
+        """Every stream of the call waits for every other one's work so far."""
         state = self._state
         if not state.pending:
             return
         state.pending = False
-        lanes = list(state.met.values())
-        if len(lanes) < 2:
-            for lane in lanes:
-                lane.pending = False
-            return
-        hub = lanes[0]
-        for lane in lanes[1:]:
-            if lane.pending:
-                self._wait(hub, self._record(lane))
-        done = self._record(hub)
-        for lane in lanes[1:]:
-            self._wait(lane, done)
+        lanes = state.lanes
+        if len(lanes) > 1:
+            hub = lanes[0]
+            for lane in lanes[1:]:
+                if lane.pending:
+                    self._wait(hub, self._record(lane))
+            done = self._record(hub)
+            for lane in lanes[1:]:
+                self._wait(lane, done)
         for lane in lanes:
             lane.pending = False
+        state.joined = {id(lane) for lane in lanes}
+        state.waited.clear()
 
     def own(self, name: str):
         """This backend's own multi-device function ``name`` (NCCL, async handles), which
@@ -210,15 +212,15 @@ class CupyDevices:
         state.current.clear()
         state.written.clear()
         state.spare.clear()
-        state.met.clear()
+        state.joined.clear()
+        state.waited.clear()
         state.pending = False
 
     def end_call(self) -> None:
         """A call ends with every stream it met waiting for the others' work of it (the
         devices' current streams among them)."""
         state = self._state
-        state.met = {id(lane): lane for lane in state.lanes}
-        state.pending = any(lane.pending for lane in state.lanes) or state.pending
+        state.pending = state.pending or any(lane.pending for lane in state.lanes)
         self.join()
         state.active = False
         state.roots.clear()
@@ -226,10 +228,11 @@ class CupyDevices:
     def begin_round(self, index: int) -> None:
         state = self._state
         if state.fresh or index <= state.last_round:
-            # The first round of a call: its streams are met afresh, each waited for where it
-            # is first read (the call's first copies, if any, are on them).
-            state.met.clear()
-            state.pending = state.fresh = False
+            # The first round of a call: no join has ordered its streams yet (its first
+            # copies are on them), so each read waits for its source's stream.
+            state.joined.clear()
+            state.waited.clear()
+            state.fresh = False
         else:
             self.join()
         state.last_round = index
