@@ -15,6 +15,7 @@ Importing this package needs neither CUDA nor CuPy; the first GPU call checks fo
 
 from __future__ import annotations
 
+from . import foreign
 from .api import all_reduce, batch_all_reduce, nccl_request, reduce
 from .api_moves import all_gather, broadcast, reduce_scatter
 from .arrays import CupyArrays
@@ -26,5 +27,5 @@ from .work import DeviceWork
 
 __all__ = ["CupyArrays", "CupyDevices", "DeviceWork", "GpuUnavailableError",
            "NcclUnavailableError", "all_gather", "all_reduce", "batch_all_reduce", "bench_kit",
-           "broadcast", "devices", "free_communicators", "logical_streams", "nccl_request",
+           "broadcast", "devices", "foreign", "free_communicators", "logical_streams", "nccl_request",
            "nccl_version", "reduce", "reduce_scatter", "require_gpu"]
