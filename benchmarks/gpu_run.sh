@@ -213,8 +213,11 @@ step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
 # --- packing: at most 4 files ---------------------------------------------------------------
 "$PY" - "$WORK/run.json" "$MODE" "$DEVICE" <<'EOF'
 import datetime, json, subprocess, sys
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip() or "unknown"
+try:  # (the GPU machine may have no git)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+except OSError:
+    commit = "unknown"
 json.dump({"mode": sys.argv[2], "device": sys.argv[3], "commit": commit,
            "command": "bash benchmarks/gpu_run.sh" + (" --cpu" if sys.argv[2] == "cpu" else ""),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},

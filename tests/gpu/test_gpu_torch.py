@@ -78,6 +78,8 @@ def test_cuda_tensors_in_and_out_share_device_memory():
 def test_bfloat16_and_float16_tensors():
     import torch
 
+    pytest.importorskip("ml_dtypes", reason="CuPy takes bfloat16 only with ml_dtypes installed")
+
     devices = _devices(3)
     for dtype in (torch.bfloat16, torch.float16):
         tensors = [torch.full((257,), float(p + 1), dtype=dtype, device=f"cuda:{d}")
