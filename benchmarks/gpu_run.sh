@@ -24,7 +24,8 @@
 # benchmark sizes, and the tests that --tests names (default: all of tests/gpu); its numbers
 # mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
-# BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers).
+# BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
+# (the commit to name, where the checkout has no git history).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --fakecupy) FAKECUPY=$2; shift ;;
     --tests) TESTS=$2; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu_run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -66,6 +67,7 @@ else
   PYTHON=${PYTHON:-python3}
 fi
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export COLLECTIVES_GPU_RUN=1  # (the tests' own dry run of this script need not run inside it)
 
 log() { echo "[gpu_run $(date -u +%H:%M:%S) +$((SECONDS - START))s] $*" | tee -a "$LOGS/run.log"; }
 
@@ -91,7 +93,7 @@ step() {  # step NAME LIMIT COMMAND...: in a process group of its own, output to
   return $rc
 }
 
-log "mode $MODE, checkout $(git rev-parse --short HEAD 2>/dev/null || echo unknown), work $WORK"
+log "mode $MODE, checkout ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, work $WORK"
 { nvidia-smi && nvidia-smi topo -m; } > "$LOGS/nvidia-smi.txt" 2>&1 \
   || echo "nvidia-smi is not available on this machine" >> "$LOGS/nvidia-smi.txt"
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -213,12 +215,13 @@ step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
 # --- packing: at most 4 files ---------------------------------------------------------------
 "$PY" - "$WORK/run.json" "$MODE" "$DEVICE" <<'EOF'
 import datetime, json, subprocess, sys
-try:  # (the GPU machine may have no git)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+import os
+try:  # COMMIT names it where the copy of the checkout has no git history
+    commit = os.environ.get("COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 except OSError:
-    commit = "unknown"
-json.dump({"mode": sys.argv[2], "device": sys.argv[3], "commit": commit,
+    commit = ""
+json.dump({"mode": sys.argv[2], "device": sys.argv[3], "commit": commit or "unknown",
            "command": "bash benchmarks/gpu_run.sh" + (" --cpu" if sys.argv[2] == "cpu" else ""),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
           open(sys.argv[1], "w"))

@@ -34,7 +34,9 @@ pytestmark = [
     pytest.mark.skipif(FAKECUPY is None, reason="no NumPy stand-in for CuPy: set FAKECUPY=PATH "
                        "(a folder holding cupy/) to dry-run benchmarks/gpu_run.sh --cpu"),
     pytest.mark.skipif(MPI_REASON is not None, reason=MPI_REASON or ""),
-    pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")]
+    pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)"),
+    pytest.mark.skipif(bool(os.environ.get("COLLECTIVES_GPU_RUN")),
+                       reason="inside benchmarks/gpu_run.sh, whose run is this dry run")]
 
 
 @pytest.mark.timeout(280)
