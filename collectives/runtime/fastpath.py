@@ -42,9 +42,10 @@ class FastAllReduce:
         """A fast path for ``call``, or None where it has none (too large, not native,
         integer MEAN, or no persistent collective in the transport)."""
         native = comm.transport.native
-        if (native is None or call.run_as != "native" or call.nbytes > FAST_BYTES
+        if (native is None or not getattr(native, "persistent", True)
+                or call.run_as != "native" or call.nbytes > FAST_BYTES
                 or call.final != call.dtype or not call.count):
-            return None
+            return None  # (persistent False: the transport has no persistent collectives)
         arrays = comm.arrays
         src = arrays.empty((call.count,), call.dtype)
         dst = arrays.empty((call.count,), call.dtype)
