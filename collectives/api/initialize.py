@@ -74,11 +74,15 @@ def init(backend: str = "auto", **options: Any):
 
 def _check_versions(comm) -> None:
     """Every rank must run the same version of the library (a mixed install mismatches in
-    subtle ways)."""
+    subtle ways); where a rank records a timeline, the ranks' clocks are lined up."""
+    from ..timeline import clock
     from ..version import __version__
 
-    versions = comm.all_gather_object(__version__)
+    # (with each rank's host and whether it records a timeline: the clocks are lined up then)
+    gathered = comm.all_gather_object((__version__, clock.probe()))
+    versions = [g[0] if isinstance(g, tuple) else g for g in gathered]
     if len(set(versions)) > 1:
         by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(versions))
         raise RuntimeError(f"ranks run different versions of collectives ({by_rank}); install "
                            "the same one everywhere")
+    clock.align(comm, [g[1] for g in gathered])

@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CollectiveError
+from ..timeline import recorder
+from . import tracing
 from .calls import Call
 from .work import Operation, Work
 
@@ -96,6 +98,8 @@ class PreparedCall:
             op = Operation(engine, seq, call, [agreement, data], self.finish,
                            signature=call.signature, check=call.check,
                            skipped_agreement=agreement is None)
+            if recorder.ON:
+                tracing.issued(comm, op, True)
             self._work = engine.run(op, True, None)
             self._waited = False
         finally:
