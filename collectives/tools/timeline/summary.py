@@ -14,6 +14,7 @@ is where the chain ends: the straggler the last line names.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 
 from .traces import Span, names, spans
 
@@ -92,84 +93,94 @@ class Blame:
         return out
 
 
-def summarize(events: list[dict]) -> str:
-    """The summary's text for a trace's events."""
+@dataclass
+class Accounts:
+    """Where a trace's time went: calls grouped by (collective, bytes, ranks, multi-device),
+    waiting by group and by participant, and for whom (at the ends of the chains)."""
+
+    labels: dict
+    groups: dict = field(default_factory=lambda: defaultdict(list))
+    waited: dict = field(default_factory=lambda: defaultdict(float))
+    waited_for: dict = field(default_factory=lambda: defaultdict(Counter))
+    rank_wait: dict = field(default_factory=lambda: defaultdict(float))
+    rank_for: dict = field(default_factory=lambda: defaultdict(Counter))
+    blamed: Counter = field(default_factory=Counter)
+    per_rank: dict = field(default_factory=lambda: defaultdict(list))
+
+    def straggler(self) -> tuple[int | None, float]:
+        """The participant the others waited for most, and its share of all waiting."""
+        total = sum(self.blamed.values())
+        if not total:
+            return None, 0.0
+        worst, amount = self.blamed.most_common(1)[0]
+        return worst, amount / total
+
+
+def account(events: list[dict]) -> Accounts:
     every = spans(events)
-    labels = names(events)
-    calls = [s for s in every if s.cat == "call" and "collective" in s.args]
-    if not calls:
-        return "no collective calls in this trace"
+    out = Accounts(names(events))
     blame = Blame(every)
     call_of: dict[tuple, tuple] = {}
-    groups: dict[tuple, list[Span]] = defaultdict(list)
-    for call in calls:
+    for call in (s for s in every if s.cat == "call" and "collective" in s.args):
         a = call.args
-        ranks = a.get("ranks") or a.get("devices") or 1
-        key = (a["collective"], a.get("bytes", 0), ranks, "devices" in a)
-        groups[key].append(call)
+        key = (a["collective"], a.get("bytes", 0), a.get("ranks") or a.get("devices") or 1,
+               "devices" in a)
+        out.groups[key].append(call)
+        if call.depth == 0:
+            out.per_rank[call.pid].append(call)
         if "call" in a:
             call_of[call.pid, call.comm, a["call"]] = key
-    waited: dict[tuple, float] = defaultdict(float)
-    waited_for: dict[tuple, Counter] = defaultdict(Counter)
-    rank_wait: dict[int, float] = defaultdict(float)
-    rank_for: dict[int, Counter] = defaultdict(Counter)
-    blamed: Counter = Counter()
     for wait in (s for s in every if s.cat == "wait" and "call" in s.args):
         key = call_of.get((wait.pid, wait.comm, wait.args.get("call")))
-        rank_wait[wait.pid] += wait.duration
+        out.rank_wait[wait.pid] += wait.duration
         if key is not None:
-            waited[key] += wait.duration
+            out.waited[key] += wait.duration
         for root, share in blame.roots(wait).items():
             if key is not None:
-                waited_for[key][root] += share
-            rank_for[wait.pid][root] += share
-            blamed[root] += share
+                out.waited_for[key][root] += share
+            out.rank_for[wait.pid][root] += share
+            out.blamed[root] += share
+    return out
+
+
+def summarize(events: list[dict]) -> str:
+    """The summary's text for a trace's events."""
+    accounts = account(events)
+    labels = accounts.labels
+    if not accounts.groups:
+        return "no collective calls in this trace"
     lines = [f"{'collective':<16} {'size':>9} {'ranks':>5} {'calls':>6} {'time/call':>10} "
              f"{'busbw GB/s':>10} {'waiting':>10}  waited for"]
-    for key in sorted(groups, key=lambda k: (k[3], k[0], k[1], k[2])):
+    for key in sorted(accounts.groups, key=lambda k: (k[3], k[0], k[1], k[2])):
         collective, nbytes, ranks, devices = key
-        found = groups[key]
+        found = accounts.groups[key]
         rows = {(s.pid, s.comm) for s in found}
         mean = sum(s.duration for s in found) / len(found)
-        where = "devices" if devices else "ranks"
+        culprits = "" if devices else _top(accounts.waited_for[key], labels)
         lines.append(f"{collective:<16} {human_bytes(nbytes):>9} {ranks:>5} "
                      f"{len(found) // max(len(rows), 1):>6} {human_time(mean):>10} "
                      f"{busbw(collective, nbytes, ranks, mean / 1e6):>10.3f} "
-                     f"{human_time(waited[key]):>10}  "
-                     f"{_top(waited_for[key], labels) if where == 'ranks' else ''}".rstrip())
-    total = sum(blamed.values())
+                     f"{human_time(accounts.waited[key]):>10}  {culprits}".rstrip())
     lines += ["", f"{'participant':<14} {'calls':>6} {'in calls':>10} {'waiting':>10} "
               f"{'others waited for it':>21}  it waited for"]
-    per_rank: dict[int, list[Span]] = defaultdict(list)
-    for call in calls:
-        if call.depth == 0:
-            per_rank[call.pid].append(call)
-    for pid in sorted(per_rank):
-        found = per_rank[pid]
+    for pid in sorted(accounts.per_rank):
+        found = accounts.per_rank[pid]
         lines.append(f"{labels.get(pid, pid)!s:<14} {len(found):>6} "
                      f"{human_time(sum(s.duration for s in found)):>10} "
-                     f"{human_time(rank_wait[pid]):>10} {human_time(blamed[pid]):>21}  "
-                     f"{_top(rank_for[pid], labels)}".rstrip())
-    if total > 0:
-        worst, amount = blamed.most_common(1)[0]
+                     f"{human_time(accounts.rank_wait[pid]):>10} "
+                     f"{human_time(accounts.blamed[pid]):>21}  "
+                     f"{_top(accounts.rank_for[pid], labels)}".rstrip())
+    worst, share = accounts.straggler()
+    if worst is not None:
         lines += ["", f"straggler: {labels.get(worst, f'rank {worst}')}: the others spent "
-                      f"{human_time(amount)} waiting for it ({100 * amount / total:.0f}% of all "
-                      "waiting)"]
+                      f"{human_time(accounts.blamed[worst])} waiting for it ({100 * share:.0f}% "
+                      "of all waiting)"]
     return "\n".join(lines)
 
 
 def straggler(events: list[dict]) -> tuple[int | None, float]:
     """The participant the others waited for most, and its share of all waiting."""
-    every = spans(events)
-    blame = Blame(every)
-    blamed: Counter = Counter()
-    for wait in (s for s in every if s.cat == "wait" and "call" in s.args):
-        blamed.update(blame.roots(wait))
-    total = sum(blamed.values())
-    if not total:
-        return None, 0.0
-    worst, amount = blamed.most_common(1)[0]
-    return worst, amount / total
+    return account(events).straggler()
 
 
 def _top(counter: Counter, labels: dict, most: int = 3) -> str:
