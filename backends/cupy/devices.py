@@ -26,8 +26,10 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from collectives.algorithms.select import CostModel
+from collectives.timeline import recorder
 
 from .arrays import CupyArrays, _cupy
+from .timing import DeviceCall
 
 # This backend's own multi-device functions by name, registered by the modules that define
 # them (which import this one: the backend never imports its functions, so no circle).
@@ -48,6 +50,7 @@ class _CallState(threading.local):
         self.pending = False
         self.fresh = True  # a call is being set up: its first round meets devices afresh
         self.last_round = -1
+        self.times: DeviceCall | None = None  # its CUDA events, while the timeline records
 
 
 class CupyDevices:
@@ -81,6 +84,8 @@ class CupyDevices:
                 known[src] = None
         known.setdefault(dst, None)
         state.pending = True
+        if state.times is not None:
+            state.times.first(dst)
 
     def _record(self, device: int):
         cp = _cupy()
@@ -116,10 +121,14 @@ class CupyDevices:
     def begin_call(self) -> None:
         """A call begins: its first round meets its devices afresh."""
         self._state.fresh = True
+        self._state.times = DeviceCall(self.arrays.stream) if recorder.ON else None
 
     def end_call(self) -> None:
         """A call ends with every device waiting for the others' work of it."""
         self.join()
+        if self._state.times is not None:
+            self._state.times.end()
+            self._state.times = None
 
     def begin_round(self, index: int) -> None:
         state = self._state
@@ -135,6 +144,8 @@ class CupyDevices:
 
     def end_round(self, index: int) -> None:
         self.join()
+        if self._state.times is not None:
+            self._state.times.mark(index)
 
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:
         """The tiles strategy's hook: one tile, the whole range (GPUs run rounds)."""

@@ -22,6 +22,7 @@ ends, so the trace nests.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from ..timeline import recorder as rec
@@ -78,7 +79,17 @@ def track(comm: Any) -> Track:
 
 
 def describe(subject: Any, size: int) -> tuple[str, dict]:
-    """A call's name and signature for the trace."""
+    """A call's name and signature for the trace (a copy: callers add to it)."""
+    call = subject if hasattr(subject, "nbytes") else None
+    if call is not None:
+        known = _described.get(call)
+        if known is None or known[0] != size:
+            known = _described[call] = (size, *_describe(call, size))
+        return known[1], dict(known[2])
+    return _describe(subject, size)
+
+
+def _describe(subject: Any, size: int) -> tuple[str, dict]:
     if isinstance(subject, str):
         return subject.split("(")[0], {"what": subject}
     call = subject if hasattr(subject, "nbytes") else getattr(subject, "call", None)
@@ -97,6 +108,9 @@ def describe(subject: Any, size: int) -> tuple[str, dict]:
     if name in ROOTED:
         args["root"] = call.root
     return name, args
+
+
+_described: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Call -> its signature
 
 
 class OpTrace:
@@ -232,15 +246,16 @@ class RunTrace:
         trace = self.where = getattr(_current, "op", None)
         if trace is None:
             return
-        index, sends, recvs = run.rounds[run.k]
-        size = self.itemsize
-        args = {"round": index,
-                "sends": [[dst, (b - a) * size] for dst, a, b, _ in sends],
-                "recvs": [[list(srcs), (b - a) * size, "reduce" if reduce else "copy"]
-                          for srcs, a, b, reduce, _ in recvs]}
+        rounds, k = run.rounds, run.k
+        key = (id(rounds), k, self.itemsize)
+        known = _rounds.get(key)
+        if known is None or known[0] is not rounds:
+            if len(_rounds) > 4096:
+                _rounds.clear()
+            known = _rounds[key] = (rounds, *_round_args(rounds[k], self.itemsize))
         cat = "agreement" if self.transport is trace.track.control else "round"
         trace.unblock()
-        trace.begin(f"round {index}", cat, args)
+        trace.begin(known[1], cat, known[2])
         trace.rounds += 1
 
     def blocked(self, run: Any) -> None:
@@ -266,6 +281,17 @@ class RunTrace:
             trace.unblock()
             trace.end()
             trace.rounds -= 1
+
+
+_rounds: dict[tuple, tuple] = {}  # a plan's round (at one length) -> its span's name and args
+
+
+def _round_args(rnd: tuple, size: int) -> tuple[str, dict]:
+    index, sends, recvs = rnd
+    return f"round {index}", {
+        "round": index, "sends": [[dst, (b - a) * size] for dst, a, b, _ in sends],
+        "recvs": [[list(srcs), (b - a) * size, "reduce" if reduce else "copy"]
+                  for srcs, a, b, reduce, _ in recvs]}
 
 
 def fast_path(fast: Any, seq: int, t0: int) -> None:
