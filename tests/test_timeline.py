@@ -323,3 +323,25 @@ os.kill(os.getpid(), signal.SIGKILL)
     every = traces.spans(events)
     call = next(s for s in every if s.pid == 0 and s.cat == "call")
     assert call.args.get("unfinished") is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="tensorflow is not installed")
+def test_tensorflow_marks_each_batch_reduce_with_its_tensors(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "timeline_marks.py", str(tmp_path / "t")],
+                          cwd=ROOT / "tests" / "tf_scenarios", env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    events = traces.merge(tmp_path / "t")["traceEvents"]
+    assert traces.problems(events) == []
+    every = traces.spans(events)
+    marks = [s for s in every if s.cat == "batch"]
+    assert [m.args["path"] for m in marks] == ["host", "device"]
+    host_mark = marks[0]
+    assert [(t["shape"], t["dtype"], t["replicas"]) for t in host_mark.args["tensors"]] == [
+        ([3], "float32", 2), ([2, 5], "float32", 2), ([7], "float32", 2)]
+    assert host_mark.args["bytes"] == 4 * (3 + 10 + 7)
+    inside = [s for s in every if s.cat == "call" and host_mark.start <= s.start
+              and s.end <= host_mark.end]  # the multi-device calls it made, on the devices' rows
+    assert inside and {s.pid for s in inside} == {recorder.DEVICE_PID, recorder.DEVICE_PID + 1}

@@ -132,9 +132,10 @@ class _Traced:
         self._open = []
 
 
-def marked(fn: Callable, name: str, comm: Any, describe: Callable[[], dict]) -> Callable:
-    """``fn`` whose every call (while recording) is a span ``name`` with ``describe()`` as its
-    args: on the communicator's track, or without one on this process's host row."""
+def marked(fn: Callable, name: str, comm: Any, describe: Callable[..., dict]) -> Callable:
+    """``fn`` whose every call (while recording) is a span ``name`` whose args are
+    ``describe(*its arguments)``: on the communicator's track, or without one on this
+    process's host row."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -148,7 +149,7 @@ def marked(fn: Callable, name: str, comm: Any, describe: Callable[[], dict]) -> 
             rec.name_process(pid, "host")
             rec.name_track(pid, tid, f"thread {tid}")
         rec.begin(pid, tid, name, "batch", max(rec.now(), where.end if where else 0),
-                  describe())
+                  describe(*args, **kwargs))
         try:
             return fn(*args, **kwargs)
         finally:
