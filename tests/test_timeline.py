@@ -89,6 +89,7 @@ def test_thread_ranks_trace_keeps_the_format(record):
         return comm._engine.seq
 
     calls = collectives.run(body, 3)[0]
+    tl.flush()
     raw = traces.read_events(tl.current_file())
     assert traces.problems(raw) == []  # the process's own file, as written
     events = _events(record)

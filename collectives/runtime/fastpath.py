@@ -77,6 +77,8 @@ class FastAllReduce:
                     op = Operation(engine, seq, self.call, [_Started(persistent)],
                                    lambda: None, signature=self.call.signature,
                                    check=self.call.check, skipped_agreement=True)
+                    if t0:
+                        tracing.fast_waits(self, seq, t0, op)
                     engine.run(op, False, timeout)
                     break
             comm.transport.publish_activity((seq, self.call, False))

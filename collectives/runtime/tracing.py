@@ -38,7 +38,7 @@ _current = threading.local()  # the traced operation this thread is advancing
 class Track:
     """A communicator's rows: its blocking calls, and lanes for asynchronous ones."""
 
-    __slots__ = ("control", "end", "label", "lanes", "lock", "pid", "tid")
+    __slots__ = ("control", "end", "fast", "label", "lanes", "lock", "others", "pid", "tid")
 
     def __init__(self, comm: Any):
         pid, index = comm._trace_place
@@ -48,6 +48,8 @@ class Track:
         self.end = 0  # when the last blocking call ended
         self.lock = threading.Lock()
         self.control = getattr(comm.transport, "control", None)
+        self.others = [r for r in range(comm.size) if r != comm.rank]
+        self.fast = 0  # a fast-path call whose span is open (it had to wait)
         rec.name_process(pid, f"rank {pid}")
         rec.name_track(pid, self.tid, self.label)
 
@@ -184,7 +186,7 @@ def advance(op: Any) -> bool:
             if not stage.advance():
                 if not trace.rounds:
                     pending = getattr(stage, "pending_peers", None)
-                    trace.block(pending() if pending is not None else [])
+                    trace.block(pending() if pending is not None else trace.track.others)
                 return False
             trace.unblock()
             trace.end()
@@ -294,9 +296,23 @@ def _round_args(rnd: tuple, size: int) -> tuple[str, dict]:
                   for srcs, a, b, reduce, _ in recvs]}
 
 
+def fast_waits(fast: Any, seq: int, t0: int, op: Any) -> None:
+    """A call of the fast path that must wait after all: its span opens (from ``t0``) and the
+    operation that waits records its waits inside it, and ends it."""
+    where = track(fast.comm)
+    name, args = describe(fast.call, fast.comm.size)
+    args.update(call=seq, path="fast")
+    op.trace = OpTrace(where, where.tid, False, seq, args)
+    op.trace.begin(name, "call", args, ts=max(t0, where.end))
+    where.fast = seq
+
+
 def fast_path(fast: Any, seq: int, t0: int) -> None:
     """A call of the fast path, as one span."""
     where = track(fast.comm)
+    if where.fast == seq:  # the operation that waited ended its span
+        where.fast = 0
+        return
     name, args = describe(fast.call, fast.comm.size)
     args.update(call=seq, path="fast")
     ts, t0 = rec.now(), max(t0, where.end)

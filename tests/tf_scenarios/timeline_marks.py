@@ -15,9 +15,9 @@ from common import per_replica, setup
 def main() -> None:
     devices = setup(2)
     import tensorflow as tf
+    from collectives.adapters.tensorflow import CrossDeviceOps, kits
 
     from collectives import timeline
-    from collectives.adapters.tensorflow import CrossDeviceOps, kits
 
     timeline.start(sys.argv[1])
     SUM = tf.distribute.ReduceOp.SUM

@@ -50,6 +50,8 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
     lo = start_ms if start_ms is not None else float("-inf")
     hi = end_ms if end_ms is not None else float("inf")
     every = [s for s in every if (s.end - origin) / 1e3 >= lo and (s.start - origin) / 1e3 <= hi]
+    if not every:
+        raise ValueError(f"the trace holds no spans between {start_ms} and {end_ms} ms")
     labels = names(events)
     rows = _rows(every, labels)
     shared = defaultdict(int)
@@ -57,15 +59,20 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
         shared[pid] += 1
     index = {row: k for k, row in enumerate(rows)}
     bars: dict[tuple, list] = defaultdict(list)  # (kind, colour) -> [(row, x, width)]
-    colour_of: dict[tuple, str] = {}
+    present: dict[str, list[str]] = defaultdict(list)  # colour -> the collectives drawn in it
+    wide: list[tuple] = []  # calls wide enough to be labelled
     for span in every:
         row = index[span.pid, span.tid]
-        x, width = (span.start - origin) / 1e3, max(span.duration / 1e3, 1e-6)
+        x = max((span.start - origin) / 1e3, lo)  # clipped to the window
+        width = max(min((span.end - origin) / 1e3, hi) - x, 1e-6)
         if span.cat in ("call", "batch"):
             collective = span.args.get("collective", span.name)
             colour = COLLECTIVE_COLOURS.get(collective, "tab:gray")
-            colour_of[row, span.args.get("call", span.start)] = colour
+            if collective not in present[colour]:
+                present[colour].append(collective)
             bars["call", colour].append((row, x, width))
+            if span.depth == 0 and "bytes" in span.args:
+                wide.append((row, x, width, f"{collective} {_size(span.args['bytes'])}"))
         elif span.cat in ("round", "agreement"):
             if span.cat == "agreement":
                 bars["agreement", "0.55"].append((row, x, width))
@@ -76,7 +83,7 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
             bars["wait", "tab:red"].append((row, x, width))
         elif span.cat == "reduce":
             bars["reduce", "black"].append((row, x, width))
-    height = max(2.0, 0.45 * len(rows) + 1.2)
+    height = max(2.0, (0.7 if len(rows) <= 8 else 0.45) * len(rows) + 1.4)
     fig, ax = plt.subplots(figsize=(12, height), dpi=120)
     geometry = {"call": (0.40, 0.80), "agreement": (0.28, 0.56), "round": (0.28, 0.56),
                 "wait": (0.28, 0.56), "reduce": (0.40, 0.16)}
@@ -88,7 +95,8 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
         for row, ranges in by_row.items():
             y = row - top
             if kind == "call":
-                ax.broken_barh(ranges, (y, tall), facecolors=colour, alpha=0.35, linewidth=0)
+                ax.broken_barh(ranges, (y, tall), facecolors=colour, alpha=0.35,
+                               edgecolors="white", linewidth=0.8)
             elif kind == "round":
                 face = "#1f3b73" if colour == "dark" else "#5b86c9"
                 ax.broken_barh(ranges, (y, tall), facecolors=face, alpha=0.85, linewidth=0)
@@ -104,8 +112,15 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
     ax.set_ylim(len(rows) - 0.4, -0.6)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)
-    seen = sorted({c for (kind, c) in bars if kind == "call"})
-    legend = [Patch(facecolor=c, alpha=0.35, label=_collective_named(c)) for c in seen]
+    ax.set_xlim(left=lo if start_ms is not None else None,
+                right=hi if end_ms is not None else None)
+    left, right = ax.get_xlim()
+    for row, x, width, text in wide:  # name the calls there is room to name
+        if width > 0.08 * (right - left):
+            ax.text(x + width / 2, row - 0.39, text, ha="center", va="top", fontsize=6,
+                    color="0.2", clip_on=True)
+    legend = [Patch(facecolor=c, alpha=0.35, label=" / ".join(names_))
+              for c, names_ in sorted(present.items())]
     legend += [Patch(facecolor="#1f3b73", label="round of the plan (shades alternate)"),
                Patch(facecolor="0.55", label="agreement"),
                Patch(facecolor="white", edgecolor="tab:red", hatch="////", label="wait"),
@@ -124,6 +139,8 @@ def _order(kind: str) -> int:
     return ["call", "agreement", "round", "reduce", "wait"].index(kind)
 
 
-def _collective_named(colour: str) -> str:
-    found = [name for name, c in COLLECTIVE_COLOURS.items() if c == colour]
-    return " / ".join(found[:2]) if found else "call"
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from ...timeline.recorder import HOST_PID
 from .traces import Span, names, spans
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -107,6 +108,16 @@ class Accounts:
     blamed: Counter = field(default_factory=Counter)
     per_rank: dict = field(default_factory=lambda: defaultdict(list))
 
+    def hosts(self, events: list[dict]) -> dict[str, list[int]]:
+        """The ranks (pids below the devices') of each host, as the files name them."""
+        found: dict[str, list[int]] = defaultdict(list)
+        for e in events:
+            if (e.get("ph") == "M" and e.get("name") == "process_name"
+                    and e.get("pid", 0) < HOST_PID and "host" in e.get("args", {})):
+                if e["pid"] not in found[e["args"]["host"]]:
+                    found[e["args"]["host"]].append(e["pid"])
+        return {h: sorted(p) for h, p in found.items()}
+
     def straggler(self) -> tuple[int | None, float]:
         """The participant the others waited for most, and its share of all waiting."""
         total = sum(self.blamed.values())
@@ -170,6 +181,13 @@ def summarize(events: list[dict]) -> str:
                      f"{human_time(accounts.rank_wait[pid]):>10} "
                      f"{human_time(accounts.blamed[pid]):>21}  "
                      f"{_top(accounts.rank_for[pid], labels)}".rstrip())
+    hosts = accounts.hosts(events)
+    if len(hosts) > 1:
+        total = sum(accounts.blamed.values()) or 1.0
+        lines += [""] + [f"host {host}: ranks {', '.join(str(p) for p in pids)}; the others "
+                         f"waited {human_time(sum(accounts.blamed[p] for p in pids))} for them "
+                         f"({100 * sum(accounts.blamed[p] for p in pids) / total:.0f}%)"
+                         for host, pids in sorted(hosts.items())]
     worst, share = accounts.straggler()
     if worst is not None:
         lines += ["", f"straggler: {labels.get(worst, f'rank {worst}')}: the others spent "
