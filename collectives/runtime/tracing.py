@@ -81,13 +81,13 @@ def track(comm: Any) -> Track:
 
 
 def describe(subject: Any, size: int) -> tuple[str, dict]:
-    """A call's name and signature for the trace (a copy: callers add to it)."""
+    """A call's name and signature for the trace (kept for the call: never change it)."""
     call = subject if hasattr(subject, "nbytes") else None
     if call is not None:
         known = _described.get(call)
         if known is None or known[0] != size:
             known = _described[call] = (size, *_describe(call, size))
-        return known[1], dict(known[2])
+        return known[1], known[2]
     return _describe(subject, size)
 
 
@@ -150,10 +150,8 @@ class OpTrace:
     def unblock(self) -> None:
         if self.waited:
             ts = rec.now()
-            args = {"for": self.pending, "call": self.seq}
-            if self.round is not None:
-                args["round"] = self.round
-            rec.complete(self.pid, self.tid, "wait", "wait", self.waited, ts - self.waited, args)
+            rec.complete(self.pid, self.tid, "wait", "wait", self.waited, ts - self.waited,
+                         ("for", self.pending, self.seq, self.round))
             self.waited = 0
 
 
@@ -161,14 +159,13 @@ def issued(comm: Any, op: Any, async_op: bool, t0: int = 0) -> None:
     """A call was issued: its span begins (at ``t0``, when the call was entered)."""
     where = track(comm)
     name, args = describe(op.subject, comm.size)
-    args["call"] = op.seq
     if async_op:
         tid, last = where.take_lane()
-        args["async"] = True
     else:
         tid, last = where.tid, where.end
     trace = OpTrace(where, tid, async_op, op.seq, args)
-    trace.begin(name, "call", args, ts=max(t0, last) or rec.now())
+    extra = f'"call":{op.seq},"async":true' if async_op else f'"call":{op.seq}'
+    trace.begin(name, "call", (args, extra), ts=max(t0, last) or rec.now())
     op.trace = trace
 
 
@@ -275,7 +272,7 @@ class RunTrace:
         if trace is not None:
             ts = rec.now()
             rec.complete(trace.pid, trace.tid, "reduce", "reduce", self.reducing,
-                         ts - self.reducing, {"from": src, "bytes": elements * self.itemsize})
+                         ts - self.reducing, ("from", src, elements * self.itemsize))
 
     def round_done(self, run: Any) -> None:
         trace = self.where
@@ -301,9 +298,8 @@ def fast_waits(fast: Any, seq: int, t0: int, op: Any) -> None:
     operation that waits records its waits inside it, and ends it."""
     where = track(fast.comm)
     name, args = describe(fast.call, fast.comm.size)
-    args.update(call=seq, path="fast")
     op.trace = OpTrace(where, where.tid, False, seq, args)
-    op.trace.begin(name, "call", args, ts=max(t0, where.end))
+    op.trace.begin(name, "call", (args, f'"call":{seq},"path":"fast"'), ts=max(t0, where.end))
     where.fast = seq
 
 
@@ -314,7 +310,7 @@ def fast_path(fast: Any, seq: int, t0: int) -> None:
         where.fast = 0
         return
     name, args = describe(fast.call, fast.comm.size)
-    args.update(call=seq, path="fast")
     ts, t0 = rec.now(), max(t0, where.end)
-    rec.complete(where.pid, where.tid, name, "call", t0, ts - t0, args)
+    rec.complete(where.pid, where.tid, name, "call", t0, ts - t0,
+                 (args, f'"call":{seq},"path":"fast"'))
     where.end = ts
