@@ -93,7 +93,7 @@ def describe(subject: Any, size: int) -> tuple[str, dict]:
 
 def _describe(subject: Any, size: int) -> tuple[str, dict]:
     if isinstance(subject, str):
-        return subject.split("(")[0], {"what": subject}
+        return subject.split("(")[0], {"what": subject, "ranks": size}
     call = subject if hasattr(subject, "nbytes") else getattr(subject, "call", None)
     if call is None:  # a broadcast's non-root before the root described it
         kind = getattr(subject, "collective", None)

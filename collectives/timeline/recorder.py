@@ -202,14 +202,14 @@ class _Writer(threading.Thread):
     def __init__(self, path: Path):
         super().__init__(name="collectives-timeline", daemon=True)
         self.path = path
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        self.first = True
+        self.file: Any = None  # opened at the first event: a process that records nothing
+        self.first = True  # leaves no file
         self.wake = threading.Event()
         self.stopping = False
         self.io = threading.Lock()
-        with _state:
-            named = [event for events in _names.values() for event in events]
-        self._write([_format(event) for event in named])
+        self.stopped = False
+        with _state:  # names given before this file (later ones come through the buffer)
+            self.named = [event for events in _names.values() for event in events]
 
     def run(self) -> None:
         while not self.stopping:
@@ -238,8 +238,11 @@ class _Writer(threading.Thread):
             self._write(lines)
 
     def _write(self, lines: list[str]) -> None:
-        if not lines or self.file.closed:
+        if not lines or self.stopped:
             return
+        if self.file is None:
+            self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - see close()
+            lines = [_format(event) for event in self.named] + lines
         head = "[\n" if self.first else ",\n"
         self.first = False
         self.file.write(head + ",\n".join(lines))
@@ -251,8 +254,10 @@ class _Writer(threading.Thread):
         self.join()
         self.drain()
         with self.io:
-            self.file.write("[]" if self.first else "\n]\n")
-            self.file.close()
+            self.stopped = True
+            if self.file is not None:
+                self.file.write("\n]\n")
+                self.file.close()
 
 
 def file_name() -> str:
@@ -260,7 +265,8 @@ def file_name() -> str:
 
 
 def start(path: str | os.PathLike) -> Path:
-    """Record from now on into ``path/<host>-<pid>.trace.json``; returns that file."""
+    """Record from now on into ``path/<host>-<pid>.trace.json`` (made at the first event);
+    returns that file's path."""
     global ON, _writer
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

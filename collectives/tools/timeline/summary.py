@@ -132,10 +132,10 @@ def account(events: list[dict]) -> Accounts:
     out = Accounts(names(events))
     blame = Blame(every)
     call_of: dict[tuple, tuple] = {}
-    for call in (s for s in every if s.cat == "call" and "collective" in s.args):
+    for call in (s for s in every if s.cat == "call"):
         a = call.args
-        key = (a["collective"], a.get("bytes", 0), a.get("ranks") or a.get("devices") or 1,
-               "devices" in a)
+        key = (a.get("collective", call.name), a.get("bytes", 0),
+               a.get("ranks") or a.get("devices") or 1, "devices" in a)
         out.groups[key].append(call)
         if call.depth == 0:
             out.per_rank[call.pid].append(call)
