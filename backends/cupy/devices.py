@@ -32,8 +32,10 @@ from functools import lru_cache
 from typing import Any
 
 from collectives.algorithms.select import CostModel
+from collectives.timeline import recorder
 
 from .arrays import CupyArrays, _cupy
+from .timing import DeviceCall
 
 # This backend's own multi-device functions by name, registered by the modules that define
 # them (which import this one: the backend never imports its functions, so no circle).
@@ -76,6 +78,7 @@ class _CallState(threading.local):
         self.pending = False
         self.fresh = True  # a call is being set up: its first round meets streams afresh
         self.last_round = -1
+        self.times: DeviceCall | None = None  # its CUDA events, while the timeline records
 
 
 def _root(x: Any) -> Any:
@@ -173,6 +176,8 @@ class CupyDevices:
                 self._wait(target, self._record(source))
                 waited.add((id(target), id(source)))
         target.pending = state.pending = True
+        if state.times is not None:
+            state.times.first(target.device)
         return target.stream
 
     def _record(self, lane: _Lane):
@@ -223,6 +228,9 @@ class CupyDevices:
         state.joined.clear()
         state.waited.clear()
         state.pending = False
+        # while the timeline records: CUDA events on each device's current stream (work on
+        # the extra streams of logical_streams() shows once the end of the call joins them)
+        state.times = DeviceCall(self.arrays.stream) if recorder.ON else None
 
     def end_call(self) -> None:
         """A call ends with every stream it met waiting for the others' work of it (the
@@ -232,6 +240,9 @@ class CupyDevices:
         self.join()
         state.active = False
         state.roots.clear()
+        if state.times is not None:
+            state.times.end()
+            state.times = None
 
     def begin_round(self, index: int) -> None:
         state = self._state
@@ -247,6 +258,8 @@ class CupyDevices:
 
     def end_round(self, index: int) -> None:
         self.join()
+        if self._state.times is not None:
+            self._state.times.mark(index)
 
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:
         """The tiles strategy's hook: one tile, the whole range (GPUs run rounds)."""

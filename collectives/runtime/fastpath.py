@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 from ..ops import ReduceOp
+from ..timeline import recorder
+from . import tracing
 from .calls import Call
 from .prepared import PersistentStage
 from .work import Operation
@@ -58,6 +60,7 @@ class FastAllReduce:
         comm = self.comm
         engine = comm._engine
         arrays = self.arrays
+        t0 = recorder.now() if recorder.ON else 0
         engine.enter("all_reduce")
         try:
             seq = engine.next_seq()
@@ -75,6 +78,8 @@ class FastAllReduce:
                     op = Operation(engine, seq, self.call, [_Started(persistent)],
                                    lambda: None, signature=self.call.signature,
                                    check=self.call.check, skipped_agreement=True)
+                    if t0:
+                        tracing.fast_waits(self, seq, t0, op)
                     engine.run(op, False, timeout)
                     break
             comm.transport.publish_activity((seq, self.call, False))
@@ -84,6 +89,8 @@ class FastAllReduce:
             engine._broke(exc, engine.seq)
             raise
         finally:
+            if t0:
+                tracing.fast_path(self, engine.seq, t0)
             engine.leave()
 
     def _slow(self, seq: int, out: Any, timeout: float | None) -> Any:
