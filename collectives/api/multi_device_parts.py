@@ -18,9 +18,11 @@ from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
+from ..runtime import tracing_devices
 from ..runtime.calls import resolve_algorithm
 from ..runtime.validate import as_array, check_op, check_out, check_shards, resolve_groups, same_layout
 from ..runtime.work import Completed
+from ..timeline import recorder
 
 
 def backend_first(function: Callable) -> Callable:
@@ -32,6 +34,12 @@ def backend_first(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
+        if recorder.ON:  # the call as a span on every device's row
+            return tracing_devices.device_call(function, values, args,
+                                               lambda: dispatch(values, args, async_op, kwargs))
+        return dispatch(values, args, async_op, kwargs)
+
+    def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
             own = getattr(backend_for_arrays([first]), "own", None)

@@ -22,6 +22,7 @@ import collectives
 
 from . import arguments
 from .bench import command as bench_command
+from .timeline import command as timeline_command
 
 DESCRIPTION = """\
 Collective communication over NumPy and MPI, one set of algorithms.
@@ -82,7 +83,14 @@ def draw_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 # --- the command --------------------------------------------------------------------------------
 
-COMMANDS = (bench_command.add_parser, add_draw)
+def add_timeline(sub) -> argparse.ArgumentParser:
+    """Register ``timeline`` (its actions: merge, plot, summary) among the subcommands ``sub``."""
+    t = timeline_command.add_parser(sub)
+    t.set_defaults(run=lambda args, argv: args.handler(args), parser=t)
+    return t
+
+
+COMMANDS = (bench_command.add_parser, add_draw, add_timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:
