@@ -28,7 +28,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t = sub.add_parser("timeline", help="merge, draw and summarise timelines of every call",
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    actions = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = t.add_subparsers(dest="action", required=True, metavar="ACTION",
+                               help="merge, plot or summary")
     m = actions.add_parser("merge", help="join the ranks' files into one trace")
     m.add_argument("folder", help="the folder COLLECTIVES_TIMELINE named")
     m.add_argument("-o", "--output", default="trace.json", help="default trace.json")
