@@ -174,7 +174,7 @@ class Prediction:
     reduction: float = 0.0
     rounds: list = field(default_factory=list)
     shards: int = 0
-    groups: int = 0
+    layout: Layout | None = None  # the groups of a two-level algorithm (or the ring's rotations)
     note: str = ""
 
     @property
@@ -182,8 +182,10 @@ class Prediction:
         out = self.algorithm
         if self.shards > 1:
             out += f"#{self.shards}"
-        if self.groups:
-            out += f" (groups of {self.groups})"
+        if self.layout is not None and "/" in self.algorithm:
+            groups = self.layout.groups
+            each = f"{self.layout.uniform}" if self.layout.uniform else "uneven"
+            out += f" ({len(groups)}x{each})"
         return out
 
     def critical_path(self, limit: int = 12) -> str:

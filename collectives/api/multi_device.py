@@ -20,6 +20,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import select
 from ..algorithms.base import Layout
+from ..algorithms.cost import Placement
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
 from ..foreign import accepts_foreign_values
@@ -70,13 +71,23 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
                    model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
     """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
     spec forms by the element ``count``."""
+    name, shards, _ = pick(collective, algorithm, size, nbytes, model, count, shards)
+    return name, shards
+
+
+def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: Any,
+         count: int = 0, shards: int = 0) -> tuple[str, int, Layout | None]:
+    """:func:`pick_algorithm`, with the groups of a two-level choice of ``auto`` (or None)."""
     name, shards = resolve_algorithm(algorithm, count, shards)
     if name == "auto":
-        return select.choose(collective, size, nbytes, model), shards
+        fabric = select.fabric_of(model)
+        decision = select.decide(collective, size, nbytes, fabric,
+                                 Placement(size, None, processes=False))
+        return decision.name, decision.shards or shards, decision.layout
     if not algorithms.supports(collective, name):
         raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
                          f"of {', '.join(algorithms.names_for(collective))}")
-    return name, shards
+    return name, shards, None
 
 
 def _prepare(values: Any, op: Any, argument: str = "values"):
@@ -92,9 +103,9 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
 def _plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
     count = math.prod(shape)
     nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
-    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
-                                  count, check_shards(shards))
-    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
+    name, shards, chosen = pick(collective, algorithm, n, nbytes, getattr(
+        backend, "fabric", None) or backend.cost_model, count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else chosen
     shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
     return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
 
