@@ -55,7 +55,8 @@ class Fabric:
     measured (others use ``gamma``); ``measured``: ``(method, collective, size, ((nbytes,
     seconds), ...))`` timings of a transport's own collectives (MPI's), which the model
     interpolates rather than predicts; ``native_overhead``: seconds per round of a native
-    collective's own (C) code, for sizes and counts never measured."""
+    collective's own (C) code, for sizes and counts never measured; ``call_overhead``:
+    seconds a call costs before and after its rounds (the same for every algorithm)."""
 
     proc: Link = Link(2e-6, 1 / 8e9)
     host: Link = Link(5e-6, 1 / 5e9)
@@ -67,6 +68,7 @@ class Fabric:
     serial: bool = False
     nic_shared: bool = True
     native_overhead: float = 2e-6
+    call_overhead: float = 0.0
     measured: tuple = ()
     source: str = field(default="defaults", compare=False)
 
@@ -105,7 +107,8 @@ class Fabric:
         lines.append(f"gamma {1 / self.gamma / 1e9:.2f} GB/s reduced" +
                      (f" ({gammas})" if gammas else ""))
         lines.append(f"overhead {self.overhead * 1e6:.1f} us per message, "
-                     f"{self.round_overhead * 1e6:.1f} us per round")
+                     f"{self.round_overhead * 1e6:.1f} us per round, "
+                     f"{self.call_overhead * 1e6:.1f} us per call")
         return "\n".join(lines)
 
 
@@ -324,10 +327,11 @@ def _bytes(n: float) -> str:
 
 
 def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Collective,
-                  size: int, nbytes: int) -> Prediction:
-    """The prediction from each round's part, ``(index, part)`` in round order."""
+                  size: int, nbytes: int, call_overhead: float = 0.0) -> Prediction:
+    """The prediction from each round's part, ``(index, part)`` in round order, after the
+    call's own overhead."""
     runs: list = []
-    latency = transfer = reduction = 0.0
+    latency, transfer, reduction = call_overhead, 0.0, 0.0
     for index, part in parts:
         latency += part.latency
         transfer += part.transfer

@@ -72,12 +72,18 @@ def _members(kind: str, placement: Placement) -> list[int] | None:
     return list(range(L))
 
 
-def _outer_symmetric(name: str, collective: Collective, layout: Layout | None,
-                     placement: Placement) -> bool:
+def _periodic(name: str, collective: Collective, shards: int, layout: Layout | None,
+              placement: Placement) -> bool:
+    """Whether every group of ``layout`` does what group 0 does: two-level plans whose outer
+    algorithm is symmetric over the groups, and rings whose sub-chunks rotate inside them."""
     if layout is None or not layout.uniform or collective not in (
             Collective.ALL_REDUCE, Collective.REDUCE_SCATTER):
         return False
     if placement.hosts is not None and placement.hosts != layout:
+        return False
+    if name == "ring":
+        return bool(shards > 1 and layout.runs)
+    if "/" not in name:
         return False
     outer, groups = name.split("/")[1], len(layout.groups)
     return outer in ("ring", "shuffle") or (outer == "rechd" and groups & (groups - 1) == 0)
@@ -119,7 +125,8 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
     if placement.size != size:
         raise ValueError(f"placement is for {placement.size} participants, not {size}")
     if size == 1:
-        return Prediction(name, collective, size, nbytes, 0.0)
+        return Prediction(name, collective, size, nbytes, fabric.call_overhead,
+                          fabric.call_overhead)
     gamma = fabric.gamma_for(dtype)
     host_of = placement.hosts.group_of if placement.hosts is not None else None
     local = placement.local
@@ -135,9 +142,8 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
         base = _plan(collective, name, size, 0, root, shards, layout)
         weights = {i: size / len(maps) for i in range(len(maps))} if serial else None
         parts = _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights)
-        return critical_path(parts, name, collective, size, nbytes)
-    if not exact and size > EXACT and "/" in name and _outer_symmetric(
-            name, collective, layout, placement):
+        return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
+    if not exact and size > EXACT and _periodic(name, collective, shards, layout, placement):
         ranks = list(layout.groups[0])  # every group does what group 0 does
         weight, complete = len(layout.groups), True
     else:
@@ -160,7 +166,7 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
             continue
         last = round_part(loads, fabric, gamma, weights)
         parts.append((index, last))
-    return critical_path(parts, name, collective, size, nbytes)
+    return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
 
 
 def _maps(kind: str, members: list[int], size: int) -> list:
@@ -175,7 +181,7 @@ def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
     """Member ``i`` of group ``g`` of "A/B" over consecutive groups of ``L`` is member 0's plan
     with every peer's place in its group moved by ``i`` (A's own symmetry inside groups), when
     B is symmetric over the groups and A over the members (its reduce-scatter and all-gather)."""
-    if not _outer_symmetric(name, collective, layout, placement) or not layout.runs:
+    if not _periodic(name, collective, 0, layout, placement) or not layout.runs:
         return None
     inner = name.split("/")[0]
     if inner not in ("ring", "shuffle"):

@@ -95,8 +95,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         engine = self._engine
         engine.enter("dup")
         try:
-            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
+            twin = type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
                               name=self.name)
+            twin._fabric = self._fabric
+            return twin
         finally:
             engine.leave()
 
@@ -118,7 +120,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
             engine.leave()
         if child is None:
             return None
-        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+        child = type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+        child._fabric = self._fabric  # the same links (measured natives are per size)
+        return child
 
     @property
     def fabric(self) -> Any:

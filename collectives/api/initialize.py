@@ -20,6 +20,8 @@ logger = logging.getLogger("collectives")
 # run one plain Python process.
 LAUNCHER_SIZE = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE")
 
+ENV_CALIBRATE = "COLLECTIVES_CALIBRATE"  # "1", "cached" or "fresh": init(calibrate=...)
+
 _ACTIVE: dict[str, Any] = {}
 
 
@@ -33,11 +35,15 @@ def launched_by_mpi(env: dict | None = None) -> bool:
     return False
 
 
-def init(backend: str = "auto", **options: Any):
+def init(backend: str = "auto", *, calibrate: Any = None, **options: Any):
     """The communicator of this process: ``"mpi"``, ``"local"`` (one rank), ``"auto"`` (MPI
     under an MPI launcher, else local; said at info level), or another installed backend
     (``"nccl"``). ``options`` go to the backend's ``init`` (``timeout=``, ``check=``, ...).
-    Idempotent per backend: a second call returns the first communicator."""
+    ``calibrate``: measure the cost model's constants for ``auto`` on this job (True: from
+    the cache of this host set when there, else measured, a few seconds, and cached;
+    ``"cached"``: only from the cache; ``"fresh"``: measured again); default
+    ``$COLLECTIVES_CALIBRATE``, else off. Idempotent per backend: a second call returns the
+    first communicator."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a name such as 'auto', 'mpi' or 'local', not "
                         f"{type(backend).__name__}")
@@ -68,6 +74,12 @@ def init(backend: str = "auto", **options: Any):
     comm = module.init(**options)
     if comm.size > 1:
         _check_versions(comm)
+    if calibrate is None:
+        calibrate = os.environ.get(ENV_CALIBRATE, "")
+    if calibrate:
+        from .calibration import apply
+
+        apply(comm, calibrate)
     _ACTIVE[name] = comm
     return comm
 
