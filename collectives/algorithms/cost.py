@@ -71,6 +71,7 @@ class Fabric:
     call_overhead: float = 0.0
     measured: tuple = ()
     source: str = field(default="defaults", compare=False)
+    raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
 
     def link(self, cls: int) -> Link:
         return (self.proc, self.host, self.net)[cls]
@@ -99,6 +100,7 @@ class Fabric:
         data["gammas"] = tuple(tuple(g) for g in data.get("gammas", ()))
         data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
                                  for m, c, n, pts in data.get("measured", ()))
+        data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
         return cls(**data)
 
     def describe(self) -> str:
@@ -336,7 +338,7 @@ def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Coll
         latency += part.latency
         transfer += part.transfer
         reduction += part.reduction
-        if runs and runs[-1][2] == part and runs[-1][0] + runs[-1][1] == index:
+        if runs and runs[-1][2][:3] == part[:3] and runs[-1][0] + runs[-1][1] == index:
             runs[-1][1] += 1
         else:
             runs.append([index, 1, part])

@@ -12,8 +12,9 @@ Pricing every participant's plan costs ``n`` plans: fine for a few dozen, not fo
   group 0: every group does the same;
 * anything else is priced from a sample: whole hosts (or ranks) that hold the root, the
   ends, the middle and the power-of-two boundaries where folding algorithms differ, and a
-  spread of others. A round none of them takes part in (a pipeline's middle) costs what the
-  round before it did.
+  spread of others. The ring's broadcast is a chain in which each participant acts in a few
+  rounds only: every participant up to 4,096, else a round none of the sample acts in costs
+  what the busiest round before it did.
 
 Rounds of equal shape are priced once (a ring of 65,536 has 131,070 rounds of two shapes).
 """
@@ -104,9 +105,9 @@ def sample(size: int, root: int, placement: Placement) -> list[int]:
     m = 1 << (size.bit_length() - 1)
     x = size - m
     special = {0, 1, 2, size // 2 - 1, size // 2, size // 2 + 1, size - 2, size - 1,
-               root - 1, root, root + 1, m - 1, m, m + 1, x - 1, x, x + 1}
+               root - 3, root - 2, root - 1, root, root + 1, m - 1, m, m + 1, x - 1, x, x + 1}
     special |= {int(k * 0.6180339887498949 % 1 * size) for k in range(1, SPREAD + 1)}
-    special = {p for p in special if 0 <= p < size}
+    special = {p % size for p in special}
     hosts = placement.hosts
     if hosts is None:
         return sorted(special)
@@ -147,8 +148,11 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
         ranks = list(layout.groups[0])  # every group does what group 0 does
         weight, complete = len(layout.groups), True
     else:
-        ranks = list(range(size)) if exact else sample(size, root, placement)
-        weight, complete = size / len(ranks), len(ranks) == size
+        # the ring's broadcast is a chain: one participant acts only in its k rounds
+        pipeline = name == "ring" and collective is Collective.BROADCAST
+        every = exact or (pipeline and size <= CACHED_UP_TO)
+        ranks = list(range(size)) if every else sample(size, root, placement)
+        weight, complete = size / len(ranks), len(ranks) == size or not pipeline
     plans = [_plan(collective, name, size, r, root, shards, layout) for r in ranks]
     weights = {r: weight for r in ranks} if serial else None
     by_round: dict[int, list] = {}
@@ -157,15 +161,17 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
         for index, sends, recvs in plan.rounds:
             by_round.setdefault(index, []).append(
                 load(plan.rank, sends, recvs, scale, host_of, local))
-    parts, last = [], None
+    parts, busiest = [], None
     for index in range(plans[0].num_rounds):
         loads = by_round.get(index)
         if loads is None:
-            if last is not None and not complete:
-                parts.append((index, last))  # nobody sampled acts: a pipeline's middle
+            if busiest is not None and not complete:
+                parts.append((index, busiest))  # nobody sampled acts: a pipeline's middle
             continue
-        last = round_part(loads, fabric, gamma, weights)
-        parts.append((index, last))
+        part = round_part(loads, fabric, gamma, weights)
+        if busiest is None or part.seconds > busiest.seconds:
+            busiest = part
+        parts.append((index, part))
     return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
 
 

@@ -33,7 +33,8 @@ def add_parser(sub: Any, positive) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--ranks", type=positive, default=2,
                    help="thread ranks when not under an MPI launcher; default 2")
-    p.add_argument("-r", "--repeats", type=positive, default=5, help="default 5")
+    p.add_argument("-r", "--repeats", type=positive, default=7,
+                   help="timed repeats; the best counts; default 7")
     p.add_argument("--no-natives", action="store_true",
                    help="do not time the transport's own collectives")
     p.add_argument("--cached", action="store_true",
@@ -58,6 +59,9 @@ def report(fabric: Any, where: str) -> str:
     for method, collective, size, points in fabric.measured:
         cells = ", ".join(f"{_size(b)}: {human_time(t)}" for b, t in points)
         lines.append(f"  {method} {collective} over {size}: {cells}")
+    if fabric.raw:
+        lines.append("# raw seconds per call: " + ", ".join(
+            f"{k} {human_time(v)}" for k, v in fabric.raw))
     lines.append(f"# cached in {where}")
     return "\n".join(lines)
 
