@@ -130,6 +130,7 @@ def _count_plans(monkeypatch) -> list:
 
 def test_simulating_65536_participants_prices_one_plan(monkeypatch, capsys):
     built = _count_plans(monkeypatch)
+    algorithms.sampling._big_plan.cache_clear()
     assert cli.main(["simulate", "ring", "-n", "65536", "--nodes", "8192x8", "--link",
                      "host=3us:150GB/s,net=5us:400Gbit/s", "-b", "256M"]) == 0
     out = capsys.readouterr().out

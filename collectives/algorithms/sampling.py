@@ -94,6 +94,12 @@ def _plan(collective, name, size, rank, root, shards, layout):
     if size <= CACHED_UP_TO:
         return algorithms.rank_plan(collective, name, size, rank, root=root, shards=shards,
                                     layout=layout)
+    return _big_plan(collective, name, size, rank, root, shards, layout)
+
+
+@lru_cache(maxsize=16)
+def _big_plan(collective, name, size, rank, root, shards, layout):
+    # a few of a huge job's plans, kept while one decision prices several sizes
     return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,
                                  layout=layout)
 

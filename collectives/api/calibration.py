@@ -141,7 +141,7 @@ def _gamma(comm: Any, dtype: str, repeats: int) -> float:
     return float(worst) / (count * np.dtype(dtype).itemsize)
 
 
-def _natives(comm: Any, sizes, repeats: int) -> list:
+def _natives(comm: Any, sizes, repeats: int, which) -> list:
     native = comm.transport.native
     if native is None or comm.size < 2:
         return []
@@ -149,6 +149,8 @@ def _natives(comm: Any, sizes, repeats: int) -> list:
     plans = [("all_reduce", sizes), ("broadcast", OTHER_SIZES), ("all_gather", OTHER_SIZES),
              ("reduce_scatter", OTHER_SIZES), ("reduce", OTHER_SIZES)]
     for collective, nbytes_list in plans:
+        if which is not None and collective not in which:
+            continue
         points = []
         for nbytes in nbytes_list:
             count = max(nbytes // 4 // comm.size, 1) * comm.size
@@ -175,8 +177,11 @@ def _native_call(comm: Any, collective: str, x: np.ndarray):
     return lambda: comm.reduce(x, "sum", 0, "native")
 
 
-def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = True) -> Fabric:
-    """The fabric of this job, measured (collective; every rank gets rank 0's numbers)."""
+def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = True,
+            collectives=None) -> Fabric:
+    """The fabric of this job, measured (collective; every rank gets rank 0's numbers).
+    ``sizes``: the all-reduce sizes the transport's own collective is timed at;
+    ``collectives``: which of its collectives (default: all five)."""
     base = comm.fabric
     found: dict[str, float] = {}
     solo = comm.split(comm.rank, 0)
@@ -194,7 +199,7 @@ def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = 
         if got is not None:
             found["one"], found["eight"] = got
     gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
-    measured = tuple(_natives(comm, sizes, repeats)) if natives else ()
+    measured = tuple(_natives(comm, sizes, repeats, collectives)) if natives else ()
     everything = comm.all_gather_object(found)
     for part in everything:
         for key, value in part.items():

@@ -25,15 +25,17 @@ from ..algorithms.schedule import Collective
 
 # Modelled clusters (docs/scale.md): the numbers are assumptions, written out there.
 CLUSTERS: dict[str, tuple[int, Fabric]] = {
-    # 8 GPUs per node on NVLink (about 150 GB/s each way per GPU as NCCL's rings see it),
-    # one 400 Gbit/s link per node; GPUs reduce at memory speed
-    "gpu": (8, Fabric(proc=Link(2e-6, 1 / 150e9), host=Link(3e-6, 1 / 150e9),
-                      net=Link(5e-6, 1 / 50e9), gamma=1 / 1000e9, source="8-GPU nodes, "
-                      "NVLink 150 GB/s, 400 Gbit/s per node")),
-    # 16 ranks per CPU node over shared memory, one 25 Gbit/s link per node
+    # 8 GPUs per node (H100-like): NVLink at 450 GB/s each way per GPU, one 400 Gbit/s NIC
+    # per GPU (its own, not shared), reductions at HBM speed
+    "gpu": (8, Fabric(proc=Link(2e-6, 1 / 450e9), host=Link(2e-6, 1 / 450e9),
+                      net=Link(5e-6, 1 / 50e9), gamma=1 / 1000e9, overhead=0.5e-6,
+                      nic_shared=False,
+                      source="8-GPU nodes: NVLink 450 GB/s, a 400 Gbit/s NIC per GPU")),
+    # 16 ranks per CPU node over shared memory, one 25 Gbit/s link per node, shared
     "cpu": (16, Fabric(proc=Link(0.5e-6, 1 / 10e9), host=Link(1e-6, 1 / 5e9),
-                       net=Link(10e-6, 1 / 3.125e9), gamma=1 / 5e9, source="16-rank CPU "
-                       "nodes, shared memory 5 GB/s, 25 Gbit/s per node")),
+                       net=Link(10e-6, 1 / 3.125e9), gamma=1 / 5e9, overhead=0.5e-6,
+                       source="16-rank CPU nodes: shared memory 5 GB/s, one 25 Gbit/s link "
+                              "per node")),
 }
 BUS = {Collective.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
        Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
