@@ -113,7 +113,7 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
     checked = mpi.init(timeout=120)
     unchecked = mpi.init(timeout=120, check=False)
     calibrated = None
-    if not methods or any("calibrated" in m for m in methods):
+    if not methods or any(m in "collectives auto, calibrated" for m in methods):
         from collectives.api import calibration
 
         calibrated = mpi.init(timeout=120)  # auto on constants measured by this job
