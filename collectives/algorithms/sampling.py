@@ -97,7 +97,7 @@ def _plan(collective, name, size, rank, root, shards, layout):
     return _big_plan(collective, name, size, rank, root, shards, layout)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _big_plan(collective, name, size, rank, root, shards, layout):
     # a few of a huge job's plans, kept while one decision prices several sizes
     return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,

@@ -28,7 +28,7 @@ from .schedule import Collective
 CANDIDATES = ("tree", "rechd", "ring", "shuffle", "one_device")
 TWO_LEVEL_CANDIDATES = ("ring/ring", "rechd/ring", "ring/rechd", "shuffle/ring", "tree/tree")
 DIRECT_UP_TO = 256  # shuffle and one_device talk to everyone: never the cheapest beyond this
-RING_SHARDS = (2, 4)
+RING_SHARDS = (2, 4)  # up to 1,024 participants (each sub-chunk multiplies the ring's rounds)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def candidates(collective: Collective, size: int, placement: Placement, fabric: 
         out.append(Candidate(name))
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER)
     hosts = placement.hosts
-    if reducing and not fabric.serial and hosts is not None and hosts.runs:
+    if reducing and not fabric.serial and hosts is not None and hosts.runs and size <= 1024:
         for shards in RING_SHARDS:  # sub-rings rotate inside hosts: other neighbours
             if shards <= hosts.runs:
                 out.append(Candidate("ring", shards, hosts))
