@@ -103,6 +103,44 @@ def classic(cluster: str, counts, sizes) -> str:
     return "\n".join(lines)
 
 
+# Published nccl-tests all-reduce figures (busbw, GB/s, the largest sizes reported), and the
+# fabric of each system as this model sees it: NVLink per GPU, the NICs' rate per GPU.
+PUBLISHED = (
+    ("8x H100, one node (NVLink 4)", 1, 8, 450e9, 50e9, 1 << 30,
+     "about 360-480 (ring; NVLS higher): NVIDIA DGX H100 nccl-tests runs"),
+    ("2 nodes x 8 H100, 8x 200 Gbit/s TCPXO per node", 2, 8, 450e9, 25e9, 1 << 30,
+     "298 at 1 GiB, 339 at 8 GiB (NCCL's choice; lessizzmore/create-a3mega-ztan-fork)"),
+    ("5 nodes x 8 H100, 4x 400 Gbit/s RoCE per node", 5, 8, 450e9, 25e9, 1 << 30,
+     "ring 190, tree 150 (NVIDIA/nccl#1368)"),
+)
+
+
+def published() -> str:
+    """The model's busbw on systems with published nccl-tests figures."""
+    from dataclasses import replace
+
+    _, base = CLUSTERS["gpu"]
+    lines = ["| system | published busbw | ring | tree | ring/ring | auto |",
+             "|---|---|---|---|---|---|"]
+    for label, nodes, per, nvlink, nic, size, figure in PUBLISHED:
+        fabric = replace(base, host=replace(base.host, beta=1 / nvlink),
+                         net=replace(base.net, beta=1 / nic))
+        n = nodes * per
+        placement = Placement.nodes(nodes, per)
+        cells = []
+        for name in ("ring", "tree", "ring/ring"):
+            if "/" in name and placement.hosts is None:
+                cells.append("—")
+                continue
+            p = predict(AR, name, n, size, fabric, placement,
+                        layout=placement.hosts if "/" in name else None)
+            cells.append(f"{busbw(n, size, p.seconds):.0f}")
+        d = select.decide(AR, n, size, fabric, placement)
+        cells.append(f"{short(d.best.label)} {busbw(n, size, d.best.seconds):.0f}")
+        lines.append(f"| {label}, {human(size)} | {figure} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clusters", nargs="+", default=sorted(CLUSTERS))
@@ -111,9 +149,14 @@ def main() -> None:
     parser.add_argument("--compare", nargs="+", default=["16M", "1G"],
                         help="sizes of the side-by-side table")
     parser.add_argument("--classic", action="store_true")
+    parser.add_argument("--published", action="store_true",
+                        help="only the comparison with published nccl-tests figures")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
     started = time.perf_counter()
+    print(published() + "\n", flush=True)
+    if args.published:
+        return
     for cluster in args.clusters:
         print(crossover(cluster, args.n, sizes) + "\n", flush=True)
         print(side_by_side(cluster, args.n, [parse_size(s) for s in args.compare]) + "\n",
