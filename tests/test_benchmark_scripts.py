@@ -74,6 +74,11 @@ CASES = [
          needs=("mpi4py", "mpiexec")),
     # --thread-calls 10 is the least that leaves the ring at 64 thread ranks one timed call.
     # Still the slowest case (about 17 s here): its warm-up calls of 64 thread ranks are fixed.
+    # one host, no lab: the lab's layouts need root and namespaces (tests/test_multihost.py)
+    Case("model_check", ("benchmarks/model_check.py", "--local", "2", "-s", "4K", "-r", "1"),
+         (r"\| ring \| [0-9.]+ µs / [0-9.]+ µs", r"median prediction error \(schedules\)",
+          r"predicted winner measured within 10%"),
+         needs=("mpi4py", "mpiexec"), timeout=180),
     Case("overhead", ("benchmarks/overhead.py", "-r", "1", "--calls", "20", "--thread-calls", "10"),
          (r"Core alone \(mirror transport", r"Fit over the one-message-per-round rows",
           r"Thread ranks \(`collectives.run`\)", r"\| ring \(ring\) \| 64 \|",
@@ -83,6 +88,9 @@ CASES = [
                    "ring/ring:8:4", "--json", "{tmp}/plans.json"),
          (r"\| ring:8 \| 14 \(14\) \|", r"\| shuffle:8 \|", r"\| ring/ring:8:4 \|",
           r"building the `Layout` of 2 groups")),
+    Case("scale", ("benchmarks/scale.py", "--clusters", "cpu", "-n", "64", "-s", "4K",
+                   "--compare", "4K", "--classic"),
+         (r"\| 64 \(4x16\) \| \w+ [0-9.]+ \|", r"\| 5 nodes x 8 H100", r"classic formula / model")),
     Case("tf_anchor", ("benchmarks/tf_anchor.py", "-p", "2", "-b", "4K", "-e", "4K", "-w", "1",
                        "-r", "1"),
          (r"2 logical CPU devices", r"sum +tf_r2od +tf_r2od ", r"sum +tf_r2od_batch ",

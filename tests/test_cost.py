@@ -144,6 +144,7 @@ def test_simulating_65536_participants_prices_one_plan(monkeypatch, capsys):
 def test_auto_for_2000_devices_is_cheap(monkeypatch):
     built = _count_plans(monkeypatch)
     select._decide.cache_clear()
+    algorithms.sampling._small_plan.cache_clear()
     tracemalloc.start()
     name, _ = collectives.api.multi_device.pick_algorithm(
         Collective.ALL_REDUCE, "auto", 2000, 1 << 20, select.CostModel(shared_memory=True))

@@ -39,7 +39,7 @@ from .cost import (
 from .schedule import Collective
 
 EXACT = 32          # up to this many participants, every plan is priced
-CACHED_UP_TO = 4096  # plans of larger jobs are built for pricing only, not kept
+CACHED_UP_TO = 4096  # plans of larger jobs: only the last few are kept
 SPREAD = 16          # the sample's evenly spread participants, beyond the special ones
 
 
@@ -91,15 +91,22 @@ def _periodic(name: str, collective: Collective, shards: int, layout: Layout | N
 
 
 def _plan(collective, name, size, rank, root, shards, layout):
+    # Plans built for pricing are kept apart from the runtime's cache (and its log): most
+    # candidates never run. A few of a huge job's plans are kept while a decision prices
+    # several sizes.
     if size <= CACHED_UP_TO:
-        return algorithms.rank_plan(collective, name, size, rank, root=root, shards=shards,
-                                    layout=layout)
+        return _small_plan(collective, name, size, rank, root, shards, layout)
     return _big_plan(collective, name, size, rank, root, shards, layout)
+
+
+@lru_cache(maxsize=4096)
+def _small_plan(collective, name, size, rank, root, shards, layout):
+    return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,
+                                 layout=layout)
 
 
 @lru_cache(maxsize=4)
 def _big_plan(collective, name, size, rank, root, shards, layout):
-    # a few of a huge job's plans, kept while one decision prices several sizes
     return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,
                                  layout=layout)
 

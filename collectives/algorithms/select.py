@@ -16,7 +16,7 @@ still give; they become a fabric (:func:`fabric_of`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .. import algorithms
@@ -157,8 +157,15 @@ def decide(collective: Collective, size: int, nbytes: int, model, placement: Pla
     placement = placement or Placement(size, None, not fabric.serial)
     rep = _representative(nbytes)
     scale = _representative(payload) if payload is not None else None
-    return _decide(collective, size, rep, fabric, placement, str(dtype), tuple(natives), scale,
-                   groups)
+    decision = _decide(collective, size, rep, fabric, placement, str(dtype), tuple(natives),
+                       scale, groups)
+    shown = payload if payload is not None else nbytes
+    if _representative(shown) != shown:  # say the call's own size, and the one priced
+        context = decision.context.replace(f"{_size(scale or rep)} (",
+                                           f"{_size(shown)} (priced at {_size(scale or rep)}, ",
+                                           1)
+        decision = replace(decision, context=context)
+    return decision
 
 
 @lru_cache(maxsize=4096)
