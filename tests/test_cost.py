@@ -220,7 +220,7 @@ def test_calibration_on_thread_ranks_is_shared_and_cached(tmp_path, monkeypatch)
     first = results[0][0]
     assert all(r[0] == first and r[1] == first and r[2] == first for r in results)
     assert first.source.startswith("measured") and first.proc.beta > 0 and first.call_overhead > 0
-    assert {k for k, _ in first.raw} >= {"call", "local.small", "local.big"}
+    assert {k for k, _ in first.raw} >= {"call", "local.tree", "local.one", "local.big"}
     files = list(tmp_path.glob("fabric-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["size"] == 2
 

@@ -2,13 +2,13 @@
 
 :func:`measure` times, on the running communicator (collective over it):
 
-* the **call overhead**: a call on a communicator of one rank (nothing moves);
+* the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
 * per link class present (``proc``/``host``: two ranks of one host; ``net``: rank 0 and a
-  rank of another host), on a communicator of just that pair: **ping-pong** (a one-round
-  exchange of 8 bytes: ``alpha``) and **streaming** (the same exchange of several MiB:
-  ``beta``), through the library's own schedules, so Python's share is in the numbers;
-* the **per-message overhead**: one round in which each rank of a host talks to all the
-  others, against the pair's;
+  rank of another host), on a communicator of just that pair, through the library's own
+  schedules (so Python's share is in the numbers): **ping-pong** (the tree's all-reduce of 8
+  bytes: one message there, one back), the ring's two rounds of a message each way and of 8
+  (a round's latency ``alpha`` and the per-message overhead), and **streaming** (the ring's
+  all-reduce of 4 MiB: ``beta``);
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import socket
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -67,8 +68,8 @@ def cache_file(key: dict) -> Path:
 
 
 def _timed(comm: Any, fn, repeats: int) -> float:
-    """The best over ``repeats`` of the slowest rank's seconds per call (collective): a
-    shared machine's preemptions only ever add time, so the least is the job's own cost."""
+    """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
+    a call typically costs on this job, as the benchmarks report it."""
     fn()  # agreement, plans, buffers
     start = time.perf_counter()
     fn()
@@ -81,23 +82,7 @@ def _timed(comm: Any, fn, repeats: int) -> float:
         for _ in range(iters):
             fn()
         times.append((time.perf_counter() - start) / iters)
-    return float(min(comm.all_reduce(np.array(times), "max")))
-
-
-def _exchange(comm: Any, nbytes: int, repeats: int, algorithm: str = "rechd") -> float:
-    """One round in which each rank sends ``nbytes`` to every other (all-gather)."""
-    x = np.zeros(max(nbytes // 4, 1), np.float32)
-    out = np.empty(x.size * comm.size, np.float32)
-    return _timed(comm, lambda: comm.all_gather(x, algorithm=algorithm, out=out), repeats)
-
-
-def _chunks(comm: Any, shards: int, repeats: int) -> float:
-    """A small ring all-reduce of two ranks in ``shards`` sub-chunks: two rounds of
-    ``shards`` messages each way."""
-    x = np.zeros(64, np.float32)
-    out = np.empty_like(x)
-    return _timed(comm, lambda: comm.all_reduce(x, "sum", "ring", shards=shards, out=out),
-                  repeats)
+    return float(statistics.median(comm.all_reduce(np.array(times), "max")))
 
 
 def _pairs(comm: Any) -> dict[str, tuple[int, int]]:
@@ -137,7 +122,7 @@ def _gamma(comm: Any, dtype: str, repeats: int) -> float:
         start = time.perf_counter()
         reduce()
         times.append(time.perf_counter() - start)
-    worst = comm.all_reduce(np.array([min(times)]), "max")[0]
+    worst = comm.all_reduce(np.array([statistics.median(times)]), "max")[0]
     return float(worst) / (count * np.dtype(dtype).itemsize)
 
 
@@ -186,18 +171,11 @@ def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = 
     found: dict[str, float] = {}
     solo = comm.split(comm.rank, 0)
     with solo:
-        found["call"] = _exchange(solo, 8, repeats)
-    pairs = _pairs(comm)
-    for kind, pair in pairs.items():
-        got = _on(comm, pair, lambda sub: (_exchange(sub, 8, repeats),
-                                          _exchange(sub, STREAM_BYTES, max(repeats // 2, 2))))
+        found["call"] = _all_reduce(solo, "ring", 1, 8, repeats)
+    for kind, pair in _pairs(comm).items():
+        got = _on(comm, pair, lambda sub: _pair_times(sub, repeats))
         if got is not None:
-            found[f"{kind}.small"], found[f"{kind}.big"] = got
-    if "local" in pairs or "net" in pairs:  # messages: one round of 1 and of 8 sub-chunks
-        pair = pairs.get("local") or pairs["net"]
-        got = _on(comm, pair, lambda sub: (_chunks(sub, 1, repeats), _chunks(sub, 8, repeats)))
-        if got is not None:
-            found["one"], found["eight"] = got
+            found.update({f"{kind}.{k}": v for k, v in got.items()})
     gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
     measured = tuple(_natives(comm, sizes, repeats, collectives)) if natives else ()
     everything = comm.all_gather_object(found)
@@ -209,27 +187,47 @@ def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = 
     return fabric
 
 
+def _all_reduce(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
+    x = np.zeros(max(nbytes // 4, 1), np.float32)
+    out = np.empty_like(x)
+    return _timed(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
+                  repeats)
+
+
+def _pair_times(sub: Any, repeats: int) -> dict[str, float]:
+    """Two ranks' all-reduces, close together in time: the tree's two rounds of one message
+    (``tree``), the ring's two rounds of a message each way (``one``) or of 8 (``eight``),
+    all of 8 bytes, and the ring's of :data:`STREAM_BYTES` (``big``)."""
+    return {"tree": _all_reduce(sub, "tree", 0, 8, repeats),
+            "one": _all_reduce(sub, "ring", 1, 8, repeats),
+            "eight": _all_reduce(sub, "ring", 8, 64, repeats),
+            "big": _all_reduce(sub, "ring", 1, STREAM_BYTES, max(repeats // 2, 3))}
+
+
 def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any) -> Fabric:
+    """With ``c`` a call's own cost (``call``: a call on one rank), ``a`` a round's latency and
+    ``o`` a message's: tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o; and
+    big = one + 2 (S/2) beta + (S/2) gamma for S = STREAM_BYTES."""
     call = found["call"]
-    overhead = base.overhead
-    if "eight" in found:  # 2 rounds x 2 ends x 7 more messages
-        overhead = max(0.0, (found["eight"] - found["one"]) / 28)
-    links = {}
+    gamma = dict(gammas)["float32"]
+    links, overheads = {}, []
     for kind in ("local", "net"):
-        small, big = found.get(f"{kind}.small"), found.get(f"{kind}.big")
-        if small is None:
+        if f"{kind}.one" not in found:
             continue
-        alpha = max(small - call - 2 * overhead, 1e-7)
-        beta = max((big - small) / STREAM_BYTES, 1e-13)
-        links[kind] = Link(alpha, beta)
-    local = links.get("local")
-    changes: dict = {"overhead": overhead, "round_overhead": 0.0, "call_overhead": call,
-                     "gamma": dict(gammas)["float32"], "gammas": gammas, "measured": measured,
-                     "raw": tuple(sorted(found.items())),
+        tree, one, eight, big = (found[f"{kind}.{k}"] for k in ("tree", "one", "eight", "big"))
+        o = max(((eight - one) / 28 + (one - tree) / 2) / 2, 0.0)
+        a = max((one - call - 4 * o) / 2, 1e-7)
+        overheads.append(o)
+        beta = (big - one - STREAM_BYTES / 2 * gamma) / STREAM_BYTES
+        links[kind] = Link(a, max(beta, 1e-13))
+    changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,
+                     "gammas": gammas, "measured": measured, "raw": tuple(sorted(found.items())),
                      "source": f"measured {datetime.date.today().isoformat()} "
                                f"({comm.transport.name}, {comm.size} ranks)"}
-    if local is not None:
-        changes["host" if comm.placement.processes else "proc"] = local
+    if overheads:
+        changes["overhead"] = min(overheads)
+    if "local" in links:
+        changes["host" if comm.placement.processes else "proc"] = links["local"]
     if "net" in links:
         changes["net"] = links["net"]
     return replace(base, **changes)
