@@ -92,9 +92,8 @@ class Watchdog:
                 return
         failure = t.notices_poll()
         if failure is not None:
-            kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
-            self.fail(kind(f"rank {t.rank}: rank {failure.rank} failed in call {failure.seq}: "
-                           f"{failure.message}"), failure.seq, tell=False)
+            self.fail(failure.error(f"rank {t.rank}: rank {failure.rank} failed in call "
+                                    f"{failure.seq}: {failure.message}"), failure.seq, tell=False)
             return
         with self.lock:
             while self.digests and self.digests[0][2].Test():

@@ -41,12 +41,14 @@ from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
 from .spmd_prepared import PreparedOps
+from .spmd_subcomms import SubcommOps
 
 CALLS = logging.getLogger("collectives.calls")
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, SubcommOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -86,43 +88,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         self.free()
 
     def free(self) -> None:
-        """Release what the transport holds for this communicator (collective on MPI)."""
+        """Release what the transport holds for this communicator (collective on MPI).
+        Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
+        self._engine.close()
         self.transport.free()
-
-    def dup(self) -> Communicator:
-        """A new communicator over the same ranks, with this one's options: its calls never
-        mix with this one's (give each thread, or each library, its own). Collective."""
-        engine = self._engine
-        engine.enter("dup")
-        try:
-            twin = type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
-                              name=self.name)
-            twin._fabric = self._fabric
-            return twin
-        finally:
-            engine.leave()
-
-    def split(self, color: int | None, key: int = 0) -> Communicator | None:
-        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
-        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
-        Collective over this communicator; the child has this one's options, and its failures
-        never break this one."""
-        if color is not None and (isinstance(color, bool) or not isinstance(
-                color, (int, np.integer)) or color < 0):
-            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
-            raise TypeError(f"key={key!r} must be an integer")
-        engine = self._engine
-        engine.enter("split")
-        try:
-            child = self.transport.split(None if color is None else int(color), int(key))
-        finally:
-            engine.leave()
-        if child is None:
-            return None
-        child = type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
-        child._fabric = self._fabric  # the same links (measured natives are per size)
-        return child
 
     @property
     def fabric(self) -> Any:
@@ -201,7 +170,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
-        if collective in (Collective.REDUCE, Collective.BROADCAST):
+        if collective in ROOTED:
             root = check_root(root, self.size)
         shards = check_shards(shards)
         name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
@@ -241,10 +210,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         engine.enter(what)
         try:
             seq = engine.next_seq()
+            call = data = finish = None
+            # too many calls in flight: refused before anything is issued, in the agreement
+            error = engine.crowded() if async_op else None
             try:
                 check_timeout(timeout)
-                call, data, finish = build(seq)
-                error = None
+                if error is None:
+                    call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default

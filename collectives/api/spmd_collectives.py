@@ -17,6 +17,7 @@ from ..arrays import overlaps
 from ..foreign import accepts_foreign, call_foreign, is_foreign
 from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
+from ..runtime.validate import valid_timeout
 
 
 class CollectiveOps:
@@ -35,7 +36,10 @@ class CollectiveOps:
                                 dict(out=out, shards=shards, groups=groups, timeout=timeout,
                                      async_op=async_op))
         fast_key = None
-        if not async_op and not shards and groups is None and self.arrays.owns(x):
+        # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no fast path; a bad
+        # timeout= takes the checked path, which raises naming it)
+        if (not async_op and not shards and groups is None and self.arrays.owns(x)
+                and self.debug != "detail" and valid_timeout(timeout)):
             fast_key = (x.shape, x.dtype, op, algorithm)
             try:
                 fast = self._fast.get(fast_key)

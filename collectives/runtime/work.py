@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CollectiveError
+from .validate import check_timeout
 
 
 class Operation:
@@ -104,10 +105,12 @@ class Work:
         :class:`~collectives.CollectiveTimeoutError` and marks the communicator broken, like
         a blocking call's timeout.
         """
+        check_timeout(timeout)  # (a bad one raises here, and breaks nothing)
         op = self._op
         op.waited_by = True
         if not op.finished:
             op.engine.wait(op, timeout)
+        op.engine.reported(op)
         return op.outcome()
 
     def is_completed(self) -> bool:
