@@ -48,6 +48,12 @@ def main() -> None:
     files = os.listdir(calibration.cache_dir()) if rank == 0 else ["x"]
     report.check(len(files) == 1, f"cache files: {files}")
     again.free()
+    import collectives
+
+    user = collectives.init("mpi", calibrate="cached")  # measured on its own communicator
+    report.check(user.fabric == fabric, "init(calibrate='cached') did not read the cache")
+    x = np.ones(4)
+    report.check(np.array_equal(user.all_reduce(x), x * n), "wrong all-reduce after init")
     comm.free()
     report.finish()
 
