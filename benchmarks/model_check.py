@@ -192,6 +192,22 @@ def table(label: str, run: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(runs: dict) -> str:
+    """One row per cell: the predicted winner and the measured one, what auto ran, MPICH."""
+    lines = ["| layout, link | size | predicted winner | measured best | auto ran | MPICH's "
+             "Allreduce | median error |", "|---|---|---|---|---|---|---|"]
+    for label, run in runs.items():
+        for size, cell in run["cells"].items():
+            m, p = cell["measured"], cell["predicted"]
+            pick = min(p, key=p.get)
+            best = min(p, key=m.get)
+            errors = [abs(p[k] - m[k]) / m[k] for k in p if k != "native"]
+            lines.append(f"| {label} | {human(int(size))} | {pick} {_ms(m[pick])} | {best} "
+                         f"{_ms(m[best])} | {cell['auto_ran']} {_ms(m['auto'])} | "
+                         f"{_ms(m[ANCHOR])} | {statistics.median(errors):.0%} |")
+    return "\n".join(lines)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
 
@@ -205,6 +221,8 @@ def main() -> None:
     parser.add_argument("-r", "--repeats", type=int, default=3)
     parser.add_argument("--netmod", default="ucx", choices=sorted(lab.NETWORK_ENV))
     parser.add_argument("--json")
+    parser.add_argument("--from", dest="saved", metavar="JSON",
+                        help="print the tables of a run saved with --json, running nothing")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -217,7 +235,10 @@ def main() -> None:
         return
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     runs = {}
-    if args.local:
+    if args.saved:
+        with open(args.saved) as f:
+            runs = json.load(f)["runs"]
+    elif args.local:
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
         for p in args.local:
             print(f"## one host, {p} ranks", flush=True)
@@ -241,6 +262,7 @@ def main() -> None:
           "winner; native's prediction is its calibration's own timing\n")
     for label, run in runs.items():
         print(table(label, run) + "\n")
+    print(summary(runs) + "\n")
     for statistic, what in (("best", "best repeat"), ("measured", "median")):
         result = score(runs, statistic)
         print(f"against each method's {what}: median prediction error (schedules) "
@@ -250,7 +272,7 @@ def main() -> None:
     for label, size, ran, auto, anchor, ok in result["auto_vs_mpich"]:
         print(f"  model says a schedule beats MPICH: {label} {human(int(size))}: auto [{ran}] "
               f"{_ms(auto)} vs MPICH {_ms(anchor)}: {'ok' if ok else 'SLOWER'}")
-    if args.json:
+    if args.json and not args.saved:
         with open(args.json, "w") as f:
             json.dump({"when": datetime.datetime.now().isoformat(timespec="seconds"),
                        "command": " ".join(sys.argv), "runs": runs,

@@ -159,6 +159,7 @@ class Part(NamedTuple):
     transfer: float   # bytes over links
     reduction: float  # bytes reduced
     who: str          # the bottleneck
+    messages: int = 0  # the most messages one participant posts or matches in the round
 
     @property
     def seconds(self) -> float:
@@ -181,6 +182,11 @@ class Prediction:
     shards: int = 0
     layout: Layout | None = None  # the groups of a two-level algorithm (or the ring's rotations)
     note: str = ""
+
+    @property
+    def fan_out(self) -> int:
+        """The most messages one participant handles in one round (concurrent flows)."""
+        return max((part.messages for _, _, part in self.rounds), default=0)
 
     @property
     def label(self) -> str:
@@ -306,11 +312,13 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
         if worst is None or t > worst[0]:
             worst = (t, latency, transfer, reduction)
             worst_who = _who(ld, who_bytes, who_cls, nic)
+    busiest = max((ld.messages for ld in loads), default=0)
     if weights is not None:
-        return Part(total[0], total[1], total[2], "all participants, one after another")
+        return Part(total[0], total[1], total[2], "all participants, one after another",
+                    busiest)
     if worst is None:
         return Part(0.0, 0.0, 0.0, "nobody")
-    return Part(worst[1], worst[2], worst[3], worst_who)
+    return Part(worst[1], worst[2], worst[3], worst_who, busiest)
 
 
 def _who(ld: Load, moved: float, cls: int, nic: dict) -> str:
