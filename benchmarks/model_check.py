@@ -149,6 +149,13 @@ def launch(cmd_env, sizes: list[str], repeats: int) -> dict:
             return json.load(f)
 
 
+def _pick(cell: dict) -> str:
+    """The model's winner: auto's decision (ties broken as auto breaks them)."""
+    choice = cell.get("auto_choice")
+    return choice if choice in cell["predicted"] else min(cell["predicted"],
+                                                          key=cell["predicted"].get)
+
+
 def score(runs: dict, statistic: str = "best") -> dict:
     """The targets over every cell of every run, against each method's ``"best"`` repeat
     (the calibration keeps its best too) or its ``"measured"`` median."""
@@ -160,7 +167,7 @@ def score(runs: dict, statistic: str = "best") -> dict:
                 if name != "native":
                     errors.append(abs(guess - measured[name]) / measured[name])
             real_best = min(measured[k] for k in predicted)
-            pick = min(predicted, key=predicted.get)
+            pick = _pick(cell)
             winners.append(measured[pick] <= 1.10 * real_best)
             if predicted.get("native") is not None and pick != "native":
                 versus.append((label, size, cell["auto_ran"], measured["auto"], measured[ANCHOR],
@@ -185,7 +192,7 @@ def table(label: str, run: dict) -> str:
             text = _ms(m) + (f" / {_ms(guess)}" if guess is not None else "")
             if name == "auto":
                 text += f" [{cell['auto_ran']}]"
-            if guess is not None and guess == min(cell["predicted"].values()):
+            if name == _pick(cell):
                 text += " *"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
@@ -199,7 +206,7 @@ def summary(runs: dict) -> str:
     for label, run in runs.items():
         for size, cell in run["cells"].items():
             m, p = cell["measured"], cell["predicted"]
-            pick = min(p, key=p.get)
+            pick = _pick(cell)
             best = min(p, key=m.get)
             errors = [abs(p[k] - m[k]) / m[k] for k in p if k != "native"]
             lines.append(f"| {label} | {human(int(size))} | {pick} {_ms(m[pick])} | {best} "
