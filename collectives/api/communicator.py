@@ -29,6 +29,7 @@ from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..log import configure, debug_setting
+from ..runtime import tracing
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
@@ -36,6 +37,7 @@ from ..runtime.execute.spmd import SpmdRun
 from ..runtime.native_stage import NativeStage
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
+from ..timeline import recorder
 from . import auto
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
@@ -75,6 +77,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
+        self._trace_place = (recorder.participant(self.rank), recorder.next_index())
         self._fabric = auto.transport_fabric(transport)
         self.placement = auto.transport_placement(transport)
 
@@ -207,6 +210,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
         ``subject`` names the call in errors (default: the call's own description)."""
         engine = self._engine
+        t0 = recorder.now() if recorder.ON else 0
         engine.enter(what)
         try:
             seq = engine.next_seq()
@@ -256,6 +260,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
                            skipped_agreement=agreement is None and not own, phase=phase)
+            if recorder.ON:
+                tracing.issued(self, op, async_op, t0)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))

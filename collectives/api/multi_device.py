@@ -26,6 +26,7 @@ from ..arrays import unsafe_outputs
 from ..foreign import accepts_foreign_values
 from ..ops import ReduceOp, result_dtype
 from ..registry import backend_for_arrays
+from ..runtime import tracing_devices
 from ..runtime.calls import resolve_algorithm
 from ..runtime.execute import run_multi_device
 from ..runtime.validate import (
@@ -41,6 +42,7 @@ from ..runtime.validate import (
     same_layout,
 )
 from ..runtime.work import Completed
+from ..timeline import recorder
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
            "reduce", "reduce_scatter"]
@@ -55,6 +57,12 @@ def backend_first(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
+        if recorder.ON:  # the call as a span on every device's row
+            return tracing_devices.device_call(function, values, args,
+                                               lambda: dispatch(values, args, async_op, kwargs))
+        return dispatch(values, args, async_op, kwargs)
+
+    def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
             own = getattr(backend_for_arrays([first]), "own", None)

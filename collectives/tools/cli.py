@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import collectives
 
 from . import bench
+from .timeline import command as timeline_command
 
 DESCRIPTION = """\
 Collective communication over NumPy and MPI, one set of algorithms.
@@ -26,6 +27,7 @@ commands:
   draw    print an algorithm's schedule round by round, then prove it correct
   probe   measure (and cache) the cost model's constants on this job
   simulate  predict an algorithm's time at any scale from the cost model
+  timeline  merge, draw and summarise the timelines COLLECTIVES_TIMELINE=DIR records
 
 examples:
   collectives bench -n 4 -b 4K -e 64M
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe.add_parser(sub, _positive)
     simulate.add_parser(sub, _positive)
+    timeline_command.add_parser(sub)
     return parser
 
 
@@ -375,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args, args.subparser)
     if args.command == "bench":
         return bench_main(args, args.subparser, argv)
+    if args.command == "timeline":
+        return args.handler(args)
     return draw_main(args, args.subparser)
 
 
