@@ -40,41 +40,60 @@ enum { OP_SUM = 0, OP_PROD = 1, OP_MAX = 2, OP_MIN = 3 };
 #define I_MAX(T, W, a, b) ((a) > (b) ? (a) : (b))
 #define I_MIN(T, W, a, b) ((a) < (b) ? (a) : (b))
 
-/* One kernel: T the element type, W the type its arithmetic runs in, F the operation. The
- * first group folds `first` with up to three sources; later groups fold three more sources
- * into the accumulator each, so each source is read once per block. */
+/* One block of one kernel: OUT[0..m) = F(first, srcs...) for the elements lo..lo+m. The first
+ * group folds `first` with up to three sources; later groups fold three more sources into
+ * OUT each, so each source is read once and OUT stays in L1 between the groups. */
+#define BLOCK_BODY(T, W, F, OUT)                                                            \
+    do {                                                                                    \
+        const T *restrict a = (const T *)first + lo;                                        \
+        Py_ssize_t j = k < 3 ? k : 3;                                                       \
+        if (j == 1) {                                                                       \
+            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
+            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, a[i], s0[i]);               \
+        } else if (j == 2) {                                                                \
+            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
+            const T *restrict s1 = (const T *)srcs[1] + lo;                                 \
+            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, F(T, W, a[i], s0[i]), s1[i]); \
+        } else {                                                                            \
+            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
+            const T *restrict s1 = (const T *)srcs[1] + lo;                                 \
+            const T *restrict s2 = (const T *)srcs[2] + lo;                                 \
+            for (Py_ssize_t i = 0; i < m; i++)                                              \
+                OUT[i] = F(T, W, F(T, W, F(T, W, a[i], s0[i]), s1[i]), s2[i]);              \
+        }                                                                                   \
+        for (; j + 3 <= k; j += 3) {                                                        \
+            const T *restrict s0 = (const T *)srcs[j] + lo;                                 \
+            const T *restrict s1 = (const T *)srcs[j + 1] + lo;                             \
+            const T *restrict s2 = (const T *)srcs[j + 2] + lo;                             \
+            for (Py_ssize_t i = 0; i < m; i++)                                              \
+                OUT[i] = F(T, W, F(T, W, F(T, W, OUT[i], s0[i]), s1[i]), s2[i]);            \
+        }                                                                                   \
+        for (; j < k; j++) {                                                                \
+            const T *restrict s0 = (const T *)srcs[j] + lo;                                 \
+            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, OUT[i], s0[i]);             \
+        }                                                                                   \
+    } while (0)
+
+/* Two kernels per type and op: NAME writes straight into dst, which must share no memory
+ * with any operand; NAME_acc folds each block in a local accumulator and copies it out, so
+ * dst may be `first` itself or any operand (combining in place). */
 #define KERNEL(NAME, T, W, F)                                                              \
     CLONES static void NAME(char *dst, const char *first, const char *const *srcs,          \
                             Py_ssize_t k, Py_ssize_t n)                                     \
     {                                                                                       \
+        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                      \
+            Py_ssize_t m = n - lo < BLOCK ? n - lo : BLOCK;                                 \
+            T *restrict out = (T *)dst + lo;                                                \
+            BLOCK_BODY(T, W, F, out);                                                       \
+        }                                                                                   \
+    }                                                                                       \
+    CLONES static void NAME##_acc(char *dst, const char *first, const char *const *srcs,    \
+                                  Py_ssize_t k, Py_ssize_t n)                               \
+    {                                                                                       \
         T acc[BLOCK];                                                                       \
         for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                      \
             Py_ssize_t m = n - lo < BLOCK ? n - lo : BLOCK;                                 \
-            const T *a = (const T *)first + lo;                                             \
-            Py_ssize_t j = k < 3 ? k : 3;                                                   \
-            if (j == 1) {                                                                   \
-                const T *s0 = (const T *)srcs[0] + lo;                                      \
-                for (Py_ssize_t i = 0; i < m; i++) acc[i] = F(T, W, a[i], s0[i]);           \
-            } else if (j == 2) {                                                            \
-                const T *s0 = (const T *)srcs[0] + lo, *s1 = (const T *)srcs[1] + lo;       \
-                for (Py_ssize_t i = 0; i < m; i++)                                          \
-                    acc[i] = F(T, W, F(T, W, a[i], s0[i]), s1[i]);                          \
-            } else {                                                                        \
-                const T *s0 = (const T *)srcs[0] + lo, *s1 = (const T *)srcs[1] + lo;       \
-                const T *s2 = (const T *)srcs[2] + lo;                                      \
-                for (Py_ssize_t i = 0; i < m; i++)                                          \
-                    acc[i] = F(T, W, F(T, W, F(T, W, a[i], s0[i]), s1[i]), s2[i]);          \
-            }                                                                               \
-            for (; j + 3 <= k; j += 3) {                                                    \
-                const T *s0 = (const T *)srcs[j] + lo, *s1 = (const T *)srcs[j + 1] + lo;   \
-                const T *s2 = (const T *)srcs[j + 2] + lo;                                  \
-                for (Py_ssize_t i = 0; i < m; i++)                                          \
-                    acc[i] = F(T, W, F(T, W, F(T, W, acc[i], s0[i]), s1[i]), s2[i]);        \
-            }                                                                               \
-            for (; j < k; j++) {                                                            \
-                const T *s0 = (const T *)srcs[j] + lo;                                      \
-                for (Py_ssize_t i = 0; i < m; i++) acc[i] = F(T, W, acc[i], s0[i]);         \
-            }                                                                               \
+            BLOCK_BODY(T, W, F, acc);                                                       \
             memcpy((T *)dst + lo, acc, (size_t)m * sizeof(T));                              \
         }                                                                                   \
     }
@@ -106,12 +125,16 @@ INTEGER_KERNELS(u64, uint64_t, uint64_t)
 /* Type codes, in this order: f32 f64 i8 i16 i32 i64 u8 u16 u32 u64 (kernels.py mirrors it). */
 #define TYPES 10
 static const Py_ssize_t ITEMSIZE[TYPES] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
-static const kernel_fn KERNELS[4][TYPES] = {
-    {sum_f32, sum_f64, sum_i8, sum_i16, sum_i32, sum_i64, sum_u8, sum_u16, sum_u32, sum_u64},
-    {prod_f32, prod_f64, prod_i8, prod_i16, prod_i32, prod_i64, prod_u8, prod_u16, prod_u32,
-     prod_u64},
-    {NULL, NULL, max_i8, max_i16, max_i32, max_i64, max_u8, max_u16, max_u32, max_u64},
-    {NULL, NULL, min_i8, min_i16, min_i32, min_i64, min_u8, min_u16, min_u32, min_u64},
+#define ROW(OP, SUFFIX)                                                                   \
+    {OP##_f32##SUFFIX, OP##_f64##SUFFIX, OP##_i8##SUFFIX, OP##_i16##SUFFIX, OP##_i32##SUFFIX, \
+     OP##_i64##SUFFIX, OP##_u8##SUFFIX, OP##_u16##SUFFIX, OP##_u32##SUFFIX, OP##_u64##SUFFIX}
+#define INTEGER_ROW(OP, SUFFIX)                                                           \
+    {NULL, NULL, OP##_i8##SUFFIX, OP##_i16##SUFFIX, OP##_i32##SUFFIX, OP##_i64##SUFFIX,    \
+     OP##_u8##SUFFIX, OP##_u16##SUFFIX, OP##_u32##SUFFIX, OP##_u64##SUFFIX}
+/* [in place?][op][type] */
+static const kernel_fn KERNELS[2][4][TYPES] = {
+    {ROW(sum, ), ROW(prod, ), INTEGER_ROW(max, ), INTEGER_ROW(min, )},
+    {ROW(sum, _acc), ROW(prod, _acc), INTEGER_ROW(max, _acc), INTEGER_ROW(min, _acc)},
 };
 
 static void release(Py_buffer *views, int count)
@@ -144,9 +167,8 @@ static PyObject *combine(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "unknown op %d or type %d", op, type);
         return NULL;
     }
-    kernel_fn kernel = KERNELS[op][type];
     Py_ssize_t k = PyTuple_GET_SIZE(srcs_obj);
-    if (kernel == NULL || k < 1 || k > MAX_OPERANDS - 2) Py_RETURN_FALSE;
+    if (KERNELS[0][op][type] == NULL || k < 1 || k > MAX_OPERANDS - 2) Py_RETURN_FALSE;
 
     Py_buffer views[MAX_OPERANDS];
     const char *srcs[MAX_OPERANDS];
@@ -171,6 +193,7 @@ static PyObject *combine(PyObject *self, PyObject *args)
         return NULL;
     }
     char *dst = (char *)views[0].buf;
+    int shared = 0; /* some operand is dst itself: the accumulator kernel */
     for (int i = 1; i < held; i++) {
         const char *p = (const char *)views[i].buf;
         if (views[i].len != len) {
@@ -184,10 +207,12 @@ static PyObject *combine(PyObject *self, PyObject *args)
             release(views, held);
             Py_RETURN_FALSE;
         }
+        shared |= p == dst && len > 0;
         if (i >= 2) srcs[i - 2] = p;
     }
     if (len > 0) {
         const char *first = (const char *)views[1].buf;
+        kernel_fn kernel = KERNELS[shared][op][type];
         Py_BEGIN_ALLOW_THREADS
         kernel(dst, first, srcs, k, len / itemsize);
         Py_END_ALLOW_THREADS
