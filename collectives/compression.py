@@ -76,10 +76,9 @@ def for_batch(compression: Any, op: Any, dtypes: Any) -> list:
 def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1) -> Any:
     """A new array of dtype ``wire`` holding ``x / divisor`` (``arrays``: ``x``'s backend)."""
     small = arrays.empty(tuple(x.shape), wire, like=x)
-    if divisor != 1:
-        arrays.divide(x, divisor, out=small)  # divided in x's precision, then rounded once
-    else:
-        arrays.copy(small, x)
+    if divisor != 1:  # divided in x's precision, then rounded once to the wire's
+        x = arrays.divide(x, divisor, out=arrays.empty(tuple(x.shape), x.dtype, like=x))
+    arrays.copy(small, x)
     return small
 
 

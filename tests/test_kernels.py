@@ -152,3 +152,48 @@ def test_multi_device_results_unchanged(algorithm, monkeypatch):
                 fast, plain = runs
                 for a, b in zip([*fast[0], fast[1], fast[2]], [*plain[0], plain[1], plain[2]]):
                     assert _same_bits(a, b), (algorithm, n, op, dtype, size)
+
+
+NARROW = [np.dtype(np.float16)] + ([BFLOAT16] if BFLOAT16 is not None else [])
+
+
+def _wide_data(rng, dtype, n: int) -> np.ndarray:
+    """Values that exercise every rounding case of a narrow float: specials, overflow,
+    subnormals, points a hair beyond halfway between two halves (float64 to float16 through
+    float32 would round them twice, wrongly), then random magnitudes."""
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, 65520.0, 65519.99, 1e300,
+                        -1e300, 2.0 ** -25, 2.0 ** -24 * 1.5, 5e-324, 3.4e38, 3.5e38, -3.4e38])
+    halves = rng.standard_normal(n // 4).astype(np.float16)
+    ulp = np.spacing(halves).astype(np.float64)
+    base = halves.astype(np.float64)
+    edges = np.concatenate([base + ulp / 2 + ulp * 2.0 ** -20, base - ulp / 2 - ulp * 2.0 ** -20,
+                            base + ulp / 2])
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-30, 20, n))
+    return np.concatenate([special, edges, x])[:n].astype(dtype)
+
+
+@pytest.mark.parametrize("narrow", NARROW, ids=[str(d) for d in NARROW])
+@pytest.mark.parametrize("wide", [np.float32, np.float64])
+def test_casts_equal_numpy(narrow, wide):
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 3, 7, 8, 9, 4097, 100_003):
+        x = _wide_data(rng, wide, n) if n > 64 else rng.standard_normal(n).astype(wide)
+        down, expected = np.empty(n, narrow), np.empty(n, narrow)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(expected, x, casting="unsafe")
+            kernels.cast_into(down, x)
+        assert _same_bits(down, expected), (narrow, wide, n, "down")
+        up, back = np.empty(n, wide), np.empty(n, wide)
+        np.copyto(back, expected, casting="unsafe")
+        kernels.cast_into(up, expected)
+        assert _same_bits(up, back), (narrow, wide, n, "up")
+
+
+def test_casts_decline_what_they_do_not_cover():
+    x = np.arange(10, dtype=np.float32)
+    half = np.empty(5, np.float16)
+    kernels.cast_into(half, x[::2])  # strided: NumPy's cast
+    assert np.array_equal(half, x[::2])
+    ints = np.empty(10, np.int16)
+    kernels.cast_into(ints, x)  # not a narrow float: NumPy's cast
+    assert np.array_equal(ints, np.arange(10))
