@@ -199,7 +199,7 @@ class NumpyArrays:
         return np.ascontiguousarray(x).reshape(-1)
 
     def copy(self, dst, src) -> None:
-        if dst.dtype != src.dtype:  # a cast (wire compression's are compiled)
+        if dst.dtype != getattr(src, "dtype", None):  # a cast (wire compression's compiled)
             kernels.cast_into(dst, src)
             return
         dst[...] = src  # (cheaper than np.copyto's argument handling for small copies)
