@@ -127,7 +127,7 @@ def test_declined_operands_fall_back_to_numpy():
         kernels.combine(ReduceOp.SUM, frozen, [np.ones(5, np.float32)])
 
 
-SIZES = [0, 1, 7, 1031, 150_001]  # the last: several tiles, spread over threads
+SIZES = [0, 1, 1031, 150_001]  # the last: several tiles, spread over threads
 
 
 @pytest.mark.parametrize("algorithm", ["one_device", "ring", "tree", "rechd", "shuffle"])
@@ -136,8 +136,8 @@ def test_multi_device_results_unchanged(algorithm, monkeypatch):
     ufunc path, for 1 to 5 devices and several ops and dtypes."""
     rng = np.random.default_rng(11)
     for n in (1, 2, 3, 4, 5):
-        for op, dtype in [("sum", np.float32), ("sum", np.float64), ("prod", np.float64),
-                          ("max", np.int32), ("sum", np.int8), ("min", np.float32)]:
+        for op, dtype in [("sum", np.float32), ("prod", np.float64), ("max", np.int32),
+                          ("sum", np.int8)]:
             for size in SIZES:
                 values = [_data(rng, dtype, size) for _ in range(n)]
                 runs = []
