@@ -99,8 +99,10 @@ static int half_ok = 0; /* the CPU converts halves (set when the module loads) *
     CLONES static void NAME(char *dst, const char *first, const char *const *srcs,          \
                             Py_ssize_t k, Py_ssize_t n)                                     \
     {                                                                                       \
-        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                      \
-            Py_ssize_t m = n - lo < BLOCK ? n - lo : BLOCK;                                 \
+        /* up to three sources: one pass over everything; more: blocks kept in L1 */        \
+        Py_ssize_t step = k <= 3 ? (n > 0 ? n : 1) : BLOCK;                                 \
+        for (Py_ssize_t lo = 0; lo < n; lo += step) {                                       \
+            Py_ssize_t m = n - lo < step ? n - lo : step;                                   \
             T *restrict out = (T *)dst + lo;                                                \
             BLOCK_BODY(T, W, F, out);                                                       \
         }                                                                                   \
