@@ -98,6 +98,9 @@ CASES = [
          (r"\*\*64MiB\*\*", r"\| tf_rtod \| [0-9.]+ \|", r"\| ring \| [0-9.]+ \|",
           r"\| auto \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|"),
          needs=("tensorflow",), timeout=120),
+    Case("tf_kernels", ("benchmarks/tf_kernels.py", "-p", "2", "-r", "1"),
+         (r"\| eager \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", r"\| function \| [0-9.]+ \|"),
+         needs=("tensorflow",), timeout=120),
     # tf_worker.py answers compare_multidevice.py over a pipe; run it the way it is used. The TF
     # columns hold numbers (the target verdict is met or missed, not n/a) only if it answered.
     Case("tf_worker", ("benchmarks/compare_multidevice.py", "-p", "2", "-b", "4K", "-e", "4K",
