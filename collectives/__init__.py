@@ -21,6 +21,7 @@ from .errors import (
     CommunicatorBrokenError,
     ConcurrentCallError,
     PeerFailedError,
+    PeerTimeoutError,
 )
 from .ops import ReduceOp
 from .registry import load_backend
@@ -40,7 +41,8 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     # What ``import collectives`` offers: the public names, not the modules of its wings.
-    return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors"])
+    return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors",
+                   "timeline"])
 
 
 def run(fn, size: int, **kwargs) -> list:
@@ -50,7 +52,8 @@ def run(fn, size: int, **kwargs) -> list:
 
 __all__ = [
     "Collective", "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError", "ReduceOp",
-    "Schedule", "Work", "all_gather", "all_reduce", "all_to_all", "batch_all_reduce", "broadcast",
-    "gather", "init", "load_backend", "reduce", "reduce_scatter", "run", "scatter",
+    "Communicator", "CommunicatorBrokenError", "ConcurrentCallError", "PeerFailedError",
+    "PeerTimeoutError", "ReduceOp", "Schedule", "Work", "all_gather", "all_reduce", "all_to_all",
+    "batch_all_reduce", "broadcast", "gather", "init", "load_backend", "reduce", "reduce_scatter",
+    "run", "scatter",
 ]

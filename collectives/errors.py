@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -41,6 +42,24 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class PeerFailedError(CollectiveError):
     """Another participant failed (raised, died or left) while this one waited for it."""
+
+
+class PeerTimeoutError(PeerFailedError, CollectiveTimeoutError):
+    """A peer timed out in a call this rank is in, and told this rank before its own deadline
+    came: the call cannot finish here either.
+
+    Both a :class:`PeerFailedError` and a :class:`CollectiveTimeoutError`, so ``except
+    CollectiveTimeoutError`` catches a timeout whichever rank noticed it first; ``missing``
+    and ``timeout`` are the peer's (the ranks it waited for, and its deadline).
+    """
+
+    def __init__(self, message: str, told: str = ""):
+        CollectiveError.__init__(self, message)
+        waited = re.search(r"waiting for rank\(s\) (\d+(?:, \d+)*)", told)
+        after = re.search(r"timed out after (\S+) s", told)
+        self.missing = [int(r) for r in waited.group(1).split(", ")] if waited else []
+        self.timeout = float(after.group(1)) if after else None
+        self.collective, self.rank, self.call = "", None, None
 
 
 class CommunicatorBrokenError(CollectiveError):

@@ -25,7 +25,7 @@ from tensorflow.python.distribute import cross_device_ops as tf_cdo
 from collectives.compression import for_batch, requested
 from collectives.ops import ReduceOp as CoreOp
 
-from . import convert, device_path, host
+from . import convert, device_path, host, marks
 from .agreement import BatchAgreement, agree
 from .concat import Concatenations
 from .host import Packing
@@ -250,7 +250,8 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
             return outs
 
         device = self.reduce_to_device or jobs[0].destinations[0]
-        outputs = convert.host_call(run, inputs, out_dtypes, out_shapes, device=device,
+        outputs = convert.host_call(marks.batch(run, self, op, jobs, "host"), inputs, out_dtypes,
+                                    out_shapes, device=device,
                                     name="collectives_batch_reduce")
         for job, out in zip(jobs, outputs):
             # The host call's output already sits on the first destination (unless the

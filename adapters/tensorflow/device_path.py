@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from collectives.ops import ReduceOp as CoreOp
 
-from . import convert, device_reduce, kits
+from . import convert, device_reduce, kits, marks
 from .agreement import BatchAgreement, agree
 from .device_call import Output, device_call, same_device
 from .routes import ONE_DEVICE
@@ -143,6 +143,7 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
 
     first_job, first_plan = jobs[0], plans[0]
     main = first_job.components[first_plan[3]].device
+    run = marks.batch(run, cdo, op, jobs, "device")
     tensors = device_call(kit, run, inputs, outputs, main=main, name="collectives_device_reduce")
     for job, (_, outs, _, _) in zip(jobs, plans):
         results[job.index] = convert.mirrored(_on_destinations(

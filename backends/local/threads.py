@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,15 +22,18 @@ from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
 from collectives.runtime.transport import Failure, describe_activity
 
+from .p2p import Postings, ThreadMessages
+
 IDLE_SLICE = 0.05  # a sleeping rank re-checks (deadlines, notices) at least this often
 _worlds = itertools.count()
 
 
 class _Message:
-    __slots__ = ("check", "data", "done")
+    __slots__ = ("check", "data", "done", "refused")
 
     def __init__(self, data, check: int):
         self.data, self.check, self.done = data, check, False
+        self.refused: str | None = None  # why the receiver would not take it
 
 
 class _Send:
@@ -40,6 +44,8 @@ class _Send:
         self.message = message
 
     def done(self) -> bool:
+        if self.message.refused is not None:  # the sender fails too, not only the receiver
+            raise CollectiveMismatchError(self.message.refused)
         return self.message.done
 
 
@@ -72,6 +78,7 @@ class ThreadWorld:
         self.notices: list[Failure] = []  # every rank's notices, in the order sent
         self.activity: list[Any] = [None] * size
         self.children: dict[tuple, Any] = {}
+        self.postings = Postings()  # users' point-to-point messages not yet paired
 
     def wake(self, rank: int) -> None:  # call with the lock held
         self.events[rank] += 1
@@ -83,7 +90,7 @@ class ThreadWorld:
 
 
 class ThreadChannel:
-    """One point-to-point channel ("data" or "control") of one thread rank."""
+    """One channel of the library's own messages ("data" or "control") of one thread rank."""
 
     arrays = NUMPY
 
@@ -125,6 +132,8 @@ class ThreadChannel:
             problem = (f"it sent {data.size} elements of {data.dtype} where {into.size} of "
                        f"{into.dtype} were expected (ranks passed different shapes or dtypes)")
         if problem is not None:
+            message.refused = (f"rank {request.src}: call {request.key[3]}: rank {self.rank} "
+                               f"refused its message: {problem}")
             self._finish(request.src, message)
             raise CollectiveMismatchError(
                 f"rank {self.rank}: call {request.key[3]}: rank {request.src} disagrees: {problem}")
@@ -164,10 +173,12 @@ class ThreadTransport:
         self.local_rank = rank
         self.data = ThreadChannel(world, rank, "data")
         self.control = ThreadChannel(world, rank, "control")
-        self.p2p = ThreadChannel(world, rank, "p2p")
+        self.p2p = ThreadMessages(world, rank)
         self._seen_events = 0
         self._seen_notices = 0
         self._children = itertools.count()
+        self._kids: list[weakref.ref] = []  # this rank's transports in child worlds
+        self.freed = False
 
     def idle(self, waited: float) -> None:
         world = self.world
@@ -201,7 +212,8 @@ class ThreadTransport:
         return {r: describe_activity(activity[r]) for r in range(self.size) if r != self.rank}
 
     def dup(self) -> ThreadTransport:
-        return ThreadTransport(self._child(("dup", next(self._children)), self.size), self.rank)
+        child = self._child(("dup", next(self._children)), self.size)
+        return self._kid(ThreadTransport(child, self.rank))
 
     def split(self, color: int | None, key: int) -> ThreadTransport | None:
         """MPI_Comm_split among the threads: every rank posts (color, key), then joins its
@@ -223,18 +235,41 @@ class ThreadTransport:
         members = sorted((k, r) for r, (c, k) in enumerate(posts) if c == color)
         ranks = [r for _, r in members]
         child = self._child(("color", index, color), len(ranks))
-        return ThreadTransport(child, ranks.index(self.rank))
+        return self._kid(ThreadTransport(child, ranks.index(self.rank)))
 
     def _child(self, key: tuple, size: int) -> ThreadWorld:
+        """The child world ``key`` of ``size`` members: made by the first to come, and no
+        longer held here once every member has it."""
         world = self.world
         with world.lock:
-            child = world.children.get(key)
-            if child is None:
-                child = world.children[key] = ThreadWorld(size, world.timeout)
-            return child
+            entry = world.children.get(key)
+            if entry is None:
+                entry = world.children[key] = [ThreadWorld(size, world.timeout), 0]
+            entry[1] += 1
+            if entry[1] == size:
+                del world.children[key]
+            return entry[0]
+
+    def _kid(self, kid: ThreadTransport) -> ThreadTransport:
+        """Remember a child transport of this rank (weakly): if this rank's own code raises,
+        its peers in child worlds must hear it too."""
+        self._kids = [ref for ref in self._kids if (k := ref()) is not None and not k.freed]
+        self._kids.append(weakref.ref(kid))
+        return kid
+
+    def tell_exit(self, seq: int, message: str) -> None:
+        """This rank's own code raised after call ``seq``: tell this world, and every child
+        world it is still in (each after the last call this rank finished there)."""
+        self.notify_failure(Failure(self.rank, seq, "exited", message))
+        for ref in self._kids:
+            kid = ref()
+            if kid is not None and not kid.freed:
+                last = kid.world.activity[kid.rank]  # (seq, call, phase): phase False: done
+                kid.tell_exit(0 if last is None else last[0] - (1 if last[2] else 0), message)
 
     def free(self) -> None:
         """Nothing to release: thread worlds go with their threads."""
+        self.freed = True
 
 
 
@@ -258,8 +293,7 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
             results[rank] = fn(comm, *args)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
-            transport.notify_failure(Failure(rank, comm._engine.seq, "exited",
-                                             f"{type(exc).__name__}: {exc}"))
+            transport.tell_exit(comm._engine.seq, f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
                for r in range(size)]

@@ -10,9 +10,11 @@ shared-memory all-reduce (``"shm"``, every rank on one node). ``auto`` picks by 
 
 The package's modules, one job each: ``groups`` (node groups), ``waiting`` (spin, yield,
 sleep), ``tags`` and ``channel`` (point-to-point), ``notices`` (failure notices and status
-questions), ``datatypes``, ``checks``, ``lane``, ``runs``, ``nonblocking``, ``persistent``
-and ``natives`` (MPI's collectives), ``shm`` (shared memory), ``tuning`` (what runs when),
-``transport`` (the transport itself). Importing the package does not initialise MPI.
+questions), ``typed`` (what a point-to-point message says about itself), ``datatypes``,
+``checks``, ``lane``, ``runs``, ``nonblocking``, ``persistent`` and ``natives`` (MPI's
+collectives), ``shm`` (shared memory), ``tuning`` (what runs when), ``abort`` (an uncaught
+exception ends the job), ``transport`` (the transport itself). Importing the package does
+not initialise MPI.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ MPICommunicator = Communicator  # what init() returned before the core's became 
 
 
 def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
-         groups: str | int | Sequence[Sequence[int]] | None = "node") -> Communicator:
+         groups: str | int | Sequence[Sequence[int]] | None = "node",
+         abort_on_error: bool = True) -> Communicator:
     """A :class:`~collectives.Communicator` over ``comm`` (default ``MPI.COMM_WORLD``).
     Collective: every rank calls it, with the same arguments.
 
@@ -44,13 +47,31 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     of two-level ``"A/B"`` algorithms (the transport's ``layout``): ``"node"`` (the ranks
     sharing each node, or ``COLLECTIVES_RANKS_PER_NODE``'s simulated nodes), a group size,
     an explicit partition, or None.
+
+    ``abort_on_error``: an exception the program does not catch aborts the whole MPI job
+    (``MPI_Abort``, after printing the traceback), instead of leaving the other ranks waiting
+    for this one until their timeout; ``python -m mpi4py`` is then not needed. See
+    ``abort.py``.
     """
     from mpi4py import MPI
 
+    from collectives import __version__
+    from collectives.timeline import clock
+    from collectives.version import check_versions
+
+    from . import abort
     from .transport import MPITransport
 
-    transport = MPITransport(MPI.COMM_WORLD if comm is None else comm, groups=groups)
-    return Communicator(transport, timeout=timeout, check=check, name="mpi")
+    abort.install(abort_on_error)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    # MPI's own gather, so the user's calls count from 1: each rank's version, and its host and
+    # whether it records a timeline (the ranks' clocks are lined up then)
+    gathered = comm.allgather((__version__, clock.probe()))
+    check_versions([version for version, _ in gathered])
+    transport = MPITransport(comm, groups=groups)
+    communicator = Communicator(transport, timeout=timeout, check=check, name="mpi")
+    clock.align(communicator, [probe for _, probe in gathered])
+    return communicator
 
 
 def node_groups(comm: Any) -> tuple[tuple[int, ...], ...]:

@@ -119,7 +119,7 @@ class MPINatives:
         self.inflight: dict[int, Call] = {}  # native calls not yet complete, by seq
         self.abandoned: list = []  # failed runs whose requests MPI still holds
         self.last: str | None = None  # what the latest native call ran: "mpi" or "shm"
-        self._asked: tuple[int, int, float] | None = None  # (seq, question, when)
+        self._asked: tuple[int, int, float] | None = None  # (about seq, question, when)
 
     def supports(self, call: Call) -> bool:
         collective = call.collective
@@ -158,20 +158,27 @@ class MPINatives:
         return self.pool.take(nbytes).view(dtype)[:count]
 
     def stalled(self, seq: int, call: Call) -> None:
-        """Call ``seq`` has waited long: ask the peers which calls they run, and raise
-        ``CollectiveMismatchError`` if one runs another call under this number."""
+        """Call ``seq`` has waited long: ask the peers which call they run under the number
+        of the oldest native call in flight (the one every later call waits behind), and
+        raise ``CollectiveMismatchError`` if one runs another call under it. Every stalled
+        call lands here, so this costs O(1): one question to each peer every ``ASK_EVERY``
+        seconds, however many calls are in flight."""
         now = time.perf_counter()
         asked = self._asked
-        if asked is None or asked[0] != seq or now - asked[2] > ASK_EVERY:
-            self._asked = (seq, self.notices.ask_later(), now)
-            return
-        for peer, calls in self.notices.answers(asked[1]).items():
-            theirs = calls.get(seq)
-            if theirs is not None and theirs[0] != call.check:
-                raise CollectiveMismatchError(
-                    f"rank {self.rank}: call {seq}: rank {peer} runs {theirs[1]} where this rank "
-                    f"runs {call.describe()}: every rank must make the same calls in the same "
-                    "order")
+        if asked is not None:
+            about, number, when = asked
+            if about == seq:
+                for peer, calls in self.notices.answers(number).items():
+                    theirs = calls.get(seq)
+                    if theirs is not None and theirs[0] != call.check:
+                        raise CollectiveMismatchError(
+                            f"rank {self.rank}: call {seq}: rank {peer} runs {theirs[1]} where "
+                            f"this rank runs {call.describe()}: every rank must make the same "
+                            "calls in the same order")
+            if now - when <= ASK_EVERY:
+                return
+        oldest = min(self.inflight, default=seq)
+        self._asked = (oldest, self.notices.ask_later(about=oldest), now)
 
     def free(self) -> None:
         self.checks.free()

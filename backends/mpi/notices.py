@@ -3,11 +3,12 @@
 * A rank that fails sends a pickled :class:`~collectives.runtime.transport.Failure` to every peer
   (``Isend``: small, so eager; nothing waits for it). Peers poll for them in slow waits.
 * A rank whose call times out asks every peer what it is doing. Peers answer from inside
-  their own waits (whenever they poll), with the activity they last published and the native
-  calls they have in flight (number, check value, description): a peer that is busy outside
-  the library, or gone, does not answer, and is reported as such. A native call that waits
-  long asks the same question without waiting for the answers (``ask_later``) and compares
-  check values when they come.
+  their own waits (whenever they poll), with the activity they last published: a peer that
+  is busy outside the library, or gone, does not answer, and is reported as such. A native
+  call that waits long asks without waiting for the answers (``ask_later``), about one call
+  number (the oldest native call in flight): peers answer with the call they run under that
+  number (check value, description), and the asker compares check values when they come.
+  A question and its answer stay small however many calls are in flight.
 * Across hosts, questions go to the ranks of this rank's own node only, and a timeout's notice
   too: MPI's first message to a peer whose host died can block inside MPI (a connection being
   retried, holding MPI's lock), and the rank that asks is the one that suspects a dead peer.
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -26,10 +28,17 @@ from collectives.runtime.transport import SILENT, Failure, describe_activity
 
 FAILURE, QUESTION, ANSWER = 1, 2, 3
 ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers
+PRUNE_AFTER = 16  # sends in flight before the finished ones are let go
+KEEP_QUESTIONS = 8  # answers are kept for this many of this rank's latest questions
 
 
 class Notices:
-    """This rank's side of the notice communicator."""
+    """This rank's side of the notice communicator.
+
+    Two threads use it at once (a blocking call's wait, and the progress thread of calls in
+    flight): a lock keeps the buffers of sends in flight alive until MPI is done with them,
+    and answers land in one store, by question, whichever thread receives them.
+    """
 
     def __init__(self, comm: Any, near: Any = None):
         """``near``: the ranks of this rank's node (None: every rank), those it asks and
@@ -40,26 +49,32 @@ class Notices:
         self.near = [r for r in (self.peers if near is None else sorted(near)) if r != self.rank]
         self.activity: Any = None
         self.calls: dict = {}  # native calls in flight, by number: the transport's
+        self._lock = threading.Lock()
         self._sent: list = []  # (request, buffer): notices and answers still in flight
+        self._prune_at = PRUNE_AFTER  # test the sends in flight once there are this many
         self._question = 0
-        self._answers: dict[int, tuple] = {}
+        self._replies: dict[int, dict[int, tuple]] = {}  # question -> peer -> (said, calls)
 
     def _post(self, obj: Any, dst: int, tag: int) -> None:
-        if self.comm is None:
-            return
         blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            self._sent.append((self.comm.Isend([blob, MPI.BYTE], dst, tag), blob))
-        except MPI.Exception:
-            pass  # a peer MPI can no longer reach: it hears nothing, as it would if dead
-        self._sent = [(r, b) for r, b in self._sent if not _test(r)]
+        with self._lock:
+            if self.comm is None:
+                return
+            try:
+                self._sent.append((self.comm.Isend([blob, MPI.BYTE], dst, tag), blob))
+            except MPI.Exception:
+                pass  # a peer MPI can no longer reach: it hears nothing, as it would if dead
+            if len(self._sent) >= self._prune_at:  # amortised: a send costs O(1) tests
+                self._sent = [(r, b) for r, b in self._sent if not _test(r)]
+                self._prune_at = 2 * len(self._sent) + PRUNE_AFTER
 
     def _take(self, tag: int) -> tuple[int, Any] | None:
         """One pending message with ``tag``: ``(source, object)``."""
-        if self.comm is None:  # freed: a progress thread may still poll once
+        comm = self.comm
+        if comm is None:  # freed: a progress thread may still poll once
             return None
         status = MPI.Status()
-        message = self.comm.Improbe(MPI.ANY_SOURCE, tag, status)
+        message = comm.Improbe(MPI.ANY_SOURCE, tag, status)  # matched: no other thread gets it
         if message is None:
             return None
         blob = bytearray(status.Get_count(MPI.BYTE))
@@ -76,48 +91,62 @@ class Notices:
         return got[1] if got is not None else None
 
     def serve(self) -> None:
-        """Answer the questions peers asked since the last poll."""
+        """Answer the questions peers asked since the last poll: what this rank does, and
+        the native call it runs under the number the asker is stalled in (if asked)."""
         while True:
             got = self._take(QUESTION)
             if got is None:
                 return
-            source, number = got
-            calls = {seq: (call.check, call.describe()) for seq, call in list(self.calls.items())}
+            source, (number, about) = got
+            call = self.calls.get(about) if about is not None else None
+            calls = {about: (call.check, call.describe())} if call is not None else {}
             self._post((number, describe_activity(self.activity), calls), source, ANSWER)
 
-    def ask_later(self) -> int:
-        """Ask the peers of this node; the answers come with :meth:`answers`."""
-        self._question += 1
+    def ask_later(self, about: int | None = None) -> int:
+        """Ask the peers of this node what they do (and which native call they run under
+        number ``about``); the answers come with :meth:`answers`. One message per peer,
+        however many calls this rank has in flight."""
+        with self._lock:
+            self._question += 1
+            number = self._question
+            self._replies[number] = {}
+            for old in [q for q in self._replies if q <= number - KEEP_QUESTIONS]:
+                del self._replies[old]  # answers to those that still come are dropped
         for peer in self.near:
-            self._post(self._question, peer, QUESTION)
-        self._answers: dict[int, tuple] = {}
-        return self._question
+            self._post((number, about), peer, QUESTION)
+        return number
+
+    def _collect(self) -> None:
+        """Receive the answers that came, into the store (for whichever question asked)."""
+        while (got := self._take(ANSWER)) is not None:
+            source, (number, said, calls) = got
+            with self._lock:
+                replies = self._replies.get(number)
+                if replies is not None:  # else an answer to a question long given up
+                    replies[source] = (said, calls)
 
     def answers(self, number: int) -> dict[int, dict]:
-        """The native calls each peer that answered question ``number`` had in flight."""
+        """The native calls each peer that answered question ``number`` has in flight."""
         self.serve()
-        while (got := self._take(ANSWER)) is not None:
-            source, (asked, _, calls) = got
-            if asked == number:
-                self._answers[source] = calls
-        return self._answers
+        self._collect()
+        with self._lock:
+            return {peer: calls for peer, (_, calls) in self._replies.get(number, {}).items()}
 
     def ask(self, timeout: float) -> dict[int, tuple]:
         """What each peer of this node says it is doing, ``(seq, text, phase)``; peers that do
         not answer within ``timeout`` are described as such."""
         number = self.ask_later()
         peers = self.near
-        answers: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
-        while len(answers) < len(peers) and time.monotonic() < deadline:
+        while True:
             self.serve()  # a peer asking at the same time must hear from us too
-            got = self._take(ANSWER)
-            if got is None:
-                time.sleep(ANSWER_POLL)
-                continue
-            source, (asked, said, _) = got
-            if asked == number:  # answers to an earlier question come late: dropped
-                answers[source] = said
+            self._collect()
+            with self._lock:
+                answers = {peer: said for peer, (said, _) in
+                           self._replies.get(number, {}).items()}
+            if len(answers) >= len(peers) or time.monotonic() >= deadline:
+                break
+            time.sleep(ANSWER_POLL)
         for peer in peers:
             answers.setdefault(peer, (None, f"did not answer within {timeout:g} s (busy outside "
                                             "the library, or gone)", SILENT))
@@ -125,13 +154,14 @@ class Notices:
 
     def free(self) -> None:
         """Forget the communicator (its owner frees it)."""
-        self.comm = None
-        for request, _ in self._sent:  # notices to dead peers never complete
-            try:
-                request.Cancel()
-            except MPI.Exception:
-                pass
-        self._sent = []
+        with self._lock:
+            self.comm = None
+            for request, _ in self._sent:  # notices to dead peers never complete
+                try:
+                    request.Cancel()
+                except MPI.Exception:
+                    pass
+            self._sent = []
 
 
 def _test(request: Any) -> bool:

@@ -78,7 +78,7 @@ class ShmRun:
         self.shm, self.call, self.op, self.seq, self.lane = shm, call, op, seq, lane
         self.src = dst if src is None else src
         self.dst = dst
-        self.phase = "grow" if not shm.fits(dst.nbytes) else "in"
+        self.phase = "in"  # or "grow", decided when this run reaches the head of the lane
         self.barrier: Any = None
         self.views: list[np.ndarray] = []
         lane.join(self)
@@ -90,8 +90,8 @@ class ShmRun:
     def issue(self) -> bool:
         """The lane's side: issue this phase's barrier, if this phase's work is done."""
         shm = self.shm
-        if self.phase == "grow":
-            self.barrier = shm.node.Ibarrier()
+        if self.phase == "in" and not shm.fits(self.dst.nbytes):
+            self.barrier = shm.node.Ibarrier()  # every rank is done with the old window
             self.phase = "growing"
             return False
         if self.phase == "in":
@@ -108,8 +108,7 @@ class ShmRun:
         if self.phase == "published":
             self._barrier()
             self.phase = "out"
-            return True
-        return False
+        return False  # the lane moves on once the result is copied out (``_advance``)
 
     def advance(self) -> bool:
         try:
@@ -135,6 +134,8 @@ class ShmRun:
         elif self.phase == "out":
             shm.win.Sync()
             self._copy_out()
+            self.phase = "done"
+            self.lane.leave(self)  # the next run may write its input now
             return True
         self.lane.pump()
         return False

@@ -19,6 +19,7 @@ from collectives.runtime.transport import Failure
 from . import tuning
 from .channel import MPIChannel
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
+from .messages import MessageChannel
 from .natives import MPINatives
 from .notices import Notices
 from .shm import SharedWindow
@@ -64,7 +65,7 @@ class MPITransport:
         ub = data.Get_attr(MPI.TAG_UB)
         self.data = MPIChannel(data, data_tags(ub), "data", probe=True)
         self.control = MPIChannel(control, control_tags(ub), "control", probe=False)
-        self.p2p = MPIChannel(p2p, user_tags(ub), "p2p", probe=False)
+        self.p2p = MessageChannel(p2p, user_tags(ub))
         self.notices = Notices(notices, near=next(g for g in hosts if self.rank in g))
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)

@@ -20,13 +20,16 @@ __all__ = ["GpuWork", "NcclCommunicator", "broadcast_unique_id", "init", "node_o
 
 
 def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
-         timeout: float = 300.0, check: bool = True) -> NcclCommunicator:
+         timeout: float = 300.0, check: bool = True,
+         abort_on_error: bool = True) -> NcclCommunicator:
     """This rank's communicator over ``comm`` (default: ``MPI.COMM_WORLD``).
 
     ``device``: the GPU (default: local rank modulo the visible GPUs); ``stream``: the CUDA
     stream every call of this communicator is enqueued on (default: the device's current
     stream); ``timeout``: seconds before an unfinished call is an error; ``check``: agree on
-    each call's arguments across ranks the first time its signature is seen.
+    each call's arguments across ranks the first time its signature is seen;
+    ``abort_on_error``: an exception the program does not catch aborts the whole MPI job,
+    as under the MPI transport (``collectives.backends.mpi.abort``).
     """
     from collectives.backends.cupy.probe import nccl_module, require_gpu
 
@@ -36,7 +39,19 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+    from collectives.backends.mpi import abort
+
+    from collectives import __version__
+    from collectives.timeline import clock
+    from collectives.version import check_versions
+
     from .transport import NcclTransport
 
+    abort.install(abort_on_error)
+    # MPI's own gather, so the user's calls count from 1 (as the MPI transport's init)
+    gathered = comm.allgather((__version__, clock.probe()))
+    check_versions([version for version, _ in gathered])
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
-    return NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
+    communicator = NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
+    clock.align(communicator, [probe for _, probe in gathered])
+    return communicator

@@ -31,6 +31,7 @@ from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..compression import for_batch
 from ..log import configure, debug_setting
+from ..runtime import tracing
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
@@ -38,16 +39,19 @@ from ..runtime.execute.spmd import SpmdRun
 from ..runtime.native_stage import NativeStage
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
+from ..timeline import recorder
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
 from .spmd_prepared import PreparedOps
+from .spmd_subcomms import SubcommOps
 
 CALLS = logging.getLogger("collectives.calls")
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
+class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, SubcommOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     ``timeout``: every call's default deadline in seconds. ``check``: agree on each call's
@@ -74,6 +78,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
+        self._trace_place = (recorder.participant(self.rank), recorder.next_index())
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank} of {self.size}>"
@@ -85,39 +90,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         self.free()
 
     def free(self) -> None:
-        """Release what the transport holds for this communicator (collective on MPI)."""
+        """Release what the transport holds for this communicator (collective on MPI).
+        Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
+        self._engine.close()
         self.transport.free()
-
-    def dup(self) -> Communicator:
-        """A new communicator over the same ranks, with this one's options: its calls never
-        mix with this one's (give each thread, or each library, its own). Collective."""
-        engine = self._engine
-        engine.enter("dup")
-        try:
-            return type(self)(self.transport.dup(), timeout=self.timeout, check=self.check,
-                              name=self.name)
-        finally:
-            engine.leave()
-
-    def split(self, color: int | None, key: int = 0) -> Communicator | None:
-        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
-        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
-        Collective over this communicator; the child has this one's options, and its failures
-        never break this one."""
-        if color is not None and (isinstance(color, bool) or not isinstance(
-                color, (int, np.integer)) or color < 0):
-            raise ValueError(f"color={color!r} must be a non-negative integer, or None")
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
-            raise TypeError(f"key={key!r} must be an integer")
-        engine = self._engine
-        engine.enter("split")
-        try:
-            child = self.transport.split(None if color is None else int(color), int(key))
-        finally:
-            engine.leave()
-        if child is None:
-            return None
-        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -190,7 +166,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
         shape = tuple(int(d) for d in x.shape)
-        if collective in (Collective.REDUCE, Collective.BROADCAST):
+        if collective in ROOTED:
             root = check_root(root, self.size)
         shards = check_shards(shards)
         name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
@@ -227,13 +203,17 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
         """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
         ``subject`` names the call in errors (default: the call's own description)."""
         engine = self._engine
+        t0 = recorder.now() if recorder.ON else 0
         engine.enter(what)
         try:
             seq = engine.next_seq()
+            call = data = finish = None
+            # too many calls in flight: refused before anything is issued, in the agreement
+            error = engine.crowded() if async_op else None
             try:
                 check_timeout(timeout)
-                call, data, finish = build(seq)
-                error = None
+                if error is None:
+                    call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default
@@ -273,6 +253,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps):
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
                            skipped_agreement=agreement is None and not own, phase=phase)
+            if recorder.ON:
+                tracing.issued(self, op, async_op, t0)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))

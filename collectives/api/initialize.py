@@ -3,6 +3,10 @@
 ``init("auto")`` is MPI when the launcher's environment says this process is one of several
 MPI ranks (the variables of MPICH/Hydra's PMI, PMIx and Open MPI, read without initialising
 MPI), else one local rank. Calling it again returns the same communicator.
+
+Backends whose ranks are processes check that every rank runs the same version of the library
+(:func:`collectives.version.check_versions`) with their own means, before the communicator exists, so that the
+program's first call is call 1 in every message about it.
 """
 
 from __future__ import annotations
@@ -66,19 +70,5 @@ def init(backend: str = "auto", **options: Any):
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}); for "
                           "MPI: pip install -e '.[mpi]' in this project's checkout") from exc
     comm = module.init(**options)
-    if comm.size > 1:
-        _check_versions(comm)
     _ACTIVE[name] = comm
     return comm
-
-
-def _check_versions(comm) -> None:
-    """Every rank must run the same version of the library (a mixed install mismatches in
-    subtle ways)."""
-    from ..version import __version__
-
-    versions = comm.all_gather_object(__version__)
-    if len(set(versions)) > 1:
-        by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(versions))
-        raise RuntimeError(f"ranks run different versions of collectives ({by_rank}); install "
-                           "the same one everywhere")

@@ -26,12 +26,14 @@ from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..ops import ReduceOp, result_dtype
 from ..registry import backend_for_arrays
+from ..runtime import tracing_devices
 from ..runtime.calls import resolve_algorithm
 from ..runtime.execute import run_multi_device
 from ..runtime.validate import (
     Groups,
     as_array,
     check_communicable,
+    check_devices,
     check_op,
     check_out,
     check_root,
@@ -40,6 +42,7 @@ from ..runtime.validate import (
     same_layout,
 )
 from ..runtime.work import Completed
+from ..timeline import recorder
 from .compressed import multi_device_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
@@ -55,6 +58,12 @@ def backend_first(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
+        if recorder.ON:  # the call as a span on every device's row
+            return tracing_devices.device_call(function, values, args,
+                                               lambda: dispatch(values, args, async_op, kwargs))
+        return dispatch(values, args, async_op, kwargs)
+
+    def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
         if not requested(kwargs.get("compression")):
             kwargs.pop("compression", None)  # (a backend's own functions never compress)
@@ -202,7 +211,8 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     # (work buffers come from the backend's pool: mapped memory reused across calls)
     work = [arrays.result(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
             for p, v in enumerate(values)]
-    safe = out is None or not unsafe_outputs(arrays, values, [result])
+    # in place only as the root's own input: ``out`` is values[root] (else it aliases an input)
+    safe = out is None or not unsafe_outputs(arrays, values, [None] * root + [result])
     total = result if final == dtype and safe else arrays.result(shape, dtype, like=values[root])
     work[root] = total.reshape(-1)
     if root not in written:  # a single participant: its input is the total
@@ -218,9 +228,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
               shards: int = 0) -> list:
     """Copy ``value`` to every device; ``devices`` is a count or a list of device ids."""
     value = as_array(value, "value")
-    n = devices if isinstance(devices, (int, np.integer)) else len(devices)
-    if n < 1:
-        raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
+    n = check_devices(devices)
     shape, dtype = tuple(value.shape), np.dtype(value.dtype)
     check_communicable(dtype, "value")
     backend = backend_for_arrays([value])

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..foreign import accepts_foreign_values
 from ..registry import backend_for_arrays
-from ..runtime.validate import as_array, check_communicable, check_root, same_layout
+from ..runtime.validate import as_array, check_communicable, check_devices, check_root, same_layout
 from .multi_device import backend_first
 
 
@@ -45,7 +45,7 @@ def scatter(value: Any, devices: int | Sequence) -> list:
     """Device ``d`` gets row ``d`` of ``value`` (whose leading axis has one row per device);
     ``devices`` is a count or a list of arrays to place the rows beside."""
     value = as_array(value, "value")
-    n = devices if isinstance(devices, (int, np.integer)) else len(devices)
+    n = check_devices(devices)
     if not value.shape or value.shape[0] != n:
         raise ValueError(f"value has shape {tuple(value.shape)}; scatter needs a leading axis of "
                          f"{n} rows, one per device")

@@ -23,8 +23,7 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms.schedule import Collective
-from ..ops import BFLOAT16
-from ..runtime.agreement import Agreement
+from ..runtime.agreement import PAYLOAD_BYTES, Agreement
 from ..runtime.calls import resolve_algorithm
 from ..runtime.validate import check_root
 
@@ -92,9 +91,11 @@ def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
     return build_rooted(comm, Collective.BROADCAST, x, root, algorithm, out)
 
 
-def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any):
+def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out: Any, *,
+                 problem: TypeError | ValueError | None = None):
     """The builder of a broadcast or a scatter: the root's ``x`` goes out whole, or one row of
-    its leading axis (of length ``size``) to each rank."""
+    its leading axis (of length ``size``) to each rank. ``problem``: why this rank cannot take
+    part (e.g. a root that could not pickle its object), told to every rank in the opening."""
     scatter = kind is Collective.SCATTER
 
     def build(seq):
@@ -103,6 +104,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         mine = root == comm.rank
         try:  # every error goes into the opening agreement, so that every rank hears of it
             root_ = check_root(root, comm.size)
+            if problem is not None:
+                raise problem
             name, _ = resolve_algorithm(algorithm, 0, 0, comm._native_names)
             if name not in comm._native_names and name != "auto" and not algorithms.supports(
                     kind, name):
@@ -117,6 +120,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                 known = (call.shape[1:] if scatter else call.shape), dtype_token(call.dtype)
                 if len(known[0]) > 16:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
+                check_describable(known, call.dtype)
                 src = arrays.flat(xa)
             elif x is not None:
                 xa = comm.adapt(x, "x")
@@ -170,14 +174,26 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
     return build
 
 
-def dtype_token(dtype) -> str:
-    """A dtype as text that any rank turns back into it (bfloat16's own ``str`` is "<V2")."""
+def dtype_token(dtype) -> str | np.dtype:
+    """A dtype as any rank turns it back into it: NumPy's own as text ("<f4"), others whole
+    (structured dtypes, ml_dtypes' bfloat16, float8, int4: their ``str`` is only "|V12",
+    "<V1", which would make every rank's result raw bytes)."""
     dtype = np.dtype(dtype)
-    return "bfloat16" if BFLOAT16 is not None and dtype == BFLOAT16 else dtype.str
+    return dtype.str if dtype.isbuiltin == 1 else dtype
 
 
-def from_token(token: str) -> np.dtype:
-    return BFLOAT16 if token == "bfloat16" else np.dtype(token)
+def from_token(token: str | np.dtype) -> np.dtype:
+    return np.dtype(token)
+
+
+def check_describable(known: tuple, dtype: np.dtype) -> None:
+    """The root's shape and dtype must fit the opening agreement (``PAYLOAD_BYTES``)."""
+    size = len(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL))
+    if size > PAYLOAD_BYTES:
+        raise TypeError(f"x has dtype {dtype}, whose description takes {size} bytes; a broadcast "
+                        f"or scatter tells the other ranks at most {PAYLOAD_BYTES} bytes of shape "
+                        "and dtype. Send its bytes (x.view(numpy.uint8)) and view them back as "
+                        "the dtype on every rank")
 
 
 class _Then:

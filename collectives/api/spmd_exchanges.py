@@ -127,8 +127,18 @@ class ExchangeOps:
 
     def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
         """Every rank's ``obj`` (anything picklable), in rank order."""
-        blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        lengths = self.all_gather(np.array([len(blob)], np.int64), timeout=timeout)
+        blob, problem = _pickled(obj)
+        # every rank learns every length, -1 where a rank could not pickle its object
+        lengths = self.all_gather(np.array([-1 if problem else len(blob)], np.int64),
+                                  timeout=timeout)
+        if problem is not None:
+            raise problem
+        failed = [str(r) for r in range(self.size) if lengths[r] < 0]
+        if failed:
+            from ..errors import PeerFailedError
+
+            raise PeerFailedError(f"rank {self.rank}: all_gather_object cannot run because "
+                                  f"rank {', '.join(failed)} could not pickle obj")
         width = int(lengths.max()) if len(lengths) else 0
         padded = np.zeros(width, np.uint8)
         padded[:len(blob)] = blob
@@ -138,11 +148,23 @@ class ExchangeOps:
     def broadcast_object(self, obj: Any = None, root: int = 0, *,
                          timeout: float | None = None) -> Any:
         """The root's ``obj`` (anything picklable) on every rank."""
-        blob = None
-        if self.rank == root:
-            blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        got = self.broadcast(blob, root, timeout=timeout)
+        from .spmd_broadcast import build_rooted
+
+        blob, problem = _pickled(obj) if self.rank == root else (None, None)
+        # a root that cannot pickle says so in the broadcast's opening: every rank raises
+        got = self._start("broadcast", build_rooted(self, Collective.BROADCAST, blob, root, "auto",
+                                                    None, problem=problem), False, timeout)
         return obj if self.rank == root else pickle.loads(got.tobytes())
+
+
+def _pickled(obj: Any) -> tuple[np.ndarray | None, TypeError | None]:
+    """``obj`` pickled as bytes, or the TypeError naming it that says why it cannot be."""
+    try:
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8), None
+    except Exception as exc:  # noqa: BLE001 - pickling raises many kinds; each is the cause
+        error = TypeError(f"obj cannot be pickled: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return None, error
 
 
 class _Shape:

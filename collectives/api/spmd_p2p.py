@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.validate import check_out
+from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
 
 MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
@@ -60,16 +60,12 @@ class PointToPointOps:
     def _message(self, what: str, direction: str, peer: int, tag: int, array: Any,
                  timeout: float | None) -> Work:
         engine = self._engine
-        counters = self.__dict__.setdefault("_p2p_counts", {})
-        key = (direction, peer, tag)
-        number = counters.get(key, 0)  # the k-th message with this tag between us two
-        counters[key] = number + 1
-        channel = self.transport.p2p
+        channel = self.transport.p2p  # (it pairs messages of one tag in order, as MPI does)
         flat = array.reshape(-1)
         if direction == "send":
-            request = channel.send(flat, peer, (tag, 0, 0, number))
+            request = channel.send(flat, peer, (tag, 0, 0, 0))
         else:
-            request = channel.recv(flat, peer, (tag, 0, 0, number), in_place=True)
+            request = channel.recv(flat, peer, (tag, 0, 0, 0), in_place=True)
         stage = _Message(channel, request, peer, array if direction == "recv" else None)
         subject = f"{what} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
@@ -78,11 +74,13 @@ class PointToPointOps:
 
     def send(self, x: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``x`` to rank ``dst``; returns once ``x`` may be changed again."""
+        check_timeout(timeout)  # before anything is posted
         self._post("send", x, dst, tag).wait(timeout)
 
     def recv(self, out: Any, src: int, tag: int = 0, *, timeout: float | None = None) -> Any:
         """Receive from rank ``src`` into ``out`` (its shape and dtype must match what was
         sent); returns ``out``."""
+        check_timeout(timeout)  # before anything is posted
         return self._post("recv", out, src, tag).wait(timeout)
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Work:
@@ -105,6 +103,9 @@ class PointToPointOps:
         engine = self._engine
         engine.enter(direction)
         try:
+            crowded = engine.crowded()
+            if crowded is not None:  # (a message is between two ranks: refused here alone)
+                raise crowded
             return self._message(direction, direction, peer, tag, array, None)
         finally:
             engine.leave()

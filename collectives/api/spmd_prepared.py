@@ -22,7 +22,9 @@ from ..runtime.validate import check_out
 class PreparedOps:
     """all_reduce_init, reduce_init, broadcast_init, all_gather_init, reduce_scatter_init."""
 
-    def _bind(self, x: Any, out: Any, shape: tuple, dtype: np.dtype, what: str):
+    def _bind(self, x: Any, out: Any, shape: tuple, dtype: np.dtype, what: str,
+              out_argument: str = "out"):
+        """``x`` as an array, and ``out`` (named ``out_argument`` in errors) checked."""
         arrays = self.arrays
         xa = self.adapt(x, "x")
         if not arrays.contiguous(xa):
@@ -31,7 +33,7 @@ class PreparedOps:
         if out is None:
             raise TypeError(f"{what}: out is required (a prepared call writes its result there "
                             "every time)")
-        check_out(out, shape, dtype, "out", arrays)
+        check_out(out, shape, dtype, out_argument, arrays)
         if out is not xa and overlaps(arrays, out, xa):
             raise ValueError(f"{what}: out overlaps x; pass x itself (in place) or a separate "
                              "array")
@@ -81,7 +83,7 @@ class PreparedOps:
         on every rank)."""
         xa = self.adapt(x, "x")
         call = self._call(Collective.BROADCAST, xa, None, algorithm, root=root)
-        xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init")
+        xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
 
     def all_gather_init(self, x: Any, algorithm: Any = "auto", *, out: Any) -> PreparedCall:

@@ -63,7 +63,8 @@ class Call:
         parts = [f"{self.dtype}[{','.join(map(str, self.shape))}]"]
         if self.op is not None:
             parts.append(f"op={self.op.value}")
-        if self.collective in (Collective.REDUCE, Collective.BROADCAST):
+        if self.collective in (Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
+                               Collective.SCATTER):
             parts.append(f"root={self.root}")
         if self.algorithm != "auto":
             parts.append(f"algorithm={self.algorithm}")

@@ -31,7 +31,8 @@ from ..errors import (
     PeerFailedError,
 )
 from .agreement import AGREED, Agreement
-from .transport import SILENT, Failure, Transport
+from .missing import missing_ranks
+from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
@@ -56,6 +57,7 @@ class Engine:
         self.inflight: list[Operation] = []
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
+        self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
         self.native_issued = 0  # native collectives start in call order
@@ -85,11 +87,16 @@ class Engine:
         self.busy.release()
 
     def _raise_pending(self, what: str) -> None:
+        if self.freed:
+            raise CommunicatorBrokenError(
+                f"rank {self.rank}: {what} cannot run: this communicator was freed (free(), or "
+                "the end of its with block); use a communicator that is still alive")
         for ref, op in list(self.unreported):
-            if ref() is None:  # the handle was dropped without wait(): its error surfaces here
+            if ref() is None and not op.waited_by:  # dropped without wait(): it surfaces here
                 self.unreported.remove((ref, op))
                 raise op.error  # type: ignore[misc]
-        self.unreported = [(r, o) for r, o in self.unreported if r() is not None]
+        self.unreported = [(r, o) for r, o in self.unreported
+                           if r() is not None and not o.waited_by]
         if self.broken is not None:
             raise CommunicatorBrokenError(
                 f"rank {self.rank}: {what} cannot run: this communicator is broken since "
@@ -99,6 +106,22 @@ class Engine:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+    def crowded(self) -> CollectiveError | None:
+        """The error refusing one more asynchronous call, when ``MAX_IN_FLIGHT`` are in
+        flight already (checked before the call issues anything; a collective puts it into
+        its agreement, so every rank refuses that call)."""
+        if len(self.inflight) < MAX_IN_FLIGHT:
+            return None
+        return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} asynchronous calls "
+                               "would be in flight on this communicator; wait() for some first")
+
+    def reported(self, op: Operation) -> None:
+        """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
+        and nothing here holds it (or its buffers) any more."""
+        with self.state:  # (the progress thread may be adding it right now)
+            if self.unreported:
+                self.unreported = [(r, o) for r, o in self.unreported if o is not op]
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
@@ -148,9 +171,6 @@ class Engine:
             work = Work(op)
             op.handle = weakref.ref(work)
             if not done:
-                if len(self.inflight) > MAX_IN_FLIGHT:
-                    raise CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} "
-                                          "asynchronous calls in flight; wait() for some")
                 self._start_thread()
             elif op.error is not None:
                 self.unreported.append((weakref.ref(work), op))
@@ -260,22 +280,17 @@ class Engine:
             return
 
     def _time_out(self, op: Operation, timeout: float) -> None:
-        # Who never arrived: ranks that say they are not in this call yet, else the ranks this
-        # one waits for, else ranks that did not answer, else (a native call names none) every
-        # other rank. A silent peer may merely have timed out first and left; a transport may
-        # leave some peers unasked (MPI: those on other hosts).
         activity = self.transport.peer_activity(0.5)
-        silent = [r for r, entry in sorted(activity.items()) if entry[2:3] == (SILENT,)]
-        absent = [r for r, (seq, *_) in sorted(activity.items())
-                  if r not in silent and (seq is None or seq < op.seq)]
         waited = op.pending_peers()
-        missing = (absent or _held_up_by(waited, op.seq, activity, self.rank)
-                   or silent or [r for r in range(self.size) if r != self.rank])
+        missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
                                        detail=doing, call=op.seq if op.breaking else None)
-        op.fail(error)
+        with self.state:
+            if op.finished:  # it finished while the peers were asked: nothing timed out
+                return
+            op.fail(error)
         if op.breaking:
             self._broke(error, op.seq)
 
@@ -291,16 +306,16 @@ class Engine:
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self._join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
-        kind = CollectiveMismatchError if failure.kind == "mismatch" else PeerFailedError
         lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
         where = ("failed after call" if failure.kind == "exited" else "failed in call")
         with self.state:
             for op in list(self.inflight):
-                if op.seq >= lost:
+                # a message to or from the failed rank is lost too, whatever call it follows
+                if op.seq >= lost or (not op.breaking and failure.rank in op.pending_peers()):
                     own = getattr(op.stages[op.stage], "error", None) if (
                         op.stage < len(op.stages)) else None
                     # a rank that could not start the call raises its own error
-                    op.fail(own if isinstance(own, Exception) else kind(
+                    op.fail(own if isinstance(own, Exception) else failure.error(
                         f"rank {self.rank}: {op.description} cannot finish because rank "
                         f"{failure.rank} {where} {failure.seq}: {failure.message}"))
                     self.inflight.remove(op)
@@ -324,6 +339,9 @@ class Engine:
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
             self.inflight.clear()
+
+    def close(self) -> None:  # the communicator was freed: every later call raises at once
+        self.freed, self.broken = True, self.broken or "it was freed"
 
     def break_for(self, reason: str) -> None:
         self.broken = self.broken or reason
@@ -370,28 +388,9 @@ class Engine:
                         self._peer_failed(failure)
             except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
                 pass
-            # never a spin here: a user thread may be computing beside this one
-            self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
-
-
-def _held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
-                rank: int) -> list[int]:
-    """The ranks at the end of the chains of waits that start at ``waited``: a peer that is
-    in call ``seq`` itself and says it waits for others is followed to them (the first rank
-    to time out names the lost one, not the live neighbour stuck behind it)."""
-    found: list[int] = []
-    seen = {rank}
-    todo = list(waited)
-    while todo:
-        peer = todo.pop(0)
-        if peer in seen:
-            continue
-        seen.add(peer)
-        entry = activity.get(peer, ())
-        onward = [r for r in (entry[3] if len(entry) > 3 and entry[0] == seq else ())
-                  if r not in seen]
-        if onward:
-            todo.extend(onward)
-        else:
-            found.append(peer)
-    return sorted(found) or waited
+            # never a spin here (a user thread may be computing beside this one); the idle
+            # answers peers' questions and may fail: the calls in flight need this thread
+            try:
+                self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
+            except BaseException:  # noqa: BLE001 - as above
+                time.sleep(SLOW_WAIT)

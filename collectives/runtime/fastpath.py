@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 from ..ops import ReduceOp
+from ..timeline import recorder
+from . import tracing
 from .calls import Call
 from .prepared import PersistentStage
 from .work import Operation
@@ -42,9 +44,10 @@ class FastAllReduce:
         """A fast path for ``call``, or None where it has none (too large, not native,
         integer MEAN, or no persistent collective in the transport)."""
         native = comm.transport.native
-        if (native is None or call.run_as != "native" or call.nbytes > FAST_BYTES
+        if (native is None or not getattr(native, "persistent", True)
+                or call.run_as != "native" or call.nbytes > FAST_BYTES
                 or call.final != call.dtype or not call.count):
-            return None
+            return None  # (persistent False: the transport has no persistent collectives)
         arrays = comm.arrays
         src = arrays.empty((call.count,), call.dtype)
         dst = arrays.empty((call.count,), call.dtype)
@@ -57,6 +60,7 @@ class FastAllReduce:
         comm = self.comm
         engine = comm._engine
         arrays = self.arrays
+        t0 = recorder.now() if recorder.ON else 0
         engine.enter("all_reduce")
         try:
             seq = engine.next_seq()
@@ -74,6 +78,8 @@ class FastAllReduce:
                     op = Operation(engine, seq, self.call, [_Started(persistent)],
                                    lambda: None, signature=self.call.signature,
                                    check=self.call.check, skipped_agreement=True)
+                    if t0:
+                        tracing.fast_waits(self, seq, t0, op)
                     engine.run(op, False, timeout)
                     break
             comm.transport.publish_activity((seq, self.call, False))
@@ -83,6 +89,8 @@ class FastAllReduce:
             engine._broke(exc, engine.seq)
             raise
         finally:
+            if t0:
+                tracing.fast_path(self, engine.seq, t0)
             engine.leave()
 
     def _slow(self, seq: int, out: Any, timeout: float | None) -> Any:

@@ -4,10 +4,10 @@
 ``all_gather_init``, ``reduce_scatter_init``) validates once and returns a
 :class:`PreparedCall`; each ``start()`` reads ``x`` afresh (the caller refills it between
 calls) and each ``wait()`` returns ``out`` holding the result. Arguments are agreed across
-ranks once, at the first ``start()``. Where the transport has persistent collectives (MPI-4's
-``MPI_Allreduce_init``), a prepared call uses one; otherwise it runs this rank's cached plan
-over the same buffers. This is the fastest way to call the library repeatedly on the same
-buffers.
+ranks as a plain call's are: at the first ``start()`` (and again after a failed agreement).
+Where the transport has persistent collectives (MPI-4's ``MPI_Allreduce_init``), a prepared
+call uses one; otherwise it runs this rank's cached plan over the same buffers. This is the
+fastest way to call the library repeatedly on the same buffers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CollectiveError
 from .calls import Call
-from .work import Operation, Work
+from .work import Work
 
 
 class PersistentStage:
@@ -64,7 +64,6 @@ class PreparedCall:
         self.comm, self.what, self.call = comm, what, call
         self.src, self.work, self.finish, self.granule = src, work, finish, granule
         self.place = place
-        self._agreed = False
         self._persistent = None
         self._work: Work | None = None
         self._waited = True
@@ -75,31 +74,22 @@ class PreparedCall:
     def start(self) -> PreparedCall:
         """Start one run; ``wait()`` before the next ``start()``."""
         comm = self.comm
-        engine = comm._engine
         if self._work is not None and not self._waited:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
-        engine.enter(self.what)
-        try:
-            seq = engine.next_seq()
-            call = self.call
-            agreement = None
-            if comm.check and not self._agreed:  # as a plain call of this signature would
-                agreement = engine.agreement(seq, call.signature, call.check, None)
-            self._agreed = True
+
+        def build(seq):
+            # agreed (the first time, or again after a failed agreement) and run as a plain
+            # call of this signature would be
             if self.place is not None:
                 self.place()
             if self._persistent is not None:
-                data = PersistentStage(engine, self._persistent, seq)
+                data = PersistentStage(comm._engine, self._persistent, seq)
             else:
-                data = comm._data_stage(call, seq, self.src, self.work, granule=self.granule)
-            comm.transport.publish_activity((seq, call, True))
-            op = Operation(engine, seq, call, [agreement, data], self.finish,
-                           signature=call.signature, check=call.check,
-                           skipped_agreement=agreement is None)
-            self._work = engine.run(op, True, None)
-            self._waited = False
-        finally:
-            engine.leave()
+                data = comm._data_stage(self.call, seq, self.src, self.work, granule=self.granule)
+            return self.call, [data], self.finish
+
+        self._work = comm._start(self.what, build, True, None)
+        self._waited = False
         return self
 
     def wait(self, timeout: float | None = None) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ..algorithms.base import Layout
 from ..arrays import ArrayBackend
+from ..errors import CollectiveError, CollectiveMismatchError, PeerFailedError, PeerTimeoutError
 from ..ops import ReduceOp
 from .calls import Call
 from .execute.spmd import PointToPoint
@@ -41,6 +42,7 @@ def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, .
         text += f", waiting for rank(s) {', '.join(map(str, waiting))}"
     return seq, text, phase, waiting if phase else ()
 
+
 @dataclass(frozen=True)
 class Failure:
     """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
@@ -51,6 +53,16 @@ class Failure:
     seq: int
     kind: str
     message: str
+
+    def error(self, text: str) -> CollectiveError:
+        """The error, saying ``text``, of a call this notice ends: a mismatch, a timeout
+        (:class:`~collectives.errors.PeerTimeoutError`, both a peer's failure and a timeout)
+        or another peer failure."""
+        if self.kind == "mismatch":
+            return CollectiveMismatchError(text)
+        if self.kind == "timeout":
+            return PeerTimeoutError(text, self.message)
+        return PeerFailedError(text)
 
 
 class NativeRun(Protocol):
@@ -84,7 +96,8 @@ class NativeCollectives(Protocol):
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
         """A collective bound to these buffers, to start again and again (MPI-4 persistent
-        collectives); None where the transport has none for this call."""
+        collectives); None where the transport has none for this call. A transport with
+        none at all may say so with ``persistent = False``, so nothing is allocated to ask."""
         ...
 
 
@@ -110,7 +123,9 @@ class Transport(Protocol):
     arrays: ArrayBackend
     data: PointToPoint
     control: PointToPoint
-    p2p: PointToPoint  # users' own messages (send/recv): tags (user tag, 0, 0, k-th message)
+    # users' own messages (send/recv), tags (user tag, 0, 0, 0): between two ranks, those of
+    # one tag pair in order (MPI's rule), and a cancelled receive pairs with nothing
+    p2p: PointToPoint
     cost_model: Any  # collectives.algorithms.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None

@@ -73,6 +73,23 @@ def check_root(root: Any, size: int) -> int:
     return int(root)
 
 
+def check_devices(devices: Any, argument: str = "devices") -> int:
+    """How many devices ``devices`` names: a positive count, or a list (of ids or arrays)."""
+    if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+        count = int(devices)
+    else:
+        try:
+            if isinstance(devices, (str, bytes, bool)) or devices is None:
+                raise TypeError
+            count = len(devices)
+        except TypeError:
+            raise TypeError(f"{argument}={devices!r} must be a number of devices or a list of "
+                            f"them, not {type(devices).__name__}") from None
+    if count < 1:
+        raise ValueError(f"{argument}={devices!r} names no device; pass a count or a list")
+    return count
+
+
 def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str = "out",
               arrays: Any = None) -> None:
     """``out`` must be a writable, C-contiguous array of the result's shape and dtype, of the
@@ -110,6 +127,15 @@ def check_timeout(timeout: Any) -> None:
                         "communicator's default)")
     if not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+
+
+def valid_timeout(timeout: Any) -> bool:
+    """Whether ``check_timeout`` accepts ``timeout``."""
+    try:
+        check_timeout(timeout)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def check_shards(shards: Any) -> int:

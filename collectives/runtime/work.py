@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CollectiveError
+from . import tracing
+from .validate import check_timeout
 
 
 class Operation:
@@ -24,7 +26,7 @@ class Operation:
 
     __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
-                 "subject", "waited_by")
+                 "subject", "trace", "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
@@ -44,11 +46,14 @@ class Operation:
         # collective's does; a point-to-point message's does not (it is withdrawn)
         self.breaking = breaking
         self.phase = phase  # as published to peers when the call was issued
+        self.trace: Any = None  # its spans on the timeline, while recording (tracing.issued)
 
     def advance(self) -> bool:
         """Move on as far as possible without waiting; True once finished (or failed)."""
         if self.finished:
             return True
+        if self.trace is not None:
+            return tracing.advance(self)
         try:
             while self.stage < len(self.stages):
                 if not self.stages[self.stage].advance():
@@ -64,6 +69,8 @@ class Operation:
         if not self.finished:
             self.error = exc
             self.finished = True
+            if self.trace is not None:
+                tracing.failed(self, exc)
             for stage in self.stages[self.stage:]:
                 abort = getattr(stage, "abort", None)
                 if abort is not None:
@@ -104,10 +111,12 @@ class Work:
         :class:`~collectives.CollectiveTimeoutError` and marks the communicator broken, like
         a blocking call's timeout.
         """
+        check_timeout(timeout)  # (a bad one raises here, and breaks nothing)
         op = self._op
         op.waited_by = True
         if not op.finished:
             op.engine.wait(op, timeout)
+        op.engine.reported(op)
         return op.outcome()
 
     def is_completed(self) -> bool:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from faults import cases_inputs, cases_multi, cases_ranks
+from faults import cases_calls, cases_comms, cases_inflight, cases_inputs, cases_multi, cases_ranks
 from faults.kit import Case
 
-SPMD: list[Case] = cases_ranks.CASES + cases_inputs.CASES
-MULTI: list[Case] = cases_multi.CASES
+SPMD: list[Case] = (cases_ranks.CASES + cases_inputs.CASES + cases_calls.CASES + cases_comms.CASES
+                    + cases_inflight.CASES)
+MULTI: list[Case] = cases_multi.CASES + cases_calls.MULTI
 
 # (transport, ranks or devices): thread ranks, MPI ranks (COLLECTIVES_RANKS_PER_NODE=2 for
 # "mpi-nodes": two simulated nodes of two ranks), and the multi-device API.

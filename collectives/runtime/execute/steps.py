@@ -13,8 +13,19 @@ def combiners(arrays: ArrayBackend, op: ReduceOp, accumulation_fn):
     if accumulation_fn is None:
         return (lambda dst, srcs: arrays.combine(op, dst, srcs),
                 lambda dst, first, srcs: arrays.combine_into(op, dst, first, srcs))
-    return (lambda dst, srcs: arrays.copy(dst, accumulation_fn([dst, *srcs])),
-            lambda dst, first, srcs: arrays.copy(dst, accumulation_fn([first, *srcs])))
+    def accumulate(dst, parts):
+        total = accumulation_fn(parts)
+        if tuple(getattr(total, "shape", ())) != tuple(dst.shape) or not hasattr(total, "dtype"):
+            # copying it would broadcast it into every element: a wrong result, silently
+            got = (f"shape {tuple(total.shape)}" if hasattr(total, "shape")
+                   else f"a {type(total).__name__}")
+            raise ValueError(f"accumulation_fn returned {got} for arrays of shape "
+                             f"{tuple(dst.shape)}; it must return one array of its inputs' shape "
+                             "(e.g. numpy.sum(xs, axis=0), tf.math.add_n)")
+        arrays.copy(dst, total)
+
+    return (lambda dst, srcs: accumulate(dst, [dst, *srcs]),
+            lambda dst, first, srcs: accumulate(dst, [first, *srcs]))
 
 
 def element_steps(schedule: Schedule, units: int, granule: int) -> list[list[tuple]]:

@@ -1,0 +1,93 @@
+"""New communicators from an existing one: ``dup`` and ``split`` (mixed into
+:class:`~collectives.Communicator`).
+
+Both are collective, and agreed like any call before the transport makes anything: every rank
+takes part in one small agreement (with the communicator's timeout, hearing failure notices)
+that carries whether its arguments were good. So a bad ``color`` on one rank raises there and
+a ``PeerFailedError`` naming it everywhere else, ranks calling ``split`` against ``dup`` or
+another collective raise ``CollectiveMismatchError``, and a rank that calls alone times out,
+instead of leaving its peers inside ``MPI_Comm_split`` forever. The agreement runs whatever
+``check=`` says: a transport's own split or dup cannot be left half-done.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..runtime.agreement import Agreement
+
+INT_LIMIT = 2 ** 31  # colors and keys are C ints in MPI
+
+
+class _Making:
+    """What a dup or split is, for its agreement and for messages."""
+
+    agrees_itself = True  # its only stage is its agreement
+
+    def __init__(self, what: str):
+        self.what = what
+        self.signature = (what, None, None, None, None, None, 0, None, None)
+        self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
+        self.run_as = what
+
+    def describe(self) -> str:
+        return self.what
+
+
+class SubcommOps:
+    """dup and split."""
+
+    def dup(self) -> Any:
+        """A new communicator over the same ranks, with this one's options: its calls never
+        mix with this one's (give each thread, or each library, its own). Collective."""
+        transport = self._agree_then("dup", None, self.transport.dup)
+        return type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
+
+    def split(self, color: int | None, key: int = 0) -> Any:
+        """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
+        ranked by ``key`` (then by rank here); ``color=None``: not a member, returns None.
+        Collective over this communicator; the child has this one's options, and its failures
+        never break this one."""
+        try:
+            color, key = _check_color(color), _check_key(key)
+            error = None
+        except (TypeError, ValueError) as exc:
+            error = exc
+        child = self._agree_then("split", error, lambda: self.transport.split(color, key))
+        if child is None:
+            return None
+        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+
+    def _agree_then(self, what: str, error: BaseException | None, make) -> Any:
+        """Agree (raising ``error`` on this rank, PeerFailedError on the others), then
+        ``make()`` the transport's new communicator."""
+        making = _Making(what)
+
+        def build(seq):
+            agreement = Agreement(self._engine, seq, making.signature, making.check, error)
+            return making, [agreement], make
+
+        return self._start(what, build, False, None)
+
+
+def _check_color(color: Any) -> int | None:
+    if color is None:
+        return None
+    if isinstance(color, bool) or not isinstance(color, (int, np.integer)) or color < 0:
+        raise ValueError(f"color={color!r} must be a non-negative integer, or None")
+    if color >= INT_LIMIT:
+        raise ValueError(f"color={color} is too large: colors must be below 2**31 (MPI "
+                         "keeps them in a C int)")
+    return int(color)
+
+
+def _check_key(key: Any) -> int:
+    if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+        raise TypeError(f"key={key!r} must be an integer")
+    if not -INT_LIMIT <= key < INT_LIMIT:
+        raise ValueError(f"key={key} is out of range: keys must fit a C int (-2**31 to "
+                         "2**31 - 1, as MPI keeps them)")
+    return int(key)

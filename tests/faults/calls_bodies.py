@@ -1,0 +1,380 @@
+"""Bodies of the ``faults.cases_calls`` cases that the generic steps cannot express: several
+calls on one rank (point-to-point, handles, prepared calls) judged together."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import time
+import weakref
+
+import numpy as np
+
+from collectives import CollectiveError, CollectiveTimeoutError
+from collectives.tools.reference import reference
+from faults.bodies import boom
+from faults.kit import Call, Ctx, Expect, ok, raises
+from faults.steps import COUNT, inputs, peer_failed
+
+
+def expecting_value(want):
+    """``ok`` with a check: the body's return value equals ``want`` (lists, numbers, None)."""
+    return ok(check=lambda got: None if got == want else f"got {got!r}, want {want!r}")
+
+
+def name_of(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+# --- point-to-point ---------------------------------------------------------------------------
+
+def p2p_after_withdrawn_recv(ctx: Ctx) -> Call:
+    """Rank 0's first receive times out (withdrawn); rank 1 then sends two messages with the
+    same tag: rank 0's next two receives get both, in order (none is lost)."""
+    def body(comm):
+        if comm.rank == 0:
+            try:
+                comm.recv(np.zeros(4), 1, tag=5, timeout=0.3)
+                first = "returned"
+            except CollectiveTimeoutError:
+                first = "timed out"
+            got = [float(comm.recv(np.zeros(4), 1, tag=5, timeout=1.0)[0]) for _ in range(2)]
+            return [first, *got]
+        if comm.rank == 1:
+            time.sleep(0.6)
+            comm.send(np.full(4, 1.0), 0, tag=5)
+            comm.send(np.full(4, 2.0), 0, tag=5)
+        return None
+
+    return Call(body, expect=expecting_value(["timed out", 1.0, 2.0] if ctx.rank == 0 else None),
+                same=False)
+
+
+def p2p_send_withdrawn(ctx: Ctx) -> Call:
+    """Rank 0's send times out (rank 1 has posted no receive yet): a CollectiveTimeoutError
+    (not an internal error), and the message is withdrawn: rank 1 receives the next one."""
+    def body(comm):
+        if comm.rank == 0:
+            try:
+                comm.send(np.full(4, 1.0), 1, tag=3, timeout=0.3)
+                first = "returned"
+            except CollectiveTimeoutError:
+                first = "timed out"
+            except Exception as exc:  # noqa: BLE001 - the defect under test
+                first = f"{name_of(exc)}: {exc}"
+            comm.send(np.full(4, 2.0), 1, tag=3, timeout=1.0)
+            return first
+        if comm.rank == 1:
+            time.sleep(0.6)
+            return float(comm.recv(np.zeros(4), 0, tag=3, timeout=1.0)[0])
+        return None
+
+    want = {0: "timed out", 1: 2.0}.get(ctx.rank)
+    return Call(body, expect=expecting_value(want), same=False)
+
+
+def p2p_send_to_raising_rank(ctx: Ctx) -> Call:
+    """Rank 1's own code raises while rank 0 sends to it: rank 0 hears within a second."""
+    if ctx.rank == 1:
+        return Call(boom, expect=raises("RuntimeError"))
+    if ctx.rank == 0:
+        return Call(lambda comm: comm.send(np.ones(4), 1), expect=peer_failed(1, "RuntimeError"))
+    return Call(lambda comm: None, expect=ok(None))
+
+
+def p2p_bad_timeout(ctx: Ctx) -> Call:
+    """Receives with a bad ``timeout=`` raise naming it before anything is posted: the message
+    rank 1 then sends reaches the next good receive."""
+    def body(comm):
+        if comm.rank == 0:
+            outcomes = []
+            for timeout in ("soon", -1):
+                try:
+                    comm.recv(np.zeros(4), 1, timeout=timeout)
+                    outcomes.append("returned")
+                except (TypeError, ValueError) as exc:
+                    outcomes.append(name_of(exc) if "timeout" in str(exc) else str(exc))
+            outcomes.append(float(comm.recv(np.zeros(4), 1, timeout=1.0)[0]))
+            return outcomes
+        if comm.rank == 1:
+            time.sleep(0.3)
+            comm.send(np.full(4, 1.0), 0)
+        return None
+
+    want = ["TypeError", "ValueError", 1.0] if ctx.rank == 0 else None
+    return Call(body, expect=expecting_value(want), same=False)
+
+
+# --- dtypes that are not plain numbers --------------------------------------------------------
+
+def same_bytes(want: np.ndarray):
+    def check(got) -> str | None:
+        if (isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+                and got.tobytes() == want.tobytes()):
+            return None
+        described = f"{got.dtype}{got.shape}" if isinstance(got, np.ndarray) else repr(got)
+        return f"got {described}, want {want.dtype}{want.shape} with the root's bytes"
+    return check
+
+
+def odd_dtype(method: str, make):
+    """Broadcast (or scatter) of ``make(n)``'s dtype from root 0; the others pass None and
+    must get the root's dtype and bytes."""
+    def step(ctx: Ctx) -> Call:
+        if method == "broadcast":
+            x = make(COUNT)
+            return Call(method, (x if ctx.rank == 0 else None,), {}, ok(check=same_bytes(x)))
+        rows = make(ctx.size * 4).reshape(ctx.size, 4)
+        return Call(method, (rows if ctx.rank == 0 else None,), {},
+                    ok(check=same_bytes(rows[ctx.rank])), same=False)
+    return step
+
+
+ELABORATE = np.dtype([(f"field_{i:02d}_with_a_long_name", "<f8") for i in range(40)])
+
+
+def elaborate_dtype_broadcast(ctx: Ctx) -> Call:
+    """A dtype whose description does not fit the broadcast's opening: refused up front."""
+    if ctx.rank == 0:
+        return Call("broadcast", (np.zeros(2, ELABORATE),), {},
+                    raises("TypeError", match="dtype", within=1.0), caught=True)
+    return Call("broadcast", (None,), {}, peer_failed(0, "dtype"), caught=True)
+
+
+# --- timeouts ---------------------------------------------------------------------------------
+
+def _right(got, want) -> bool:
+    return isinstance(got, np.ndarray) and np.array_equal(got, want)
+
+
+def wait_with_bad_timeout(timeout, error: str):
+    """``handle.wait(timeout=<bad>)`` raises naming ``timeout`` and breaks nothing: the same
+    handle's ``wait()`` then returns the result, and the next call works."""
+    def step(ctx: Ctx) -> Call:
+        xs = inputs(ctx)
+        want = reference(xs, "sum")
+
+        def body(comm):
+            handle = comm.all_reduce(xs[comm.rank], async_op=True)
+            try:
+                handle.wait(timeout=timeout)
+                first = "returned"
+            except Exception as exc:  # noqa: BLE001 - judged below
+                first = name_of(exc) if "timeout" in str(exc) else f"{name_of(exc)}: {exc}"
+            return [first, _right(handle.wait(), want), _right(comm.all_reduce(xs[comm.rank]),
+                                                              want)]
+
+        return Call(body, expect=expecting_value([error, True, True]))
+    return step
+
+
+def timeout_as_call_finishes(ctx: Ctx) -> Call:
+    """Rank 0 waits 0.1 s on a call rank 1 joins 0.2 s late. Rank 0 may time out (then the
+    communicator is broken) or get the result, should the call finish meanwhile: then the
+    communicator must still work."""
+    xs = inputs(ctx)
+    want = reference(xs, "sum")
+
+    def body(comm):
+        x = xs[comm.rank]
+        try:
+            if comm.rank == 0:
+                first = _right(comm.all_reduce(x, async_op=True).wait(timeout=0.1), want)
+            else:
+                time.sleep(0.2)
+                first = _right(comm.all_reduce(x), want)
+        except CollectiveError as exc:
+            first = name_of(exc)
+        try:
+            second = _right(comm.all_reduce(x), want)
+        except CollectiveError as exc:
+            second = name_of(exc)
+        return [first, second]
+
+    def check(got) -> str | None:
+        first, second = got
+        if ctx.rank != 0:  # the late ranks may finish, or hear of rank 0's timeout
+            return None
+        if first is True and second is not True:
+            return f"the wait returned the result, yet the next call raised {second}"
+        if first not in (True, "CollectiveTimeoutError"):
+            return f"the wait gave {first}"
+        if first == "CollectiveTimeoutError" and second != "CommunicatorBrokenError":
+            return f"after a timeout the next call gave {second}"
+        return None
+
+    return Call(body, expect=ok(check=check), same=False)
+
+
+# --- asynchronous calls -----------------------------------------------------------------------
+
+def async_limit(ctx: Ctx) -> Call:
+    """Rank 0 holds the most asynchronous calls in flight (receives rank 1 answers later); its
+    next asynchronous all-reduce is refused on every rank, before any data moves: rank 0
+    raises the limit, rank 1 a PeerFailedError naming it; then the communicator works."""
+    from collectives.runtime.engine import MAX_IN_FLIGHT
+
+    def body(comm):
+        receives = ([comm.irecv(np.zeros(1), 1, tag=9) for _ in range(MAX_IN_FLIGHT)]
+                    if comm.rank == 0 else [])
+        x = np.ones(3)
+        try:
+            handle = comm.all_reduce(x, async_op=True)
+            try:
+                handle.wait()
+                outcome = "result"
+            except CollectiveError as exc:
+                outcome = f"{name_of(exc)} at wait: {exc}"
+        except CollectiveError as exc:
+            outcome = f"{name_of(exc)} at issue: {exc}"
+        if comm.rank == 1:
+            sends = [comm.isend(np.zeros(1), 0, tag=9) for _ in range(MAX_IN_FLIGHT)]
+            for s in sends:
+                s.wait()
+        for r in receives:
+            r.wait()
+        return [outcome, _right(comm.all_reduce(x), np.full(3, 2.0))]
+
+    def check(got) -> str | None:
+        outcome, after = got
+        want = (r"CollectiveError at wait: .*in flight" if ctx.rank == 0
+                else r"PeerFailedError at wait: .*rank 0.*in flight")
+        if not re.match(want, outcome, re.S):
+            return f"rank {ctx.rank}: {outcome!r}, want {want!r}"
+        return None if after is True else f"the next call gave {after}"
+
+    return Call(body, expect=ok(check=check), same=False)
+
+
+def settle(refs: list, seconds: float = 1.0) -> int:
+    """How many of ``refs`` still live once collected (other ranks' threads may hold a
+    failed call's error, and so its cycle of frames, for a moment: give them a second)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def failed_async_released(ctx: Ctx) -> Call:
+    """40 asynchronous all-reduces that fail (the last rank passes another dtype), each
+    finished, then waited for and dropped: none stays held (its input is freed), and none is reported again
+    by a later call."""
+    def body(comm):
+        odd = comm.rank == comm.size - 1
+        refs, errors = [], set()
+        for _ in range(40):
+            x = np.ones(1000, np.float32 if odd else np.float64)
+            refs.append(weakref.ref(x))
+            handle = comm.all_reduce(x, async_op=True)
+            while not handle.is_completed():  # (it fails before anyone waits for it)
+                time.sleep(0.001)
+            try:
+                handle.wait()
+            except CollectiveError as exc:
+                errors.add(name_of(exc))
+            del handle, x
+        alive = settle(refs)
+        try:
+            after = _right(comm.all_reduce(np.ones(4)), np.full(4, float(comm.size)))
+        except CollectiveError as exc:
+            after = f"{name_of(exc)}: {exc}"
+        return [sorted(errors), alive, after]
+
+    return Call(body, expect=expecting_value([["CollectiveMismatchError"], 0, True]))
+
+
+# --- prepared calls ---------------------------------------------------------------------------
+
+def prepared_mismatch_twice(ctx: Ctx) -> Call:
+    """A prepared all-reduce whose ranks disagree on the shape fails its agreement at every
+    start (never skipping it after the first failure), and the communicator stays usable."""
+    def body(comm):
+        odd = comm.rank == comm.size - 1
+        x = np.ones(COUNT + odd)
+        prepared = comm.all_reduce_init(x, out=np.empty_like(x))
+        outcomes = []
+        for _ in range(2):
+            try:
+                prepared.start().wait()
+                outcomes.append("returned")
+            except CollectiveError as exc:
+                outcomes.append(name_of(exc))
+        try:
+            outcomes.append(_right(comm.all_reduce(np.ones(COUNT)),
+                                   np.full(COUNT, float(comm.size))))
+        except CollectiveError as exc:
+            outcomes.append(name_of(exc))
+        return outcomes
+
+    return Call(body, expect=expecting_value(["CollectiveMismatchError"] * 2 + [True]))
+
+
+# --- timeouts told by a peer, logging ---------------------------------------------------------
+
+def told_of_a_timeout(ctx: Ctx) -> Call | None:
+    """The last rank never calls; rank 0 times out first (0.5 s) and tells rank 1 (3 s):
+    rank 1's error is a PeerFailedError *and* a CollectiveTimeoutError naming the missing
+    rank, at once."""
+    last = ctx.size - 1
+    if ctx.rank == last:
+        return None
+    x = inputs(ctx)[ctx.rank]
+    if ctx.rank != 1:
+        return Call("all_reduce", (x,), {"timeout": 0.5},
+                    raises("CollectiveTimeoutError", within=1.5))
+
+    def body(comm):
+        try:
+            comm.all_reduce(x, timeout=3.0)
+            return "returned"
+        except Exception as exc:  # noqa: BLE001 - judged below
+            kinds = sorted(c.__name__ for c in type(exc).__mro__
+                           if c.__name__ in ("PeerFailedError", "CollectiveTimeoutError"))
+            return [kinds, list(getattr(exc, "missing", []))]
+
+    want = expecting_value([["CollectiveTimeoutError", "PeerFailedError"], [last]])
+    return Call(body, expect=Expect(want.outcomes, within=1.5))
+
+
+def detail_logs_every_call(ctx: Ctx) -> Call:
+    """With ``COLLECTIVES_DEBUG=detail`` each rank logs every call it makes: the repeated
+    small all-reduces (MPI's fast path) and a prepared call's starts among them."""
+    def body(comm):
+        lines: list[str] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                text = record.getMessage()
+                if text.startswith(f"rank {comm.rank}: call") and "all_reduce(float64[" in text:
+                    lines.append(text)
+
+        top = logging.getLogger("collectives")
+        level, handlers = top.level, list(top.handlers)
+        keep = Keep(logging.DEBUG)
+        calls = logging.getLogger("collectives.calls")
+        calls.addHandler(keep)
+        os.environ["COLLECTIVES_DEBUG"] = "detail"
+        try:
+            child = comm.dup()  # reads the setting
+            child.barrier()  # every rank made its child before the setting goes
+        finally:
+            os.environ.pop("COLLECTIVES_DEBUG", None)
+        try:
+            for _ in range(5):
+                child.all_reduce(np.ones(4))
+            prepared = child.all_reduce_init(np.ones(3), out=np.empty(3))
+            for _ in range(3):
+                prepared.start().wait()
+            child.barrier()  # every rank logged before the logger is restored
+        finally:
+            calls.removeHandler(keep)
+            top.setLevel(level)
+            top.handlers[:] = handlers
+        return [sum("[4]" in line for line in lines), sum("[3]" in line for line in lines)]
+
+    return Call(body, expect=expecting_value([5, 3]))

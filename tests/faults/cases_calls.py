@@ -1,0 +1,175 @@
+"""Fault cases about calls beyond plain blocking collectives: point-to-point messages, every
+root-taking call, dtypes that are not plain numbers, ``timeout=`` everywhere, asynchronous and
+prepared calls, Python objects, logging, and the multi-device calls' own arguments.
+``faults.table`` gathers them (``CASES``: SPMD; ``MULTI``: multi-device).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from collectives.tools.reference import reference
+from faults import calls_bodies as cb
+from faults.cases_inputs import read_only
+from faults.kit import Call, Case, Ctx, ok, raises
+from faults.steps import COUNT, bad, good, inputs, peer_failed
+
+CASES: list[Case] = []
+MULTI: list[Case] = []
+THREADS = {"where": ("threads",)}
+
+
+def add(name: str, *steps, **meta) -> None:
+    CASES.append(Case(name, steps, **meta))
+
+
+def add_multi(name: str, step, **meta) -> None:
+    MULTI.append(Case(name, (step,), where=("multi",), **meta))
+
+
+def then_usable(ctx: Ctx) -> Call:
+    return good(seed=7)(ctx)
+
+
+X = np.arange(COUNT, dtype=np.float64)
+
+# --- point-to-point: withdrawn receives and sends, a receiver that raised, bad timeouts --------
+
+add("p2p-withdrawn-recv-loses-nothing", cb.p2p_after_withdrawn_recv, timeout=2.0, limit=8)
+add("p2p-withdrawn-send", cb.p2p_send_withdrawn, timeout=2.0, limit=8, **THREADS)
+add("p2p-send-to-raising-rank", cb.p2p_send_to_raising_rank, timeout=5.0, **THREADS)
+add("p2p-recv-bad-timeout", cb.p2p_bad_timeout, timeout=2.0, limit=8)
+
+# --- every root-taking call checks its root --------------------------------------------------
+
+for root, error in ((3, "ValueError"), (-1, "ValueError"), (1.5, "TypeError"), (True, "TypeError")):
+    add(f"bad-root-gather-{root}", bad("gather", X, root=root, error=error, match="root"),
+        then_usable, timeout=2.0)
+add("bad-root-scatter", bad("scatter", np.ones((3, 2)), root=3, error="ValueError",
+                            match="root=3"), then_usable, timeout=2.0)
+add("bad-root-broadcast-object", bad("broadcast_object", "hello", root=3, error="ValueError",
+                                     match="root=3"), then_usable, timeout=2.0)
+add("bad-root-reduce-init", bad("reduce_init", X, root=-1, error="ValueError", match="root=-1"),
+    then_usable, timeout=2.0)
+
+
+def _one_rank_bad_gather_root(ctx: Ctx) -> Call:
+    if ctx.rank == 1:
+        return Call("gather", (X,), {"root": 1.5}, raises("TypeError", match="root", within=1.0),
+                    caught=True)
+    return Call("gather", (X,), {"root": 0}, peer_failed(1, "TypeError"), caught=True)
+
+
+add("one-rank-bad-gather-root", _one_rank_bad_gather_root, then_usable, timeout=2.0)
+
+# --- dtypes that are not plain numbers: broadcast and scatter carry the whole dtype -------------
+
+PAIR = np.dtype([("a", "<i4"), ("b", "<f8")])
+ODD_DTYPES = {
+    "structured": lambda n: np.array([(i, i / 2) for i in range(n)], PAIR),
+    "float8": lambda n: np.arange(n, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn),
+    "int4": lambda n: (np.arange(n) % 7).astype(ml_dtypes.int4),
+}
+for name, make in ODD_DTYPES.items():
+    add(f"dtype-{name}-broadcast", cb.odd_dtype("broadcast", make), then_usable)
+    add(f"dtype-{name}-scatter", cb.odd_dtype("scatter", make), then_usable)
+add("dtype-too-elaborate-broadcast", cb.elaborate_dtype_broadcast, then_usable, timeout=2.0)
+
+# --- timeout= is checked everywhere, and a timeout never breaks a finished call ---------------
+
+add("wait-timeout-negative", cb.wait_with_bad_timeout(-1, "ValueError"))
+add("wait-timeout-string", cb.wait_with_bad_timeout("soon", "TypeError"))
+# The same all-reduce again (MPI: the fast path of repeated small calls), then bad timeouts.
+add("fast-path-timeout-negative", good(), good(),
+    bad("all_reduce", X, timeout=-1, error="ValueError", match="timeout"), then_usable)
+add("fast-path-timeout-string", good(), good(),
+    bad("all_reduce", X, timeout="soon", error="TypeError", match="timeout"), then_usable)
+add("wait-timeout-on-finishing-call", cb.timeout_as_call_finishes, timeout=3.0, limit=12,
+    sizes=(2,))
+
+# --- asynchronous calls: the limit on calls in flight, and failed calls do not pile up ---------
+
+add("async-limit-agreed", cb.async_limit, timeout=5.0, limit=30, sizes=(2,))
+add("async-failed-calls-released", cb.failed_async_released, timeout=2.0)
+
+# --- prepared calls ---------------------------------------------------------------------------
+
+add("prepared-failed-agreement-agrees-again", cb.prepared_mismatch_twice, timeout=2.0)
+add("bad-broadcast-init-read-only-x",
+    bad("broadcast_init", read_only(X), error="ValueError", match="x is read-only"), then_usable)
+
+# --- objects, mismatches found in the data, timeouts told by a peer, logging ------------------
+
+
+def _unpicklable_on_one_rank(ctx: Ctx) -> Call:
+    if ctx.rank == 1:
+        return Call("all_gather_object", (threading.Lock(),), {},
+                    raises("TypeError", match="pickle", within=1.0), caught=True)
+    return Call("all_gather_object", (ctx.rank,), {}, peer_failed(1, "pickle"), caught=True)
+
+
+add("all-gather-object-unpicklable", _unpicklable_on_one_rank, then_usable, timeout=3.0)
+
+
+def _unpicklable_root(ctx: Ctx) -> Call:
+    if ctx.rank == 0:
+        return Call("broadcast_object", (threading.Lock(),), {},
+                    raises("TypeError", match="pickle", within=1.0), caught=True)
+    return Call("broadcast_object", (), {}, peer_failed(0, "pickle"), caught=True)
+
+
+add("broadcast-object-unpicklable", _unpicklable_root, then_usable, timeout=3.0)
+
+
+def _agreed_then_mixed(ctx: Ctx) -> Call:
+    """Rank 0 all-reduces while the others reduce onto it, both signatures agreed before."""
+    x = inputs(ctx)[ctx.rank]
+    method, args, kwargs = (("all_reduce", (x, "sum"), {}) if ctx.rank == 0
+                            else ("reduce", (x, "sum"), {"root": 0}))
+    return Call(method, args, kwargs, raises("CollectiveError", within=2.5))
+
+
+add("mismatch-agreed-all-reduce-vs-reduce", good(), good("reduce"), _agreed_then_mixed,
+    timeout=1.0)
+add("peer-timeout-is-a-timeout", cb.told_of_a_timeout, timeout=5.0)
+add("detail-logs-every-call", cb.detail_logs_every_call, timeout=5.0)
+
+# --- multi-device: device counts, reduce into a device's own input, accumulation_fn ------------
+
+for value, error in ((2.5, "TypeError"), (None, "TypeError"), (True, "TypeError"),
+                     ("abc", "TypeError")):
+    add_multi(f"bad-broadcast-devices-{value}", lambda ctx, v=value, e=error: Call(
+        "broadcast", (X, v), {}, raises(e, match="devices", within=1.0)))
+    add_multi(f"bad-scatter-devices-{value}", lambda ctx, v=value, e=error: Call(
+        "scatter", (np.ones((3, 2)), v), {}, raises(e, match="devices", within=1.0)))
+
+
+def _reduce_into_input(algorithm: str, root: int, into: int):
+    """``reduce(values, root=root, out=values[into])``: the right total, or a clear error."""
+    def step(ctx: Ctx) -> Call:
+        values = [x.copy() for x in inputs(ctx)]
+        want = ok(reference(inputs(ctx), "sum")) | raises("ValueError", match="out")
+        return Call("reduce", (values, "sum"), {"root": root, "algorithm": algorithm,
+                                                "out": values[into]}, want, same=False)
+    return step
+
+
+for algorithm in ("one_device", "ring", "rechd", "tree", "shuffle"):
+    for into in (0, 1):
+        add_multi(f"reduce-root-1-out-is-values-{into}-{algorithm}",
+                  _reduce_into_input(algorithm, 1, into), sizes=(3, 4))
+
+WRONG_SHAPES = {"scalar": lambda xs: np.sum(xs), "short": lambda xs: xs[0][:1],
+                "2d": lambda xs: np.stack(xs)}
+for name, fn in WRONG_SHAPES.items():
+    for function in ("all_reduce", "reduce"):
+        add_multi(f"accumulation-fn-{name}-{function}", lambda ctx, f=fn, g=function: Call(
+            g, (inputs(ctx), "sum"), {"accumulation_fn": f},
+            raises("ValueError", match="accumulation_fn", within=1.0)))
+add_multi("accumulation-fn-right", lambda ctx: Call(
+    "all_reduce", (inputs(ctx), "sum"), {"accumulation_fn": lambda xs: np.sum(xs, axis=0)},
+    ok([reference(inputs(ctx), "sum")] * ctx.size)))
+

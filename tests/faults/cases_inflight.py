@@ -1,0 +1,201 @@
+"""SPMD fault cases about many calls in flight, point-to-point types, freed communicators and
+call numbers: what a program with hundreds of asynchronous calls, or several shared-memory
+all-reduces, in flight must still get right, and what it is told when something goes wrong.
+
+Each entry is a ``Case`` (see ``faults.kit``); ``faults.table`` gathers them. The bodies
+(``Call`` with a function of the communicator) do several calls each and return what they
+saw, which the step's ``check`` judges.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from faults.kit import Call, Case, Ctx, ok, raises
+from faults.steps import timed_out
+
+CASES: list[Case] = []
+BOTH = ("threads", "mpi")
+
+
+def add(name: str, *steps, **meta) -> None:
+    CASES.append(Case(name, steps, **meta))
+
+
+def nothing_wrong(summary: dict) -> str | None:
+    """A body's summary: wrong results and errors it saw, each a list (empty when right)."""
+    if summary["wrong"] or summary["errors"]:
+        return (f"{len(summary['wrong'])} wrong results (first {summary['wrong'][:2]}), errors "
+                f"{summary['errors'][:3]} ({len(summary['errors'])} in all)")
+    return None
+
+
+# --- shared-memory all-reduces in flight ----------------------------------------------------------
+
+def shm_in_flight(ctx: Ctx) -> Call:
+    """Rounds of three asynchronous ``shm`` all-reduces in flight, rank 1 slow to wait for
+    them; the payload grows now and then, so the window grows with runs in flight (the first
+    round creates it). Every sum must be right: a run reusing a buffer a slow peer still
+    copies out of gives a peer's raw input instead."""
+    def body(comm):
+        summary: dict = {"wrong": [], "errors": []}
+        n = comm.size
+        for rnd in range(12):
+            count = 1000 + 700 * (rnd // 3)
+            xs = [np.full(count, float(comm.rank + 1 + 10 * k + rnd)) for k in range(3)]
+            try:
+                handles = [comm.all_reduce(x, "sum", "shm", async_op=True) for x in xs]
+                if comm.rank == 1:
+                    time.sleep(0.005)
+                for k, h in enumerate(handles):
+                    got = h.wait()
+                    want = sum(float(p + 1 + 10 * k + rnd) for p in range(n))
+                    if not np.all(got == want):
+                        summary["wrong"].append(f"round {rnd} call {k}: {got[:2]}... != {want}")
+            except Exception as exc:  # noqa: BLE001 - reported in the summary
+                summary["errors"].append(f"round {rnd}: {type(exc).__name__}: {exc}"[:300])
+                break
+        return summary
+
+    return Call(body, expect=ok(check=nothing_wrong), same=False)
+
+
+add("shm-three-in-flight", shm_in_flight, where=("mpi",), sizes=(2, 3), timeout=5.0,
+    limit=20.0)
+
+# --- hundreds of asynchronous calls in flight -----------------------------------------------------
+
+
+def many_in_flight(count: int):
+    """``count`` asynchronous all-reduces issued at once, then waited for in order: each sum
+    right, no error (and no hang: the case's limit)."""
+    def step(ctx: Ctx) -> Call:
+        def body(comm):
+            n = comm.size
+            summary: dict = {"wrong": [], "errors": []}
+            handles = [comm.all_reduce(np.full(6, float(i + comm.rank)), async_op=True)
+                       for i in range(count)]
+            for i, h in enumerate(handles):
+                try:
+                    got = h.wait()
+                except Exception as exc:  # noqa: BLE001 - reported in the summary
+                    summary["errors"].append(f"call {i}: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                if not np.all(got == n * i + n * (n - 1) / 2):
+                    summary["wrong"].append(f"call {i}: {got}")
+            return summary
+
+        return Call(body, expect=ok(check=nothing_wrong), same=False)
+
+    return step
+
+
+add("many-in-flight-200", many_in_flight(200), where=BOTH, timeout=20.0, limit=40.0)
+add("many-in-flight-1000", many_in_flight(1000), where=(*BOTH, "mpi-nodes"), sizes=(3, 4),
+    timeout=20.0, limit=40.0)
+
+
+T_STOP = 1.0
+
+
+def rank_stops_with_calls_in_flight(ctx: Ctx) -> Call:
+    """The last rank makes 10 of the 20 asynchronous calls, then stops (it is busy elsewhere);
+    the others time out naming it, not each other (alive, with calls in flight)."""
+    last = ctx.size - 1
+
+    def body(comm):
+        calls = 10 if comm.rank == last else 20
+        handles = [comm.all_reduce(np.ones(6), async_op=True) for _ in range(calls)]
+        for h in handles:
+            h.wait()
+
+    if ctx.rank == last:
+        return Call(body, same=False)
+    return Call(body, expect=timed_out("all_reduce", T_STOP, naming=str(last)), same=False)
+
+
+add("rank-stops-with-calls-in-flight", rank_stops_with_calls_in_flight,
+    where=(*BOTH, "mpi-nodes"), sizes=(3, 4),
+    timeout=T_STOP, limit=15.0)
+
+# --- point-to-point messages of another type ------------------------------------------------------
+
+
+def p2p(send: np.ndarray, into: np.ndarray, expect_recv, tag: int):
+    """Rank 0 sends ``send`` to rank 1, which receives into ``into``; other ranks stay away."""
+    def step(ctx: Ctx) -> Call | None:
+        if ctx.rank == 0:
+            return Call("send", (send, 1), {"tag": tag}, ok(None), same=False)
+        if ctx.rank == 1:
+            return Call("recv", (), {"out": into.copy(), "src": 0, "tag": tag}, expect_recv,
+                        caught=True, same=False)
+        return None
+    return step
+
+
+def _type_mismatch(name: str, send: np.ndarray, into: np.ndarray, said: str) -> None:
+    """A receive into an array of another dtype or length raises CollectiveMismatchError
+    naming both; the next message on the same tag still pairs with the next receive."""
+    after = np.arange(3, dtype=np.float64) + 7
+    add(f"p2p-{name}", p2p(send, into, raises("CollectiveMismatchError", match=said, within=1.0),
+                           tag=3),
+        p2p(after, np.zeros(3), ok(after), tag=3), where=BOTH, sizes=(2, 3), timeout=2.0)
+
+
+_type_mismatch("float32-into-int32", np.arange(4, dtype=np.float32), np.zeros(4, np.int32),
+               r"4 elements of float32 where 4 of int32")
+_type_mismatch("large-float32-into-int32", np.arange(100_000, dtype=np.float32),
+               np.zeros(100_000, np.int32), r"100000 elements of float32 where 100000 of int32")
+_type_mismatch("float64-into-int32", np.arange(4, dtype=np.float64), np.zeros(4, np.int32),
+               r"float64.* int32")
+# a message in one piece against a receive expecting several, and the other way round
+_type_mismatch("small-into-large", np.arange(4, dtype=np.float64), np.zeros(100_000),
+               r"4 elements of float64 where 100000 of float64")
+_type_mismatch("large-into-small", np.arange(100_000, dtype=np.float64), np.zeros(4),
+               r"100000 elements of float64 where 4 of float64")
+
+# --- a freed communicator, and the numbers calls are given ----------------------------------------
+
+
+def call_on_freed(ctx: Ctx) -> Call:
+    """A collective on a communicator that was freed: a clear error of the library's."""
+    def body(comm):
+        child = comm.dup()
+        child.free()
+        return child.all_reduce(np.ones(4))
+
+    return Call(body, expect=raises("CommunicatorBrokenError", match="freed", within=0.5),
+                caught=True, same=False)
+
+
+add("call-on-freed-communicator", call_on_freed, where=BOTH, sizes=(2, 3))
+
+
+T_NUMBER = 0.5
+
+
+def third_call_is_call_3(ctx: Ctx) -> Call:
+    """A program's third all-reduce is "call 3" in the error that names it, under MPI too,
+    where ``collectives.init()`` checks every rank's library version first."""
+    last = ctx.size - 1
+
+    def body(comm):
+        if ctx.transport.startswith("mpi"):
+            import collectives
+            from collectives.api import initialize
+
+            initialize._ACTIVE.pop("mpi", None)  # a fresh init, as a program's first
+            comm = collectives.init("mpi", timeout=T_NUMBER)
+        for _ in range(3 if comm.rank != last else 2):
+            comm.all_reduce(np.ones(4))
+
+    if ctx.rank == last:
+        return Call(body, same=False)
+    third = r"all_reduce\([^)]*\) \(call 3\) timed out"
+    return Call(body, expect=raises("CollectiveTimeoutError", match=third, within=T_NUMBER + 1.0)
+                | raises("PeerFailedError", match=third), same=False)
+
+
+add("third-call-is-call-3", third_call_is_call_3, where=BOTH, sizes=(2,), timeout=T_NUMBER)
