@@ -62,6 +62,9 @@ CASES = [
          ("benchmarks/compare_multidevice.py", "-p", "2", "-b", "4K", "-e", "8K", "-r", "1", "-w",
           "1", "--no-tf", "--json", "{tmp}/cm.json", "--markdown", "{tmp}/cm.md"),
          (r"\| 4 KiB \|", r"\| 8 KiB \|", r"auto shared", r"Wrong output elements over all cells: 0\.")),
+    Case("compression_error", ("benchmarks/compression_error.py", "-n", "4K", "-p", "2", "3"),
+         (r"\| float32 \| 3 \| mean \| [0-9.e-]+ \([0-9.e-]+\) \| [0-9.e-]+ ",
+          r"\| float64 \| 2 \| sum \|")),
     Case("hotspots", ("benchmarks/hotspots.py", "-r", "1"),
          (r"\| ring \(ring\) \| 16 \|", r"faults / call", r"\| 16 MiB \|")),
     Case("mirror", ("-c", MIRROR), (r"mirror shuffle ran shuffle",)),
@@ -102,6 +105,9 @@ CASES = [
                         "--workloads", "64MiB", "--methods", "tf_rtod,ring,auto"),
          (r"\*\*64MiB\*\*", r"\| tf_rtod \| [0-9.]+ \|", r"\| ring \| [0-9.]+ \|",
           r"\| auto \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|"),
+         needs=("tensorflow",), timeout=120),
+    Case("tf_kernels", ("benchmarks/tf_kernels.py", "-p", "2", "-r", "1"),
+         (r"\| eager \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", r"\| function \| [0-9.]+ \|"),
          needs=("tensorflow",), timeout=120),
     # tf_worker.py answers compare_multidevice.py over a pipe; run it the way it is used. The TF
     # columns hold numbers (the target verdict is met or missed, not n/a) only if it answered.

@@ -28,6 +28,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..compression import for_batch
 from ..log import configure, debug_setting
 from ..runtime import tracing
 from ..runtime.agreement import agreed
@@ -318,11 +319,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
     def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
                          num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                          agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                         shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
+                         shards: int = 0, groups: Any = None, timeout: float | None = None,
+                         compression: str | None = None) -> list:
         """All-reduce a list of tensors as few packed buffers; results in input order.
 
         ``algorithm`` takes any all-reduce spec (see ``collectives.algorithms.spec``); the packing knobs
-        are those of ``collectives.batch_all_reduce``.
+        are those of ``collectives.batch_all_reduce``. ``compression`` ("fp16", "bf16")
+        compresses the float32 and float64 packs; others travel as they are.
         """
         from ..algorithms.batch import plan_batch
 
@@ -340,8 +343,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         results: list = [None] * len(xs)
         for part in parts:
             packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
+            squeeze = for_batch(compression, op, [buf.dtype for buf in packed])
             reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                       groups=groups, timeout=timeout) for buf in packed]
+                                       groups=groups, timeout=timeout, compression=c)
+                       for buf, c in zip(packed, squeeze)]
             for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
                 results[i] = result
         return results

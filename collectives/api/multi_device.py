@@ -23,6 +23,7 @@ from ..algorithms.base import Layout
 from ..algorithms.cost import Placement
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
+from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..ops import ReduceOp, result_dtype
 from ..registry import backend_for_arrays
@@ -43,6 +44,7 @@ from ..runtime.validate import (
 )
 from ..runtime.work import Completed
 from ..timeline import recorder
+from .compressed import multi_device_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
            "reduce", "reduce_scatter"]
@@ -64,10 +66,12 @@ def backend_first(function: Callable) -> Callable:
 
     def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if not requested(kwargs.get("compression")):
+            kwargs.pop("compression", None)  # (a backend's own functions never compress)
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
             own = getattr(backend_for_arrays([first]), "own", None)
             runner = own(function.__name__) if own is not None else None
-            if runner is not None:
+            if runner is not None and "compression" not in kwargs:
                 return runner(values, *args, async_op=async_op, **kwargs)
         result = function(values, *args, **kwargs)
         return Completed(result) if async_op else result
@@ -153,7 +157,8 @@ def _deliver(arrays, op, work, results, size):
 @backend_first
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Groups = None,
-               accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
+               accumulation_fn: Callable | None = None, shared_result: bool = False,
+               compression: str | None = None) -> list:
     """Reduce the arrays of all devices; every device gets the result (bitwise identical).
 
     ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
@@ -163,7 +168,13 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
     ``shared_result``: where the devices share memory (logical CPU devices), compute the
     result once and return it as read-only views, one per device (no per-device copies).
+    ``compression``: "fp16" or "bf16" all-reduces float32/float64 SUM and MEAN in that
+    narrower float and casts the result back (see ``collectives.compression``).
     """
+    if requested(compression):
+        return multi_device_all_reduce(all_reduce, values, op, algorithm, compression, out=out,
+                                       shared_result=shared_result, shards=shards,
+                                       groups=groups, accumulation_fn=accumulation_fn)
     values, shape, dtype, op = _prepare(values, op)
     n = len(values)
     backend = backend_for_arrays(values)
@@ -312,13 +323,15 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0,
-                     groups: Groups = None) -> list[list]:
+                     groups: Groups = None, compression: str | None = None) -> list[list]:
     """All-reduce many tensors at once: ``value_lists[k]`` holds tensor k on every device.
 
     ``algorithm`` takes any all-reduce spec: a name, ``(alg, shards, limit)`` tuples with
     limits in elements, or a string like ``"pscpu:2k:pscpu#2:64k:xring"``. Tensors are packed
     (``num_packs``, small-tensor aggregation or ``bytes_per_pack``) so many small tensors cost
     few collectives. Returns ``results[k][d]``, in input order with input shapes.
+    ``compression`` ("fp16", "bf16") compresses the float32 and float64 packs (see
+    ``all_reduce``); others travel as they are.
     """
     from ..algorithms.batch import plan_batch
 
@@ -340,8 +353,10 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
         per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices], arrays=arrays)
                       for d in range(n)]
+        squeeze = for_batch(compression, op, [per_device[0][j].dtype
+                                              for j in range(len(part.plan.packs))])
         reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                              shards=part.spec.shards, groups=groups)
+                              shards=part.spec.shards, groups=groups, compression=squeeze[j])
                    for j in range(len(part.plan.packs))]
         unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))], arrays=arrays)
                     for d in range(n)]

@@ -14,10 +14,12 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
+from ..compression import requested
 from ..foreign import accepts_foreign, call_foreign, is_foreign
 from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
 from ..runtime.validate import valid_timeout
+from .compressed import spmd_all_reduce
 
 
 class CollectiveOps:
@@ -25,16 +27,22 @@ class CollectiveOps:
 
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0, groups: Any = None,
-                   timeout: float | None = None, async_op: bool = False) -> Any:
+                   timeout: float | None = None, async_op: bool = False,
+                   compression: str | None = None) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result.
 
         ``algorithm`` takes any spec form ("ring", "nccl/xring", "xring#2", tuples, ranges).
         ``out``: where the result goes (may be ``x`` itself); else a new array.
+        ``compression``: "fp16" or "bf16" carries a float32/float64 SUM or MEAN in that
+        narrower float and casts the result back (see ``collectives.compression``).
         """
         if is_foreign(x) or is_foreign(out):
             return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
                                 dict(out=out, shards=shards, groups=groups, timeout=timeout,
-                                     async_op=async_op))
+                                     async_op=async_op, compression=compression))
+        if requested(compression):
+            return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
+                                   groups=groups, timeout=timeout, async_op=async_op)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no fast path; a bad
         # timeout= takes the checked path, which raises naming it)
