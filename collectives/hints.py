@@ -113,5 +113,16 @@ BatchSpec = Algorithm | str
 """``algorithm=`` of the batched all-reduce: also any spec string
 (``"pscpu:2k:pscpu#2:64k:xring"``), TensorFlow's grammar for its ranges."""
 
-__all__ = ["Algorithm", "AlgorithmName", "Array", "ArrayT", "BatchSpec", "NamedOp", "Name",
+CompressionName = Literal["fp16", "bf16", "float16", "bfloat16", "half", "none"]
+"""The wire compressions by name (``collectives.compression.NAMES``; ``"none"``: none)."""
+
+Compression = CompressionName | None
+"""``compression=`` of the all-reduces: ``"fp16"`` or ``"bf16"``, or None (uncompressed)."""
+
+Calibrate = bool | Literal["cached", "fresh"] | None
+"""``calibrate=`` of ``collectives.init``: True (the cache, else measure), ``"cached"``,
+``"fresh"``, or None (``$COLLECTIVES_CALIBRATE``, else off)."""
+
+__all__ = ["Algorithm", "AlgorithmName", "Array", "ArrayT", "BatchSpec", "Calibrate", "Compression",
+           "CompressionName", "NamedOp", "Name",
            "Op", "OpName", "SpecTuple", "SpmdAlgorithm", "TwoLevelName"]

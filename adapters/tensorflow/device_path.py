@@ -126,7 +126,8 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
                 if workers > 1:
                     reduced = device_reduce.reduce_batch_across_workers(
                         kit, values, op, spec, cdo.communicator, root=root, packing=packing,
-                        workers_sum=cdo._workers_sum, timeout=timeout, buffer=cdo._pinned)
+                        workers_sum=cdo._workers_sum, timeout=timeout, buffer=cdo._pinned,
+                        compression=cdo._compression)
                 elif spread:
                     reduced = device_reduce.all_reduce_batch(
                         kit, values, op, spec, packing=packing,

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms
-from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..log import configure, debug_setting
@@ -38,6 +37,7 @@ from ..runtime.native_stage import NativeStage
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
 from ..timeline import recorder
+from . import auto
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
@@ -101,6 +101,8 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
         self._trace_place = (recorder.participant(self.rank), recorder.next_index())
+        self._fabric = auto.transport_fabric(transport)
+        self.placement = auto.transport_placement(transport)
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank} of {self.size}>"
@@ -118,6 +120,26 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         """
         self._engine.close()
         self.transport.free()
+
+    @property
+    def fabric(self) -> Any:
+        """The cost model's constants ``auto`` chooses with (a ``cost.Fabric``: the
+        transport's, or measured by ``collectives.init(calibrate=...)``). Set it on every
+        rank alike: choices are made, not agreed."""
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric: Any) -> None:
+        self._fabric = fabric
+        self._calls.clear()  # calls chose with the old constants
+        self._fast.clear()
+
+    def explain(self, collective: Any, x: Any, op: Any = "sum", *, root: int = 0,
+                groups: Any = None) -> Any:
+        """Why ``auto`` runs what it runs for this call: ``print(comm.explain("all_reduce",
+        x))`` lists every candidate's predicted time and says why the winner won. Local:
+        nothing moves."""
+        return auto.explain(self, collective, x, op, root=root, groups=groups)
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -178,21 +200,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
             return name
-        if native is not None and native.supports(call) and native.preferred(call):
-            return "native"
-        layout = self.transport.layout
-        if layout is not None and len(layout.groups) > 1 and call.collective in (
-                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
-            # across nodes: weigh the links between them against copies inside them
-            link = getattr(self.transport, "link", None) or select.LinkModel()
-            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
-                                        .bit_length(), layout, link)
-            if "/" in name:
-                call.layout = layout
-            return name
-        gathered = call.collective in (Collective.ALL_GATHER, Collective.GATHER)
-        nbytes = call.nbytes * (self.size if gathered else 1)  # what the plans move in all
-        return select.choose(call.collective, self.size, nbytes, self.transport.cost_model)
+        return auto.choose(self, call)
 
     # --- calls --------------------------------------------------------------------------
 

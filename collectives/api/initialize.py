@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..extras import install_line
+from ..hints import Calibrate
 from ..registry import load_backend
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ logger = logging.getLogger("collectives")
 # Open MPI. A batch system's own variables (SLURM_NTASKS, ...) are not enough: a job step may
 # run one plain Python process.
 LAUNCHER_SIZE = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE")
+
+ENV_CALIBRATE = "COLLECTIVES_CALIBRATE"  # "1", "cached" or "fresh": init(calibrate=...)
 
 _ACTIVE: dict[str, Any] = {}
 
@@ -41,7 +44,8 @@ def launched_by_mpi(env: dict | None = None) -> bool:
     return False
 
 
-def init(backend: str = "auto", **options: Any) -> Communicator:
+def init(backend: str = "auto", *, calibrate: Calibrate = None,
+         **options: Any) -> Communicator:
     """The communicator of this process, whatever launched it.
 
     Idempotent per backend: a second call returns the first communicator.
@@ -51,6 +55,12 @@ def init(backend: str = "auto", **options: Any) -> Communicator:
     backend
         ``"auto"`` (MPI under an MPI launcher, else one local rank; said at info level),
         ``"mpi"``, ``"local"`` (one rank), or another installed backend (``"nccl"``).
+    calibrate
+        Measure the cost model's constants for ``auto`` on this job: True (from the cache
+        of this host set when there, else measured, a few seconds, and cached),
+        ``"cached"`` (only from the cache) or ``"fresh"`` (measured again); None:
+        ``$COLLECTIVES_CALIBRATE``, else off. The measurement runs on a communicator of its
+        own, so the returned one's calls count from the first.
     **options
         For the backend's ``init``: ``timeout=``, ``check=``, ...
 
@@ -62,7 +72,8 @@ def init(backend: str = "auto", **options: Any) -> Communicator:
     Raises
     ------
     ValueError
-        ``backend`` names no installed backend (the message suggests the nearest).
+        ``backend`` names no installed backend (the message suggests the nearest), or
+        ``calibrate`` is none of the above.
     ImportError
         The backend needs a package that is not installed (the message names the
         ``pip install``).
@@ -97,5 +108,15 @@ def init(backend: str = "auto", **options: Any) -> Communicator:
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
                           ) from None
     comm = module.init(**options)
+    if calibrate is None:
+        calibrate = os.environ.get(ENV_CALIBRATE, "")
+    if calibrate:
+        from .calibration import apply
+
+        scratch = module.init(**options)  # its calls, not the user's, measure
+        try:
+            comm.fabric = apply(scratch, calibrate)
+        finally:
+            scratch.free()
     _ACTIVE[name] = comm
     return comm

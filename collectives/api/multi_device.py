@@ -15,8 +15,9 @@ from typing import Any, Literal, overload
 
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
+from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
-from ..hints import Algorithm, ArrayT, BatchSpec, Op
+from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
 from ..ops import result_dtype
 from ..registry import backend_for_arrays
 from ..runtime.execute import run_multi_device
@@ -26,6 +27,7 @@ from ..runtime.validate import (
     check_shards,
 )
 from ..runtime.work import Work
+from .compressed import multi_device_all_reduce
 from .multi_device_parts import (
     backend_first,
     deliver,
@@ -45,18 +47,18 @@ Accumulate = Callable[[list[Any]], Any]  # accumulation_fn: the arrays of all de
 def all_reduce(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
                out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
                accumulation_fn: Accumulate | None = ..., shared_result: bool = ...,
-               async_op: Literal[False] = ...) -> list[ArrayT]: ...
+               compression: Compression = ..., async_op: Literal[False] = ...) -> list[ArrayT]: ...
 @overload
 def all_reduce(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
                out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
                accumulation_fn: Accumulate | None = ..., shared_result: bool = ...,
-               async_op: Literal[True]) -> Work[list[ArrayT]]: ...
+               compression: Compression = ..., async_op: Literal[True]) -> Work[list[ArrayT]]: ...
 @accepts_foreign_values
 @backend_first
 def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = "auto", *,
                out: Sequence[ArrayT] | None = None, shards: int = 0, groups: Groups = None,
                accumulation_fn: Accumulate | None = None, shared_result: bool = False,
-               async_op: bool = False) -> list[ArrayT]:
+               compression: Compression = None, async_op: bool = False) -> list[ArrayT]:
     """Reduce the arrays of all devices; every device gets the result (bitwise identical).
 
     Parameters
@@ -81,6 +83,9 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
     shared_result
         Where the devices share memory (logical CPU devices), compute the result once and
         return it as read-only views, one per device (no per-device copies).
+    compression
+        ``"fp16"`` or ``"bf16"``: all-reduce float32/float64 SUM and MEAN in that narrower
+        float and cast the result back (see `collectives.compression`); None: as they are.
     async_op
         Return a `Work` handle whose ``wait()`` returns the result(s) instead.
 
@@ -95,8 +100,13 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
         ``values`` is not a list of arrays, or their dtype cannot take ``op``.
     ValueError
         Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
-        ``out`` that does not fit; before any data moves.
+        ``out`` that does not fit, a ``compression`` the call cannot take (another op,
+        another dtype, ``accumulation_fn``); before any data moves.
     """
+    if requested(compression):
+        return multi_device_all_reduce(all_reduce, values, op, algorithm, compression, out=out,
+                                       shared_result=shared_result, shards=shards,
+                                       groups=groups, accumulation_fn=accumulation_fn)
     values, shape, dtype, op = prepare(values, op)
     n = len(values)
     backend = backend_for_arrays(values)
@@ -206,18 +216,21 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
                      algorithm: BatchSpec = ..., *, num_packs: int = ...,
                      agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
                      bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
+                     compression: Compression = ...,
                      async_op: Literal[False] = ...) -> list[list[ArrayT]]: ...
 @overload
 def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
                      algorithm: BatchSpec = ..., *, num_packs: int = ...,
                      agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
                      bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
+                     compression: Compression = ...,
                      async_op: Literal[True]) -> Work[list[list[ArrayT]]]: ...
 @backend_first
 def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                      algorithm: BatchSpec = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0, groups: Groups = None,
+                     compression: Compression = None,
                      async_op: bool = False) -> list[list[ArrayT]]:
     """All-reduce many tensors at once, packed so that many small tensors cost few
     collectives.
@@ -243,6 +256,9 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         Ring sub-chunks or shuffle gather devices (0: the algorithm's default).
     groups
         The groups of a two-level ``"A/B"``: a group size, or a partition of the devices.
+    compression
+        ``"fp16"`` or ``"bf16"`` compresses the float32 and float64 packs (see `all_reduce`);
+        packs of other dtypes travel as they are.
     async_op
         Return a `Work` handle whose ``wait()`` returns the result(s) instead.
 
@@ -256,8 +272,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
     TypeError
         ``value_lists`` is not a list of lists of arrays.
     ValueError
-        Tensors with different device counts, a bad spec or packing knob; before any data
-        moves.
+        Tensors with different device counts, a bad spec or packing knob, a ``compression``
+        the op cannot take; before any data moves.
     """
     from ..algorithms.batch import plan_batch
 
@@ -279,8 +295,10 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
         per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices], arrays=arrays)
                       for d in range(n)]
+        squeeze = for_batch(compression, op, [per_device[0][j].dtype
+                                              for j in range(len(part.plan.packs))])
         reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                              shards=part.spec.shards, groups=groups)
+                              shards=part.spec.shards, groups=groups, compression=squeeze[j])
                    for j in range(len(part.plan.packs))]
         unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))], arrays=arrays)
                     for d in range(n)]

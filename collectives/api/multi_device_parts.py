@@ -14,8 +14,10 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import select
 from ..algorithms.base import Layout
+from ..algorithms.cost import Placement
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
+from ..compression import requested
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime import tracing_devices
@@ -41,10 +43,12 @@ def backend_first(function: Callable) -> Callable:
 
     def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if not requested(kwargs.get("compression")):
+            kwargs.pop("compression", None)  # (a backend's own functions never compress)
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
             own = getattr(backend_for_arrays([first]), "own", None)
             runner = own(function.__name__) if own is not None else None
-            if runner is not None:
+            if runner is not None and "compression" not in kwargs:
                 return runner(values, *args, async_op=async_op, **kwargs)
         result = function(values, *args, **kwargs)
         return Completed(result) if async_op else result
@@ -57,13 +61,23 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
                    model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
     """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
     spec forms by the element ``count``."""
+    name, shards, _ = pick(collective, algorithm, size, nbytes, model, count, shards)
+    return name, shards
+
+
+def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: Any,
+         count: int = 0, shards: int = 0) -> tuple[str, int, Layout | None]:
+    """`pick_algorithm`, with the groups of a two-level choice of ``auto`` (or None)."""
     name, shards = resolve_algorithm(algorithm, count, shards)
     if name == "auto":
-        return select.choose(collective, size, nbytes, model), shards
+        fabric = select.fabric_of(model)
+        decision = select.decide(collective, size, nbytes, fabric,
+                                 Placement(size, None, processes=False))
+        return decision.name, decision.shards or shards, decision.layout
     if not algorithms.supports(collective, name):
         raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
                          f"of {', '.join(algorithms.names_for(collective))}")
-    return name, shards
+    return name, shards, None
 
 
 def prepare(values: Any, op: Any, argument: str = "values"):
@@ -79,9 +93,9 @@ def prepare(values: Any, op: Any, argument: str = "values"):
 def plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
     count = math.prod(shape)
     nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
-    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
-                                  count, check_shards(shards))
-    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
+    name, shards, chosen = pick(collective, algorithm, n, nbytes, getattr(
+        backend, "fabric", None) or backend.cost_model, count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else chosen
     shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
     return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
 

@@ -15,13 +15,15 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
+from ..compression import for_batch, requested
 from ..foreign import accepts_foreign, call_foreign, is_foreign
-from ..hints import ArrayT, BatchSpec, Op, SpmdAlgorithm
+from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.calls import check_op_for
 from ..runtime.fastpath import FastAllReduce
 from ..runtime.validate import Groups, check_shards, valid_timeout
 from ..runtime.work import Work
+from .compressed import spmd_all_reduce
 
 
 class CollectiveOps:
@@ -30,14 +32,17 @@ class CollectiveOps:
     @overload
     def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
                    out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
-                   timeout: float | None = ..., async_op: Literal[False] = ...) -> ArrayT: ...
+                   timeout: float | None = ..., compression: Compression = ...,
+                   async_op: Literal[False] = ...) -> ArrayT: ...
     @overload
     def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
                    out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
-                   timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT]: ...
+                   timeout: float | None = ..., compression: Compression = ...,
+                   async_op: Literal[True]) -> Work[ArrayT]: ...
     def all_reduce(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
                    out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
-                   timeout: float | None = None, async_op: bool = False) -> Any:
+                   timeout: float | None = None, compression: Compression = None,
+                   async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result.
 
         Parameters
@@ -57,6 +62,9 @@ class CollectiveOps:
             The groups of a two-level ``"A/B"``: a group size or a partition of the ranks.
         timeout
             Seconds this call may wait for its peers (None: the communicator's timeout).
+        compression
+            ``"fp16"`` or ``"bf16"``: carry a float32/float64 SUM or MEAN in that narrower
+            float and cast the result back (see `collectives.compression`); None: as it is.
         async_op
             Return a `Work` handle whose ``wait()`` returns the result instead.
 
@@ -78,7 +86,10 @@ class CollectiveOps:
         if is_foreign(x) or is_foreign(out):
             return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
                                 dict(out=out, shards=shards, groups=groups, timeout=timeout,
-                                     async_op=async_op))
+                                     async_op=async_op, compression=compression))
+        if requested(compression):
+            return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
+                                   groups=groups, timeout=timeout, async_op=async_op)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no fast path; a bad
         # timeout= takes the checked path, which raises naming it)
@@ -284,7 +295,8 @@ class CollectiveOps:
                          algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
                          agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                          bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
-                         timeout: float | None = None) -> list[ArrayT]:
+                         timeout: float | None = None,
+                         compression: Compression = None) -> list[ArrayT]:
         """All-reduce a list of tensors as few packed buffers.
 
         Parameters
@@ -303,6 +315,9 @@ class CollectiveOps:
             The groups of a two-level ``"A/B"``.
         timeout
             Seconds each packed call may wait for its peers (None: the communicator's).
+        compression
+            ``"fp16"`` or ``"bf16"`` compresses the float32 and float64 packs (see
+            `all_reduce`); packs of other dtypes travel as they are.
 
         Returns
         -------
@@ -312,7 +327,8 @@ class CollectiveOps:
         Raises
         ------
         TypeError
-            ``xs`` is not a list of arrays; ValueError for a bad spec or knob.
+            ``xs`` is not a list of arrays; ValueError for a bad spec or knob, or a
+            ``compression`` the op cannot take.
         CollectiveMismatchError
             The ranks passed different tensors or arguments.
         CollectiveTimeoutError
@@ -334,8 +350,10 @@ class CollectiveOps:
         results: list = [None] * len(xs)
         for part in parts:
             packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
+            squeeze = for_batch(compression, op, [buf.dtype for buf in packed])
             reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                       groups=groups, timeout=timeout) for buf in packed]
+                                       groups=groups, timeout=timeout, compression=c)
+                       for buf, c in zip(packed, squeeze)]
             for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
                 results[i] = result
         return results

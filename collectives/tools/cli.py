@@ -1,5 +1,7 @@
 """The ``collectives`` command: ``bench`` times collectives like nccl-tests' ``*_perf``
-programs, ``draw`` prints and proves an algorithm's schedule.
+programs, ``draw`` prints and proves an algorithm's schedule, ``probe`` measures the cost
+model's constants on the job, ``simulate`` predicts an algorithm's time at any scale, and
+``timeline`` reads the timelines a run records.
 
 The table goes to stdout; progress goes to stderr when it is a terminal (a rich bar where
 rich is installed, one plain line otherwise). Exit status: 0, 1 when any output element was
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 import collectives
 
-from . import arguments
+from . import arguments, probe, simulate
 from .bench import command as bench_command
 from .timeline import command as timeline_command
 
@@ -32,6 +34,8 @@ examples:
   collectives bench -c all_gather -a ring,tree --mode spmd --json rows.json --plot
   mpiexec -n 4 collectives bench --mode mpi -a auto,native,ring
   collectives draw rechd -n 5
+  collectives probe -n 2
+  collectives simulate auto -n 4096 --cluster cpu -b 1M
 
 'collectives COMMAND --help' lists a command's options.
 """
@@ -90,7 +94,8 @@ def add_timeline(sub) -> argparse.ArgumentParser:
     return t
 
 
-COMMANDS = (bench_command.add_parser, add_draw, add_timeline)
+COMMANDS = (bench_command.add_parser, add_draw, probe.add_parser, simulate.add_parser,
+            add_timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:
