@@ -11,8 +11,7 @@ where its inputs do not; SUM compresses the values as they are (float16 overflow
 65504; bfloat16 has float32's range). Every participant casts the same bits back, so results
 stay bitwise identical everywhere.
 
-bfloat16 comes from ``ml_dtypes`` (``pip install ml_dtypes``, or the package's
-``[bfloat16]`` extra).
+bfloat16 comes from ``ml_dtypes``: ``pip install 'collective-schedules[bfloat16]'``.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .extras import install_line
 from .ops import BFLOAT16, ReduceOp
 
 __all__ = ["NAMES", "compress", "decompress", "for_batch", "requested", "wire_dtype"]
@@ -38,8 +38,33 @@ def requested(compression: Any) -> bool:
 
 
 def wire_dtype(compression: Any, op: Any, dtype: Any, argument: str = "x") -> np.dtype | None:
-    """The dtype the wire carries for a call on ``argument`` (None: not compressed); raises
-    ValueError or TypeError, naming the fix, for a call that cannot be compressed."""
+    """The dtype the wire carries for an all-reduce with ``compression``.
+
+    Parameters
+    ----------
+    compression
+        ``"fp16"`` (also ``"float16"``, ``"half"``), ``"bf16"`` (also ``"bfloat16"``), or
+        None / ``"none"`` for none.
+    op
+        The call's reduction (a `ReduceOp` or its name).
+    dtype
+        The dtype of the call's arrays.
+    argument
+        The argument's name, for error messages.
+
+    Returns
+    -------
+    numpy.dtype or None
+        float16 or bfloat16; None where nothing is compressed.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``compression``, an op other than SUM and MEAN, or bfloat16 without
+        ``ml_dtypes`` (the message names the ``pip install``).
+    TypeError
+        ``dtype`` is neither float32 nor float64.
+    """
     if not requested(compression):
         return None
     name = NAMES.get(compression.lower()) if isinstance(compression, str) else None
@@ -58,8 +83,7 @@ def wire_dtype(compression: Any, op: Any, dtype: Any, argument: str = "x") -> np
         return np.dtype(np.float16)
     if BFLOAT16 is None:
         raise ValueError(f"compression={compression!r} needs bfloat16 from the ml_dtypes "
-                         "package: pip install ml_dtypes (or collective-schedules[bfloat16]), "
-                         "or use compression='fp16'")
+                         f"package: {install_line('bfloat16')}, or use compression='fp16'")
     return BFLOAT16
 
 

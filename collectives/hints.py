@@ -119,10 +119,14 @@ CompressionName = Literal["fp16", "bf16", "float16", "bfloat16", "half", "none"]
 Compression = CompressionName | None
 """``compression=`` of the all-reduces: ``"fp16"`` or ``"bf16"``, or None (uncompressed)."""
 
+CollectiveName = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                         "gather", "scatter", "all_to_all"]
+"""A collective by name (``collectives.Collective``'s values)."""
+
 Calibrate = bool | Literal["cached", "fresh"] | None
 """``calibrate=`` of ``collectives.init``: True (the cache, else measure), ``"cached"``,
 ``"fresh"``, or None (``$COLLECTIVES_CALIBRATE``, else off)."""
 
-__all__ = ["Algorithm", "AlgorithmName", "Array", "ArrayT", "BatchSpec", "Calibrate", "Compression",
-           "CompressionName", "NamedOp", "Name",
-           "Op", "OpName", "SpecTuple", "SpmdAlgorithm", "TwoLevelName"]
+__all__ = ["Algorithm", "AlgorithmName", "Array", "ArrayT", "BatchSpec", "Calibrate",
+           "CollectiveName", "Compression", "CompressionName", "NamedOp", "Name", "Op", "OpName",
+           "SpecTuple", "SpmdAlgorithm", "TwoLevelName"]

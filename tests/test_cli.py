@@ -172,7 +172,8 @@ def test_the_sdist_holds_the_package_and_not_the_tests(tmp_path):
 
 # --- help and argument errors ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [("--help",), ("bench", "--help"), ("draw", "--help")])
+@pytest.mark.parametrize("args", [("--help",), ("bench", "--help"), ("draw", "--help"),
+                                  ("probe", "--help"), ("simulate", "--help")])
 def test_help_is_plain_text(args):
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
@@ -194,7 +195,7 @@ def test_every_option_says_what_it_does():
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) >= {"bench", "draw"}
+    assert set(sub.choices) >= {"bench", "draw", "probe", "simulate", "timeline"}
     for name, command in sub.choices.items():
         bare = [a.option_strings or [a.dest] for a in command._actions if not a.help]
         assert not bare, f"collectives {name}: options without help: {bare}"
@@ -213,6 +214,12 @@ BAD_INVOCATIONS = {
     "participants beyond memory": ("bench", "-n", "10000"),
     "an algorithm for copies": ("bench", "-c", "gather", "-a", "ring"),
     "an unknown algorithm": ("draw", "rung"),
+    "probe json into no folder": ("probe", "--json", "/missing/dir/x.json"),
+    "simulate two-level without groups": ("simulate", "ring/ring", "-n", "8"),
+    "simulate a missing fabric": ("simulate", "ring", "--fabric", "/missing/fabric.json"),
+    "simulate a size that is not one": ("simulate", "ring", "-b", "lots"),
+    "simulate a zero bandwidth": ("simulate", "ring", "--link", "net=5us:0GB/s"),
+    "simulate hosts that do not add up": ("simulate", "ring", "-n", "16", "--nodes", "3x4"),
 }
 LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_UNIVERSE_SIZE")

@@ -153,7 +153,7 @@ def test_errors_name_the_fix():
 
 def test_bf16_without_ml_dtypes_says_what_to_install(monkeypatch):
     monkeypatch.setattr(compression_module, "BFLOAT16", None)
-    with pytest.raises(ValueError, match="pip install ml_dtypes"):
+    with pytest.raises(ValueError, match=r"pip install 'collective-schedules\[bfloat16\]'"):
         collectives.all_reduce([np.ones(2, np.float32)] * 2, compression="bf16")
     assert np.array_equal(collectives.all_reduce([np.ones(2, np.float32)] * 2,
                                                  compression="fp16")[0], [2.0, 2.0])

@@ -102,6 +102,10 @@ def test_the_literal_names_are_the_library_names():
     assert {m.value for m in ReduceOp} <= _literals(hints.OpName)
     with pytest.raises(ValueError):
         ReduceOp.parse("summ")
+    from collectives import compression
+
+    assert _literals(hints.CompressionName) == set(compression.NAMES) | {"none"}
+    assert _literals(hints.CollectiveName) == {c.value for c in collectives.Collective}
 
 
 def test_work_is_generic_and_multi_device_handles_are_work():

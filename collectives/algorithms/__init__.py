@@ -123,7 +123,7 @@ def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: 
 
 def build_plan(collective: Collective, name: str, size: int, rank: int, *, root: int = 0,
                shards: int = 0, layout: Layout | None = None) -> RankPlan:
-    """:func:`rank_plan`, built afresh and not kept (pricing a plan of a huge job once)."""
+    """``rank_plan``, built afresh and not kept (pricing a plan of a huge job once)."""
     if not supports(collective, name):
         raise ValueError(f"algorithm {name!r} has no {collective.value}")
     if collective not in ROOTED:

@@ -1,11 +1,11 @@
 """Predict a plan's time: the alpha-beta-gamma model of every round, over the links it crosses.
 
 A plan says, per round, what each participant sends, receives and reduces. The model prices
-that with the constants of a :class:`Fabric`, measured (``collectives probe``) or given:
+that with the constants of a ``Fabric``, measured (``collectives probe``) or given:
 
 * each message crosses one **link class**: ``proc`` (participants in one process: threads,
   devices), ``host`` (processes on one host: shared memory) or ``net`` (across hosts), as a
-  :class:`Placement` says; a class has a latency ``alpha`` and an inverse bandwidth ``beta``;
+  ``Placement`` says; a class has a latency ``alpha`` and an inverse bandwidth ``beta``;
 * a participant's round costs ``round_overhead``, plus ``overhead`` per message it posts or
   matches (serialised on its CPU), plus the largest ``alpha`` among the classes it uses, plus,
   per class, the larger of the bytes it sends and receives times ``beta`` (links are full
@@ -18,7 +18,7 @@ that with the constants of a :class:`Fabric`, measured (``collectives probe``) o
   participant's steps, add the participants' times instead.)
 
 Which participants are priced (every one up to 64, else one rank's plan and the plans'
-symmetry, or a few whole hosts) is :mod:`collectives.algorithms.sampling`'s job, so a
+symmetry, or a few whole hosts) is ``collectives.algorithms.sampling``'s job, so a
 prediction for 65,536 participants costs about one plan's rounds.
 """
 
@@ -74,9 +74,11 @@ class Fabric:
     raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
 
     def link(self, cls: int) -> Link:
+        """The link of class ``cls`` (``PROC``, ``HOST`` or ``NET``: 0, 1, 2)."""
         return (self.proc, self.host, self.net)[cls]
 
     def gamma_for(self, dtype: str) -> float:
+        """Seconds per byte reduced in ``dtype`` (its measured ``gammas``, else ``gamma``)."""
         for name, value in self.gammas:
             if name == dtype:
                 return value
@@ -90,10 +92,29 @@ class Fabric:
         return None
 
     def to_json(self) -> str:
+        """The constants as JSON, as ``collectives probe --json`` writes them."""
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Fabric:
+        """The fabric ``to_json`` wrote.
+
+        Parameters
+        ----------
+        text
+            JSON as ``to_json`` (or ``collectives probe --json``) writes it.
+
+        Returns
+        -------
+        Fabric
+            Its constants.
+
+        Raises
+        ------
+        ValueError
+            ``text`` is not JSON; KeyError or TypeError where a link class is missing or
+            has other fields.
+        """
         data = json.loads(text)
         for name in CLASSES:
             data[name] = Link(**data[name])
@@ -104,6 +125,7 @@ class Fabric:
         return cls(**data)
 
     def describe(self) -> str:
+        """The constants, one line per link class, then gamma and the overheads."""
         lines = [f"{name:5} {self.link(i)}" for i, name in enumerate(CLASSES)]
         gammas = ", ".join(f"{n} {1 / g / 1e9:.2f} GB/s" for n, g in self.gammas)
         lines.append(f"gamma {1 / self.gamma / 1e9:.2f} GB/s reduced" +

@@ -2,7 +2,7 @@
 
 Pricing every participant's plan costs ``n`` plans: fine for a few dozen, not for 65,536. So:
 
-* up to :data:`EXACT` participants, every one is priced (exact);
+* up to ``EXACT`` participants, every one is priced (exact);
 * **symmetric plans** are priced from one rank's plan: the ring's participants are each
   other's plans shifted by a rank (``q -> q + i``), recursive halving-doubling's on a power
   of two XOR-ed (``q -> q ^ i``), the direct shuffle's shifted. One plan, its peers mapped onto

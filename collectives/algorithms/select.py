@@ -72,7 +72,7 @@ class LinkModel:
 
 
 def fabric_of(model) -> Fabric:
-    """A fabric from a :class:`Fabric`, :class:`CostModel` or :class:`LinkModel`."""
+    """A fabric from a ``Fabric``, ``CostModel`` or ``LinkModel``."""
     return model if isinstance(model, Fabric) else model.as_fabric()
 
 
@@ -153,7 +153,7 @@ def _representative(nbytes: int) -> int:
 def decide(collective: Collective, size: int, nbytes: int, model, placement: Placement | None
            = None, *, dtype: str = "float32", natives: tuple = (),
            payload: int | None = None, groups: Layout | None = None) -> Decision:
-    """Price every candidate and pick the cheapest (ties, within :data:`TIE`, go to the fewest
+    """Price every candidate and pick the cheapest (ties, within ``TIE``, go to the fewest
     concurrent messages, then to the earlier candidate).
     ``nbytes``: what the plans' positions span (an all-gather's whole result); ``payload``:
     the call's own bytes, which measured ``natives`` are looked up at; ``groups``: the

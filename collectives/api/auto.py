@@ -5,7 +5,8 @@ and ``link``) and where ranks run (its ``nodes``: the hosts; ``processes``: sepa
 or threads of one); the model prices every candidate, the transport's own collective among
 them where its times were measured, and the cheapest runs. A transport whose own collective
 was never timed keeps its rule (``native.preferred``). ``COLLECTIVES_DEBUG=info`` logs each
-new decision's prices on rank 0.
+new decision's prices on rank 0. ``ChoiceOps`` gives a Communicator its ``fabric`` and
+``explain``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.cost import Fabric, Placement
 from ..algorithms.schedule import Collective
+from ..hints import CollectiveName, Op
+from ..runtime.validate import Groups
 
 SELECT = logging.getLogger("collectives.select")
 GATHERED = (Collective.ALL_GATHER, Collective.GATHER)
@@ -78,7 +81,7 @@ def choose(comm: Any, call: Any) -> str:
     return decision.name
 
 
-def explain(comm: Any, collective: str | Collective, x: Any, op: Any = "sum", *,
+def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any = "sum", *,
             root: int = 0, groups: Any = None) -> select.Decision:
     """The prices behind ``auto`` for this call (``str()`` of it: a table and a sentence)."""
     collective = Collective(collective) if isinstance(collective, str) else collective
@@ -92,3 +95,63 @@ def explain(comm: Any, collective: str | Collective, x: Any, op: Any = "sum", *,
             f"{call.describe()} over {comm.size} ranks: runs {decision} by the transport's own "
             "rule (its collective was never timed here; `collectives probe` times it)"))
     return decision
+
+
+class ChoiceOps:
+    """The constants ``auto`` chooses with and ``explain`` (mixed into Communicator)."""
+
+    _fabric: Fabric
+    _calls: dict
+    _fast: dict
+
+    @property
+    def fabric(self) -> Fabric:
+        """The cost model's constants ``auto`` chooses with: the transport's, or measured by
+        ``collectives.init(calibrate=...)`` or ``collectives probe``.
+
+        Setting it forgets the choices made with the old constants. Set it on every rank
+        alike: choices are made from it, not agreed.
+        """
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric: Fabric) -> None:
+        self._fabric = fabric
+        self._calls.clear()  # calls chose with the old constants
+        self._fast.clear()
+
+    def explain(self, collective: CollectiveName | Collective, x: Any, op: Op = "sum", *,
+                root: int = 0, groups: Groups = None) -> select.Decision:
+        """Why ``algorithm="auto"`` runs what it runs for this call; local, nothing moves.
+
+        ``print(comm.explain("all_reduce", x))`` lists every candidate's predicted time and
+        says why the winner won.
+
+        Parameters
+        ----------
+        collective
+            The collective's name (``"all_reduce"``, ``"reduce"``, ``"broadcast"``,
+            ``"all_gather"``, ``"reduce_scatter"``, ...) or a `Collective`.
+        x
+            This rank's array, as the call would take it.
+        op
+            The reduction, for the reducing collectives.
+        root
+            The root of a rooted collective.
+        groups
+            The groups of a two-level candidate: a group size or a partition of the ranks.
+
+        Returns
+        -------
+        Decision
+            ``name``, ``shards`` and ``layout`` of the choice and every candidate's
+            prediction, best first; its ``str()`` is a table and a sentence.
+
+        Raises
+        ------
+        ValueError
+            An unknown ``collective`` or ``op``, or an ``x`` the call would refuse.
+        TypeError
+            ``x`` is not an array, or its dtype cannot take ``op``.
+        """
+        return explain(self, collective, x, op, root=root, groups=groups)

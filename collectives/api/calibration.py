@@ -1,6 +1,6 @@
 """Calibration on the job: measure the cost model's constants, cache them per host set.
 
-:func:`measure` times, on the running communicator (collective over it):
+``measure`` times, on the running communicator (collective over it):
 
 * the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
 * per link class present (``proc``/``host``: two ranks of one host; ``net``: rank 0 and a
@@ -12,7 +12,7 @@
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
-Every rank ends with rank 0's numbers, so every rank makes the same choices. :func:`apply`
+Every rank ends with rank 0's numbers, so every rank makes the same choices. ``apply``
 reads the cache (a JSON file per host set in the user's cache folder) or measures, and sets
 ``comm.fabric``; ``collectives.init(calibrate=...)`` and ``collectives probe`` call it.
 """
@@ -26,6 +26,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.cost import Fabric, Link
+from ..hints import Calibrate
 from ..ops import ReduceOp
 
 ENV = "COLLECTIVES_CALIBRATE"
@@ -162,11 +164,31 @@ def _native_call(comm: Any, collective: str, x: np.ndarray):
     return lambda: comm.reduce(x, "sum", 0, "native")
 
 
-def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = True,
-            collectives=None) -> Fabric:
-    """The fabric of this job, measured (collective; every rank gets rank 0's numbers).
-    ``sizes``: the all-reduce sizes the transport's own collective is timed at;
-    ``collectives``: which of its collectives (default: all five)."""
+def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
+            natives: bool = True, collectives: Sequence[str] | None = None) -> Fabric:
+    """The fabric of this job, measured; collective: every rank calls it, and every rank
+    gets rank 0's numbers.
+
+    Parameters
+    ----------
+    comm
+        The communicator to measure on (its calls count; ``collectives.init(calibrate=...)``
+        measures on a communicator of its own).
+    sizes
+        Bytes per rank at which the transport's own collectives are timed.
+    repeats
+        Timed repeats per measurement; the best counts.
+    natives
+        Whether to time the transport's own collectives (MPI's).
+    collectives
+        Which of its collectives (default: all five).
+
+    Returns
+    -------
+    Fabric
+        The measured constants over ``comm.fabric``'s, which stay where nothing measured
+        them (a link class the job does not have).
+    """
     base = comm.fabric
     found: dict[str, float] = {}
     solo = comm.split(comm.rank, 0)
@@ -197,7 +219,7 @@ def _all_reduce(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: in
 def _pair_times(sub: Any, repeats: int) -> dict[str, float]:
     """Two ranks' all-reduces, close together in time: the tree's two rounds of one message
     (``tree``), the ring's two rounds of a message each way (``one``) or of 8 (``eight``),
-    all of 8 bytes, and the ring's of :data:`STREAM_BYTES` (``big``)."""
+    all of 8 bytes, and the ring's of ``STREAM_BYTES`` (``big``)."""
     return {"tree": _all_reduce(sub, "tree", 0, 8, repeats),
             "one": _all_reduce(sub, "ring", 1, 8, repeats),
             "eight": _all_reduce(sub, "ring", 8, 64, repeats),
@@ -233,10 +255,31 @@ def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any
     return replace(base, **changes)
 
 
-def apply(comm: Any, mode: Any = True, **options: Any) -> Fabric:
-    """Set ``comm.fabric`` from the cache or a measurement (collective). ``mode``: True (the
-    cache, else measure and save), ``"cached"`` (the cache, else leave the defaults) or
-    ``"fresh"`` (measure and save)."""
+def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
+    """Set ``comm.fabric`` from the cache of this host set or from a measurement;
+    collective: every rank calls it.
+
+    Parameters
+    ----------
+    comm
+        The communicator whose ``fabric`` is set.
+    mode
+        True (the cache, else measure and save), ``"cached"`` (the cache, else leave the
+        constants as they are) or ``"fresh"`` (measure and save); False, None or ``"0"``
+        do nothing.
+    **options
+        For `measure` (``repeats=``, ``natives=``, ...).
+
+    Returns
+    -------
+    Fabric
+        The constants now in ``comm.fabric``.
+
+    Raises
+    ------
+    ValueError
+        ``mode`` is none of the above.
+    """
     mode = str(mode).strip().lower()
     if mode in ("", "0", "false", "off", "none"):
         return comm.fabric

@@ -51,7 +51,7 @@ ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, 
 
 
 class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPointOps,
-                   SubcommOps):
+                   SubcommOps, auto.ChoiceOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     Made by `collectives.init`, `collectives.run` or a backend's ``init``, rarely by hand.
@@ -120,26 +120,6 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         """
         self._engine.close()
         self.transport.free()
-
-    @property
-    def fabric(self) -> Any:
-        """The cost model's constants ``auto`` chooses with (a ``cost.Fabric``: the
-        transport's, or measured by ``collectives.init(calibrate=...)``). Set it on every
-        rank alike: choices are made, not agreed."""
-        return self._fabric
-
-    @fabric.setter
-    def fabric(self, fabric: Any) -> None:
-        self._fabric = fabric
-        self._calls.clear()  # calls chose with the old constants
-        self._fast.clear()
-
-    def explain(self, collective: Any, x: Any, op: Any = "sum", *, root: int = 0,
-                groups: Any = None) -> Any:
-        """Why ``auto`` runs what it runs for this call: ``print(comm.explain("all_reduce",
-        x))`` lists every candidate's predicted time and says why the winner won. Local:
-        nothing moves."""
-        return auto.explain(self, collective, x, op, root=root, groups=groups)
 
     # --- hooks --------------------------------------------------------------------------
 

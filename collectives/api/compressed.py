@@ -1,6 +1,6 @@
 """All-reduce with wire compression (``compression="fp16"|"bf16"``), both ways of calling.
 
-What compression means is :mod:`collectives.compression`'s business; here each way of calling
+What compression means is ``collectives.compression``'s business; here each way of calling
 compresses the contributions, runs the ordinary all-reduce on them as a SUM, and casts the
 result back. SPMD: the call is described, agreed and run on the compressed buffer, so ranks
 that disagree about compressing disagree about the dtype and are told so before data moves,

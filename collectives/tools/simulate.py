@@ -25,6 +25,17 @@ from ..algorithms.sampling import predict, predict_native
 from ..algorithms.schedule import Collective
 from . import arguments
 
+DESCRIPTION = """\
+Predict an algorithm's time at any scale from the cost model, per size: the time, algbw and
+busbw (nccl-tests' bus factors) and the critical path round by round; 'auto' prints every
+candidate's price instead. Nothing runs: one participant's plan and the plans' symmetry give
+the answer, in seconds for 65,536 participants.
+
+examples:
+  collectives simulate ring -n 65536 --nodes 8192x8 --link host=3us:150GB/s,net=5us:400Gbit/s
+  collectives simulate auto -n 4096 --cluster cpu -b 1M
+"""
+
 # Modelled clusters (docs/scale.md): the numbers are assumptions, written out there.
 CLUSTERS: dict[str, tuple[int, Fabric]] = {
     # 8 GPUs per node (H100-like): NVLink at 450 GB/s each way per GPU, one 400 Gbit/s NIC
@@ -84,7 +95,8 @@ def parse_links(text: str, fabric: Fabric) -> Fabric:
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``simulate`` among the subcommands ``sub``."""
     p = sub.add_parser("simulate", help="predict an algorithm's time at any scale",
-                       description=__doc__.split("\n\n")[0] + ".")
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("algorithm", help="a name ('ring', 'rechd/ring', ...), 'native' (MPI's, "
                                      "modelled) or 'auto' (every candidate's price)")
     p.add_argument("-c", "--collective", default="all_reduce",

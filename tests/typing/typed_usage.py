@@ -38,6 +38,9 @@ def multi_device() -> None:
     assert_type(batch, list[list[F32]])
     ranged = collectives.all_reduce(grads, "sum", [("pscpu", 1, 1024), ("xring", 2, -1)])
     assert_type(ranged, list[F32])
+    squeezed = collectives.all_reduce(grads, "mean", compression="fp16")
+    assert_type(squeezed, list[F32])
+    assert_type(collectives.batch_all_reduce([grads], compression="bf16"), list[list[F32]])
     assert float(summed[0][0]) == 6.0 and float(root[0]) == 3.0 and len(batch) == 2
 
 
@@ -56,6 +59,8 @@ def step(comm: Communicator) -> float:
     assert_type(comm.all_to_all(x), F32)
     assert_type(comm.batch_all_reduce([x, x]), list[F32])
     assert_type(comm.all_reduce(x, algorithm="tree"), F32)
+    assert_type(comm.all_reduce(x, "sum", compression="fp16"), F32)
+    assert_type(comm.explain("all_reduce", x).name, str)  # local: nothing moves
     inbox: F32 = np.empty(4, np.float32)
     request = comm.irecv(inbox, (comm.rank - 1) % comm.size)
     assert_type(request, Work[F32])

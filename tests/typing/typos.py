@@ -31,3 +31,7 @@ def mistakes(comm: Communicator, x: F32) -> None:
     one: F32 = collectives.all_reduce(grads)  # error
     comm.all_reduce(x, timeout="30")  # error
     comm.all_reduce(x, shards=2.5)  # error
+    collectives.all_reduce(grads, compression="fp8")  # error
+    comm.all_reduce(x, compression="bf61")  # error
+    comm.explain("all_reduse", x)  # error
+    collectives.init("local", calibrate="fersh")  # error
