@@ -326,6 +326,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert call.args.get("unfinished") is True
 
 
+@pytest.mark.slow  # a real MirroredStrategy: left out of the quick subset
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                     reason="tensorflow is not installed")
 def test_tensorflow_marks_each_batch_reduce_with_its_tensors(tmp_path):

@@ -23,6 +23,7 @@ from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
 from collectives.compression import for_batch, requested
+from collectives.hints import Compression
 from collectives.ops import ReduceOp as CoreOp
 
 from . import convert, device_path, host, marks
@@ -61,7 +62,7 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     def __init__(self, *, route: Route = Route(),  # noqa: B008 - a frozen dataclass
                  communicator=None, workers_sum: str = "mean",
                  reduce_to_device: str | None = None, accumulation_fn: Callable | None = None,
-                 compression: str | None = None):
+                 compression: Compression = None):
         super().__init__()  # sets _canonicalize_devices, which the base class reads
         if workers_sum not in ("mean", "sum"):
             raise ValueError(f"workers_sum={workers_sum!r} must be 'mean' or 'sum'")

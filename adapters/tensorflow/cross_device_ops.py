@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from collectives.algorithms.spec import SpecRange, parse_spec
+from collectives.hints import Compression
 from collectives.runtime.validate import check_shards
 
 from . import device_path, host
@@ -144,7 +145,7 @@ class CrossDeviceOps(LibraryCrossDeviceOps):
     def __init__(self, algorithm="auto", *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                  agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
                  shards: int = 0, groups=None, communicator=None, workers_sum: str = "mean",
-                 compression: str | None = None):
+                 compression: Compression = None):
         packing = Packing(num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group,
                           bytes_per_pack)
         host.check_packing(packing)  # errors now, not at the first step

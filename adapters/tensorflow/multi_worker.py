@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from collectives.hints import Compression
+
 from .cross_device_ops import CrossDeviceOps
 from .world import launched_world_size, open_communicator
 
@@ -49,7 +51,7 @@ class MultiWorkerAllReduce(CrossDeviceOps):
                  all_reduce_spec=("pscpu/pscpu", 2, -1), num_packs: int = 0,
                  agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10, *,
                  communicator="auto", workers_sum: str = "mean", timeout: float = 300.0,
-                 compression: str | None = None):
+                 compression: Compression = None):
         if num_gpus_per_worker is not None and (isinstance(num_gpus_per_worker, bool) or
                                                 not isinstance(num_gpus_per_worker, int) or
                                                 num_gpus_per_worker < 0):
