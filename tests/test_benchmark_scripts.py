@@ -81,7 +81,7 @@ CASES = [
     # Still the slowest case (about 17 s here): its warm-up calls of 64 thread ranks are fixed.
     # one host, no lab: the lab's layouts need root and namespaces (tests/test_multihost.py)
     Case("model_check", ("benchmarks/model_check.py", "--local", "2", "-s", "4K", "-r", "1"),
-         (r"\| ring \| [0-9.]+ µs / [0-9.]+ µs", r"median prediction error \(schedules\)",
+         (r"\| ring \| [0-9.]+ [nµm]?s / [0-9.]+ [nµm]?s", r"median prediction error \(schedules\)",
           r"predicted winner measured within 10%"),
          needs=("mpi4py", "mpiexec"), timeout=180),
     Case("overhead", ("benchmarks/overhead.py", "-r", "1", "--calls", "20", "--thread-calls", "10"),

@@ -96,6 +96,7 @@ class Decision:
 
     @property
     def best(self) -> Prediction:
+        """The winner's prediction."""
         return self.predictions[0]
 
     def __str__(self) -> str:
