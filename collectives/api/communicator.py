@@ -35,7 +35,7 @@ from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
 from ..runtime.execute.spmd import SpmdRun
-from ..runtime.native_stage import NativeStage
+from ..runtime.native_stage import NativeStage, ScheduleInTurn
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
 from ..timeline import recorder
@@ -279,7 +279,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         if call.run_as == "native":
             return NativeStage(self._engine, self.transport.native, call, src, work,
                                op, seq, turn)
-        if turn is not None:
+        in_order = getattr(self.transport, "schedules_in_native_order", False)
+        if turn is not None and not in_order:
             self._engine.release_turn(turn)
         if src is not None and src is not work:
             self.arrays.copy(work, src)
@@ -290,8 +291,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
             plan = call.plans[shards] = algorithms.rank_plan(
                 call.collective, call.run_as, self.size, self.rank, root=call.root,
                 shards=shards, layout=call.layout)
-        return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
-                       check=call.check if self.check else 0)
+        run = SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
+                      check=call.check if self.check else 0)
+        return ScheduleInTurn(self._engine, run, turn) if in_order else run
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived (or raise naming those that did not)."""
