@@ -144,7 +144,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         native = self.transport.native
         name = call.algorithm
         if name in self._native_names:
-            if native.supports(call) and self.size > 1:
+            if native.supports(call):  # (asked for by name: on one rank too)
                 return "native"
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
