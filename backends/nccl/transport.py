@@ -45,6 +45,9 @@ class NcclTransport:
 
     name = "nccl"
     cost_model = COST_MODEL
+    # the library's schedules (send/recv) and NCCL's collectives run one after another on the
+    # one stream: their rounds take a native turn, so every rank issues them in one order
+    schedules_in_native_order = True
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):

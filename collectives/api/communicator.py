@@ -33,7 +33,7 @@ from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
 from ..runtime.execute.spmd import SpmdRun
-from ..runtime.native_stage import NativeStage
+from ..runtime.native_stage import NativeStage, ScheduleInTurn
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
 from ..timeline import recorder
@@ -175,7 +175,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         native = self.transport.native
         name = call.algorithm
         if name in self._native_names:
-            if native.supports(call) and self.size > 1:
+            if native.supports(call):  # (asked for by name: on one rank too)
                 return "native"
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
@@ -310,7 +310,8 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         if call.run_as == "native":
             return NativeStage(self._engine, self.transport.native, call, src, work,
                                op, seq, turn)
-        if turn is not None:
+        in_order = getattr(self.transport, "schedules_in_native_order", False)
+        if turn is not None and not in_order:
             self._engine.release_turn(turn)
         if src is not None and src is not work:
             self.arrays.copy(work, src)
@@ -321,8 +322,9 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
             plan = call.plans[shards] = algorithms.rank_plan(
                 call.collective, call.run_as, self.size, self.rank, root=call.root,
                 shards=shards, layout=call.layout)
-        return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
-                       check=call.check if self.check else 0)
+        run = SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
+                      check=call.check if self.check else 0)
+        return ScheduleInTurn(self._engine, run, turn) if in_order else run
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived.

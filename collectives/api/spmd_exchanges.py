@@ -20,6 +20,7 @@ from ..algorithms.schedule import Collective
 from ..foreign import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.execute.exchange import ExchangeRun
+from ..runtime.native_stage import ScheduleInTurn
 from ..runtime.work import Work
 
 
@@ -225,6 +226,8 @@ class ExchangeOps:
             plan = algorithms.rank_plan(Collective.ALL_TO_ALL, name, n, self.rank)
             data = ExchangeRun(plan, src, dst, send_at, recv_at, self.transport.data, seq=seq,
                                check=call.check if self.check else 0)
+            if getattr(self.transport, "schedules_in_native_order", False):
+                data = ScheduleInTurn(self._engine, data)
 
             def finish():
                 return result

@@ -10,6 +10,13 @@ keeps the turn until it finishes. Its later collectives depend on when each rank
 its copies land, so a next native call started meanwhile would meet them in a different
 order on different ranks: two NCCL collectives swapped on one stream deadlock, and two MPI
 all-reduces swapped on one communicator mix their data.
+
+Where the transport's data channel shares that order (``schedules_in_native_order``: NCCL,
+whose send/recv and collectives run one after another on one stream), a schedule's rounds are
+placed in it too: :class:`ScheduleInTurn` posts a plan's first round in the call's turn and
+keeps the turn until its last round is posted. Otherwise a rank whose agreement on a new
+call finished early would put the call's rounds on its stream before a later call's NCCL
+collective, and a rank still agreeing would put them after it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,15 @@ from typing import Any
 
 from ..ops import ReduceOp
 from .calls import Call
+
+
+def in_turn(engine: Any, turn: int) -> bool:
+    """Whether ``turn`` is the next place in the native start order (places released by calls
+    that ran no native are passed over)."""
+    while engine.native_issued in engine.native_skipped:
+        engine.native_skipped.discard(engine.native_issued)
+        engine.native_issued += 1
+    return engine.native_issued == turn
 
 
 class NativeStage:
@@ -38,10 +54,7 @@ class NativeStage:
     def advance(self) -> bool:
         engine = self.engine
         if self.run is None:
-            while engine.native_issued in engine.native_skipped:
-                engine.native_skipped.discard(engine.native_issued)
-                engine.native_issued += 1
-            if engine.native_issued != self.turn:
+            if not in_turn(engine, self.turn):
                 return False  # an earlier call has not issued its native collective yet
             self.run = self.native.start(self.call, self.src, self.dst, self.op, self.seq)
             self.holding = bool(getattr(self.run, "holds_turn", False))
@@ -62,4 +75,39 @@ class NativeStage:
         pending = getattr(self.run, "pending_peers", None)
         if pending is not None:
             return pending()
+        return [r for r in range(self.engine.size) if r != self.engine.rank]
+
+
+class ScheduleInTurn:
+    """A plan's run (``SpmdRun``, ``ExchangeRun``) whose rounds start in the call's native turn and keep it
+    until the last round is posted (for data channels in the natives' order)."""
+
+    __slots__ = ("engine", "finished", "run", "started", "trace", "turn")
+
+    def __init__(self, engine: Any, run: Any, turn: int | None = None):
+        self.engine, self.run = engine, run
+        self.turn = engine.reserve_turn() if turn is None else turn
+        self.trace = getattr(run, "trace", None)  # (the timeline names the stage after the run's plan)
+        self.started = self.finished = False
+
+    def advance(self) -> bool:
+        if not self.started:
+            if not in_turn(self.engine, self.turn):
+                return False  # an earlier call's collective or rounds come first
+            self.started = True
+        done = self.run.advance()
+        if done and not self.finished:
+            self.finished = True
+            self.engine.native_issued += 1  # every round is posted: the next may start
+        return done
+
+    def abort(self) -> None:
+        if not self.finished:  # later calls must not wait for it
+            self.finished = True
+            self.engine.release_turn(self.turn)
+        self.run.abort()
+
+    def pending_peers(self) -> list[int]:
+        if self.started:
+            return self.run.pending_peers()
         return [r for r in range(self.engine.size) if r != self.engine.rank]

@@ -129,6 +129,8 @@ class Transport(Protocol):
     cost_model: Any  # collectives.algorithms.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None
+    # Optional: ``schedules_in_native_order = True`` where ``data`` and the native collectives
+    # share one issue order (NCCL: one stream); the schedules' rounds then take native turns.
 
     def idle(self, waited: float) -> None:
         """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""

@@ -41,3 +41,11 @@ def test_async_two_level_loop_with_two_gpus_per_node():
 @pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
 def test_world_over_several_gpus():
     passed(launch("nccl_ranks.py", gpu_count(), "one_rank", timeout=540), "one_rank")
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_schedules_over_send_recv_in_flight_with_nccl_collectives():
+    """A schedule over NCCL send/recv and NCCL's own all-reduce, both asynchronous, with one
+    rank late: both take their turn in call order, so every stream sees them in one order."""
+    out = passed(launch("nccl_ranks.py", 2, "mixed_async", timeout=180), "mixed_async")
+    assert "ranks=2" in out

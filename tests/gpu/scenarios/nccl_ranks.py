@@ -5,12 +5,15 @@ blocking and async, plus the errors for host arrays. ``two_level`` (mpiexec -n 2
 COLLECTIVES_RANKS_PER_NODE=1, every rank on GPU 0): all-reduce through NCCL inside each
 simulated node and MPI between them; calls that need a NCCL world communicator raise a clear
 error naming the shared GPU. ``two_level_async`` (any -n, with COLLECTIVES_RANKS_PER_NODE):
-a loop of asynchronous two-level all-reduces, several in flight at once.
+a loop of asynchronous two-level all-reduces, several in flight at once. ``mixed_async``
+(a world over several GPUs): asynchronous calls that run the library's schedules over NCCL
+send/recv in flight with NCCL's own collectives, one rank arriving late each time.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import cupy
 import numpy as np
@@ -127,6 +130,37 @@ elif mode == "two_level_async":
             got = cupy.asnumpy(work.wait())
             assert same(got, expected), (step, got[:4], expected[:4])
             checked += 1
+elif mode == "mixed_async":
+    # A new signature (a schedule over send/recv, agreed first) then an agreed one (NCCL's
+    # all-reduce, no agreement). The early rank's agreement completes while it is busy
+    # elsewhere, so its schedule's rounds reach the stream before it issues the second call;
+    # the late rank issues both at once, its agreement still open. Both must still put the
+    # rounds and NCCL's collective on their streams in one order (swapped, each stream waits
+    # for the other forever).
+    dtype = np.dtype(np.float32)
+    native_in = [exact_input(size, p, 4099, dtype, ReduceOp.SUM) for p in range(size)]
+    native_expected = expected_outputs("all_reduce", native_in, ReduceOp.SUM)[rank]
+    native_x = cupy.asarray(native_in[rank])
+    comm.all_reduce(native_x, "sum", "nccl")  # agreed from now on
+    for step in range(4):
+        count = 1000 + step
+        inputs = [exact_input(size, p, count, dtype, ReduceOp.SUM) for p in range(size)]
+        late = rank == step % size
+        if late:
+            time.sleep(0.3)
+        first = comm.all_reduce(cupy.asarray(inputs[rank]), "sum", ("ring", "rechd")[step % 2],
+                                async_op=True)
+        blocks = cupy.full(size * (2 + step), rank * 10 + step, np.int32)
+        exchanged = comm.all_to_all(blocks, async_op=True)  # an exchange over send/recv
+        if not late:  # the late rank's arrival completes this rank's agreements meanwhile
+            time.sleep(0.6)
+        second = comm.all_reduce(native_x, "sum", "nccl", async_op=True)
+        assert same(cupy.asnumpy(first.wait()),
+                    expected_outputs("all_reduce", inputs, ReduceOp.SUM)[rank]), step
+        assert same(cupy.asnumpy(second.wait()), native_expected), step
+        wanted = np.repeat(np.arange(size, dtype=np.int32) * 10 + step, 2 + step)
+        assert same(cupy.asnumpy(exchanged.wait()), wanted), step
+        checked += 3
 comm.barrier()
 if rank == 0:
     print(f"SUMMARY {mode} PASS checked={checked} ranks={size}")
