@@ -72,6 +72,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
                               detail=self.debug == "detail")
         self._calls: dict = {}
         self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
+        self._hot = None  # the FastAllReduce the latest hot all-reduce took
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None

@@ -54,6 +54,7 @@ class Engine:
         self.timeout, self.check, self.detail = timeout, check, detail
         self.seq = 0
         self.agreed: OrderedDict[int, bool] = OrderedDict()
+        self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
         self.inflight: list[Operation] = []
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
@@ -143,9 +144,11 @@ class Engine:
         self.agreed[check] = True
         if len(self.agreed) > AGREED_SIGNATURES:
             self.agreed.popitem(last=False)
+            self.forgotten += 1
 
     def forget(self, check: int) -> None:
         self.agreed.pop(check, None)
+        self.forgotten += 1
 
     def reserve_turn(self) -> int:
         """A place in the order native collectives start in (they pair by issue order)."""

@@ -25,6 +25,7 @@ from .calls import Call
 from .execute.spmd import PointToPoint
 
 SILENT = "silent"  # the phase :meth:`Transport.peer_activity` gives a peer that did not answer
+PENDING = "pending"  # what :meth:`PersistentNative.quick` returns for a call still running
 
 
 def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
@@ -102,7 +103,14 @@ class NativeCollectives(Protocol):
 
 class PersistentNative(Protocol):
     """A prepared native collective: ``start()`` it, then ``advance()`` until True, again and
-    again; ``src`` is read afresh at every start."""
+    again; ``src`` is read afresh at every start.
+
+    A transport may also give a small all-reduce ``quick(x, out, seq)`` (the core's hot path,
+    :mod:`collectives.runtime.fastpath`): run call ``seq`` on ``x`` (an array of the call's
+    shape and dtype) into ``out`` (None: a new array) and return the result if it completes
+    within a short spin; else return :data:`PENDING` (``advance()`` until True, then
+    ``deliver(out)`` gives the result), or None, having started nothing, where it cannot run
+    now. The result holds the wire op's reduction (MEAN: the sum; the core divides)."""
 
     def start(self, seq: int) -> None: ...
 

@@ -184,7 +184,7 @@ def third_call_is_call_3(ctx: Ctx) -> Call:
     def body(comm):
         if ctx.transport.startswith("mpi"):
             import collectives
-            from collectives import initialize
+            from collectives.api import initialize
 
             initialize._ACTIVE.pop("mpi", None)  # a fresh init, as a program's first
             comm = collectives.init("mpi", timeout=T_NUMBER)

@@ -1,0 +1,164 @@
+"""A call bound to its buffers (``prepare``), and the hot path of a repeated small all-reduce.
+
+Every ``start`` of a bound call runs as a plain call of its signature would, so prepared,
+hot and plain calls of one signature run the same MPI operations on every rank, whichever
+path each rank takes (MPICH pairs persistent requests only with each other).
+
+A small all-reduce whose check rides in its data (``rider.py``) also has :meth:`Bound.quick`,
+the whole call in one go once its persistent entry exists: one copy of the input into the
+entry's buffer (its trailer already holds the check value, written once), one ``Start``,
+``Test`` in a short spin, one comparison of the reduced trailer with the bytes every rank
+expects, one copy of the result out. Everything it touches is bound beforehand (the request,
+views of the entry's buffers in the call's shape, the expected trailer), so a call looks
+nothing up and allocates nothing but a new result where the caller passed no ``out``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives.algorithms.schedule import Collective
+from collectives.ops import ReduceOp
+from collectives.runtime.calls import Call
+from collectives.runtime.transport import PENDING
+
+from . import tuning
+from .persistent import Entry, PersistentRun
+from .runs import STALL_POLLS, mpi_error
+
+SPIN_SECONDS = 20e-6  # quick() spins this long on its request before handing it to the engine
+
+
+class Bound:
+    """A call bound to ``src`` and ``dst`` (``prepare``): ``start`` runs it as a plain call
+    would; ``quick`` runs a hot small all-reduce on any input of the call's shape."""
+
+    __slots__ = ("call", "dst", "entry", "expected", "head", "lane", "natives", "op", "polls",
+                 "req", "result", "run", "seq", "since", "src", "trailer")
+
+    def __init__(self, natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None):
+        self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
+        self.lane = natives.lane
+        self.run: Any = None
+        self.entry: Entry | None = None  # the hot path's entry, once a run has shown it
+        self.req: Any = None  # its request and views, bound once it exists (_bind)
+        self.seq = self.polls = 0
+        self.since = 0.0
+
+    # --- the plain way ----------------------------------------------------------------------
+
+    def start(self, seq: int) -> None:
+        self.run = run = self.natives.start(self.call, self.src, self.dst, self.op, seq)
+        if self.entry is None and isinstance(run, PersistentRun):
+            self._learn(run.entry)
+
+    def _learn(self, entry: Entry) -> None:
+        # entries that may need a NaN repair scan every input for NaN: not hot
+        if (entry.rider is not None and entry.collective is Collective.ALL_REDUCE
+                and not entry.nan):
+            self.entry = entry
+
+    # --- the hot way ------------------------------------------------------------------------
+
+    def quick(self, x: Any, out: Any, seq: int) -> Any:
+        """Run call ``seq`` on ``x`` (an array of the call's shape and dtype) into ``out`` (the
+        same, C-contiguous and writable; None: a new array). Returns the result; or
+        ``PENDING`` when the spin ran out (then ``advance()`` until True, then
+        :meth:`deliver`); or None, having done nothing, where the hot path is closed: no
+        entry yet, the entry busy, earlier runs queued, or an ``out`` it cannot write."""
+        entry = self.entry
+        if entry is None or entry.owner is not None or self.lane.runs:
+            if entry is None:
+                self._find()
+            return None
+        req = self.req
+        if req is None:
+            if entry.data_req is None:
+                return None
+            self._bind(entry)
+            req = self.req
+        if out is not None and not out.flags.carray:
+            return None  # read-only or strided: the plain path says why
+        self.head[...] = x
+        self.seq = seq
+        try:
+            req.Start()
+            if not req.Test():
+                deadline = time.perf_counter() + SPIN_SECONDS
+                while not req.Test():
+                    if time.perf_counter() > deadline:
+                        entry.owner = self  # (until now no one else could look at it)
+                        self.run, self.polls, self.since = None, 0, 0.0
+                        self.natives.inflight[seq] = self.call
+                        return PENDING
+        except MPI.Exception as exc:
+            entry.owner = self  # MPI may still hold the request
+            raise mpi_error(self.natives.rank, seq, self.call, exc) from exc
+        if self.trailer != self.expected:
+            entry.verify(self.natives.rank, seq)  # raises, saying why
+        if out is None:
+            return self.result.copy()
+        out[...] = self.result
+        return out
+
+    def deliver(self, out: Any) -> Any:
+        """The result of the last quick run, once complete: its trailer checked (raises
+        ``CollectiveMismatchError`` unless every rank had this call), copied into ``out``."""
+        if self.trailer != self.expected:
+            self.entry.verify(self.natives.rank, self.seq)
+        if out is None:
+            return self.result.copy()
+        out[...] = self.result
+        return out
+
+    def _find(self) -> None:
+        """The entry of this signature, once a plain call has made it (read, never made)."""
+        entry = self.natives.entries.entries.get(self.call.signature)
+        if entry is not None:
+            self._learn(entry)
+
+    def _bind(self, entry: Entry) -> None:
+        shape = self.call.shape
+        self.req = entry.data_req
+        self.head = entry.head.reshape(shape)
+        self.result = entry.result.reshape(shape)
+        self.trailer = memoryview(entry.trailer.view(np.uint8))
+        self.expected = entry.rider.expected
+
+    # --- progress (either way) ----------------------------------------------------------------
+
+    def advance(self) -> bool:
+        run = self.run
+        if run is not None:
+            return run.advance()
+        try:
+            done = self.req.Test()
+        except MPI.Exception as exc:
+            self.natives.inflight.pop(self.seq, None)
+            raise mpi_error(self.natives.rank, self.seq, self.call, exc) from exc
+        if not done:
+            self.polls += 1
+            if self.polls % STALL_POLLS == 0:
+                self._stalled()
+            return False
+        self.entry.owner = None
+        self.natives.inflight.pop(self.seq, None)
+        return True
+
+    def _stalled(self) -> None:
+        now = time.perf_counter()
+        if not self.since:
+            self.since = now
+        elif now - self.since > tuning.STALL_SECONDS:
+            self.natives.stalled(self.seq, self.call)
+
+    def pending_peers(self) -> list[int]:
+        natives = self.natives
+        return [r for r in range(natives.size) if r != natives.rank]
+
+    def free(self) -> None:
+        self.run = None
