@@ -29,6 +29,10 @@ RING_FROM_BYTES: dict[int, int] = {2: 16 << 20, 3: 16 << 20, 4: 16 << 20}
 # shares one node; None: only on request (algorithm="shm"), where the measurements put it.
 SHM_FROM_BYTES: int | None = None
 
+# The shared-memory all-reduce reduces its slice this many bytes at a time, so that what it
+# publishes for the other ranks is copied out of the cache.
+SHM_BLOCK_BYTES = 256 << 10
+
 # Native reductions of large payloads run in pieces of this many bytes, one piece in flight:
 # MPICH mallocs a scratch buffer of half the message per call, and from 16 MiB up glibc serves
 # it by mmap and page-faults it in every time; pieces stay on the heap and are reused.

@@ -9,7 +9,8 @@ on every rank, or raise on every rank.
 * ``check=False`` and different lengths: an error on every rank, never a quiet answer;
 * the paths of one signature mixed across ranks (the hot path on one rank, the plain path on
   another, a prepared call on a third): MPI matches them all alike;
-* large payloads in pieces (limits lowered), small ones on persistent requests.
+* large payloads in pieces (limits lowered), small ones on persistent requests;
+* the shared-memory all-reduce in many blocks (limit lowered), in place and not.
 """
 
 from __future__ import annotations
@@ -178,6 +179,32 @@ def pieces() -> None:
         tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = saved
 
 
+def shm_blocks() -> None:
+    """The shared-memory all-reduce in many small blocks (limit lowered): out=, in place and a
+    new result, with counts that do not split evenly, give the exact sums everywhere."""
+    saved = tuning.SHM_BLOCK_BYTES
+    tuning.SHM_BLOCK_BYTES = 40  # 10 float32 per block
+    try:
+        comm = mpi.init(timeout=20)
+        for count in (1, 7, 333, 4099):
+            want = sum(np.arange(count, dtype=np.float32) * (r + 1) for r in range(n))
+            for how in ("out", "in place", "new"):
+                x = np.arange(count, dtype=np.float32) * (rank + 1)
+                kept = x.copy()
+                if how == "out":
+                    got = comm.all_reduce(x, algorithm="shm", out=np.empty_like(x))
+                elif how == "in place":
+                    got = comm.all_reduce(x, algorithm="shm", out=x)
+                else:
+                    got = comm.all_reduce(x, algorithm="shm")
+                report.check(np.array_equal(got, want), f"shm blocks {count} {how}: wrong")
+                if how != "in place":
+                    report.check(np.array_equal(x, kept), f"shm blocks {count} {how}: x changed")
+        comm.free()
+    finally:
+        tuning.SHM_BLOCK_BYTES = saved
+
+
 def main() -> None:
     overlapping()
     meet()
@@ -193,6 +220,8 @@ def main() -> None:
     mixed_paths()
     meet()
     pieces()
+    meet()
+    shm_blocks()
     report.finish()
 
 
