@@ -8,7 +8,8 @@ on every rank, or raise on every rank.
   the check value riding with the data makes every rank raise ``CollectiveMismatchError``;
 * ``check=False`` and different lengths: an error on every rank, never a quiet answer;
 * the paths of one signature mixed across ranks (the hot path on one rank, the plain path on
-  another, a prepared call on a third): MPI matches them all alike;
+  another, a prepared call on a third): MPI matches them all alike, also between a prepared
+  call's start() and wait(), on time or with a late rank;
 * large payloads in pieces (limits lowered), small ones on persistent requests;
 * the shared-memory all-reduce in many blocks (limit lowered), in place and not.
 """
@@ -161,6 +162,38 @@ def mixed_paths() -> None:
     comm.free()
 
 
+def prepared_between() -> None:
+    """A prepared all-reduce (sum and mean) with calls of its own signature between start()
+    and wait(), with every rank on time (it completes inside start()) and with a late rank
+    (the start's spin runs out and the call stays in flight while the others run)."""
+    comm = mpi.init(timeout=20)
+    count = 64
+    x = np.arange(count, dtype=np.float32) + rank
+    want = sum(np.arange(count, dtype=np.float32) + r for r in range(n))
+    out, mean_out, other = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    summed = comm.all_reduce_init(x, out=out)
+    averaged = comm.all_reduce_init(x, "mean", out=mean_out)
+    summed.start().wait()  # (agreed at their first start, together)
+    averaged.start().wait()
+    for late in (False, True):
+        for k in range(4):
+            if late and rank == n - 1:
+                time.sleep(0.03)
+            out.fill(-1)
+            summed.start()
+            averaged.start()
+            between = comm.all_reduce(x, out=other)  # the same signature: the same entry
+            report.check(averaged.wait() is mean_out and summed.wait() is out,
+                         f"prepared between, late={late} {k}: not the bound out")
+            report.check(np.array_equal(out, want) and np.array_equal(between, want)
+                         and np.array_equal(mean_out, want / n),
+                         f"prepared between, late={late} {k}: wrong")
+            report.check(summed.is_completed(), f"prepared between, late={late} {k}: not done")
+    summed.free()
+    averaged.free()
+    comm.free()
+
+
 def pieces() -> None:
     saved = tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT
     tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = 4096, 1000
@@ -218,6 +251,8 @@ def main() -> None:
         unchecked_lengths()
         meet()
     mixed_paths()
+    meet()
+    prepared_between()
     meet()
     pieces()
     meet()
