@@ -37,8 +37,9 @@ class Bound:
     """A call bound to ``src`` and ``dst`` (``prepare``): ``start`` runs it as a plain call
     would; ``quick`` runs a hot small all-reduce on any input of the call's shape."""
 
-    __slots__ = ("call", "dst", "entry", "expected", "head", "lane", "natives", "op", "polls",
-                 "req", "result", "run", "seq", "since", "src", "trailer")
+    __slots__ = ("call", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes", "lane",
+                 "natives", "op", "out", "polls", "req", "result", "result_bytes", "run", "seq",
+                 "since", "src", "src_bytes", "trailer")
 
     def __init__(self, natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
@@ -46,6 +47,7 @@ class Bound:
         self.run: Any = None
         self.entry: Entry | None = None  # the hot path's entry, once a run has shown it
         self.req: Any = None  # its request and views, bound once it exists (_bind)
+        self.out: Any = None  # where a PENDING quick run delivers
         self.seq = self.polls = 0
         self.since = 0.0
 
@@ -71,33 +73,20 @@ class Bound:
         :meth:`deliver`); or None, having done nothing, where the hot path is closed: no
         entry yet, the entry busy, earlier runs queued, or an ``out`` it cannot write."""
         entry = self.entry
-        if entry is None or entry.owner is not None or self.lane.runs:
-            if entry is None:
-                self._find()
-            return None
-        req = self.req
-        if req is None:
-            if entry.data_req is None:
-                return None
-            self._bind(entry)
-            req = self.req
+        if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
+            return self._closed()
         if out is not None and not out.flags.carray:
             return None  # read-only or strided: the plain path says why
         self.head[...] = x
         self.seq = seq
+        req = self.req
         try:
             req.Start()
-            if not req.Test():
-                deadline = time.perf_counter() + SPIN_SECONDS
-                while not req.Test():
-                    if time.perf_counter() > deadline:
-                        entry.owner = self  # (until now no one else could look at it)
-                        self.run, self.polls, self.since = None, 0, 0.0
-                        self.natives.inflight[seq] = self.call
-                        return PENDING
+            if not req.Test() and self._spin(req):
+                self.out = out
+                return PENDING
         except MPI.Exception as exc:
-            entry.owner = self  # MPI may still hold the request
-            raise mpi_error(self.natives.rank, seq, self.call, exc) from exc
+            raise self._failed(exc) from exc
         if self.trailer != self.expected:
             entry.verify(self.natives.rank, seq)  # raises, saying why
         if out is None:
@@ -105,29 +94,80 @@ class Bound:
         out[...] = self.result
         return out
 
-    def deliver(self, out: Any) -> Any:
-        """The result of the last quick run, once complete: its trailer checked (raises
-        ``CollectiveMismatchError`` unless every rank had this call), copied into ``out``."""
+    def rerun(self, seq: int) -> Any:
+        """:meth:`quick` on the buffers this call was prepared with (``dst`` holds the input
+        where ``src`` is None), copied through byte views bound once: returns ``dst``,
+        ``PENDING`` or None as ``quick`` does."""
+        entry = self.entry
+        if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
+            return self._closed()
+        self.head_bytes[:] = self.src_bytes
+        self.seq = seq
+        req = self.req
+        try:
+            req.Start()
+            if not req.Test() and self._spin(req):
+                self.out = self.dst
+                return PENDING
+        except MPI.Exception as exc:
+            raise self._failed(exc) from exc
+        if self.trailer != self.expected:
+            entry.verify(self.natives.rank, seq)
+        self.dst_bytes[:] = self.result_bytes
+        return self.dst
+
+    def deliver(self) -> Any:
+        """The result of the last quick run that was ``PENDING``, once ``advance()`` said it is
+        complete: its trailer checked (raises ``CollectiveMismatchError`` unless every rank
+        had this call), copied into its ``out``."""
         if self.trailer != self.expected:
             self.entry.verify(self.natives.rank, self.seq)
+        out = self.out
         if out is None:
             return self.result.copy()
-        out[...] = self.result
+        out[...] = self.result.reshape(out.shape)
         return out
 
-    def _find(self) -> None:
-        """The entry of this signature, once a plain call has made it (read, never made)."""
-        entry = self.natives.entries.entries.get(self.call.signature)
-        if entry is not None:
-            self._learn(entry)
+    def _spin(self, req: Any) -> bool:
+        """Test ``req`` for ``SPIN_SECONDS``; True (the request handed to the engine) when it
+        is still running then."""
+        deadline = time.perf_counter() + SPIN_SECONDS
+        while not req.Test():
+            if time.perf_counter() > deadline:
+                self.entry.owner = self  # (until now no one else could look at it)
+                self.run, self.polls, self.since = None, 0, 0.0
+                self.natives.inflight[self.seq] = self.call
+                return True
+        return False
+
+    def _failed(self, exc: Any) -> Exception:
+        self.entry.owner = self  # MPI may still hold the request
+        return mpi_error(self.natives.rank, self.seq, self.call, exc)
+
+    def _closed(self) -> None:
+        """The hot path cannot run now; bind it once the entry exists."""
+        entry = self.entry
+        if entry is None:  # the entry of this signature, once a plain call has made it
+            entry = self.natives.entries.entries.get(self.call.signature)
+            if entry is not None:
+                self._learn(entry)
+        elif self.req is None and entry.data_req is not None:
+            self._bind(entry)
+        return None
 
     def _bind(self, entry: Entry) -> None:
         shape = self.call.shape
-        self.req = entry.data_req
         self.head = entry.head.reshape(shape)
         self.result = entry.result.reshape(shape)
         self.trailer = memoryview(entry.trailer.view(np.uint8))
         self.expected = entry.rider.expected
+        self.head_bytes = memoryview(entry.head.view(np.uint8))
+        self.result_bytes = memoryview(entry.result.view(np.uint8))
+        if self.dst is not None:  # prepared: its buffers are C-contiguous
+            self.dst_bytes = memoryview(self.dst.reshape(-1).view(np.uint8))
+            src = self.src if self.src is not None else self.dst
+            self.src_bytes = memoryview(src.reshape(-1).view(np.uint8))
+        self.req = entry.data_req  # (last: the hot path opens once all is bound)
 
     # --- progress (either way) ----------------------------------------------------------------
 

@@ -50,16 +50,17 @@ class FastAllReduce:
         self.agreed_at = -1  # the engine's count of forgotten signatures when last looked
 
     @classmethod
-    def build(cls, comm: Any, call: Call, x: Any = None, op: Any = None,
-              algorithm: Any = None) -> FastAllReduce | None:
-        """A hot path for ``call`` (first made with ``x``, ``op``, ``algorithm``), or None
-        where it has none: too large, not native, integer MEAN, an empty array, or no
-        ``quick`` in the transport."""
+    def build(cls, comm: Any, call: Call, x: Any = None, op: Any = None, algorithm: Any = None,
+              bound: Any = None) -> FastAllReduce | None:
+        """A hot path for ``call`` (first made with ``x``, ``op``, ``algorithm``; or a prepared
+        call's, over the transport's ``bound`` collective), or None where it has none: too
+        large, not native, integer MEAN, an empty array, or no ``quick`` in the transport."""
         native = comm.transport.native
         if (native is None or call.run_as != "native" or call.nbytes > FAST_BYTES
                 or call.final != call.dtype or not call.count or comm.debug == "detail"):
             return None
-        bound = native.prepare(call, None, None, call.op.wire_op)
+        if bound is None:
+            bound = native.prepare(call, None, None, call.op.wire_op)
         if bound is None or not hasattr(bound, "quick"):
             return None
         return cls(comm, call, bound, x, op, algorithm)
@@ -91,7 +92,7 @@ class FastAllReduce:
                 return None
             engine.native_next = engine.native_issued = engine.native_issued + 1
             if result is PENDING:
-                return self._wait(seq, out, timeout)
+                return self._wait(seq, timeout)
             if self.mean:
                 self.arrays.divide(result, self.size, out=result)
             self.comm.last_algorithm = "native"
@@ -104,11 +105,12 @@ class FastAllReduce:
         finally:
             engine.busy.release()
 
-    def start(self, x: Any, out: Any, finish: Any) -> Any:
-        """Start a prepared all-reduce of ``x`` into ``out``: ``DONE`` if it completed at once
-        (``finish()`` still to run), a :class:`~collectives.runtime.work.Work` handle if it
-        is still running (its result: ``finish()``'s), None where the engine's way must
-        start it, or the exception it failed with (the communicator is broken)."""
+    def start(self, finish: Any) -> Any:
+        """Start a prepared all-reduce on its bound buffers (``rerun``): ``DONE`` if it
+        completed at once (``finish()`` still to run), a
+        :class:`~collectives.runtime.work.Work` handle if it is still running (its result:
+        ``finish()``'s), None where the engine's way must start it, or the exception it
+        failed with (the communicator is broken)."""
         engine = self.engine
         if not engine.busy.acquire(False):
             return None
@@ -118,7 +120,7 @@ class FastAllReduce:
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
             seq = engine.seq = engine.seq + 1
-            got = self.bound.quick(x, out, seq)
+            got = self.bound.rerun(seq)
             if got is None:
                 engine.seq = seq - 1
                 return None
@@ -128,7 +130,7 @@ class FastAllReduce:
                 bound = self.bound
 
                 def delivered():
-                    bound.deliver(out)
+                    bound.deliver()
                     return finish()
 
                 return self._operation(seq, delivered, True, None)
@@ -143,10 +145,10 @@ class FastAllReduce:
         finally:
             engine.busy.release()
 
-    def _wait(self, seq: int, out: Any, timeout: float | None) -> Any:
+    def _wait(self, seq: int, timeout: float | None) -> Any:
         """A call the spin did not see finish: the engine waits for it, as for any other."""
         def finish():
-            result = self.bound.deliver(out)
+            result = self.bound.deliver()
             if self.mean:
                 self.arrays.divide(result, self.size, out=result)
             return result

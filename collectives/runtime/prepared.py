@@ -76,9 +76,7 @@ class PreparedCall:
             self._persistent = comm.transport.native.prepare(call, src, work, call.op.wire_op
                                                              if call.op is not None else None)
             if call.collective is Collective.ALL_REDUCE and place is None:
-                x = src if src is not None else work  # (flat: in the call's shape for quick)
-                self._fast = FastAllReduce.build(comm, call)
-                self._x, self._out = x.reshape(call.shape), work.reshape(call.shape)
+                self._fast = FastAllReduce.build(comm, call, bound=self._persistent)
 
     def start(self) -> PreparedCall:
         """Start one run; ``wait()`` before the next ``start()``."""
@@ -87,7 +85,7 @@ class PreparedCall:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
         fast = self._fast
         if fast is not None:
-            got = fast.start(self._x, self._out, self.finish)
+            got = fast.start(self.finish)
             if got is not None:
                 self._work, self._waited = got, False
                 return self

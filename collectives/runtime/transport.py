@@ -105,12 +105,14 @@ class PersistentNative(Protocol):
     """A prepared native collective: ``start()`` it, then ``advance()`` until True, again and
     again; ``src`` is read afresh at every start.
 
-    A transport may also give a small all-reduce ``quick(x, out, seq)`` (the core's hot path,
-    :mod:`collectives.runtime.fastpath`): run call ``seq`` on ``x`` (an array of the call's
-    shape and dtype) into ``out`` (None: a new array) and return the result if it completes
-    within a short spin; else return :data:`PENDING` (``advance()`` until True, then
-    ``deliver(out)`` gives the result), or None, having started nothing, where it cannot run
-    now. The result holds the wire op's reduction (MEAN: the sum; the core divides)."""
+    A transport may also give a small all-reduce the core's hot path
+    (:mod:`collectives.runtime.fastpath`): ``quick(x, out, seq)`` runs call ``seq`` on ``x``
+    (an array of the call's shape and dtype) into ``out`` (None: a new array) and returns the
+    result if it completes within a short spin; ``rerun(seq)`` does the same on the buffers it
+    was prepared with and returns ``dst``. Either returns :data:`PENDING` for a call still
+    running (``advance()`` until True, then ``deliver()`` gives the result), or None, having
+    started nothing, where it cannot run now. Results hold the wire op's reduction (MEAN: the
+    sum; the core divides)."""
 
     def start(self, seq: int) -> None: ...
 
