@@ -267,8 +267,6 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
                                op, seq, turn)
         if turn is not None:
             self._engine.release_turn(turn)
-        if src is not None and src is not work:
-            self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0
         shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
         plan = call.plans.get(shards)
@@ -277,7 +275,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
                 call.collective, call.run_as, self.size, self.rank, root=call.root,
                 shards=shards, layout=call.layout)
         return SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
-                       check=call.check if self.check else 0)
+                       check=call.check if self.check else 0,
+                       src=src if src is not None and src is not work else None)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived (or raise naming those that did not)."""

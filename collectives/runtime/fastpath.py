@@ -36,12 +36,16 @@ class FastAllReduce:
     ``cls``, ``dtype``, ``shape``, ``op`` and ``algorithm`` are what the caller passed the first
     time: ``Communicator.all_reduce`` compares a call's arguments with them by identity."""
 
-    __slots__ = ("agreed_at", "algorithm", "arrays", "bound", "call", "checked", "cls", "comm",
-                 "dtype", "engine", "mean", "op", "shape", "size", "transport")
+    __slots__ = ("acquire", "agreed_at", "algorithm", "arrays", "bound", "call", "checked", "cls",
+                 "comm", "dtype", "engine", "mean", "op", "quick", "release", "shape", "size",
+                 "transport")
 
     def __init__(self, comm: Any, call: Call, bound: Any, x: Any, op: Any, algorithm: Any):
         self.comm, self.call, self.bound = comm, call, bound
         self.engine, self.transport, self.arrays = comm._engine, comm.transport, comm.arrays
+        # bound once: the engine's claim on the communicator, and the transport's hot call
+        self.acquire, self.release = self.engine.busy.acquire, self.engine.busy.release
+        self.quick = bound.quick
         self.cls = type(x)
         self.dtype, self.shape = (x.dtype, x.shape) if x is not None else (call.dtype, call.shape)
         self.op, self.algorithm = op, algorithm
@@ -78,7 +82,7 @@ class FastAllReduce:
         """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
         engine's way must run it (nothing was started)."""
         engine = self.engine
-        if not engine.busy.acquire(False):
+        if not self.acquire(False):
             return None  # (the engine's way raises ConcurrentCallError)
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
@@ -86,7 +90,7 @@ class FastAllReduce:
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
             seq = engine.seq = engine.seq + 1
-            result = self.bound.quick(x, out, seq)
+            result = self.quick(x, out, seq)
             if result is None:
                 engine.seq = seq - 1
                 return None
@@ -103,7 +107,7 @@ class FastAllReduce:
             engine._broke(exc, engine.seq)
             raise
         finally:
-            engine.busy.release()
+            self.release()
 
     def start(self, finish: Any) -> Any:
         """Start a prepared all-reduce on its bound buffers (``rerun``): ``DONE`` if it
@@ -112,7 +116,7 @@ class FastAllReduce:
         ``finish()``'s), None where the engine's way must start it, or the exception it
         failed with (the communicator is broken)."""
         engine = self.engine
-        if not engine.busy.acquire(False):
+        if not self.acquire(False):
             return None
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
@@ -143,7 +147,7 @@ class FastAllReduce:
                 raise
             return exc  # (wait() raises it)
         finally:
-            engine.busy.release()
+            self.release()
 
     def _wait(self, seq: int, timeout: float | None) -> Any:
         """A call the spin did not see finish: the engine waits for it, as for any other."""
