@@ -248,7 +248,9 @@ def check_errors(errors: list[re.Match], faulted_at: float, lost: set[int]) -> N
     nobody = []
     for e in errors:
         rank, missing = int(e["rank"]), {int(r) for r in e["missing"].split(",") if r}
-        assert e["kind"] in ("CollectiveTimeoutError", "PeerFailedError"), e.group(0)
+        # (a peer's timeout notice that came first: PeerTimeoutError, a PeerFailedError too)
+        assert e["kind"] in ("CollectiveTimeoutError", "PeerFailedError", "PeerTimeoutError"), \
+            e.group(0)
         assert float(e["at"]) - faulted_at < TIMEOUT + SLACK, e.group(0)
         assert e["message"].startswith(f"rank {rank}: all_reduce"), e.group(0)
         if e["kind"] == "CollectiveTimeoutError":
