@@ -6,11 +6,12 @@ path each rank takes (MPICH pairs persistent requests only with each other).
 
 A small all-reduce whose check rides in its data (``rider.py``) also has :meth:`Bound.quick`,
 the whole call in one go once its persistent entry exists: one copy of the input into the
-entry's buffer (its trailer already holds the check value, written once), one ``Start``,
-``Test`` in a short spin, one comparison of the reduced trailer with the bytes every rank
-expects, one copy of the result out. Everything it touches is bound beforehand (the request,
-views of the entry's buffers in the call's shape, the expected trailer), so a call looks
-nothing up and allocates nothing but a new result where the caller passed no ``out``.
+entry's buffer and of this rank's check trailer (a few bytes, made once) behind it, one
+``Start`` (in place), ``Test`` in a short spin, one comparison of the reduced trailer with
+the bytes every rank expects, one copy of the result out. Everything it touches is bound
+beforehand (the request, views of the entry's buffer in the call's shape, both trailers), so
+a call looks nothing up and allocates nothing but a new result where the caller passed no
+``out``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class Bound:
     would; ``quick`` runs a hot small all-reduce on any input of the call's shape."""
 
     __slots__ = ("call", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes", "lane",
-                 "natives", "op", "out", "polls", "req", "result", "result_bytes", "run", "seq",
-                 "since", "src", "src_bytes", "trailer")
+                 "mine", "natives", "op", "out", "polls", "req", "result", "result_bytes", "run",
+                 "seq", "since", "src", "src_bytes", "tail", "trailer")
 
     def __init__(self, natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
@@ -78,6 +79,7 @@ class Bound:
         if out is not None and not out.flags.carray:
             return None  # read-only or strided: the plain path says why
         self.head[...] = x
+        self.tail[:] = self.mine  # (in place: the last run's reduced trailer is there)
         self.seq = seq
         req = self.req
         try:
@@ -102,6 +104,7 @@ class Bound:
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
         self.head_bytes[:] = self.src_bytes
+        self.tail[:] = self.mine
         self.seq = seq
         req = self.req
         try:
@@ -161,6 +164,10 @@ class Bound:
         self.result = entry.result.reshape(shape)
         self.trailer = memoryview(entry.trailer.view(np.uint8))
         self.expected = entry.rider.expected
+        self.tail = memoryview(entry.tail.view(np.uint8))
+        mine = np.empty_like(entry.tail)
+        entry.rider.fill(mine, False)
+        self.mine = mine.tobytes()  # this rank's trailer, written before every start
         self.head_bytes = memoryview(entry.head.view(np.uint8))
         self.result_bytes = memoryview(entry.result.view(np.uint8))
         if self.dst is not None:  # prepared: its buffers are C-contiguous
