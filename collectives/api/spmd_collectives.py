@@ -31,15 +31,22 @@ class CollectiveOps:
         ``algorithm`` takes any spec form ("ring", "nccl/xring", "xring#2", tuples, ranges).
         ``out``: where the result goes (may be ``x`` itself); else a new array.
         """
-        fast = self._hot  # the hot path the last repeated call took: arguments by identity
-        if (fast is not None and x.__class__ is fast.cls and op is fast.op
-                and algorithm is fast.algorithm and x.dtype is fast.dtype and x.shape == fast.shape
-                and timeout is None and not async_op and not shards and groups is None
-                and (out is None or (out.__class__ is fast.cls and out.dtype is fast.dtype
-                                     and out.shape == fast.shape))):
-            result = fast(x, out)
-            if result is not None:
-                return result
+        fast = self._hot  # the hot path the last repeated call took
+        if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
+                and not shards and groups is None):
+            if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
+                    and x.shape == fast.shape):  # (the same arguments: by identity)
+                try:  # another signature's hot path, if it has one
+                    fast = self._fast.get((x.shape, x.dtype, op, algorithm))
+                except TypeError:  # an unhashable spec (a list of ranges): no hot path
+                    fast = None
+            if fast is not None and (out is None or (
+                    out.__class__ is fast.cls and out.shape == fast.shape
+                    and (out.dtype is fast.dtype or out.dtype == fast.dtype))):
+                self._hot = fast
+                result = fast(x, out)
+                if result is not None:
+                    return result
         return self._all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op)
 
     def _all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int, groups: Any,
