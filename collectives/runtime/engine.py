@@ -238,13 +238,20 @@ class Engine:
             # (only for the latest call: an older one would tell peers this rank is behind)
             self._told = now
             self.transport.publish_activity((op.seq, op.subject, op.phase,
-                                             tuple(op.pending_peers())))
+                                             tuple(self._pending_peers(op))))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
             self._check_dispute(op)
 
+    def _pending_peers(self, op: Operation) -> list[int]:
+        """The peers ``op`` waits for, asked under the lock the progress thread advances
+        under: asking tests the operation's requests, and a request two threads test at once
+        may be freed by one while the other tests it."""
+        with self.state:
+            return op.pending_peers()
+
     def _check_dispute(self, op: Operation) -> None:
-        waited = set(op.pending_peers())
+        waited = set(self._pending_peers(op))
         if not waited:
             return
         mine = "moving" if op.skipped_agreement else "agreeing"
@@ -284,7 +291,7 @@ class Engine:
 
     def _time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
-        waited = op.pending_peers()
+        waited = self._pending_peers(op)
         missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
