@@ -82,6 +82,25 @@ def test_natives(n):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n, pure", [(2, "none"), (3, "1"), (2, "all")])
+def test_hot_path_compiled_and_in_python(n, pure):
+    """The compiled hot path, Python's, and the two mixed across ranks (``pure``: the ranks
+    that set COLLECTIVES_PURE_PYTHON=1) give the oracle's result, the same bits everywhere."""
+    assert_passed(launch("hot.py", n, pure), "hot")
+
+
+def test_compiled_hot_path_is_built_here():
+    """The package builds it wherever a C compiler is present (as on this machine)."""
+    import sysconfig
+
+    from collectives.backends.mpi import compiled
+
+    if not shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]):
+        pytest.skip("no C compiler here: the compiled hot path is optional and Python runs it")
+    assert compiled._hot is not None, "collectives.backends.mpi._hot is not built: reinstall"
+
+
+@needs_mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_async_prepared_and_new_communicators(n):
     assert_passed(launch("async_calls.py", n), "async")

@@ -16,6 +16,7 @@ a call looks nothing up and allocates nothing but a new result where the caller 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,20 +28,22 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 from collectives.runtime.transport import PENDING
 
-from . import tuning
+from . import compiled, tuning
+from .compiled import MISMATCH, RAN, REFUSED, RUNNING
 from .persistent import Entry, PersistentRun
 from .runs import STALL_POLLS, mpi_error
 
-SPIN_SECONDS = 20e-6  # quick() spins this long on its request before handing it to the engine
+SPIN_SECONDS = 20e-6  # quick() spins this long on its request, then yields between tests...
+HOLD_SECONDS = 1e-3  # ...until this long (the engine's wait answers peers' questions after it)
 
 
 class Bound:
     """A call bound to ``src`` and ``dst`` (``prepare``): ``start`` runs it as a plain call
     would; ``quick`` runs a hot small all-reduce on any input of the call's shape."""
 
-    __slots__ = ("call", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes", "lane",
-                 "mine", "natives", "op", "out", "polls", "req", "result", "result_bytes", "run",
-                 "seq", "since", "src", "src_bytes", "tail", "trailer")
+    __slots__ = ("call", "compiled", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes",
+                 "lane", "mine", "natives", "op", "out", "polls", "req", "result", "result_bytes",
+                 "run", "seq", "since", "src", "src_bytes", "tail", "trailer")
 
     def __init__(self, natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
@@ -49,6 +52,7 @@ class Bound:
         self.entry: Entry | None = None  # the hot path's entry, once a run has shown it
         self.req: Any = None  # its request and views, bound once it exists (_bind)
         self.out: Any = None  # where a PENDING quick run delivers
+        self.compiled: Any = None  # the compiled hot path (compiled.py), where there is one
         self.seq = self.polls = 0
         self.since = 0.0
 
@@ -76,8 +80,17 @@ class Bound:
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
-        if out is not None and not out.flags.carray:
-            return None  # read-only or strided: the plain path says why
+        if out is not None:
+            compiled = self.compiled
+            if compiled is not None:
+                self.seq = seq
+                code = compiled.run(x, out)
+                if code == RAN:
+                    return out
+                if code != REFUSED:
+                    return self._landed(code, out)
+            if not out.flags.carray:
+                return None  # read-only or strided: the plain path says why
         self.head[...] = x
         self.tail[:] = self.mine  # (in place: the last run's reduced trailer is there)
         self.seq = seq
@@ -103,6 +116,14 @@ class Bound:
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
+        compiled = self.compiled
+        if compiled is not None:
+            self.seq = seq
+            code = compiled.run(self.src_bytes, self.dst_bytes)
+            if code == RAN:
+                return self.dst
+            if code != REFUSED:
+                return self._landed(code, self.dst)
         self.head_bytes[:] = self.src_bytes
         self.tail[:] = self.mine
         self.seq = seq
@@ -131,16 +152,34 @@ class Bound:
         out[...] = self.result.reshape(out.shape)
         return out
 
+    def _landed(self, code: int, out: Any) -> Any:
+        """What the compiled run's ``code`` says: still running (the engine tests it from now
+        on), another call's trailer (raises), or MPI's error (raises)."""
+        if code == RUNNING:
+            self.entry.owner = self
+            self.run, self.polls, self.since = None, 0, 0.0
+            self.natives.inflight[self.seq] = self.call
+            self.out = out
+            return PENDING
+        if code == MISMATCH:
+            self.entry.verify(self.natives.rank, self.seq)  # raises, saying why
+        raise self._failed(MPI.Exception(-code))
+
     def _spin(self, req: Any) -> bool:
-        """Test ``req`` for ``SPIN_SECONDS``; True (the request handed to the engine) when it
-        is still running then."""
-        deadline = time.perf_counter() + SPIN_SECONDS
+        """Test ``req``: spinning for ``SPIN_SECONDS``, then yielding the core between tests
+        (a peer on this core must run) until ``HOLD_SECONDS``, as the engine's wait would
+        before it looks around; True (the request handed to the engine) if still running."""
+        now = time.perf_counter()
+        spin, hold = now + SPIN_SECONDS, now + HOLD_SECONDS
         while not req.Test():
-            if time.perf_counter() > deadline:
-                self.entry.owner = self  # (until now no one else could look at it)
-                self.run, self.polls, self.since = None, 0, 0.0
-                self.natives.inflight[self.seq] = self.call
-                return True
+            now = time.perf_counter()
+            if now > spin:
+                if now > hold:
+                    self.entry.owner = self  # (until now no one else could look at it)
+                    self.run, self.polls, self.since = None, 0, 0.0
+                    self.natives.inflight[self.seq] = self.call
+                    return True
+                os.sched_yield()
         return False
 
     def _failed(self, exc: Any) -> Exception:
@@ -168,6 +207,7 @@ class Bound:
         mine = np.empty_like(entry.tail)
         entry.rider.fill(mine, False)
         self.mine = mine.tobytes()  # this rank's trailer, written before every start
+        self.compiled = compiled.bind(entry, self.mine, SPIN_SECONDS, HOLD_SECONDS)
         self.head_bytes = memoryview(entry.head.view(np.uint8))
         self.result_bytes = memoryview(entry.result.view(np.uint8))
         if self.dst is not None:  # prepared: its buffers are C-contiguous
