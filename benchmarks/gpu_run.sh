@@ -1,70 +1,240 @@
 #!/usr/bin/env bash
-# The GPU run: on a machine with one NVIDIA GPU and nothing but Python (and the package
-# registries), make a venv, install the library with its GPU extra, run the GPU tests and the
-# GPU benchmarks, and leave everything under $OUT (default ./gpu-results): logs, JUnit XML,
-# JSON, nvidia-smi's output. About 8 minutes; every step has a time limit, and a failing step
-# does not stop the ones after it (the summary at the end says what happened).
+# The GPU run, for a machine with one NVIDIA GPU and no network: its python3 (3.12) brings
+# CuPy 14, NCCL, NumPy, pytest (pytest-timeout, pytest-xdist), PyTorch and mpi4py without an
+# MPI library; the MPICH and mpi4py wheels travel with the checkout in .whl/
+# (benchmarks/gpu_wheels.sh fetches them). In about 7 minutes at most:
 #
-#   bash benchmarks/gpu_run.sh            # or OUT=/some/dir bash benchmarks/gpu_run.sh
+#   1. setup: a venv over python3's packages (--system-site-packages), the carried wheels
+#      (pip --no-index --no-deps), and the checkout on its path as if installed (no build:
+#      benchmarks/gpu_checkout.py);
+#   2. probe: CuPy, the GPU, NCCL's version, NcclCommunicator.initAll([0]), mpiexec -n 2;
+#   3. tests: pytest tests/gpu, each test under a time limit, the JUnit file written even
+#      when a test hangs (a worker that hangs is replaced, or a stub names the step's timeout);
+#   4. the benchmarks of benchmarks/gpu_compare.py: copy, devices, one-rank, two-level, torch.
 #
-# Without a GPU it still installs everything and gets as far as the skips.
+# Every step has its own time limit, cut to what is left of the whole run's; a failing step
+# does not stop the next. Everything lands in at most 4 files in OUT: summary.txt,
+# results.json, junit.xml, logs.tar.gz.
+#
+#   bash benchmarks/gpu_run.sh [--out DIR]               # on the GPU machine (OUT=... too)
+#   bash benchmarks/gpu_run.sh --cpu --fakecupy PATH     # here, under a NumPy CuPy stand-in
+#
+# --cpu runs the same steps on a machine without a GPU, with a NumPy stand-in for CuPy first
+# on the import path (--fakecupy PATH or FAKECUPY=PATH; FAKE_GPUS devices, default 1), tiny
+# benchmark sizes, and the tests that --tests names (default: all of tests/gpu); its numbers
+# mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
+# venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
+# BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
+# (the commit to name, where the checkout has no git history).
 set -u
 cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODE=gpu
+TESTS="tests/gpu"
+FAKECUPY=${FAKECUPY:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) MODE=cpu ;;
+    --out) OUT=$2; shift ;;
+    --fakecupy) FAKECUPY=$2; shift ;;
+    --tests) TESTS=$2; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "gpu_run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
 OUT=${OUT:-./gpu-results}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-VENV=${VENV:-.venv-gpu}
-PYTHON=${PYTHON:-python3}
-STATUS=()
+BUDGET=${BUDGET:-420}
+WHEELS=${WHEELS:-.whl}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_run.XXXXXX")
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
+START=$SECONDS
+QUICK=()
+if [ "$MODE" = cpu ]; then
+  if [ -z "$FAKECUPY" ] || [ ! -f "$FAKECUPY/cupy/__init__.py" ]; then
+    echo "gpu_run.sh --cpu needs a NumPy stand-in for CuPy: --fakecupy PATH (a folder holding" \
+         "cupy/), or FAKECUPY=PATH; got '${FAKECUPY}'" >&2
+    exit 2
+  fi
+  FAKECUPY=$(cd "$FAKECUPY" && pwd)
+  export PYTHONPATH=$FAKECUPY${PYTHONPATH:+:$PYTHONPATH}
+  export FAKE_GPUS=${FAKE_GPUS:-1} FAKE_STRICT=${FAKE_STRICT:-1} FAKE_REPORT=1
+  PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo "$ROOT/.venv/bin/python" || echo python3 )}
+  QUICK=(--quick)
+  # here the carried wheels are another Python's: the interpreter's own MPICH (a venv's mpich
+  # wheel keeps libmpi in the venv's lib/, where the new venv's mpi4py does not look)
+  parent_lib=$(cd "$(dirname "$PYTHON")/.." && pwd)/lib
+  [ -e "$parent_lib/libmpi.so.12" ] && export MPI4PY_LIBMPI=${MPI4PY_LIBMPI:-$parent_lib}
+else
+  PYTHON=${PYTHON:-python3}
+fi
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export COLLECTIVES_GPU_RUN=1  # (the tests' own dry run of this script need not run inside it)
 
-log() { echo "[gpu_run $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
+log() { echo "[gpu_run $(date -u +%H:%M:%S) +$((SECONDS - START))s] $*" | tee -a "$LOGS/run.log"; }
 
-step() {  # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME.log
+step() {  # step NAME LIMIT COMMAND...: in a process group of its own, output to logs/NAME.log
   local name=$1 limit=$2
   shift 2
+  local left=$((BUDGET - 20 - (SECONDS - START)))  # 20 s stay for packing
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    log "skip $name: the run's ${BUDGET}s are spent"
+    printf '%s\t%s\t%s\t%s\n' "$name" 124 0 0 >> "$WORK/steps.tsv"
+    return 124
+  fi
   log "start $name (limit ${limit}s)"
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  setsid timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1 &
+  local pid=$!
+  wait "$pid"
   local rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null  # what the step left behind (mpiexec ranks, say)
   log "end $name: exit $rc after $((SECONDS - t0))s"
-  STATUS+=("$name=$rc")
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" >> "$WORK/steps.tsv"
   return $rc
 }
 
-log "checkout $(git rev-parse --short HEAD 2>/dev/null || echo unknown), results in $OUT"
-{ nvidia-smi && nvidia-smi topo -m; } > "$OUT/nvidia-smi.txt" 2>&1 \
-  || echo "nvidia-smi is not available on this machine" >> "$OUT/nvidia-smi.txt"
+log "mode $MODE, checkout ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, work $WORK"
+{ nvidia-smi && nvidia-smi topo -m; } > "$LOGS/nvidia-smi.txt" 2>&1 \
+  || echo "nvidia-smi is not available on this machine" >> "$LOGS/nvidia-smi.txt"
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+[ -n "$DEVICE" ] || DEVICE="no GPU (nvidia-smi found none)"
+[ "$MODE" = cpu ] && DEVICE="CPU, NumPy CuPy stand-in with $FAKE_GPUS device(s)"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  step venv 120 "$PYTHON" -m venv "$VENV" || exit 1
+# --- 1. setup -------------------------------------------------------------------------------
+VENV=$WORK/venv
+setup() {
+  "$PYTHON" -m venv --system-site-packages "$VENV" \
+    || "$PYTHON" -m venv --system-site-packages --without-pip "$VENV" || return 1
+  local py=$VENV/bin/python
+  local site
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+  # the packages of the interpreter that made the venv, where it is a venv itself
+  "$PYTHON" - "$site" <<'EOF' || return 1
+import site, sys
+if sys.prefix != sys.base_prefix:
+    with open(sys.argv[1] + "/zz-parent-packages.pth", "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
+EOF
+  local wheel
+  for wheel in "$WHEELS"/*.whl; do
+    [ -e "$wheel" ] || { echo "no wheels in $WHEELS (bash benchmarks/gpu_wheels.sh)"; break; }
+    "$py" -m pip install --quiet --no-index --no-deps --ignore-installed "$wheel" \
+      || echo "not installed: $wheel (another Python's wheel?); the interpreter's own is used"
+  done
+  "$py" benchmarks/gpu_checkout.py "$site" || return 1  # the checkout, as installed
+  "$py" -c 'import collectives, collectives.backends.cupy, collectives.backends.nccl; print("collectives", collectives.__version__, "from", collectives.__file__)'
+}
+export ROOT PYTHON WHEELS VENV WORK
+export -f setup
+step setup 60 bash -c setup
+PY=$VENV/bin/python
+MPIEXEC=$VENV/bin/mpiexec
+[ -x "$MPIEXEC" ] || MPIEXEC=$(dirname "$PYTHON")/mpiexec
+export PY MPIEXEC
+
+# --- 2. probe -------------------------------------------------------------------------------
+probe() {
+  "$PY" - "$WORK/probe.json" <<'EOF'
+import json, platform, sys
+facts, problems = {"python": platform.python_version()}, []
+try:
+    import numpy, cupy
+    facts.update(numpy=numpy.__version__, cupy=cupy.__version__)
+    from collectives.backends.cupy import probe
+    facts["describe"] = probe.describe()
+    probe.require_gpu()
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"]
+    facts.update(devices=cupy.cuda.runtime.getDeviceCount(),
+                 device=name.decode() if isinstance(name, bytes) else str(name),
+                 memory_mib=int(props["totalGlobalMem"]) >> 20,
+                 cuda_runtime=cupy.cuda.runtime.runtimeGetVersion()
+                 if hasattr(cupy.cuda.runtime, "runtimeGetVersion") else None)
+    nccl = probe.nccl_module()
+    facts["nccl"] = int(nccl.get_version())
+    (comm,) = nccl.NcclCommunicator.initAll([0])
+    x = cupy.arange(4, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    comm.allReduce(x.data.ptr, y.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                   cupy.cuda.get_current_stream().ptr)
+    assert cupy.asnumpy(y).tolist() == [0, 1, 2, 3], cupy.asnumpy(y)
+    facts["initAll([0])"] = "ok: a one-device allReduce ran"
+except Exception as exc:  # noqa: BLE001 - the probe reports, it does not stop the run
+    problems.append(f"{type(exc).__name__}: {exc}")
+try:
+    import torch
+    facts["torch"] = f"{torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}"
+except ImportError:
+    facts["torch"] = "not installed"
+facts["problems"] = problems
+facts["summary"] = (f"CuPy {facts.get('cupy', '-')}, NCCL {facts.get('nccl', '-')}, "
+                    f"{facts.get('device', 'no GPU')}, torch {facts['torch']}; "
+                    + ("; ".join(problems) if problems else "all found"))
+json.dump(facts, open(sys.argv[1], "w"), indent=1)
+print(json.dumps(facts, indent=1))
+sys.exit(1 if problems else 0)
+EOF
+  local rc=$?
+  echo "--- mpiexec -n 2 ($MPIEXEC)"
+  timeout 30 "$MPIEXEC" -n 2 "$PY" -c 'from mpi4py import MPI; c = MPI.COMM_WORLD; v = c.allreduce(c.rank + 1); print(f"rank {c.rank} of {c.size}: sum {v}; {MPI.Get_library_version().splitlines()[0]}")' \
+    || { echo "mpiexec -n 2 failed"; rc=1; }
+  return $rc
+}
+export -f probe
+step probe 60 bash -c probe
+
+# --- 3. tests -------------------------------------------------------------------------------
+PYTEST=(-q -rs -p no:cacheprovider --durations=15 --junitxml "$WORK/junit.xml" --timeout 150)
+if "$PY" -c 'import xdist' 2>/dev/null && [ "$(nproc)" -ge 4 ]; then
+  WORKERS=${WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
+  # a worker whose test hangs is ended and replaced; the controller still writes the JUnit
+  PYTEST+=(-n "$WORKERS" --timeout-method=thread)
+else
+  PYTEST+=(--timeout-method=signal)  # the hung test fails, and pytest goes on
 fi
-step install 300 "$VENV/bin/pip" install -q -e '.[test,mpi,cuda]' || {
-  log "installing failed: see $OUT/install.log"; exit 1; }
-PY="$VENV/bin/python"
-step environment 60 "$PY" -c '
-import platform, warnings, numpy, mpi4py, cupy
-warnings.simplefilter("ignore")
-from cupy.cuda import nccl
-print("python", platform.python_version(), "numpy", numpy.__version__, "mpi4py", mpi4py.__version__)
-print("cupy", cupy.__version__, "gpu visible", cupy.cuda.is_available())
-print("nccl", nccl.get_version() if nccl.available else "not loadable")
-if cupy.cuda.is_available():
-    for d in range(cupy.cuda.runtime.getDeviceCount()):
-        p = cupy.cuda.runtime.getDeviceProperties(d)
-        print("device", d, p["name"].decode(), p["totalGlobalMem"] >> 20, "MiB")
-'
+read -r -a SELECTED <<< "$TESTS"
+step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
+if [ ! -s "$WORK/junit.xml" ]; then  # pytest itself was stopped: say so in the JUnit file
+  cat > "$WORK/junit.xml" <<EOF
+<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="1" failures="0" errors="1" skipped="0">
+<testcase classname="gpu_run" name="tests"><error message="pytest did not finish within the step's time limit; see logs/tests.log"/></testcase>
+</testsuite></testsuites>
+EOF
+fi
 
-# The GPU tests (and the host-side tests beside them), then the benchmarks.
-step tests-gpu 300 "$PY" -m pytest -q -rs -p no:cacheprovider --timeout 240 tests/gpu \
-  --junitxml "$OUT/tests-gpu.xml"
-step bench-cupy 120 "$VENV/bin/collectives" bench --backend cupy -n 4 -b 1K -e 1G -f 4 \
-  -a auto,ring,rechd -w 1 -r 3 --json "$OUT/bench_cupy.json"
-step compare-devices 150 "$PY" benchmarks/gpu_compare.py devices --out "$OUT"
-step compare-one-rank 60 "$PY" benchmarks/gpu_compare.py one-rank --out "$OUT"
-step compare-two-level 90 env COLLECTIVES_RANKS_PER_NODE=1 "$VENV/bin/mpiexec" -n 2 \
-  "$PY" benchmarks/gpu_compare.py two-level --out "$OUT"
+# --- 4. benchmarks --------------------------------------------------------------------------
+COMPARE=("$PY" benchmarks/gpu_compare.py)
+step copy 25 "${COMPARE[@]}" copy --out "$WORK" "${QUICK[@]}"
+step devices 80 "${COMPARE[@]}" devices --out "$WORK" "${QUICK[@]}"
+step one-rank 35 "${COMPARE[@]}" one-rank --out "$WORK" "${QUICK[@]}"
+step two-level 45 env COLLECTIVES_RANKS_PER_NODE=1 "$MPIEXEC" -n 2 "${COMPARE[@]}" two-level \
+  --out "$WORK" "${QUICK[@]}"
+step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
 
-log "summary: ${STATUS[*]}"
-tail -n 3 "$OUT/tests-gpu.log" | tee -a "$OUT/run.log"
-grep -h "^SKIPPED" "$OUT"/compare-*.log 2>/dev/null | tee -a "$OUT/run.log"
-log "done after ${SECONDS}s"
+# --- packing: at most 4 files ---------------------------------------------------------------
+"$PY" - "$WORK/run.json" "$MODE" "$DEVICE" <<'EOF'
+import datetime, json, subprocess, sys
+import os
+try:  # COMMIT names it where the copy of the checkout has no git history
+    commit = os.environ.get("COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    commit = ""
+json.dump({"mode": sys.argv[2], "device": sys.argv[3], "commit": commit or "unknown",
+           "command": "bash benchmarks/gpu_run.sh" + (" --cpu" if sys.argv[2] == "cpu" else ""),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+          open(sys.argv[1], "w"))
+EOF
+"$PY" benchmarks/gpu_summary.py "$WORK" "$OUT" > "$LOGS/summary.log" 2>&1 \
+  || python3 benchmarks/gpu_summary.py "$WORK" "$OUT" >> "$LOGS/summary.log" 2>&1
+cp "$WORK/junit.xml" "$OUT/junit.xml"
+cp "$WORK"/gpu_compare_*.json "$WORK/probe.json" "$WORK/steps.tsv" "$LOGS/" 2>/dev/null
+log "done after $((SECONDS - START))s; results in $OUT"
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
+cat "$OUT/summary.txt" 2>/dev/null || cat "$LOGS/summary.log"
+rm -rf "$WORK"

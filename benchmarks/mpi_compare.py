@@ -10,7 +10,9 @@ For each rank count it runs, float32, per size, in one launch:
 * this library's ``comm.all_reduce(x, "sum", algorithm, out=out)`` for ``auto``, ``native``
   and every schedule, with the default cross-rank check; ``auto`` also with ``check=False``,
   without ``out=`` (results from the pool of mapped memory), and as a prepared call
-  (``comm.all_reduce_init(x, out=out)``, then ``start().wait()``);
+  (``comm.all_reduce_init(x, out=out)``, then ``start().wait()``); ``auto`` again on a
+  communicator whose cost model was calibrated by this very launch (links, overheads and
+  MPICH's all-reduce at these sizes: ``collectives.api.calibration.measure``);
 * with ``--overlap``: a 64 MiB ``async_op=True`` all-reduce issued before a NumPy compute loop
   of about the same length, then waited on, against the two back to back;
 * torch.distributed gloo ``all_reduce`` (a separate ``mpiexec`` launch that uses MPI only to
@@ -85,9 +87,12 @@ def interleaved(calls: dict, iters: int, repeats: int, barrier, reduce_max) -> d
     return times
 
 
-def mpi_calls(world, checked, unchecked, x, out) -> dict:
+def mpi_calls(world, checked, unchecked, x, out, calibrated=None) -> dict:
     """name -> (communicator or None, call) for one size."""
     calls = {BASE: (None, lambda: world.Allreduce(x, out))}
+    if calibrated is not None:
+        calls["collectives auto, calibrated"] = (calibrated, lambda: calibrated.all_reduce(
+            x, out=out))
     for name in ("auto", "native", "shm", *SCHEDULES):
         calls[f"collectives {name}"] = (checked, lambda name=name: checked.all_reduce(
             x, "sum", name, out=out))
@@ -107,6 +112,15 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
     p, rank = world.size, world.rank
     checked = mpi.init(timeout=120)
     unchecked = mpi.init(timeout=120, check=False)
+    calibrated = None
+    if not methods or any(m in "collectives auto, calibrated" for m in methods):
+        from collectives.api import calibration
+
+        calibrated = mpi.init(timeout=120)  # auto on constants measured by this job
+        calibrated.fabric = calibration.measure(calibrated, sizes=tuple(sizes),
+                                                collectives=("all_reduce",))
+        if rank == 0:
+            print("  calibrated:", calibrated.fabric.describe().replace("\n", "; "), flush=True)
     reduce_max = lambda t: world.allreduce(t, op=MPI.MAX)  # noqa: E731
     results: dict = {}
     for nbytes in sizes:
@@ -114,7 +128,8 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
         x = np.full(count, rank + 1, np.float32)
         want = np.full(count, p * (p + 1) // 2, np.float32)
         out = np.empty_like(x)
-        calls = {k: v for k, v in mpi_calls(world, checked, unchecked, x, out).items()
+        calls = {k: v for k, v in mpi_calls(world, checked, unchecked, x, out,
+                                            calibrated).items()
                  if not methods or k == BASE or any(m in k for m in methods)}
         ran = {}
         for name, (comm, fn) in calls.items():
@@ -136,6 +151,8 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
                       flush=True)
     checked.free()
     unchecked.free()
+    if calibrated is not None:
+        calibrated.free()
     return results
 
 

@@ -5,13 +5,18 @@ Run it as root; it builds the lab itself (``benchmarks/lab.py``: 2 hosts, each l
 
     python benchmarks/multihost_compare.py [--hosts 2] [--ppn 2] [--rate 2gbit]
         [-s 1M 16M 64M] [-r 5] [--netmod ucx] [--lab NAME] [--json out.json]
+        [--methods auto ring ...] [--compression fp16 bf16]
 
 Per size (float32, S bytes per rank), in one run, interleaved:
 
 * mpi4py ``Comm.Allreduce(x, out)`` (MPICH's own; the anchor);
 * this library's ``comm.all_reduce(x, "sum", algorithm, out=out)`` for ``auto``, ``native``,
   ``ring``, ``rechd`` and the two-level ``ring/ring``, ``rechd/ring``, ``shuffle/ring``, whose
-  groups are the nodes MPI found (``Split_type(COMM_TYPE_SHARED)``: one group per host).
+  groups are the nodes MPI found (``Split_type(COMM_TYPE_SHARED)``: one group per host)
+  (``--methods`` picks some);
+* with ``--compression fp16 bf16``: each method again with ``compression=`` (the wire carries
+  float16 or bfloat16, half the bytes of float32), rows named like ``auto fp16``. The inputs
+  are small integers, so the compressed sums are exact and checked like the others.
 
 Protocol as ``benchmarks/mpi_compare.py``: each repeat starts with a barrier, times ``ITERS``
 back-to-back calls and takes the max over ranks of the time per call; cells are medians over
@@ -69,7 +74,7 @@ def sent_bytes() -> int:
         return int(f.read())
 
 
-def worker(sizes: list[int], repeats: int) -> dict:
+def worker(sizes: list[int], repeats: int, methods: list[str], compressions: list[str]) -> dict:
     sys.path.insert(0, ROOT)
     from collectives.backends import mpi
     from mpi4py import MPI
@@ -84,8 +89,11 @@ def worker(sizes: list[int], repeats: int) -> dict:
         want = np.full(nbytes // 4, p * (p + 1) // 2, np.float32)
         out = np.empty_like(x)
         calls = {ANCHOR: lambda x=x, out=out: world.Allreduce(x, out)}
-        for name in METHODS:
+        for name in methods:
             calls[name] = lambda name=name, x=x, out=out: comm.all_reduce(x, "sum", name, out=out)
+            for c in compressions:
+                calls[f"{name} {c}"] = (lambda name=name, c=c, x=x, out=out: comm.all_reduce(
+                    x, "sum", name, out=out, compression=c))
         info = {}
         for name, fn in calls.items():  # check, and count what host 0 sends in one call
             out.fill(0)
@@ -125,7 +133,7 @@ def table(sizes: list[int], data: dict, hosts: int, rate_bits: float) -> str:
             if name != ANCHOR:
                 text += f" ({statistics.median(base[str(s)]['times']) / t:.2f}× MPI)"
             text += f", {bound / t:.2f} of bound, sends {cell['wire'] / s:.2f} S"
-            if name == "auto":
+            if name.split()[0] == "auto":
                 text += f" [{cell['ran']}]"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
@@ -137,7 +145,8 @@ def launch(the_lab, args, sizes: list[str]) -> dict:
         path = os.path.join(tmp, "out.json")
         cmd, env = the_lab.mpiexec(
             [sys.executable, os.path.abspath(__file__), "--worker", "-s", *sizes,
-             "-r", str(args.repeats), "--out", path],
+             "-r", str(args.repeats), "--out", path, "--methods", *args.methods,
+             "--compression", *args.compression],
             hosts=args.hosts, ranks_per_host=args.ppn, netmod=args.netmod,
             env={"OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
         proc = subprocess.run(cmd, env=env)
@@ -157,12 +166,16 @@ def main() -> None:
     parser.add_argument("--netmod", default="ucx", choices=sorted(lab.NETWORK_ENV))
     parser.add_argument("--lab", help="use this lab (from `lab.py up`) as it is, rate included")
     parser.add_argument("--json")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        help="the library's algorithms to time (default: all)")
+    parser.add_argument("--compression", nargs="*", default=[], choices=["fp16", "bf16"],
+                        help="also time each method with compression=")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
     if args.worker:
-        result = worker(sizes, args.repeats)
+        result = worker(sizes, args.repeats, args.methods, args.compression)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             with open(args.out, "w") as f:
                 json.dump(result, f)

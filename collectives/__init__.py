@@ -41,7 +41,8 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     # What ``import collectives`` offers: the public names, not the modules of its wings.
-    return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors"])
+    return sorted([*__all__, "__version__", "adapters", "algorithms", "backends", "errors",
+                   "timeline"])
 
 
 def run(fn, size: int, **kwargs) -> list:

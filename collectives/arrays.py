@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from .ops import ReduceOp, kernel_name
+from . import kernels
+from .ops import ReduceOp
 
 Array = Any  # an array of the backend's array module
 
@@ -177,7 +178,6 @@ class NumpyArrays:
 
     def __init__(self) -> None:
         self.pool = ResultPool()
-        self._kernels = {op: getattr(np, kernel_name(op)) for op in ReduceOp}
 
     def owns(self, x: object) -> bool:
         return isinstance(x, np.ndarray)
@@ -199,23 +199,16 @@ class NumpyArrays:
         return np.ascontiguousarray(x).reshape(-1)
 
     def copy(self, dst, src) -> None:
+        if dst.dtype != getattr(src, "dtype", None):  # a cast (wire compression's compiled)
+            kernels.cast_into(dst, src)
+            return
         dst[...] = src  # (cheaper than np.copyto's argument handling for small copies)
 
     def combine(self, op, dst, srcs) -> None:
-        kernel = self._kernels[op]
-        for src in srcs:
-            kernel(dst, src, out=dst)
+        kernels.combine_into(op, dst, dst, srcs)  # one pass over all sources (kernels.py)
 
     def combine_into(self, op, dst, first, srcs) -> None:
-        kernel = self._kernels[op]
-        srcs = iter(srcs)
-        second = next(srcs, None)
-        if second is None:
-            np.copyto(dst, first)
-            return
-        kernel(first, second, out=dst)
-        for src in srcs:
-            kernel(dst, src, out=dst)
+        kernels.combine_into(op, dst, first, srcs)
 
     def divide(self, total, count, out=None):
         return np.true_divide(total, count, out=out, casting="unsafe")

@@ -4,7 +4,9 @@ A PyTorch CPU tensor, a JAX array or anything else with ``__dlpack__`` (or ``__a
 viewed as a NumPy array without a copy where its producer allows, goes through the collective,
 and the result comes back as the caller's type where that type's library can rebuild it from
 DLPack (``torch.from_dlpack``, ``jax.numpy.from_dlpack``); an ``out`` of the caller's type is
-filled in place. GPU arrays belong to the GPU backends (CuPy), not here.
+filled in place. Arrays whose DLPack device is a GPU go to the GPU backend the same way
+(``collectives.backends.cupy.foreign``: CuPy arrays on the same memory), and their results
+come back on their devices.
 """
 
 from __future__ import annotations
@@ -23,6 +25,31 @@ def is_foreign(x: Any) -> bool:
     return x is not None and not isinstance(x, np.ndarray) and (
         hasattr(x, "__dlpack__") or hasattr(x, "__array__")) and (
         type(x).__module__.partition(".")[0] != "cupy")
+
+
+_GPU_DEVICES = (2, 10, 13)  # DLPack's CUDA, ROCm and CUDA managed memory
+
+
+def on_gpu(x: Any) -> bool:
+    """Whether a foreign array's memory is on a GPU (its DLPack device says so)."""
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None:
+        return False
+    try:
+        return int(device()[0]) in _GPU_DEVICES
+    except Exception:  # noqa: BLE001 - a producer that cannot say is not one of ours
+        return False
+
+
+def _gpu():
+    from .registry import load_backend
+
+    return load_backend("cupy").foreign
+
+
+def _adopt(x: Any, argument: str) -> Any:
+    """``x`` as an array the library works on: NumPy, or CuPy for GPU memory."""
+    return _gpu().adopt(x, argument) if on_gpu(x) else as_numpy(x, argument)
 
 
 def as_numpy(x: Any, argument: str) -> np.ndarray:
@@ -82,31 +109,41 @@ def accepts_foreign_values(function: Callable) -> Callable:
         if not is_foreign(first):
             return function(values, *args, **kwargs)
         rebuild = rebuilder(first)
+        gpu = on_gpu(first)
         if isinstance(values, (list, tuple)):
-            values = [as_numpy(v, f"values[{i}]") for i, v in enumerate(values)]
+            values = [_adopt(v, f"values[{i}]") for i, v in enumerate(values)]
         else:
-            values = as_numpy(values, "value")
+            values = _adopt(values, "value")
+        out = kwargs.get("out")
+        if isinstance(out, (list, tuple)) and out and is_foreign(out[0]):
+            kwargs = {**kwargs, "out": [_adopt(o, f"out[{i}]") for i, o in enumerate(out)]}
+            result = function(values, *args, **kwargs)  # filled in place: the caller's own
+            return result if hasattr(result, "wait") else list(out)
         result = function(values, *args, **kwargs)
-        if rebuild is None or hasattr(result, "wait"):  # a handle: its results stay NumPy
+        if rebuild is None or hasattr(result, "wait"):  # a handle: its results stay NumPy/CuPy
             return result
+        if gpu:
+            return _gpu().hand_back(result, rebuild)
         return [rebuild(r) for r in result] if isinstance(result, list) else rebuild(result)
 
     return wrapper
 
 
 def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict) -> Any:
-    rebuild = None
+    rebuild, gpu = None, False
     if is_foreign(x):
-        rebuild = rebuilder(x)
-        x = as_numpy(x, "x")
+        rebuild, gpu = rebuilder(x), on_gpu(x)
+        x = _adopt(x, "x")
     out = kwargs.get("out")
     if is_foreign(out):
-        kwargs = {**kwargs, "out": as_numpy(out, "out")}
+        kwargs = {**kwargs, "out": _adopt(out, "out")}
         result = method(self, x, *args, **kwargs)
         return out if result is not None and not hasattr(result, "wait") else result
     result = method(self, x, *args, **kwargs)
     if rebuild is None or result is None or hasattr(result, "wait"):
         return result
+    if gpu:
+        return _gpu().hand_back(result, rebuild)
     if isinstance(result, list):
         return [rebuild(r) for r in result]
     return rebuild(result)

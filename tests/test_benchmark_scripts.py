@@ -62,6 +62,9 @@ CASES = [
          ("benchmarks/compare_multidevice.py", "-p", "2", "-b", "4K", "-e", "8K", "-r", "1", "-w",
           "1", "--no-tf", "--json", "{tmp}/cm.json", "--markdown", "{tmp}/cm.md"),
          (r"\| 4 KiB \|", r"\| 8 KiB \|", r"auto shared", r"Wrong output elements over all cells: 0\.")),
+    Case("compression_error", ("benchmarks/compression_error.py", "-n", "4K", "-p", "2", "3"),
+         (r"\| float32 \| 3 \| mean \| [0-9.e-]+ \([0-9.e-]+\) \| [0-9.e-]+ ",
+          r"\| float64 \| 2 \| sum \|")),
     Case("hotspots", ("benchmarks/hotspots.py", "-r", "1"),
          (r"\| ring \(ring\) \| 16 \|", r"faults / call", r"\| 16 MiB \|")),
     Case("mirror", ("-c", MIRROR), (r"mirror shuffle ran shuffle",)),
@@ -78,6 +81,11 @@ CASES = [
          needs=("mpi4py", "mpiexec")),
     # --thread-calls 10 is the least that leaves the ring at 64 thread ranks one timed call.
     # Still the slowest case (about 17 s here): its warm-up calls of 64 thread ranks are fixed.
+    # one host, no lab: the lab's layouts need root and namespaces (tests/test_multihost.py)
+    Case("model_check", ("benchmarks/model_check.py", "--local", "2", "-s", "4K", "-r", "1"),
+         (r"\| ring \| [0-9.]+ µs / [0-9.]+ µs", r"median prediction error \(schedules\)",
+          r"predicted winner measured within 10%"),
+         needs=("mpi4py", "mpiexec"), timeout=180),
     Case("overhead", ("benchmarks/overhead.py", "-r", "1", "--calls", "20", "--thread-calls", "10"),
          (r"Core alone \(mirror transport", r"Fit over the one-message-per-round rows",
           r"Thread ranks \(`collectives.run`\)", r"\| ring \(ring\) \| 64 \|",
@@ -87,6 +95,9 @@ CASES = [
                    "ring/ring:8:4", "--json", "{tmp}/plans.json"),
          (r"\| ring:8 \| 14 \(14\) \|", r"\| shuffle:8 \|", r"\| ring/ring:8:4 \|",
           r"building the `Layout` of 2 groups")),
+    Case("scale", ("benchmarks/scale.py", "--clusters", "cpu", "-n", "64", "-s", "4K",
+                   "--compare", "4K", "--classic"),
+         (r"\| 64 \(4x16\) \| \w+ [0-9.]+ \|", r"\| 5 nodes x 8 H100", r"classic formula / model")),
     Case("tf_anchor", ("benchmarks/tf_anchor.py", "-p", "2", "-b", "4K", "-e", "4K", "-w", "1",
                        "-r", "1"),
          (r"2 logical CPU devices", r"sum +tf_r2od +tf_r2od ", r"sum +tf_r2od_batch ",
@@ -98,6 +109,9 @@ CASES = [
                         "--workloads", "64MiB", "--methods", "tf_rtod,ring,auto"),
          (r"\*\*64MiB\*\*", r"\| tf_rtod \| [0-9.]+ \|", r"\| ring \| [0-9.]+ \|",
           r"\| auto \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|"),
+         needs=("tensorflow",), timeout=120),
+    Case("tf_kernels", ("benchmarks/tf_kernels.py", "-p", "2", "-r", "1"),
+         (r"\| eager \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", r"\| function \| [0-9.]+ \|"),
          needs=("tensorflow",), timeout=120),
     # tf_worker.py answers compare_multidevice.py over a pipe; run it the way it is used. The TF
     # columns hold numbers (the target verdict is met or missed, not n/a) only if it answered.

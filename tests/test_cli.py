@@ -107,11 +107,15 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
     assert "nccl" not in headers["Summary"].lower() and "cuda" not in headers["Summary"].lower()
     extras = [line.split(": ")[1] for line in metadata.splitlines()
               if line.startswith("Provides-Extra")]
-    assert {"bench", "mpi", "docs", "test", "cuda"} <= set(extras)
+    assert {"bench", "mpi", "docs", "test", "cuda", "cuda12", "cuda13"} <= set(extras)
     # the GPU backends ship; their CUDA wheels come only with the cuda extra
     assert {"collectives/backends/cupy/__init__.py", "collectives/backends/nccl/__init__.py"
             } <= set(names)
-    assert 'Requires-Dist: cupy-cuda12x>=13; extra == "cuda"' in metadata
+    # CuPy 14 at least (13's NCCL unique ids are tuples of signed chars); "cuda" is cuda12
+    assert 'Requires-Dist: cupy-cuda12x>=14; extra == "cuda12"' in metadata
+    assert 'Requires-Dist: cupy-cuda13x>=14; extra == "cuda13"' in metadata
+    assert 'Requires-Dist: nvidia-nccl-cu13>=2.27; extra == "cuda13"' in metadata
+    assert f'Requires-Dist: {DIST}[cuda12]; extra == "cuda"' in metadata
     assert 'Requires-Dist: ml_dtypes>=0.3; extra == "bench"' in metadata  # -d bfloat16 works
 
 

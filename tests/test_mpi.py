@@ -101,6 +101,12 @@ def test_compiled_hot_path_is_built_here():
 
 
 @needs_mpi
+def test_calibration_times_mpi_and_auto_weighs_it(tmp_path):
+    assert_passed(launch("calibrated.py", 2, env={"COLLECTIVES_CACHE_DIR": str(tmp_path)}),
+                  "calibrated")
+
+
+@needs_mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_async_prepared_and_new_communicators(n):
     assert_passed(launch("async_calls.py", n), "async")

@@ -248,7 +248,7 @@ def check_errors(errors: list[re.Match], faulted_at: float, lost: set[int]) -> N
     nobody = []
     for e in errors:
         rank, missing = int(e["rank"]), {int(r) for r in e["missing"].split(",") if r}
-        # (a peer's timeout notice that came first: PeerTimeoutError, a PeerFailedError too)
+        # PeerTimeoutError: a peer timed out first and told this rank whom it missed
         assert e["kind"] in ("CollectiveTimeoutError", "PeerFailedError", "PeerTimeoutError"), \
             e.group(0)
         assert float(e["at"]) - faulted_at < TIMEOUT + SLACK, e.group(0)
@@ -313,10 +313,11 @@ def test_dead_host_ends_the_job(net):
 # --- the benchmark across hosts ----------------------------------------------------------------
 
 def test_the_benchmark_runs_and_auto_runs_mpi_across_hosts(tmp_path):
-    # A lab of its own (2 hosts x 2 ranks, shaped links); one small size, one repeat.
+    # A lab of its own (2 hosts x 2 ranks, shaped links); one small size, one repeat; the
+    # compressed two-level ring beside the others.
     out = tmp_path / "multihost.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multihost_compare.py"),
-                           "-s", "64K", "-r", "1", "--json", str(out)],
+                           "-s", "64K", "-r", "1", "--json", str(out), "--compression", "fp16"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     data = json.loads(out.read_text())
@@ -326,3 +327,5 @@ def test_the_benchmark_runs_and_auto_runs_mpi_across_hosts(tmp_path):
     # the flat ring sends 1.5 S over host 0's link; every other method about S
     assert cells["ring"]["wire"] > 1.4 * (64 << 10)
     assert all(cells[m]["wire"] < 1.2 * (64 << 10) for m in ("auto", "rechd", "ring/ring"))
+    # compression="fp16": float16 on the wire, half the bytes over the link
+    assert cells["ring/ring fp16"]["wire"] < 0.6 * cells["ring/ring"]["wire"]

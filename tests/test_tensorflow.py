@@ -123,6 +123,28 @@ def test_reduce_batch_across_workers(workers_sum):
         assert means[1].dtype == np.float64
 
 
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_reduce_batch_across_workers_compressed(compression):
+    """The float totals cross between workers in the narrow float (a sum that float16 and
+    bfloat16 round shows it), integers exactly; every worker gets the same bits."""
+    odd = 1.0 + 2.0 ** -12  # rounds to 1.0 in both narrow floats
+    bases = [np.full(7, odd, np.float32), np.full(3, 2 ** 20 + 1, np.int64)]
+
+    def worker(comm):
+        values = [[b * 1 for _ in range(2)] for b in bases]
+        return host.reduce_batch_across_workers(values, "sum", "ring/ring", comm,
+                                                workers_sum="sum", compression=compression)
+
+    results = collectives.run(worker, 2)
+    local = np.float32(odd) * 2  # exact among a worker's devices (shared memory)
+    narrow = np.float32(local.astype(np.float16 if compression == "fp16" else
+                                     np.dtype(collectives.ops.BFLOAT16)))
+    for floats, ints in results:
+        np.testing.assert_array_equal(floats, np.full(7, narrow * 2, np.float32))
+        np.testing.assert_array_equal(ints, np.full(3, 4 * (2 ** 20 + 1)))
+        assert floats.tobytes() == results[0][0].tobytes()
+
+
 def test_gather_ragged():
     def worker(comm):
         x = np.full((comm.rank + 1, 2), float(comm.rank))
@@ -349,7 +371,7 @@ def test_keras_fit_four_devices(four_devices):
 @pytest.mark.slow
 def test_multi_worker_threads(four_devices):
     report, _ = four_devices
-    assert len(_names(report, "threads: ")) == 6
+    assert len(_names(report, "threads: ")) == 7
 
 
 @needs_tf

@@ -22,9 +22,10 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
+from collectives.compression import for_batch, requested
 from collectives.ops import ReduceOp as CoreOp
 
-from . import convert, device_path, host
+from . import convert, device_path, host, marks
 from .agreement import BatchAgreement, agree
 from .concat import Concatenations
 from .host import Packing
@@ -59,10 +60,13 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
 
     def __init__(self, *, route: Route = Route(),  # noqa: B008 - a frozen dataclass
                  communicator=None, workers_sum: str = "mean",
-                 reduce_to_device: str | None = None, accumulation_fn: Callable | None = None):
+                 reduce_to_device: str | None = None, accumulation_fn: Callable | None = None,
+                 compression: str | None = None):
         super().__init__()  # sets _canonicalize_devices, which the base class reads
         if workers_sum not in ("mean", "sum"):
             raise ValueError(f"workers_sum={workers_sum!r} must be 'mean' or 'sum'")
+        for_batch(compression, CoreOp.SUM, [])  # a bad name, or bf16 without ml_dtypes: now
+        self._compression = compression if requested(compression) else None
         self._route = route
         self._comm = open_communicator(communicator)
         self._workers_sum = workers_sum
@@ -198,7 +202,8 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
                                   ("dense", first.dtype.name, static_dims(first.shape)))
         devices, routes, tensors = zip(*(entries[i] for i in sorted(entries)))
         return BatchAgreement({"call": "batch_reduce", "op": op.name,
-                               "workers_sum": self._workers_sum, "devices": devices,
+                               "workers_sum": self._workers_sum,
+                               "compression": self._compression, "devices": devices,
                                "route": routes, "tensors": tensors})
 
     def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
@@ -245,7 +250,8 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
             return outs
 
         device = self.reduce_to_device or jobs[0].destinations[0]
-        outputs = convert.host_call(run, inputs, out_dtypes, out_shapes, device=device,
+        outputs = convert.host_call(marks.batch(run, self, op, jobs, "host"), inputs, out_dtypes,
+                                    out_shapes, device=device,
                                     name="collectives_batch_reduce")
         for job, out in zip(jobs, outputs):
             # The host call's output already sits on the first destination (unless the
@@ -262,7 +268,8 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
             return host.reduce_batch_across_workers(values, op, list(route.spec), self._comm,
                                                     packing=packing,
                                                     workers_sum=self._workers_sum,
-                                                    timeout=timeout, empty=convert.POOL.empty)
+                                                    timeout=timeout, empty=convert.POOL.empty,
+                                                    compression=self._compression)
         return host.reduce_batch(values, op, list(route.spec), packing=packing,
                                  groups=route.groups, empty=convert.POOL.empty)
 

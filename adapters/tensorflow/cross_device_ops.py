@@ -136,18 +136,23 @@ class CrossDeviceOps(LibraryCrossDeviceOps):
     ``communicator``: reduce across worker processes as well (see ``MultiWorkerAllReduce``): a
     ``collectives.Communicator``, or ``"mpi"`` for ``collectives.backends.mpi.init()`` (every
     process constructs it); None (the default) for one process. Anything else raises here.
+    ``compression`` ("fp16", "bf16"; Horovod's ``Compression.fp16``): the float32 and float64
+    totals travel between workers in that narrower float (``collectives.compression``);
+    the reduction over a worker's own devices, in shared memory, stays exact.
     """
 
     def __init__(self, algorithm="auto", *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                  agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                 shards: int = 0, groups=None, communicator=None, workers_sum: str = "mean"):
+                 shards: int = 0, groups=None, communicator=None, workers_sum: str = "mean",
+                 compression: str | None = None):
         packing = Packing(num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group,
                           bytes_per_pack)
         host.check_packing(packing)  # errors now, not at the first step
         self.algorithm = algorithm
         super().__init__(route=Route(spec_ranges(algorithm, shards), packing,
                                      groups=_hashable_groups(groups)),
-                         communicator=communicator, workers_sum=workers_sum)
+                         communicator=communicator, workers_sum=workers_sum,
+                         compression=compression)
 
 
 def spec_ranges(spec, shards: int = 0) -> tuple[SpecRange, ...]:

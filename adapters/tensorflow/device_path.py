@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from collectives.ops import ReduceOp as CoreOp
 
-from . import convert, device_reduce, kits
+from . import convert, device_reduce, kits, marks
 from .agreement import BatchAgreement, agree
 from .device_call import Output, device_call, same_device
 from .routes import ONE_DEVICE
@@ -126,7 +126,8 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
                 if workers > 1:
                     reduced = device_reduce.reduce_batch_across_workers(
                         kit, values, op, spec, cdo.communicator, root=root, packing=packing,
-                        workers_sum=cdo._workers_sum, timeout=timeout, buffer=cdo._pinned)
+                        workers_sum=cdo._workers_sum, timeout=timeout, buffer=cdo._pinned,
+                        compression=cdo._compression)
                 elif spread:
                     reduced = device_reduce.all_reduce_batch(
                         kit, values, op, spec, packing=packing,
@@ -142,6 +143,7 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
 
     first_job, first_plan = jobs[0], plans[0]
     main = first_job.components[first_plan[3]].device
+    run = marks.batch(run, cdo, op, jobs, "device")
     tensors = device_call(kit, run, inputs, outputs, main=main, name="collectives_device_reduce")
     for job, (_, outs, _, _) in zip(jobs, plans):
         results[job.index] = convert.mirrored(_on_destinations(

@@ -82,15 +82,16 @@ def reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, *, r
 def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, comm,
                                 *, root: int = 0, packing: Packing = _UNPACKED,
                                 workers_sum: str = "mean", timeout: float | None = None,
-                                buffer: PinnedBuffer | None = None) -> list:
+                                buffer: PinnedBuffer | None = None,
+                                compression: str | None = None) -> list:
     """``host.reduce_batch_across_workers`` for device arrays; results on device ``root``.
 
     1. each tensor is summed onto ``root`` over the local devices with the A of its spec
        range's "A/B" (the name itself for a one-level name);
     2. the local totals are staged to the host (into ``buffer``, pinned, for CuPy), go
        through ``comm.batch_all_reduce`` with the cross-worker spec and the packing knobs
-       (the same calls as the host path), and are copied back into the device arrays of
-       step 1;
+       (the same calls as the host path, ``compression`` included), and are copied back
+       into the device arrays of step 1;
     3. MEAN divides by the global device count; floating SUMs by the worker count when
        ``workers_sum="mean"``. (The device path carries floating tensors only.)
     """
@@ -107,7 +108,8 @@ def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | 
                                          local_algorithm(rng.algorithm)))
     hosts = kit.stage(totals, buffer if buffer is not None else PinnedBuffer())
     reduced = comm.batch_all_reduce(hosts, ReduceOp.SUM, cross_worker_spec(ranges),
-                                    timeout=timeout, **packing.kwargs())
+                                    timeout=timeout, compression=compression,
+                                    **packing.kwargs())
     totals = [kit.unstage(r, like) for r, like in zip(reduced, totals)]
     if op is ReduceOp.MEAN:
         return [kit.divide(t, n * comm.size) for t in totals]

@@ -18,6 +18,12 @@
   on, so :func:`sync_tensorflow` waits for each GPU's TensorFlow work (TensorFlow's
   ``SyncDevice``) before CuPy reads its memory, and the caller synchronises CuPy's streams
   before TensorFlow reads results.
+* **Lifetime**: TensorFlow frees a tensor once its last reader is *enqueued* on its own
+  stream; memory CuPy lent it would then go back to CuPy's pool at once, and CuPy could hand
+  it out again (and write it) before TensorFlow's readers ran. So a result is lent as a view
+  whose owner, when TensorFlow lets go, *retires* the array instead of freeing it, and the
+  next :func:`sync_tensorflow` of its GPU (which waits for every reader TensorFlow had
+  enqueued by then) frees what was retired before it began.
 
 Only floating dtypes take this path: TensorFlow keeps int32 "GPU" tensors in host memory.
 """
@@ -26,11 +32,13 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections import deque
 
 import tensorflow as tf
 
-__all__ = ["capsule_fields", "cupy_to_tensor", "cuda_device_of", "logical_index",
-           "set_capsule_device", "sync_tensorflow", "tensor_to_cupy"]
+__all__ = ["capsule_fields", "cupy_to_tensor", "cuda_device_of", "lend", "logical_index",
+           "release_retired", "retired_since", "set_capsule_device", "sync_tensorflow",
+           "tensor_to_cupy"]
 
 _CPU, _CUDA = 1, 2  # DLDeviceType
 
@@ -122,20 +130,72 @@ def cuda_device_of(device: str, pointer: int = 0) -> int:
     return ordinal
 
 
+# CUDA device -> arrays whose tensors TensorFlow has freed; appended from any thread that
+# drops a tensor (deque.append is atomic: no lock where a finalizer may run)
+_retired: dict[int, deque] = {}
+
+
+class _Lender:
+    """The owner of the memory a lent view names: it holds the array, and when TensorFlow
+    drops the view (and so this), it retires the array instead of freeing it."""
+
+    __slots__ = ("array", "ordinal")
+
+    def __init__(self, array, ordinal: int):
+        self.array, self.ordinal = array, ordinal
+
+    def __del__(self):
+        queue = _retired.get(self.ordinal)
+        if queue is not None:  # (None only while the interpreter shuts down)
+            queue.append(self.array)
+
+
+def lend(array):
+    """A view of ``array`` (a CuPy array) for TensorFlow to adopt; the array is retired, not
+    freed, when the view dies, until :func:`release_retired` of its device."""
+    import cupy
+
+    ordinal = array.device.id
+    with _lock:
+        _retired.setdefault(ordinal, deque())
+    memory = cupy.cuda.UnownedMemory(array.data.ptr, array.nbytes, _Lender(array, ordinal),
+                                     ordinal)
+    return cupy.ndarray(array.shape, array.dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+
+def retired_since(ordinal: int) -> int:
+    """How many arrays of CUDA device ``ordinal`` wait to be freed (a mark for release)."""
+    return len(_retired.get(ordinal, ()))
+
+
+def release_retired(ordinal: int, count: int) -> None:
+    """Free the first ``count`` retired arrays of CUDA device ``ordinal`` (those retired
+    before a sync of the device began: every reader of them has finished)."""
+    queue = _retired.get(ordinal)
+    for _ in range(min(count, len(queue) if queue is not None else 0)):
+        queue.popleft()
+
+
 def sync_tensorflow(devices) -> None:
-    """Wait until the TensorFlow work queued so far on each GPU of ``devices`` has finished."""
+    """Wait until the TensorFlow work queued so far on each GPU of ``devices`` has finished;
+    then free the memory lent to TensorFlow on those GPUs that it had let go of before."""
     from tensorflow.python.eager import context
     from tensorflow.python.ops import gen_sync_ops
 
-    done = set()
+    done, marks = set(), {}
     for device in devices:
         key = _canonical(device)
         if key in done or not key.startswith("GPU"):
             continue
         done.add(key)
+        if _retired:
+            ordinal = cuda_device_of(device)
+            marks.setdefault(ordinal, retired_since(ordinal))
         with tf.device(device):
             gen_sync_ops.sync_device()
     context.async_wait()
+    for ordinal, count in marks.items():
+        release_retired(ordinal, count)
 
 
 def tensor_to_cupy(tensor):
@@ -166,6 +226,6 @@ def cupy_to_tensor(array, device: str):
     if array.size == 0:
         with tf.device(device):
             return tf.zeros(array.shape, tf.as_dtype(array.dtype))
-    capsule = array.__dlpack__()  # unversioned: no max_version
+    capsule = lend(array).__dlpack__()  # unversioned: no max_version
     set_capsule_device(capsule, logical_index(device))
     return tf.experimental.dlpack.from_dlpack(capsule)

@@ -148,14 +148,15 @@ def cross_worker_spec(ranges: Sequence[SpecRange]) -> list[tuple[str, int, int]]
 
 def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str, spec,
                                 comm, *, packing: Packing = Packing(), workers_sum: str = "mean",
-                                timeout: float | None = None,
-                                empty: Callable = np.empty) -> list[np.ndarray]:
+                                timeout: float | None = None, empty: Callable = np.empty,
+                                compression: str | None = None) -> list[np.ndarray]:
     """Reduce over this worker's devices, then over every worker through ``comm``.
 
     1. each tensor is reduced over the local devices with the local algorithm of its spec
        range (A of "A/B"), as a SUM;
     2. the local totals go through ``comm.batch_all_reduce`` with the cross-worker spec (B of
-       "A/B", the range's shards and limit) and the packing knobs;
+       "A/B", the range's shards and limit) and the packing knobs, ``compression``
+       ("fp16", "bf16") carrying the float32 and float64 totals narrower;
     3. MEAN divides by the global device count (workers x local devices); SUM of floating
        values divides by the worker count when ``workers_sum="mean"`` (see
        ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``.
@@ -174,7 +175,7 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
         locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm),
                                       empty=empty))
     totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
-                                   timeout=timeout, **packing.kwargs())
+                                   timeout=timeout, compression=compression, **packing.kwargs())
     out = []
     for total, v in zip(totals, values):
         dtype = np.dtype(v[0].dtype)

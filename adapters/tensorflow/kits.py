@@ -137,10 +137,14 @@ class CupyKit:
 
     def finish(self, arrays) -> None:
         """Wait for the work queued on the streams of the arrays' GPUs (TensorFlow reads them
-        next, on streams of its own)."""
-        streams = self.arrays
+        next, on streams of its own). Each under its own device: the current stream there is
+        where the library left the results ready, and a null stream handle means "the
+        current device's", whichever GPU TensorFlow's thread sits on."""
+        import cupy
+
         for device in dict.fromkeys(a.device.id for a in arrays):
-            streams.stream(device).synchronize()
+            with cupy.cuda.Device(device):
+                cupy.cuda.get_current_stream().synchronize()
 
     def aligned(self, array):
         """``array``, or a copy where it does not start on a 64-byte boundary (a result

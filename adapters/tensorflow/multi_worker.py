@@ -40,13 +40,16 @@ class MultiWorkerAllReduce(CrossDeviceOps):
       same shapes. Each batch is agreed first (an 8-byte digest of the whole batch): workers
       that differ all raise ``collectives.CollectiveMismatchError``, before any data moves.
       The initial weights should come from one worker (:func:`broadcast_variables`).
+    * ``compression`` ("fp16", "bf16"): the float32 and float64 totals cross between workers
+      in that narrower float, as with Horovod's ``Compression.fp16``.
     """
 
     def __init__(self, worker_devices: Sequence[str] | None = None,
                  num_gpus_per_worker: int | None = None,
                  all_reduce_spec=("pscpu/pscpu", 2, -1), num_packs: int = 0,
                  agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10, *,
-                 communicator="auto", workers_sum: str = "mean", timeout: float = 300.0):
+                 communicator="auto", workers_sum: str = "mean", timeout: float = 300.0,
+                 compression: str | None = None):
         if num_gpus_per_worker is not None and (isinstance(num_gpus_per_worker, bool) or
                                                 not isinstance(num_gpus_per_worker, int) or
                                                 num_gpus_per_worker < 0):
@@ -70,7 +73,7 @@ class MultiWorkerAllReduce(CrossDeviceOps):
         super().__init__(all_reduce_spec, num_packs=num_packs,
                          agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                          agg_small_grads_max_group=agg_small_grads_max_group,
-                         communicator=comm, workers_sum=workers_sum)
+                         communicator=comm, workers_sum=workers_sum, compression=compression)
 
     def broadcast_variables(self, variables: Iterable, root: int = 0) -> None:
         """Give every worker ``root``'s values of ``variables`` (eager; call on every worker)."""

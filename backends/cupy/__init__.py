@@ -15,16 +15,17 @@ Importing this package needs neither CUDA nor CuPy; the first GPU call checks fo
 
 from __future__ import annotations
 
+from . import foreign
 from .api import all_reduce, batch_all_reduce, nccl_request, reduce
 from .api_moves import all_gather, broadcast, reduce_scatter
 from .arrays import CupyArrays
 from .bench_kit import bench_kit
-from .devices import CupyDevices, devices
+from .devices import CupyDevices, devices, logical_streams
+from .group import free_communicators
 from .probe import GpuUnavailableError, NcclUnavailableError, nccl_version, require_gpu
 from .work import DeviceWork
 
 __all__ = ["CupyArrays", "CupyDevices", "DeviceWork", "GpuUnavailableError",
            "NcclUnavailableError", "all_gather", "all_reduce", "batch_all_reduce", "bench_kit",
-           "broadcast",
-           "devices", "nccl_request", "nccl_version", "reduce", "reduce_scatter",
-           "require_gpu"]
+           "broadcast", "devices", "foreign", "free_communicators", "logical_streams", "nccl_request",
+           "nccl_version", "reduce", "reduce_scatter", "require_gpu"]

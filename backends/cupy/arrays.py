@@ -1,9 +1,12 @@
 """The array backend for CuPy arrays: allocation, copies and combines on the right device.
 
-Every operation is enqueued, never waited for: on the destination device's stream (the
-current stream of that device in the calling thread, or a fixed stream where the owner of
-this backend gives one, as the NCCL transport does). Before enqueueing, each operation tells
-``on_enqueue(dst_device, src_devices)``, so that a multi-device executor can order streams.
+Every operation is enqueued, never waited for, under its destination's device (a null
+stream handle means "the current device's" stream, so this matters): on that device's
+current stream in the calling thread, on a fixed stream where the owner of this backend
+gives one (the NCCL transport), or on the stream the owner's ``on_enqueue`` names for the
+destination (the multi-device backend, which may give each logical device a stream of its
+own). Before enqueueing, each operation tells ``on_enqueue(dst, srcs)``, the arrays it
+writes and reads, so that a multi-device executor can order streams.
 
 Copies are ``cudaMemcpyAsync`` (same GPU) or ``cudaMemcpyPeerAsync`` (another GPU: direct
 where peer access is possible, staged through host memory by the driver otherwise). A combine
@@ -24,7 +27,9 @@ from collectives.ops import ReduceOp
 
 from . import kernels
 
-Enqueue = Callable[[int, Sequence[int]], None]
+# (the array an operation writes, the arrays it reads) -> the stream it goes on, or None for
+# the destination device's current (or the fixed) stream
+Enqueue = Callable[[Any, Sequence[Any]], Any]
 
 
 def _cupy():
@@ -38,9 +43,13 @@ class CupyArrays:
 
     name = "cupy"
 
-    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None):
+    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None,
+                 device: int | None = None):
         self.fixed_stream = stream
         self.on_enqueue = on_enqueue
+        # where arrays made without ``like`` go: a fixed device (a transport's), else the
+        # calling thread's current device
+        self.device = None if device is None else int(device)
         self._peer: dict[tuple[int, int], bool] = {}
         self._lock = threading.Lock()
 
@@ -56,16 +65,20 @@ class CupyArrays:
             return self.fixed_stream
         return _cupy().cuda.get_current_stream(device)
 
-    def _enter(self, dst: int, srcs: Sequence[int] = ()) -> None:
+    def _enter(self, dst: Any, srcs: Sequence[Any] = ()) -> Any:
+        """Announce an operation that writes ``dst`` and reads ``srcs``: the stream the owner
+        names for it, or None (the destination device's current or fixed stream)."""
         if self.on_enqueue is not None:
-            self.on_enqueue(dst, srcs)
+            return self.on_enqueue(dst, srcs)
+        return None
 
-    def _context(self, device: int):
-        """Device (and fixed stream) context for CuPy calls that enqueue on the current one."""
+    def _context(self, device: int, stream: Any = None):
+        """Device (and stream) context for CuPy calls that enqueue on the current one."""
         cp = _cupy()
-        if self.fixed_stream is None:
+        stream = stream if stream is not None else self.fixed_stream
+        if stream is None:
             return cp.cuda.Device(device)
-        return _Both(cp.cuda.Device(device), self.fixed_stream)
+        return _Both(cp.cuda.Device(device), stream)
 
     def order(self, device: int, after: int) -> None:
         """Make ``device``'s stream wait for what ``after``'s stream holds now."""
@@ -112,8 +125,10 @@ class CupyArrays:
                 "arrays; move it with cupy.asarray(x) under the device it belongs to")
 
     def empty(self, shape, dtype, like=None):
-        if like is None:  # the current device
-            return self.empty_on(_cupy().cuda.runtime.getDevice(), shape, dtype)
+        if like is None:  # this backend's device, else the calling thread's current one
+            device = self.device if self.device is not None else \
+                _cupy().cuda.runtime.getDevice()
+            return self.empty_on(device, shape, dtype)
         self._check(like, "an array")
         return self.empty_on(like.device.id, shape, dtype)
 
@@ -131,9 +146,7 @@ class CupyArrays:
         self._check(x, "an array")
         if x.flags.c_contiguous:
             return x.reshape(-1)
-        device = x.device.id
-        self._enter(device, ())
-        with self._context(device):
+        with self._context(x.device.id):  # a new array, before any step of a call reads it
             return _cupy().ascontiguousarray(x).reshape(-1)
 
     def copy(self, dst, src) -> None:
@@ -148,40 +161,42 @@ class CupyArrays:
         if not raw and dd != sd:
             src = self._contiguous_on(src, dd)
             sd, raw = dd, dst.flags.c_contiguous and dst.dtype == src.dtype
-        self._enter(dd, (sd,))
+        stream = self._enter(dst, (src,))
         if not raw:
-            with self._context(dd):
+            with self._context(dd, stream):
                 cp.copyto(dst, src.reshape(dst.shape), casting="unsafe")
             return
-        stream = self.stream(dd).ptr
-        runtime = cp.cuda.runtime
         if dd == sd and dst.data.ptr == src.data.ptr:
             return  # the same memory (an in-place call): nothing to move
-        if dd == sd:
-            runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
-                                runtime.memcpyDeviceToDevice, stream)
-        else:
-            with cp.cuda.Device(dd):
-                runtime.memcpyPeerAsync(dst.data.ptr, dd, src.data.ptr, sd, src.nbytes, stream)
+        runtime = cp.cuda.runtime
+        # Under the destination's device: a null stream handle means the current device's
+        # legacy stream, and the copy must be ordered with the destination's work.
+        with cp.cuda.Device(dd):
+            handle = (stream if stream is not None else self.stream(dd)).ptr
+            if dd == sd:
+                runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
+                                    runtime.memcpyDeviceToDevice, handle)
+            else:
+                runtime.memcpyPeerAsync(dst.data.ptr, dd, src.data.ptr, sd, src.nbytes, handle)
 
     def _contiguous_on(self, x, device: int):
         """A contiguous copy of ``x`` (on another GPU) on ``device``, ordered after ``x``'s
-        stream: made contiguous where it lives, then copied across."""
+        stream: made contiguous where it lives, then copied across (only outside the steps
+        of a call: the executors' buffers are contiguous)."""
         cp = _cupy()
         home = x.device.id
-        self._enter(home, ())
         with self._context(home):
             packed = cp.ascontiguousarray(x)
         here = self.empty_on(device, packed.shape, packed.dtype)
-        self._enter(device, (home,))
         self.order(device, home)  # the packing above ran on the other GPU's stream
         with cp.cuda.Device(device):
             cp.cuda.runtime.memcpyPeerAsync(here.data.ptr, device, packed.data.ptr, home,
                                             packed.nbytes, self.stream(device).ptr)
         return here
 
-    def _readable(self, x, device: int):
-        """``x`` as a kernel on ``device`` can read it: itself, a peer view, or a copy."""
+    def _readable(self, x, device: int, stream: Any = None):
+        """``x`` as a kernel on ``device`` can read it: itself, a peer view, or a copy
+        (made on ``stream``, the kernel's; the caller has ordered it after ``x``)."""
         home = x.device.id
         if home == device:
             return x
@@ -191,18 +206,23 @@ class CupyArrays:
             # per-call peer check; the pointer is read through peer access.
             memory = cp.cuda.UnownedMemory(x.data.ptr, x.nbytes, x, device)
             return cp.ndarray(x.shape, x.dtype, cp.cuda.MemoryPointer(memory, 0))
-        staged = self.empty_on(device, x.shape, x.dtype)
-        self.copy(staged, x)
+        if not x.flags.c_contiguous:
+            return self._contiguous_on(x, device)
+        with self._context(device, stream):  # scratch from the pool of the kernel's stream
+            staged = cp.empty(x.shape, x.dtype)
+        with cp.cuda.Device(device):
+            handle = (stream if stream is not None else self.stream(device)).ptr
+            cp.cuda.runtime.memcpyPeerAsync(staged.data.ptr, device, x.data.ptr, home,
+                                            x.nbytes, handle)
         return staged
 
     def _launch(self, op: ReduceOp, dst, first, srcs: Sequence) -> None:
         device = dst.device.id
         srcs = list(srcs)
-        self._enter(device, tuple({s.device.id for s in srcs}
-                                  | ({first.device.id} if first is not None else set())))
-        readable = [self._readable(s, device) for s in srcs]
-        start = self._readable(first, device) if first is not None else None
-        with self._context(device):
+        stream = self._enter(dst, srcs + ([first] if first is not None else []))
+        readable = [self._readable(s, device, stream) for s in srcs]
+        start = self._readable(first, device, stream) if first is not None else None
+        with self._context(device, stream):
             for i in range(0, max(len(readable), 1), kernels.MAX_ARITY):
                 part = readable[i:i + kernels.MAX_ARITY]
                 if start is not None and i == 0:
@@ -230,19 +250,17 @@ class CupyArrays:
             out = self.empty(total.shape, result_dtype(ReduceOp.MEAN, total.dtype), like=total)
         if total.size:
             device = out.device.id
-            source = self._readable(total, device)
+            stream = self._enter(out, (total,))
+            source = self._readable(total, device, stream)
             if source.shape != out.shape:
                 source = source.reshape(out.shape)
-            self._enter(device, (total.device.id,))
-            with self._context(device):
+            with self._context(device, stream):
                 kernels.divide_kernel(np.dtype(total.dtype))(source, int(count), out)
         return out
 
     def concatenate(self, arrays, axis):
-        arrays = list(arrays)
-        device = arrays[0].device.id
-        self._enter(device, tuple({a.device.id for a in arrays}))
-        with self._context(device):
+        arrays = list(arrays)  # (blocks of one array on one device: no ordering needed)
+        with self._context(arrays[0].device.id):
             return _cupy().concatenate(arrays, axis=axis)
 
     def contiguous(self, x) -> bool:

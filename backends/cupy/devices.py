@@ -1,33 +1,41 @@
 """GPUs (or logical devices sharing one) in one process: the multi-device backend for CuPy.
 
 Schedules run with the core's *rounds* strategy: each step is one copy or one fused n-ary
-combine over a whole range, enqueued on the destination device's stream. Nothing waits on
+combine over a whole range, enqueued on the stream of the buffer it writes. Nothing waits on
 the host; streams are ordered with events instead:
 
-* within a round, steps never read what another step writes, so every device's stream runs
-  its steps at once;
-* at the end of every round, each device that took part records an event and every other
-  one waits for it (a join), so the next round reads finished data and overwrites nothing
-  another device is still reading; after the last round the same join means the results are
-  ready for work on each device's current stream, and no stream still reads them;
-* a device met for the first time in a call, as the source of a step, is waited for where
-  it is first read (its pending work is the caller's input). A call begins where the core
-  flattens its inputs (``arrays.flat``), which it does for every call before any round.
+* each GPU's work goes on that device's current stream (in the calling thread). Under
+  :func:`logical_streams`, every further buffer a call writes on a GPU (each logical device
+  sharing it) gets a stream of its own, which first waits for the current stream;
+* within a round, steps never read what another step writes, so every stream runs its steps
+  at once;
+* at the end of every round every stream of the call is joined: one waits for an event of
+  each that worked since the last join, records one, and every other one waits for that. The
+  next round reads finished data and overwrites nothing another stream still reads; after
+  the last round the same join means the results are ready for work on each device's current
+  stream, and no stream still reads them;
+* a step whose stream, or its source's, has not taken part in a join of the call yet (the
+  first round, which reads the call's first copies; a stream first met later) waits for an
+  event of the source's stream where it first reads it.
 
-Logical devices on one GPU share that GPU's stream, so for them the joins cost nothing. The
-order of operations is the schedule's, exactly as on the NumPy backend, so results are
-bitwise equal to it.
+Logical devices on one GPU share its current stream by default, so for them the joins cost
+nothing. The order of operations is the schedule's, exactly as on the NumPy backend, so
+results are bitwise equal to it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 from collectives.algorithms.select import CostModel
+from collectives.timeline import recorder
 
 from .arrays import CupyArrays, _cupy
+from .timing import DeviceCall
 
 # This backend's own multi-device functions by name, registered by the modules that define
 # them (which import this one: the backend never imports its functions, so no circle).
@@ -40,14 +48,44 @@ def own_function(fn: Callable) -> Callable:
     return fn
 
 
+class _Lane:
+    """A stream of one device that a call writes on: ``stream`` None is the device's current
+    stream in the calling thread."""
+
+    __slots__ = ("device", "pending", "stream")
+
+    def __init__(self, device: int, stream: Any = None):
+        self.device, self.stream, self.pending = device, stream, False
+
+    def handle(self):
+        return self.stream if self.stream is not None else _cupy().cuda.get_current_stream()
+
+
 class _CallState(threading.local):
-    """The devices of the call this thread is running, and whether a join is due."""
+    """What the call this thread runs has met: its streams, and whether a join is due."""
 
     def __init__(self) -> None:
-        self.known: dict[int, None] = {}  # an ordered set of CUDA device ids
+        self.active = False  # between begin_call and end_call
+        self.logical = False  # under logical_streams(): a stream per buffer written on a GPU
+        self.roots: dict[int, tuple[Any, _Lane]] = {}  # id(allocation) -> (it, its lane)
+        self.lanes: list[_Lane] = []  # every lane of the call
+        self.current: dict[int, _Lane] = {}  # device -> the lane of its current stream
+        self.written: set[int] = set()  # devices whose current stream a written buffer took
+        self.spare: dict[int, int] = {}  # device -> pool streams handed out in this call
+        self.pool: dict[int, list] = {}  # device -> this thread's own streams, made once
+        self.joined: set[int] = set()  # id(lane): lanes the last join ordered
+        self.waited: set[tuple[int, int]] = set()  # (reader, source) waits since then
         self.pending = False
-        self.fresh = True  # a call is being set up: its first round meets devices afresh
+        self.fresh = True  # a call is being set up: its first round meets streams afresh
         self.last_round = -1
+        self.times: DeviceCall | None = None  # its CUDA events, while the timeline records
+
+
+def _root(x: Any) -> Any:
+    """The array that owns ``x``'s memory (views name it as their base)."""
+    while getattr(x, "base", None) is not None:
+        x = x.base
+    return x
 
 
 class CupyDevices:
@@ -68,45 +106,110 @@ class CupyDevices:
         self._state = _CallState()
         self.arrays = CupyArrays(on_enqueue=self._enqueue)
 
+    @contextmanager
+    def logical_streams(self, enabled: bool = True):
+        """Calls of this thread inside the block give every logical device (every buffer a
+        call writes on a GPU, past the first) a stream of its own, so their steps may run
+        concurrently; results are still ready on each device's current stream."""
+        state = self._state
+        before, state.logical = state.logical, bool(enabled)
+        try:
+            yield self
+        finally:
+            state.logical = before
+
+    def streams_in_last_call(self) -> int:
+        """How many streams the calling thread's last call wrote on (one per device, more
+        under :meth:`logical_streams`)."""
+        return len({id(lane) for lane in self._state.lanes if lane.device in
+                    self._state.written or lane.stream is not None})
+
     # --- stream ordering ----------------------------------------------------------------
 
-    def _enqueue(self, dst: int, srcs: Sequence[int]) -> None:
+    def _lane_of(self, x: Any, write: bool) -> _Lane:
         state = self._state
-        known = state.known
-        for src in srcs:
-            if src != dst and src not in known:
-                # First read of this device in the call: wait for what its stream holds now
-                # (the caller's work on its input), and no more.
-                self._wait(dst, self._record(src))
-                known[src] = None
-        known.setdefault(dst, None)
-        state.pending = True
+        root = _root(x)
+        known = state.roots.get(id(root))
+        if known is not None:
+            return known[1]
+        device = root.device.id
+        current = state.current.get(device)
+        if current is None:
+            current = state.current[device] = _Lane(device)
+            state.lanes.append(current)
+        lane = current
+        if write and state.logical and device in state.written:
+            lane = _Lane(device, self._spare_stream(device))
+            state.lanes.append(lane)
+            self._wait(lane, self._record(current))  # the caller's work, and allocations
+        elif write:
+            state.written.add(device)
+        state.roots[id(root)] = (root, lane)  # (kept alive: its id stays its own)
+        return lane
 
-    def _record(self, device: int):
+    def _spare_stream(self, device: int):
+        state = self._state
+        k = state.spare.get(device, 0)
+        state.spare[device] = k + 1
+        pool = state.pool.setdefault(device, [])
+        if k == len(pool):
+            cp = _cupy()
+            with cp.cuda.Device(device):
+                pool.append(cp.cuda.Stream(non_blocking=True))
+        return pool[k]
+
+    def _enqueue(self, dst: Any, srcs: Sequence[Any]):
+        """Order an operation that writes ``dst`` after what it reads; its stream (None: the
+        destination device's current one)."""
+        state = self._state
+        if not state.active:
+            return None  # outside a call's steps: the current streams, as CuPy's own calls
+        target = self._lane_of(dst, True)
+        joined, waited = state.joined, state.waited
+        for src in srcs:
+            source = self._lane_of(src, False)
+            if source is target or (id(target) in joined and id(source) in joined):
+                continue  # one stream, or both ordered by the last join
+            if (id(target), id(source)) not in waited:
+                # First read of this stream since the last join that ordered both: wait for
+                # what it holds now (the caller's input, the call's first copies), no more.
+                self._wait(target, self._record(source))
+                waited.add((id(target), id(source)))
+        target.pending = state.pending = True
+        if state.times is not None:
+            state.times.first(target.device)
+        return target.stream
+
+    def _record(self, lane: _Lane):
         cp = _cupy()
-        with cp.cuda.Device(device):
+        with cp.cuda.Device(lane.device):
             event = cp.cuda.Event(block=False, disable_timing=True)
-            event.record(self.arrays.stream(device))
+            event.record(lane.handle())
         return event
 
-    def _wait(self, device: int, event) -> None:
-        with _cupy().cuda.Device(device):
-            self.arrays.stream(device).wait_event(event)
+    def _wait(self, lane: _Lane, event) -> None:
+        with _cupy().cuda.Device(lane.device):
+            lane.handle().wait_event(event)
 
     def join(self) -> None:
-        """Every device of the call waits for every other one's work so far."""
+        """Every stream of the call waits for every other one's work so far."""
         state = self._state
         if not state.pending:
             return
         state.pending = False
-        devices = list(state.known)
-        if len(devices) < 2:
-            return
-        events = {d: self._record(d) for d in devices}
-        for d in devices:
-            for e in devices:
-                if e != d:
-                    self._wait(d, events[e])
+        lanes = state.lanes
+        if len(lanes) > 1:
+            hub = lanes[0]
+            for lane in lanes[1:]:
+                if lane.pending:
+                    self._wait(hub, self._record(lane))
+            done = self._record(hub)
+            for lane in lanes[1:]:
+                self._wait(lane, done)
+        for lane in lanes:
+            lane.pending = False
+        state.joined = {id(lane) for lane in lanes}
+        state.waited.clear()
 
     def own(self, name: str):
         """This backend's own multi-device function ``name`` (NCCL, async handles), which
@@ -114,27 +217,49 @@ class CupyDevices:
         return OWN_FUNCTIONS.get(name)
 
     def begin_call(self) -> None:
-        """A call begins: its first round meets its devices afresh."""
-        self._state.fresh = True
+        """A call begins: it meets its buffers' streams afresh."""
+        state = self._state
+        state.fresh = state.active = True
+        state.roots.clear()
+        state.lanes.clear()
+        state.current.clear()
+        state.written.clear()
+        state.spare.clear()
+        state.joined.clear()
+        state.waited.clear()
+        state.pending = False
+        # while the timeline records: CUDA events on each device's current stream (work on
+        # the extra streams of logical_streams() shows once the end of the call joins them)
+        state.times = DeviceCall(self.arrays.stream) if recorder.ON else None
 
     def end_call(self) -> None:
-        """A call ends with every device waiting for the others' work of it."""
+        """A call ends with every stream it met waiting for the others' work of it (the
+        devices' current streams among them)."""
+        state = self._state
+        state.pending = state.pending or any(lane.pending for lane in state.lanes)
         self.join()
+        state.active = False
+        state.roots.clear()
+        if state.times is not None:
+            state.times.end()
+            state.times = None
 
     def begin_round(self, index: int) -> None:
         state = self._state
         if state.fresh or index <= state.last_round:
-            # The first round of a call: its devices are met afresh, each waited for where it
-            # is first read. The previous call ended with a join, so nothing of it is left to
-            # order; what the caller did since is on the devices' streams.
-            state.known.clear()
-            state.pending = state.fresh = False
+            # The first round of a call: no join has ordered its streams yet (its first
+            # copies are on them), so each read waits for its source's stream.
+            state.joined.clear()
+            state.waited.clear()
+            state.fresh = False
         else:
             self.join()
         state.last_round = index
 
     def end_round(self, index: int) -> None:
         self.join()
+        if self._state.times is not None:
+            self._state.times.mark(index)
 
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:
         """The tiles strategy's hook: one tile, the whole range (GPUs run rounds)."""
@@ -148,3 +273,9 @@ def devices() -> CupyDevices:
 
     require_gpu()
     return CupyDevices()
+
+
+def logical_streams(enabled: bool = True):
+    """``with logical_streams(): ...``: calls of this thread give each logical device sharing
+    a GPU a stream of its own (see :meth:`CupyDevices.logical_streams`)."""
+    return devices().logical_streams(enabled)

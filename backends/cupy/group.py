@@ -42,7 +42,10 @@ def distinct_devices(values: Sequence, argument: str = "values") -> tuple[int, .
 
 
 def communicators(devices: tuple[int, ...]) -> list:
-    """NCCL communicators over ``devices`` (index i: devices[i]), created once."""
+    """NCCL communicators over ``devices`` (index i: devices[i]), created once per order of
+    devices (NCCL's rank order is the order of the blocks an all-gather or reduce-scatter
+    gives, so ``(0, 1)`` and ``(1, 0)`` are two cliques); :func:`free_communicators` frees
+    them."""
     with _lock:
         comms = _comms.get(devices)
         if comms is None:
@@ -50,7 +53,25 @@ def communicators(devices: tuple[int, ...]) -> list:
         return comms
 
 
+def free_communicators() -> int:
+    """Destroy every NCCL clique made so far (once the devices' current streams are done
+    with them); the next call makes its own again. Returns how many were freed."""
+    import cupy
+
+    with _lock:
+        cliques = list(_comms.items())
+        _comms.clear()
+    for devices, comms in cliques:
+        for device, comm in zip(devices, comms):
+            with cupy.cuda.Device(device):
+                cupy.cuda.get_current_stream().synchronize()
+                comm.destroy()
+    return len(cliques)
+
+
 def _stream(device: int) -> int:
+    """The handle of ``device``'s current stream (0 for its legacy stream: NCCL makes each
+    communicator's device current while it launches, so 0 names that device's stream)."""
     import cupy
 
     return cupy.cuda.get_current_stream(device).ptr

@@ -8,7 +8,8 @@ give the same bits on the same schedule:
 
 * a combine of ``k`` sources is ``d = op(...op(op(d, s0), s1)..., s{k-1})``: left to right,
   rounded after every step (``float16`` arithmetic rounds each operation, as NumPy's does);
-* MAX and MIN propagate NaN (NumPy's ``maximum``/``minimum``), so a NaN anywhere wins;
+* MAX and MIN propagate NaN (NumPy's ``maximum``/``minimum``), so a NaN anywhere wins, in
+  every float type (float16 and bfloat16 included);
 * complex products and MEAN's division use round-to-nearest intrinsics, so the compiler
   cannot contract them into fused multiply-adds that NumPy does not do; complex MEAN is
   NumPy's own division by ``n + 0j`` (Smith's method: a multiplication by ``1/n``), which
@@ -29,10 +30,13 @@ from collectives.ops import ReduceOp
 
 MAX_ARITY = 16  # sources per kernel launch; longer combines run as several launches
 
-# Helpers shared by every combine kernel. ``coll_isnan`` is false for everything but floats,
-# so one MAX/MIN template serves integers, booleans and floats.
+# Helpers shared by every combine kernel. ``coll_isnan`` is true only for a NaN, so one
+# MAX/MIN template serves integers, booleans and every float type. The generic form is
+# ``x != x`` (false for integers and booleans, true for a NaN of any IEEE type): bfloat16
+# (CuPy's ``bfloat16`` class, from a header CuPy includes only for bfloat16 kernels, after
+# this preamble) compares as float and needs no overload naming it.
 PREAMBLE = r"""
-template <typename T> __device__ __forceinline__ bool coll_isnan(const T& x) { return false; }
+template <typename T> __device__ __forceinline__ bool coll_isnan(const T& x) { return x != x; }
 __device__ __forceinline__ bool coll_isnan(const float& x) { return isnan(x); }
 __device__ __forceinline__ bool coll_isnan(const double& x) { return isnan(x); }
 __device__ __forceinline__ bool coll_isnan(const float16& x) { return isnan(x); }
@@ -98,6 +102,8 @@ def divide_operation(dtype: np.dtype) -> tuple[str, str, str]:
         return "T t, int64 n", "T out", operation
     if dtype == np.float16:  # float16 / float16(n): one rounding of the float quotient
         return "T t, int64 n", "T out", "out = t / T((float)n);"
+    if dtype.name == "bfloat16":  # as ml_dtypes: the float32 quotient, rounded to bfloat16
+        return "T t, int64 n", "T out", "out = T(__fdiv_rn((float)t, (float)n));"
     fn = "__fdiv_rn" if dtype == np.float32 else "__ddiv_rn"
     return "T t, int64 n", "T out", f"out = {fn}(t, (T)n);"
 

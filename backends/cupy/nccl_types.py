@@ -6,8 +6,9 @@ NCCL has no bool, int16, uint16 or complex types, and its float MAX/MIN may drop
 * bool MAX/MIN travels as uint8 MAX/MIN (bools are the bytes 0 and 1);
 * float32/float64 MAX/MIN travel as integer keys whose order is the floats' order, with NaN
   ranked first (``kernels.key_kernels``): integer MAX/MIN cannot drop a NaN;
-* float16 MAX/MIN, int16, uint16 and complex PROD have no exact NCCL form: the library's own
-  algorithms run them;
+* bfloat16 SUM/PROD travel as NCCL's bfloat16;
+* float16 and bfloat16 MAX/MIN, int16, uint16 and complex PROD have no exact NCCL form: the
+  library's own algorithms run them;
 * MEAN travels as SUM and is divided once afterwards (NCCL's AVG divides before summing,
   and divides integers in integers);
 * broadcast and all-gather move bytes, so every dtype goes as uint8.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectives.ops import ReduceOp
+from collectives.ops import BFLOAT16, ReduceOp
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,14 @@ class Reduction:
 
 
 def _types(nccl) -> dict[np.dtype, int]:
-    return {np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
-            np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
-            np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
-            np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-            np.dtype(np.float64): nccl.NCCL_FLOAT64}
+    types = {np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
+             np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
+             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
+             np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+             np.dtype(np.float64): nccl.NCCL_FLOAT64}
+    if BFLOAT16 is not None and hasattr(nccl, "NCCL_BFLOAT16"):  # NCCL >= 2.10
+        types[BFLOAT16] = nccl.NCCL_BFLOAT16
+    return types
 
 
 def _ops(nccl) -> dict[ReduceOp, int]:
@@ -63,9 +67,10 @@ def reduction(nccl, dtype: np.dtype, op: ReduceOp) -> Reduction | None:
         if wire not in (ReduceOp.MAX, ReduceOp.MIN):
             return None
         return Reduction(np.dtype(np.uint8), types[np.dtype(np.uint8)], ops[wire])
-    if dtype.kind == "f" and wire in (ReduceOp.MAX, ReduceOp.MIN):
+    floating = dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)
+    if floating and wire in (ReduceOp.MAX, ReduceOp.MIN):
         if dtype not in (np.float32, np.float64):
-            return None  # float16: no 16-bit integer type in NCCL for its keys
+            return None  # float16, bfloat16: no 16-bit integer type in NCCL for their keys
         key = np.dtype(np.int32 if dtype == np.float32 else np.int64)
         return Reduction(key, types[key], ops[wire], keys=True)
     if dtype not in types:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,18 +54,24 @@ class NumpyDevices:
             for a in range(0, max(length, 1), tile):
                 fn(a, min(a + tile, length))
             return
+        # Tiles are handed out one at a time (itertools.count's next() is atomic), so a worker
+        # that wakes late or loses its core to another process leaves its tiles to the others
+        # instead of holding up the call; the combine kernels release the GIL meanwhile.
         tiles = [(a, min(a + tile, length)) for a in range(0, length, tile)]
-        share = -(-len(tiles) // self.workers)
-        groups = [tiles[i:i + share] for i in range(0, len(tiles), share)]
+        taken = itertools.count()
 
-        def run(group):
-            for a, b in group:
-                fn(a, b)
+        def run():
+            for i in iter(taken.__next__, None):
+                if i >= len(tiles):
+                    return
+                fn(*tiles[i])
 
-        futures = [self._pool.submit(run, g) for g in groups[1:]]
-        run(groups[0])
-        for f in futures:
-            f.result()
+        futures = [self._pool.submit(run) for _ in range(min(self.workers, len(tiles)) - 1)]
+        try:
+            run()
+        finally:
+            for f in futures:
+                f.result()
 
 
 @lru_cache(maxsize=2)

@@ -166,6 +166,7 @@ class ThreadTransport:
     layout = None
     native = None
     local_rank = 0
+    processes = False  # every rank is a thread of this process (the cost model's "proc" links)
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size

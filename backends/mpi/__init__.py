@@ -56,6 +56,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     from mpi4py import MPI
 
     from collectives import __version__
+    from collectives.timeline import clock
     from collectives.version import check_versions
 
     from . import abort
@@ -63,9 +64,14 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
 
     abort.install(abort_on_error)
     comm = MPI.COMM_WORLD if comm is None else comm
-    check_versions(comm.allgather(__version__))  # MPI's own: the user's calls count from 1
+    # MPI's own gather, so the user's calls count from 1: each rank's version, and its host and
+    # whether it records a timeline (the ranks' clocks are lined up then)
+    gathered = comm.allgather((__version__, clock.probe()))
+    check_versions([version for version, _ in gathered])
     transport = MPITransport(comm, groups=groups)
-    return Communicator(transport, timeout=timeout, check=check, name="mpi")
+    communicator = Communicator(transport, timeout=timeout, check=check, name="mpi")
+    clock.align(communicator, [probe for _, probe in gathered])
+    return communicator
 
 
 def node_groups(comm: Any) -> tuple[tuple[int, ...], ...]:

@@ -42,11 +42,16 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
     from collectives.backends.mpi import abort
 
     from collectives import __version__
+    from collectives.timeline import clock
     from collectives.version import check_versions
 
     from .transport import NcclTransport
 
     abort.install(abort_on_error)
-    check_versions(comm.allgather(__version__))  # MPI's own: the user's calls count from 1
+    # MPI's own gather, so the user's calls count from 1 (as the MPI transport's init)
+    gathered = comm.allgather((__version__, clock.probe()))
+    check_versions([version for version, _ in gathered])
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
-    return NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
+    communicator = NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
+    clock.align(communicator, [probe for _, probe in gathered])
+    return communicator

@@ -65,13 +65,16 @@ class NcclCommunicator(Communicator):
     """A ``Communicator`` over :class:`~.transport.NcclTransport`."""
 
     def adapt(self, x: Any, argument: str) -> Any:
-        """CuPy arrays on this rank's GPU pass; anything else raises, saying what to do."""
+        """CuPy arrays on this rank's GPU pass (and the communicator's stream waits for the
+        caller's current one, where they were made); anything else raises, saying what to
+        do."""
         if self.arrays.owns(x):
             device = self.transport.device
             if x.device.id != device:
                 raise ValueError(f"{argument} is on GPU {x.device.id}, but this rank's "
                                  f"communicator works on GPU {device}; move it there "
                                  "(cupy.asarray under cupy.cuda.Device) or init(device=...)")
+            self.transport.follow_caller(self._engine.seq)  # (this call's number)
             return x
         if x is None:
             raise TypeError(f"{argument} is None; pass a CuPy array")

@@ -69,6 +69,8 @@ class NcclNative:
     def preferred(self, call: Call) -> bool:
         return True  # NCCL (or the two-level path) beats the library's schedules on GPUs
 
+    persistent = False  # (the core's fast path then allocates nothing to ask prepare())
+
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         return None  # no persistent collectives: every call is one enqueue anyway
 

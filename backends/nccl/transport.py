@@ -1,16 +1,23 @@
 """``NcclTransport``: the core's ``Transport`` over NCCL (data) and MPI (everything else).
 
 One process per GPU. Data moves with NCCL on one CUDA stream per communicator (``stream``:
-by default the stream current when the transport is made, usually the device's null stream);
-every array operation of a call, the core's copies and divisions included, is enqueued on it,
-in call order. Agreements, failure notices and activity go over MPI (:mod:`.control`); the
-watchdog (:mod:`.watchdog`) turns stuck, failed or mismatched calls into errors.
+by default a non-blocking stream of its own, made under its device, so NCCL's kernels never
+serialize with the legacy stream's work); every array operation of a call, the core's copies
+and divisions included, is enqueued on it, in call order. Each call hands over between the
+caller's current stream and this one with events: the communicator's stream first waits for
+the caller's (where the inputs were made), and a blocking call ends with the caller's stream
+waiting for the communicator's, so the results are ready for the caller's next work. Every
+handle and allocation names the transport's device, whatever device the calling thread (or
+the progress thread of asynchronous calls) is on. Agreements, failure notices and activity go
+over MPI (:mod:`.control`); the watchdog (:mod:`.watchdog`) turns stuck, failed or mismatched
+calls into errors.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from collectives.backends.cupy import nccl_types
@@ -51,19 +58,20 @@ class NcclTransport:
         self.device = choose_device(self.local_rank) if device is None else int(device)
         cupy.cuda.Device(self.device).use()
         with cupy.cuda.Device(self.device):
-            self.stream = stream if stream is not None else cupy.cuda.get_current_stream()
+            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
         identities = self.world.allgather(device_identity(self.device))
         self.comms = Communicators(self.world, self.device, identities, nodes)
         # NCCL's own collectives and point-to-point need one GPU per rank
         self.world_possible = len(set(identities)) == len(identities)
         self.layout = Layout(tuple(tuple(m) for m in nodes)) if len(nodes) > 1 else None
-        self.arrays = CupyArrays(stream=self.stream)
+        self.arrays = CupyArrays(stream=self.stream, device=self.device)
         self.byte_type = nccl_types.byte_type(self.nccl)
         self.timeout = float(timeout)
         self.control = MpiChannel(self.world.Dup())
         self.notices = Notices(self.world.Dup())
         self._digests = self.world.Dup()
         self._notice_lock = threading.Lock()
+        self._deferred: deque = deque()  # notices the watchdog leaves to the engine
         self.data = NcclChannel(self)
         self.p2p = NcclChannel(self)  # users' send/recv: a channel (and group) of their own
         self.objects = self.world.Dup()  # pickled objects between ranks: host-side, over MPI
@@ -72,6 +80,7 @@ class NcclTransport:
         self.watchdog = Watchdog(self)
         self._pinned: list = []
         self._last_digest = 0
+        self._followed: int | None = None  # the call whose input made this stream wait
 
     # --- streams and the watchdog ------------------------------------------------------
 
@@ -89,6 +98,29 @@ class NcclTransport:
             event = cupy.cuda.Event(block=False, disable_timing=True)
             event.record(self.stream)
         return event
+
+    def follow_caller(self, seq: int | None = None) -> None:
+        """This stream waits for the calling thread's current stream on this device (the
+        producers of a call's inputs). ``seq``: the call the caller is in, as its input is
+        adapted; a call's start then need not wait again."""
+        import cupy
+
+        self._followed = seq
+        with cupy.cuda.Device(self.device):
+            caller = cupy.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                event = cupy.cuda.Event(block=False, disable_timing=True)
+                event.record(caller)
+                self.stream.wait_event(event)
+
+    def lead_caller(self) -> None:
+        """The calling thread's current stream waits for this one (a blocking call's end)."""
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            caller = cupy.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                caller.wait_event(self.record())
 
     def watch(self, description: str, seq: int | None = None) -> None:
         """Hand what was just enqueued to the watchdog."""
@@ -129,7 +161,15 @@ class NcclTransport:
             self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
+        with self._notice_lock:
+            if self._deferred:
+                return self._deferred.popleft()
         return self.notices_poll()
+
+    def defer_notice(self, failure: Failure) -> None:
+        """A notice the watchdog received but the engine handles (see ``poll_failure``)."""
+        with self._notice_lock:
+            self._deferred.append(failure)
 
     def notices_poll(self) -> Failure | None:
         with self._notice_lock:
@@ -143,9 +183,18 @@ class NcclTransport:
         return self.control.waiting_from_call(seq)
 
     def publish_activity(self, activity: tuple) -> None:
+        """``(seq, call, phase)`` at a call's start (phase true) and a blocking call's end
+        (False), where the streams hand over; with a fourth item (the ranks a slow wait
+        waits for), from the engine's waits."""
         self.notices.activity = activity
-        seq, subject, inside = activity
-        if inside:  # every call, in order on every rank: its digest (see the watchdog)
+        seq, subject, phase = activity[:3]
+        if len(activity) == 3:
+            if phase:
+                if self._followed != seq:  # (else done where the call adapted its input)
+                    self.follow_caller()
+            else:
+                self.lead_caller()
+        if phase:  # every call, in order on every rank: its digest (see the watchdog)
             self.digest(seq, int(getattr(subject, "check", 0) or 0))
 
     def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:

@@ -32,11 +32,11 @@ CHUNK_BYTES = 4 << 20  # pinned staging per chunk: large enough for MPI's bandwi
 
 def two_level_ok(transport: Any, call: Call) -> bool:
     """Whether the two-level path runs this call: all-reduce of a dtype NCCL reduces exactly
-    whose wire form MPI also reduces (not float16)."""
+    whose wire form MPI also reduces (not float16 or bfloat16: MPI has no 16-bit floats)."""
     if call.collective is not Collective.ALL_REDUCE or call.op is None:
         return False
     plan = nccl_types.reduction(transport.nccl, call.dtype, call.op)
-    return plan is not None and plan.view != np.float16
+    return plan is not None and plan.view.kind in "biuf" and plan.view != np.float16
 
 
 def _mpi_op(op: ReduceOp):
@@ -47,11 +47,19 @@ def _mpi_op(op: ReduceOp):
 
 
 class TwoLevelRun:
-    """One two-level all-reduce in flight: ``advance()`` until True."""
+    """One two-level all-reduce in flight: ``advance()`` until True.
+
+    It issues collectives as it advances (each chunk's MPI all-reduce once that chunk's copy
+    has landed, NCCL's all-gather once every chunk is back), at moments that differ between
+    ranks. So it keeps the communicator's native turn until it finishes (``holds_turn``): a
+    later call's NCCL collective on the same stream, or MPI all-reduce on ``cross``, could
+    otherwise be issued between them on one rank and before them on another (a deadlock on
+    the stream; mixed data on the MPI communicator).
+    """
+
+    holds_turn = True
 
     def __init__(self, t: Any, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int):
-        from mpi4py.util.dtlib import from_numpy_dtype
-
         self.t, self.call, self.dst, self.seq = t, call, dst, seq
         self.plan = plan = nccl_types.reduction(t.nccl, call.dtype, op)
         self.op = op
@@ -83,7 +91,9 @@ class TwoLevelRun:
                            stream)
         self.work, self.flat, self.mine, self.node = work, flat, mine, node
         self.shard, self.local_rank = shard, local_rank
-        self.mpi_type, self.mpi_op = from_numpy_dtype(view), _mpi_op(op)
+        # MPI's predefined type, which mpi4py infers from the NumPy buffer: a duplicate of it
+        # (mpi4py's from_numpy_dtype) is a user type, on which MPICH refuses predefined ops
+        self.mpi_op = _mpi_op(op)
         per = max(1, CHUNK_BYTES // view.itemsize)
         self.chunks = [(lo, min(lo + per, shard)) for lo in range(0, shard, per)]
         self.pinned = t.pinned(shard * view.itemsize)
@@ -98,15 +108,19 @@ class TwoLevelRun:
         t.watch(call.describe(), seq)
 
     def _copy(self, host, device, to_host: bool) -> None:
+        """A chunk's copy on the transport's stream, under its device: the progress thread
+        that drives asynchronous calls sits on device 0, and a copy must be ordered after
+        the reduce-scatter (and before the all-gather) on this rank's GPU."""
         import cupy
 
         runtime = cupy.cuda.runtime
-        if to_host:
-            runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
-                                runtime.memcpyDeviceToHost, self.t.stream.ptr)
-        else:
-            runtime.memcpyAsync(device.data.ptr, host.ctypes.data, device.nbytes,
-                                runtime.memcpyHostToDevice, self.t.stream.ptr)
+        with cupy.cuda.Device(self.t.device):
+            if to_host:
+                runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
+                                    runtime.memcpyDeviceToHost, self.t.stream.ptr)
+            else:
+                runtime.memcpyAsync(device.data.ptr, host.ctypes.data, device.nbytes,
+                                    runtime.memcpyHostToDevice, self.t.stream.ptr)
 
     def _keys(self, keys, forward: bool) -> None:
         to_key, from_key = kernels.key_kernels(np.dtype(self.call.dtype), self.op.wire_op)
@@ -122,8 +136,8 @@ class TwoLevelRun:
             if self.requests[k] is None:
                 if not self.copied[k].done:
                     break  # chunks land in order
-                self.requests[k] = self.cross.Iallreduce(
-                    _IN_PLACE(), [self.host[lo:hi], self.mpi_type], self.mpi_op)
+                self.requests[k] = self.cross.Iallreduce(_IN_PLACE(), self.host[lo:hi],
+                                                         self.mpi_op)
         while self.back < len(self.chunks):
             request = self.requests[self.back]
             if request is None or not request.Test():

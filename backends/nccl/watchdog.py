@@ -37,6 +37,17 @@ from collectives.runtime.transport import Failure
 PERIOD = 2e-3  # seconds between checks while calls are outstanding
 
 
+def late_ranks(activity: dict, seq: int) -> tuple[list[int], str]:
+    """From peers' answers (``describe_activity``'s ``(seq, text, phase, waiting_for)``, or
+    ``(seq, text, SILENT)`` for a peer that did not answer): the ranks to blame for call
+    ``seq`` not finishing (those not in it yet, else every peer), and what they say."""
+    absent = [r for r, (s, *_) in sorted(activity.items()) if s is None or s < seq]
+    missing = absent or sorted(activity)
+    doing = "; ".join(f"rank {r}: {text}" for r, (_, text, *_) in sorted(activity.items())
+                      if r in missing)
+    return missing, doing
+
+
 class Watchdog:
     def __init__(self, transport: Any):
         self.t = transport
@@ -91,6 +102,9 @@ class Watchdog:
                     "or the network broke); run with NCCL_DEBUG=INFO for details"), None)
                 return
         failure = t.notices_poll()
+        if failure is not None and not self._fatal(failure):
+            t.defer_notice(failure)  # the engine's to handle (its late agreement)
+            failure = None
         if failure is not None:
             self.fail(failure.error(f"rank {t.rank}: rank {failure.rank} failed in call "
                                     f"{failure.seq}: {failure.message}"), failure.seq, tell=False)
@@ -114,13 +128,21 @@ class Watchdog:
             self.fail(error, None)
         elif late is not None:
             seq, description, _, _ = late
-            activity = t.notices_ask(0.5)
-            absent = [r for r, (s, _) in sorted(activity.items()) if s is None or s < seq]
-            missing = absent or sorted(activity)
-            doing = "; ".join(f"rank {r}: {text}" for r, (_, text) in sorted(activity.items())
-                              if r in missing)
+            missing, doing = late_ranks(t.notices_ask(0.5), seq)
             self.fail(CollectiveTimeoutError(description, missing, t.timeout, t.rank,
                                              detail=doing, call=seq), seq)
+
+    def _fatal(self, failure: Failure) -> bool:
+        """Whether a peer's notice breaks this transport. "rejected" (the peer could not start
+        call ``seq``: an argument error every rank sees in the agreement) and "disputed" (a
+        peer agrees late on a call) are the engine's: they break nothing, unless this rank
+        already enqueued NCCL work for the rejected call, which the peer will never match."""
+        if failure.kind == "disputed":
+            return False
+        if failure.kind == "rejected":
+            with self.lock:
+                return any(seq == failure.seq for seq, *_ in self.events)
+        return True
 
     def fail(self, error: BaseException, seq: int | None, tell: bool = True) -> None:
         """Abort NCCL, mark the transport failed with ``error``, and tell the peers."""

@@ -93,6 +93,11 @@ def _plan(collective: Collective, name: str, size: int, rank: int, root: int, sh
           layout: Layout | None) -> RankPlan:
     PLANS.info("plan: %s %s over %d, participant %d (root %d, shards %d)", name,
                collective.value, size, rank, root, shards)
+    return _build(collective, name, size, rank, root, shards, layout)
+
+
+def _build(collective: Collective, name: str, size: int, rank: int, root: int, shards: int,
+           layout: Layout | None) -> RankPlan:
     if "/" in name:
         inner, outer = (MODULES[p] for p in name.split("/"))
         phase = two_level.phase(inner, outer, collective, size, rank, root=root, shards=shards,
@@ -114,6 +119,18 @@ def rank_plan(collective: Collective, name: str, size: int, rank: int, *, root: 
     if layout is not None and "/" not in name and not MODULES[name].uses_layout(layout):
         layout = None  # a plan that ignores the groups: one cache entry for every layout
     return _plan(collective, name, size, rank, root, _key_shards(name, shards), layout)
+
+
+def build_plan(collective: Collective, name: str, size: int, rank: int, *, root: int = 0,
+               shards: int = 0, layout: Layout | None = None) -> RankPlan:
+    """:func:`rank_plan`, built afresh and not kept (pricing a plan of a huge job once)."""
+    if not supports(collective, name):
+        raise ValueError(f"algorithm {name!r} has no {collective.value}")
+    if collective not in ROOTED:
+        root = 0
+    if layout is not None and "/" not in name and not MODULES[name].uses_layout(layout):
+        layout = None
+    return _build(collective, name, size, rank, root, _key_shards(name, shards), layout)
 
 
 @lru_cache(maxsize=256)

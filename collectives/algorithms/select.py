@@ -1,29 +1,45 @@
-"""``algorithm="auto"``: pick the algorithm with the lowest estimated time.
+"""``algorithm="auto"``: the candidate with the least predicted time, and why it won.
 
-Every candidate is costed by the alpha-beta-gamma model of :func:`collectives.algorithms.schedule.cost`
-(per round a latency, per byte received a transfer time, per byte reduced a compute time,
-per message an overhead) with the transport's own constants, over the plans of a few sample
-participants (the first, the last, one in the middle: the busiest in every algorithm here), so
-the choice follows from the algorithms themselves and costs the same at 4 or 4,096 ranks.
-Transports with native collectives decide between those and this choice themselves.
+Every candidate (each algorithm with the collective, the ring with sub-chunks, two-level
+compositions over the hosts, or over groups of a single host's participants, and a
+transport's own collective where it is measured) is priced by the cost model
+(:mod:`collectives.algorithms.cost`, :mod:`collectives.algorithms.sampling`) with the
+transport's :class:`~collectives.algorithms.cost.Fabric` and
+:class:`~collectives.algorithms.cost.Placement`. Pricing reads one rank's plan or a bounded
+sample of plans, so a choice costs about the same at 4 or 4,096 participants, and every rank
+makes the same choice from the same arguments. Decisions are cached per collective, count,
+quarter-octave of bytes, dtype, fabric and placement.
+
+:class:`CostModel` and :class:`LinkModel` are the older, simpler constants a transport may
+still give; they become a fabric (:func:`fabric_of`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .. import algorithms
-from .schedule import Collective, cost
+from .base import Layout
+from .cost import Fabric, Link, Placement, Prediction, human_time
+from .sampling import predict, predict_native
+from .schedule import Collective
 
 CANDIDATES = ("tree", "rechd", "ring", "shuffle", "one_device")
+TWO_LEVEL_CANDIDATES = ("ring/ring", "rechd/ring", "ring/rechd", "shuffle/ring", "tree/tree")
+DIRECT_UP_TO = 256  # shuffle and one_device talk to everyone: never the cheapest beyond this
+# Predictions this close are a tie, which goes to the candidate whose busiest round has the
+# fewest messages: flows converging on one link contend in ways the model does not price
+# (the lab measured the direct shuffle 10-50% slower than the ring at an equal prediction).
+TIE = 0.01
+RING_SHARDS = (2, 4)  # up to 1,024 participants (each sub-chunk multiplies the ring's rounds)
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds per round, per byte moved, per byte reduced, per message. ``shared_memory``
-    backends run every schedule tile by tile at the same memory traffic, so there the cost is
-    the per-step and per-message bookkeeping: fewer steps and messages win."""
+    """Simple constants: seconds per round, per byte moved, per byte reduced, per message.
+    ``shared_memory`` backends run every schedule tile by tile at the same memory traffic,
+    so there the cost is the bookkeeping: fewer steps and messages win."""
 
     latency: float = 5e-6
     seconds_per_byte: float = 1 / 5e9
@@ -31,99 +47,212 @@ class CostModel:
     message_overhead: float = 10e-6
     shared_memory: bool = False
 
-
-def _bucket(nbytes: int) -> int:
-    return max(nbytes, 1).bit_length()  # one decision per power of two
-
-
-def _samples(size: int) -> list[int]:
-    return sorted({0, size // 2, size - 1})
-
-
-@lru_cache(maxsize=4096)
-def _choose(collective: Collective, size: int, bucket: int, model: CostModel) -> str:
-    if size == 1:  # nothing moves: the simplest algorithm that has this collective
-        return "one_device" if algorithms.supports(collective, "one_device") else "shuffle"
-    nbytes = 1 << (bucket - 1)
-    best, best_cost = "ring", float("inf")
-    for name in CANDIDATES:
-        if not algorithms.supports(collective, name):
-            continue
-        if size > 64 and name in ("shuffle", "one_device"):
-            continue  # one participant talks to all others: never the cheapest at scale
-        plans = [algorithms.rank_plan(collective, name, size, r) for r in _samples(size)]
-        if model.shared_memory:
-            whole = algorithms.schedule(collective, name, size)
-            estimate = sum(1 + len(s[1]) for s in whole.steps) * model.latency
-        else:
-            estimate = cost(plans, nbytes, model.latency, model.seconds_per_byte,
-                            model.reduce_seconds_per_byte, model.message_overhead)
-        if estimate < best_cost:
-            best, best_cost = name, estimate
-    return best
-
-
-def choose(collective: Collective, size: int, nbytes: int, model: CostModel) -> str:
-    """The canonical name of the cheapest algorithm for this call."""
-    return _choose(collective, size, _bucket(nbytes), model)
-
-
-# --- across nodes: links between groups are slower than inside them ---------------------------
-
-TWO_LEVEL_CANDIDATES = ("ring/ring", "rechd/ring", "ring/rechd", "shuffle/ring", "tree/tree")
+    def as_fabric(self) -> Fabric:
+        if self.shared_memory:
+            step = Link(self.latency, 0.0)
+            return Fabric(step, step, step, gamma=0.0, overhead=self.latency, serial=True,
+                          source="shared-memory bookkeeping")
+        link = Link(self.latency, self.seconds_per_byte)
+        return Fabric(link, link, link, gamma=self.reduce_seconds_per_byte,
+                      overhead=self.message_overhead / 2, source="transport constants")
 
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Two cost models: between participants of one group (``intra``: shared memory) and
-    across groups (``inter``: the network, whose link every member of a group shares)."""
+    """Two cost models: between participants of one host (``intra``) and across hosts."""
 
     intra: CostModel = CostModel(latency=5e-6, seconds_per_byte=1 / 8e9)
     inter: CostModel = CostModel(latency=30e-6, seconds_per_byte=1 / 1.25e9)
 
-
-def hierarchical_cost(plans, layout, nbytes: int, link: LinkModel) -> float:
-    """Per round, a latency plus the busier of: the busiest participant's local traffic, and
-    the busiest group's traffic over its link (what its members receive from other groups,
-    added up: they share the link). ``plans``: a sample of participants, one per group position."""
-    den = plans[0].den
-    members = len(layout.groups[0]) if layout.uniform else max(len(g) for g in layout.groups)
-    total = 0.0
-    rounds: dict[int, list[float]] = {}
-    for plan in plans:
-        home = layout.group_of[plan.rank]
-        for index, _, recvs in plan.rounds:
-            local = remote = 0.0
-            for _, srcs, lo, hi, _ in recvs:
-                width = (hi - lo) / den * nbytes
-                for q in srcs:
-                    if layout.group_of[q] == home:
-                        local += width
-                    else:
-                        remote += width
-            slot = rounds.setdefault(index, [0.0, 0.0, 0.0])
-            slot[0] = max(slot[0], local * link.intra.seconds_per_byte)
-            slot[1] = max(slot[1], remote * members * link.inter.seconds_per_byte)
-            slot[2] = max(slot[2], link.inter.latency if remote else link.intra.latency)
-    for local, remote, latency in rounds.values():
-        total += latency + max(local, remote)
-    return total
+    def as_fabric(self) -> Fabric:
+        near = Link(self.intra.latency, self.intra.seconds_per_byte)
+        return Fabric(near, near, Link(self.inter.latency, self.inter.seconds_per_byte),
+                      gamma=self.intra.reduce_seconds_per_byte,
+                      overhead=self.intra.message_overhead / 2, source="transport constants")
 
 
-@lru_cache(maxsize=1024)
-def choose_across(collective: Collective, size: int, bucket: int, layout, link: LinkModel) -> str:
-    """The cheapest flat or two-level algorithm over ``layout``'s groups (nodes)."""
-    nbytes = 1 << (bucket - 1)
-    best, best_cost = "ring", float("inf")
-    sample = sorted({g[i] for g in layout.groups[:2] for i in (0, len(g) // 2, len(g) - 1)})
-    names = [n for n in CANDIDATES if n not in ("shuffle", "one_device")]
-    if layout.uniform and len(layout.groups) > 1:
-        names += list(TWO_LEVEL_CANDIDATES)
-    for name in names:
+def fabric_of(model) -> Fabric:
+    """A fabric from a :class:`Fabric`, :class:`CostModel` or :class:`LinkModel`."""
+    return model if isinstance(model, Fabric) else model.as_fabric()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    shards: int = 0
+    layout: Layout | None = None
+
+
+@dataclass
+class Decision:
+    """What ``auto`` runs (``name``, ``shards``, ``layout``: the groups of a two-level
+    choice) and every candidate's prediction, best first."""
+
+    name: str
+    shards: int
+    layout: Layout | None
+    predictions: list = field(default_factory=list)
+    context: str = ""
+
+    @property
+    def best(self) -> Prediction:
+        return self.predictions[0]
+
+    def __str__(self) -> str:
+        return explain(self)
+
+
+def _groupings(size: int, placement: Placement, fabric: Fabric,
+               groups: Layout | None = None) -> list[Layout]:
+    """Groups for two-level candidates: those given, the hosts, or on one host groups of
+    about sqrt(n)."""
+    if groups is not None:
+        return [groups]
+    hosts = placement.hosts
+    if hosts is not None and len(hosts.groups) > 1:
+        return [hosts]
+    if fabric.serial or size < 16:
+        return []
+    out = []
+    k = 1 << round(size.bit_length() / 2)
+    for per in (k, k * 2):
+        if 1 < per < size and size % per == 0:
+            out.append(Layout([range(i, i + per) for i in range(0, size, per)]))
+    return out
+
+
+def candidates(collective: Collective, size: int, placement: Placement, fabric: Fabric,
+               groups: Layout | None = None) -> list[Candidate]:
+    out = []
+    for name in CANDIDATES:
         if not algorithms.supports(collective, name):
             continue
-        plans = [algorithms.rank_plan(collective, name, size, r, layout=layout) for r in sample]
-        estimate = hierarchical_cost(plans, layout, nbytes, link)
-        if estimate < best_cost:
-            best, best_cost = name, estimate
-    return best
+        if size > DIRECT_UP_TO and name in ("shuffle", "one_device"):
+            continue
+        out.append(Candidate(name))
+    reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER)
+    hosts = placement.hosts
+    if reducing and not fabric.serial and hosts is not None and hosts.runs and size <= 1024:
+        for shards in RING_SHARDS:  # sub-rings rotate inside hosts: other neighbours
+            if shards <= hosts.runs:
+                out.append(Candidate("ring", shards, hosts))
+    if collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+        for layout in _groupings(size, placement, fabric, groups):
+            names = TWO_LEVEL_CANDIDATES if layout.uniform else ("tree/tree", "rechd/ring")
+            out.extend(Candidate(name, 0, layout) for name in names)
+    return out
+
+
+def _representative(nbytes: int) -> int:
+    """The bytes a decision is made at: the top three bits (four steps per octave)."""
+    nbytes = max(int(nbytes), 1)
+    drop = max(nbytes.bit_length() - 3, 0)
+    return nbytes >> drop << drop
+
+
+def decide(collective: Collective, size: int, nbytes: int, model, placement: Placement | None
+           = None, *, dtype: str = "float32", natives: tuple = (),
+           payload: int | None = None, groups: Layout | None = None) -> Decision:
+    """Price every candidate and pick the cheapest (ties, within :data:`TIE`, go to the fewest
+    concurrent messages, then to the earlier candidate).
+    ``nbytes``: what the plans' positions span (an all-gather's whole result); ``payload``:
+    the call's own bytes, which measured ``natives`` are looked up at; ``groups``: the
+    groups two-level candidates use (default: the hosts)."""
+    fabric = fabric_of(model)
+    placement = placement or Placement(size, None, not fabric.serial)
+    rep = _representative(nbytes)
+    scale = _representative(payload) if payload is not None else None
+    decision = _decide(collective, size, rep, fabric, placement, str(dtype), tuple(natives),
+                       scale, groups)
+    shown = payload if payload is not None else nbytes
+    if _representative(shown) != shown:  # say the call's own size, and the one priced
+        context = decision.context.replace(f"{_size(scale or rep)} (",
+                                           f"{_size(shown)} (priced at {_size(scale or rep)}, ",
+                                           1)
+        decision = replace(decision, context=context)
+    return decision
+
+
+@lru_cache(maxsize=4096)
+def _decide(collective, size, nbytes, fabric, placement, dtype, natives, payload,
+            groups) -> Decision:
+    if size == 1:  # nothing moves: the simplest algorithm with this collective
+        name = "one_device" if algorithms.supports(collective, "one_device") else "shuffle"
+        return Decision(name, 0, None, [Prediction(name, collective, 1, nbytes, 0.0)])
+    predictions = []
+    for c in candidates(collective, size, placement, fabric, groups):
+        layout = c.layout if "/" in c.name or c.shards else None
+        p = predict(collective, c.name, size, nbytes, fabric, placement, shards=c.shards,
+                    layout=layout, dtype=dtype)
+        p.shards, p.layout = c.shards, layout
+        predictions.append(p)
+    for method in natives:
+        p = predict_native(method, collective, size, nbytes, fabric, placement, dtype=dtype,
+                           payload=payload)
+        if p is not None:
+            predictions.append(p)
+    order = {id(p): i for i, p in enumerate(predictions)}
+    predictions.sort(key=lambda p: (p.seconds, order[id(p)]))
+    tied = [p for p in predictions if p.seconds <= predictions[0].seconds * (1 + TIE)]
+    best = min(tied, key=lambda p: (p.fan_out, order[id(p)]))
+    predictions.remove(best)
+    predictions.insert(0, best)
+    context = (f"{collective.value} of {_size(payload or nbytes)} ({dtype}) over {size} "
+               f"participants{_where(placement)}; constants: {fabric.source}")
+    return Decision(best.algorithm, best.shards, best.layout, predictions, context)
+
+
+def _where(placement: Placement) -> str:
+    hosts = placement.hosts
+    kind = "processes" if placement.processes else "threads or devices of one process"
+    if hosts is None or len(hosts.groups) == 1:
+        return f" ({kind}, one host)"
+    per = f"{hosts.uniform}" if hosts.uniform else "uneven"
+    return f" ({kind}; {len(hosts.groups)} hosts x {per})"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} B"
+
+
+def explain(decision: Decision) -> str:
+    """Every candidate's predicted time, and why the winner won."""
+    lines = [f"auto for {decision.context}:"] if decision.context else []
+    for p in decision.predictions:
+        mark = "  <- runs" if p is decision.best else ""
+        detail = ("measured" if p.note == "measured" else
+                  f"latency {human_time(p.latency)}, transfer {human_time(p.transfer)}, "
+                  f"reduction {human_time(p.reduction)}")
+        lines.append(f"  {p.label:26} {human_time(p.seconds):>10}  ({detail}){mark}")
+    if decision.predictions:
+        lines.append(why(decision.predictions))
+    return "\n".join(lines)
+
+
+def why(predictions: list) -> str:
+    """One sentence: what the winner saves over the runner-up."""
+    if len(predictions) < 2:
+        return f"{predictions[0].label} is the only candidate."
+    a, b = predictions[0], predictions[1]
+    gap = b.seconds - a.seconds
+    head = (f"{a.label} wins by {human_time(gap)} ({gap / b.seconds:.0%}) over {b.label}")
+    if "measured" in (a.note, b.note):
+        return head + (": the transport's own collective, timed on this job at these sizes"
+                       if a.note == "measured" else ": the other is a measured native time")
+    diffs = {"latency (rounds, messages)": b.latency - a.latency,
+             "moving bytes": b.transfer - a.transfer, "reducing": b.reduction - a.reduction}
+    reason, saved = max(diffs.items(), key=lambda kv: kv[1])
+    where = b.rounds and max(b.rounds, key=lambda r: r[1] * r[2].seconds)[2].who
+    return (f"{head}: {b.label} spends {human_time(saved)} more on {reason}" +
+            (f" (its slowest rounds wait for {where})" if where else "") + ".")
+
+
+def choose(collective: Collective, size: int, nbytes: int, model) -> str:
+    """The canonical name of the cheapest algorithm for this call (no groups, no natives)."""
+    fabric = fabric_of(model)
+    decision = decide(collective, size, nbytes, fabric, Placement(size, None, not fabric.serial))
+    flat = [p for p in decision.predictions if "/" not in p.algorithm and not p.shards]
+    return flat[0].algorithm

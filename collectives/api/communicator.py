@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms
-from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..compression import for_batch
 from ..log import configure, debug_setting
+from ..runtime import tracing
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
@@ -37,6 +38,8 @@ from ..runtime.execute.spmd import SpmdRun
 from ..runtime.native_stage import NativeStage
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
+from ..timeline import recorder
+from . import auto
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
@@ -76,6 +79,9 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
+        self._trace_place = (recorder.participant(self.rank), recorder.next_index())
+        self._fabric = auto.transport_fabric(transport)
+        self.placement = auto.transport_placement(transport)
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank} of {self.size}>"
@@ -91,6 +97,26 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         Every later call on it raises ``CommunicatorBrokenError`` saying it was freed."""
         self._engine.close()
         self.transport.free()
+
+    @property
+    def fabric(self) -> Any:
+        """The cost model's constants ``auto`` chooses with (a ``cost.Fabric``: the
+        transport's, or measured by ``collectives.init(calibrate=...)``). Set it on every
+        rank alike: choices are made, not agreed."""
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric: Any) -> None:
+        self._fabric = fabric
+        self._calls.clear()  # calls chose with the old constants
+        self._fast.clear()
+
+    def explain(self, collective: Any, x: Any, op: Any = "sum", *, root: int = 0,
+                groups: Any = None) -> Any:
+        """Why ``auto`` runs what it runs for this call: ``print(comm.explain("all_reduce",
+        x))`` lists every candidate's predicted time and says why the winner won. Local:
+        nothing moves."""
+        return auto.explain(self, collective, x, op, root=root, groups=groups)
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -124,21 +150,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
             name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
         if name != "auto":
             return name
-        if native is not None and native.supports(call) and native.preferred(call):
-            return "native"
-        layout = self.transport.layout
-        if layout is not None and len(layout.groups) > 1 and call.collective in (
-                Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
-            # across nodes: weigh the links between them against copies inside them
-            link = getattr(self.transport, "link", None) or select.LinkModel()
-            name = select.choose_across(call.collective, self.size, max(call.nbytes, 1)
-                                        .bit_length(), layout, link)
-            if "/" in name:
-                call.layout = layout
-            return name
-        gathered = call.collective in (Collective.ALL_GATHER, Collective.GATHER)
-        nbytes = call.nbytes * (self.size if gathered else 1)  # what the plans move in all
-        return select.choose(call.collective, self.size, nbytes, self.transport.cost_model)
+        return auto.choose(self, call)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -200,6 +212,7 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
         ``subject`` names the call in errors (default: the call's own description)."""
         engine = self._engine
+        t0 = recorder.now() if recorder.ON else 0
         engine.enter(what)
         try:
             seq = engine.next_seq()
@@ -249,6 +262,8 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
                            skipped_agreement=agreement is None and not own, phase=phase)
+            if recorder.ON:
+                tracing.issued(self, op, async_op, t0)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))
@@ -304,11 +319,13 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
     def batch_all_reduce(self, xs: Sequence, op: Any = "sum", algorithm: Any = "auto", *,
                          num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                          agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-                         shards: int = 0, groups: Any = None, timeout: float | None = None) -> list:
+                         shards: int = 0, groups: Any = None, timeout: float | None = None,
+                         compression: str | None = None) -> list:
         """All-reduce a list of tensors as few packed buffers; results in input order.
 
         ``algorithm`` takes any all-reduce spec (see ``collectives.algorithms.spec``); the packing knobs
-        are those of ``collectives.batch_all_reduce``.
+        are those of ``collectives.batch_all_reduce``. ``compression`` ("fp16", "bf16")
+        compresses the float32 and float64 packs; others travel as they are.
         """
         from ..algorithms.batch import plan_batch
 
@@ -326,8 +343,10 @@ class Communicator(CollectiveOps, ExchangeOps, PreparedOps, PointToPointOps, Sub
         results: list = [None] * len(xs)
         for part in parts:
             packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
+            squeeze = for_batch(compression, op, [buf.dtype for buf in packed])
             reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                       groups=groups, timeout=timeout) for buf in packed]
+                                       groups=groups, timeout=timeout, compression=c)
+                       for buf, c in zip(packed, squeeze)]
             for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
                 results[i] = result
         return results

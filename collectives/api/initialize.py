@@ -24,6 +24,8 @@ logger = logging.getLogger("collectives")
 # run one plain Python process.
 LAUNCHER_SIZE = ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE")
 
+ENV_CALIBRATE = "COLLECTIVES_CALIBRATE"  # "1", "cached" or "fresh": init(calibrate=...)
+
 _ACTIVE: dict[str, Any] = {}
 
 
@@ -37,11 +39,15 @@ def launched_by_mpi(env: dict | None = None) -> bool:
     return False
 
 
-def init(backend: str = "auto", **options: Any):
+def init(backend: str = "auto", *, calibrate: Any = None, **options: Any):
     """The communicator of this process: ``"mpi"``, ``"local"`` (one rank), ``"auto"`` (MPI
     under an MPI launcher, else local; said at info level), or another installed backend
     (``"nccl"``). ``options`` go to the backend's ``init`` (``timeout=``, ``check=``, ...).
-    Idempotent per backend: a second call returns the first communicator."""
+    ``calibrate``: measure the cost model's constants for ``auto`` on this job (True: from
+    the cache of this host set when there, else measured, a few seconds, and cached;
+    ``"cached"``: only from the cache; ``"fresh"``: measured again); default
+    ``$COLLECTIVES_CALIBRATE``, else off. Idempotent per backend: a second call returns the
+    first communicator."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a name such as 'auto', 'mpi' or 'local', not "
                         f"{type(backend).__name__}")
@@ -70,5 +76,15 @@ def init(backend: str = "auto", **options: Any):
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}); for "
                           "MPI: pip install -e '.[mpi]' in this project's checkout") from exc
     comm = module.init(**options)
+    if calibrate is None:
+        calibrate = os.environ.get(ENV_CALIBRATE, "")
+    if calibrate:
+        from .calibration import apply
+
+        scratch = module.init(**options)  # its calls, not the user's, measure
+        try:
+            comm.fabric = apply(scratch, calibrate)
+        finally:
+            scratch.free()
     _ACTIVE[name] = comm
     return comm

@@ -20,11 +20,14 @@ import numpy as np
 from .. import algorithms
 from ..algorithms import select
 from ..algorithms.base import Layout
+from ..algorithms.cost import Placement
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
+from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..ops import ReduceOp, result_dtype
 from ..registry import backend_for_arrays
+from ..runtime import tracing_devices
 from ..runtime.calls import resolve_algorithm
 from ..runtime.execute import run_multi_device
 from ..runtime.validate import (
@@ -40,6 +43,8 @@ from ..runtime.validate import (
     same_layout,
 )
 from ..runtime.work import Completed
+from ..timeline import recorder
+from .compressed import multi_device_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "batch_all_reduce", "broadcast", "pick_algorithm",
            "reduce", "reduce_scatter"]
@@ -54,11 +59,19 @@ def backend_first(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
+        if recorder.ON:  # the call as a span on every device's row
+            return tracing_devices.device_call(function, values, args,
+                                               lambda: dispatch(values, args, async_op, kwargs))
+        return dispatch(values, args, async_op, kwargs)
+
+    def dispatch(values, args, async_op, kwargs):
         first = values[0] if isinstance(values, (list, tuple)) and values else values
+        if not requested(kwargs.get("compression")):
+            kwargs.pop("compression", None)  # (a backend's own functions never compress)
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
             own = getattr(backend_for_arrays([first]), "own", None)
             runner = own(function.__name__) if own is not None else None
-            if runner is not None:
+            if runner is not None and "compression" not in kwargs:
                 return runner(values, *args, async_op=async_op, **kwargs)
         result = function(values, *args, **kwargs)
         return Completed(result) if async_op else result
@@ -71,13 +84,23 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
                    model: select.CostModel, count: int = 0, shards: int = 0) -> tuple[str, int]:
     """``(canonical name, shards)`` that run a call: ``auto`` resolved by the cost model,
     spec forms by the element ``count``."""
+    name, shards, _ = pick(collective, algorithm, size, nbytes, model, count, shards)
+    return name, shards
+
+
+def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: Any,
+         count: int = 0, shards: int = 0) -> tuple[str, int, Layout | None]:
+    """:func:`pick_algorithm`, with the groups of a two-level choice of ``auto`` (or None)."""
     name, shards = resolve_algorithm(algorithm, count, shards)
     if name == "auto":
-        return select.choose(collective, size, nbytes, model), shards
+        fabric = select.fabric_of(model)
+        decision = select.decide(collective, size, nbytes, fabric,
+                                 Placement(size, None, processes=False))
+        return decision.name, decision.shards or shards, decision.layout
     if not algorithms.supports(collective, name):
         raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
                          f"of {', '.join(algorithms.names_for(collective))}")
-    return name, shards
+    return name, shards, None
 
 
 def _prepare(values: Any, op: Any, argument: str = "values"):
@@ -93,9 +116,9 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
 def _plan(backend, collective, algorithm, n, shape, dtype, shards=0, groups=None, root=0):
     count = math.prod(shape)
     nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
-    name, shards = pick_algorithm(collective, algorithm, n, nbytes, backend.cost_model,
-                                  count, check_shards(shards))
-    layout = Layout(resolve_groups(groups, n)) if groups is not None else None
+    name, shards, chosen = pick(collective, algorithm, n, nbytes, getattr(
+        backend, "fabric", None) or backend.cost_model, count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else chosen
     shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
     return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
 
@@ -134,7 +157,8 @@ def _deliver(arrays, op, work, results, size):
 @backend_first
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Groups = None,
-               accumulation_fn: Callable | None = None, shared_result: bool = False) -> list:
+               accumulation_fn: Callable | None = None, shared_result: bool = False,
+               compression: str | None = None) -> list:
     """Reduce the arrays of all devices; every device gets the result (bitwise identical).
 
     ``algorithm``: "auto", "one_device", "ring", "rechd", "tree", "shuffle", a TensorFlow
@@ -144,7 +168,13 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     ``accumulation_fn(list_of_arrays) -> array`` replaces the op's kernel for reductions.
     ``shared_result``: where the devices share memory (logical CPU devices), compute the
     result once and return it as read-only views, one per device (no per-device copies).
+    ``compression``: "fp16" or "bf16" all-reduces float32/float64 SUM and MEAN in that
+    narrower float and casts the result back (see ``collectives.compression``).
     """
+    if requested(compression):
+        return multi_device_all_reduce(all_reduce, values, op, algorithm, compression, out=out,
+                                       shared_result=shared_result, shards=shards,
+                                       groups=groups, accumulation_fn=accumulation_fn)
     values, shape, dtype, op = _prepare(values, op)
     n = len(values)
     backend = backend_for_arrays(values)
@@ -293,13 +323,15 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0,
-                     groups: Groups = None) -> list[list]:
+                     groups: Groups = None, compression: str | None = None) -> list[list]:
     """All-reduce many tensors at once: ``value_lists[k]`` holds tensor k on every device.
 
     ``algorithm`` takes any all-reduce spec: a name, ``(alg, shards, limit)`` tuples with
     limits in elements, or a string like ``"pscpu:2k:pscpu#2:64k:xring"``. Tensors are packed
     (``num_packs``, small-tensor aggregation or ``bytes_per_pack``) so many small tensors cost
     few collectives. Returns ``results[k][d]``, in input order with input shapes.
+    ``compression`` ("fp16", "bf16") compresses the float32 and float64 packs (see
+    ``all_reduce``); others travel as they are.
     """
     from ..algorithms.batch import plan_batch
 
@@ -321,8 +353,10 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
         per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices], arrays=arrays)
                       for d in range(n)]
+        squeeze = for_batch(compression, op, [per_device[0][j].dtype
+                                              for j in range(len(part.plan.packs))])
         reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                              shards=part.spec.shards, groups=groups)
+                              shards=part.spec.shards, groups=groups, compression=squeeze[j])
                    for j in range(len(part.plan.packs))]
         unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))], arrays=arrays)
                     for d in range(n)]

@@ -14,10 +14,12 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
+from ..compression import requested
 from ..foreign import accepts_foreign, call_foreign, is_foreign
 from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
 from ..runtime.validate import valid_timeout
+from .compressed import spmd_all_reduce
 
 
 class CollectiveOps:
@@ -25,15 +27,18 @@ class CollectiveOps:
 
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                    out: Any = None, shards: int = 0, groups: Any = None,
-                   timeout: float | None = None, async_op: bool = False) -> Any:
+                   timeout: float | None = None, async_op: bool = False,
+                   compression: str | None = None) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the (bitwise identical) result.
 
         ``algorithm`` takes any spec form ("ring", "nccl/xring", "xring#2", tuples, ranges).
         ``out``: where the result goes (may be ``x`` itself); else a new array.
+        ``compression``: "fp16" or "bf16" carries a float32/float64 SUM or MEAN in that
+        narrower float and casts the result back (see ``collectives.compression``).
         """
         fast = self._hot  # the hot path the last repeated call took
         if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
-                and not shards and groups is None):
+                and not shards and groups is None and compression is None):
             if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
                     and x.shape == fast.shape):  # (the same arguments: by identity)
                 try:  # another signature's hot path, if it has one
@@ -47,16 +52,20 @@ class CollectiveOps:
                 result = fast(x, out)
                 if result is not None:
                     return result
-        return self._all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op)
+        return self._all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op,
+                                compression)
 
     def _all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int, groups: Any,
-                    timeout: float | None, async_op: bool) -> Any:
+                    timeout: float | None, async_op: bool, compression: str | None) -> Any:
         """``all_reduce`` beyond the hot path (kept apart: its closures would make every
         argument of ``all_reduce`` a cell, which costs the hot path a few hundred ns)."""
         if is_foreign(x) or is_foreign(out):
             return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
                                 dict(out=out, shards=shards, groups=groups, timeout=timeout,
-                                     async_op=async_op))
+                                     async_op=async_op, compression=compression))
+        if requested(compression):
+            return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
+                                   groups=groups, timeout=timeout, async_op=async_op)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
         # timeout= takes the checked path, which raises naming it)

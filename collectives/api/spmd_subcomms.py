@@ -44,7 +44,7 @@ class SubcommOps:
         """A new communicator over the same ranks, with this one's options: its calls never
         mix with this one's (give each thread, or each library, its own). Collective."""
         transport = self._agree_then("dup", None, self.transport.dup)
-        return type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
+        return self._child(transport)
 
     def split(self, color: int | None, key: int = 0) -> Any:
         """MPI_Comm_split: the ranks passing the same ``color`` form a new communicator,
@@ -59,7 +59,14 @@ class SubcommOps:
         child = self._agree_then("split", error, lambda: self.transport.split(color, key))
         if child is None:
             return None
-        return type(self)(child, timeout=self.timeout, check=self.check, name=self.name)
+        return self._child(child)
+
+    def _child(self, transport: Any) -> Any:
+        """A communicator over ``transport`` with this one's options and cost model's
+        constants (the same links; measured natives are kept per size)."""
+        child = type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
+        child._fabric = self._fabric
+        return child
 
     def _agree_then(self, what: str, error: BaseException | None, make) -> Any:
         """Agree (raising ``error`` on this rank, PeerFailedError on the others), then

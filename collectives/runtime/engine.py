@@ -132,10 +132,9 @@ class Engine:
         issues calls in the same order, so every rank decides alike even while asynchronous
         agreements are still in flight (should one fail, every rank forgets it alike, and calls
         issued meanwhile are caught by the check value that rides with their data)."""
-        if error is None and not always and not self.detail:
-            if check in self.agreed:
-                self.agreed.move_to_end(check)
-                return None
+        if error is None and not always and not self.detail and check in self.agreed:
+            self.agreed.move_to_end(check)
+            return None
         if error is None:
             self.remember(check)
         return Agreement(self, seq, signature, check, error)
@@ -152,9 +151,8 @@ class Engine:
 
     def reserve_turn(self) -> int:
         """A place in the order native collectives start in (they pair by issue order)."""
-        turn = self.native_next
         self.native_next += 1
-        return turn
+        return self.native_next - 1
 
     def release_turn(self, turn: int) -> None:
         """A reserved place that no native collective will take: later ones need not wait."""
@@ -238,20 +236,13 @@ class Engine:
             # (only for the latest call: an older one would tell peers this rank is behind)
             self._told = now
             self.transport.publish_activity((op.seq, op.subject, op.phase,
-                                             tuple(self._pending_peers(op))))
+                                             tuple(op.pending_peers())))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
             self._check_dispute(op)
 
-    def _pending_peers(self, op: Operation) -> list[int]:
-        """The peers ``op`` waits for, asked under the lock the progress thread advances
-        under: asking tests the operation's requests, and a request two threads test at once
-        may be freed by one while the other tests it."""
-        with self.state:
-            return op.pending_peers()
-
     def _check_dispute(self, op: Operation) -> None:
-        waited = set(self._pending_peers(op))
+        waited = set(op.pending_peers())
         if not waited:
             return
         mine = "moving" if op.skipped_agreement else "agreeing"
@@ -291,7 +282,7 @@ class Engine:
 
     def _time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
-        waited = self._pending_peers(op)
+        waited = op.pending_peers()
         missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)

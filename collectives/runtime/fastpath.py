@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..ops import ReduceOp
+from ..timeline import recorder
+from . import tracing
 from .calls import Call
 from .transport import PENDING
 from .work import Operation
@@ -60,9 +62,10 @@ class FastAllReduce:
         call's, over the transport's ``bound`` collective), or None where it has none: too
         large, not native, integer MEAN, an empty array, or no ``quick`` in the transport."""
         native = comm.transport.native
-        if (native is None or call.run_as != "native" or call.nbytes > FAST_BYTES
+        if (native is None or not getattr(native, "persistent", True)
+                or call.run_as != "native" or call.nbytes > FAST_BYTES
                 or call.final != call.dtype or not call.count or comm.debug == "detail"):
-            return None
+            return None  # (persistent False: the transport has no persistent collectives)
         if bound is None:
             bound = native.prepare(call, None, None, call.op.wire_op)
         if bound is None or not hasattr(bound, "quick"):
@@ -89,6 +92,7 @@ class FastAllReduce:
                     or engine.native_next != engine.native_issued
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
+            t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
             seq = engine.seq = engine.seq + 1
             result = self.quick(x, out, seq)
             if result is None:
@@ -96,12 +100,15 @@ class FastAllReduce:
                 return None
             engine.native_next = engine.native_issued = engine.native_issued + 1
             if result is PENDING:
-                return self._wait(seq, timeout)
-            if self.mean:
-                self.arrays.divide(result, self.size, out=result)
-            self.comm.last_algorithm = "native"
-            if engine._thread is not None:  # it answers peers' questions: tell them
-                self.transport.publish_activity((seq, self.call, False))
+                result = self._wait(seq, timeout, t0)
+            else:
+                if self.mean:
+                    self.arrays.divide(result, self.size, out=result)
+                self.comm.last_algorithm = "native"
+                if engine._thread is not None:  # it answers peers' questions: tell them
+                    self.transport.publish_activity((seq, self.call, False))
+            if t0:
+                tracing.fast_path(self, seq, t0)
             return result
         except BaseException as exc:
             engine._broke(exc, engine.seq)
@@ -149,7 +156,7 @@ class FastAllReduce:
         finally:
             self.release()
 
-    def _wait(self, seq: int, timeout: float | None) -> Any:
+    def _wait(self, seq: int, timeout: float | None, t0: int = 0) -> Any:
         """A call the spin did not see finish: the engine waits for it, as for any other."""
         def finish():
             result = self.bound.deliver()
@@ -157,14 +164,17 @@ class FastAllReduce:
                 self.arrays.divide(result, self.size, out=result)
             return result
 
-        result = self._operation(seq, finish, False, timeout)
+        result = self._operation(seq, finish, False, timeout, t0)
         self.comm.last_algorithm = "native"
         self.transport.publish_activity((seq, self.call, False))
         return result
 
-    def _operation(self, seq: int, finish: Any, async_op: bool, timeout: float | None) -> Any:
+    def _operation(self, seq: int, finish: Any, async_op: bool, timeout: float | None,
+                   t0: int = 0) -> Any:
         call = self.call
         self.transport.publish_activity((seq, call, "moving"))
         op = Operation(self.engine, seq, call, [self.bound], finish, signature=call.signature,
                        check=call.check, skipped_agreement=True, phase="moving")
+        if t0:  # the call's span opens at its start; the operation records its waits in it
+            tracing.fast_waits(self, seq, t0, op)
         return self.engine.run(op, async_op, timeout)

@@ -97,7 +97,8 @@ class NativeCollectives(Protocol):
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
         """A collective bound to these buffers, to start again and again (MPI-4 persistent
-        collectives); None where the transport has none for this call."""
+        collectives); None where the transport has none for this call. A transport with
+        none at all may say so with ``persistent = False``, so nothing is allocated to ask."""
         ...
 
 

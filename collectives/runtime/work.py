@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CollectiveError
+from . import tracing
 from .validate import check_timeout
 
 
@@ -25,7 +26,7 @@ class Operation:
 
     __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
-                 "subject", "waited_by")
+                 "subject", "trace", "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
@@ -45,11 +46,14 @@ class Operation:
         # collective's does; a point-to-point message's does not (it is withdrawn)
         self.breaking = breaking
         self.phase = phase  # as published to peers when the call was issued
+        self.trace: Any = None  # its spans on the timeline, while recording (tracing.issued)
 
     def advance(self) -> bool:
         """Move on as far as possible without waiting; True once finished (or failed)."""
         if self.finished:
             return True
+        if self.trace is not None:
+            return tracing.advance(self)
         try:
             while self.stage < len(self.stages):
                 if not self.stages[self.stage].advance():
@@ -65,6 +69,8 @@ class Operation:
         if not self.finished:
             self.error = exc
             self.finished = True
+            if self.trace is not None:
+                tracing.failed(self, exc)
             for stage in self.stages[self.stage:]:
                 abort = getattr(stage, "abort", None)
                 if abort is not None:
@@ -76,10 +82,13 @@ class Operation:
         return subject if isinstance(subject, str) else subject.describe()
 
     def pending_peers(self) -> list[int]:
-        if self.finished or self.stage >= len(self.stages):
-            return []
-        pending = getattr(self.stages[self.stage], "pending_peers", None)
-        return pending() if pending is not None else []
+        # under the lock the progress thread advances under: asking tests the stage's
+        # requests, and a request two threads test at once may be freed by one of them
+        with self.engine.state:
+            if self.finished or self.stage >= len(self.stages):
+                return []
+            pending = getattr(self.stages[self.stage], "pending_peers", None)
+            return pending() if pending is not None else []
 
     def outcome(self) -> Any:
         if self.error is not None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import collectives
 
 from . import bench
+from .timeline import command as timeline_command
 
 DESCRIPTION = """\
 Collective communication over NumPy and MPI, one set of algorithms.
@@ -24,6 +25,9 @@ commands:
   bench   time a collective over a sweep of sizes and check every result
           (nccl-tests style: time, algbw, busbw and #wrong, out-of-place and in-place)
   draw    print an algorithm's schedule round by round, then prove it correct
+  probe   measure (and cache) the cost model's constants on this job
+  simulate  predict an algorithm's time at any scale from the cost model
+  timeline  merge, draw and summarise the timelines COLLECTIVES_TIMELINE=DIR records
 
 examples:
   collectives bench -n 4 -b 4K -e 64M
@@ -131,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--group-size", type=_non_negative, default=0,
                    help="participants per group for two-level 'A/B' algorithms")
     d.set_defaults(subparser=d)
+    from . import probe, simulate
+
+    probe.add_parser(sub, _positive)
+    simulate.add_parser(sub, _positive)
+    timeline_command.add_parser(sub)
     return parser
 
 
@@ -365,8 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "run"):  # commands of their own modules
+        return args.run(args, args.subparser)
     if args.command == "bench":
         return bench_main(args, args.subparser, argv)
+    if args.command == "timeline":
+        return args.handler(args)
     return draw_main(args, args.subparser)
 
 

@@ -1,7 +1,10 @@
 """Helpers of the GPU tests: why they skip, moving exact inputs to devices, comparing bits.
 
 GPU tests run on a real GPU and skip, with the reason, where CuPy is missing or no GPU is
-visible; nothing stands in for CuPy.
+visible. They also run under a NumPy stand-in for CuPy put first on ``PYTHONPATH`` (its
+``cupy.__version__`` ends in "-fake"): it checks the plumbing (API use, which device each
+piece of work goes to) on a CPU, proves nothing about a GPU, and does not model bfloat16 in
+NCCL or NaN in bfloat16 kernels, so those cases skip under it (:data:`STAND_IN_GAP`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).parent / "scenarios"
 
 
+def install_line() -> str:
+    from collectives.backends.cupy.probe import install_line
+
+    return install_line()
+
+
 def gpu_reason() -> str | None:
     """None where a GPU test can run, else why not."""
     if importlib.util.find_spec("cupy") is None:
-        return "CuPy is not installed (pip install -e '.[cuda]')"
+        return f"CuPy is not installed ({install_line()})"
     import cupy
 
     if not cupy.cuda.is_available():
@@ -35,13 +43,31 @@ def gpu_reason() -> str | None:
 def nccl_reason() -> str | None:
     """None where CuPy loads NCCL, else why not (GPU or not)."""
     if importlib.util.find_spec("cupy") is None:
-        return "CuPy is not installed (pip install -e '.[cuda]')"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from cupy.cuda import nccl
-    if not getattr(nccl, "available", False):
-        return "CuPy cannot load NCCL (pip install nvidia-nccl-cu12)"
+        return f"CuPy is not installed ({install_line()})"
+    from collectives.backends.cupy.probe import NcclUnavailableError, nccl_module
+
+    try:
+        nccl_module()
+    except (ImportError, NcclUnavailableError) as exc:
+        return str(exc)
     return None
+
+
+def stand_in() -> bool:
+    """Whether ``cupy`` is the NumPy stand-in rather than CuPy."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    import cupy
+
+    return str(getattr(cupy, "__version__", "")).endswith("-fake")
+
+
+STAND_IN = stand_in()
+STAND_IN_GAP = "the CuPy stand-in models neither NCCL's bfloat16 nor NaN in bfloat16 kernels"
+
+
+def is_bfloat16(dtype) -> bool:
+    return np.dtype(dtype).name == "bfloat16"
 
 
 def gpu_count() -> int:
@@ -73,7 +99,9 @@ def launch(script: str, n: int, *args: str, env: dict | None = None,
            timeout: float = 240) -> subprocess.CompletedProcess:
     """``mpiexec -n n python scenarios/script args`` from the checkout."""
     full = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_RANKS_PER_NODE"}
-    full.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
+    # the checkout first, then whatever the caller's path holds (a stand-in CuPy, say)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    full.update({"PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})})
     cmd = [MPIEXEC, "-n", str(n), sys.executable, str(SCENARIOS / script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full,
                           cwd=ROOT)

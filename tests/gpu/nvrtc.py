@@ -21,9 +21,10 @@ def nvrtc_ready() -> str | None:
 
         nvrtc.getVersion()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot compile here"
-        return f"NVRTC is not loadable ({type(exc).__name__}: {exc}); pip install nvidia-cuda-nvrtc-cu12"
+        return (f"NVRTC is not loadable ({type(exc).__name__}: {exc}); pip install -e "
+                "'.[cuda13]' (or '.[cuda12]')")
     if not find_nvidia_header_directory("cudart"):
-        return "CUDA headers are missing; pip install nvidia-cuda-runtime-cu12"
+        return "CUDA headers are missing; pip install -e '.[cuda13]' (or '.[cuda12]')"
     return None
 
 
@@ -46,9 +47,12 @@ def elementwise_source(name: str, in_params: str, out_params: str, operation: st
             params.append(f"CArray<{c}, 1, true, true> _raw_{pname}")
             loads.append(f"{'const ' if const else ''}{c} &{pname} = _raw_{pname}[_ind.get()];")
     typedefs = "".join(f"typedef {_typename(d)} {t};\n" for t, d in types.items())
+    # CuPy includes the bfloat16 class only for kernels with bfloat16 parameters
+    extra = ("#include <cupy/bfloat16.cuh>\n"
+             if any(np.dtype(d).name == "bfloat16" for d in types.values()) else "")
     return (
         "#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n#include <cupy/float16.cuh>\n"
-        f"{typedefs}{preamble}\n"
+        f"{extra}{typedefs}{preamble}\n"
         f'extern "C" __global__ void {name}({", ".join(params)}, CIndexer<1, true> _ind) {{\n'
         "  CUPY_FOR(i, _ind.size()) {\n    _ind.set(i);\n"
         f"    {' '.join(loads)}\n    {operation}\n  }}\n}}\n")

@@ -5,17 +5,19 @@ host side (unique id over MPI, nodes, control channel, notices) under mpiexec.""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import re
 
 import numpy as np
 import pytest
-from gpukit import GPU, MPI_REASON, launch, nccl_reason, needs_mpi, passed
+from gpukit import GPU, MPI_REASON, ROOT, launch, nccl_reason, needs_mpi, passed
 
 import collectives
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
 
 needs_cupy = pytest.mark.skipif(
-    __import__("importlib.util").util.find_spec("cupy") is None,
-    reason="CuPy is not installed (pip install -e '.[cuda]')")
+    importlib.util.find_spec("cupy") is None,
+    reason="CuPy is not installed (pip install -e '.[cuda13]', or '.[cuda12]')")
 no_gpu_here = pytest.mark.skipif(GPU is None, reason="a GPU is visible: the no-GPU errors "
                                                     "cannot happen here")
 
@@ -79,7 +81,12 @@ def test_every_dtype_has_an_exact_nccl_form_or_none():
                 continue
             plan = reduction(nccl, dtype, op)
             kind = np.dtype(dtype).kind
-            if dtype in (np.int16, np.uint16) or dtype.name == "bfloat16":
+            if dtype.name == "bfloat16":  # NCCL's bfloat16; no exact MAX/MIN (no int16 keys)
+                if op in (ReduceOp.MAX, ReduceOp.MIN):
+                    assert plan is None
+                else:
+                    assert plan.nccl_type == nccl.NCCL_BFLOAT16 and plan.view == dtype
+            elif dtype in (np.int16, np.uint16):
                 assert plan is None
             elif kind == "c":
                 assert (plan is None) == (op is ReduceOp.PROD)
@@ -126,3 +133,50 @@ def test_host_side_under_mpiexec(n, per_node):
 
 def test_mpi_reason_is_stated():
     assert MPI_REASON is None or "mpi4py" in MPI_REASON
+
+
+def test_watchdog_reads_the_answers_peers_give():
+    """Peers answer with describe_activity's four items (three for one that stayed silent):
+    a late call names the ranks not in it yet, else every peer, with what each says."""
+    from collectives.backends.nccl.watchdog import late_ranks
+
+    from collectives.runtime.transport import SILENT, describe_activity
+
+    answers = {1: describe_activity((7, "all_reduce(float32[4], op=sum)", "moving", (2,))),
+               2: describe_activity((6, "broadcast(int8[3], root=0)", False)),
+               3: (None, "did not answer within 0.5 s", SILENT)}
+    missing, doing = late_ranks(answers, 7)
+    assert missing == [2, 3]
+    assert "rank 2: last finished call 6" in doing and "rank 3: did not answer" in doing
+    assert "rank 1" not in doing
+    missing, doing = late_ranks({1: answers[1]}, 7)
+    assert missing == [1] and "waiting for rank(s) 2" in doing
+
+
+def test_install_lines_name_the_wheels_of_each_cuda_extra():
+    """Every wheel a GPU error tells to install is in the extra of its CUDA line, and each
+    line's extra holds CuPy 14 or later of that line."""
+    from collectives.backends.cupy import probe
+
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["cuda"] == ["collective-schedules[cuda12]"]
+    for line in probe.LINES:
+        names = {re.split(r"[<>=\[; ]", r, maxsplit=1)[0]: r for r in extras[f"cuda{line}"]}
+        assert names[f"cupy-cuda{line}x"].endswith(f">={probe.MIN_CUPY}")
+        for wheel in probe.WHEELS[line]:
+            assert re.split(r"[<>=]", wheel.strip("'"), maxsplit=1)[0] in names, (line, wheel)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_missing_cupy_says_which_extra_to_install():
+    from collectives.backends import cupy as gpu
+    from collectives.backends.cupy import probe
+
+    with pytest.raises(ImportError, match=r"need CuPy 14 or later.*pip install -e "
+                                          r"'\.\[cuda1[23]\]' from the checkout"):
+        gpu.all_reduce([np.zeros(3)])
+    assert probe.cuda_line() in probe.LINES
+    assert "CuPy 14 or later, which is not installed" in probe.describe()

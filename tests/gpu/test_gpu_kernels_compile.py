@@ -9,13 +9,15 @@ import importlib.util
 import numpy as np
 import pytest
 
-from collectives.ops import ReduceOp, check_dtype
+from collectives.ops import BFLOAT16, ReduceOp, check_dtype
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cupy") is None,
-                                reason="CuPy is not installed (pip install -e '.[cuda]')")
+                                reason="CuPy is not installed (pip install -e '.[cuda13]', "
+                                       "or '.[cuda12]')")
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]
+          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128] + (
+    [BFLOAT16] if BFLOAT16 is not None else [])
 
 
 @pytest.fixture(scope="module")

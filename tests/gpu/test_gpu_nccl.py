@@ -23,6 +23,21 @@ def test_two_level_with_one_rank_per_simulated_node_on_one_gpu():
     assert "ranks=2" in out
 
 
+def test_async_two_level_loop_with_one_rank_per_node():
+    """Several asynchronous two-level calls in flight: each keeps its turn until its last
+    chunk is back, so every rank issues MPI's and NCCL's collectives in the same order."""
+    out = passed(launch("nccl_ranks.py", 2, "two_level_async", timeout=300,
+                        env={"COLLECTIVES_RANKS_PER_NODE": "1"}), "two_level_async")
+    assert "ranks=2" in out
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_async_two_level_loop_with_two_gpus_per_node():
+    out = passed(launch("nccl_ranks.py", 4, "two_level_async", timeout=300,
+                        env={"COLLECTIVES_RANKS_PER_NODE": "2"}), "two_level_async")
+    assert "ranks=4" in out
+
+
 @pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
 def test_world_over_several_gpus():
     passed(launch("nccl_ranks.py", gpu_count(), "one_rank", timeout=540), "one_rank")

@@ -205,6 +205,34 @@ def timeout(comm):
                      options=options)
 
 
+def compressed(comm):
+    """compression="fp16": the totals cross between workers as float16 (1 + 2**-12 per
+    device sums to 2 + 2**-11 on each worker, which float16 rounds to 2), eagerly and in
+    tf.function; a worker that does not compress disagrees before any data moves."""
+    devices = local(comm.rank)
+    ops = ctf.MultiWorkerAllReduce(communicator=comm, workers_sum="sum", compression="fp16")
+    x = per_replica([tf.fill([5], 1.0 + 2.0 ** -12) for _ in range(2)], devices)
+    out = {"eager": parts(ops.reduce(SUM, x, x))}
+
+    @tf.function
+    def step(v):
+        return ops.batch_reduce(SUM, [(v, v)])[0].values
+
+    out["graph"] = [t.numpy() for t in step(x)]
+    expect_error(ValueError, "'fp16', 'bf16' or None", ctf.CrossDeviceOps, compression="fp8")
+    plain = ctf.MultiWorkerAllReduce(communicator=comm, workers_sum="sum")
+    expect_error(collectives.CollectiveMismatchError, "compression",
+                 (ops if comm.rank == 0 else plain).reduce, SUM, x, x)
+    return out
+
+
+def check_compressed(results) -> None:
+    for out in results:
+        for p in out["eager"] + out["graph"]:
+            np.testing.assert_array_equal(p, np.full(5, 4.0, np.float32))
+            assert p.dtype == np.float32
+
+
 def run(report, devices: list[str]) -> None:
     assert len(devices) == 4, "the threads suite needs 4 logical devices"
     DEVICES[:] = devices
@@ -220,3 +248,4 @@ def run(report, devices: list[str]) -> None:
     report.check("threads: device count mismatch", lambda: spmd(device_count_mismatch, 2))
     report.check("threads: batch mismatch", lambda: check_batch_mismatch(spmd(batch_mismatch, 2)))
     report.check("threads: timeout_seconds", lambda: spmd(timeout, 2, timeout=10))
+    report.check("threads: compression", lambda: check_compressed(spmd(compressed, 2)))

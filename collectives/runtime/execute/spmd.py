@@ -21,6 +21,8 @@ from typing import Any, Protocol
 from ...algorithms.schedule import RankPlan
 from ...arrays import ArrayBackend
 from ...ops import ReduceOp
+from ...timeline import recorder
+from .. import tracing
 from .first_touch import annotate
 
 
@@ -67,7 +69,7 @@ class SpmdRun:
     """This rank's part of ``plan`` on its flat working buffer ``buf``, in place."""
 
     __slots__ = ("arrays", "buf", "check", "k", "last_fills", "op", "posted", "rounds", "sends",
-                 "seq", "src", "transport")
+                 "seq", "src", "trace", "transport")
 
     def __init__(self, plan: RankPlan, buf: Any, op: ReduceOp, transport: PointToPoint, *,
                  granule: int = 1, seq: int = 0, check: int = 0, src: Any = None):
@@ -86,15 +88,22 @@ class SpmdRun:
         # whether the first combines with the input], and its sends, (dst, request)
         self.posted: list | None = None
         self.sends: list = []
+        self.trace = tracing.RunTrace(plan, buf, transport) if recorder.ON else None
 
     def advance(self) -> bool:
         """Do what can be done without waiting; True once every round is complete."""
         rounds = self.rounds
         while self.k < len(rounds):
             if self.posted is None:
+                if self.trace is not None:
+                    self.trace.posted(self)
                 self._post(rounds[self.k])
             if not self._finish_round():
+                if self.trace is not None:
+                    self.trace.blocked(self)
                 return False
+            if self.trace is not None:
+                self.trace.round_done(self)
             self.k += 1
             self.posted = None
         if self.last_fills:  # ranges no step wrote: this rank's input as it is
@@ -155,10 +164,14 @@ class SpmdRun:
             # it) has arrived
             dst = self.buf[a:b]
             while nxt < len(requests) and requests[nxt].done():
+                if self.trace is not None:
+                    self.trace.reduce_begins()
                 if first and nxt == 0:
                     arrays.combine_into(self.op, dst, self.src[a:b], (requests[0].data,))
                 else:
                     arrays.combine(self.op, dst, (requests[nxt].data,))
+                if self.trace is not None:
+                    self.trace.reduce_ends(srcs[nxt], b - a)
                 transport.release(requests[nxt])
                 nxt += 1
             entry[5] = nxt

@@ -3,7 +3,8 @@
 * every rank receives the same 128-byte NCCL unique id, made by NCCL on rank 0;
 * nodes from MPI (one node here) and from COLLECTIVES_RANKS_PER_NODE;
 * the control channel runs the core's SPMD executor (an all-reduce plan) over MPI;
-* a failure notice reaches every peer; activity queries are answered.
+* a failure notice reaches every peer; activity queries are answered, and the watchdog reads
+  the answers (four items each) as the engine publishes them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import warnings
 import numpy as np
 from collectives.backends.nccl import broadcast_unique_id, node_of_ranks, ranks_per_node
 from collectives.backends.nccl.control import MpiChannel, Notices
+from collectives.backends.nccl.watchdog import late_ranks
 from mpi4py import MPI
 
 from collectives import algorithms
@@ -61,7 +63,12 @@ comm.Barrier()
 if rank == 0:
     answers = notices.ask(20.0)
     assert sorted(answers) == list(range(1, size)), answers
-    assert all(seq == 3 for seq, _ in answers.values()), answers
+    assert all(seq == 3 for seq, *_ in answers.values()), answers
+    # what the watchdog makes of real answers when call 4 does not finish: nobody is in it
+    missing, doing = late_ranks(answers, 4)
+    assert missing == list(range(1, size)), (missing, doing)
+    assert size == 1 or "in call 3" in doing, doing
+    assert late_ranks(answers, 3)[0] == list(range(1, size))  # all in it: every peer named
     notices.notify(Failure(0, 5, "error", "ValueError: on purpose"))
 else:
     got = None

@@ -4,7 +4,8 @@
 blocking and async, plus the errors for host arrays. ``two_level`` (mpiexec -n 2 with
 COLLECTIVES_RANKS_PER_NODE=1, every rank on GPU 0): all-reduce through NCCL inside each
 simulated node and MPI between them; calls that need a NCCL world communicator raise a clear
-error naming the shared GPU.
+error naming the shared GPU. ``two_level_async`` (any -n, with COLLECTIVES_RANKS_PER_NODE):
+a loop of asynchronous two-level all-reduces, several in flight at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import cupy
 import numpy as np
 
 import collectives
-from collectives.ops import ReduceOp, check_dtype
+from collectives.ops import BFLOAT16, ReduceOp, check_dtype
 from collectives.tools.reference import exact_input, expected_outputs
 
 mode = sys.argv[1]
@@ -23,6 +24,9 @@ comm = collectives.load_backend("nccl").init(timeout=60)
 rank, size = comm.rank, comm.size
 DTYPES = [np.bool_, np.int8, np.int16, np.uint32, np.int64, np.float16, np.float32, np.float64,
           np.complex64, np.complex128]
+# bfloat16 where ml_dtypes is installed (a NumPy stand-in for CuPy has no NCCL bfloat16)
+if BFLOAT16 is not None and not str(cupy.__version__).endswith("-fake"):
+    DTYPES.append(BFLOAT16)
 checked = 0
 
 
@@ -88,8 +92,9 @@ if mode == "one_rank":
     comm.synchronize()
 elif mode == "two_level":
     for dtype, op in pairs():
-        if dtype in (np.float16, np.int16) or (dtype.kind == "c" and op is ReduceOp.PROD):
-            continue  # no exact NCCL form (float16 also has no MPI type)
+        if (dtype in (np.float16, np.int16) or dtype.name == "bfloat16"
+                or (dtype.kind == "c" and op is ReduceOp.PROD)):
+            continue  # no exact NCCL form, or no MPI type (float16, bfloat16)
         for count in (0, 1, 1009, (4 << 20) + 3):
             for algorithm in ("auto", "two_level"):
                 if count > 2000 and (dtype != np.float32 or algorithm == "auto"):
@@ -105,6 +110,23 @@ elif mode == "two_level":
         except collectives.PeerFailedError as exc:  # a broadcast's non-root hears the root's
             assert rank != 0 and "share GPU" in str(exc), exc
     assert (cupy.asnumpy(comm.all_reduce(x)) == size).all()  # still usable
+elif mode == "two_level_async":
+    # A loop of asynchronous two-level all-reduces, several in flight at once, sizes of one
+    # and of several 4 MiB chunks: each run issues its chunks' MPI all-reduces and its NCCL
+    # all-gather as its copies land, so later calls must not start theirs in between.
+    sizes = [1009, (4 << 20) + 3, 3, (9 << 20) // 4, 0, 257]
+    for step in range(3):
+        works, wanted = [], []
+        for k, count in enumerate(sizes):
+            dtype = np.dtype(np.float32 if k % 2 == 0 else np.int64)
+            inputs = [exact_input(size, p, count, dtype, ReduceOp.SUM) for p in range(size)]
+            x = cupy.asarray(inputs[rank])
+            works.append(comm.all_reduce(x, "sum", "two_level", async_op=True))
+            wanted.append(expected_outputs("all_reduce", inputs, ReduceOp.SUM)[rank])
+        for work, expected in zip(works, wanted):
+            got = cupy.asnumpy(work.wait())
+            assert same(got, expected), (step, got[:4], expected[:4])
+            checked += 1
 comm.barrier()
 if rank == 0:
     print(f"SUMMARY {mode} PASS checked={checked} ranks={size}")

@@ -1,0 +1,147 @@
+"""The end of ``benchmarks/gpu_run.sh``: one ``results.json`` from the parts' JSON files and
+the steps' statuses, and a ``summary.txt`` a person reads first (what ran, what passed, the
+numbers the GPU targets are about).
+
+    python benchmarks/gpu_summary.py WORK OUT
+
+``WORK`` holds ``steps.tsv`` (name, exit status, seconds, limit), ``junit.xml``, the parts'
+``gpu_compare_*.json`` and ``probe.json``; ``OUT`` receives ``results.json`` and
+``summary.txt``. Whatever is missing is said to be missing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+TIMED_OUT = (124, 137)
+TARGETS = ("targets: the best algorithm at >= 64 MiB reaches >= 80% of the copy-rate bound for "
+           "its bytes moved; the one-rank NCCL call adds <= 15 us at 4 KiB and is within 5% "
+           "of bare NCCL at >= 1 MiB")
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps(work: Path) -> list[dict]:
+    out = []
+    path = work / "steps.tsv"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        name, rc, seconds, limit = line.split("\t")
+        rc = int(rc)
+        out.append({"step": name, "exit": rc, "seconds": int(seconds), "limit": int(limit),
+                    "status": "ok" if rc == 0 else "timed out" if rc in TIMED_OUT else "failed"})
+    return out
+
+
+def junit(path: Path) -> dict | None:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    totals = {k: sum(int(s.get(k, 0)) for s in suites)
+              for k in ("tests", "failures", "errors", "skipped")}
+    totals["failed"] = [f"{case.get('classname')}::{case.get('name')}"
+                        for case in root.iter("testcase")
+                        if case.find("failure") is not None or case.find("error") is not None]
+    skips: dict[str, int] = {}
+    for case in root.iter("testcase"):
+        skip = case.find("skipped")
+        if skip is not None:
+            reason = (skip.get("message") or "").strip()
+            skips[reason] = skips.get(reason, 0) + 1
+    totals["skip_reasons"] = skips
+    return totals
+
+
+def headline(parts: dict) -> list[str]:
+    """The numbers of the GPU targets, from the parts that ran."""
+    lines = []
+    copy = parts.get("copy")
+    if copy and copy.get("copy_GBps"):
+        lines.append(f"copy rate (device to device): {copy['copy_GBps']:.1f} GB/s")
+    devices = parts.get("devices")
+    if devices and devices.get("rows"):
+        big = [r for r in devices["rows"] if r["size"] >= 64 << 20]
+        if big:
+            best = max(big, key=lambda r: (r["size"], r["busbw"]))
+            frac = best.get("copy_fraction")
+            lines.append(f"devices: best at {best['size'] >> 20} MiB: {best['algorithm']} busbw "
+                         f"{best['busbw']:.1f} GB/s"
+                         + (f", {100 * frac:.0f}% of the copy-rate bound" if frac else ""))
+        wrong = sum(r["wrong"] or 0 for r in devices["rows"]) + sum(
+            (r["inplace"] or {}).get("wrong") or 0 for r in devices["rows"])
+        lines.append(f"devices: {len(devices['rows'])} rows, {wrong} wrong elements")
+    one = parts.get("one-rank")
+    if one and one.get("rows"):
+        small = next((r for r in one["rows"] if r["size"] == 4 << 10), None)
+        if small:
+            lines.append(f"one-rank NCCL at 4 KiB: library +{small['library_overhead_us']:.1f} "
+                         f"us, nccl backend +{small['backend_overhead_us']:.1f} us over bare "
+                         f"{small['bare_us']:.1f} us")
+        large = [r for r in one["rows"] if r["size"] >= 1 << 20]
+        if large:
+            worst = max(r["library_ratio"] for r in large)
+            worst_b = max(r["backend_ratio"] for r in large)
+            lines.append(f"one-rank NCCL at >= 1 MiB: time / bare <= {worst:.3f} (library), "
+                         f"<= {worst_b:.3f} (nccl backend)")
+    two = parts.get("two-level")
+    if two and two.get("rows"):
+        last = two["rows"][-1]
+        lines.append(f"two-level at {last['size'] >> 10} KiB: {last['two_level_us']:.0f} us vs "
+                     f"MPI over host copies {last['staging_us']:.0f} us")
+    torch = parts.get("torch")
+    if torch:
+        if torch.get("skipped"):
+            lines.append(f"torch: skipped ({torch['skipped']})")
+        elif torch.get("rows"):
+            r = torch["rows"][0]
+            lines.append(f"torch tensors at {r['size'] >> 10} KiB: +{r['dlpack_overhead_us']:.1f}"
+                         " us over CuPy arrays")
+    return lines
+
+
+def main() -> None:
+    work, out = Path(sys.argv[1]), Path(sys.argv[2])
+    parts = {}
+    for path in sorted(work.glob("gpu_compare_*.json")):
+        data = _load(path)
+        if data is not None:
+            parts[data.get("part", path.stem)] = data
+    meta = _load(work / "run.json") or {}
+    result = {**meta, "steps": steps(work), "tests": junit(work / "junit.xml"),
+              "probe": _load(work / "probe.json"), "parts": parts}
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    lines = [f"gpu_run ({meta.get('mode', '?')} mode) of checkout {meta.get('commit', '?')} on "
+             f"{meta.get('device', '?')}, {meta.get('date', '?')}"]
+    if meta.get("mode") == "cpu":
+        lines.append("CPU dry run under a NumPy stand-in for CuPy: nothing here ran on a GPU")
+    probe = result["probe"]
+    lines.append(f"probe: {probe.get('summary') if probe else 'missing'}")
+    for s in result["steps"]:
+        lines.append(f"  {s['step']:<12} {s['status']:<10} {s['seconds']:>4} s (limit "
+                     f"{s['limit']} s, exit {s['exit']})")
+    tests = result["tests"]
+    if tests is None:
+        lines.append("tests: no JUnit file")
+    else:
+        lines.append(f"tests: {tests['tests']} run, {tests['failures']} failed, "
+                     f"{tests['errors']} errors, {tests['skipped']} skipped")
+        lines += [f"  FAILED {name}" for name in tests["failed"]]
+        lines += [f"  skipped x{n}: {reason[:150]}" for reason, n in tests["skip_reasons"].items()]
+    lines += headline(parts) or ["benchmarks: no numbers"]
+    lines.append(TARGETS)
+    text = "\n".join(lines) + "\n"
+    (out / "summary.txt").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+"""Predict a plan's time: the alpha-beta-gamma model of every round, over the links it crosses.
+
+A plan says, per round, what each participant sends, receives and reduces. The model prices
+that with the constants of a :class:`Fabric`, measured (``collectives probe``) or given:
+
+* each message crosses one **link class**: ``proc`` (participants in one process: threads,
+  devices), ``host`` (processes on one host: shared memory) or ``net`` (across hosts), as a
+  :class:`Placement` says; a class has a latency ``alpha`` and an inverse bandwidth ``beta``;
+* a participant's round costs ``round_overhead``, plus ``overhead`` per message it posts or
+  matches (serialised on its CPU), plus the largest ``alpha`` among the classes it uses, plus,
+  per class, the larger of the bytes it sends and receives times ``beta`` (links are full
+  duplex), plus ``gamma`` (of the dtype) per byte it reduces;
+* the ``net`` bytes are those of the participant's **host**: a host's ranks share its link, so
+  a round moves what all of them send (or receive) across it together;
+* a round ends when its slowest participant does, and each round needs the previous one's
+  data: the call's time is the sum over rounds of the slowest participant's time, the
+  critical path through the rounds. (Serial fabrics, where one thread runs every
+  participant's steps, add the participants' times instead.)
+
+Which participants are priced (every one up to 64, else one rank's plan and the plans'
+symmetry, or a few whole hosts) is :mod:`collectives.algorithms.sampling`'s job, so a
+prediction for 65,536 participants costs about one plan's rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
+
+from .base import Layout
+from .schedule import Collective
+
+PROC, HOST, NET = 0, 1, 2
+CLASSES = ("proc", "host", "net")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link class: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+    def __str__(self) -> str:
+        rate = f"{1 / self.beta / 1e9:.2f} GB/s" if self.beta > 0 else "unlimited"
+        return f"alpha {self.alpha * 1e6:.1f} us, {rate}"
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The constants of the model. ``gammas``: ``(dtype name, seconds per byte)`` pairs where
+    measured (others use ``gamma``); ``measured``: ``(method, collective, size, ((nbytes,
+    seconds), ...))`` timings of a transport's own collectives (MPI's), which the model
+    interpolates rather than predicts; ``native_overhead``: seconds per round of a native
+    collective's own (C) code, for sizes and counts never measured; ``call_overhead``:
+    seconds a call costs before and after its rounds (the same for every algorithm)."""
+
+    proc: Link = Link(2e-6, 1 / 8e9)
+    host: Link = Link(5e-6, 1 / 5e9)
+    net: Link = Link(30e-6, 1 / 1.25e9)
+    gamma: float = 1 / 4e9
+    gammas: tuple = ()
+    overhead: float = 0.0
+    round_overhead: float = 0.0
+    serial: bool = False
+    nic_shared: bool = True
+    native_overhead: float = 2e-6
+    call_overhead: float = 0.0
+    measured: tuple = ()
+    source: str = field(default="defaults", compare=False)
+    raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
+
+    def link(self, cls: int) -> Link:
+        return (self.proc, self.host, self.net)[cls]
+
+    def gamma_for(self, dtype: str) -> float:
+        for name, value in self.gammas:
+            if name == dtype:
+                return value
+        return self.gamma
+
+    def timings(self, method: str, collective: Collective, size: int) -> tuple | None:
+        """Measured ``((nbytes, seconds), ...)`` of ``method`` for this collective and count."""
+        for m, c, n, points in self.measured:
+            if m == method and c == collective.value and n == size:
+                return points
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Fabric:
+        data = json.loads(text)
+        for name in CLASSES:
+            data[name] = Link(**data[name])
+        data["gammas"] = tuple(tuple(g) for g in data.get("gammas", ()))
+        data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
+                                 for m, c, n, pts in data.get("measured", ()))
+        data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
+        return cls(**data)
+
+    def describe(self) -> str:
+        lines = [f"{name:5} {self.link(i)}" for i, name in enumerate(CLASSES)]
+        gammas = ", ".join(f"{n} {1 / g / 1e9:.2f} GB/s" for n, g in self.gammas)
+        lines.append(f"gamma {1 / self.gamma / 1e9:.2f} GB/s reduced" +
+                     (f" ({gammas})" if gammas else ""))
+        lines.append(f"overhead {self.overhead * 1e6:.1f} us per message, "
+                     f"{self.round_overhead * 1e6:.1f} us per round, "
+                     f"{self.call_overhead * 1e6:.1f} us per call")
+        return "\n".join(lines)
+
+
+def interpolate(points: Sequence[tuple[int, float]], nbytes: int) -> float:
+    """Seconds at ``nbytes`` from measured ``(nbytes, seconds)`` points: log-log between
+    them, the smallest below them, the last segment's seconds per byte above them."""
+    points = sorted(points)
+    nbytes = max(nbytes, 1)
+    if nbytes <= points[0][0] or len(points) == 1:
+        return points[0][1] if nbytes <= points[0][0] else points[0][1] * nbytes / points[0][0]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if nbytes <= b1:
+            f = math.log(nbytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    (b0, t0), (b1, t1) = points[-2], points[-1]
+    return t1 + (nbytes - b1) * max(t1 - t0, 0.0) / (b1 - b0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where participants run: ``hosts`` groups them by host (None: all on one), and
+    ``processes`` says whether participants on one host are separate processes (``host``
+    links) or threads and devices of one process (``proc`` links)."""
+
+    size: int
+    hosts: Layout | None = None
+    processes: bool = True
+
+    @classmethod
+    def nodes(cls, count: int, per: int, processes: bool = True) -> Placement:
+        """``count`` hosts of ``per`` consecutive participants."""
+        if count <= 1:
+            return cls(per * max(count, 1), None, processes)
+        return cls(count * per, Layout([range(i, i + per) for i in range(0, count * per, per)]),
+                   processes)
+
+    @property
+    def local(self) -> int:
+        return HOST if self.processes else PROC
+
+
+class Part(NamedTuple):
+    """One round's time, by what it is spent on, and what is slowest in it."""
+
+    latency: float    # alpha and overheads
+    transfer: float   # bytes over links
+    reduction: float  # bytes reduced
+    who: str          # the bottleneck
+    messages: int = 0  # the most messages one participant posts or matches in the round
+
+    @property
+    def seconds(self) -> float:
+        return self.latency + self.transfer + self.reduction
+
+
+@dataclass
+class Prediction:
+    """A call's predicted time. ``rounds``: runs of equal rounds, ``(first, count, part)``."""
+
+    algorithm: str
+    collective: Collective
+    size: int
+    nbytes: int
+    seconds: float
+    latency: float = 0.0
+    transfer: float = 0.0
+    reduction: float = 0.0
+    rounds: list = field(default_factory=list)
+    shards: int = 0
+    layout: Layout | None = None  # the groups of a two-level algorithm (or the ring's rotations)
+    note: str = ""
+
+    @property
+    def fan_out(self) -> int:
+        """The most messages one participant handles in one round (concurrent flows)."""
+        return max((part.messages for _, _, part in self.rounds), default=0)
+
+    @property
+    def label(self) -> str:
+        out = self.algorithm
+        if self.shards > 1:
+            out += f"#{self.shards}"
+        if self.layout is not None and "/" in self.algorithm:
+            groups = self.layout.groups
+            each = f"{self.layout.uniform}" if self.layout.uniform else "uneven"
+            out += f" ({len(groups)}x{each})"
+        return out
+
+    def critical_path(self, limit: int = 12) -> str:
+        """The rounds, equal neighbours merged: ``rounds 0-6 (7x): 12.0 us each, ...``."""
+        lines = []
+        for first, count, part in self.rounds[:limit]:
+            span = f"round {first}" if count == 1 else f"rounds {first}-{first + count - 1}"
+            lines.append(f"  {span:>18} {f'({count}x)' if count > 1 else '':>9} "
+                         f"{_time(part.seconds):>10} each: latency {_time(part.latency)}, "
+                         f"transfer {_time(part.transfer)}, reduction {_time(part.reduction)}"
+                         f"; slowest: {part.who}")
+        if len(self.rounds) > limit:
+            rest = sum(c for _, c, _ in self.rounds[limit:])
+            left = sum(c * p.seconds for _, c, p in self.rounds[limit:])
+            lines.append(f"  ... {rest} more rounds, {_time(left)}")
+        return "\n".join(lines)
+
+
+def _time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def human_time(seconds: float) -> str:
+    return _time(seconds)
+
+
+# --- one participant's round, and one round of many participants ----------------------------
+
+class Load(NamedTuple):
+    """What participant ``rank`` (on host ``host``) does in one round, in bytes."""
+
+    rank: int
+    host: int
+    sent: tuple   # per class
+    recvd: tuple  # per class
+    reduced: float
+    messages: int
+
+
+def load(rank: int, sends, recvs, scale: float, host_of, local: int, mapped=None) -> Load:
+    """Participant ``rank``'s round: ``sends`` and ``recvs`` as in a plan, positions times
+    ``scale`` bytes; ``mapped(q)`` renames a peer (symmetry), ``host_of`` gives hosts."""
+    sent = [0.0, 0.0, 0.0]
+    recvd = [0.0, 0.0, 0.0]
+    reduced = 0.0
+    messages = len(sends)
+    home = host_of[rank] if host_of is not None else 0
+    for dst, lo, hi in sends:
+        if host_of is None:
+            sent[local] += hi - lo
+            continue
+        q = mapped(dst) if mapped is not None else dst
+        sent[NET if host_of[q] != home else local] += hi - lo
+    for _, srcs, lo, hi, reduce in recvs:
+        width = hi - lo
+        messages += len(srcs)
+        if reduce:
+            reduced += width * len(srcs)
+        if host_of is None:
+            recvd[local] += width * len(srcs)
+            continue
+        for q in srcs:
+            q = mapped(q) if mapped is not None else q
+            recvd[NET if host_of[q] != home else local] += width
+    return Load(rank, home, (sent[0] * scale, sent[1] * scale, sent[2] * scale),
+                (recvd[0] * scale, recvd[1] * scale, recvd[2] * scale), reduced * scale,
+                messages)
+
+
+def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
+               weights: dict | None = None) -> Part:
+    """The time of one round that ``loads`` take part in (whole hosts where hosts matter)."""
+    nic: dict[int, list[float]] = {}
+    if fabric.nic_shared:
+        for ld in loads:
+            if ld.sent[NET] or ld.recvd[NET]:
+                out = nic.setdefault(ld.host, [0.0, 0.0, 0])
+                out[0] += ld.sent[NET]
+                out[1] += ld.recvd[NET]
+                out[2] += 1
+    links = (fabric.proc, fabric.host, fabric.net)
+    worst, worst_who = None, ""
+    total = [0.0, 0.0, 0.0]
+    for ld in loads:
+        alpha = 0.0
+        transfer = 0.0
+        who_bytes, who_cls = 0.0, 0
+        for c in (PROC, HOST, NET):
+            s, r = ld.sent[c], ld.recvd[c]
+            if not (s or r):
+                continue
+            link = links[c]
+            alpha = max(alpha, link.alpha)
+            moved = max(s, r)
+            if c == NET and fabric.nic_shared:
+                shared = nic[ld.host]
+                moved = max(shared[0], shared[1], moved)
+            transfer += moved * link.beta
+            if moved > who_bytes:
+                who_bytes, who_cls = moved, c
+        latency = alpha + fabric.round_overhead + fabric.overhead * ld.messages
+        reduction = ld.reduced * gamma
+        if weights is not None:  # serial: one thread does every participant's work
+            w = weights.get(ld.rank, 1.0)
+            total[0] += latency * w
+            total[1] += transfer * w
+            total[2] += reduction * w
+            continue
+        t = latency + transfer + reduction
+        if worst is None or t > worst[0]:
+            worst = (t, latency, transfer, reduction)
+            worst_who = _who(ld, who_bytes, who_cls, nic)
+    busiest = max((ld.messages for ld in loads), default=0)
+    if weights is not None:
+        return Part(total[0], total[1], total[2], "all participants, one after another",
+                    busiest)
+    if worst is None:
+        return Part(0.0, 0.0, 0.0, "nobody")
+    return Part(worst[1], worst[2], worst[3], worst_who, busiest)
+
+
+def _who(ld: Load, moved: float, cls: int, nic: dict) -> str:
+    if not moved:
+        return f"participant {ld.rank} ({ld.messages} messages)"
+    if cls == NET and ld.host in nic and nic[ld.host][2] > 1:
+        return (f"host {ld.host}'s link ({_bytes(moved)} of {nic[ld.host][2]} participants)")
+    return f"participant {ld.rank} ({_bytes(moved)} over {CLASSES[cls]})"
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Collective,
+                  size: int, nbytes: int, call_overhead: float = 0.0) -> Prediction:
+    """The prediction from each round's part, ``(index, part)`` in round order, after the
+    call's own overhead."""
+    runs: list = []
+    latency, transfer, reduction = call_overhead, 0.0, 0.0
+    for index, part in parts:
+        latency += part.latency
+        transfer += part.transfer
+        reduction += part.reduction
+        if runs and runs[-1][2][:3] == part[:3] and runs[-1][0] + runs[-1][1] == index:
+            runs[-1][1] += 1
+        else:
+            runs.append([index, 1, part])
+    return Prediction(name, collective, size, nbytes, latency + transfer + reduction,
+                      latency, transfer, reduction, [tuple(r) for r in runs])
+
+
+def native_fallback(fabric: Fabric) -> Fabric:
+    """The fabric a native (C) collective runs on: the links, without Python's overheads."""
+    return replace(fabric, overhead=0.0, round_overhead=fabric.native_overhead, serial=False)

@@ -1,0 +1,261 @@
+"""Which participants a prediction prices, and the prediction itself.
+
+Pricing every participant's plan costs ``n`` plans: fine for a few dozen, not for 65,536. So:
+
+* up to :data:`EXACT` participants, every one is priced (exact);
+* **symmetric plans** are priced from one rank's plan: the ring's participants are each
+  other's plans shifted by a rank (``q -> q + i``), recursive halving-doubling's on a power
+  of two XOR-ed (``q -> q ^ i``), the direct shuffle's shifted. One plan, its peers mapped onto
+  each member of host 0, gives every host's load (hosts of ``L`` consecutive ranks map onto
+  each other by the same symmetry);
+* **two-level plans** whose outer algorithm is symmetric are priced from the members of
+  group 0: every group does the same;
+* anything else is priced from a sample: whole hosts (or ranks) that hold the root, the
+  ends, the middle and the power-of-two boundaries where folding algorithms differ, and a
+  spread of others. The ring's broadcast is a chain in which each participant acts in a few
+  rounds only: every participant up to 4,096, else a round none of the sample acts in costs
+  what the busiest round before it did.
+
+Rounds of equal shape are priced once (a ring of 65,536 has 131,070 rounds of two shapes).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import algorithms
+from .base import Layout
+from .cost import (
+    Fabric,
+    Part,
+    Placement,
+    Prediction,
+    critical_path,
+    interpolate,
+    load,
+    native_fallback,
+    round_part,
+)
+from .schedule import Collective
+
+EXACT = 32          # up to this many participants, every plan is priced
+CACHED_UP_TO = 4096  # plans of larger jobs: only the last few are kept
+SPREAD = 16          # the sample's evenly spread participants, beyond the special ones
+
+
+def symmetry(collective: Collective, name: str, size: int, shards: int,
+             layout: Layout | None) -> str | None:
+    """``"add"`` when participant ``i``'s plan is participant 0's with every peer ``q`` read as
+    ``q + i`` (mod n), ``"xor"`` when as ``q ^ i``; None when the plans have no such symmetry."""
+    C = Collective
+    if name == "ring":
+        if collective in (C.ALL_GATHER, C.ALL_TO_ALL):
+            return "add"
+        rotated = shards > 1 and layout is not None and layout.runs
+        if collective in (C.ALL_REDUCE, C.REDUCE_SCATTER) and not rotated:
+            return "add"
+    if name == "rechd" and size & (size - 1) == 0 and collective in (C.ALL_REDUCE, C.ALL_GATHER):
+        return "xor"
+    if name == "shuffle" and (shards <= 0 or shards >= size) and collective in (
+            C.ALL_REDUCE, C.ALL_GATHER, C.ALL_TO_ALL, C.REDUCE_SCATTER):
+        return "add"
+    return None
+
+
+def _members(kind: str, placement: Placement) -> list[int] | None:
+    """Host 0's members when the symmetry maps hosts onto hosts (None: it does not)."""
+    hosts = placement.hosts
+    if hosts is None:
+        return [0]
+    L = hosts.runs
+    if not L or placement.size % L or (kind == "xor" and L & (L - 1)):
+        return None
+    return list(range(L))
+
+
+def _periodic(name: str, collective: Collective, shards: int, layout: Layout | None,
+              placement: Placement) -> bool:
+    """Whether every group of ``layout`` does what group 0 does: two-level plans whose outer
+    algorithm is symmetric over the groups, and rings whose sub-chunks rotate inside them."""
+    if layout is None or not layout.uniform or collective not in (
+            Collective.ALL_REDUCE, Collective.REDUCE_SCATTER):
+        return False
+    if placement.hosts is not None and placement.hosts != layout:
+        return False
+    if name == "ring":
+        return bool(shards > 1 and layout.runs)
+    if "/" not in name:
+        return False
+    outer, groups = name.split("/")[1], len(layout.groups)
+    return outer in ("ring", "shuffle") or (outer == "rechd" and groups & (groups - 1) == 0)
+
+
+def _plan(collective, name, size, rank, root, shards, layout):
+    # Plans built for pricing are kept apart from the runtime's cache (and its log): most
+    # candidates never run. A few of a huge job's plans are kept while a decision prices
+    # several sizes.
+    if size <= CACHED_UP_TO:
+        return _small_plan(collective, name, size, rank, root, shards, layout)
+    return _big_plan(collective, name, size, rank, root, shards, layout)
+
+
+@lru_cache(maxsize=4096)
+def _small_plan(collective, name, size, rank, root, shards, layout):
+    return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,
+                                 layout=layout)
+
+
+@lru_cache(maxsize=4)
+def _big_plan(collective, name, size, rank, root, shards, layout):
+    return algorithms.build_plan(collective, name, size, rank, root=root, shards=shards,
+                                 layout=layout)
+
+
+def sample(size: int, root: int, placement: Placement) -> list[int]:
+    """The participants priced when no symmetry helps (whole hosts where hosts matter)."""
+    if size <= EXACT:
+        return list(range(size))
+    m = 1 << (size.bit_length() - 1)
+    x = size - m
+    special = {0, 1, 2, size // 2 - 1, size // 2, size // 2 + 1, size - 2, size - 1,
+               root - 3, root - 2, root - 1, root, root + 1, m - 1, m, m + 1, x - 1, x, x + 1}
+    special |= {int(k * 0.6180339887498949 % 1 * size) for k in range(1, SPREAD + 1)}
+    special = {p % size for p in special}
+    hosts = placement.hosts
+    if hosts is None:
+        return sorted(special)
+    whole = {hosts.group_of[p] for p in special}
+    return sorted(p for g in whole for p in hosts.groups[g])
+
+
+def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: Fabric,
+            placement: Placement | None = None, *, root: int = 0, shards: int = 0,
+            layout: Layout | None = None, dtype: str = "float32",
+            exact: bool = False) -> Prediction:
+    """The predicted time of ``collective`` over ``size`` participants by algorithm ``name``
+    (canonical; ``layout``: its groups) for a buffer of ``nbytes`` (what the plan's positions
+    span: all-gathers' whole result). ``exact``: price every participant."""
+    placement = placement or Placement(size)
+    if placement.size != size:
+        raise ValueError(f"placement is for {placement.size} participants, not {size}")
+    if size == 1:
+        return Prediction(name, collective, size, nbytes, fabric.call_overhead,
+                          fabric.call_overhead)
+    gamma = fabric.gamma_for(dtype)
+    host_of = placement.hosts.group_of if placement.hosts is not None else None
+    local = placement.local
+    serial = fabric.serial
+    kind = None if exact or size <= EXACT else symmetry(collective, name, size, shards, layout)
+    members = _members(kind, placement) if kind else None
+    maps = None
+    if members is not None:
+        maps = _maps(kind, members, size)
+    elif not exact and size > EXACT and "/" in name:
+        maps = _two_level_maps(name, collective, layout, placement)
+    if maps is not None:
+        base = _plan(collective, name, size, 0, root, shards, layout)
+        weights = {i: size / len(maps) for i in range(len(maps))} if serial else None
+        parts = _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights)
+        return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
+    if not exact and size > EXACT and _periodic(name, collective, shards, layout, placement):
+        ranks = list(layout.groups[0])  # every group does what group 0 does
+        weight, complete = len(layout.groups), True
+    else:
+        # the ring's broadcast is a chain: one participant acts only in its k rounds
+        pipeline = name == "ring" and collective is Collective.BROADCAST
+        every = exact or (pipeline and size <= CACHED_UP_TO)
+        ranks = list(range(size)) if every else sample(size, root, placement)
+        weight, complete = size / len(ranks), len(ranks) == size or not pipeline
+    plans = [_plan(collective, name, size, r, root, shards, layout) for r in ranks]
+    weights = {r: weight for r in ranks} if serial else None
+    by_round: dict[int, list] = {}
+    for plan in plans:
+        scale = nbytes / plan.den
+        for index, sends, recvs in plan.rounds:
+            by_round.setdefault(index, []).append(
+                load(plan.rank, sends, recvs, scale, host_of, local))
+    parts, busiest = [], None
+    for index in range(plans[0].num_rounds):
+        loads = by_round.get(index)
+        if loads is None:
+            if busiest is not None and not complete:
+                parts.append((index, busiest))  # nobody sampled acts: a pipeline's middle
+            continue
+        part = round_part(loads, fabric, gamma, weights)
+        if busiest is None or part.seconds > busiest.seconds:
+            busiest = part
+        parts.append((index, part))
+    return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
+
+
+def _maps(kind: str, members: list[int], size: int) -> list:
+    """Per member ``i``, how participant 0's peers read as its own (None: as they are)."""
+    if kind == "add":
+        return [None if i == 0 else (lambda q, i=i: (q + i) % size) for i in members]
+    return [None if i == 0 else (lambda q, i=i: q ^ i) for i in members]
+
+
+def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
+                    placement: Placement) -> list | None:
+    """Member ``i`` of group ``g`` of "A/B" over consecutive groups of ``L`` is member 0's plan
+    with every peer's place in its group moved by ``i`` (A's own symmetry inside groups), when
+    B is symmetric over the groups and A over the members (its reduce-scatter and all-gather)."""
+    if not _periodic(name, collective, 0, layout, placement) or not layout.runs:
+        return None
+    inner = name.split("/")[0]
+    if inner not in ("ring", "shuffle"):
+        return None
+    L = layout.runs
+    return [None if i == 0 else (lambda q, i=i: q - q % L + (q % L + i) % L) for i in range(L)]
+
+
+def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights):
+    """Participant 0's plan priced for each member ``i`` through ``maps[i]``; rounds of equal
+    shape once."""
+    scale = nbytes / base.den
+    memo: dict = {}
+    parts = []
+    for index, sends, recvs in base.rounds:
+        key = (tuple((d, hi - lo) for d, lo, hi in sends),
+               tuple((srcs, hi - lo, red) for _, srcs, lo, hi, red in recvs))
+        part = memo.get(key)
+        if part is None:
+            loads = [load(i, sends, recvs, scale, host_of, local, f)
+                     for i, f in enumerate(maps)]
+            part = memo[key] = round_part(loads, fabric, gamma, weights)
+        parts.append((index, part))
+    return parts
+
+
+NATIVE_AS = {Collective.ALL_REDUCE: "rechd", Collective.REDUCE: "tree",
+             Collective.BROADCAST: "tree", Collective.ALL_GATHER: "rechd",
+             Collective.REDUCE_SCATTER: "rechd"}
+
+
+def predict_native(method: str, collective: Collective, size: int, nbytes: int, fabric: Fabric,
+                   placement: Placement | None = None, *, dtype: str = "float32",
+                   payload: int | None = None) -> Prediction | None:
+    """A transport's own collective (``method``: "native", "shm"): its measured times where
+    the fabric has them (interpolated at ``payload``, the call's own bytes), else, for
+    "native", the plan MPI libraries run (Rabenseifner's halving-doubling, a binomial tree)
+    at C's overheads; None for a method never measured."""
+    points = fabric.timings(method, collective, size)
+    if points:
+        seconds = interpolate(points, payload if payload is not None else nbytes)
+        return Prediction(method, collective, size, nbytes, seconds, note="measured")
+    if method != "native" or collective not in NATIVE_AS:
+        return None
+    name = NATIVE_AS[collective]
+    guess = predict(collective, name, size, nbytes, native_fallback(fabric), placement,
+                    dtype=dtype)
+    guess.algorithm, guess.note = method, f"modelled as {name} at native overheads"
+    return guess
+
+
+@lru_cache(maxsize=64)
+def rounds_of(collective: Collective, name: str, size: int) -> int:
+    """How many rounds a plan has (for descriptions)."""
+    return _plan(collective, name, size, 0, 0, 0, None).num_rounds
+
+
+__all__ = ["EXACT", "Part", "predict", "predict_native", "sample", "symmetry"]

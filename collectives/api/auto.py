@@ -1,0 +1,94 @@
+"""What ``algorithm="auto"`` runs on a communicator, and why (``comm.explain``).
+
+The transport gives the constants (its ``fabric``, measured or given; else its ``cost_model``
+and ``link``) and where ranks run (its ``nodes``: the hosts; ``processes``: separate processes
+or threads of one); the model prices every candidate, the transport's own collective among
+them where its times were measured, and the cheapest runs. A transport whose own collective
+was never timed keeps its rule (``native.preferred``). ``COLLECTIVES_DEBUG=info`` logs each
+new decision's prices on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..algorithms import select
+from ..algorithms.base import Layout
+from ..algorithms.cost import Fabric, Placement
+from ..algorithms.schedule import Collective
+
+SELECT = logging.getLogger("collectives.select")
+GATHERED = (Collective.ALL_GATHER, Collective.GATHER)
+
+
+def transport_fabric(transport: Any) -> Fabric:
+    """The transport's constants: its ``fabric``, else its ``cost_model`` within a host and
+    its ``link`` (or the default) across hosts."""
+    fabric = getattr(transport, "fabric", None)
+    if fabric is not None:
+        return fabric
+    base = select.fabric_of(transport.cost_model)
+    across = select.fabric_of(getattr(transport, "link", None) or select.LinkModel())
+    return Fabric(base.proc, base.host, across.net, gamma=base.gamma, gammas=base.gammas,
+                  overhead=base.overhead, round_overhead=base.round_overhead,
+                  serial=base.serial, source=base.source)
+
+
+def transport_placement(transport: Any) -> Placement:
+    """Where the transport's ranks run: its hosts (``nodes``, else ``layout``'s groups)."""
+    size = transport.size
+    processes = bool(getattr(transport, "processes", True))
+    nodes = getattr(transport, "nodes", None)
+    hosts = Layout(nodes) if nodes else getattr(transport, "layout", None)
+    if hosts is None or len(hosts.groups) <= 1 or hosts.size != size:
+        return Placement(size, None, processes)
+    return Placement(size, hosts, processes)
+
+
+def decide(comm: Any, call: Any) -> select.Decision | str:
+    """The decision for an ``auto`` call, or ``"native"`` where the transport's own rule says
+    so (its collective never timed)."""
+    native = comm.transport.native
+    natives: tuple = ()
+    if native is not None and comm.size > 1 and native.supports(call):
+        if comm.fabric.timings("native", call.collective, comm.size):
+            natives = ("native",)
+        elif native.preferred(call):
+            return "native"
+    nbytes = call.nbytes * (comm.size if call.collective in GATHERED else 1)
+    groups = call.layout if call.layout is not None and len(call.layout.groups) > 1 else None
+    return select.decide(call.collective, comm.size, max(nbytes, 1), comm.fabric,
+                         comm.placement, dtype=str(call.dtype), natives=natives,
+                         payload=max(call.nbytes, 1), groups=groups)
+
+
+def choose(comm: Any, call: Any) -> str:
+    """What runs an ``auto`` call: "native" or a schedule (its groups and shards set on
+    ``call``)."""
+    decision = decide(comm, call)
+    if isinstance(decision, str):
+        return decision
+    if decision.layout is not None:
+        call.layout = decision.layout
+    if decision.shards:
+        call.shards = decision.shards
+    if comm.rank == 0 and SELECT.isEnabledFor(logging.INFO):
+        SELECT.info("%s", select.explain(decision))
+    return decision.name
+
+
+def explain(comm: Any, collective: str | Collective, x: Any, op: Any = "sum", *,
+            root: int = 0, groups: Any = None) -> select.Decision:
+    """The prices behind ``auto`` for this call (``str()`` of it: a table and a sentence)."""
+    collective = Collective(collective) if isinstance(collective, str) else collective
+    reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
+    x = comm.adapt(x, "x")
+    call = comm._call(collective, x, op if reducing else None, "auto", root=root,
+                      groups=groups)
+    decision = decide(comm, call)
+    if isinstance(decision, str):
+        return select.Decision(decision, 0, None, [], (
+            f"{call.describe()} over {comm.size} ranks: runs {decision} by the transport's own "
+            "rule (its collective was never timed here; `collectives probe` times it)"))
+    return decision

@@ -1,0 +1,271 @@
+"""Calibration on the job: measure the cost model's constants, cache them per host set.
+
+:func:`measure` times, on the running communicator (collective over it):
+
+* the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
+* per link class present (``proc``/``host``: two ranks of one host; ``net``: rank 0 and a
+  rank of another host), on a communicator of just that pair, through the library's own
+  schedules (so Python's share is in the numbers): **ping-pong** (the tree's all-reduce of 8
+  bytes: one message there, one back), the ring's two rounds of a message each way and of 8
+  (a round's latency ``alpha`` and the per-message overhead), and **streaming** (the ring's
+  all-reduce of 4 MiB: ``beta``);
+* **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
+* the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
+
+Every rank ends with rank 0's numbers, so every rank makes the same choices. :func:`apply`
+reads the cache (a JSON file per host set in the user's cache folder) or measures, and sets
+``comm.fabric``; ``collectives.init(calibrate=...)`` and ``collectives probe`` call it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.cost import Fabric, Link
+from ..ops import ReduceOp
+
+ENV = "COLLECTIVES_CALIBRATE"
+CACHE_ENV = "COLLECTIVES_CACHE_DIR"
+NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
+STREAM_BYTES = 4 << 20
+GAMMA_BYTES = 4 << 20
+GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
+TARGET_SECONDS = 0.01  # a repeat runs about this long
+
+
+def cache_dir() -> Path:
+    """``$COLLECTIVES_CACHE_DIR``, else ``$XDG_CACHE_HOME/collectives``, else
+    ``~/.cache/collectives``."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "collectives"
+
+
+def host_set(comm: Any) -> dict:
+    """What the numbers belong to: the transport, and every rank's host (collective)."""
+    hosts = comm.all_gather_object(socket.gethostname())
+    return {"transport": comm.transport.name, "size": comm.size, "hosts": hosts,
+            "processes": comm.placement.processes}
+
+
+def cache_file(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"fabric-{digest}.json"
+
+
+def _timed(comm: Any, fn, repeats: int) -> float:
+    """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
+    a call typically costs on this job, as the benchmarks report it."""
+    fn()  # agreement, plans, buffers
+    start = time.perf_counter()
+    fn()
+    once = comm.all_reduce(np.array([time.perf_counter() - start]), "max")[0]
+    iters = int(min(max(TARGET_SECONDS / max(once, 1e-7), 1), 500))
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - start) / iters)
+    return float(statistics.median(comm.all_reduce(np.array(times), "max")))
+
+
+def _pairs(comm: Any) -> dict[str, tuple[int, int]]:
+    """One pair of ranks per link class present: ``local`` (one host), ``net`` (two)."""
+    placement = comm.placement
+    out = {}
+    hosts = placement.hosts.groups if placement.hosts is not None else (tuple(range(comm.size)),)
+    local = next((g for g in hosts if len(g) > 1), None)
+    if local is not None:
+        out["local"] = (local[0], local[1])
+    if len(hosts) > 1:
+        out["net"] = (hosts[0][0], hosts[1][0])
+    return out
+
+
+def _on(comm: Any, members, task) -> Any:
+    """``task(sub)`` on a communicator of ``members`` only (None elsewhere); collective."""
+    sub = comm.split(0 if comm.rank in members else None, comm.rank)
+    if sub is None:
+        return None
+    with sub:
+        return task(sub)
+
+
+def _gamma(comm: Any, dtype: str, repeats: int) -> float:
+    count = GAMMA_BYTES // np.dtype(dtype).itemsize
+    dst, src = np.ones(count, dtype), np.ones(count, dtype)
+    arrays = comm.arrays
+    zero = np.zeros(1, dtype)
+
+    def reduce() -> None:
+        arrays.combine(ReduceOp.SUM, dst, [src])
+        dst[:1] = zero  # keep the values small
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reduce()
+        times.append(time.perf_counter() - start)
+    worst = comm.all_reduce(np.array([statistics.median(times)]), "max")[0]
+    return float(worst) / (count * np.dtype(dtype).itemsize)
+
+
+def _natives(comm: Any, sizes, repeats: int, which) -> list:
+    native = comm.transport.native
+    if native is None or comm.size < 2:
+        return []
+    out = []
+    plans = [("all_reduce", sizes), ("broadcast", OTHER_SIZES), ("all_gather", OTHER_SIZES),
+             ("reduce_scatter", OTHER_SIZES), ("reduce", OTHER_SIZES)]
+    for collective, nbytes_list in plans:
+        if which is not None and collective not in which:
+            continue
+        points = []
+        for nbytes in nbytes_list:
+            count = max(nbytes // 4 // comm.size, 1) * comm.size
+            x = np.ones(count, np.float32)
+            fn = _native_call(comm, collective, x)
+            points.append((count * 4, _timed(comm, fn, repeats)))
+        out.append(("native", collective, comm.size, tuple(points)))
+    return out
+
+
+def _native_call(comm: Any, collective: str, x: np.ndarray):
+    n = comm.size
+    if collective == "all_reduce":
+        out = np.empty_like(x)
+        return lambda: comm.all_reduce(x, "sum", "native", out=out)
+    if collective == "broadcast":
+        return lambda: comm.broadcast(x, 0, "native", out=x if comm.rank else None)
+    if collective == "all_gather":
+        out = np.empty(x.size * n, x.dtype)
+        return lambda: comm.all_gather(x, algorithm="native", out=out)
+    if collective == "reduce_scatter":
+        out = np.empty(x.size // n, x.dtype)
+        return lambda: comm.reduce_scatter(x, "sum", "native", out=out)
+    return lambda: comm.reduce(x, "sum", 0, "native")
+
+
+def measure(comm: Any, *, sizes=NATIVE_SIZES, repeats: int = 7, natives: bool = True,
+            collectives=None) -> Fabric:
+    """The fabric of this job, measured (collective; every rank gets rank 0's numbers).
+    ``sizes``: the all-reduce sizes the transport's own collective is timed at;
+    ``collectives``: which of its collectives (default: all five)."""
+    base = comm.fabric
+    found: dict[str, float] = {}
+    solo = comm.split(comm.rank, 0)
+    with solo:
+        found["call"] = _all_reduce(solo, "ring", 1, 8, repeats)
+    for kind, pair in _pairs(comm).items():
+        got = _on(comm, pair, lambda sub: _pair_times(sub, repeats))
+        if got is not None:
+            found.update({f"{kind}.{k}": v for k, v in got.items()})
+    gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
+    measured = tuple(_natives(comm, sizes, repeats, collectives)) if natives else ()
+    everything = comm.all_gather_object(found)
+    for part in everything:
+        for key, value in part.items():
+            found.setdefault(key, value)
+    fabric = comm.broadcast_object(_fabric(base, found, gammas, measured, comm) if comm.rank == 0
+                                   else None, 0)
+    return fabric
+
+
+def _all_reduce(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
+    x = np.zeros(max(nbytes // 4, 1), np.float32)
+    out = np.empty_like(x)
+    return _timed(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
+                  repeats)
+
+
+def _pair_times(sub: Any, repeats: int) -> dict[str, float]:
+    """Two ranks' all-reduces, close together in time: the tree's two rounds of one message
+    (``tree``), the ring's two rounds of a message each way (``one``) or of 8 (``eight``),
+    all of 8 bytes, and the ring's of :data:`STREAM_BYTES` (``big``)."""
+    return {"tree": _all_reduce(sub, "tree", 0, 8, repeats),
+            "one": _all_reduce(sub, "ring", 1, 8, repeats),
+            "eight": _all_reduce(sub, "ring", 8, 64, repeats),
+            "big": _all_reduce(sub, "ring", 1, STREAM_BYTES, max(repeats // 2, 3))}
+
+
+def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any) -> Fabric:
+    """With ``c`` a call's own cost (``call``: a call on one rank), ``a`` a round's latency and
+    ``o`` a message's: tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o; and
+    big = one + 2 (S/2) beta + (S/2) gamma for S = STREAM_BYTES."""
+    call = found["call"]
+    gamma = dict(gammas)["float32"]
+    links, overheads = {}, []
+    for kind in ("local", "net"):
+        if f"{kind}.one" not in found:
+            continue
+        tree, one, eight, big = (found[f"{kind}.{k}"] for k in ("tree", "one", "eight", "big"))
+        o = max(((eight - one) / 28 + (one - tree) / 2) / 2, 0.0)
+        a = max((one - call - 4 * o) / 2, 1e-7)
+        overheads.append(o)
+        beta = (big - one - STREAM_BYTES / 2 * gamma) / STREAM_BYTES
+        links[kind] = Link(a, max(beta, 1e-13))
+    changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,
+                     "gammas": gammas, "measured": measured, "raw": tuple(sorted(found.items())),
+                     "source": f"measured {datetime.date.today().isoformat()} "
+                               f"({comm.transport.name}, {comm.size} ranks)"}
+    if overheads:
+        changes["overhead"] = min(overheads)
+    if "local" in links:
+        changes["host" if comm.placement.processes else "proc"] = links["local"]
+    if "net" in links:
+        changes["net"] = links["net"]
+    return replace(base, **changes)
+
+
+def apply(comm: Any, mode: Any = True, **options: Any) -> Fabric:
+    """Set ``comm.fabric`` from the cache or a measurement (collective). ``mode``: True (the
+    cache, else measure and save), ``"cached"`` (the cache, else leave the defaults) or
+    ``"fresh"`` (measure and save)."""
+    mode = str(mode).strip().lower()
+    if mode in ("", "0", "false", "off", "none"):
+        return comm.fabric
+    if mode not in ("1", "true", "on", "cached", "fresh"):
+        raise ValueError(f"calibrate={mode!r}: use True, 'cached' or 'fresh' (or {ENV}=1, "
+                         "cached, fresh)")
+    key = host_set(comm)
+    path = cache_file(key)
+    text = None
+    if comm.rank == 0 and mode != "fresh" and path.exists():
+        try:
+            text = json.loads(path.read_text())["fabric"]
+        except (OSError, ValueError, KeyError):
+            text = None
+    text = comm.broadcast_object(text, 0)
+    if text is not None:
+        comm.fabric = Fabric.from_json(text)
+        return comm.fabric
+    if mode == "cached":
+        return comm.fabric
+    fabric = measure(comm, **options)
+    if comm.rank == 0:
+        save(path, key, fabric)
+    comm.fabric = fabric
+    return fabric
+
+
+def save(path: Path, key: dict, fabric: Fabric) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"key": key, "fabric": fabric.to_json()}, indent=1))
+    temporary.replace(path)

@@ -1,0 +1,88 @@
+"""Wire compression: an all-reduce carried in a narrower float and cast back.
+
+``compression="fp16"`` or ``"bf16"`` on a float32 or float64 SUM or MEAN all-reduce, as
+Horovod's ``Compression.fp16`` and torch's fp16/bf16 communication hooks: every contribution
+is cast to float16 (or bfloat16), the all-reduce runs on those (the wire carries half the
+bytes of float32, a quarter of float64), and the result is cast back to the input's dtype.
+The additions happen in the narrow type, each rounded, so the result carries their error
+(``docs/performance.md`` measures it). MEAN divides each contribution by the number of
+participants *before* compressing, as torch's hook does, so a mean never overflows float16
+where its inputs do not; SUM compresses the values as they are (float16 overflows past
+65504; bfloat16 has float32's range). Every participant casts the same bits back, so results
+stay bitwise identical everywhere.
+
+bfloat16 comes from ``ml_dtypes`` (``pip install ml_dtypes``, or the package's
+``[bfloat16]`` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .ops import BFLOAT16, ReduceOp
+
+__all__ = ["NAMES", "compress", "decompress", "for_batch", "requested", "wire_dtype"]
+
+#: the accepted spellings, by the dtype the wire carries
+NAMES = {"fp16": "float16", "float16": "float16", "half": "float16",
+         "bf16": "bfloat16", "bfloat16": "bfloat16"}
+_COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def requested(compression: Any) -> bool:
+    """Whether ``compression`` asks for any (None and "none" do not)."""
+    return compression is not None and not (isinstance(compression, str)
+                                            and compression.lower() == "none")
+
+
+def wire_dtype(compression: Any, op: Any, dtype: Any, argument: str = "x") -> np.dtype | None:
+    """The dtype the wire carries for a call on ``argument`` (None: not compressed); raises
+    ValueError or TypeError, naming the fix, for a call that cannot be compressed."""
+    if not requested(compression):
+        return None
+    name = NAMES.get(compression.lower()) if isinstance(compression, str) else None
+    if name is None:
+        raise ValueError(f"compression={compression!r} is not a wire compression; use 'fp16', "
+                         "'bf16' or None")
+    op = ReduceOp.parse(op)
+    if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+        raise ValueError(f"compression={compression!r} applies to sum and mean all-reduces; "
+                         f"op={op.value!r} must travel uncompressed: pass compression=None")
+    dtype = np.dtype(dtype)
+    if dtype not in _COMPRESSIBLE:
+        raise TypeError(f"compression={compression!r} compresses float32 and float64; "
+                        f"{argument} has dtype {dtype}: pass compression=None")
+    if name == "float16":
+        return np.dtype(np.float16)
+    if BFLOAT16 is None:
+        raise ValueError(f"compression={compression!r} needs bfloat16 from the ml_dtypes "
+                         "package: pip install ml_dtypes (or collective-schedules[bfloat16]), "
+                         "or use compression='fp16'")
+    return BFLOAT16
+
+
+def for_batch(compression: Any, op: Any, dtypes: Any) -> list:
+    """Per tensor of a batch, the compression it travels with: ``compression`` for float32
+    and float64 tensors, None for the others (as Horovod's compressors leave tensors that
+    are not floating alone); raises for an op that cannot be compressed."""
+    if not requested(compression):
+        return [None] * len(dtypes)
+    wire_dtype(compression, op, np.float32, "the batch")  # the name, the op, ml_dtypes
+    return [compression if np.dtype(d) in _COMPRESSIBLE else None for d in dtypes]
+
+
+def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1) -> Any:
+    """A new array of dtype ``wire`` holding ``x / divisor`` (``arrays``: ``x``'s backend)."""
+    small = arrays.empty(tuple(x.shape), wire, like=x)
+    if divisor != 1:  # divided in x's precision, then rounded once to the wire's
+        x = arrays.divide(x, divisor, out=arrays.empty(tuple(x.shape), x.dtype, like=x))
+    arrays.copy(small, x)
+    return small
+
+
+def decompress(arrays: Any, small: Any, out: Any) -> Any:
+    """``out`` filled with the wire result ``small`` cast back (exactly) to ``out``'s dtype."""
+    arrays.copy(out, small)
+    return out

@@ -1,0 +1,313 @@
+"""The timeline's recorder: trace events in a bounded buffer, written by a background thread.
+
+Every hook in the library tests :data:`ON` (one attribute read) and does nothing else while it
+is false. :func:`start` turns it on: events go into a ring buffer of at most ``CAPACITY``
+events (beyond that, new events are dropped and counted, and the file says how many), and a
+writer thread appends them every ``FLUSH_SECONDS`` to this process's file, one event a line,
+in the Chrome trace-event JSON array form. That form lets a file lack its closing bracket, so
+a process that dies still leaves a file every reader opens (all but its last few
+milliseconds).
+
+Events are tuples until the writer formats them: ``(ph, pid, tid, ts, name, cat, args, dur)``
+with times in nanoseconds of :func:`now` (``time.monotonic_ns``: one clock for every process
+of a host). In the file, a *pid* is a participant (a rank, or a device of a multi-device call)
+and a *tid* one of its tracks (a communicator, an asynchronous lane, a thread's device calls).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+ON = False  # the flag every hook tests
+CAPACITY = 1 << 17  # events held at most between two flushes
+FLUSH_SECONDS = 0.05
+DEVICE_PID = 1000  # device d of a multi-device call is participant DEVICE_PID + d
+HOST_PID = 999  # work of a process that is no rank (a single-process batch_reduce)
+ENV = "COLLECTIVES_TIMELINE"
+
+now = time.monotonic_ns
+
+_queue: deque = deque()
+_names: dict[tuple, list] = {}  # metadata events (names, clocks): every file starts with them
+_state = threading.Lock()
+_writer: _Writer | None = None
+_dropped = 0
+_local = threading.local()
+_resolvers: list = []  # callables the writer runs before each flush (device timings)
+
+
+def _put(event: tuple) -> None:
+    global _dropped
+    if not ON:
+        return
+    if len(_queue) >= CAPACITY:
+        _dropped += 1
+        return
+    _queue.append(event)
+
+
+def begin(pid: int, tid: int, name: str, cat: str, ts: int, args: dict | None = None) -> None:
+    _put(("B", pid, tid, ts, name, cat, args, 0))
+
+
+def end(pid: int, tid: int, ts: int, args: dict | None = None) -> None:
+    _put(("E", pid, tid, ts, None, None, args, 0))
+
+
+def complete(pid: int, tid: int, name: str, cat: str, ts: int, dur: int,
+             args: dict | None = None) -> None:
+    _put(("X", pid, tid, ts, name, cat, args, dur))
+
+
+def instant(pid: int, tid: int, name: str, cat: str, ts: int, args: dict | None = None) -> None:
+    _put(("i", pid, tid, ts, name, cat, args, 0))
+
+
+def name_process(pid: int, name: str) -> None:
+    """Name participant ``pid`` (once: every file written from now on starts with it)."""
+    _name((pid, None), [("M", pid, 0, 0, "process_name", None,
+                         {"name": name, "host": socket.gethostname()}, 0),
+                        ("M", pid, 0, 0, "process_sort_index", None, {"sort_index": pid}, 0)])
+
+
+def name_track(pid: int, tid: int, name: str) -> None:
+    _name((pid, tid), [("M", pid, tid, 0, "thread_name", None, {"name": name}, 0),
+                       ("M", pid, tid, 0, "thread_sort_index", None, {"sort_index": tid}, 0)])
+
+
+def _name(key: tuple, events: list[tuple], again: bool = False) -> None:
+    with _state:
+        if key in _names and not again:
+            return
+        _names[key] = events
+    for event in events:
+        _put(event)
+
+
+def participant(rank: int) -> int:
+    """The participant (trace process) of the communicators this thread creates: the rank of
+    the first one it created (its world), so a rank's ``dup`` and ``split`` share its row."""
+    mine = getattr(_local, "participant", None)
+    if mine is None:
+        mine = _local.participant = rank
+    return mine
+
+
+def next_index() -> int:
+    """The number of the next communicator this thread creates (the same on every rank)."""
+    index = getattr(_local, "comms", 0)
+    _local.comms = index + 1
+    return index
+
+
+def thread_index() -> int:
+    """A small number for the calling thread (its multi-device calls' track)."""
+    index = getattr(_local, "index", None)
+    if index is None:
+        with _state:
+            index = _local.index = _next_thread()
+    return index
+
+
+_threads = iter(range(1, 1 << 30))
+
+
+def _next_thread() -> int:
+    return next(_threads)
+
+
+def set_clock(offset_ns: int, rtt_ns: int, pid: int) -> None:
+    """This process's clock runs ``offset_ns`` ahead of rank 0's (measured to ``rtt_ns``)."""
+    args = {"offset_us": offset_ns / 1e3, "rtt_us": rtt_ns / 1e3}
+    _name(("clock", pid), [("M", pid, 0, 0, "collectives_clock", None, args, 0)], again=True)
+
+
+def add_resolver(fn) -> None:
+    """``fn()`` runs on the writer thread before each flush (it may add events)."""
+    if fn not in _resolvers:
+        _resolvers.append(fn)
+
+
+# --- the file ------------------------------------------------------------------------------
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+_encoded: dict[int, tuple[Any, str]] = {}  # args dicts the hooks reuse -> their JSON
+_quoted: dict[str, str] = {}  # events' names -> their JSON
+
+
+def _json(value: Any) -> str:
+    """JSON of a dict the hooks may pass again and again (a call's signature, a round's
+    sends and receives: built once and never changed), cached by identity."""
+    found = _encoded.get(id(value))
+    if found is not None and found[0] is value:
+        return found[1]
+    text = _ENCODER.encode(value)
+    if len(_encoded) > 8192:
+        _encoded.clear()
+    _encoded[id(value)] = (value, text)
+    return text
+
+
+def _args(args: Any) -> str:
+    """An event's args as JSON. Besides a dict, the hooks pass what is cheaper to record:
+    ``(dict, fragment)`` (the dict's members plus a JSON fragment of this event's own),
+    ``("for", ranks, call, round)`` (a wait) and ``("from", rank, bytes)`` (a reduction)."""
+    if type(args) is dict:
+        return _json(args)
+    kind = args[0]
+    if kind == "for":
+        _, ranks, call, index = args
+        tail = f',"round":{index}' if index is not None else ""
+        return f'{{"for":[{",".join(map(str, ranks))}],"call":{call}{tail}}}'
+    if kind == "from":
+        return f'{{"from":{args[1]},"bytes":{args[2]}}}'
+    base = _json(args[0])
+    return f"{base[:-1]},{args[1]}}}" if len(base) > 2 else f"{{{args[1]}}}"
+
+
+def _format(event: tuple) -> str:
+    ph, pid, tid, ts, name, cat, args, dur = event
+    out = f'{{"ph":"{ph}","pid":{pid},"tid":{tid}'
+    if ph != "M":
+        out += f',"ts":{ts // 1000}.{ts % 1000:03d}'
+    if name is not None:
+        text = _quoted.get(name)
+        if text is None:
+            text = _quoted[name] = _ENCODER.encode(name)
+            if len(_quoted) > 4096:
+                _quoted.clear()
+        out += f',"name":{text}'
+    if cat is not None:
+        out += f',"cat":"{cat}"'
+    if ph == "X":
+        out += f',"dur":{dur // 1000}.{dur % 1000:03d}'
+    elif ph == "i":
+        out += ',"s":"t"'
+    if args:
+        out += f',"args":{_args(args)}'
+    return out + "}"
+
+
+class _Writer(threading.Thread):
+    """Drains the buffer into the file every ``FLUSH_SECONDS`` (and at :func:`flush`)."""
+
+    def __init__(self, path: Path):
+        super().__init__(name="collectives-timeline", daemon=True)
+        self.path = path
+        self.file: Any = None  # opened at the first event: a process that records nothing
+        self.first = True  # leaves no file
+        self.wake = threading.Event()
+        self.stopping = False
+        self.io = threading.Lock()
+        self.stopped = False
+        with _state:  # names given before this file (later ones come through the buffer)
+            self.named = [event for events in _names.values() for event in events]
+
+    def run(self) -> None:
+        while not self.stopping:
+            self.wake.wait(FLUSH_SECONDS)
+            self.wake.clear()
+            self.drain()
+
+    def drain(self) -> None:
+        global _dropped
+        with self.io:
+            for resolve in list(_resolvers):
+                try:
+                    resolve()
+                except Exception:  # noqa: BLE001 - a timing lost is no reason to stop writing
+                    pass
+            lines = []
+            while True:
+                try:
+                    lines.append(_format(_queue.popleft()))
+                except IndexError:
+                    break
+            if _dropped:
+                lost, _dropped = _dropped, 0
+                lines.append(_format(("i", HOST_PID, 0, now(), "timeline dropped events",
+                                      "timeline", {"dropped": lost}, 0)))
+            self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines or self.stopped:
+            return
+        if self.file is None:
+            self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - see close()
+            lines = [_format(event) for event in self.named] + lines
+        head = "[\n" if self.first else ",\n"
+        self.first = False
+        self.file.write(head + ",\n".join(lines))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.join()
+        self.drain()
+        with self.io:
+            self.stopped = True
+            if self.file is not None:
+                self.file.write("\n]\n")
+                self.file.close()
+
+
+def file_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}.trace.json"
+
+
+def start(path: str | os.PathLike) -> Path:
+    """Record from now on into ``path/<host>-<pid>.trace.json`` (made at the first event);
+    returns that file's path."""
+    global ON, _writer
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / file_name()
+    with _state:
+        if _writer is not None:
+            if _writer.path == target:
+                return target
+            raise RuntimeError(f"the timeline is already being written to {_writer.path}; "
+                               "stop() it first")
+    writer = _Writer(target)
+    writer.start()
+    with _state:
+        _writer = writer
+    ON = True
+    return target
+
+
+def stop() -> Path | None:
+    """Stop recording; everything recorded so far is written and the file closed."""
+    global ON, _writer
+    with _state:
+        writer, _writer = _writer, None
+    if writer is None:
+        return None
+    ON = False
+    writer.close()
+    _queue.clear()
+    return writer.path
+
+
+def flush() -> None:
+    """Write what has been recorded so far (the writer does so every ``FLUSH_SECONDS``)."""
+    writer = _writer
+    if writer is not None:
+        writer.drain()
+
+
+def current_file() -> Path | None:
+    writer = _writer
+    return writer.path if writer is not None else None
+
+
+atexit.register(stop)

@@ -1,0 +1,92 @@
+"""``collectives probe``: measure the cost model's constants on this job, cache and print them.
+
+Under an MPI launcher every rank of the launch takes part (``mpiexec -n 4 collectives
+probe``); otherwise ``-n`` thread ranks of this process do. Rank 0 prints the links of each
+class present (latency and bandwidth through the library's own schedules), the per-call and
+per-message overheads, the reduction speed per dtype and the transport's own collectives'
+times, and where the cache file went (``collectives.init(calibrate=True)`` reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..algorithms.cost import human_time
+from ..api import calibration
+from ..api.initialize import launched_by_mpi
+
+DESCRIPTION = """\
+Measure what auto's cost model needs on this job: per link class present (threads or
+devices of one process, processes of one host, hosts), latency by ping-pong and bandwidth by
+streaming between a pair of ranks crossing it; the per-call and per-message overheads; the
+reduction speed per dtype; and the transport's own collectives (MPI's) at a few sizes.
+Cached per host set in the user's cache folder; collectives.init(calibrate=True) uses it.
+"""
+
+
+def add_parser(sub: Any, positive) -> argparse.ArgumentParser:
+    p = sub.add_parser("probe", help="measure and cache the cost model's constants on this job",
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--ranks", type=positive, default=2,
+                   help="thread ranks when not under an MPI launcher; default 2")
+    p.add_argument("-r", "--repeats", type=positive, default=7,
+                   help="timed repeats; the best counts; default 7")
+    p.add_argument("--no-natives", action="store_true",
+                   help="do not time the transport's own collectives")
+    p.add_argument("--cached", action="store_true",
+                   help="print the cached numbers of this host set, measure only if none")
+    p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    p.set_defaults(subparser=p, run=main)
+    return p
+
+
+def _probe(comm: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    mode = "1" if args.cached else "fresh"
+    fabric = calibration.apply(comm, mode, repeats=args.repeats,
+                               natives=not args.no_natives)
+    return fabric, str(calibration.cache_file(calibration.host_set(comm)))
+
+
+def report(fabric: Any, where: str) -> str:
+    lines = [f"# {fabric.source}", "# link classes (alpha: per message; bandwidth: streaming)"]
+    lines += [f"  {line}" for line in fabric.describe().splitlines()]
+    if fabric.measured:
+        lines.append("# the transport's own collectives (float32, bytes per rank: time)")
+    for method, collective, size, points in fabric.measured:
+        cells = ", ".join(f"{_size(b)}: {human_time(t)}" for b, t in points)
+        lines.append(f"  {method} {collective} over {size}: {cells}")
+    if fabric.raw:
+        lines.append("# raw seconds per call: " + ", ".join(
+            f"{k} {human_time(v)}" for k, v in fabric.raw))
+    lines.append(f"# cached in {where}")
+    return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}"
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import collectives
+
+    if launched_by_mpi():
+        comm = collectives.init("mpi")
+        fabric, where = _probe(comm, args)
+        rank = comm.rank
+    else:
+        results = collectives.run(lambda comm: _probe(comm, args), args.ranks, timeout=600)
+        (fabric, where), rank = results[0], 0
+    if rank == 0:
+        print(report(fabric, where))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(json.loads(fabric.to_json()), f, indent=1)
+        sys.stdout.flush()
+    return 0

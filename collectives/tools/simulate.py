@@ -1,0 +1,179 @@
+"""``collectives simulate``: an algorithm's predicted time at any scale, from the cost model.
+
+    collectives simulate ring -n 65536 --nodes 8192x8 --link host=3us:150GB/s,net=5us:400Gbit/s
+    collectives simulate auto -n 4096 --cluster cpu -b 1M
+
+prints, per size, the predicted time, algbw and busbw (nccl-tests' bus factors) and the
+critical path round by round (equal rounds merged); ``auto`` prints every candidate's price
+instead. Nothing runs: one rank's plan and the plans' symmetry give the answer, in seconds
+for 65,536 participants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .. import algorithms
+from ..algorithms import select
+from ..algorithms.cost import CLASSES, Fabric, Link, Placement, human_time
+from ..algorithms.sampling import predict, predict_native
+from ..algorithms.schedule import Collective
+
+# Modelled clusters (docs/scale.md): the numbers are assumptions, written out there.
+CLUSTERS: dict[str, tuple[int, Fabric]] = {
+    # 8 GPUs per node (H100-like): NVLink at 450 GB/s each way per GPU, one 400 Gbit/s NIC
+    # per GPU (its own, not shared), reductions at HBM speed
+    "gpu": (8, Fabric(proc=Link(2e-6, 1 / 450e9), host=Link(2e-6, 1 / 450e9),
+                      net=Link(5e-6, 1 / 50e9), gamma=1 / 1000e9, overhead=0.5e-6,
+                      nic_shared=False,
+                      source="8-GPU nodes: NVLink 450 GB/s, a 400 Gbit/s NIC per GPU")),
+    # 16 ranks per CPU node over shared memory, one 25 Gbit/s link per node, shared
+    "cpu": (16, Fabric(proc=Link(0.5e-6, 1 / 10e9), host=Link(1e-6, 1 / 5e9),
+                       net=Link(10e-6, 1 / 3.125e9), gamma=1 / 5e9, overhead=0.5e-6,
+                       source="16-rank CPU nodes: shared memory 5 GB/s, one 25 Gbit/s link "
+                              "per node")),
+}
+BUS = {Collective.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
+       Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
+       Collective.ALL_GATHER: lambda n: (n - 1) / n}
+UNITS = {"gb/s": 1e9, "mb/s": 1e6, "gbit/s": 1e9 / 8, "gb/s/8": 1e9 / 8, "mbit/s": 1e6 / 8,
+         "gbps": 1e9 / 8, "mbps": 1e6 / 8}
+TIMES = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_bandwidth(text: str) -> float:
+    """``150GB/s``, ``400Gbit/s``, ``25gbps`` in bytes per second."""
+    m = re.fullmatch(r"\s*([0-9.e+]+)\s*([a-z/]+)\s*", text.lower())
+    if not m or m.group(2) not in UNITS:
+        raise ValueError(f"bandwidth {text!r}: write it like 150GB/s or 400Gbit/s")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def parse_time(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.e+]+)\s*(ns|us|ms|s)\s*", text.lower())
+    if not m:
+        raise ValueError(f"latency {text!r}: write it like 5us or 1.5us")
+    return float(m.group(1)) * TIMES[m.group(2)]
+
+
+def parse_links(text: str, fabric: Fabric) -> Fabric:
+    """``host=3us:150GB/s,net=5us:400Gbit/s`` over ``fabric``."""
+    changes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        alpha, _, rate = value.partition(":")
+        if name not in CLASSES or not rate:
+            raise ValueError(f"--link {item!r}: write CLASS=LATENCY:BANDWIDTH with CLASS one of "
+                             f"{', '.join(CLASSES)}, e.g. net=5us:400Gbit/s")
+        changes[name] = Link(parse_time(alpha), 1 / parse_bandwidth(rate))
+    return replace(fabric, **changes)
+
+
+def add_parser(sub: Any, positive) -> argparse.ArgumentParser:
+    p = sub.add_parser("simulate", help="predict an algorithm's time at any scale",
+                       description=__doc__.split("\n\n")[0] + ".")
+    p.add_argument("algorithm", help="a name ('ring', 'rechd/ring', ...), 'native' (MPI's, "
+                                     "modelled) or 'auto' (every candidate's price)")
+    p.add_argument("-c", "--collective", default="all_reduce",
+                   choices=[c.value for c in Collective])
+    p.add_argument("-n", "--participants", type=positive, default=64)
+    p.add_argument("--nodes", help="COUNTxPER: hosts and participants per host (default: "
+                                   "the cluster's, or one host)")
+    p.add_argument("--cluster", choices=sorted(CLUSTERS), default="gpu",
+                   help="modelled constants to start from (default gpu)")
+    p.add_argument("--link", default="", help="override link classes: "
+                                              "CLASS=LATENCY:BANDWIDTH,... (proc, host, net)")
+    p.add_argument("--gamma", help="reduction speed, e.g. 10GB/s")
+    p.add_argument("--fabric", metavar="PATH", help="constants from a `probe --json` file")
+    p.add_argument("-b", "--bytes", nargs="+", default=["64M"], help="buffer sizes (K, M, G)")
+    p.add_argument("--threads", action="store_true",
+                   help="participants of one host share a process (proc links)")
+    p.add_argument("--root", type=int, default=0)
+    p.add_argument("--shards", type=int, default=0)
+    p.add_argument("--group-size", type=int, default=0,
+                   help="groups of a two-level name (default: the hosts)")
+    p.add_argument("--rounds", type=int, default=12, help="critical-path lines to print")
+    p.set_defaults(subparser=p, run=main)
+    return p
+
+
+def parse_size(text: str) -> int:
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def setup(args: argparse.Namespace) -> tuple[Fabric, Placement]:
+    per, fabric = CLUSTERS[args.cluster]
+    if args.fabric:
+        fabric = Fabric.from_json(Path(args.fabric).read_text())
+    fabric = parse_links(args.link, fabric)
+    if args.gamma:
+        fabric = replace(fabric, gamma=1 / parse_bandwidth(args.gamma), gammas=())
+    n = args.participants
+    if args.nodes:
+        count, _, each = args.nodes.lower().partition("x")
+        count, per = int(count), int(each)
+        if count * per != n:
+            raise ValueError(f"--nodes {args.nodes}: {count} x {per} is not -n {n}")
+    elif n % per:
+        per = 1
+    return fabric, Placement.nodes(n // per, per, processes=not args.threads)
+
+
+def _line(p, n: int, nbytes: int) -> str:
+    algbw = nbytes / p.seconds / 1e9 if p.seconds else float("inf")
+    bus = BUS.get(p.collective, lambda n: 1.0)(n)
+    return (f"{p.label}: {p.collective.value} of {_human(nbytes)} over {n}: "
+            f"{human_time(p.seconds)}, algbw {algbw:.2f} GB/s, busbw {algbw * bus:.2f} GB/s "
+            f"(latency {human_time(p.latency)}, transfer {human_time(p.transfer)}, "
+            f"reduction {human_time(p.reduction)})")
+
+
+def _human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        fabric, placement = setup(args)
+        collective = Collective(args.collective)
+        name = args.algorithm.strip().lower()
+        if name not in ("auto", "native"):
+            name = algorithms.canonical(name)
+            if not algorithms.supports(collective, name):
+                raise ValueError(f"{name} has no {collective.value}")
+        sizes = [parse_size(b) for b in args.bytes]
+    except ValueError as exc:
+        parser.error(str(exc))
+    n = args.participants
+    print(f"# {n} participants, {_where(placement)}; {fabric.source}")
+    layout = placement.hosts
+    if args.group_size:
+        layout = Placement.nodes(n // args.group_size, args.group_size).hosts
+    for nbytes in sizes:
+        if name == "auto":
+            print(select.explain(select.decide(collective, n, nbytes, fabric, placement,
+                                               groups=layout if args.group_size else None)))
+            continue
+        if name == "native":
+            p = predict_native("native", collective, n, nbytes, fabric, placement)
+        else:
+            p = predict(collective, name, n, nbytes, fabric, placement, root=args.root,
+                        shards=args.shards, layout=layout if "/" in name or args.shards else None)
+        print(_line(p, n, nbytes))
+        print(p.critical_path(args.rounds))
+    return 0
+
+
+def _where(placement: Placement) -> str:
+    hosts = placement.hosts
+    if hosts is None:
+        return "one host"
+    return f"{len(hosts.groups)} hosts x {hosts.uniform or 'uneven'}"

@@ -1,0 +1,128 @@
+"""What one GPU can show of the multi-device backend beyond the matrix of test_gpu_devices:
+
+* NCCL's reduce, broadcast, all-gather and reduce-scatter (besides all-reduce) through a
+  one-device clique, for every dtype and op, bitwise against the NumPy backend;
+* logical devices sharing the GPU, each on a stream of its own (``logical_streams()``), so
+  the events and joins that order rounds across streams run (on a shared stream they cost
+  nothing and prove nothing): every collective and algorithm, bitwise, and large enough
+  (64 MiB) that a missing wait would let a step read unfinished data.
+
+Skipped, with the reason, where CuPy or a GPU is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpukit import STAND_IN, host, is_bfloat16, needs_gpu, on_devices, same_bits
+
+import collectives
+from collectives import algorithms
+from collectives.algorithms.schedule import Collective
+from collectives.ops import BFLOAT16, ReduceOp, check_dtype
+from collectives.tools.reference import exact_inputs, random_inputs
+
+pytestmark = needs_gpu
+
+DTYPES = [np.bool_, np.int8, np.int16, np.uint32, np.int64, np.float16, np.float32,
+          np.float64, np.complex64] + ([BFLOAT16] if BFLOAT16 is not None else [])
+
+
+def gpu():
+    from collectives.backends import cupy as backend
+
+    return backend
+
+
+def pairs(ops=tuple(ReduceOp)):
+    for dtype in DTYPES:
+        for op in ops:
+            try:
+                check_dtype(op, np.dtype(dtype))
+            except TypeError:
+                continue
+            if STAND_IN and is_bfloat16(dtype):
+                continue  # the stand-in has no NCCL bfloat16 (STAND_IN_GAP)
+            yield np.dtype(dtype), op
+
+
+def test_every_nccl_collective_over_one_device():
+    checked = 0
+    for dtype, op in pairs():
+        values = exact_inputs(1, 1009, dtype, op)
+        (x,) = on_devices(values, [0])
+        got = host(gpu().reduce([x], op, 0, "nccl"))
+        assert same_bits(collectives.reduce(values, op, 0, "ring"), got), ("reduce", dtype, op)
+        got = host(gpu().reduce_scatter([x], op, "nccl")[0])
+        want = collectives.reduce_scatter(values, op, "ring")[0]
+        assert same_bits(want, got), ("reduce_scatter", dtype, op)
+        checked += 2
+    for dtype, _ in pairs((ReduceOp.SUM,)):
+        values = exact_inputs(1, 1009, dtype, ReduceOp.SUM)
+        (x,) = on_devices(values, [0])
+        (copy,) = gpu().broadcast(x, [0], "nccl")
+        assert same_bits(values[0], host(copy)) and copy.data.ptr != x.data.ptr
+        (gathered,) = gpu().all_gather([x], 0, "nccl")
+        assert same_bits(values[0], host(gathered)), ("all_gather", dtype)
+        assert same_bits(values[0], host(x))  # the input untouched
+        checked += 2
+    assert checked > 60
+
+
+def _run(collective: str, values: list, op: ReduceOp, algorithm: str):
+    """NumPy's results and the GPU's (host copies), on logical devices of GPU 0."""
+    n = len(values)
+    arrays = on_devices(values, [0] * n)
+    if collective == "broadcast":
+        return collectives.broadcast(values[0], n, algorithm), gpu().broadcast(arrays[0], n,
+                                                                               algorithm)
+    if collective == "all_gather":
+        return (collectives.all_gather(values, 0, algorithm),
+                gpu().all_gather(arrays, 0, algorithm))
+    if collective == "reduce":
+        return ([collectives.reduce(values, op, 0, algorithm)],
+                [gpu().reduce(arrays, op, 0, algorithm)])
+    fn = getattr(collectives, collective)
+    return fn(values, op, algorithm), getattr(gpu(), collective)(arrays, op, algorithm)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "reduce_scatter", "all_gather",
+                                        "broadcast"])
+def test_logical_devices_with_streams_of_their_own(collective, n):
+    kinds = [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.PROD),
+             (np.dtype(np.float16), ReduceOp.MAX), (np.dtype(np.float64), ReduceOp.MEAN)]
+    names = [a for a in ("one_device", "ring", "rechd", "tree", "shuffle")
+             if algorithms.supports(Collective(collective), a)]
+    backend = gpu().devices()
+    streams = set()
+    with gpu().logical_streams():
+        for algorithm in names:
+            for dtype, op in kinds:
+                rows = 1009 * n if collective == "reduce_scatter" else 1009
+                values = exact_inputs(n, rows, dtype, op)
+                cpu, got = _run(collective, values, op, algorithm)
+                for c, g in zip(cpu, got):
+                    assert same_bits(c, host(g)), (collective, algorithm, dtype, op)
+                # one stream per logical device whose buffer the call wrote
+                streams.add(backend.streams_in_last_call())
+    assert max(streams) == n  # (a reduce's one_device writes the root's buffer alone)
+    values = exact_inputs(n, 64, np.float32)
+    gpu().all_reduce(on_devices(values, [0] * n), "sum", "ring")
+    assert backend.streams_in_last_call() == 1  # outside the block: the current stream
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "tree"])
+def test_64_mib_on_streams_of_their_own(algorithm):
+    """Rounded sums only match NumPy's bits in the schedule's order, and at this size a
+    step that ran before its inputs were ready would read stale or half-written data."""
+    import cupy
+
+    values = random_inputs(4, (64 << 20) // 4 // 4, np.float32, seed=11)
+    want = collectives.all_reduce(values, "sum", algorithm)
+    with gpu().logical_streams():
+        handle = gpu().all_reduce(on_devices(values, [0] * 4), "sum", algorithm,
+                                  async_op=True)
+        got = handle.wait(timeout=120)
+    assert gpu().devices().streams_in_last_call() == 4
+    cupy.cuda.Device(0).synchronize()
+    assert all(same_bits(w, host(g)) for w, g in zip(want, got))

@@ -1,0 +1,167 @@
+"""Wire compression (``compression="fp16"|"bf16"``): float32/float64 SUM and MEAN all-reduces
+carried in a narrower float, cast back.
+
+Checks: every rank (device) gets bitwise the same result, of the input's dtype; sums exact in
+the narrow type come back exact; on random normal data the error stays within the rounding
+bound of the narrow type (one rounding per input and per addition); the call travels as the
+narrow dtype (a rank that does not compress disagrees about the dtype, before data moves);
+clear errors for other ops, dtypes and names, and for bf16 without ml_dtypes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import compression as compression_module
+from collectives.errors import CollectiveMismatchError
+
+UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # unit roundoff of float16, bfloat16
+TINY = {"fp16": 2.0 ** -25, "bf16": 2.0 ** -134}  # half their smallest subnormal
+SIZES = [0, 1, 13, 4099, 100_003]
+
+
+def _inputs(n: int, size: int, dtype, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(size).astype(dtype) for _ in range(n)]
+
+
+def _check_bound(result, values, op: str, compression: str) -> None:
+    """|result - exact| <= (p + 1) * (u * sum |x_i| + tiny) (MEAN: sum / p): an input's
+    rounding, p - 1 additions and the pre-division each add at most one unit roundoff of what
+    they touch, or half a subnormal step near zero."""
+    p = len(values)
+    exact = np.sum([v.astype(np.float64) for v in values], axis=0)
+    magnitude = np.sum([np.abs(v.astype(np.float64)) for v in values], axis=0)
+    if op == "mean":
+        exact, magnitude = exact / p, magnitude / p
+    bound = (p + 1) * (UNIT[compression] * magnitude + TINY[compression])
+    assert np.all(np.abs(result.astype(np.float64) - exact) <= bound)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_spmd_all_reduce(compression, dtype, op):
+    n = 4
+    inputs = {size: _inputs(n, size, dtype, seed=size) for size in SIZES}
+
+    def body(comm):
+        out = {}
+        for size, values in inputs.items():
+            x = values[comm.rank]
+            before = x.copy()
+            out[size] = comm.all_reduce(x, op, "ring" if size % 2 else "rechd",
+                                        compression=compression)
+            assert np.array_equal(x, before)  # inputs are never modified
+        target = np.empty_like(inputs[4099][comm.rank])
+        got = comm.all_reduce(inputs[4099][comm.rank], op, out=target, compression=compression)
+        assert got is target
+        work = comm.all_reduce(inputs[13][comm.rank], op, compression=compression, async_op=True)
+        out["async"] = work.wait()
+        return out
+
+    results = collectives.run(body, n)
+    for key in [*SIZES, "async"]:
+        first = results[0][key]
+        assert first.dtype == np.dtype(dtype)
+        for other in results[1:]:
+            assert first.tobytes() == other[key].tobytes()  # bitwise identical on every rank
+        values = inputs[13 if key == "async" else key]
+        _check_bound(first, values, op, compression)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_exact_sums_come_back_exact(compression):
+    # small integers: every input, partial sum and (power-of-two) mean is exact in the
+    # narrow type, so compression loses nothing
+    values = [np.arange(-20, 21, dtype=np.float32) * (r + 1) for r in range(4)]
+    sums = collectives.run(lambda c: c.all_reduce(values[c.rank], "sum",
+                                                  compression=compression), 4)
+    means = collectives.all_reduce(values, "mean", "tree", compression=compression)
+    for s in sums:
+        assert np.array_equal(s, np.arange(-20, 21, dtype=np.float32) * 10)
+    for m in means:
+        assert np.array_equal(m, np.arange(-20, 21, dtype=np.float32) * 2.5)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "shuffle", "auto"])
+def test_multi_device(compression, algorithm):
+    for n in (1, 3, 4):
+        for size in (0, 1, 4099, 300_007):
+            values = _inputs(n, size, np.float32, seed=n * size)
+            for op in ("sum", "mean"):
+                results = collectives.all_reduce(values, op, algorithm, compression=compression)
+                assert all(r.tobytes() == results[0].tobytes() for r in results)
+                assert results[0].dtype == np.float32
+                _check_bound(results[0], values, op, compression)
+                shared = collectives.all_reduce(values, op, algorithm, shared_result=True,
+                                                compression=compression)
+                assert shared[0].tobytes() == results[0].tobytes()
+                assert not shared[0].flags.writeable
+            outs = [np.empty(size, np.float32) for _ in range(n)]
+            got = collectives.all_reduce(values, "sum", algorithm, out=outs,
+                                         compression=compression, async_op=True).wait()
+            assert all(g is o for g, o in zip(got, outs))
+
+
+def test_batches_compress_their_floating_tensors():
+    """As Horovod's compressors: float32/float64 packs compressed, integers travel exact."""
+    big = 2.0 ** 12 + 1  # not a float16: it comes back rounded where compressed
+    floats = [np.full(5, big, np.float32) for _ in range(2)]
+    ints = [np.full(3, 2 ** 20 + 1, np.int64) for _ in range(2)]
+    out = collectives.batch_all_reduce([floats, ints], "sum", compression="fp16")
+    assert np.array_equal(out[0][0], np.full(5, np.float32(np.float16(big)) * 2))
+    assert np.array_equal(out[1][1], np.full(3, 2 * (2 ** 20 + 1)))
+    spmd = collectives.run(lambda c: c.batch_all_reduce([floats[c.rank], ints[c.rank]], "sum",
+                                                        compression="fp16"), 2)
+    for tensors in spmd:
+        assert np.array_equal(tensors[0], out[0][0]) and np.array_equal(tensors[1], out[1][0])
+
+
+def test_ranks_that_disagree_on_compressing_are_told():
+    """The wire carries float16: a rank that sends float32 disagrees, before data moves."""
+    def body(comm):
+        x = np.ones(8, np.float32)
+        return comm.all_reduce(x, compression="fp16" if comm.rank == 0 else None, timeout=20)
+
+    with pytest.raises(CollectiveMismatchError, match="float16"):
+        collectives.run(body, 2)
+
+
+def test_errors_name_the_fix():
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="compression=None"):
+        collectives.all_reduce([x, x], "max", compression="fp16")
+    with pytest.raises(TypeError, match="float32 and float64"):
+        collectives.all_reduce([np.ones(3, np.int32)] * 2, compression="bf16")
+    with pytest.raises(TypeError, match="float32 and float64"):
+        collectives.all_reduce([np.ones(3, np.float16)] * 2, compression="fp16")
+    with pytest.raises(ValueError, match="'fp16', 'bf16' or None"):
+        collectives.all_reduce([x, x], compression="int8")
+    with pytest.raises(ValueError, match="accumulation_fn"):
+        collectives.all_reduce([x, x], compression="fp16", accumulation_fn=sum)
+    # on every rank, before any data moves
+    errors = collectives.run(lambda c: _error_of(lambda: c.all_reduce(x, "prod",
+                                                                      compression="fp16")), 3)
+    assert all(isinstance(e, ValueError) and "sum and mean" in str(e) for e in errors)
+    # "none" and None mean no compression
+    assert np.array_equal(collectives.all_reduce([x, x], compression="none")[0], 2 * x)
+
+
+def test_bf16_without_ml_dtypes_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(compression_module, "BFLOAT16", None)
+    with pytest.raises(ValueError, match="pip install ml_dtypes"):
+        collectives.all_reduce([np.ones(2, np.float32)] * 2, compression="bf16")
+    assert np.array_equal(collectives.all_reduce([np.ones(2, np.float32)] * 2,
+                                                 compression="fp16")[0], [2.0, 2.0])
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    return None

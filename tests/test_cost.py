@@ -1,0 +1,240 @@
+"""The cost model: small cases priced by hand, its shortcuts against pricing every
+participant, the cost of choosing at scale (counted in plans and bytes, not timed), the
+choice among candidates, calibration on thread ranks, and the CLI commands."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import algorithms
+from collectives.algorithms import select
+from collectives.algorithms.cost import Fabric, Link, Placement, interpolate
+from collectives.algorithms.sampling import predict, predict_native
+from collectives.algorithms.schedule import Collective
+from collectives.api import calibration
+from collectives.tools import cli
+
+B = 1 << 20
+A_H, BETA_H = 4e-6, 1 / 5e9     # within a host
+A_N, BETA_N = 30e-6, 1 / 1e9    # across hosts
+GAMMA, OVER, CALL = 1 / 8e9, 2e-6, 50e-6
+FABRIC = Fabric(proc=Link(1e-6, 1 / 10e9), host=Link(A_H, BETA_H), net=Link(A_N, BETA_N),
+                gamma=GAMMA, overhead=OVER, call_overhead=CALL)
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(b), 1e-12)
+
+
+# --- by hand -------------------------------------------------------------------------------
+
+def test_two_rank_ring_by_hand():
+    # round 0: each sends and receives B/2 and adds it; round 1: each sends and receives B/2.
+    # Every round a participant posts one send and matches one receive: 2 messages.
+    want = CALL + 2 * (A_H + 2 * OVER) + 2 * (B / 2) * BETA_H + (B / 2) * GAMMA
+    p = predict(Collective.ALL_REDUCE, "ring", 2, B, FABRIC)
+    assert close(p.seconds, want)
+    assert close(p.reduction, B / 2 * GAMMA) and close(p.transfer, B * BETA_H)
+    assert [count for _, count, _ in p.rounds] == [1, 1]
+
+
+def test_two_rank_ring_in_one_process_uses_proc_links():
+    p = predict(Collective.ALL_REDUCE, "ring", 2, B, FABRIC, Placement(2, None, processes=False))
+    assert close(p.seconds, CALL + 2 * (1e-6 + 2 * OVER) + B / 10e9 + B / 2 * GAMMA)
+
+
+def test_four_rank_rechd_by_hand():
+    # halving: B/2 then B/4 exchanged and added; doubling: B/4 then B/2 exchanged
+    want = CALL + 4 * (A_H + 2 * OVER) + 1.5 * B * BETA_H + 0.75 * B * GAMMA
+    assert close(predict(Collective.ALL_REDUCE, "rechd", 4, B, FABRIC).seconds, want)
+
+
+def test_four_rank_rechd_over_two_hosts_shares_each_hosts_link():
+    # hosts {0, 1}, {2, 3}: distance 1 stays inside a host, distance 2 crosses, and both
+    # ranks of a host cross at once: their B/4 (halving) and B/4 (doubling) add up on the link
+    placement = Placement.nodes(2, 2)
+    inside = 2 * (A_H + 2 * OVER) + (B / 2 + B / 2) * BETA_H
+    across = 2 * (A_N + 2 * OVER) + (2 * B / 4 + 2 * B / 4) * BETA_N
+    want = CALL + inside + across + 0.75 * B * GAMMA
+    p = predict(Collective.ALL_REDUCE, "rechd", 4, B, FABRIC, placement)
+    assert close(p.seconds, want)
+    assert "host" in p.rounds[1][2].who and "link" in p.rounds[1][2].who
+    unshared = predict(Collective.ALL_REDUCE, "rechd", 4, B,
+                       Fabric(**{**FABRIC.__dict__, "nic_shared": False}), placement)
+    assert close(p.seconds - unshared.seconds, 2 * (B / 4) * BETA_N)
+
+
+def test_two_level_two_by_two_by_hand():
+    # ring/ring over hosts {0, 1}, {2, 3}: inside, a reduce-scatter round (B/2 in, added);
+    # across, the ring all-reduce of each member's half (B/4 each way per member, both
+    # members of a host on its link: B/2), added in its first round; inside, an all-gather
+    # round (B/2)
+    placement = Placement.nodes(2, 2)
+    inside = 2 * (A_H + 2 * OVER) + B * BETA_H
+    across = 2 * (A_N + 2 * OVER) + 2 * (B / 2) * BETA_N
+    want = CALL + inside + across + (B / 2 + B / 4) * GAMMA
+    p = predict(Collective.ALL_REDUCE, "ring/ring", 4, B, FABRIC, placement,
+                layout=placement.hosts)
+    assert close(p.seconds, want)
+
+
+def test_serial_fabric_adds_every_participant():
+    serial = select.CostModel(latency=1e-6, shared_memory=True).as_fabric()
+    one = predict(Collective.ALL_REDUCE, "one_device", 4, B, serial, Placement(4, None, False))
+    # the root: 2 rounds, 3 + 3 messages; each other: 2 rounds, 1 + 1 message; 1 us each
+    assert close(one.seconds, (2 + 6 + 3 * (2 + 2)) * 1e-6)
+
+
+# --- the shortcuts give what pricing everyone gives ------------------------------------------
+
+@pytest.mark.parametrize("name, collective", [
+    ("ring", Collective.ALL_REDUCE), ("rechd", Collective.ALL_REDUCE),
+    ("shuffle", Collective.ALL_REDUCE), ("ring", Collective.ALL_GATHER),
+    ("rechd", Collective.ALL_GATHER), ("ring", Collective.REDUCE_SCATTER),
+    ("tree", Collective.ALL_REDUCE), ("rechd", Collective.REDUCE_SCATTER),
+    ("ring", Collective.BROADCAST), ("ring/ring", Collective.ALL_REDUCE),
+    ("rechd/ring", Collective.ALL_REDUCE), ("shuffle/rechd", Collective.ALL_REDUCE)])
+@pytest.mark.parametrize("n, per", [(64, 8), (96, 8), (80, 1)])
+def test_symmetry_and_samples_agree_with_every_participant(name, collective, n, per):
+    placement = Placement.nodes(n // per, per) if per > 1 else Placement(n)
+    layout = placement.hosts if "/" in name else None
+    if layout is None and "/" in name:
+        layout = Placement.nodes(n // 8, 8).hosts
+    kw = dict(layout=layout, root=5)
+    # symmetric and periodic plans are exact; a pipeline's sampled middle is within 1%
+    sampled = name in ("tree",) or collective is Collective.BROADCAST
+    for nbytes in (4 << 10, 64 << 20):
+        quick = predict(collective, name, n, nbytes, FABRIC, placement, **kw)
+        every = predict(collective, name, n, nbytes, FABRIC, placement, exact=True, **kw)
+        assert quick.seconds == pytest.approx(every.seconds, rel=0.01 if sampled else 1e-9)
+
+
+# --- cheap at scale: counted, not timed --------------------------------------------------------
+
+def _count_plans(monkeypatch) -> list:
+    built = []
+    real = algorithms._build
+
+    def counted(*args):
+        built.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(algorithms, "_build", counted)
+    return built
+
+
+def test_simulating_65536_participants_prices_one_plan(monkeypatch, capsys):
+    built = _count_plans(monkeypatch)
+    algorithms.sampling._big_plan.cache_clear()
+    assert cli.main(["simulate", "ring", "-n", "65536", "--nodes", "8192x8", "--link",
+                     "host=3us:150GB/s,net=5us:400Gbit/s", "-b", "256M"]) == 0
+    out = capsys.readouterr().out
+    assert built == [0]  # participant 0's plan; the symmetry gives everyone else
+    assert "rounds 0-65534" in out and "busbw" in out
+    built.clear()
+    assert cli.main(["simulate", "ring/ring", "-n", "65536", "--nodes", "8192x8"]) == 0
+    assert built == [0]
+
+
+def test_auto_for_2000_devices_is_cheap(monkeypatch):
+    built = _count_plans(monkeypatch)
+    select._decide.cache_clear()
+    algorithms.sampling._small_plan.cache_clear()
+    tracemalloc.start()
+    name, _ = collectives.api.multi_device.pick_algorithm(
+        Collective.ALL_REDUCE, "auto", 2000, 1 << 20, select.CostModel(shared_memory=True))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert name in select.CANDIDATES
+    assert len(built) <= 3 * (algorithms.sampling.SPREAD + 20)  # a bounded sample, not 2,000
+    assert peak < 200 << 20
+
+
+# --- the choice ------------------------------------------------------------------------------
+
+def test_measured_native_wins_where_it_is_faster():
+    points = ((4 << 10, 10e-6), (1 << 20, 300e-6), (64 << 20, 80e-3))
+    fabric = Fabric(host=Link(20e-6, 1 / 4e9), gamma=1 / 8e9, overhead=3e-6,
+                    measured=(("native", "all_reduce", 2, points),))
+    small = select.decide(Collective.ALL_REDUCE, 2, 4 << 10, fabric, natives=("native",),
+                          payload=4 << 10)
+    big = select.decide(Collective.ALL_REDUCE, 2, 64 << 20, fabric, natives=("native",),
+                        payload=64 << 20)
+    assert small.name == "native" and big.name in ("ring", "rechd")
+    text = str(big)
+    assert "native" in text and "measured" in text and "wins by" in text
+    assert interpolate(points, 1 << 20) == pytest.approx(300e-6)
+    assert 10e-6 < interpolate(points, 64 << 10) < 300e-6
+
+
+def test_native_without_measurements_is_modelled_at_native_overheads():
+    p = predict_native("native", Collective.ALL_REDUCE, 8, 1 << 20, FABRIC)
+    assert p.algorithm == "native" and "rechd" in p.note and p.seconds > 0
+    assert predict_native("shm", Collective.ALL_REDUCE, 8, 1 << 20, FABRIC) is None
+
+
+def test_across_hosts_auto_prefers_what_crosses_links_least():
+    placement = Placement.nodes(8, 8)
+    d = select.decide(Collective.ALL_REDUCE, 64, 256 << 20, FABRIC, placement)
+    ring = next(p for p in d.predictions if p.label == "ring")
+    assert d.best.seconds < ring.seconds  # the flat ring's 126 rounds cross hosts with 2(n-1)/n B
+    assert any("/" in p.algorithm for p in d.predictions)
+
+
+def test_fabric_round_trips_through_json():
+    fabric = Fabric(gammas=(("float64", 1e-10),), measured=(("native", "all_reduce", 2,
+                                                              ((4096, 1e-5),)),), raw=(("a", 1.0),))
+    assert Fabric.from_json(fabric.to_json()) == fabric
+
+
+# --- on a communicator -----------------------------------------------------------------------
+
+def test_explain_lists_every_candidate_and_names_what_runs():
+    def body(comm):
+        x = np.ones(1 << 16, np.float32)
+        comm.all_reduce(x)
+        return comm.last_algorithm, comm.explain("all_reduce", x)
+
+    for ran, decision in collectives.run(body, 4):
+        assert decision.name == ran
+        text = str(decision)
+        for name in ("tree", "rechd", "ring", "shuffle", "one_device"):
+            assert name in text
+        assert "<- runs" in text and "wins by" in text
+
+
+def test_calibration_on_thread_ranks_is_shared_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path))
+
+    def body(comm):
+        first = calibration.apply(comm, True, repeats=2)
+        again = calibration.apply(comm, "cached")
+        return first, again, comm.fabric
+
+    results = collectives.run(body, 2, timeout=300)
+    first = results[0][0]
+    assert all(r[0] == first and r[1] == first and r[2] == first for r in results)
+    assert first.source.startswith("measured") and first.proc.beta > 0 and first.call_overhead > 0
+    assert {k for k, _ in first.raw} >= {"call", "local.tree", "local.one", "local.big"}
+    files = list(tmp_path.glob("fabric-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["size"] == 2
+
+
+def test_probe_command_prints_the_links(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path))
+    out_json = tmp_path / "fabric.json"
+    assert cli.main(["probe", "-n", "2", "-r", "2", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "proc" in out and "GB/s" in out and "cached in" in out
+    assert Fabric.from_json(out_json.read_text()).source.startswith("measured")
+
+
+def test_simulate_rejects_bad_links(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "ring", "-n", "16", "--link", "wire=5us"])
+    assert "CLASS=LATENCY:BANDWIDTH" in capsys.readouterr().err

@@ -1,0 +1,348 @@
+"""The timeline: traces that keep the trace-event format's rules, rounds that are the plans'
+rounds, and a late rank shown as the one everybody waited for; on thread ranks, on MPI ranks
+under ``mpiexec``, and for multi-device calls. Plus the command (merge, plot, summary), the
+environment variable, a bounded buffer, and a process that dies mid-call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import algorithms
+from collectives import timeline as tl
+from collectives.algorithms.base import Layout
+from collectives.algorithms.schedule import Collective
+from collectives.runtime.execute import run_multi_device
+from collectives.timeline import recorder
+from collectives.tools.cli import main as cli
+from collectives.tools.timeline import traces
+from collectives.tools.timeline.summary import account, straggler, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def record(tmp_path):
+    """Record into tmp_path/timeline while the test runs; yields that folder."""
+    folder = tmp_path / "timeline"
+    tl.start(folder)
+    try:
+        yield folder
+    finally:
+        tl.stop()
+
+
+def _events(folder: Path) -> list[dict]:
+    tl.stop()
+    return traces.merge(folder)["traceEvents"]
+
+
+def _calls(every: list[traces.Span], pid: int) -> dict[int, traces.Span]:
+    return {s.args["call"]: s for s in every
+            if s.pid == pid and s.cat == "call" and "call" in s.args}
+
+
+def _inside(every, call: traces.Span, cat: str) -> list[traces.Span]:
+    return [s for s in every if s.pid == call.pid and s.tid == call.tid and s.cat == cat
+            and call.start <= s.start and s.end <= call.end]
+
+
+def test_off_by_default_and_nothing_recorded():
+    assert not tl.enabled() and tl.current_file() is None
+
+    def body(comm):
+        run = comm.all_reduce(np.ones(4), async_op=True)
+        return run._op.trace, comm.all_reduce(np.ones(4))
+
+    for trace, result in collectives.run(body, 2):
+        assert trace is None and (result == 2).all()
+
+
+def test_thread_ranks_trace_keeps_the_format(record):
+    def body(comm):
+        x = np.arange(12, dtype=np.float32).reshape(4, 3)
+        comm.all_reduce(x, "sum", "ring")
+        comm.reduce(x, "max", 1, "tree")
+        comm.broadcast(x if comm.rank == 0 else None, 0)
+        comm.all_gather(x, algorithm="rechd")
+        comm.reduce_scatter(x, "sum", "ring")
+        comm.gather(x, 0)
+        comm.barrier()
+        first = comm.all_reduce(x, async_op=True)
+        second = comm.all_gather(x, async_op=True)
+        first.wait(), second.wait()
+        prepared = comm.all_reduce_init(x, out=np.empty_like(x))
+        for _ in range(2):
+            prepared.start().wait()
+        return comm._engine.seq
+
+    calls = collectives.run(body, 3)[0]
+    tl.flush()
+    raw = traces.read_events(tl.current_file())
+    assert traces.problems(raw) == []  # the process's own file, as written
+    events = _events(record)
+    assert traces.problems(events) == []
+    every = traces.spans(events)
+    for rank in range(3):
+        mine = _calls(every, rank)
+        assert sorted(mine) == list(range(1, calls + 1))
+        signature = mine[1].args
+        assert signature["collective"] == "all_reduce" and signature["shape"] == [4, 3]
+        assert signature["dtype"] == "float32" and signature["op"] == "sum"
+        assert signature["algorithm"] == "ring" and signature["bytes"] == 48
+        assert mine[2].args["root"] == 1 and mine[2].args["op"] == "max"
+        assert mine[3].args["shape"] == [4, 3]  # a non-root learns it during the call
+        assert [s.name for s in _inside(every, mine[1], "stage")] == ["agreement", "ring plan"]
+        # asynchronous calls in flight together: lanes of their own, never the blocking track
+        lanes = {mine[k].tid for k in (8, 9)}
+        assert len(lanes) == 2 and mine[1].tid not in lanes
+        assert all(mine[k].args.get("async") for k in (8, 9, 10, 11))
+
+
+def _expected_rounds(collective, name, size, rank, shape, root=0, layout=None):
+    count = int(np.prod(shape))
+    plan = algorithms.rank_plan(collective, name, size, rank, root=root, layout=layout)
+    if collective in (Collective.ALL_GATHER, Collective.GATHER):
+        units, granule = size, count
+    elif collective is Collective.REDUCE_SCATTER:
+        units, granule = shape[0], count // shape[0]
+    else:
+        units, granule = count, 1
+    out = []
+    for index, sends, recvs in plan.offsets(units, granule):
+        out.append((index, sorted((dst, (b - a) * 4) for dst, a, b, _ in sends),
+                    sorted((tuple(srcs), (b - a) * 4, "reduce" if reduce else "copy")
+                           for srcs, a, b, reduce, _ in recvs)))
+    return out
+
+
+CASES = [(c, name) for c in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
+                             Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+                             Collective.GATHER) for name in algorithms.names_for(c)]
+CASES += [(Collective.ALL_REDUCE, "ring/rechd"), (Collective.REDUCE_SCATTER, "tree/ring")]
+
+
+@pytest.mark.parametrize("size", [4, 5])
+def test_rounds_are_the_plans_rounds_for_every_algorithm(record, size):
+    shape = (10, 3)
+    groups = [[0, 1], list(range(2, size))]
+
+    def body(comm):
+        x = np.ones(shape, np.float32)
+        seqs = []
+        for collective, name in CASES:
+            kwargs = {"groups": groups} if "/" in name else {}
+            if collective is Collective.ALL_REDUCE:
+                comm.all_reduce(x, "sum", name, **kwargs)
+            elif collective is Collective.REDUCE:
+                comm.reduce(x, "sum", 1, name)
+            elif collective is Collective.BROADCAST:
+                comm.broadcast(x, 1, name)
+            elif collective is Collective.ALL_GATHER:
+                comm.all_gather(x, algorithm=name)
+            elif collective is Collective.GATHER:
+                comm.gather(x, 1, name)
+            else:
+                comm.reduce_scatter(x, "sum", name)
+            seqs.append(comm._engine.seq)
+        return seqs
+
+    seqs = collectives.run(body, size)[0]
+    every = traces.spans(_events(record))
+    for rank in range(size):
+        mine = _calls(every, rank)
+        for (collective, name), seq in zip(CASES, seqs):
+            grouped = "/" in name and collective is Collective.ALL_REDUCE  # (groups= given)
+            layout = Layout(tuple(tuple(g) for g in groups)) if grouped else None
+            want = _expected_rounds(collective, name, size, rank, shape, root=1, layout=layout)
+            got = [(s.args["round"], sorted(tuple(x) for x in s.args["sends"]),
+                    sorted((tuple(srcs), n, kind) for srcs, n, kind in s.args["recvs"]))
+                   for s in _inside(every, mine[seq], "round")]
+            assert got == want, f"rank {rank}: {collective.value} {name}"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rechd", "one_device"])
+def test_a_late_rank_is_the_one_everybody_waited_for(record, algorithm):
+    late = 2
+
+    def body(comm):
+        x = np.ones(4096, np.float32)
+        for _ in range(3):
+            if comm.rank == late:
+                time.sleep(0.03)
+            comm.all_reduce(x, algorithm=algorithm)
+
+    collectives.run(body, 4)
+    events = _events(record)
+    assert traces.problems(events) == []
+    worst, share = straggler(events)
+    assert worst == late and share > 0.5, (worst, share)
+    assert "straggler: rank 2" in summarize(events)
+    accounts = account(events)
+    for rank in (0, 1, 3):  # each rank waited above all for the late one, at a chain's end
+        assert accounts.rank_for[rank].most_common(1)[0][0] == late, accounts.rank_for[rank]
+
+
+MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
+           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+    reason="needs mpi4py and an mpiexec (pip install -e '.[mpi]' installs both)")
+
+
+@needs_mpi
+def test_fast_path_and_clock_on_mpi_ranks(tmp_path):
+    folder = tmp_path / "timeline"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "COLLECTIVES_TIMELINE": str(folder)}
+    proc = subprocess.run([MPIEXEC, "-n", "4", sys.executable,
+                           str(ROOT / "tests" / "mpi_scenarios" / "timeline.py"), "1", "0.05"],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = traces.trace_files(folder)
+    assert len(files) == 4  # one per process
+    for path in files:
+        raw = traces.read_events(path)
+        assert traces.problems(raw) == [], path
+        assert any(e.get("name") == "collectives_clock" for e in raw)  # lined up at init
+    events = traces.merge(folder)["traceEvents"]
+    assert traces.problems(events) == []
+    worst, share = straggler(events)
+    assert worst == 1 and share > 0.5, (worst, share)
+    every = traces.spans(events)
+    for rank in range(4):
+        fast = [s for s in every if s.pid == rank and s.args.get("path") == "fast"]
+        assert len(fast) >= 15 and all(s.args["bytes"] == 4096 for s in fast)
+        lanes = [s for s in every if s.pid == rank and s.cat == "call" and s.args.get("async")]
+        assert len(lanes) == 1 and lanes[0].tid != fast[0].tid
+
+
+def test_multi_device_calls_show_per_device_rounds(record):
+    values = [np.full(1000, d, np.float64) for d in range(4)]
+    collectives.all_reduce(values, "sum", "ring")  # tiles: the plan as one span
+    schedule = algorithms.schedule(Collective.ALL_REDUCE, "rechd", 4)
+    work = [v.copy() for v in values]
+    backend = collectives.load_backend("local").devices()
+    run_multi_device(schedule, [None] * 4, work, collectives.ReduceOp.SUM, backend,
+                     strategy="rounds")
+    assert all((w == 6).all() for w in work)
+    events = _events(record)
+    assert traces.problems(events) == []
+    every = traces.spans(events)
+    for d in range(4):
+        pid = recorder.DEVICE_PID + d
+        call = next(s for s in every if s.pid == pid and s.cat == "call")
+        assert call.args["collective"] == "all_reduce" and call.args["devices"] == 4
+        rounds = [s for s in every if s.pid == pid and s.cat == "round"]
+        assert [r.args["round"] for r in rounds] == [0, 1, 2, 3]  # rechd on 4: 2 + 2 rounds
+        for r in rounds:
+            step = schedule.rounds[r.args["round"]]
+            mine = sorted((tuple(srcs), (hi - lo) * 8000 // schedule.den)
+                          for dst, srcs, lo, hi, _ in step if dst == d)
+            assert sorted((tuple(s), n) for s, n, _ in r.args["recvs"]) == mine
+
+
+def test_the_command_merges_draws_and_summarises(record, tmp_path, capsys):
+    def body(comm):
+        for _ in range(2):
+            if comm.rank == 1:
+                time.sleep(0.02)
+            comm.all_reduce(np.ones(256, np.float32), algorithm="ring")
+
+    collectives.run(body, 3)
+    tl.stop()
+    merged, picture = tmp_path / "trace.json", tmp_path / "timeline.png"
+    assert cli(["timeline", "merge", str(record), "-o", str(merged)]) == 0
+    assert json.loads(merged.read_text())["traceEvents"]
+    assert cli(["timeline", "plot", str(merged), "-o", str(picture)]) == 0
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+    assert cli(["timeline", "summary", str(merged)]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce" in out and "1 KiB" in out and "straggler: rank 1" in out
+    assert cli(["timeline", "summary", str(tmp_path / "nothing")]) == 2
+
+
+def test_environment_variable_records_and_closes_the_file(tmp_path):
+    code = ("import numpy as np, collectives\n"
+            "collectives.run(lambda c: c.all_reduce(np.ones(3)), 2)\n")
+    env = {**os.environ, "COLLECTIVES_TIMELINE": str(tmp_path / "t")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    (path,) = (tmp_path / "t").iterdir()
+    events = json.loads(path.read_text())  # closed at exit: plain JSON
+    assert traces.problems(events) == [] and any(e.get("cat") == "call" for e in events)
+
+
+def test_a_full_buffer_drops_and_says_so(record, monkeypatch):
+    monkeypatch.setattr(recorder, "CAPACITY", 40)
+    monkeypatch.setattr(recorder, "FLUSH_SECONDS", 10.0)  # nothing drains while the calls run
+
+    def body(comm):
+        for _ in range(10):
+            comm.all_reduce(np.ones(8), algorithm="ring")
+
+    collectives.run(body, 3)
+    events = _events(record)
+    dropped = [e for e in events if e.get("name") == "timeline dropped events"]
+    assert dropped and dropped[0]["args"]["dropped"] > 0
+    assert traces.problems(events) == []  # the merge repairs what the drops cut
+
+
+def test_a_process_killed_mid_call_leaves_a_readable_file(tmp_path):
+    code = f"""
+import os, signal, time, threading, numpy as np, collectives, collectives.timeline as tl
+tl.start({str(tmp_path / 't')!r})
+def body(comm):
+    if comm.rank == 1:
+        time.sleep(30)  # never arrives
+    comm.all_reduce(np.ones(8), algorithm="ring")
+threading.Thread(target=collectives.run, args=(body, 2), daemon=True).start()
+time.sleep(0.5)
+tl.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    (path,) = (tmp_path / "t").iterdir()
+    assert not path.read_text().rstrip().endswith("]")  # never closed
+    raw = traces.read_events(path)
+    opened = [e for e in raw if e.get("ph") == "B" and e.get("pid") == 0]
+    assert [e["name"] for e in opened][:2] == ["all_reduce", "agreement"]
+    events = traces.merge(tmp_path / "t")["traceEvents"]
+    assert traces.problems(events) == []
+    every = traces.spans(events)
+    call = next(s for s in every if s.pid == 0 and s.cat == "call")
+    assert call.args.get("unfinished") is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="tensorflow is not installed")
+def test_tensorflow_marks_each_batch_reduce_with_its_tensors(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "timeline_marks.py", str(tmp_path / "t")],
+                          cwd=ROOT / "tests" / "tf_scenarios", env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    events = traces.merge(tmp_path / "t")["traceEvents"]
+    assert traces.problems(events) == []
+    every = traces.spans(events)
+    marks = [s for s in every if s.cat == "batch"]
+    assert [m.args["path"] for m in marks] == ["host", "device"]
+    host_mark = marks[0]
+    assert [(t["shape"], t["dtype"], t["replicas"]) for t in host_mark.args["tensors"]] == [
+        ([3], "float32", 2), ([2, 5], "float32", 2), ([7], "float32", 2)]
+    assert host_mark.args["bytes"] == 4 * (3 + 10 + 7)
+    inside = [s for s in every if s.cat == "call" and host_mark.start <= s.start
+              and s.end <= host_mark.end]  # the multi-device calls it made, on the devices' rows
+    assert inside and {s.pid for s in inside} == {recorder.DEVICE_PID, recorder.DEVICE_PID + 1}
