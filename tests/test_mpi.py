@@ -230,6 +230,8 @@ def test_what_auto_runs():
     big, small = 64 << 20, 4096
     assert tuning.prefer_native(Collective.ALL_REDUCE, 2, small)
     assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, big)  # a schedule: the ring
+    assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, 1 << 20)  # not MPICH's Iallreduce
+    assert tuning.prefer_native(Collective.ALL_REDUCE, 4, 1 << 20)
     assert tuning.prefer_native(Collective.BROADCAST, 4, big)
     assert tuning.prefer_native(Collective.ALL_REDUCE, 4, big, single_node=False)  # across hosts
     assert tuning.use_shm("shm", Collective.ALL_REDUCE, small, True)
