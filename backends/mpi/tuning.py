@@ -24,7 +24,8 @@ MAX_COUNT = 2**31 - 1
 # All-reduces from this many bytes up run a schedule under "auto" (the ring's reused buffers
 # beat MPICH's per-call scratch); keyed by rank count, the last entry serving larger counts.
 # Two ranks: MPICH's non-blocking Iallreduce (what a native call above PERSISTENT_BYTES runs)
-# took 2-3x rechd's time at 256 KiB and 1.3-1.6x at 1 MiB (benchmarks/mpi_compare.py).
+# took 1.2-2.4x the best schedule's time at 256 KiB and 1.5-1.6x rechd's at 1 MiB
+# (benchmarks/mpi_compare.py -p 2).
 RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 16 << 20, 4: 16 << 20}
 
 # All-reduces from this many bytes up run through shared memory under "auto" when every rank
