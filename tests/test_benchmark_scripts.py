@@ -77,6 +77,10 @@ CASES = [
          (r"\| mpi4py Allreduce \| [0-9.]+ µs", r"\| collectives auto \| [0-9.]+ µs",
           r"\| collectives prepared \| [0-9.]+ µs", r"\| collectives shuffle \| [0-9.]+ µs"),
          needs=("mpi4py", "mpiexec")),
+    Case("mpi_hot_path", ("benchmarks/mpi_hot_path.py", "-s", "4K", "-n", "200", "-r", "1"),
+         (r"mpi4py Allreduce +[0-9.]+", r"prepared start\(\)\.wait\(\) +[0-9.]+",
+          r"\d+ Python-level function calls per call"),
+         needs=("mpi4py", "mpiexec")),
     # --thread-calls 10 is the least that leaves the ring at 64 thread ranks one timed call.
     # Still the slowest case (about 17 s here): its warm-up calls of 64 thread ranks are fixed.
     # one host, no lab: the lab's layouts need root and namespaces (tests/test_multihost.py)

@@ -84,6 +84,25 @@ def test_natives(n):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n, pure", [(2, "none"), (3, "1"), (2, "all")])
+def test_hot_path_compiled_and_in_python(n, pure):
+    """The compiled hot path, Python's, and the two mixed across ranks (``pure``: the ranks
+    that set COLLECTIVES_PURE_PYTHON=1) give the oracle's result, the same bits everywhere."""
+    assert_passed(launch("hot.py", n, pure), "hot")
+
+
+def test_compiled_hot_path_is_built_here():
+    """The package builds it wherever a C compiler is present (as on this machine)."""
+    import sysconfig
+
+    from collectives.backends.mpi import compiled
+
+    if not shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]):
+        pytest.skip("no C compiler here: the compiled hot path is optional and Python runs it")
+    assert compiled._hot is not None, "collectives.backends.mpi._hot is not built: reinstall"
+
+
+@needs_mpi
 def test_calibration_times_mpi_and_auto_weighs_it(tmp_path):
     assert_passed(launch("calibrated.py", 2, env={"COLLECTIVES_CACHE_DIR": str(tmp_path)}),
                   "calibrated")
@@ -213,6 +232,8 @@ def test_what_auto_runs():
     big, small = 64 << 20, 4096
     assert tuning.prefer_native(Collective.ALL_REDUCE, 2, small)
     assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, big)  # a schedule: the ring
+    assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, 1 << 20)  # not MPICH's Iallreduce
+    assert tuning.prefer_native(Collective.ALL_REDUCE, 4, 1 << 20)
     assert tuning.prefer_native(Collective.BROADCAST, 4, big)
     assert tuning.prefer_native(Collective.ALL_REDUCE, 4, big, single_node=False)  # across hosts
     assert tuning.use_shm("shm", Collective.ALL_REDUCE, small, True)

@@ -6,8 +6,8 @@ move bytes, so every dtype runs natively. Small calls run as persistent collecti
 (``persistent.py``), large ones as non-blocking calls in pieces (``nonblocking.py``); either
 way the call's check rides with the data (``checks.py``, ``rider.py``) and the lane keeps
 every rank's collectives in call order (``lane.py``). ``prepare`` binds a call to its
-buffers; each start goes the same way as an unprepared call, so prepared, fast-path and
-plain calls of one signature always run the same MPI operations on every rank.
+buffers (``bound.py``); each start goes the same way as an unprepared call, so prepared,
+hot and plain calls of one signature always run the same MPI operations on every rank.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from collectives.algorithms.schedule import Collective
 from collectives.arrays import ResultPool
@@ -25,82 +24,15 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
 from . import nonblocking, tuning
+from .bound import Bound
 from .checks import CheckSlots
 from .datatypes import native_types
 from .lane import Lane
-from .persistent import Entries, Entry, PersistentRun
-from .runs import STALL_POLLS, mpi_error
+from .persistent import Entries, PersistentRun
 
 ASK_EVERY = 0.25  # seconds between two questions of a stalled call to its peers
 NATIVE_COLLECTIVES = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
                       Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
-
-
-class Bound:
-    """A call bound to its buffers (``prepare``): every start runs it as a plain call would.
-
-    A repeated small all-reduce whose check rides in its data (the hot path) starts its
-    persistent request here directly whenever nothing else is queued: one copy in, one
-    ``Start``, ``Test`` until done, one comparison of the trailer, one copy out.
-    """
-
-    __slots__ = ("call", "dst", "entry", "natives", "op", "polls", "run", "seq", "since", "src")
-
-    def __init__(self, natives: MPINatives, call: Call, src: Any, dst: Any, op: ReduceOp | None):
-        self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op
-        self.run: Any = None
-        self.entry: Entry | None = None  # the hot path's entry, once known
-        self.seq = self.polls = 0
-        self.since = 0.0
-
-    def start(self, seq: int) -> None:
-        entry, natives = self.entry, self.natives
-        if entry is not None and entry.owner is None and not natives.lane.runs:
-            self.run, self.seq, self.polls, self.since = None, seq, 0, 0.0
-            entry.head[...] = self.src if self.src is not None else self.dst
-            entry.owner = self
-            natives.inflight[seq] = self.call
-            try:
-                entry.data_req.Start()
-            except MPI.Exception as exc:
-                raise mpi_error(natives.rank, seq, self.call, exc) from exc
-            return
-        self.run = run = natives.start(self.call, self.src, self.dst, self.op, seq)
-        if (entry is None and isinstance(run, PersistentRun) and run.entry.rider is not None
-                and run.entry.collective is Collective.ALL_REDUCE and not run.entry.nan):
-            self.entry = run.entry  # entries that may need a NaN repair take the general path
-
-    def advance(self) -> bool:
-        run = self.run
-        if run is not None:
-            return run.advance()
-        entry = self.entry
-        try:
-            done = entry.data_req.Test()
-        except MPI.Exception as exc:
-            self.natives.inflight.pop(self.seq, None)
-            raise mpi_error(self.natives.rank, self.seq, self.call, exc) from exc
-        if not done:
-            self.polls += 1
-            if self.polls % STALL_POLLS == 0:
-                self._stalled()
-            return False
-        entry.owner = None
-        self.natives.inflight.pop(self.seq, None)
-        if entry.trailer.tobytes() != entry.rider.expected:
-            entry.verify(self.natives.rank, self.seq)  # raises, saying why
-        self.dst[...] = entry.result
-        return True
-
-    def _stalled(self) -> None:
-        now = time.perf_counter()
-        if not self.since:
-            self.since = now
-        elif now - self.since > tuning.STALL_SECONDS:
-            self.natives.stalled(self.seq, self.call)
-
-    def free(self) -> None:
-        self.run = None
 
 
 class MPINatives:

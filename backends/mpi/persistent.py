@@ -10,8 +10,9 @@ path, and the first ``PERSISTENT_CALLS`` distinct signatures (in call order: the
 every rank) get an entry, created at their first call (ranks that disagree about a call
 still create one each, so their later requests stay paired; their checks fail first). An
 entry's request is bound to buffers of its own: each run copies its input in and its result
-out (for payloads this small the copies cost less than any per-call setup). One entry serves
-one run at a time; a second call with the same signature waits for it in the lane.
+out (for payloads this small the copies cost less than any per-call setup); all-reduces run
+in place on one buffer, whose trailer each start writes again. One entry serves one run at a
+time; a second call with the same signature waits for it in the lane.
 
 All-reduces carry their check in a few extra elements of the reduction (``rider.py``), so a
 repeated small all-reduce is one persistent start; other calls take a check slot.
@@ -69,15 +70,15 @@ class Entry:
             return
         datatype, mop = native_types(call.dtype, op)
         if c is Collective.ALL_REDUCE:
+            # in place (every rank alike): MPICH copies no send buffer into the result first;
+            # the reduced trailer overwrites this rank's, which each start writes again
             extra = self.rider.length if self.rider is not None else 0
-            self.inb = np.empty(count + extra, call.dtype)
-            self.outb = np.empty(count + extra, call.dtype)
+            self.inb = self.outb = np.empty(count + extra, call.dtype)
             self.head, self.tail = self.inb[:count], self.inb[count:]
             self.result = self.outb[:count]
             if self.rider is not None:
-                self.rider.fill(self.tail, False)  # MPI only reads it: filled once
                 self.trailer = self.outb[count:count + len(self.rider.mine)]
-            self.data_req = comm.Allreduce_init([self.inb, datatype], [self.outb, datatype], mop)
+            self.data_req = comm.Allreduce_init(MPI.IN_PLACE, [self.inb, datatype], mop)
             return
         self.inb = self.head = np.empty(count, call.dtype)
         if c is Collective.REDUCE:
@@ -162,7 +163,7 @@ class PersistentRun(NativeRun):
                 entry.inb[:] = (src if src is not None else dst).view(np.uint8)
         else:
             entry.head[...] = src if src is not None else dst
-            if entry.rider is not None and entry.nan:
+            if entry.rider is not None:  # (in place: the last run's reduced trailer is there)
                 entry.rider.fill(entry.tail, self.mine is not None)
         entry.data_req.Start()
         return entry.data_req

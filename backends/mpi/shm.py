@@ -1,11 +1,14 @@
 """All-reduce through MPI-3 shared memory, for ranks that all share one node (``"shm"``).
 
-Every rank copies its input into its own segment of a shared window
-(``Win.Allocate_shared``), then reduces its ``1/n`` slice straight out of every rank's
-segment and publishes it there, then copies the other slices out of their owners' segments.
-Each byte crosses memory about three times (in, reduce, out) instead of a transport's two
-copies per message plus the reduce. Each slice is reduced once, by its owner, in rank order
-(with NumPy: NaN propagates, every dtype works), so every rank holds the same bits.
+Every rank copies the parts of its input that other ranks reduce into its own segment of a
+shared window (``Win.Allocate_shared``), then reduces its ``1/n`` slice from its own input and
+every other rank's segment into its segment's free slot (publishing it) and its result, a
+cache-sized block at a time, then copies the other slices out of their owners' segments. At
+two ranks each rank moves 4.5 times the payload through memory (half in, the reduce reading a
+whole and writing half, half published from cache, half out), where point-to-point schedules
+move about 7.5 (a copy of the input into the result, two copies per message through MPI's
+shared cells, the reduce). Each slice is reduced once, by its owner, in rank order (with
+NumPy: NaN propagates, every dtype works), so every rank holds the same bits.
 
 Two ``Ibarrier`` calls on the node's communicator order the phases; they go through the lane
 like every native collective, so concurrent calls keep their order. Each segment starts with
@@ -26,6 +29,8 @@ from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
+
+from . import tuning
 
 ALIGN = 4096
 HEADER = 64  # bytes before each buffer: the call's check value
@@ -101,7 +106,7 @@ class ShmRun:
             header = shm.segments[shm.me][offset:offset + HEADER].view(np.int64)
             header[0], header[1] = self.call.check, self.seq
             self.views = [s[offset:offset + HEADER + nbytes] for s in shm.segments]
-            np.copyto(self.views[shm.me][HEADER:].view(self.dst.dtype), self.src)
+            self._copy_in()
             self._barrier()
             self.phase = "reduce"
             return False
@@ -140,7 +145,22 @@ class ShmRun:
         self.lane.pump()
         return False
 
+    def _slices(self) -> list[tuple[int, int]]:
+        count, n = len(self.dst), self.shm.n
+        return [(p * count // n, (p + 1) * count // n) for p in range(n)]
+
+    def _copy_in(self) -> None:
+        """The slices other ranks reduce go into this rank's segment; its own slice stays
+        where it is (the reduction reads it from the input)."""
+        shm = self.shm
+        mine = self.views[shm.me][HEADER:].view(self.dst.dtype)
+        for p, (lo, hi) in enumerate(self._slices()):
+            if p != shm.me and hi > lo:
+                mine[lo:hi] = self.src[lo:hi]
+
     def _reduce(self) -> None:
+        """This rank's slice, from every rank's data in rank order (its own from its input),
+        into its segment (for the others) and its result, a cache-sized block at a time."""
         shm, dst = self.shm, self.dst
         checks = {int(v[:HEADER].view(np.int64)[0]) for v in self.views}
         if checks != {self.call.check}:
@@ -149,18 +169,20 @@ class ShmRun:
                 f"one with different arguments, at this point (this rank: {self.call.describe()});"
                 " every rank must make the same calls in the same order")
         data = [v[HEADER:].view(dst.dtype) for v in self.views]
-        count, n = len(dst), shm.n
-        lo, hi = shm.me * count // n, (shm.me + 1) * count // n
-        if hi > lo:
-            NUMPY.combine_into(self.op, dst[lo:hi], data[0][lo:hi], [d[lo:hi] for d in data[1:]])
-            data[shm.me][lo:hi] = dst[lo:hi]
+        published = data[shm.me]
+        data[shm.me] = self.src
+        lo, hi = self._slices()[shm.me]
+        step = max(tuning.SHM_BLOCK_BYTES // dst.itemsize, 1)
+        for a in range(lo, hi, step):
+            b = min(a + step, hi)
+            block = published[a:b]
+            NUMPY.combine_into(self.op, block, data[0][a:b], [d[a:b] for d in data[1:]])
+            dst[a:b] = block  # (still in cache; when dst is the input, block a:b is read)
 
     def _copy_out(self) -> None:
         shm, dst = self.shm, self.dst
         data = [v[HEADER:].view(dst.dtype) for v in self.views]
-        count, n = len(dst), shm.n
-        for p in range(n):
-            lo, hi = p * count // n, (p + 1) * count // n
+        for p, (lo, hi) in enumerate(self._slices()):
             if p != shm.me and hi > lo:
                 dst[lo:hi] = data[p][lo:hi]
 

@@ -23,11 +23,18 @@ MAX_COUNT = 2**31 - 1
 
 # All-reduces from this many bytes up run a schedule under "auto" (the ring's reused buffers
 # beat MPICH's per-call scratch); keyed by rank count, the last entry serving larger counts.
-RING_FROM_BYTES: dict[int, int] = {2: 16 << 20, 3: 16 << 20, 4: 16 << 20}
+# Two ranks: MPICH's non-blocking Iallreduce (what a native call above PERSISTENT_BYTES runs)
+# took 1.2-2.4x the best schedule's time at 256 KiB and 1.5-1.6x rechd's at 1 MiB
+# (benchmarks/mpi_compare.py -p 2).
+RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 16 << 20, 4: 16 << 20}
 
 # All-reduces from this many bytes up run through shared memory under "auto" when every rank
 # shares one node; None: only on request (algorithm="shm"), where the measurements put it.
 SHM_FROM_BYTES: int | None = None
+
+# The shared-memory all-reduce reduces its slice this many bytes at a time, so that what it
+# publishes for the other ranks is copied out of the cache.
+SHM_BLOCK_BYTES = 256 << 10
 
 # Native reductions of large payloads run in pieces of this many bytes, one piece in flight:
 # MPICH mallocs a scratch buffer of half the message per call, and from 16 MiB up glibc serves

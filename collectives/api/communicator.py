@@ -97,6 +97,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
                               detail=self.debug == "detail")
         self._calls: dict = {}
         self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
+        self._hot = None  # the FastAllReduce the latest hot all-reduce took
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         self.last_algorithm: str | None = None
@@ -313,8 +314,6 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         in_order = getattr(self.transport, "schedules_in_native_order", False)
         if turn is not None and not in_order:
             self._engine.release_turn(turn)
-        if src is not None and src is not work:
-            self.arrays.copy(work, src)
         units = len(work) // granule if granule else 0
         shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
         plan = call.plans.get(shards)
@@ -323,7 +322,8 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
                 call.collective, call.run_as, self.size, self.rank, root=call.root,
                 shards=shards, layout=call.layout)
         run = SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
-                      check=call.check if self.check else 0)
+                      check=call.check if self.check else 0,
+                      src=src if src is not None and src is not work else None)
         return ScheduleInTurn(self._engine, run, turn) if in_order else run
 
     def barrier(self, timeout: float | None = None) -> None:

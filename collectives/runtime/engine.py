@@ -54,6 +54,7 @@ class Engine:
         self.timeout, self.check, self.detail = timeout, check, detail
         self.seq = 0
         self.agreed: OrderedDict[int, bool] = OrderedDict()
+        self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
         self.inflight: list[Operation] = []
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
@@ -131,10 +132,9 @@ class Engine:
         issues calls in the same order, so every rank decides alike even while asynchronous
         agreements are still in flight (should one fail, every rank forgets it alike, and calls
         issued meanwhile are caught by the check value that rides with their data)."""
-        if error is None and not always and not self.detail:
-            if check in self.agreed:
-                self.agreed.move_to_end(check)
-                return None
+        if error is None and not always and not self.detail and check in self.agreed:
+            self.agreed.move_to_end(check)
+            return None
         if error is None:
             self.remember(check)
         return Agreement(self, seq, signature, check, error)
@@ -143,15 +143,16 @@ class Engine:
         self.agreed[check] = True
         if len(self.agreed) > AGREED_SIGNATURES:
             self.agreed.popitem(last=False)
+            self.forgotten += 1
 
     def forget(self, check: int) -> None:
         self.agreed.pop(check, None)
+        self.forgotten += 1
 
     def reserve_turn(self) -> int:
         """A place in the order native collectives start in (they pair by issue order)."""
-        turn = self.native_next
         self.native_next += 1
-        return turn
+        return self.native_next - 1
 
     def release_turn(self, turn: int) -> None:
         """A reserved place that no native collective will take: later ones need not wait."""

@@ -1,123 +1,180 @@
-"""The hot path: a repeated small all-reduce with nothing per call that can be cached.
+"""The hot path: a repeated small all-reduce, with nothing per call that can be bound once.
 
 Training loops issue the same small all-reduce thousands of times. Once a call's signature is
-agreed and it runs natively, ``FastAllReduce`` keeps everything the call needs: the
-validated call, a persistent native collective bound to scratch buffers of the library's own
-(the input is copied in, the result out: for small payloads two copies cost less than any
-per-call setup), and the result's shape. A call then costs one copy in, one start, a short
-spin, one copy out. The check value rides in the scratch buffer with the data (the transport's
-business), so ranks that disagree still fail with ``CollectiveMismatchError``.
+agreed and it runs natively, ``FastAllReduce`` holds everything the call needs: the
+validated call, the engine, and the transport's collective bound to that signature
+(``PersistentNative.quick``: for MPI, a persistent all-reduce whose buffer already carries the
+call's check value, so ranks that disagree still fail with ``CollectiveMismatchError``). A
+call then costs a few checks of the engine's state, one copy in, one start, a short spin, one
+comparison and one copy out: no lookup, no allocation (but a result's, without ``out``), no
+operation object, no handle.
 
-Anything out of the ordinary (an error, a slow peer, calls in flight) leaves the spin for the
-engine's waiting loop, with its deadlines and failure notices.
+The communicator keeps one per signature, and calls the one its last call used without a
+lookup (``Communicator.all_reduce``); prepared all-reduces (``all_reduce_init``) start
+through one of their own. Anything out of the ordinary (an error, a slow peer, calls in
+flight, a signature forgotten after a failed agreement) takes the engine's way instead, with
+its deadlines and failure notices: a call still running when the spin ends becomes an
+operation in flight like any other.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..ops import ReduceOp
 from ..timeline import recorder
 from . import tracing
 from .calls import Call
-from .prepared import PersistentStage
+from .transport import PENDING
 from .work import Operation
 
-FAST_BYTES = 64 << 10  # payloads up to this size take the copy-in, copy-out fast path
-SPIN_SECONDS = 20e-6  # spin this long on the request before handing over to the engine
+FAST_BYTES = 64 << 10  # payloads up to this size take the hot path
+DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
 
 class FastAllReduce:
-    """A prepared all-reduce over scratch buffers, for calls whose signature was agreed."""
+    """The hot path of one agreed all-reduce signature (see the module's docstring).
 
-    __slots__ = ("arrays", "call", "comm", "dst", "persistent", "shape", "src", "mean")
+    ``cls``, ``dtype``, ``shape``, ``op`` and ``algorithm`` are what the caller passed the first
+    time: ``Communicator.all_reduce`` compares a call's arguments with them by identity."""
 
-    def __init__(self, comm: Any, call: Call, persistent: Any, src: Any, dst: Any):
-        self.comm, self.call, self.persistent = comm, call, persistent
-        self.src, self.dst = src, dst
-        self.arrays, self.shape = comm.arrays, call.shape
-        self.mean = call.op is ReduceOp.MEAN
+    __slots__ = ("acquire", "agreed_at", "algorithm", "arrays", "bound", "call", "checked", "cls",
+                 "comm", "dtype", "engine", "mean", "op", "quick", "release", "shape", "size",
+                 "transport")
+
+    def __init__(self, comm: Any, call: Call, bound: Any, x: Any, op: Any, algorithm: Any):
+        self.comm, self.call, self.bound = comm, call, bound
+        self.engine, self.transport, self.arrays = comm._engine, comm.transport, comm.arrays
+        # bound once: the engine's claim on the communicator, and the transport's hot call
+        self.acquire, self.release = self.engine.busy.acquire, self.engine.busy.release
+        self.quick = bound.quick
+        self.cls = type(x)
+        self.dtype, self.shape = (x.dtype, x.shape) if x is not None else (call.dtype, call.shape)
+        self.op, self.algorithm = op, algorithm
+        self.mean, self.size = call.op is ReduceOp.MEAN, comm.size
+        self.checked = comm.check  # (with check=False nothing is agreed: nothing to forget)
+        self.agreed_at = -1  # the engine's count of forgotten signatures when last looked
 
     @classmethod
-    def build(cls, comm: Any, call: Call) -> FastAllReduce | None:
-        """A fast path for ``call``, or None where it has none (too large, not native,
-        integer MEAN, or no persistent collective in the transport)."""
+    def build(cls, comm: Any, call: Call, x: Any = None, op: Any = None, algorithm: Any = None,
+              bound: Any = None) -> FastAllReduce | None:
+        """A hot path for ``call`` (first made with ``x``, ``op``, ``algorithm``; or a prepared
+        call's, over the transport's ``bound`` collective), or None where it has none: too
+        large, not native, integer MEAN, an empty array, or no ``quick`` in the transport."""
         native = comm.transport.native
         if (native is None or not getattr(native, "persistent", True)
                 or call.run_as != "native" or call.nbytes > FAST_BYTES
-                or call.final != call.dtype or not call.count):
+                or call.final != call.dtype or not call.count or comm.debug == "detail"):
             return None  # (persistent False: the transport has no persistent collectives)
-        arrays = comm.arrays
-        src = arrays.empty((call.count,), call.dtype)
-        dst = arrays.empty((call.count,), call.dtype)
-        persistent = native.prepare(call, src, dst, call.op.wire_op)
-        if persistent is None:
+        if bound is None:
+            bound = native.prepare(call, None, None, call.op.wire_op)
+        if bound is None or not hasattr(bound, "quick"):
             return None
-        return cls(comm, call, persistent, src, dst)
+        return cls(comm, call, bound, x, op, algorithm)
 
-    def __call__(self, x: Any, out: Any, timeout: float | None) -> Any:
-        comm = self.comm
-        engine = comm._engine
-        arrays = self.arrays
-        t0 = recorder.now() if recorder.ON else 0
-        engine.enter("all_reduce")
+    def _still_agreed(self) -> bool:
+        """Whether this call's signature is still agreed (looked up only after the engine
+        forgot some signature: a failed agreement, or the oldest of very many)."""
+        engine = self.engine
+        if self.checked and self.call.check not in engine.agreed:
+            return False
+        self.agreed_at = engine.forgotten
+        return True
+
+    def __call__(self, x: Any, out: Any, timeout: float | None = None) -> Any:
+        """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
+        engine's way must run it (nothing was started)."""
+        engine = self.engine
+        if not self.acquire(False):
+            return None  # (the engine's way raises ConcurrentCallError)
         try:
-            seq = engine.next_seq()
-            comm.transport.publish_activity((seq, self.call, True))
-            arrays.copy(self.src, x.reshape(-1))
-            persistent = self.persistent
-            if engine.native_next != engine.native_issued or engine.inflight:
-                return self._slow(seq, out, timeout)  # natives must start in call order
-            engine.native_next += 1
-            engine.native_issued += 1
-            persistent.start(seq)
-            deadline = time.perf_counter() + SPIN_SECONDS
-            while not persistent.advance():
-                if time.perf_counter() > deadline:
-                    op = Operation(engine, seq, self.call, [_Started(persistent)],
-                                   lambda: None, signature=self.call.signature,
-                                   check=self.call.check, skipped_agreement=True)
-                    if t0:
-                        tracing.fast_waits(self, seq, t0, op)
-                    engine.run(op, False, timeout)
-                    break
-            comm.transport.publish_activity((seq, self.call, False))
-            comm.last_algorithm = "native"
-            return self._result(out)
+            if (engine.broken is not None or engine.unreported or engine.inflight
+                    or engine.native_next != engine.native_issued
+                    or (engine.forgotten != self.agreed_at and not self._still_agreed())):
+                return None
+            t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
+            seq = engine.seq = engine.seq + 1
+            result = self.quick(x, out, seq)
+            if result is None:
+                engine.seq = seq - 1
+                return None
+            engine.native_next = engine.native_issued = engine.native_issued + 1
+            if result is PENDING:
+                result = self._wait(seq, timeout, t0)
+            else:
+                if self.mean:
+                    self.arrays.divide(result, self.size, out=result)
+                self.comm.last_algorithm = "native"
+                if engine._thread is not None:  # it answers peers' questions: tell them
+                    self.transport.publish_activity((seq, self.call, False))
+            if t0:
+                tracing.fast_path(self, seq, t0)
+            return result
         except BaseException as exc:
             engine._broke(exc, engine.seq)
             raise
         finally:
-            if t0:
-                tracing.fast_path(self, engine.seq, t0)
-            engine.leave()
+            self.release()
 
-    def _slow(self, seq: int, out: Any, timeout: float | None) -> Any:
-        stage = PersistentStage(self.comm._engine, self.persistent, seq)
-        op = Operation(self.comm._engine, seq, self.call, [stage], lambda: None,
-                       signature=self.call.signature, check=self.call.check,
-                       skipped_agreement=True)
-        self.comm._engine.run(op, False, timeout)
-        return self._result(out)
+    def start(self, finish: Any) -> Any:
+        """Start a prepared all-reduce on its bound buffers (``rerun``): ``DONE`` if it
+        completed at once (``finish()`` still to run), a
+        ``collectives.runtime.work.Work`` handle if it is still running (its result:
+        ``finish()``'s), None where the engine's way must start it, or the exception it
+        failed with (the communicator is broken)."""
+        engine = self.engine
+        if not self.acquire(False):
+            return None
+        try:
+            if (engine.broken is not None or engine.unreported or engine.inflight
+                    or engine.native_next != engine.native_issued
+                    or (engine.forgotten != self.agreed_at and not self._still_agreed())):
+                return None
+            seq = engine.seq = engine.seq + 1
+            got = self.bound.rerun(seq)
+            if got is None:
+                engine.seq = seq - 1
+                return None
+            engine.native_next = engine.native_issued = engine.native_issued + 1
+            self.comm.last_algorithm = "native"
+            if got is PENDING:
+                bound = self.bound
 
-    def _result(self, out: Any) -> Any:
-        arrays = self.arrays
-        result = out if out is not None else arrays.result(self.shape, self.call.dtype)
-        if self.mean:
-            arrays.divide(self.dst.reshape(self.shape), self.comm.size, out=result)
-        else:
-            arrays.copy(result.reshape(-1), self.dst)
+                def delivered():
+                    bound.deliver()
+                    return finish()
+
+                return self._operation(seq, delivered, True, None)
+            if engine._thread is not None:
+                self.transport.publish_activity((seq, self.call, False))
+            return DONE
+        except BaseException as exc:
+            engine._broke(exc, engine.seq)
+            if not isinstance(exc, Exception):
+                raise
+            return exc  # (wait() raises it)
+        finally:
+            self.release()
+
+    def _wait(self, seq: int, timeout: float | None, t0: int = 0) -> Any:
+        """A call the spin did not see finish: the engine waits for it, as for any other."""
+        def finish():
+            result = self.bound.deliver()
+            if self.mean:
+                self.arrays.divide(result, self.size, out=result)
+            return result
+
+        result = self._operation(seq, finish, False, timeout, t0)
+        self.comm.last_algorithm = "native"
+        self.transport.publish_activity((seq, self.call, False))
         return result
 
-
-class _Started:
-    """A persistent collective already started: advance it to completion."""
-
-    __slots__ = ("persistent",)
-
-    def __init__(self, persistent: Any):
-        self.persistent = persistent
-
-    def advance(self) -> bool:
-        return self.persistent.advance()
+    def _operation(self, seq: int, finish: Any, async_op: bool, timeout: float | None,
+                   t0: int = 0) -> Any:
+        call = self.call
+        self.transport.publish_activity((seq, call, "moving"))
+        op = Operation(self.engine, seq, call, [self.bound], finish, signature=call.signature,
+                       check=call.check, skipped_agreement=True, phase="moving")
+        if t0:  # the call's span opens at its start; the operation records its waits in it
+            tracing.fast_waits(self, seq, t0, op)
+        return self.engine.run(op, async_op, timeout)

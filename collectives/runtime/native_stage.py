@@ -13,7 +13,7 @@ all-reduces swapped on one communicator mix their data.
 
 Where the transport's data channel shares that order (``schedules_in_native_order``: NCCL,
 whose send/recv and collectives run one after another on one stream), a schedule's rounds are
-placed in it too: :class:`ScheduleInTurn` posts a plan's first round in the call's turn and
+placed in it too: ``ScheduleInTurn`` posts a plan's first round in the call's turn and
 keeps the turn until its last round is posted. Otherwise a rank whose agreement on a new
 call finished early would put the call's rounds on its stream before a later call's NCCL
 collective, and a rank still agreeing would put them after it.

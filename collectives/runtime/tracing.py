@@ -30,7 +30,7 @@ from ..timeline import recorder as rec
 LANES = 100  # tids per communicator: its blocking track, then its asynchronous lanes
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
 STAGE_NAMES = {"Agreement": "agreement", "NativeStage": "native", "PersistentStage": "native",
-               "_Started": "native", "Opening": "opening", "ExchangeRun": "exchange",
+               "Bound": "native", "Opening": "opening", "ExchangeRun": "exchange",
                "_Then": "data", "_Message": "message"}
 _current = threading.local()  # the traced operation this thread is advancing
 
@@ -286,11 +286,11 @@ _rounds: dict[tuple, tuple] = {}  # a plan's round (at one length) -> its span's
 
 
 def _round_args(rnd: tuple, size: int) -> tuple[str, dict]:
-    index, sends, recvs = rnd
+    index, sends, recvs = rnd[:3]  # (an SPMD run's rounds carry more: first_touch.annotate)
     return f"round {index}", {
-        "round": index, "sends": [[dst, (b - a) * size] for dst, a, b, _ in sends],
+        "round": index, "sends": [[dst, (b - a) * size] for dst, a, b, *_ in sends],
         "recvs": [[list(srcs), (b - a) * size, "reduce" if reduce else "copy"]
-                  for srcs, a, b, reduce, _ in recvs]}
+                  for srcs, a, b, reduce, *_ in recvs]}
 
 
 def fast_waits(fast: Any, seq: int, t0: int, op: Any) -> None:

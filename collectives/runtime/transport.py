@@ -25,6 +25,7 @@ from .calls import Call
 from .execute.spmd import PointToPoint
 
 SILENT = "silent"  # the phase ``Transport.peer_activity`` gives a peer that did not answer
+PENDING = "pending"  # what ``PersistentNative.quick`` returns for a call still running
 
 
 def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
@@ -103,7 +104,16 @@ class NativeCollectives(Protocol):
 
 class PersistentNative(Protocol):
     """A prepared native collective: ``start()`` it, then ``advance()`` until True, again and
-    again; ``src`` is read afresh at every start."""
+    again; ``src`` is read afresh at every start.
+
+    A transport may also give a small all-reduce the core's hot path
+    (``collectives.runtime.fastpath``): ``quick(x, out, seq)`` runs call ``seq`` on ``x``
+    (an array of the call's shape and dtype) into ``out`` (None: a new array) and returns the
+    result if it completes within a short spin; ``rerun(seq)`` does the same on the buffers it
+    was prepared with and returns ``dst``. Either returns ``PENDING`` for a call still
+    running (``advance()`` until True, then ``deliver()`` gives the result), or None, having
+    started nothing, where it cannot run now. Results hold the wire op's reduction (MEAN: the
+    sum; the core divides)."""
 
     def start(self, seq: int) -> None: ...
 

@@ -21,6 +21,7 @@ from . import tracing
 from .validate import check_timeout
 
 T = TypeVar("T")
+PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread's lock
 
 
 class Operation:
@@ -84,10 +85,20 @@ class Operation:
         return subject if isinstance(subject, str) else subject.describe()
 
     def pending_peers(self) -> list[int]:
-        if self.finished or self.stage >= len(self.stages):
+        """The peers this operation waits for (none known: []). Asked under the lock the
+        progress thread advances under (asking tests the stage's requests, and a request two
+        threads test at once may be freed by one of them); where that thread holds it for
+        long (stuck in MPI with a dead peer), none are known."""
+        state = self.engine.state
+        if not state.acquire(timeout=PEERS_LOCK_SECONDS):
             return []
-        pending = getattr(self.stages[self.stage], "pending_peers", None)
-        return pending() if pending is not None else []
+        try:
+            if self.finished or self.stage >= len(self.stages):
+                return []
+            pending = getattr(self.stages[self.stage], "pending_peers", None)
+            return pending() if pending is not None else []
+        finally:
+            state.release()
 
     def outcome(self) -> Any:
         if self.error is not None:

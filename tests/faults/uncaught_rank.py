@@ -27,7 +27,10 @@ def main() -> None:
     comm = mpi.init(abort_on_error=False) if mode == "keep" else mpi.init()
     comm.all_reduce(np.ones(4))
     if mode == "keep":
-        print(f"RANK {comm.rank} ABORTS {abort.ENABLED}", flush=True)
+        # one write (print writes the line and its newline apart when Python runs unbuffered,
+        # and mpiexec may put the other rank's line between them)
+        sys.stdout.write(f"RANK {comm.rank} ABORTS {abort.ENABLED}\n")
+        sys.stdout.flush()
         return
     if comm.rank == 1:
         raise RuntimeError("an error this program does not catch")

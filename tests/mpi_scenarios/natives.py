@@ -8,8 +8,10 @@ on every rank, or raise on every rank.
   the check value riding with the data makes every rank raise ``CollectiveMismatchError``;
 * ``check=False`` and different lengths: an error on every rank, never a quiet answer;
 * the paths of one signature mixed across ranks (the hot path on one rank, the plain path on
-  another, a prepared call on a third): MPI matches them all alike;
-* large payloads in pieces (limits lowered), small ones on persistent requests.
+  another, a prepared call on a third): MPI matches them all alike, also between a prepared
+  call's start() and wait(), on time or with a late rank;
+* large payloads in pieces (limits lowered), small ones on persistent requests;
+* the shared-memory all-reduce in many blocks (limit lowered), in place and not.
 """
 
 from __future__ import annotations
@@ -160,6 +162,38 @@ def mixed_paths() -> None:
     comm.free()
 
 
+def prepared_between() -> None:
+    """A prepared all-reduce (sum and mean) with calls of its own signature between start()
+    and wait(), with every rank on time (it completes inside start()) and with a late rank
+    (the start's spin runs out and the call stays in flight while the others run)."""
+    comm = mpi.init(timeout=20)
+    count = 64
+    x = np.arange(count, dtype=np.float32) + rank
+    want = sum(np.arange(count, dtype=np.float32) + r for r in range(n))
+    out, mean_out, other = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    summed = comm.all_reduce_init(x, out=out)
+    averaged = comm.all_reduce_init(x, "mean", out=mean_out)
+    summed.start().wait()  # (agreed at their first start, together)
+    averaged.start().wait()
+    for late in (False, True):
+        for k in range(4):
+            if late and rank == n - 1:
+                time.sleep(0.03)
+            out.fill(-1)
+            summed.start()
+            averaged.start()
+            between = comm.all_reduce(x, out=other)  # the same signature: the same entry
+            report.check(averaged.wait() is mean_out and summed.wait() is out,
+                         f"prepared between, late={late} {k}: not the bound out")
+            report.check(np.array_equal(out, want) and np.array_equal(between, want)
+                         and np.array_equal(mean_out, want / n),
+                         f"prepared between, late={late} {k}: wrong")
+            report.check(summed.is_completed(), f"prepared between, late={late} {k}: not done")
+    summed.free()
+    averaged.free()
+    comm.free()
+
+
 def pieces() -> None:
     saved = tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT
     tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = 4096, 1000
@@ -178,6 +212,32 @@ def pieces() -> None:
         tuning.NATIVE_PIECE_BYTES, tuning.MAX_COUNT = saved
 
 
+def shm_blocks() -> None:
+    """The shared-memory all-reduce in many small blocks (limit lowered): out=, in place and a
+    new result, with counts that do not split evenly, give the exact sums everywhere."""
+    saved = tuning.SHM_BLOCK_BYTES
+    tuning.SHM_BLOCK_BYTES = 40  # 10 float32 per block
+    try:
+        comm = mpi.init(timeout=20)
+        for count in (1, 7, 333, 4099):
+            want = sum(np.arange(count, dtype=np.float32) * (r + 1) for r in range(n))
+            for how in ("out", "in place", "new"):
+                x = np.arange(count, dtype=np.float32) * (rank + 1)
+                kept = x.copy()
+                if how == "out":
+                    got = comm.all_reduce(x, algorithm="shm", out=np.empty_like(x))
+                elif how == "in place":
+                    got = comm.all_reduce(x, algorithm="shm", out=x)
+                else:
+                    got = comm.all_reduce(x, algorithm="shm")
+                report.check(np.array_equal(got, want), f"shm blocks {count} {how}: wrong")
+                if how != "in place":
+                    report.check(np.array_equal(x, kept), f"shm blocks {count} {how}: x changed")
+        comm.free()
+    finally:
+        tuning.SHM_BLOCK_BYTES = saved
+
+
 def main() -> None:
     overlapping()
     meet()
@@ -192,7 +252,11 @@ def main() -> None:
         meet()
     mixed_paths()
     meet()
+    prepared_between()
+    meet()
     pieces()
+    meet()
+    shm_blocks()
     report.finish()
 
 

@@ -5,7 +5,8 @@
   memory, right for CPUs) and ``.rounds`` (each round over whole ranges, with
   begin/end-of-round hooks: right for GPUs and for transports that group calls per round);
 * SPMD (``.spmd``): one rank's plan over point-to-point messages, as a resumable state
-  machine, so a blocking call and an asynchronous one are the same object.
+  machine, so a blocking call and an asynchronous one are the same object; it reads the
+  input where it lies (``.first_touch``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ...arrays import ArrayBackend
 from ...ops import ReduceOp
 from ...timeline import recorder
 from .. import tracing
+from .first_touch import annotate
 
 
 class Request(Protocol):
@@ -67,19 +68,24 @@ class PointToPoint(Protocol):
 class SpmdRun:
     """This rank's part of ``plan`` on its flat working buffer ``buf``, in place."""
 
-    __slots__ = ("arrays", "buf", "check", "k", "op", "posted", "rounds", "sends", "seq",
-                 "trace", "transport")
+    __slots__ = ("arrays", "buf", "check", "k", "last_fills", "op", "posted", "rounds", "sends",
+                 "seq", "src", "trace", "transport")
 
     def __init__(self, plan: RankPlan, buf: Any, op: ReduceOp, transport: PointToPoint, *,
-                 granule: int = 1, seq: int = 0, check: int = 0):
+                 granule: int = 1, seq: int = 0, check: int = 0, src: Any = None):
+        """``src``: the input, when it is not already in ``buf`` (same length, no shared
+        memory): steps read it where it lies (``.first_touch``) instead of a copy."""
         units = len(buf) // granule if granule else 0
-        self.rounds = plan.offsets(units, granule)
+        self.rounds, self.last_fills = annotate(plan.offsets(units, granule), len(buf))
+        self.src = src
+        if src is None:
+            self.last_fills = ()
         self.buf, self.op, self.transport = buf, op, transport
         self.arrays = transport.arrays
         self.seq, self.check = seq, check
         self.k = 0
-        # this round's receives, [srcs, a, b, reduce, requests, sources combined so far], and
-        # its sends, (dst, request)
+        # this round's receives, [srcs, a, b, reduce, requests, sources combined so far,
+        # whether the first combines with the input], and its sends, (dst, request)
         self.posted: list | None = None
         self.sends: list = []
         self.trace = tracing.RunTrace(plan, buf, transport) if recorder.ON else None
@@ -100,10 +106,20 @@ class SpmdRun:
                 self.trace.round_done(self)
             self.k += 1
             self.posted = None
+        if self.last_fills:  # ranges no step wrote: this rank's input as it is
+            self._fill(self.last_fills)
+            self.last_fills = ()
         return True
 
+    def _fill(self, ranges) -> None:
+        buf, src, copy = self.buf, self.src, self.arrays.copy
+        for a, b in ranges:
+            copy(buf[a:b], src[a:b])
+
     def _post(self, rnd) -> None:
-        index, sends, recvs = rnd
+        index, sends, recvs, fills = rnd
+        if fills and self.src is not None:
+            self._fill(fills)
         transport = self.transport
         begin = getattr(transport, "begin_round", None)
         if begin is not None:
@@ -117,21 +133,25 @@ class SpmdRun:
 
     def _post_round(self, index, sends, recvs) -> None:
         transport, buf, seq, check = self.transport, self.buf, self.seq, self.check
+        src = self.src if self.src is not None else buf
         posted = []
-        for srcs, a, b, reduce, lo in recvs:
+        for srcs, a, b, reduce, lo, first in recvs:
             tag = (seq, check, index, lo)
             in_place = not reduce and len(srcs) == 1
             requests = [transport.recv(buf[a:b], q, tag, in_place=in_place) for q in srcs]
-            posted.append([srcs, a, b, reduce, requests, 0])
+            # first: the buffer does not hold this range yet: the first source combines with
+            # the input's range (the same operands in the same order as after a copy)
+            posted.append([srcs, a, b, reduce, requests, 0, first and self.src is not None])
         self.posted = posted
-        self.sends = [(dst, transport.send(buf[a:b], dst, (seq, check, index, lo)))
-                      for dst, a, b, lo in sends]
+        self.sends = [(dst, transport.send((src if fresh else buf)[a:b], dst,
+                                           (seq, check, index, lo)))
+                      for dst, a, b, lo, fresh in sends]
 
     def _finish_round(self) -> bool:
         transport, arrays = self.transport, self.arrays
         complete = True
         for entry in self.posted:
-            srcs, a, b, reduce, requests, nxt = entry
+            srcs, a, b, reduce, requests, nxt, first = entry
             if nxt == len(requests):
                 continue
             if not reduce:  # a copy step, received in place
@@ -146,7 +166,10 @@ class SpmdRun:
             while nxt < len(requests) and requests[nxt].done():
                 if self.trace is not None:
                     self.trace.reduce_begins()
-                arrays.combine(self.op, dst, (requests[nxt].data,))
+                if first and nxt == 0:
+                    arrays.combine_into(self.op, dst, self.src[a:b], (requests[0].data,))
+                else:
+                    arrays.combine(self.op, dst, (requests[nxt].data,))
                 if self.trace is not None:
                     self.trace.reduce_ends(srcs[nxt], b - a)
                 transport.release(requests[nxt])
@@ -165,7 +188,7 @@ class SpmdRun:
         """The ranks this run still waits for (for timeout messages)."""
         if self.posted is None:
             return []
-        waiting = {q for srcs, _, _, _, _, nxt in self.posted for q in srcs[nxt:]}
+        waiting = {q for srcs, _, _, _, _, nxt, _ in self.posted for q in srcs[nxt:]}
         waiting.update(dst for dst, request in self.sends if not request.done())
         return sorted(waiting)
 
