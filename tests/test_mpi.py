@@ -233,7 +233,9 @@ def test_what_auto_runs():
     assert tuning.prefer_native(Collective.ALL_REDUCE, 2, small)
     assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, big)  # a schedule: the ring
     assert not tuning.prefer_native(Collective.ALL_REDUCE, 2, 1 << 20)  # not MPICH's Iallreduce
-    assert tuning.prefer_native(Collective.ALL_REDUCE, 4, 1 << 20)
+    assert not tuning.prefer_native(Collective.ALL_REDUCE, 3, 1 << 20)
+    assert tuning.prefer_native(Collective.ALL_REDUCE, 4, 512 << 10)
+    assert not tuning.prefer_native(Collective.ALL_REDUCE, 4, 4 << 20)
     assert tuning.prefer_native(Collective.BROADCAST, 4, big)
     assert tuning.prefer_native(Collective.ALL_REDUCE, 4, big, single_node=False)  # across hosts
     assert tuning.use_shm("shm", Collective.ALL_REDUCE, small, True)

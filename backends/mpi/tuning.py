@@ -23,10 +23,11 @@ MAX_COUNT = 2**31 - 1
 
 # All-reduces from this many bytes up run a schedule under "auto" (the ring's reused buffers
 # beat MPICH's per-call scratch); keyed by rank count, the last entry serving larger counts.
-# Two ranks: MPICH's non-blocking Iallreduce (what a native call above PERSISTENT_BYTES runs)
-# took 1.2-2.4x the best schedule's time at 256 KiB and 1.5-1.6x rechd's at 1 MiB
-# (benchmarks/mpi_compare.py -p 2).
-RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 16 << 20, 4: 16 << 20}
+# MPICH's non-blocking Iallreduce (what a native call above PERSISTENT_BYTES runs) took, against
+# the best schedule (benchmarks/mpi_compare.py): two ranks 1.2-2.4x at 256 KiB, 1.5-1.6x
+# rechd's time at 1 MiB; three ranks 1.0-1.2x at 256 KiB, 1.4-1.8x at 1 MiB, 1.5x at 4 MiB
+# (three runs); four ranks 1.06x at 256 KiB, 1.27x at 1 MiB, 1.2x at 4 MiB (one run).
+RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 256 << 10, 4: 1 << 20}
 
 # All-reduces from this many bytes up run through shared memory under "auto" when every rank
 # shares one node; None: only on request (algorithm="shm"), where the measurements put it.
