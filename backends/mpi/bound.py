@@ -28,10 +28,10 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 from collectives.runtime.transport import PENDING
 
-from . import compiled, tuning
+from . import compiled
 from .compiled import MISMATCH, RAN, REFUSED, RUNNING
 from .persistent import Entry, PersistentRun
-from .runs import STALL_POLLS, mpi_error
+from .runs import STALL_POLLS, mpi_error, note_stall
 
 SPIN_SECONDS = 20e-6  # quick() spins this long on its request, then yields between tests...
 HOLD_SECONDS = 1e-3  # ...until this long (the engine's wait answers peers' questions after it)
@@ -237,11 +237,7 @@ class Bound:
         return True
 
     def _stalled(self) -> None:
-        now = time.perf_counter()
-        if not self.since:
-            self.since = now
-        elif now - self.since > tuning.STALL_SECONDS:
-            self.natives.stalled(self.seq, self.call)
+        note_stall(self)
 
     def pending_peers(self) -> list[int]:
         natives = self.natives

@@ -165,11 +165,7 @@ class NativeRun:
             raise mpi_error(self.natives.rank, self.seq, self.call, exc) from exc
 
     def _stalled(self) -> None:
-        now = time.perf_counter()
-        if not self.since:
-            self.since = now
-        elif now - self.since > tuning.STALL_SECONDS:
-            self.natives.stalled(self.seq, self.call)
+        note_stall(self)
 
     def _abandon(self) -> None:
         """The run failed: nothing more is issued; what MPI still holds stays alive."""
@@ -192,3 +188,13 @@ class NativeRun:
     def pending_peers(self) -> list[int]:
         """MPI does not say which peers a collective waits for: every other rank."""
         return [r for r in range(self.natives.size) if r != self.natives.rank]
+
+
+def note_stall(run: Any) -> None:
+    """A native run found still going: the first time, note when; past ``STALL_SECONDS``,
+    tell the natives (they ask the peers which calls they run)."""
+    now = time.perf_counter()
+    if not run.since:
+        run.since = now
+    elif now - run.since > tuning.STALL_SECONDS:
+        run.natives.stalled(run.seq, run.call)

@@ -16,7 +16,8 @@ from ..algorithms.schedule import Collective
 from ..compression import compress, decompress, wire_dtype
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
-from ..runtime.validate import as_array, check_op, check_out, same_layout
+from ..runtime.validate import as_array, check_op, same_layout
+from .multi_device_parts import outputs
 
 
 def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any, *,
@@ -67,17 +68,10 @@ def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, alg
         return all_reduce(values, parsed, algorithm, out=out, shared_result=shared_result,
                           **kwargs)
     arrays = backend_for_arrays(values).arrays
-    if out is not None:
-        if shared_result:
-            raise ValueError("shared_result=True returns views of one new buffer; it takes "
-                             "no out=")
-        if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
-            raise TypeError(f"out must be a list of {len(values)} arrays, one per device")
-        if len(out) != len(values):
-            raise ValueError(f"out has {len(out)} arrays for {len(values)} devices; pass one "
-                             "per device")
-        for i, o in enumerate(out):
-            check_out(o, shape, dtype, f"out[{i}]", arrays)
+    if out is not None and shared_result:
+        raise ValueError("shared_result=True returns views of one new buffer; it takes no out=")
+    # out= checked (or the results made) before any data moves
+    results = None if shared_result else outputs(arrays, out, values, shape, dtype)
     divisor = len(values) if parsed is ReduceOp.MEAN else 1
     small = [compress(arrays, v, wire, divisor) for v in values]
     reduced = all_reduce(small, ReduceOp.SUM, algorithm, shared_result=shared_result, **kwargs)
@@ -86,6 +80,4 @@ def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, alg
         view = result.view()
         view.flags.writeable = False
         return [view] * len(values)
-    results = list(out) if out is not None else [arrays.result(shape, dtype, like=v)
-                                                 for v in values]
     return [decompress(arrays, r, o) for r, o in zip(reduced, results)]
