@@ -6,11 +6,13 @@ an error. The test kills a host's ranks or unplugs its cable in the meantime. Ea
 gets an error prints one ``ERROR`` line: its rank, hostname, ``time.monotonic()`` when the error
 arrived (the machine's clock, so the test compares it with the moment of the fault), the
 exception's class, the ranks it names (``missing``) and its message. Ranks then leave with
-``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever.
+``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank with no error
+``TIMEOUT + 5`` seconds after ``READY`` dumps its threads' Python stacks (``faulthandler``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -38,10 +40,15 @@ x = np.full(1 << 14, comm.rank + 1, np.float32)
 for _ in range(3):
     comm.all_reduce(x, algorithm=algorithm)
 say(f"READY rank {comm.rank} host {host}")
+# A rank with no error well past its deadline prints where each thread is, so that the test
+# can tell a call into MPI that never returns (no deadline can interrupt it) from a hang of
+# the library's own.
+faulthandler.dump_traceback_later(timeout + 5)
 try:
     while True:
         comm.all_reduce(x, algorithm=algorithm, timeout=timeout)
 except CollectiveError as exc:
+    faulthandler.cancel_dump_traceback_later()
     missing = sorted(getattr(exc, "missing", None) or [])
     say(f"ERROR rank {comm.rank} host {host} at {time.monotonic():.3f} {type(exc).__name__} "
         f"missing={','.join(map(str, missing))} | {exc}")
