@@ -277,7 +277,8 @@ def test_killed_host_ranks_end_in_named_errors(net, algorithm):
     faulted_at = time.monotonic()
     assert len(net.kill("h1", ranks_only=True)) == 2
     try:
-        errors = job.collect(ERROR, 2, within=TIMEOUT + SLACK + 5)
+        errors = job.collect(ERROR.replace(r"(?P<host>\w+)", "(?P<host>h0)"), 2,
+                             within=TIMEOUT + SLACK + 5)
     except AssertionError:
         # Over libfabric, about one run of the native all-reduce in 10-14 leaves a survivor
         # inside one MPICH call that does not return (MPI_Test, MPI_Improbe): that, and only
@@ -290,7 +291,11 @@ def test_killed_host_ranks_end_in_named_errors(net, algorithm):
             check_errors(errors, faulted_at, lost={2, 3})
         job.proc.kill()
         pytest.xfail(f"{len(stuck)} survivor(s) inside one MPICH call: {stuck}")
-    assert {e["host"] for e in errors} == {"h0"}
+    # A rank on h1 may still report the death of its neighbour there in the instant before
+    # its own SIGKILL lands; an error it had before the fault would be a false one
+    early = [m.group(0) for m in map(re.compile(ERROR).match, job.seen)
+             if m and m["host"] == "h1" and float(m["at"]) < faulted_at]
+    assert not early, early
     check_errors(errors, faulted_at, lost={2, 3})
     assert job.proc.wait(timeout=30) != 0  # hydra reports the killed ranks and ends
 
@@ -322,7 +327,7 @@ def test_unplugged_host_ends_in_named_errors_on_both_sides(net, algorithm):
     faulted_at = time.monotonic()
     net.set_link("h1", up=False)
     errors = job.collect(ERROR, 2, within=TIMEOUT + SLACK + 5)
-    assert {e["host"] for e in errors} == {"h0"}
+    assert {e["host"] for e in errors} == {"h0"}, [e.group(0) for e in errors]
     check_errors(errors, faulted_at, lost={2, 3})
     # h1's ranks failed too, by the same deadline; their lines wait in h1's hydra proxy
     # until the cable is back
