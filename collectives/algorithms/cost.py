@@ -347,14 +347,15 @@ def _who(ld: Load, moved: float, cls: int, nic: dict) -> str:
     if not moved:
         return f"participant {ld.rank} ({ld.messages} messages)"
     if cls == NET and ld.host in nic and nic[ld.host][2] > 1:
-        return (f"host {ld.host}'s link ({_bytes(moved)} of {nic[ld.host][2]} participants)")
-    return f"participant {ld.rank} ({_bytes(moved)} over {CLASSES[cls]})"
+        return (f"host {ld.host}'s link ({human_bytes(moved, 3)} of {nic[ld.host][2]} participants)")
+    return f"participant {ld.rank} ({human_bytes(moved, 3)} over {CLASSES[cls]})"
 
 
-def _bytes(n: float) -> str:
+def human_bytes(n: float, digits: int = 4) -> str:
+    """``n`` bytes in GiB, MiB or KiB, to ``digits`` significant digits (B below 1 KiB)."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
-            return f"{n / scale:.3g} {unit}"
+            return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
 
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from .. import algorithms
 from .base import Layout
-from .cost import Fabric, Link, Placement, Prediction, human_time
+from .cost import Fabric, Link, Placement, Prediction, human_bytes, human_time
 from .sampling import predict, predict_native
 from .schedule import Collective
 
@@ -167,8 +167,8 @@ def decide(collective: Collective, size: int, nbytes: int, model, placement: Pla
                        scale, groups)
     shown = payload if payload is not None else nbytes
     if _representative(shown) != shown:  # say the call's own size, and the one priced
-        context = decision.context.replace(f"{_size(scale or rep)} (",
-                                           f"{_size(shown)} (priced at {_size(scale or rep)}, ",
+        context = decision.context.replace(f"{human_bytes(scale or rep)} (",
+                                           f"{human_bytes(shown)} (priced at {human_bytes(scale or rep)}, ",
                                            1)
         decision = replace(decision, context=context)
     return decision
@@ -198,7 +198,7 @@ def _decide(collective, size, nbytes, fabric, placement, dtype, natives, payload
     best = min(tied, key=lambda p: (p.fan_out, order[id(p)]))
     predictions.remove(best)
     predictions.insert(0, best)
-    context = (f"{collective.value} of {_size(payload or nbytes)} ({dtype}) over {size} "
+    context = (f"{collective.value} of {human_bytes(payload or nbytes)} ({dtype}) over {size} "
                f"participants{_where(placement)}; constants: {fabric.source}")
     return Decision(best.algorithm, best.shards, best.layout, predictions, context)
 
@@ -210,13 +210,6 @@ def _where(placement: Placement) -> str:
         return f" ({kind}, one host)"
     per = f"{hosts.uniform}" if hosts.uniform else "uneven"
     return f" ({kind}; {len(hosts.groups)} hosts x {per})"
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{nbytes} B"
 
 
 def explain(decision: Decision) -> str:

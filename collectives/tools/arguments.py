@@ -40,3 +40,13 @@ def count(least: int) -> Callable[[str], int]:
 
 
 non_negative, positive = count(0), count(1)
+
+
+def add_root_and_shards(parser: argparse.ArgumentParser) -> None:
+    """The ``--root`` and ``--shards`` options of the commands that build schedules."""
+    parser.add_argument("--root", type=non_negative, default=0,
+                        help="the root participant of reduce, broadcast, gather and scatter; "
+                             "default 0")
+    parser.add_argument("--shards", type=non_negative, default=0,
+                        help="sub-chunks of ring and gather devices of shuffle (0: the "
+                             "algorithm's default)")

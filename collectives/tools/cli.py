@@ -55,12 +55,7 @@ def add_draw(sub) -> argparse.ArgumentParser:
                    choices=[c.value for c in collectives.Collective], help="default: all_reduce")
     d.add_argument("-n", "--participants", type=arguments.positive, default=4,
                    help="participants (devices or ranks) the schedule runs over; default 4")
-    d.add_argument("--root", type=arguments.non_negative, default=0,
-                   help="the root participant of reduce, broadcast, gather and scatter; "
-                        "default 0")
-    d.add_argument("--shards", type=arguments.non_negative, default=0,
-                   help="sub-chunks of ring and gather devices of shuffle (0: the "
-                        "algorithm's default)")
+    arguments.add_root_and_shards(d)
     d.add_argument("--rank", type=arguments.non_negative, default=None,
                    help="draw only this participant's plan (works for thousands of participants)")
     d.add_argument("--group-size", type=arguments.non_negative, default=0,

@@ -115,12 +115,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    metavar="SIZE", help="buffer sizes (K, M, G suffixes); default 64M")
     p.add_argument("--threads", action="store_true",
                    help="participants of one host share a process (proc links)")
-    p.add_argument("--root", type=arguments.non_negative, default=0,
-                   help="the root participant of reduce, broadcast, gather and scatter; "
-                        "default 0")
-    p.add_argument("--shards", type=arguments.non_negative, default=0,
-                   help="sub-chunks of ring and gather devices of shuffle (0: the "
-                        "algorithm's default)")
+    arguments.add_root_and_shards(p)
     p.add_argument("--group-size", type=arguments.non_negative, default=0,
                    help="groups of a two-level name (default: the hosts)")
     p.add_argument("--rounds", type=arguments.positive, default=12,
