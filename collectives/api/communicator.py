@@ -100,6 +100,8 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         self._hot = None  # the FastAllReduce the latest hot all-reduce took
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
+        # schedules' rounds take native turns where they share the natives' order (NCCL)
+        self._rounds_in_turn = bool(getattr(transport, "schedules_in_native_order", False))
         self.last_algorithm: str | None = None
         self._trace_place = (recorder.participant(self.rank), recorder.next_index())
         self._fabric = auto.transport_fabric(transport)
@@ -311,7 +313,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         if call.run_as == "native":
             return NativeStage(self._engine, self.transport.native, call, src, work,
                                op, seq, turn)
-        in_order = getattr(self.transport, "schedules_in_native_order", False)
+        in_order = self._rounds_in_turn
         if turn is not None and not in_order:
             self._engine.release_turn(turn)
         units = len(work) // granule if granule else 0

@@ -226,7 +226,7 @@ class ExchangeOps:
             plan = algorithms.rank_plan(Collective.ALL_TO_ALL, name, n, self.rank)
             data = ExchangeRun(plan, src, dst, send_at, recv_at, self.transport.data, seq=seq,
                                check=call.check if self.check else 0)
-            if getattr(self.transport, "schedules_in_native_order", False):
+            if self._rounds_in_turn:
                 data = ScheduleInTurn(self._engine, data)
 
             def finish():
