@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..hints import Array, ArrayT
+from ..runtime import tracing_messages
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
+from ..timeline import recorder
 
 MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
 
@@ -58,8 +60,9 @@ class PointToPointOps:
             raise ValueError(f"tag={tag!r} must be an integer from 0 to {MAX_TAG}")
         return int(tag)
 
-    def _message(self, what: str, direction: str, peer: int, tag: int, array: Any,
-                 timeout: float | None) -> Work:
+    def _message(self, direction: str, peer: int, tag: int, array: Any, given: Any,
+                 blocking: bool, t0: int) -> Work:
+        """Post the message (``given``: the array as the caller passed it, for the timeline)."""
         engine = self._engine
         channel = self.transport.p2p  # (it pairs messages of one tag in order, as MPI does)
         flat = array.reshape(-1)
@@ -68,9 +71,11 @@ class PointToPointOps:
         else:
             request = channel.recv(flat, peer, (tag, 0, 0, 0), in_place=True)
         stage = _Message(channel, request, peer, array if direction == "recv" else None)
-        subject = f"{what} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
+        subject = f"{direction} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
                        breaking=False)
+        if recorder.ON:  # (blocking ones on the communicator's track, others on a lane)
+            tracing_messages.issued(self, op, direction, peer, tag, given, not blocking, t0)
         return engine.run(op, True, None)
 
     def send(self, x: Array, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
@@ -95,7 +100,7 @@ class PointToPointOps:
             The message was not taken within ``timeout``.
         """
         check_timeout(timeout)  # before anything is posted
-        self._post("send", x, dst, tag).wait(timeout)
+        self._post("send", x, dst, tag, blocking=True).wait(timeout)
 
     def recv(self, out: ArrayT, src: int, tag: int = 0, *, timeout: float | None = None) -> ArrayT:
         """Receive from rank ``src`` into ``out``.
@@ -124,7 +129,7 @@ class PointToPointOps:
             No message came within ``timeout``.
         """
         check_timeout(timeout)  # before anything is posted
-        return self._post("recv", out, src, tag).wait(timeout)
+        return self._post("recv", out, src, tag, blocking=True).wait(timeout)
 
     def isend(self, x: Array, dst: int, tag: int = 0) -> Work[None]:
         """Post a send; ``x`` must not change before the handle's ``wait()`` returns.
@@ -174,11 +179,14 @@ class PointToPointOps:
         """
         return self._post("recv", out, src, tag)
 
-    def _post(self, direction: str, array: Any, peer: Any, tag: Any) -> Work:
+    def _post(self, direction: str, array: Any, peer: Any, tag: Any,
+              blocking: bool = False) -> Work:
+        t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
         argument = "dst" if direction == "send" else "src"
         peer, tag = self._peer(peer, argument), self._tag(tag)
+        given = array
         if direction == "send":
-            array = self.adapt(array, "x")
+            given = array = self.adapt(array, "x")
             if not self.arrays.contiguous(array):
                 array = self.arrays.flat(array)
         else:
@@ -189,6 +197,6 @@ class PointToPointOps:
             crowded = engine.crowded()
             if crowded is not None:  # (a message is between two ranks: refused here alone)
                 raise crowded
-            return self._message(direction, direction, peer, tag, array, None)
+            return self._message(direction, peer, tag, array, given, blocking, t0)
         finally:
             engine.leave()

@@ -38,7 +38,8 @@ _current = threading.local()  # the traced operation this thread is advancing
 class Track:
     """A communicator's rows: its blocking calls, and lanes for asynchronous ones."""
 
-    __slots__ = ("control", "end", "fast", "label", "lanes", "lock", "others", "pid", "tid")
+    __slots__ = ("control", "end", "fast", "label", "lanes", "lock", "messages", "others", "pid",
+                 "tid")
 
     def __init__(self, comm: Any):
         pid, index = comm._trace_place
@@ -50,6 +51,7 @@ class Track:
         self.control = getattr(comm.transport, "control", None)
         self.others = [r for r in range(comm.size) if r != comm.rank]
         self.fast = 0  # a fast-path call whose span is open (it had to wait)
+        self.messages = 0  # point-to-point messages recorded (tracing_messages numbers them)
         rec.name_process(pid, f"rank {pid}")
         rec.name_track(pid, self.tid, self.label)
 
@@ -154,6 +156,10 @@ class OpTrace:
                          ("for", self.pending, self.seq, self.round))
             self.waited = 0
 
+    def closing(self, error: BaseException | None) -> dict | None:
+        """The args the call's span ends with (a subclass may say more)."""
+        return {"error": f"{type(error).__name__}: {error}"} if error is not None else None
+
 
 def issued(comm: Any, op: Any, async_op: bool, t0: int = 0) -> None:
     """A call was issued: its span begins (at ``t0``, when the call was entered)."""
@@ -202,17 +208,17 @@ def advance(op: Any) -> bool:
 
 def failed(op: Any, exc: BaseException) -> None:
     """``Operation.fail``: every span of the operation ends, the call's with the error."""
-    _close(op, f"{type(exc).__name__}: {exc}")
+    _close(op, exc)
 
 
-def _close(op: Any, error: str | None) -> None:
+def _close(op: Any, error: BaseException | None) -> None:
     trace = op.trace
     if trace is None or trace.depth <= 0:
         return
     trace.unblock()
     while trace.depth > 1:
         trace.end()
-    args = {"error": error} if error else None
+    args = trace.closing(error)
     if "shape" not in trace.args:  # learned while it ran (a broadcast's non-root)
         args = {**(args or {}), **describe(op.subject, trace.args.get("ranks", 0))[1]}
     ts = trace.end(args)
