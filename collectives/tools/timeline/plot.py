@@ -18,7 +18,8 @@ from .traces import Span, names, spans
 COLLECTIVE_COLOURS = {"all_reduce": "tab:blue", "reduce": "tab:purple", "broadcast": "tab:green",
                       "all_gather": "tab:orange", "reduce_scatter": "tab:cyan",
                       "gather": "tab:olive", "scatter": "tab:pink", "all_to_all": "tab:brown",
-                      "batch_all_reduce": "tab:gray", "batch_reduce": "tab:gray"}
+                      "batch_all_reduce": "tab:gray", "batch_reduce": "tab:gray",
+                      "send": "gold", "recv": "yellowgreen"}  # (messages: send, recv)
 
 
 def _rows(every: list[Span], labels: dict) -> list[tuple[int, int]]:

@@ -9,6 +9,10 @@ the others all of it), the time ranks spent waiting inside those calls, and for 
 the same call, for a third rank, waited for the third (a ring's neighbour of a late rank is
 not the culprit; the late rank is). A rank that others waited for without it waiting itself
 is where the chain ends: the straggler the last line names.
+
+Point-to-point messages count as calls named ``send`` and ``recv`` (two ranks each, their
+bandwidth the message's bytes over its time); a message's wait is charged to its peer
+directly: chains are followed within one collective call, and a message is none.
 """
 
 from __future__ import annotations
@@ -65,11 +69,11 @@ class Blame:
         """``wait``'s time, by the rank at the end of its chain: the part of it during which
         a peer it waited for was itself waiting (a wait that ended before this one did, so
         it held that peer up) goes to whom that peer waited for, and so on; the rest goes to
-        the peer."""
-        return self._blame(wait.comm, wait.args["call"], wait.start, wait.end,
+        the peer (all of it, for a message's wait: it has no call number to follow)."""
+        return self._blame(wait.comm, wait.args.get("call"), wait.start, wait.end,
                            wait.args.get("for") or [], frozenset({wait.pid}))
 
-    def _blame(self, comm: int, call: int, start: float, end: float, peers: list,
+    def _blame(self, comm: int, call: int | None, start: float, end: float, peers: list,
                seen: frozenset) -> Counter:
         """Time of ``[start, end]`` by culprit; a chain that comes back to a rank in ``seen``
         (two ranks waiting for each other: messages in flight) leaves that part unclaimed,
@@ -135,14 +139,15 @@ def account(events: list[dict]) -> Accounts:
     for call in (s for s in every if s.cat == "call"):
         a = call.args
         key = (a.get("collective", call.name), a.get("bytes", 0),
-               a.get("ranks") or a.get("devices") or 1, "devices" in a)
+               a.get("ranks") or a.get("devices") or (2 if "peer" in a else 1), "devices" in a)
         out.groups[key].append(call)
         if call.depth == 0:
             out.per_rank[call.pid].append(call)
-        if "call" in a:
-            call_of[call.pid, call.comm, a["call"]] = key
-    for wait in (s for s in every if s.cat == "wait" and "call" in s.args):
-        key = call_of.get((wait.pid, wait.comm, wait.args.get("call")))
+        number = _number(a)
+        if number is not None:
+            call_of[call.pid, call.comm, number] = key
+    for wait in (s for s in every if s.cat == "wait" and _number(s.args) is not None):
+        key = call_of.get((wait.pid, wait.comm, _number(wait.args)))
         out.rank_wait[wait.pid] += wait.duration
         if key is not None:
             out.waited[key] += wait.duration
@@ -152,6 +157,15 @@ def account(events: list[dict]) -> Accounts:
             out.rank_for[wait.pid][root] += share
             out.blamed[root] += share
     return out
+
+
+def _number(args: dict) -> tuple | None:
+    """What numbers a call or a wait on its communicator: its call, or its message."""
+    if "call" in args:
+        return "call", args["call"]
+    if "message" in args:
+        return "message", args["message"]
+    return None
 
 
 def summarize(events: list[dict]) -> str:
