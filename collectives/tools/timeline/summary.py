@@ -10,9 +10,10 @@ the same call, for a third rank, waited for the third (a ring's neighbour of a l
 not the culprit; the late rank is). A rank that others waited for without it waiting itself
 is where the chain ends: the straggler the last line names.
 
-Point-to-point messages count as calls named ``send`` and ``recv`` (two ranks each, their
-bandwidth the message's bytes over its time); a message's wait is charged to its peer
-directly: chains are followed within one collective call, and a message is none.
+Point-to-point messages count as calls named ``send`` and ``recv`` (two ranks each, counted
+in all rather than per rank, their bandwidth the message's bytes over its time); a message's
+wait is charged to its peer directly: chains are followed within one collective call, and a
+message is none.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def summarize(events: list[dict]) -> str:
     for key in sorted(accounts.groups, key=lambda k: (k[3], k[0], k[1], k[2])):
         collective, nbytes, ranks, devices = key
         found = accounts.groups[key]
-        rows = {(s.pid, s.comm) for s in found}
+        # a collective's calls per rank; messages in all (each is one rank's send or recv)
+        rows = {(s.pid, s.comm) for s in found} if "peer" not in found[0].args else {0}
         mean = sum(s.duration for s in found) / len(found)
         culprits = "" if devices else _top(accounts.waited_for[key], labels)
         lines.append(f"{collective:<16} {human_bytes(nbytes):>9} {ranks:>5} "
