@@ -14,6 +14,7 @@ row, ``tid = index * LANES``):
   pending when it ended (those whose messages it waited for);
 * the fast path as one complete event;
 * a multi-device call on every device's row, its plan and rounds (``device_backend``).
+* a point-to-point message as a call of its own (``tracing_messages``).
 
 Waits never straddle the start or end of another span: a wait ends before any span begins or
 ends, so the trace nests.

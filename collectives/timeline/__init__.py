@@ -1,13 +1,14 @@
 """A timeline of every call on every rank, as Chrome trace events (Perfetto, chrome://tracing).
 
 ``COLLECTIVES_TIMELINE=PATH`` in the environment, or ``start`` at run time, records every
-collective of every communicator in this process: the call with its signature, its agreement,
-each round of its plan (sends and receives with peer and bytes, the reductions), its waits
-and whom they waited for; asynchronous calls from issue to completion on lanes of their own;
-the fast path as one span; multi-device calls round by round on each device. Each process
-writes ``PATH/<host>-<pid>.trace.json``; ``collectives timeline merge PATH -o trace.json``
-joins them with the clocks lined up (``align``, run by ``collectives.init``), and
-``collectives timeline plot`` and ``summary`` read the result. See docs/timeline.md.
+collective and point-to-point message of every communicator in this process: the call with
+its signature, its agreement, each round of its plan (sends and receives with peer and bytes,
+the reductions), its waits and whom they waited for; asynchronous calls from issue to
+completion on lanes of their own; the fast path as one span; multi-device calls round by
+round on each device. Each process writes ``PATH/<host>-<pid>.trace.json``;
+``collectives timeline merge PATH -o trace.json`` joins them with the clocks lined up
+(``align``, run by ``collectives.init``), and ``collectives timeline plot`` and ``summary``
+read the result. See docs/timeline.md.
 
 Off, it costs one attribute test per hook; on, a bounded buffer and a writer thread.
 """
