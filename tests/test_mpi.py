@@ -25,6 +25,7 @@ from collectives.backends.mpi import rider, tags, tuning
 import collectives
 from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
+from collectives.runtime import hang_guard
 
 SCENARIOS = Path(__file__).parent / "mpi_scenarios"
 ROOT = Path(__file__).parent.parent
@@ -161,6 +162,37 @@ def test_killed_rank_survivors_raise(algorithm):
             break
     if not reports:
         pytest.skip("hydra tore the job down before any survivor's timeout in 5 launches")
+
+
+@needs_mpi
+@pytest.mark.parametrize("case, call", [("stuck", r"call \d+, all_reduce\(.*\)"),
+                                        ("stuck-entering", r"call \d+")])
+def test_rank_stuck_inside_the_transport_is_ended_by_the_hang_guard(case, call):
+    # rank 0's transport stops returning (as MPICH's MPI_Test may after a peer died) while it
+    # waits, or as the call starts; no deadline of the engine can run, so the hang guard ends
+    # it 1 s past its 1 s deadline
+    start = time.monotonic()
+    proc = launch("stuck.py", 2, case, env={hang_guard.ENV: "1"}, timeout=60)
+    took = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert took < 30, f"the job hung ({took:.0f} s)\n{out[-3000:]}"
+    assert proc.returncode != 0, out[-3000:]
+    assert "came back" not in out, out[-3000:]
+    report = re.search(r"collectives: rank 0 \(pid \d+ on .+\): hang guard: " + call +
+                       r" is still running ([\d.]+) s past its 1 s deadline", out)
+    assert report, out[-3000:]
+    assert 1.0 <= float(report[1]) < 5.0, report[0]
+    assert f"exit code {hang_guard.EXIT_CODE}" in out, out[-3000:]
+    # the stack dump's innermost frame is the call that never returned
+    assert re.search(r'File ".*stuck\.py", line \d+,? in never_returns', out), out[-3000:]
+
+
+@needs_mpi
+def test_hang_guard_leaves_a_long_wait_within_its_own_timeout_alone():
+    # the call's own timeout (10 s) outlasts the communicator's (1 s) plus the grace (1 s)
+    proc = launch("stuck.py", 2, "slow", env={hang_guard.ENV: "1"}, timeout=90)
+    out = assert_passed(proc, "stuck")
+    assert "hang guard" not in out, out[-3000:]
 
 
 @needs_mpi

@@ -37,7 +37,7 @@ __all__ = ["ENV_RANKS_PER_NODE", "MPICommunicator", "MPITransport", "NATIVE_NAME
 
 def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
          groups: str | int | Sequence[Sequence[int]] | None = "node",
-         abort_on_error: bool = True) -> Communicator:
+         abort_on_error: bool = True, hang_guard: bool = True) -> Communicator:
     """This rank's communicator over ``comm``. Collective: every rank calls it, with the
     same arguments.
 
@@ -58,6 +58,11 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         An exception the program does not catch aborts the whole MPI job (``MPI_Abort``,
         after printing the traceback), instead of leaving the other ranks waiting for this
         one until their timeout; ``python -m mpi4py`` is then not needed.
+    hang_guard
+        A rank whose call is still inside MPI well past its deadline (an MPI call that never
+        returns, as MPICH's may after a peer died) prints where it is stuck and ends with exit
+        code 124, so the job ends instead of hanging (``collectives.runtime.hang_guard``;
+        ``COLLECTIVES_HANG_GUARD=off`` also turns it off, a number there sets its grace).
 
     Returns
     -------
@@ -74,6 +79,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     """
     from collectives import __version__
     from collectives.extras import require
+    from collectives.runtime import hang_guard as guard
     from collectives.timeline import clock
     from collectives.version import check_versions
 
@@ -83,6 +89,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     from .transport import MPITransport
 
     abort.install(abort_on_error)
+    guard.ENABLED = bool(hang_guard)  # (for this communicator and those made after it)
     comm = MPI.COMM_WORLD if comm is None else comm
     # MPI's own gather, so the user's calls count from 1: each rank's version, and its host and
     # whether it records a timeline (the ranks' clocks are lined up then)

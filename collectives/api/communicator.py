@@ -246,7 +246,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         ``subject`` names the call in errors (default: the call's own description)."""
         engine = self._engine
         t0 = recorder.now() if recorder.ON else 0
-        engine.enter(what)
+        engine.enter(what, timeout)
         try:
             seq = engine.next_seq()
             call = data = finish = None

@@ -30,6 +30,7 @@ from ..errors import (
     ConcurrentCallError,
     PeerFailedError,
 )
+from . import hang_guard, progress_thread
 from .agreement import AGREED, Agreement
 from .missing import missing_ranks
 from .transport import Failure, Transport
@@ -39,7 +40,6 @@ AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used
 FAILURES = logging.getLogger("collectives.failures")
 MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
 SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
-THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers
@@ -64,19 +64,29 @@ class Engine:
         self.native_issued = 0  # native collectives start in call order
         self.native_next = 0
         self.native_skipped: set[int] = set()
-        self._thread: threading.Thread | None = None
+        self.progress_thread: threading.Thread | None = None  # (progress_thread.py)
         self._asked = 0.0  # when a slow wait last asked peers what they do
         self._told = 0.0  # when a slow wait last published whom it waits for
+        # what the hang guard looks at (collectives.runtime.hang_guard): each thread's wait as
+        # (deadline, timeout, operation), how many calls entered, and the timeout the call
+        # holding ``busy`` was given (None: the communicator's)
+        self.waits: dict[int, tuple[float, float, Operation]] = {}
+        self.entered = 0
+        self.claim_timeout: Any = None
+        hang_guard.watch(self)
 
     # --- entering a call ----------------------------------------------------------------
 
-    def enter(self, what: str) -> None:
-        """Claim the communicator for this thread's call, or raise why it cannot be had."""
+    def enter(self, what: str, timeout: Any = None) -> None:
+        """Claim the communicator for this thread's call (given ``timeout``), or raise why it
+        cannot be had."""
         if not self.busy.acquire(blocking=False):
             raise ConcurrentCallError(
                 f"rank {self.rank}: {what} was called while another thread is inside a call on "
                 "this communicator; calls on one communicator must come from one thread at a "
                 "time, in the same order on every rank (give each thread its own: comm.dup())")
+        self.entered += 1
+        self.claim_timeout = timeout
         if self.broken is not None or self.unreported:
             try:
                 self._raise_pending(what)
@@ -172,7 +182,7 @@ class Engine:
             work = Work(op)
             op.handle = weakref.ref(work)
             if not done:
-                self._start_thread()
+                progress_thread.start(self)
             elif op.error is not None:
                 self.unreported.append((weakref.ref(work), op))
             return work
@@ -200,20 +210,24 @@ class Engine:
         transport = self.transport
         start = time.monotonic()
         deadline = start + timeout
-        while not op.finished:
-            self.progress()
-            if op.finished:
-                break
-            now = time.monotonic()
-            waited = now - start
-            if waited > SLOW_WAIT:
-                self._look_around(op)
+        watched = hang_guard.waiting(self, deadline, timeout, op)
+        try:
+            while not op.finished:
+                self.progress()
                 if op.finished:
                     break
-            if now >= deadline:
-                self._time_out(op, timeout)
-                break
-            transport.idle(waited)
+                now = time.monotonic()
+                waited = now - start
+                if waited > SLOW_WAIT:
+                    self._look_around(op)
+                    if op.finished:
+                        break
+                if now >= deadline:
+                    self._time_out(op, timeout)
+                    break
+                transport.idle(waited)
+        finally:
+            hang_guard.done_waiting(self, watched)
         if op in self.inflight:
             with self.state:
                 if op in self.inflight:
@@ -225,7 +239,7 @@ class Engine:
         took as agreed (or moving the data of one it agrees on) disputes it."""
         failure = self.transport.poll_failure()
         if failure is not None:
-            self._peer_failed(failure)
+            self.peer_failed(failure)
             return
         for other in list(self.inflight):
             if (other.skipped_agreement and not other.finished
@@ -264,11 +278,13 @@ class Engine:
         self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
         agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
         deadline = time.monotonic() + self.timeout
+        # (this wait may outlast the one that found the dispute: the hang guard follows it)
+        watched = hang_guard.waiting(self, deadline, self.timeout, op)
         try:
             while not agreement.advance():
                 failure = self.transport.poll_failure()
                 if failure is not None:
-                    self._peer_failed(failure)
+                    self.peer_failed(failure)
                     if op.finished:
                         return
                 if time.monotonic() > deadline:
@@ -279,6 +295,8 @@ class Engine:
             op.fail(exc)
             self._broke(exc, op.seq)
             return
+        finally:
+            hang_guard.done_waiting(self, watched)
 
     def _time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
@@ -295,7 +313,7 @@ class Engine:
         if op.breaking:
             self._broke(error, op.seq)
 
-    def _peer_failed(self, failure: Failure) -> None:
+    def peer_failed(self, failure: Failure) -> None:
         """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
         unless the peer merely left after finishing it: kind "exited"). Kind "rejected": the
         peer could not start call ``seq`` and runs its agreement; only a rank that skipped that
@@ -356,42 +374,3 @@ class Engine:
     def fail_locally(self, error: BaseException, seq: int) -> None:
         """A rank-local error in a call that skipped the agreement: peers must hear of it."""
         self._broke(error, seq)
-
-    # --- the progress thread for asynchronous calls -----------------------------------
-
-    def _start_thread(self) -> None:
-        with self.state:  # (a lingering thread decides under this lock whether to end)
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread = threading.Thread(target=self._drive, daemon=True,
-                                            name=f"collectives-progress-{self.rank}")
-            self._thread.start()
-
-    def _drive(self) -> None:
-        start = time.monotonic()
-        idle_since = None
-        while True:
-            with self.state:
-                if not self.inflight:
-                    # linger: a loop of start()/wait() reuses this thread instead of
-                    # starting one per call
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > THREAD_LINGER:
-                        self._thread = None
-                        return
-                else:
-                    idle_since = None
-            try:
-                self.progress()
-                if time.monotonic() - start > SLOW_WAIT:
-                    failure = self.transport.poll_failure()
-                    if failure is not None:
-                        self._peer_failed(failure)
-            except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
-                pass
-            # never a spin here (a user thread may be computing beside this one); the idle
-            # answers peers' questions and may fail: the calls in flight need this thread
-            try:
-                self.transport.idle(max(time.monotonic() - start, SLOW_WAIT))
-            except BaseException:  # noqa: BLE001 - as above
-                time.sleep(SLOW_WAIT)

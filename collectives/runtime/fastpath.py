@@ -94,6 +94,7 @@ class FastAllReduce:
                 return None
             t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
             seq = engine.seq = engine.seq + 1
+            engine.claim_timeout = timeout  # (the hang guard's, should the spin never return)
             result = self.quick(x, out, seq)
             if result is None:
                 engine.seq = seq - 1
@@ -105,7 +106,7 @@ class FastAllReduce:
                 if self.mean:
                     self.arrays.divide(result, self.size, out=result)
                 self.comm.last_algorithm = "native"
-                if engine._thread is not None:  # it answers peers' questions: tell them
+                if engine.progress_thread is not None:  # it answers peers' questions: tell them
                     self.transport.publish_activity((seq, self.call, False))
             if t0:
                 tracing.fast_path(self, seq, t0)
@@ -131,6 +132,7 @@ class FastAllReduce:
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
             seq = engine.seq = engine.seq + 1
+            engine.claim_timeout = None
             got = self.bound.rerun(seq)
             if got is None:
                 engine.seq = seq - 1
@@ -145,7 +147,7 @@ class FastAllReduce:
                     return finish()
 
                 return self._operation(seq, delivered, True, None)
-            if engine._thread is not None:
+            if engine.progress_thread is not None:
                 self.transport.publish_activity((seq, self.call, False))
             return DONE
         except BaseException as exc:

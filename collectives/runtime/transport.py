@@ -141,6 +141,9 @@ class Transport(Protocol):
     native: NativeCollectives | None
     # Optional: ``schedules_in_native_order = True`` where ``data`` and the native collectives
     # share one issue order (NCCL: one stream); the schedules' rounds then take native turns.
+    # Optional: ``calls_may_not_return = True`` where a call into the transport may block
+    # forever (MPI after a peer died): the hang guard then ends a rank stuck well past its
+    # deadline (``collectives.runtime.hang_guard``).
 
     def idle(self, waited: float) -> None:
         """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""

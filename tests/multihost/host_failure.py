@@ -6,8 +6,10 @@ an error. The test kills a host's ranks or unplugs its cable in the meantime. Ea
 gets an error prints one ``ERROR`` line: its rank, hostname, ``time.monotonic()`` when the error
 arrived (the machine's clock, so the test compares it with the moment of the fault), the
 exception's class, the ranks it names (``missing``) and its message. Ranks then leave with
-``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank with no error
-``TIMEOUT + 5`` seconds after ``READY`` dumps its threads' Python stacks (``faulthandler``).
+``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank stuck inside an
+MPI call that never returns is ended by the library's hang guard, with its report; a rank with
+no error and no report ``TIMEOUT + 20`` seconds after ``READY`` dumps its threads' Python
+stacks (``faulthandler``).
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ x = np.full(1 << 14, comm.rank + 1, np.float32)
 for _ in range(3):
     comm.all_reduce(x, algorithm=algorithm)
 say(f"READY rank {comm.rank} host {host}")
-# A rank with no error well past its deadline prints where each thread is, so that the test
-# can tell a call into MPI that never returns (no deadline can interrupt it) from a hang of
-# the library's own.
-faulthandler.dump_traceback_later(timeout + 5)
+# A rank neither in error nor ended by the hang guard well past its deadline prints where each
+# thread is: a hang the guard missed
+faulthandler.dump_traceback_later(timeout + 20)
 try:
     while True:
         comm.all_reduce(x, algorithm=algorithm, timeout=timeout)

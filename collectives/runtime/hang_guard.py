@@ -1,0 +1,186 @@
+"""The hang guard: ends a process whose library call outlived its deadline in the transport.
+
+The engine enforces every call's deadline itself, between two polls of the transport. A poll
+that never returns leaves nothing to enforce it: over libfabric, MPICH's ``MPI_Test`` or
+``MPI_Improbe`` may stay inside forever once a peer died. No exception can reach a thread inside
+a C call, so such a rank would hang, and with it the whole job.
+
+Where the transport says its calls may not return (``Transport.calls_may_not_return``: MPI's
+does), one daemon thread per process watches every engine, and looks every ``PERIOD`` seconds
+at two things:
+
+* each wait of the engine (``Engine.wait``, a late agreement): still running ``grace`` seconds
+  after its own deadline;
+* the engine's claim on the communicator (``Engine.busy``, held from a call's entry to its
+  return, the hot path's spin included): held by one call (the same ``seq`` and entry count)
+  for longer than that call's timeout plus ``grace``, outside any wait.
+
+Either means a thread that has not come back from the transport in time; the engine's own
+timeout path (asking peers, telling them) takes well under a second. The guard then writes a
+report to stderr in one write (the call, how late, the stuck thread's Python stack, or every
+thread's where the call's claim is what it saw: the innermost frame shows which transport call
+never returned), records it on the timeline and flushes it, and ends the
+process with ``os._exit(EXIT_CODE)``. Under ``mpiexec`` the launcher then ends the job's other
+ranks, as it does for any rank that dies.
+
+``grace`` is ``max(MIN_GRACE, GRACE_SHARE * timeout)``. ``COLLECTIVES_HANG_GUARD=off`` turns
+the guard off; a number there sets ``grace`` in seconds. ``collectives.backends.mpi.init(
+hang_guard=False)`` turns it off for communicators created after it. (NCCL's calls are
+enqueued and return: its transport turns stuck kernels into errors itself.)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+from ..timeline import recorder
+
+ENV = "COLLECTIVES_HANG_GUARD"
+EXIT_CODE = 124  # the code ``timeout(1)`` ends a command with
+MIN_GRACE = 5.0  # seconds past a deadline before a call counts as stuck, at least...
+GRACE_SHARE = 0.1  # ...or this share of its timeout, if longer
+PERIOD = 1.0  # how often the guard looks (at most: a short grace makes it look more often)
+
+ENABLED = True  # what the latest mpi.init(hang_guard=...) asked for
+_engines: weakref.WeakSet = weakref.WeakSet()
+_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (claim, first seen)
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_fixed: float | None = None  # the grace COLLECTIVES_HANG_GUARD set, read as engines are watched
+
+
+def setting() -> float | None:
+    """The grace ``COLLECTIVES_HANG_GUARD`` sets (0: off), or None where it sets none."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if not value:
+        return None
+    if value in ("off", "no", "false", "0"):
+        return 0.0
+    try:
+        grace = float(value)
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r} must be 'off' or the grace in seconds (a positive "
+                         "number)") from None
+    if not grace > 0:
+        raise ValueError(f"{ENV}={value!r} must be 'off' or a positive number of seconds")
+    return grace
+
+
+def grace(timeout: float) -> float:
+    """How long past a deadline of ``timeout`` seconds a call may still run."""
+    return _fixed or max(MIN_GRACE, GRACE_SHARE * timeout)
+
+
+def watch(engine: Any) -> None:
+    """Watch ``engine`` if its transport's calls may not return and the guard is on (a bad
+    ``COLLECTIVES_HANG_GUARD`` raises ``ValueError`` here, as the communicator is made)."""
+    fixed = setting()
+    if not (ENABLED and getattr(engine.transport, "calls_may_not_return", False)
+            and fixed != 0.0):
+        return
+    global _thread, _fixed
+    with _lock:
+        _fixed = fixed
+        _engines.add(engine)
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, daemon=True, name="collectives-hang-guard")
+            _thread.start()
+
+
+def waiting(engine: Any, deadline: float, timeout: float, op: Any) -> tuple[int, Any]:
+    """This thread begins waiting for ``op`` until ``deadline``; what ``done_waiting`` needs
+    to restore (the wait this one is inside, if any)."""
+    me = threading.get_ident()
+    outer = engine.waits.get(me)
+    engine.waits[me] = (deadline, timeout, op)
+    return me, outer
+
+
+def done_waiting(engine: Any, watched: tuple[int, Any]) -> None:
+    me, outer = watched
+    if outer is None:
+        engine.waits.pop(me, None)
+    else:
+        engine.waits[me] = outer
+
+
+def _run() -> None:
+    while True:
+        time.sleep(min(PERIOD, grace(0.0) / 4))
+        now = time.monotonic()
+        for engine in list(_engines):
+            stuck = _overdue(engine, now)
+            if stuck is not None:
+                _end(engine, *stuck)
+
+
+def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None] | None:
+    """``(what, timeout, seconds past its deadline, the stuck thread if known)`` of a call of
+    ``engine`` that has outlived its deadline by more than the grace, or None."""
+    waits = list(engine.waits.items())
+    for thread, (deadline, timeout, op) in waits:
+        if now > deadline + grace(timeout):
+            return _describe(op), timeout, now - deadline, thread
+    if waits or not engine.busy.locked():
+        _held.pop(engine, None)
+        return None
+    claim = (engine.seq, engine.entered)
+    seen = _held.get(engine)
+    if seen is None or seen[0] != claim:
+        _held[engine] = (claim, now)
+        return None
+    given = engine.claim_timeout
+    timeout = float(given) if isinstance(given, (int, float)) and given > 0 else engine.timeout
+    held = now - seen[1]
+    if held > timeout + grace(timeout):
+        return f"call {engine.seq}", timeout, held - timeout, None
+    return None
+
+
+def _describe(op: Any) -> str:
+    try:
+        return f"call {op.seq}, {op.description}"
+    except Exception:  # noqa: BLE001 - the report must go out whatever went wrong
+        return repr(op)
+
+
+def _end(engine: Any, what: str, timeout: float, late: float, thread: int | None) -> None:
+    """Report the stuck call and end this process (never returns)."""
+    name = getattr(engine.transport, "name", type(engine.transport).__name__)
+    frames = sys._current_frames()
+    if thread in frames:  # (a wait's thread is known; a call's claim does not say whose it is)
+        stacks, whose = {thread: frames[thread]}, "the stuck thread's Python stack follows; its"
+    else:
+        mine = threading.get_ident()
+        stacks = {t: frame for t, frame in frames.items() if t != mine}
+        whose = "each thread's Python stack follows; the stuck one's"
+    report = (
+        f"collectives: rank {engine.rank} (pid {os.getpid()} on {socket.gethostname()}): "
+        f"hang guard: {what} is still running {late:.1f} s past its {timeout:g} s deadline: a "
+        f"call into the {name} transport has not returned ({whose} innermost frame is that "
+        "call). No exception can reach a thread inside it, so this process ends now with exit "
+        f"code {EXIT_CODE} instead of hanging; a launcher such as mpiexec then ends the other "
+        f"ranks. ({ENV}=off keeps waiting; a number there sets the grace in seconds.)\n")
+    for ident, frame in stacks.items():
+        report += (f"Thread {ident:#x} (most recent call last):\n"
+                   + "".join(traceback.format_stack(frame)))
+    try:
+        if recorder.ON:
+            recorder.instant(recorder.participant(engine.rank), 0, "hang guard", "failure",
+                             recorder.now(), {"call": what, "late_s": round(late, 3)})
+            recorder.flush()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        # one write: the report stays whole where a launcher merges several ranks' output
+        data = report.encode(errors="replace")
+        while data:
+            data = data[os.write(2, data):]
+    finally:
+        os._exit(EXIT_CODE)

@@ -1,0 +1,58 @@
+"""The progress thread: drives a communicator's asynchronous calls while nobody waits.
+
+An asynchronous call that did not finish at once is left in the engine's ``inflight`` list;
+this daemon thread (one per communicator, started by the first such call) advances them, in
+call order, and hears peers' failure notices, so a call completes while its caller computes.
+It never spins (a user thread may be computing beside it): between rounds it idles through the
+transport, which also answers peers' questions. Once nothing is in flight for
+``THREAD_LINGER`` seconds it ends; a loop of ``start()``/``wait()`` reuses it meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
+SLOW = 2e-3  # after this long it also polls for peers' failure notices
+
+
+def start(engine: Any) -> None:
+    """Make sure ``engine``'s progress thread runs (``engine.progress_thread``)."""
+    with engine.state:  # (a lingering thread decides under this lock whether to end)
+        thread = engine.progress_thread
+        if thread is not None and thread.is_alive():
+            return
+        thread = threading.Thread(target=_drive, args=(engine,), daemon=True,
+                                  name=f"collectives-progress-{engine.rank}")
+        engine.progress_thread = thread
+        thread.start()
+
+
+def _drive(engine: Any) -> None:
+    start_time = time.monotonic()
+    idle_since = None
+    transport = engine.transport
+    while True:
+        with engine.state:
+            if not engine.inflight:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > THREAD_LINGER:
+                    engine.progress_thread = None
+                    return
+            else:
+                idle_since = None
+        try:
+            engine.progress()
+            if time.monotonic() - start_time > SLOW:
+                failure = transport.poll_failure()
+                if failure is not None:
+                    engine.peer_failed(failure)
+        except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
+            pass
+        # the idle answers peers' questions and may fail: the calls in flight need this thread
+        try:
+            transport.idle(max(time.monotonic() - start_time, SLOW))
+        except BaseException:  # noqa: BLE001 - as above
+            time.sleep(SLOW)

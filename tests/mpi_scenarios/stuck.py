@@ -1,0 +1,58 @@
+"""A call into the transport that never returns: the hang guard ends the rank, and the job.
+
+Usage: ``COLLECTIVES_HANG_GUARD=1 mpiexec -n 2 python stuck.py CASE``. After a warm-up, rank 1
+sleeps instead of joining the next call, and rank 0 calls with ``timeout=1`` (the
+communicator's: 30 s):
+
+* ``stuck``: rank 0's transport stops returning (its ``idle`` sleeps in C with the GIL released,
+  as MPICH's ``MPI_Test`` does when it blocks after a peer died). The hang guard must end rank
+  0 (exit code 124) with a report naming the call and the stuck frame, and the launcher the job.
+* ``stuck-entering``: the same, but the transport call that never returns comes as the call
+  starts (``publish_activity``), before any wait: the guard sees the call's claim held too long.
+* ``slow``: nothing is stuck; rank 1 joins after 3 s and rank 0 waits with ``timeout=10`` (or
+  ``wait(timeout=10)`` on an asynchronous call): longer than the communicator's timeout (here
+  1 s) plus the grace, but within the call's own. Both ranks must finish and print ``SUMMARY stuck PASS``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+
+import numpy as np
+from _common import Report
+from collectives.backends import mpi
+
+case = sys.argv[1]
+# (stuck: the call's own timeout, 1 s, is the one the guard must go by, not this)
+comm = mpi.init(timeout=1.0 if case == "slow" else 30.0)
+x = np.ones(1000, np.float32)
+for _ in range(3):
+    comm.all_reduce(x)
+report = Report("stuck")
+if case.startswith("stuck"):
+    if comm.rank == 0:
+        libc = ctypes.CDLL(None)
+
+        def never_returns(*args: object) -> None:
+            libc.sleep(600)
+
+        if case == "stuck":
+            comm.transport.idle = never_returns
+        else:
+            comm.transport.publish_activity = never_returns
+        comm.all_reduce(x[:999], timeout=1.0)  # (a new signature: not the hot path)
+        print("rank 0 came back from a stuck call", flush=True)
+    else:
+        time.sleep(600)
+else:
+    for blocking in (True, False):
+        if comm.rank == 1:
+            time.sleep(3.0)
+        if blocking:
+            got = comm.all_reduce(x, timeout=10.0)
+        else:
+            got = comm.all_reduce(x, async_op=True).wait(timeout=10.0)
+        report.check(np.array_equal(got, x * comm.size), f"blocking={blocking}: wrong sum")
+    report.finish()
