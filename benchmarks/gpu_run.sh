@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU run, for a machine with one NVIDIA GPU and no network: its python3 (3.12) brings
-# CuPy 14, NCCL, NumPy, pytest (pytest-timeout, pytest-xdist), PyTorch and mpi4py without an
-# MPI library; the MPICH and mpi4py wheels travel with the checkout in .whl/
+# CuPy 14, NCCL, NumPy, pytest and pytest-timeout, PyTorch and mpi4py without an MPI library;
+# the MPICH and mpi4py wheels (and ml_dtypes and pytest-xdist, used where the machine lacks
+# them) travel with the checkout in .whl/, which is git-ignored: a run must carry it
 # (benchmarks/gpu_wheels.sh fetches them). In about 7 minutes at most:
 #
 #   1. setup: a venv over python3's packages (--system-site-packages), the carried wheels
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --fakecupy) FAKECUPY=$2; shift ;;
     --tests) TESTS=$2; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -87,11 +88,15 @@ step() {  # step NAME LIMIT COMMAND...: in a process group of its own, output to
   fi
   log "start $name (limit ${limit}s)"
   local t0=$SECONDS
-  setsid timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1 &
+  # a process group of its own where setsid exists (util-linux), so what the step leaves
+  # behind (mpiexec ranks, say) goes with it; without setsid the step still runs
+  local group=()
+  command -v setsid > /dev/null && group=(setsid)
+  ${group[@]+"${group[@]}"} timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1 &
   local pid=$!
   wait "$pid"
   local rc=$?
-  kill -KILL -- "-$pid" 2>/dev/null  # what the step left behind (mpiexec ranks, say)
+  [ ${#group[@]} -gt 0 ] && kill -KILL -- "-$pid" 2>/dev/null
   log "end $name: exit $rc after $((SECONDS - t0))s"
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" >> "$WORK/steps.tsv"
   return $rc
@@ -119,9 +124,20 @@ if sys.prefix != sys.base_prefix:
     with open(sys.argv[1] + "/zz-parent-packages.pth", "w") as f:
         f.write("\n".join(site.getsitepackages()) + "\n")
 EOF
-  local wheel
+  local wheel module
   for wheel in "$WHEELS"/*.whl; do
     [ -e "$wheel" ] || { echo "no wheels in $WHEELS (bash benchmarks/gpu_wheels.sh)"; break; }
+    # MPI always (the machine's mpi4py has no MPI library); the rest only where it is missing
+    case "$(basename "$wheel")" in
+      ml_dtypes-*) module=ml_dtypes ;;
+      pytest_xdist-*) module=xdist ;;
+      execnet-*) module=execnet ;;
+      *) module= ;;
+    esac
+    if [ -n "$module" ] && "$py" -c "import $module" 2>/dev/null; then
+      echo "$module: the interpreter's own"
+      continue
+    fi
     "$py" -m pip install --quiet --no-index --no-deps --ignore-installed "$wheel" \
       || echo "not installed: $wheel (another Python's wheel?); the interpreter's own is used"
   done
@@ -134,7 +150,11 @@ step setup 60 bash -c setup
 PY=$VENV/bin/python
 MPIEXEC=$VENV/bin/mpiexec
 [ -x "$MPIEXEC" ] || MPIEXEC=$(dirname "$PYTHON")/mpiexec
-export PY MPIEXEC
+[ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec || echo "$VENV/bin/mpiexec")
+[ -x "$MPIEXEC" ] || log "no mpiexec (carry the MPICH wheel in $WHEELS): the MPI steps fail"
+# the tests launch ranks with the mpiexec beside their Python or on PATH: the same one as here
+PATH=$(dirname "$MPIEXEC"):$PATH
+export PY MPIEXEC PATH
 
 # --- 2. probe -------------------------------------------------------------------------------
 probe() {
@@ -188,7 +208,9 @@ export -f probe
 step probe 60 bash -c probe
 
 # --- 3. tests -------------------------------------------------------------------------------
-PYTEST=(-q -rs -p no:cacheprovider --durations=15 --junitxml "$WORK/junit.xml" --timeout 150)
+# -v: each test's outcome is in the log as it finishes, so a run stopped at the step's limit
+# still says which tests passed (the JUnit file is only written at the end)
+PYTEST=(-v -rs -p no:cacheprovider --durations=15 --junitxml "$WORK/junit.xml" --timeout 150)
 if "$PY" -c 'import xdist' 2>/dev/null && [ "$(nproc)" -ge 4 ]; then
   WORKERS=${WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
   # a worker whose test hangs is ended and replaced; the controller still writes the JUnit
@@ -199,6 +221,10 @@ fi
 read -r -a SELECTED <<< "$TESTS"
 step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
 if [ ! -s "$WORK/junit.xml" ]; then  # pytest itself was stopped: say so in the JUnit file
+  "$PY" benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml" \
+    || python3 benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml"
+fi
+if [ ! -s "$WORK/junit.xml" ]; then
   cat > "$WORK/junit.xml" <<EOF
 <?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="1" failures="0" errors="1" skipped="0">

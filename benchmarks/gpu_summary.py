@@ -3,18 +3,28 @@ the steps' statuses, and a ``summary.txt`` a person reads first (what ran, what 
 numbers the GPU targets are about).
 
     python benchmarks/gpu_summary.py WORK OUT
+    python benchmarks/gpu_summary.py --junit-from-log TESTS_LOG JUNIT
 
 ``WORK`` holds ``steps.tsv`` (name, exit status, seconds, limit), ``junit.xml``, the parts'
 ``gpu_compare_*.json`` and ``probe.json``; ``OUT`` receives ``results.json`` and
-``summary.txt``. Whatever is missing is said to be missing.
+``summary.txt``. Whatever is missing is said to be missing. ``--junit-from-log`` writes the
+JUnit file of a pytest run stopped before it wrote its own, from the outcomes ``pytest -v``
+printed as each test finished, and one error for the run that did not finish.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+# pytest -v's line for a finished test, alone ("ID PASSED [ 4%]") or under xdist
+# ("[gw3] [ 4%] PASSED ID")
+OUTCOMES = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+_ALONE = re.compile(rf"^(\S+\.py::.+?) ({OUTCOMES})(?:\s+\[\s*\d+%\])?\s*$")
+_XDIST = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({OUTCOMES}) (\S+\.py::.+?)\s*$")
 
 TIMED_OUT = (124, 137)
 TARGETS = ("targets: the best algorithm at >= 64 MiB reaches >= 80% of the copy-rate bound for "
@@ -59,6 +69,37 @@ def junit(path: Path) -> dict | None:
             skips[reason] = skips.get(reason, 0) + 1
     totals["skip_reasons"] = skips
     return totals
+
+
+def junit_from_log(log: Path, out: Path) -> dict[str, str]:
+    """Write ``out``, a JUnit file of the outcomes in ``log`` plus one error saying pytest did
+    not finish; the outcomes by test id."""
+    outcomes: dict[str, str] = {}
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        alone, xdist = _ALONE.match(line), _XDIST.match(line)
+        if alone:
+            outcomes[alone.group(1)] = alone.group(2)
+        elif xdist:
+            outcomes[xdist.group(2)] = xdist.group(1)
+    suite = ET.Element("testsuite", name="pytest", tests=str(len(outcomes) + 1))
+    counts = {"failures": 0, "errors": 1, "skipped": 0}
+    for test, outcome in outcomes.items():
+        path, _, name = test.partition("::")
+        case = ET.SubElement(suite, "testcase", classname=path.removesuffix(".py")
+                             .replace("/", "."), name=name)
+        tag = {"FAILED": "failure", "ERROR": "error", "SKIPPED": "skipped"}.get(outcome)
+        if tag is not None:
+            ET.SubElement(case, tag, message=f"{outcome} (from the log: see logs/tests.log)")
+            counts[{"failure": "failures", "error": "errors"}.get(tag, tag)] += 1
+    stopped = ET.SubElement(suite, "testcase", classname="gpu_run", name="tests")
+    ET.SubElement(stopped, "error", message="pytest did not finish within the step's time "
+                  f"limit ({len(outcomes)} tests had finished); see logs/tests.log")
+    suite.attrib.update({k: str(v) for k, v in counts.items()})
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(out, encoding="utf-8", xml_declaration=True)
+    return outcomes
 
 
 def headline(parts: dict) -> list[str]:
@@ -109,6 +150,9 @@ def headline(parts: dict) -> list[str]:
 
 
 def main() -> None:
+    if sys.argv[1] == "--junit-from-log":
+        junit_from_log(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     parts = {}
     for path in sorted(work.glob("gpu_compare_*.json")):

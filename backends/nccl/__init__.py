@@ -25,8 +25,9 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
     """This rank's communicator over ``comm`` (default: ``MPI.COMM_WORLD``).
 
     ``device``: the GPU (default: local rank modulo the visible GPUs); ``stream``: the CUDA
-    stream every call of this communicator is enqueued on (default: the device's current
-    stream); ``timeout``: seconds before an unfinished call is an error; ``check``: agree on
+    stream every call of this communicator is enqueued on (default: a non-blocking stream of
+    its own, made on ``device``; calls hand over to and from the caller's current stream with
+    events); ``timeout``: seconds before an unfinished call is an error; ``check``: agree on
     each call's arguments across ranks the first time its signature is seen;
     ``abort_on_error``: an exception the program does not catch aborts the whole MPI job,
     as under the MPI transport (``collectives.backends.mpi.abort``).

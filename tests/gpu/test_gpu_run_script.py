@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -30,24 +30,33 @@ def stand_in() -> Path | None:
 
 
 FAKECUPY = stand_in()
-pytestmark = [
+dry_run = [
     pytest.mark.skipif(FAKECUPY is None, reason="no NumPy stand-in for CuPy: set FAKECUPY=PATH "
                        "(a folder holding cupy/) to dry-run benchmarks/gpu_run.sh --cpu"),
     pytest.mark.skipif(MPI_REASON is not None, reason=MPI_REASON or ""),
-    pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)"),
     pytest.mark.skipif(bool(os.environ.get("COLLECTIVES_GPU_RUN")),
                        reason="inside benchmarks/gpu_run.sh, whose run is this dry run")]
+# one test under mpiexec: the tests find the run's mpiexec (a venv's, off PATH) as the
+# benchmarks do, and run rather than skip
+TESTS = ("tests/gpu/test_gpu_one_gpu.py::test_every_nccl_collective_over_one_device "
+         "tests/gpu/test_gpu_nccl.py::test_one_rank_every_collective_op_and_dtype")
 
 
 @pytest.mark.timeout(280)
+@dry_run[0]
+@dry_run[1]
+@dry_run[2]
 def test_cpu_dry_run_of_the_gpu_run(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("FAKE_") and k not in ("PYTHONPATH", "COLLECTIVES_RANKS_PER_NODE")}
-    env.update(FAKE_GPUS="1", TMPDIR=str(tmp_path))
+    # the machine's own PATH, without the venv this test runs in (as on the GPU machine)
+    env.update(FAKE_GPUS="1", TMPDIR=str(tmp_path), PATH=os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep)
+        if Path(p).resolve() != Path(sys.executable).parent.resolve()))
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_run.sh", "--cpu", "--fakecupy", str(FAKECUPY), "--out", str(out),
-         "--tests", "tests/gpu/test_gpu_one_gpu.py -k every_nccl"],
+         "--tests", TESTS],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=270)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "logs.tar.gz", "results.json",
@@ -59,7 +68,8 @@ def test_cpu_dry_run_of_the_gpu_run(tmp_path):
     steps = {s["step"]: s["status"] for s in results["steps"]}
     assert steps == dict.fromkeys(["setup", "probe", "tests", "copy", "devices", "one-rank",
                                    "two-level", "torch"], "ok"), (steps, summary)
-    assert results["tests"]["tests"] >= 1 and not results["tests"]["failed"]
+    tests = results["tests"]
+    assert tests["tests"] == 2 and not tests["failed"] and not tests["skip_reasons"], tests
     parts = results["parts"]
     for part in ("copy", "devices", "one-rank", "two-level"):
         assert parts[part]["rows"], part
@@ -71,3 +81,32 @@ def test_cpu_dry_run_of_the_gpu_run(tmp_path):
     with tarfile.open(out / "logs.tar.gz") as logs:
         names = logs.getnames()
     assert "logs/tests.log" in names and "logs/two-level.log" in names
+
+
+def test_a_stopped_test_step_still_reports_what_finished(tmp_path):
+    """pytest stopped at the step's limit writes no JUnit file: the run makes one from the
+    outcomes pytest -v printed (alone and under xdist), plus an error for the stop."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    spec = importlib.util.spec_from_file_location("gpu_summary",
+                                                  ROOT / "benchmarks" / "gpu_summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    log = tmp_path / "tests.log"
+    log.write_text(
+        "tests/gpu/test_a.py::test_one PASSED                     [ 10%]\n"
+        "tests/gpu/test_a.py::test_two[own streams] FAILED        [ 20%]\n"
+        "[gw1] [ 30%] SKIPPED tests/gpu/test_b.py::test_three[2-ring]\n"
+        "[gw0] [ 40%] PASSED tests/gpu/test_b.py::test_four\n"
+        "tests/gpu/test_c.py::test_hangs \n")
+    junit = tmp_path / "junit.xml"
+    got = summary.junit_from_log(log, junit)
+    assert got == {"tests/gpu/test_a.py::test_one": "PASSED",
+                   "tests/gpu/test_a.py::test_two[own streams]": "FAILED",
+                   "tests/gpu/test_b.py::test_three[2-ring]": "SKIPPED",
+                   "tests/gpu/test_b.py::test_four": "PASSED"}
+    totals = summary.junit(junit)
+    assert (totals["tests"], totals["failures"], totals["errors"], totals["skipped"]) == (5, 1, 1, 1)
+    assert totals["failed"] == ["tests.gpu.test_a::test_two[own streams]", "gpu_run::tests"]
+    assert "did not finish" in ET.parse(junit).getroot().find(".//error").get("message")
