@@ -196,6 +196,28 @@ def test_hang_guard_leaves_a_long_wait_within_its_own_timeout_alone():
 
 
 @needs_mpi
+@pytest.mark.parametrize("n, one_core", [(2, False), (3, False), (2, True)])
+def test_oversubscribed_node_waits_without_spinning(n, one_core):
+    # more ranks than the cores they may run on (here: all of this machine's, or one): every
+    # wait yields at once; otherwise a fresh wait spins first
+    cores = sorted(os.sched_getaffinity(0))
+    expected = n > (1 if one_core else len(cores))
+    pin = (lambda: os.sched_setaffinity(0, cores[:1])) if one_core else None
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    full_env.pop(mpi.ENV_RANKS_PER_NODE, None)
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable,
+                           str(SCENARIOS / "oversubscribed.py")], capture_output=True, text=True,
+                          timeout=120, env=full_env, cwd=ROOT, preexec_fn=pin)
+    out = assert_passed(proc, "oversubscribed")
+    found = re.findall(r"OVERSUBSCRIBED rank \d+ (\w+) idle_spin=(\S+) hot_spin=(\S+) dup=(\w+)",
+                       out)
+    assert len(found) == n, out[-3000:]
+    for flag, idle_spin, hot_spin, inherited in found:
+        assert flag == inherited == str(expected), found
+        assert (float(idle_spin) == 0 and float(hot_spin) == 0) == expected, found
+
+
+@needs_mpi
 def test_bench_under_mpiexec_prints_once_from_rank_0():
     cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.tools.cli", "bench", "--mode", "mpi",
            "-b", "4K", "-e", "16K", "-f", "4", "-a", "auto,native,ring", "-w", "1", "-r", "1",

@@ -166,11 +166,11 @@ class Bound:
         raise self._failed(MPI.Exception(-code))
 
     def _spin(self, req: Any) -> bool:
-        """Test ``req``: spinning for ``SPIN_SECONDS``, then yielding the core between tests
+        """Test ``req``: spinning for ``natives.spin`` seconds, then yielding the core between tests
         (a peer on this core must run) until ``HOLD_SECONDS``, as the engine's wait would
         before it looks around; True (the request handed to the engine) if still running."""
         now = time.perf_counter()
-        spin, hold = now + SPIN_SECONDS, now + HOLD_SECONDS
+        spin, hold = now + self.natives.spin, now + HOLD_SECONDS
         while not req.Test():
             now = time.perf_counter()
             if now > spin:
@@ -207,7 +207,7 @@ class Bound:
         mine = np.empty_like(entry.tail)
         entry.rider.fill(mine, False)
         self.mine = mine.tobytes()  # this rank's trailer, written before every start
-        self.compiled = compiled.bind(entry, self.mine, SPIN_SECONDS, HOLD_SECONDS)
+        self.compiled = compiled.bind(entry, self.mine, self.natives.spin, HOLD_SECONDS)
         self.head_bytes = memoryview(entry.head.view(np.uint8))
         self.result_bytes = memoryview(entry.result.view(np.uint8))
         if self.dst is not None:  # prepared: its buffers are C-contiguous

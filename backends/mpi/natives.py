@@ -24,7 +24,7 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
 from . import nonblocking, tuning
-from .bound import Bound
+from .bound import SPIN_SECONDS, Bound
 from .checks import CheckSlots
 from .datatypes import native_types
 from .lane import Lane
@@ -51,6 +51,7 @@ class MPINatives:
         self.inflight: dict[int, Call] = {}  # native calls not yet complete, by seq
         self.abandoned: list = []  # failed runs whose requests MPI still holds
         self.last: str | None = None  # what the latest native call ran: "mpi" or "shm"
+        self.spin = SPIN_SECONDS  # how long the hot path spins (the transport may say 0)
         self._asked: tuple[int, int, float] | None = None  # (about seq, question, when)
 
     def supports(self, call: Call) -> bool:

@@ -24,7 +24,7 @@ from .natives import MPINatives
 from .notices import Notices
 from .shm import SharedWindow
 from .tags import control_tags, data_tags, user_tags
-from .waiting import Idler
+from .waiting import SPIN_SECONDS, Idler, node_oversubscribed
 
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
 
@@ -51,7 +51,7 @@ class MPITransport:
     # hang guard (collectives.runtime.hang_guard) ends such a rank instead of letting it hang
     calls_may_not_return = True
 
-    def __init__(self, comm: Any, *, groups: Any = "node"):
+    def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None):
         check_thread_level()
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
@@ -73,7 +73,13 @@ class MPITransport:
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
         self.notices.calls = self.native.inflight
-        self._idler = Idler()
+        # (a new communicator's ranks share their cores with the rest of the job: its
+        # parent's finding holds for it)
+        self.oversubscribed = (node_oversubscribed(self._node) if oversubscribed is None
+                               else oversubscribed)
+        if self.oversubscribed:  # more ranks than cores here: every wait yields at once
+            self.native.spin = 0.0
+        self._idler = Idler(spin=0.0 if self.oversubscribed else SPIN_SECONDS)
         self._served = 0.0
         self._troubled = False  # a failure may have left messages in flight
 
@@ -114,7 +120,8 @@ class MPITransport:
 
     def dup(self) -> MPITransport:
         """A new transport over the same ranks (collective)."""
-        return MPITransport(self._comms[0], groups=self._groups)
+        return MPITransport(self._comms[0], groups=self._groups,
+                            oversubscribed=self.oversubscribed)
 
     def split(self, color: int | None, key: int) -> MPITransport | None:
         """``MPI_Comm_split``'s meaning (collective); None where ``color`` is None. The new
@@ -124,7 +131,7 @@ class MPITransport:
             return None
         try:  # a partition of the old ranks means nothing among the new ones
             groups = "node" if isinstance(self._groups, (list, tuple)) else self._groups
-            return MPITransport(comm, groups=groups)
+            return MPITransport(comm, groups=groups, oversubscribed=self.oversubscribed)
         finally:
             comm.Free()
 

@@ -10,6 +10,11 @@ while it is younger than the engine's "slow" mark (2 ms): then the idler times t
 itself, taking a pause of more than ``GAP`` since its last call as the start of a new wait
 (polls of one wait follow each other within microseconds), and yields, never sleeps. Each
 thread that waits (a blocking call, the engine's progress thread) has its own timing.
+
+On an oversubscribed node (more ranks than the cores they may run on, ``node_oversubscribed``) a
+spin only delays the peer that shares this rank's core, the one whose message the spin waits
+for: there every wait yields from its first poll on (the transport makes its ``Idler`` and
+its hot path spin 0 s), as Open MPI's ``mpi_yield_when_idle`` does on such a node.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 SPIN_SECONDS = 50e-6  # spin this long on a fresh wait
 YIELD_SECONDS = 20e-3  # then yield until the wait is this old
@@ -24,11 +30,29 @@ SLEEP_SECONDS = 1e-3  # then sleep this long between polls (at most: shorter ear
 GAP = 10e-6  # a pause this long between idle calls ends one wait and starts another
 
 
-class Idler(threading.local):
-    """The waiting policy of one transport: when this thread's current wait began."""
+def usable_cores() -> set[int]:
+    """The cores this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (no affinity where the platform has none)
+        return set(range(os.cpu_count() or 1))
 
-    def __init__(self) -> None:
+
+def node_oversubscribed(node: Any) -> bool:
+    """Whether the ranks of ``node`` (an mpi4py communicator of the ranks sharing this node)
+    outnumber the cores they may run on together (collective over ``node``). Ranks bound to
+    a core each are not, however few cores each sees."""
+    cores = set().union(*node.allgather(sorted(usable_cores())))
+    return node.Get_size() > len(cores)
+
+
+class Idler(threading.local):
+    """The waiting policy of one transport: when this thread's current wait began, and how
+    long a fresh wait spins (``spin`` seconds)."""
+
+    def __init__(self, spin: float = SPIN_SECONDS) -> None:
         self.first = self.last = 0.0
+        self.spin = spin
 
     def idle(self, waited: float) -> None:
         """Pause according to how long the wait has lasted."""
@@ -36,7 +60,7 @@ class Idler(threading.local):
         if not waited:
             if now - self.last > GAP:
                 self.first = now
-            if now - self.first >= SPIN_SECONDS:
+            if now - self.first >= self.spin:
                 os.sched_yield()
                 now = time.perf_counter()
         elif waited < YIELD_SECONDS:

@@ -1,0 +1,29 @@
+"""Whether the transport finds its node oversubscribed, and waits without spinning then.
+
+Usage: ``mpiexec -n N python oversubscribed.py``. Each rank prints ``OVERSUBSCRIBED rank R
+FLAG idle_spin=S hot_spin=S dup=FLAG``: the transport's finding, the spin of its waits and of
+its hot path, and a duplicate's finding (inherited), after a checked all-reduce.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from _common import Report
+from collectives.backends import mpi
+
+comm = mpi.init(timeout=60)
+report = Report("oversubscribed")
+x = np.arange(1000, dtype=np.float64) + comm.rank
+for _ in range(20):  # (the hot path too)
+    got = comm.all_reduce(x)
+want = np.arange(1000, dtype=np.float64) * comm.size + sum(range(comm.size))
+report.check(np.array_equal(got, want), "wrong all-reduce")
+transport = comm.transport
+with comm.dup() as twin:
+    inherited = twin.transport.oversubscribed
+line = (f"OVERSUBSCRIBED rank {comm.rank} {transport.oversubscribed} "
+        f"idle_spin={transport._idler.spin:g} hot_spin={transport.native.spin:g} dup={inherited}")
+os.write(1, (line + "\n").encode())  # (one write: ranks' lines do not mix)
+report.finish()
