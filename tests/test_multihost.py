@@ -297,7 +297,8 @@ def test_killed_host_ranks_end_in_named_errors(net, algorithm):
     # MPI_Improbe): the hang guard ends it then, naming the call and that frame
     on_h0 = ERROR.replace(r"(?P<host>\w+)", "(?P<host>h0)")
     ended = job.collect(f"(?:{on_h0}|{GUARDED})", 2,
-                        within=TIMEOUT + hang_guard.MIN_GRACE + hang_guard.PERIOD + SLACK + 5)
+                        within=TIMEOUT + hang_guard.MIN_GRACE + hang_guard.CONFIRM
+                        + hang_guard.PERIOD + SLACK + 5)
     errors = [m for m in ended if m["kind"]]
     for report in (m for m in ended if m["guarded"]):
         assert report["guarded"] == "h0", report.group(0)

@@ -15,13 +15,14 @@ at two things:
   return, the hot path's spin included): held by one call (the same ``seq`` and entry count)
   for longer than that call's timeout plus ``grace``, outside any wait.
 
-Either means a thread that has not come back from the transport in time; the engine's own
-timeout path (asking peers, telling them) takes well under a second. The guard then writes a
-report to stderr in one write (the call, how late, the stuck thread's Python stack, or every
-thread's where the call's claim is what it saw: the innermost frame shows which transport call
-never returned), records it on the timeline and flushes it, and ends the
-process with ``os._exit(EXIT_CODE)``. Under ``mpiexec`` the launcher then ends the job's other
-ranks, as it does for any rank that dies.
+Either, for ``CONFIRM`` seconds on end, means a thread that has not come back from the
+transport in time (the engine's own timeout path, asking peers and telling them, takes well
+under a second; a process stopped past its deadline and resumed gets those seconds to raise
+its timeout itself). The guard then writes a report to stderr in one write (the call, how
+late, the stuck thread's Python stack, or every thread's where the call's claim is what it
+saw: the innermost frame shows which transport call never returned), records it on the
+timeline and flushes it, and ends the process with ``os._exit(EXIT_CODE)``. Under
+``mpiexec`` the launcher then ends the job's other ranks, as it does for any rank that dies.
 
 ``grace`` is ``max(MIN_GRACE, GRACE_SHARE * timeout)``. ``COLLECTIVES_HANG_GUARD=off`` turns
 the guard off; a number there sets ``grace`` in seconds. ``collectives.backends.mpi.init(
@@ -46,6 +47,7 @@ ENV = "COLLECTIVES_HANG_GUARD"
 EXIT_CODE = 124  # the code ``timeout(1)`` ends a command with
 MIN_GRACE = 5.0  # seconds past a deadline before a call counts as stuck, at least...
 GRACE_SHARE = 0.1  # ...or this share of its timeout, if longer
+CONFIRM = 2.0  # how long a call must stay overdue before the guard acts
 PERIOD = 1.0  # how often the guard looks (at most: a short grace makes it look more often)
 
 ENABLED = True  # what the latest mpi.init(hang_guard=...) asked for
@@ -112,22 +114,32 @@ def done_waiting(engine: Any, watched: tuple[int, Any]) -> None:
 
 
 def _run() -> None:
+    suspects: dict[int, tuple] = {}  # id(engine) -> (the overdue call, when first seen)
     while True:
         time.sleep(min(PERIOD, grace(0.0) / 4))
         now = time.monotonic()
         for engine in list(_engines):
             stuck = _overdue(engine, now)
-            if stuck is not None:
-                _end(engine, *stuck)
+            if stuck is None:
+                suspects.pop(id(engine), None)
+                continue
+            seen = suspects.get(id(engine))
+            if seen is None or seen[0] != stuck[-1]:
+                # a process stopped past the deadline (SIGSTOP, a paused machine) and just
+                # resumed looks the same: its own wait raises the timeout within CONFIRM
+                suspects[id(engine)] = (stuck[-1], now)
+            elif now - seen[1] >= CONFIRM:
+                _end(engine, *stuck[:-1])
 
 
-def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None] | None:
-    """``(what, timeout, seconds past its deadline, the stuck thread if known)`` of a call of
-    ``engine`` that has outlived its deadline by more than the grace, or None."""
+def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None, tuple] | None:
+    """``(what, timeout, seconds past its deadline, the stuck thread if known, the call's
+    identity)`` of a call of ``engine`` that has outlived its deadline by more than the
+    grace, or None."""
     waits = list(engine.waits.items())
     for thread, (deadline, timeout, op) in waits:
         if now > deadline + grace(timeout):
-            return _describe(op), timeout, now - deadline, thread
+            return _describe(op), timeout, now - deadline, thread, (thread, deadline)
     if waits or not engine.busy.locked():
         _held.pop(engine, None)
         return None
@@ -140,7 +152,7 @@ def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None] | 
     timeout = float(given) if isinstance(given, (int, float)) and given > 0 else engine.timeout
     held = now - seen[1]
     if held > timeout + grace(timeout):
-        return f"call {engine.seq}", timeout, held - timeout, None
+        return f"call {engine.seq}", timeout, held - timeout, None, claim
     return None
 
 

@@ -9,6 +9,8 @@ communicator's: 30 s):
   0 (exit code 124) with a report naming the call and the stuck frame, and the launcher the job.
 * ``stuck-entering``: the same, but the transport call that never returns comes as the call
   starts (``publish_activity``), before any wait: the guard sees the call's claim held too long.
+* ``stopped``: rank 1 stops rank 0 (SIGSTOP) in its wait for 4 s, past the deadline and the
+  grace, then resumes it: rank 0 must raise ``CollectiveTimeoutError`` itself, not be ended.
 * ``slow``: nothing is stuck; rank 1 joins after 3 s and rank 0 waits with ``timeout=10`` (or
   ``wait(timeout=10)`` on an asynchronous call): longer than the communicator's timeout (here
   1 s) plus the grace, but within the call's own. Both ranks must finish and print ``SUMMARY stuck PASS``.
@@ -17,12 +19,16 @@ communicator's: 30 s):
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
 import sys
 import time
 
 import numpy as np
-from _common import Report
+from _common import WORLD, Report
 from collectives.backends import mpi
+
+from collectives.errors import CollectiveError, CollectiveTimeoutError
 
 case = sys.argv[1]
 # (stuck: the call's own timeout, 1 s, is the one the guard must go by, not this)
@@ -46,6 +52,23 @@ if case.startswith("stuck"):
         print("rank 0 came back from a stuck call", flush=True)
     else:
         time.sleep(600)
+elif case == "stopped":
+    pids = WORLD.allgather(os.getpid())
+    if comm.rank == 0:
+        try:
+            comm.all_reduce(x[:999], timeout=1.0)
+            report.check(False, "the call returned")
+        except CollectiveError as exc:
+            report.check(isinstance(exc, CollectiveTimeoutError), f"raised {exc!r}")
+            print(f"rank 0 raised {type(exc).__name__}", flush=True)
+    else:
+        time.sleep(0.3)  # rank 0 is waiting in its call
+        os.kill(pids[0], signal.SIGSTOP)
+        time.sleep(4.0)
+        os.kill(pids[0], signal.SIGCONT)
+        time.sleep(2.0)  # (rank 1 never joins the call)
+    WORLD.Barrier()
+    report.finish()
 else:
     for blocking in (True, False):
         if comm.rank == 1:
