@@ -55,3 +55,16 @@ def assert_identical(results: list[np.ndarray]) -> None:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def record(tmp_path):
+    """Record a timeline into tmp_path/timeline while the test runs; yields that folder."""
+    from collectives import timeline
+
+    folder = tmp_path / "timeline"
+    timeline.start(folder)
+    try:
+        yield folder
+    finally:
+        timeline.stop()

@@ -27,16 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LATE = 0.05  # seconds rank 0 is late to its blocking send
 
 
-@pytest.fixture
-def record(tmp_path):
-    folder = tmp_path / "timeline"
-    tl.start(folder)
-    try:
-        yield folder
-    finally:
-        tl.stop()
-
-
 def _messages(events: list[dict], pid: int) -> list[traces.Span]:
     return [s for s in traces.spans(events)
             if s.pid == pid and s.cat == "call" and s.name in ("send", "recv")]

@@ -33,17 +33,6 @@ from collectives.tools.timeline.summary import account, straggler, summarize
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def record(tmp_path):
-    """Record into tmp_path/timeline while the test runs; yields that folder."""
-    folder = tmp_path / "timeline"
-    tl.start(folder)
-    try:
-        yield folder
-    finally:
-        tl.stop()
-
-
 def _events(folder: Path) -> list[dict]:
     tl.stop()
     return traces.merge(folder)["traceEvents"]
