@@ -256,9 +256,12 @@ def test_a_closed_pipe_ends_quietly():
 
 @pytest.mark.parametrize("mode", ["devices", "spmd"])
 def test_ctrl_c_ends_the_bench_in_one_line(mode):
+    # (SIGINT's default action restored: a shell runs background jobs with SIGINT ignored,
+    # and the child would inherit that)
     proc = subprocess.Popen([sys.executable, "-m", "collectives.tools.cli", "bench", "--mode",
                              mode, "-n", "2", "-b", "4K", "-e", "64M"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:  # the first row: the sweep is under way
         if not line.startswith("#"):
             break
