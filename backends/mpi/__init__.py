@@ -88,8 +88,10 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     from . import abort
     from .transport import MPITransport
 
+    if not isinstance(hang_guard, bool):
+        raise TypeError(f"hang_guard={hang_guard!r} must be True or False")
     abort.install(abort_on_error)
-    guard.ENABLED = bool(hang_guard)  # (for this communicator and those made after it)
+    guard.ENABLED = hang_guard  # (for this communicator and those made after it)
     comm = MPI.COMM_WORLD if comm is None else comm
     # MPI's own gather, so the user's calls count from 1: each rank's version, and its host and
     # whether it records a timeline (the ranks' clocks are lined up then)

@@ -100,11 +100,13 @@ static PyObject *Hot_run(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     memcpy(self->head, x.buf, (size_t)self->nbytes);
     PyBuffer_Release(&x);
     memcpy(self->tail, self->mine, (size_t)self->tail_bytes);
+    /* MPI's calls run without the GIL, the first ones too: one that never returns (MPICH's
+       MPI_Test may not, once a peer died) must leave the hang guard's thread able to run */
+    Py_BEGIN_ALLOW_THREADS
     rc = self->start(self->request);
     if (!rc)
         rc = self->test(self->request, &flag, self->status);
     if (!rc && !flag) {
-        Py_BEGIN_ALLOW_THREADS
         double now = seconds(), spin = now + self->spin, hold = now + self->hold;
         while (!rc && !flag) {
             now = seconds();
@@ -115,8 +117,8 @@ static PyObject *Hot_run(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
             }
             rc = self->test(self->request, &flag, self->status);
         }
-        Py_END_ALLOW_THREADS
     }
+    Py_END_ALLOW_THREADS
     if (rc) {
         PyBuffer_Release(&out);
         return PyLong_FromLong(-(long)rc);

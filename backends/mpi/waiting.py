@@ -19,9 +19,11 @@ its hot path spin 0 s), as Open MPI's ``mpi_yield_when_idle`` does on such a nod
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 SPIN_SECONDS = 50e-6  # spin this long on a fresh wait
@@ -38,12 +40,29 @@ def usable_cores() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def cpu_quota() -> float | None:
+    """The cores' worth of time this process's control group may use (cgroup v2's
+    ``cpu.max``, a container's ``--cpus``), or None where it sets no limit."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
 def node_oversubscribed(node: Any) -> bool:
-    """Whether the ranks of ``node`` (an mpi4py communicator of the ranks sharing this node)
-    outnumber the cores they may run on together (collective over ``node``). Ranks bound to
-    a core each are not, however few cores each sees."""
-    cores = set().union(*node.allgather(sorted(usable_cores())))
-    return node.Get_size() > len(cores)
+    """Whether this rank shares its cores with more ranks than there are cores among them
+    (collective over ``node``, an mpi4py communicator of the ranks on this node): the ranks
+    whose CPU affinity overlaps this rank's, against the cores they may run on together (at
+    most the control group's CPU quota). Ranks bound to a core each are not oversubscribed,
+    however few cores each sees; two ranks bound to one core are, whatever the others do."""
+    mine = usable_cores()
+    sharing = [set(cores) for cores in node.allgather(sorted(mine)) if mine & set(cores)]
+    cores = float(len(set().union(*sharing)))
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1.0, math.ceil(quota)))
+    return len(sharing) > cores
 
 
 class Idler(threading.local):

@@ -48,6 +48,9 @@ class NcclTransport:
     # the library's schedules (send/recv) and NCCL's collectives run one after another on the
     # one stream: their rounds take a native turn, so every rank issues them in one order
     schedules_in_native_order = True
+    # its agreements, notices and activity go over MPI, whose calls may never return once a
+    # peer died: the hang guard (collectives.runtime.hang_guard) ends such a rank
+    calls_may_not_return = True
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):

@@ -73,7 +73,8 @@ class Engine:
         self.waits: dict[int, tuple[float, float, Operation]] = {}
         self.entered = 0
         self.claim_timeout: Any = None
-        hang_guard.watch(self)
+        self.beat = 0.0  # when the progress thread last began a round
+        self.guarded = hang_guard.watch(self)
 
     # --- entering a call ----------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class Engine:
         transport = self.transport
         start = time.monotonic()
         deadline = start + timeout
-        watched = hang_guard.waiting(self, deadline, timeout, op)
+        watched = hang_guard.waiting(self, deadline, timeout, op) if self.guarded else None
         try:
             while not op.finished:
                 self.progress()
@@ -227,7 +228,8 @@ class Engine:
                     break
                 transport.idle(waited)
         finally:
-            hang_guard.done_waiting(self, watched)
+            if watched is not None:
+                hang_guard.done_waiting(self, watched)
         if op in self.inflight:
             with self.state:
                 if op in self.inflight:
@@ -279,7 +281,8 @@ class Engine:
         agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
         deadline = time.monotonic() + self.timeout
         # (this wait may outlast the one that found the dispute: the hang guard follows it)
-        watched = hang_guard.waiting(self, deadline, self.timeout, op)
+        watched = (hang_guard.waiting(self, deadline, self.timeout, op) if self.guarded
+                   else None)
         try:
             while not agreement.advance():
                 failure = self.transport.poll_failure()
@@ -296,7 +299,8 @@ class Engine:
             self._broke(exc, op.seq)
             return
         finally:
-            hang_guard.done_waiting(self, watched)
+            if watched is not None:
+                hang_guard.done_waiting(self, watched)
 
     def _time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)

@@ -6,32 +6,39 @@ that never returns leaves nothing to enforce it: over libfabric, MPICH's ``MPI_T
 a C call, so such a rank would hang, and with it the whole job.
 
 Where the transport says its calls may not return (``Transport.calls_may_not_return``: MPI's
-does), one daemon thread per process watches every engine, and looks every ``PERIOD`` seconds
-at two things:
+and NCCL's host side, which talks over MPI), one daemon thread per process watches every
+engine, and looks every ``PERIOD`` seconds at three things:
 
 * each wait of the engine (``Engine.wait``, a late agreement): still running ``grace`` seconds
   after its own deadline;
+* the progress thread of asynchronous calls (``progress_thread.py``), while calls are in
+  flight: no new round for longer than the communicator's timeout plus ``grace`` (a round
+  never blocks);
 * the engine's claim on the communicator (``Engine.busy``, held from a call's entry to its
   return, the hot path's spin included): held by one call (the same ``seq`` and entry count)
-  for longer than that call's timeout plus ``grace``, outside any wait.
+  outside any wait for longer than its timeout (the call's or the communicator's, whichever is
+  longer: the engine sets no deadline on a call's preparation) plus ``grace``.
 
-Either, for ``CONFIRM`` seconds on end, means a thread that has not come back from the
+Any of them, for ``CONFIRM`` seconds on end, means a thread that has not come back from the
 transport in time (the engine's own timeout path, asking peers and telling them, takes well
 under a second; a process stopped past its deadline and resumed gets those seconds to raise
 its timeout itself). The guard then writes a report to stderr in one write (the call, how
-late, the stuck thread's Python stack, or every thread's where the call's claim is what it
-saw: the innermost frame shows which transport call never returned), records it on the
-timeline and flushes it, and ends the process with ``os._exit(EXIT_CODE)``. Under
-``mpiexec`` the launcher then ends the job's other ranks, as it does for any rank that dies.
+late, every thread's Python stack, the stuck one first where it is known: its innermost frame
+shows which transport call never returned), records it on the timeline, and ends the process
+with ``os._exit(EXIT_CODE)``. Under ``mpiexec`` the launcher then ends the job's other ranks,
+as it does for any rank that dies.
 
-``grace`` is ``max(MIN_GRACE, GRACE_SHARE * timeout)``. ``COLLECTIVES_HANG_GUARD=off`` turns
-the guard off; a number there sets ``grace`` in seconds. ``collectives.backends.mpi.init(
-hang_guard=False)`` turns it off for communicators created after it. (NCCL's calls are
-enqueued and return: its transport turns stuck kernels into errors itself.)
+The guard needs the GIL: a transport's C calls that may block must release it (mpi4py's do, and
+so does the compiled hot path, ``_hot.c``).
+
+``grace`` is ``max(MIN_GRACE, GRACE_SHARE * timeout)``. ``COLLECTIVES_HANG_GUARD=off`` (or 0)
+turns the guard off; a number there sets ``grace`` in seconds. ``collectives.backends.mpi.init(
+hang_guard=False)`` turns it off for communicators created after it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -63,15 +70,15 @@ def setting() -> float | None:
     value = os.environ.get(ENV, "").strip().lower()
     if not value:
         return None
-    if value in ("off", "no", "false", "0"):
+    if value in ("off", "no", "false"):
         return 0.0
     try:
         grace = float(value)
     except ValueError:
-        raise ValueError(f"{ENV}={value!r} must be 'off' or the grace in seconds (a positive "
-                         "number)") from None
-    if not grace > 0:
-        raise ValueError(f"{ENV}={value!r} must be 'off' or a positive number of seconds")
+        grace = -1.0
+    if not (grace >= 0 and math.isfinite(grace)):
+        raise ValueError(f"{ENV}={value!r} must be 'off' (or 0) or the grace in seconds, a "
+                         "positive number")
     return grace
 
 
@@ -80,13 +87,15 @@ def grace(timeout: float) -> float:
     return _fixed or max(MIN_GRACE, GRACE_SHARE * timeout)
 
 
-def watch(engine: Any) -> None:
-    """Watch ``engine`` if its transport's calls may not return and the guard is on (a bad
-    ``COLLECTIVES_HANG_GUARD`` raises ``ValueError`` here, as the communicator is made)."""
+def watch(engine: Any) -> bool:
+    """Watch ``engine`` if its transport's calls may not return and the guard is on; whether
+    it is watched (a bad ``COLLECTIVES_HANG_GUARD`` raises ``ValueError`` here, as the
+    communicator is made)."""
+    if not (ENABLED and getattr(engine.transport, "calls_may_not_return", False)):
+        return False
     fixed = setting()
-    if not (ENABLED and getattr(engine.transport, "calls_may_not_return", False)
-            and fixed != 0.0):
-        return
+    if fixed == 0.0:
+        return False
     global _thread, _fixed
     with _lock:
         _fixed = fixed
@@ -94,6 +103,7 @@ def watch(engine: Any) -> None:
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, daemon=True, name="collectives-hang-guard")
             _thread.start()
+    return True
 
 
 def waiting(engine: Any, deadline: float, timeout: float, op: Any) -> tuple[int, Any]:
@@ -114,22 +124,36 @@ def done_waiting(engine: Any, watched: tuple[int, Any]) -> None:
 
 
 def _run() -> None:
-    suspects: dict[int, tuple] = {}  # id(engine) -> (the overdue call, when first seen)
+    suspects: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # (the call, first seen)
     while True:
         time.sleep(min(PERIOD, grace(0.0) / 4))
         now = time.monotonic()
-        for engine in list(_engines):
-            stuck = _overdue(engine, now)
-            if stuck is None:
-                suspects.pop(id(engine), None)
+        with _lock:
+            engines = list(_engines)
+        for engine in engines:
+            try:
+                stuck = _overdue(engine, now)
+                if stuck is None:
+                    suspects.pop(engine, None)
+                    continue
+                seen = suspects.get(engine)
+                if seen is None or seen[0] != stuck[-1]:
+                    # a process stopped past the deadline (SIGSTOP, a paused machine) and just
+                    # resumed looks the same: its own wait raises the timeout within CONFIRM
+                    suspects[engine] = (stuck[-1], now)
+                elif now - seen[1] >= CONFIRM:
+                    _end(engine, *stuck[:-1])
+            except Exception:  # noqa: BLE001, S112 - one odd engine must not end the guard
                 continue
-            seen = suspects.get(id(engine))
-            if seen is None or seen[0] != stuck[-1]:
-                # a process stopped past the deadline (SIGSTOP, a paused machine) and just
-                # resumed looks the same: its own wait raises the timeout within CONFIRM
-                suspects[id(engine)] = (stuck[-1], now)
-            elif now - seen[1] >= CONFIRM:
-                _end(engine, *stuck[:-1])
+
+
+def _seconds(value: Any, default: float) -> float:
+    """``value`` as seconds, where it is a usable timeout; else ``default``."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return seconds if seconds > 0 else default
 
 
 def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None, tuple] | None:
@@ -140,6 +164,12 @@ def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None, tu
     for thread, (deadline, timeout, op) in waits:
         if now > deadline + grace(timeout):
             return _describe(op), timeout, now - deadline, thread, (thread, deadline)
+    progress = engine.progress_thread
+    if progress is not None and engine.inflight:  # asynchronous calls, driven by that thread
+        silent = now - engine.beat
+        if silent > engine.timeout + grace(engine.timeout):
+            return ("the progress thread of its asynchronous calls", engine.timeout,
+                    silent - engine.timeout, progress.ident, ("progress", engine.beat))
     if waits or not engine.busy.locked():
         _held.pop(engine, None)
         return None
@@ -148,8 +178,8 @@ def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None, tu
     if seen is None or seen[0] != claim:
         _held[engine] = (claim, now)
         return None
-    given = engine.claim_timeout
-    timeout = float(given) if isinstance(given, (int, float)) and given > 0 else engine.timeout
+    # (outside a wait, the engine sets no deadline: a call's preparation may take a while)
+    timeout = max(_seconds(engine.claim_timeout, engine.timeout), engine.timeout)
     held = now - seen[1]
     if held > timeout + grace(timeout):
         return f"call {engine.seq}", timeout, held - timeout, None, claim
@@ -157,42 +187,40 @@ def _overdue(engine: Any, now: float) -> tuple[str, float, float, int | None, tu
 
 
 def _describe(op: Any) -> str:
-    try:
-        return f"call {op.seq}, {op.description}"
+    try:  # (a point-to-point message has no call number of its own)
+        return f"call {op.seq}, {op.description}" if op.breaking else op.description
     except Exception:  # noqa: BLE001 - the report must go out whatever went wrong
         return repr(op)
 
 
 def _end(engine: Any, what: str, timeout: float, late: float, thread: int | None) -> None:
     """Report the stuck call and end this process (never returns)."""
-    name = getattr(engine.transport, "name", type(engine.transport).__name__)
-    frames = sys._current_frames()
-    if thread in frames:  # (a wait's thread is known; a call's claim does not say whose it is)
-        stacks, whose = {thread: frames[thread]}, "the stuck thread's Python stack follows; its"
-    else:
-        mine = threading.get_ident()
-        stacks = {t: frame for t, frame in frames.items() if t != mine}
-        whose = "each thread's Python stack follows; the stuck one's"
-    report = (
-        f"collectives: rank {engine.rank} (pid {os.getpid()} on {socket.gethostname()}): "
-        f"hang guard: {what} is still running {late:.1f} s past its {timeout:g} s deadline: a "
-        f"call into the {name} transport has not returned ({whose} innermost frame is that "
-        "call). No exception can reach a thread inside it, so this process ends now with exit "
-        f"code {EXIT_CODE} instead of hanging; a launcher such as mpiexec then ends the other "
-        f"ranks. ({ENV}=off keeps waiting; a number there sets the grace in seconds.)\n")
-    for ident, frame in stacks.items():
-        report += (f"Thread {ident:#x} (most recent call last):\n"
-                   + "".join(traceback.format_stack(frame)))
     try:
+        name = getattr(engine.transport, "name", type(engine.transport).__name__)
+        report = (
+            f"collectives: rank {engine.rank} (pid {os.getpid()} on {socket.gethostname()}): "
+            f"hang guard: {what} is still running {late:.1f} s past its {timeout:g} s "
+            f"deadline: a call into the {name} transport has not returned (each thread's "
+            f"Python stack follows, {'the stuck one first' if thread else 'innermost frame last'}"
+            "). No exception can reach a thread inside such a call, so this process ends now "
+            f"with exit code {EXIT_CODE} instead of hanging; a launcher such as mpiexec then "
+            f"ends the other ranks. ({ENV}=off keeps waiting; a number there sets the grace "
+            "in seconds.)\n")
+        frames = sys._current_frames()
+        mine = threading.get_ident()
+        order = sorted((t for t in frames if t != mine), key=lambda t: t != thread)
+        for ident in order:
+            report += (f"Thread {ident:#x}{' (stuck)' if ident == thread else ''} (most recent "
+                       "call last):\n" + "".join(traceback.format_stack(frames[ident])))
+        # first, in one write: the report stays whole where a launcher merges ranks' output
+        data = report.encode(errors="replace")
+        while data:
+            data = data[os.write(2, data):]
         if recorder.ON:
             recorder.instant(recorder.participant(engine.rank), 0, "hang guard", "failure",
                              recorder.now(), {"call": what, "late_s": round(late, 3)})
             recorder.flush()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        # one write: the report stays whole where a launcher merges several ranks' output
-        data = report.encode(errors="replace")
-        while data:
-            data = data[os.write(2, data):]
+    except BaseException:  # noqa: BLE001, S110 - whatever fails here, the process must end
+        pass
     finally:
         os._exit(EXIT_CODE)

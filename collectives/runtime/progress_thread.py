@@ -26,6 +26,7 @@ def start(engine: Any) -> None:
             return
         thread = threading.Thread(target=_drive, args=(engine,), daemon=True,
                                   name=f"collectives-progress-{engine.rank}")
+        engine.beat = time.monotonic()
         engine.progress_thread = thread
         thread.start()
 
@@ -35,6 +36,7 @@ def _drive(engine: Any) -> None:
     idle_since = None
     transport = engine.transport
     while True:
+        engine.beat = time.monotonic()  # (a round that never ends: the hang guard looks)
         with engine.state:
             if not engine.inflight:
                 idle_since = idle_since or time.monotonic()

@@ -1,18 +1,24 @@
-"""Whether the transport finds its node oversubscribed, and waits without spinning then.
+"""Whether the transport finds its rank oversubscribed, and waits without spinning then.
 
-Usage: ``mpiexec -n N python oversubscribed.py``. Each rank prints ``OVERSUBSCRIBED rank R
-FLAG idle_spin=S hot_spin=S dup=FLAG``: the transport's finding, the spin of its waits and of
-its hot path, and a duplicate's finding (inherited), after a checked all-reduce.
+Usage: ``mpiexec -n N python oversubscribed.py [PINS]``; ``PINS``, as ``0,0,1``, binds each
+rank to one core of this process's (rank r to the PINS[r]-th) before MPI starts. Each rank
+prints ``OVERSUBSCRIBED rank R FLAG idle_spin=S hot_spin=S dup=FLAG``: the transport's
+finding, the spin of its waits and of its hot path, and a duplicate's finding (inherited),
+after a checked all-reduce.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
-from _common import Report
+from _common import WORLD, Report
 from collectives.backends import mpi
 
+if len(sys.argv) > 1:
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[int(sys.argv[1].split(",")[WORLD.rank])]})
 comm = mpi.init(timeout=60)
 report = Report("oversubscribed")
 x = np.arange(1000, dtype=np.float64) + comm.rank

@@ -8,7 +8,11 @@ communicator's: 30 s):
   as MPICH's ``MPI_Test`` does when it blocks after a peer died). The hang guard must end rank
   0 (exit code 124) with a report naming the call and the stuck frame, and the launcher the job.
 * ``stuck-entering``: the same, but the transport call that never returns comes as the call
-  starts (``publish_activity``), before any wait: the guard sees the call's claim held too long.
+  starts (``publish_activity``), before any wait: the guard sees the call's claim held too long
+  (here the communicator's timeout is 1 s too: the longer of the two counts outside a wait).
+* ``stuck-progress``: an asynchronous all-reduce whose progress thread never comes back from
+  the transport, while the caller polls ``is_completed()``: no wait, no claim, only the
+  progress thread's silence tells.
 * ``stopped``: rank 1 stops rank 0 (SIGSTOP) in its wait for 4 s, past the deadline and the
   grace, then resumes it: rank 0 must raise ``CollectiveTimeoutError`` itself, not be ended.
 * ``slow``: nothing is stuck; rank 1 joins after 3 s and rank 0 waits with ``timeout=10`` (or
@@ -32,7 +36,7 @@ from collectives.errors import CollectiveError, CollectiveTimeoutError
 
 case = sys.argv[1]
 # (stuck: the call's own timeout, 1 s, is the one the guard must go by, not this)
-comm = mpi.init(timeout=1.0 if case == "slow" else 30.0)
+comm = mpi.init(timeout=30.0 if case == "stuck" else 1.0)
 x = np.ones(1000, np.float32)
 for _ in range(3):
     comm.all_reduce(x)
@@ -44,11 +48,17 @@ if case.startswith("stuck"):
         def never_returns(*args: object) -> None:
             libc.sleep(600)
 
-        if case == "stuck":
-            comm.transport.idle = never_returns
-        else:
+        if case == "stuck-entering":
             comm.transport.publish_activity = never_returns
-        comm.all_reduce(x[:999], timeout=1.0)  # (a new signature: not the hot path)
+        else:
+            comm.transport.idle = never_returns
+        if case == "stuck-progress":
+            work = comm.all_reduce(x[:999], async_op=True)
+            polled = time.monotonic()
+            while not work.is_completed() and time.monotonic() - polled < 60:
+                time.sleep(0.01)
+        else:
+            comm.all_reduce(x[:999], timeout=1.0)  # (a new signature: not the hot path)
         print("rank 0 came back from a stuck call", flush=True)
     else:
         time.sleep(600)
