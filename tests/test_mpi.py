@@ -9,6 +9,7 @@ here on thread ranks, so both transports answer to the same checks.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from collectives.backends import mpi
 from collectives.backends.mpi import rider, tags, tuning
 
 import collectives
+from collectives import timeline as tl
 from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
 from collectives.runtime import hang_guard
@@ -168,12 +170,13 @@ def test_killed_rank_survivors_raise(algorithm):
 @pytest.mark.parametrize("case, call", [("stuck", r"call \d+, all_reduce\(.*\)"),
                                         ("stuck-entering", r"call \d+"),
                                         ("stuck-progress", r"the progress thread .*")])
-def test_rank_stuck_inside_the_transport_is_ended_by_the_hang_guard(case, call):
+def test_rank_stuck_inside_the_transport_is_ended_by_the_hang_guard(case, call, tmp_path):
     # rank 0's transport stops returning (as MPICH's MPI_Test may after a peer died) while it
     # waits, or as the call starts; no deadline of the engine can run, so the hang guard ends
-    # it 1 s past its 1 s deadline
+    # it 1 s past its 1 s deadline (and says so on the timeline it records)
     start = time.monotonic()
-    proc = launch("stuck.py", 2, case, env={hang_guard.ENV: "1"}, timeout=60)
+    proc = launch("stuck.py", 2, case, env={hang_guard.ENV: "1", tl.ENV: str(tmp_path)},
+                  timeout=60)
     took = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert took < 30, f"the job hung ({took:.0f} s)\n{out[-3000:]}"
@@ -184,6 +187,10 @@ def test_rank_stuck_inside_the_transport_is_ended_by_the_hang_guard(case, call):
     assert report, out[-3000:]
     assert 1.0 + hang_guard.CONFIRM <= float(report[1]) < 15.0, report[0]
     assert f"exit code {hang_guard.EXIT_CODE}" in out, out[-3000:]
+    events = [json.loads(line.rstrip(",\n")) for path in tmp_path.glob("*.json")
+              for line in path.open() if '"hang guard"' in line]
+    assert [e["args"]["call"] for e in events] == [report[0].split("hang guard: ")[1]
+                                                   .split(" is still")[0]], events
     # the stack dump's innermost frame is the call that never returned
     assert re.search(r'File ".*stuck\.py", line \d+,? in never_returns', out), out[-3000:]
 
