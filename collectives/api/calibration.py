@@ -4,9 +4,9 @@
 
 * the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
 * per link class present, on a communicator of just the ranks it is measured on (``local``:
-  every rank of a host, all busy at once as in a collective, so a round's latency includes
-  what they cost one another, e.g. on a node with more ranks than cores; ``net``: a rank of
-  each of two hosts), through the library's own schedules (so Python's share is in the
+  every rank of a host, every host at once, all busy as in a collective, so a round's
+  latency includes what they cost one another, e.g. on a node with more ranks than cores;
+  ``net``: a rank of each of two hosts), through the library's own schedules (so Python's share is in the
   numbers): the tree's and the ring's all-reduces of a few bytes and the ring's of 4 MiB,
   from which ``calibration_links`` solves the class's ``alpha`` and ``beta`` and the
   per-message ``overhead`` so that the model predicts those very times;
@@ -69,28 +69,32 @@ def cache_file(key: dict) -> Path:
     return cache_dir() / f"fabric-{digest}.json"
 
 
-def _groups(comm: Any) -> dict[str, tuple[int, ...]]:
-    """The ranks each link class present is measured on: ``local``, every rank of the first
-    host with more than one (all busy at once, as in a collective); ``net``, the first rank
-    of each of two hosts."""
+def _groups(comm: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The ranks each link class present is measured on, groups measured at once (the
+    first's numbers count): ``local``, every host of more than one rank, each host's ranks
+    together (every rank busy, as in a collective: where "hosts" share cores, one host's
+    alone would have them to itself); ``net``, the first rank of each of two hosts."""
     placement = comm.placement
     out = {}
     hosts = placement.hosts.groups if placement.hosts is not None else (tuple(range(comm.size)),)
-    local = next((g for g in hosts if len(g) > 1), None)
-    if local is not None:
-        out["local"] = tuple(local)
+    local = tuple(tuple(g) for g in hosts if len(g) > 1)
+    if local:
+        out["local"] = local
     if len(hosts) > 1:
-        out["net"] = (hosts[0][0], hosts[1][0])
+        out["net"] = ((hosts[0][0], hosts[1][0]),)
     return out
 
 
-def _on(comm: Any, members, task) -> Any:
-    """``task(sub)`` on a communicator of ``members`` only (None elsewhere); collective."""
-    sub = comm.split(0 if comm.rank in members else None, comm.rank)
+def _on(comm: Any, groups, task) -> Any:
+    """``task(sub)`` on a communicator of each group's ranks, all at once; the first group's
+    answer (None elsewhere); collective."""
+    mine = next((i for i, g in enumerate(groups) if comm.rank in g), None)
+    sub = comm.split(mine, comm.rank)
     if sub is None:
         return None
     with sub:
-        return task(sub)
+        got = task(sub)
+    return got if mine == 0 else None
 
 
 def _gamma(comm: Any, dtype: str, repeats: int) -> float:
@@ -179,8 +183,8 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     with solo:
         found["call"] = all_reduce_time(solo, "ring", 1, 8, repeats)
     groups = _groups(comm)
-    for kind, members in groups.items():
-        got = _on(comm, members, lambda sub: link_times(sub, repeats))
+    for kind, measured_on in groups.items():
+        got = _on(comm, measured_on, lambda sub: link_times(sub, repeats))
         if got is not None:
             found.update({f"{kind}.{k}": v for k, v in got.items()})
     gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
@@ -205,7 +209,7 @@ def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any
         if f"{kind}.one" not in found:
             continue
         times = {k: found[f"{kind}.{k}"] for k in probes(2)}
-        links[kind], o = solve(times, call, gamma, len(groups[kind]), base.serial)
+        links[kind], o = solve(times, call, gamma, len(groups[kind][0]), base.serial)
         overheads.append(o)
     changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,
                      "gammas": gammas, "measured": measured, "raw": tuple(sorted(found.items())),

@@ -69,9 +69,9 @@ def all_reduce_time(comm: Any, algorithm: str, shards: int, nbytes: int, repeats
 
 def link_times(comm: Any, repeats: int) -> dict[str, float]:
     """Every probe's seconds on ``comm`` (collective; all its ranks take part), close together
-    in time."""
-    return {name: all_reduce_time(comm, algorithm, shards, nbytes,
-                                  max(repeats // 2, 3) if name == "big" else repeats)
+    in time; ``repeats`` of each (the median counts: every rank of a busy host streaming at
+    once is the probe a burst of noise hits hardest)."""
+    return {name: all_reduce_time(comm, algorithm, shards, nbytes, repeats)
             for name, (algorithm, shards, nbytes) in probes(comm.size).items()}
 
 
