@@ -37,7 +37,7 @@ import numpy as np
 from ..algorithms.cost import Fabric
 from ..hints import Calibrate
 from ..ops import ReduceOp
-from .calibration_links import all_reduce_time, link_times, probes, solve, timed
+from .calibration_links import PROBES, all_reduce_time, link_times, solve, timed
 
 ENV = "COLLECTIVES_CALIBRATE"
 CACHE_ENV = "COLLECTIVES_CACHE_DIR"
@@ -45,6 +45,7 @@ NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
 GAMMA_BYTES = 4 << 20
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
+METHOD = 2  # 1: the local link measured on a pair of ranks alone; 2: on every rank of a host
 
 
 def cache_dir() -> Path:
@@ -58,10 +59,11 @@ def cache_dir() -> Path:
 
 
 def host_set(comm: Any) -> dict:
-    """What the numbers belong to: the transport, and every rank's host (collective)."""
+    """What the numbers belong to: the transport, and every rank's host (collective); and
+    how they were measured (``METHOD``: caches of an older method are not read)."""
     hosts = comm.all_gather_object(socket.gethostname())
     return {"transport": comm.transport.name, "size": comm.size, "hosts": hosts,
-            "processes": comm.placement.processes}
+            "processes": comm.placement.processes, "method": METHOD}
 
 
 def cache_file(key: dict) -> Path:
@@ -208,7 +210,7 @@ def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any
     for kind in ("local", "net"):
         if f"{kind}.one" not in found:
             continue
-        times = {k: found[f"{kind}.{k}"] for k in probes(2)}
+        times = {k: found[f"{kind}.{k}"] for k in PROBES}
         links[kind], o = solve(times, call, gamma, len(groups[kind][0]), base.serial)
         overheads.append(o)
     changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,

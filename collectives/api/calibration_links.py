@@ -32,7 +32,8 @@ from ..algorithms.schedule import Collective
 
 STREAM_BYTES = 4 << 20
 TARGET_SECONDS = 0.01  # a repeat runs about this long
-SMALL = ("tree", "one", "eight")  # bytes cost next to nothing: alpha and overhead only
+PROBES = ("tree", "one", "eight", "big")
+SMALL = PROBES[:3]  # bytes cost next to nothing: alpha and overhead only
 
 
 def probes(n: int) -> dict[str, tuple[str, int, int]]:
