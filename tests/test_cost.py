@@ -16,7 +16,7 @@ from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement, interpolate
 from collectives.algorithms.sampling import predict, predict_native
 from collectives.algorithms.schedule import Collective
-from collectives.api import calibration
+from collectives.api import calibration, calibration_links
 from collectives.tools import cli
 
 B = 1 << 20
@@ -223,6 +223,28 @@ def test_calibration_on_thread_ranks_is_shared_and_cached(tmp_path, monkeypatch)
     assert {k for k, _ in first.raw} >= {"call", "local.tree", "local.one", "local.big"}
     files = list(tmp_path.glob("fabric-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["size"] == 2
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_calibration_solves_the_constants_the_model_prices_its_probes_with(n):
+    """The probes' times as the model predicts them on n ranks give back its constants (the
+    measurement and the model agree at any group size) but for their few bytes' cost; on two
+    ranks the charges are the pair's: tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a
+    + 32o, big = one + S beta + S/2 gamma."""
+    link, over = Link(40e-6, 1 / 3e9), 7e-6
+    fabric = Fabric(host=link, gamma=GAMMA, overhead=over, call_overhead=CALL)
+    times = {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
+                           shards=shards).seconds
+             for name, (algorithm, shards, nbytes) in calibration_links.probes(n).items()}
+    got, got_over = calibration_links.solve(times, CALL, GAMMA, n)
+    near = lambda a, b: abs(a - b) <= 0.01 * b  # noqa: E731 (the few bytes' cost is neglected)
+    assert near(got.alpha, link.alpha) and near(got.beta, link.beta) and near(got_over, over)
+    if n == 2:
+        k = calibration_links.coefficients(2)
+        S = calibration_links.STREAM_BYTES
+        assert [k[p][:2] for p in ("tree", "one", "eight", "big")] == [(2, 2), (2, 4), (2, 32),
+                                                                       (2, 4)]
+        assert k["big"][2:] == (S, S / 2)
 
 
 def test_probe_command_prints_the_links(tmp_path, monkeypatch, capsys):

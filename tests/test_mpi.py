@@ -106,9 +106,13 @@ def test_compiled_hot_path_is_built_here():
 
 
 @needs_mpi
-def test_calibration_times_mpi_and_auto_weighs_it(tmp_path):
-    assert_passed(launch("calibrated.py", 2, env={"COLLECTIVES_CACHE_DIR": str(tmp_path)}),
-                  "calibrated")
+@pytest.mark.parametrize("n, ranks_per_node", [(2, None), (3, None), (4, 2)])
+def test_calibration_times_mpi_and_auto_weighs_it(tmp_path, n, ranks_per_node):
+    # 3 ranks on a machine of 2 cores: oversubscribed; 4 in 2 simulated hosts: the net class
+    env = {"COLLECTIVES_CACHE_DIR": str(tmp_path)}
+    if ranks_per_node:
+        env[mpi.ENV_RANKS_PER_NODE] = str(ranks_per_node)
+    assert_passed(launch("calibrated.py", n, env=env), "calibrated")
 
 
 @needs_mpi

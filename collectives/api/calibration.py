@@ -3,12 +3,13 @@
 ``measure`` times, on the running communicator (collective over it):
 
 * the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
-* per link class present (``proc``/``host``: two ranks of one host; ``net``: rank 0 and a
-  rank of another host), on a communicator of just that pair, through the library's own
-  schedules (so Python's share is in the numbers): **ping-pong** (the tree's all-reduce of 8
-  bytes: one message there, one back), the ring's two rounds of a message each way and of 8
-  (a round's latency ``alpha`` and the per-message overhead), and **streaming** (the ring's
-  all-reduce of 4 MiB: ``beta``);
+* per link class present, on a communicator of just the ranks it is measured on (``local``:
+  every rank of a host, every host at once, all busy as in a collective, so a round's
+  latency includes what they cost one another, e.g. on a node with more ranks than cores;
+  ``net``: a rank of each of two hosts), through the library's own schedules (so Python's share is in the
+  numbers): the tree's and the ring's all-reduces of a few bytes and the ring's of 4 MiB,
+  from which ``calibration_links`` solves the class's ``alpha`` and ``beta`` and the
+  per-message ``overhead`` so that the model predicts those very times;
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
@@ -33,18 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.cost import Fabric, Link
+from ..algorithms.cost import Fabric
 from ..hints import Calibrate
 from ..ops import ReduceOp
+from .calibration_links import PROBES, all_reduce_time, link_times, solve, timed
 
 ENV = "COLLECTIVES_CALIBRATE"
 CACHE_ENV = "COLLECTIVES_CACHE_DIR"
 NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
-STREAM_BYTES = 4 << 20
 GAMMA_BYTES = 4 << 20
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
-TARGET_SECONDS = 0.01  # a repeat runs about this long
+METHOD = 2  # 1: the local link measured on a pair of ranks alone; 2: on every rank of a host
 
 
 def cache_dir() -> Path:
@@ -58,10 +59,11 @@ def cache_dir() -> Path:
 
 
 def host_set(comm: Any) -> dict:
-    """What the numbers belong to: the transport, and every rank's host (collective)."""
+    """What the numbers belong to: the transport, and every rank's host (collective); and
+    how they were measured (``METHOD``: caches of an older method are not read)."""
     hosts = comm.all_gather_object(socket.gethostname())
     return {"transport": comm.transport.name, "size": comm.size, "hosts": hosts,
-            "processes": comm.placement.processes}
+            "processes": comm.placement.processes, "method": METHOD}
 
 
 def cache_file(key: dict) -> Path:
@@ -69,44 +71,32 @@ def cache_file(key: dict) -> Path:
     return cache_dir() / f"fabric-{digest}.json"
 
 
-def _timed(comm: Any, fn, repeats: int) -> float:
-    """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
-    a call typically costs on this job, as the benchmarks report it."""
-    fn()  # agreement, plans, buffers
-    start = time.perf_counter()
-    fn()
-    once = comm.all_reduce(np.array([time.perf_counter() - start]), "max")[0]
-    iters = int(min(max(TARGET_SECONDS / max(once, 1e-7), 1), 500))
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        times.append((time.perf_counter() - start) / iters)
-    return float(statistics.median(comm.all_reduce(np.array(times), "max")))
-
-
-def _pairs(comm: Any) -> dict[str, tuple[int, int]]:
-    """One pair of ranks per link class present: ``local`` (one host), ``net`` (two)."""
+def _groups(comm: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The ranks each link class present is measured on, groups measured at once (the
+    first's numbers count): ``local``, every host of more than one rank, each host's ranks
+    together (every rank busy, as in a collective: where "hosts" share cores, one host's
+    alone would have them to itself); ``net``, the first rank of each of two hosts."""
     placement = comm.placement
     out = {}
     hosts = placement.hosts.groups if placement.hosts is not None else (tuple(range(comm.size)),)
-    local = next((g for g in hosts if len(g) > 1), None)
-    if local is not None:
-        out["local"] = (local[0], local[1])
+    local = tuple(tuple(g) for g in hosts if len(g) > 1)
+    if local:
+        out["local"] = local
     if len(hosts) > 1:
-        out["net"] = (hosts[0][0], hosts[1][0])
+        out["net"] = ((hosts[0][0], hosts[1][0]),)
     return out
 
 
-def _on(comm: Any, members, task) -> Any:
-    """``task(sub)`` on a communicator of ``members`` only (None elsewhere); collective."""
-    sub = comm.split(0 if comm.rank in members else None, comm.rank)
+def _on(comm: Any, groups, task) -> Any:
+    """``task(sub)`` on a communicator of each group's ranks, all at once; the first group's
+    answer (None elsewhere); collective."""
+    mine = next((i for i, g in enumerate(groups) if comm.rank in g), None)
+    sub = comm.split(mine, comm.rank)
     if sub is None:
         return None
     with sub:
-        return task(sub)
+        got = task(sub)
+    return got if mine == 0 else None
 
 
 def _gamma(comm: Any, dtype: str, repeats: int) -> float:
@@ -143,7 +133,7 @@ def _natives(comm: Any, sizes, repeats: int, which) -> list:
             count = max(nbytes // 4 // comm.size, 1) * comm.size
             x = np.ones(count, np.float32)
             fn = _native_call(comm, collective, x)
-            points.append((count * 4, _timed(comm, fn, repeats)))
+            points.append((count * 4, timed(comm, fn, repeats)))
         out.append(("native", collective, comm.size, tuple(points)))
     return out
 
@@ -193,9 +183,10 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     found: dict[str, float] = {}
     solo = comm.split(comm.rank, 0)
     with solo:
-        found["call"] = _all_reduce(solo, "ring", 1, 8, repeats)
-    for kind, pair in _pairs(comm).items():
-        got = _on(comm, pair, lambda sub: _pair_times(sub, repeats))
+        found["call"] = all_reduce_time(solo, "ring", 1, 8, repeats)
+    groups = _groups(comm)
+    for kind, measured_on in groups.items():
+        got = _on(comm, measured_on, lambda sub: link_times(sub, repeats))
         if got is not None:
             found.update({f"{kind}.{k}": v for k, v in got.items()})
     gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
@@ -204,44 +195,24 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     for part in everything:
         for key, value in part.items():
             found.setdefault(key, value)
-    fabric = comm.broadcast_object(_fabric(base, found, gammas, measured, comm) if comm.rank == 0
-                                   else None, 0)
+    fabric = comm.broadcast_object(_fabric(base, found, gammas, measured, comm, groups)
+                                   if comm.rank == 0 else None, 0)
     return fabric
 
 
-def _all_reduce(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
-    x = np.zeros(max(nbytes // 4, 1), np.float32)
-    out = np.empty_like(x)
-    return _timed(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
-                  repeats)
-
-
-def _pair_times(sub: Any, repeats: int) -> dict[str, float]:
-    """Two ranks' all-reduces, close together in time: the tree's two rounds of one message
-    (``tree``), the ring's two rounds of a message each way (``one``) or of 8 (``eight``),
-    all of 8 bytes, and the ring's of ``STREAM_BYTES`` (``big``)."""
-    return {"tree": _all_reduce(sub, "tree", 0, 8, repeats),
-            "one": _all_reduce(sub, "ring", 1, 8, repeats),
-            "eight": _all_reduce(sub, "ring", 8, 64, repeats),
-            "big": _all_reduce(sub, "ring", 1, STREAM_BYTES, max(repeats // 2, 3))}
-
-
-def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any) -> Fabric:
-    """With ``c`` a call's own cost (``call``: a call on one rank), ``a`` a round's latency and
-    ``o`` a message's: tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o; and
-    big = one + 2 (S/2) beta + (S/2) gamma for S = STREAM_BYTES."""
+def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any,
+            groups: dict) -> Fabric:
+    """The constants that make the model predict what ``found`` measured (``call``: a call
+    on one rank; ``KIND.PROBE``: ``calibration_links``'s probes on the class's group)."""
     call = found["call"]
     gamma = dict(gammas)["float32"]
     links, overheads = {}, []
     for kind in ("local", "net"):
         if f"{kind}.one" not in found:
             continue
-        tree, one, eight, big = (found[f"{kind}.{k}"] for k in ("tree", "one", "eight", "big"))
-        o = max(((eight - one) / 28 + (one - tree) / 2) / 2, 0.0)
-        a = max((one - call - 4 * o) / 2, 1e-7)
+        times = {k: found[f"{kind}.{k}"] for k in PROBES}
+        links[kind], o = solve(times, call, gamma, len(groups[kind][0]), base.serial)
         overheads.append(o)
-        beta = (big - one - STREAM_BYTES / 2 * gamma) / STREAM_BYTES
-        links[kind] = Link(a, max(beta, 1e-13))
     changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,
                      "gammas": gammas, "measured": measured, "raw": tuple(sorted(found.items())),
                      "source": f"measured {datetime.date.today().isoformat()} "

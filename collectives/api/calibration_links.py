@@ -1,0 +1,128 @@
+"""Calibration of one link class: time a few all-reduces on a group of ranks, and solve the
+class's constants through the cost model's own pricing of those very plans.
+
+The group is every rank that a collective over that class keeps busy at once (all the ranks
+of a host for the ``local`` class), so a round's measured latency includes what they cost
+one another: on a node with more ranks than cores, a round waits for its peers to be
+scheduled, which a pair of ranks alone on the cores never sees. The probes, on ``n`` ranks:
+
+* ``tree``: the tree's all-reduce of ``4 n`` bytes;
+* ``one`` and ``eight``: the ring's of ``4 n`` bytes in one sub-chunk and of ``32 n`` in 8
+  (the same rounds, 8 times the messages: a round's latency ``alpha`` and a message's
+  ``overhead`` apart);
+* ``big``: the ring's of ``STREAM_BYTES`` (``beta``).
+
+How many rounds, messages and bytes the model charges each probe is read off the model
+itself (``coefficients``: each probe priced with one constant at 1 and the others at 0), so
+the solved constants make the model predict the probes' measured times. On two ranks this is
+tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o, big = one + S beta + S/2 gamma.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..algorithms.cost import Fabric, Link, Placement
+from ..algorithms.sampling import predict
+from ..algorithms.schedule import Collective
+
+STREAM_BYTES = 4 << 20
+TARGET_SECONDS = 0.01  # a repeat runs about this long
+PROBES = ("tree", "one", "eight", "big")
+SMALL = PROBES[:3]  # bytes cost next to nothing: alpha and overhead only
+
+
+def probes(n: int) -> dict[str, tuple[str, int, int]]:
+    """The all-reduces timed on ``n`` ranks: name -> (algorithm, sub-chunks, bytes)."""
+    return {"tree": ("tree", 0, 4 * n), "one": ("ring", 1, 4 * n),
+            "eight": ("ring", 8, 32 * n), "big": ("ring", 1, STREAM_BYTES)}
+
+
+def timed(comm: Any, fn, repeats: int) -> float:
+    """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
+    a call typically costs on this job, as the benchmarks report it."""
+    fn()  # agreement, plans, buffers
+    start = time.perf_counter()
+    fn()
+    once = comm.all_reduce(np.array([time.perf_counter() - start]), "max")[0]
+    iters = int(min(max(TARGET_SECONDS / max(once, 1e-7), 1), 500))
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - start) / iters)
+    return float(statistics.median(comm.all_reduce(np.array(times), "max")))
+
+
+def all_reduce_time(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
+    """Seconds per float32 all-reduce of ``nbytes`` by ``algorithm`` on ``comm`` (collective)."""
+    x = np.zeros(max(nbytes // 4, 1), np.float32)
+    out = np.empty_like(x)
+    return timed(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
+                 repeats)
+
+
+def link_times(comm: Any, repeats: int) -> dict[str, float]:
+    """Every probe's seconds on ``comm`` (collective; all its ranks take part), close together
+    in time; ``repeats`` of each (the median counts: every rank of a busy host streaming at
+    once is the probe a burst of noise hits hardest)."""
+    return {name: all_reduce_time(comm, algorithm, shards, nbytes, repeats)
+            for name, (algorithm, shards, nbytes) in probes(comm.size).items()}
+
+
+class Charge(NamedTuple):
+    """What the model charges a probe per unit of each constant (the call's own cost once)."""
+
+    alpha: float
+    overhead: float
+    beta: float
+    gamma: float
+
+
+def coefficients(n: int, serial: bool = False) -> dict[str, Charge]:
+    """Per probe on ``n`` ranks of one host, its price with ``alpha``, ``overhead``, ``beta``
+    and ``gamma`` each at 1 in turn (the others at 0): how many rounds, messages, bytes moved
+    and bytes reduced lie on its critical path."""
+    still = Link(0.0, 0.0)
+    zero = Fabric(still, still, still, gamma=0.0, overhead=0.0, round_overhead=0.0,
+                  call_overhead=0.0, serial=serial)
+    units = (Fabric(still, Link(1.0, 0.0), still, gamma=0.0, serial=serial),
+             Fabric(still, still, still, gamma=0.0, overhead=1.0, serial=serial),
+             Fabric(still, Link(0.0, 1.0), still, gamma=0.0, serial=serial),
+             Fabric(still, still, still, gamma=1.0, serial=serial))
+    placement = Placement(n)
+    out = {}
+    for name, (algorithm, shards, nbytes) in probes(n).items():
+        prices = [predict(Collective.ALL_REDUCE, algorithm, n, nbytes, unit, placement,
+                          shards=shards).seconds - predict(Collective.ALL_REDUCE, algorithm, n,
+                                                           nbytes, zero, placement,
+                                                           shards=shards).seconds
+                  for unit in units]
+        out[name] = Charge(*prices)
+    return out
+
+
+def solve(times: dict[str, float], call: float, gamma: float, n: int,
+          serial: bool = False) -> tuple[Link, float]:
+    """The link (``alpha``, ``beta``) and the per-message ``overhead`` that make the model
+    predict the probes' ``times`` on ``n`` ranks, given the call's own cost ``call`` and
+    ``gamma``: ``overhead`` from each pair of small probes the model tells apart (the mean),
+    ``alpha`` from ``one``, ``beta`` from ``big``."""
+    k = coefficients(n, serial)
+    rest = {name: times[name] - call for name in SMALL}
+    estimates = []
+    for x, y in (("one", "eight"), ("tree", "one")):
+        det = k[x].alpha * k[y].overhead - k[y].alpha * k[x].overhead
+        if abs(det) > 1e-9 * max(k[x].alpha * k[y].overhead, 1.0):
+            estimates.append((k[x].alpha * rest[y] - k[y].alpha * rest[x]) / det)
+    o = max(statistics.fmean(estimates), 0.0) if estimates else 0.0
+    a = max((rest["one"] - k["one"].overhead * o) / k["one"].alpha, 1e-7)
+    big = k["big"]
+    beta = (times["big"] - call - big.alpha * a - big.overhead * o - big.gamma * gamma) / big.beta
+    return Link(a, max(beta, 1e-13)), o
