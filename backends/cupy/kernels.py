@@ -34,14 +34,13 @@ MAX_ARITY = 16  # sources per kernel launch; longer combines run as several laun
 # MAX/MIN template serves integers, booleans and every float type. The generic form is
 # ``x != x`` (false for integers and booleans, true for a NaN of any IEEE type): bfloat16
 # (CuPy's ``bfloat16`` class, from a header CuPy includes only for bfloat16 kernels, after
-# this preamble) compares as float and needs no overload naming it. CuPy's ``float16`` class has
-# no ``isnan`` of its own: it is tested as the float it converts to (exact: every half NaN is
-# a float NaN).
+# this preamble) compares as float and needs no overload naming it; nor does float16, whose
+# ``isnan`` and ``float`` conversion NVRTC refused on an H100 (CUDA 13, CuPy 14.2), while its
+# comparisons are those of every float16 kernel CuPy compiles.
 PREAMBLE = r"""
 template <typename T> __device__ __forceinline__ bool coll_isnan(const T& x) { return x != x; }
 __device__ __forceinline__ bool coll_isnan(const float& x) { return isnan(x); }
 __device__ __forceinline__ bool coll_isnan(const double& x) { return isnan(x); }
-__device__ __forceinline__ bool coll_isnan(const float16& x) { return isnan(float(x)); }
 
 template <typename T> __device__ __forceinline__ T coll_sum(const T& a, const T& b) {
   return (T)(a + b);
