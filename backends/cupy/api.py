@@ -20,6 +20,7 @@ devices (NCCL's AVG is never used), so results match the NumPy backend's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,16 +47,16 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one CuPy array per device, "
                         f"not {type(values).__name__}")
-    values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
     ndarray = cupy_module().ndarray
     for i, v in enumerate(values):
         if not isinstance(v, ndarray):
+            as_array(v, f"{argument}[{i}]")  # None, a list of arrays: its own message
             raise TypeError(
                 f"{argument}[{i}] is a {type(v).__module__}.{type(v).__name__}; these calls "
                 "take CuPy arrays only (NumPy arrays and CuPy arrays cannot be mixed): move it "
                 "with cupy.asarray under its device, or call collectives.all_reduce on NumPy "
                 "arrays")
-    shape, dtype = same_layout(values, argument, op)
+    shape, dtype = same_layout(values, argument)
     op = check_op(op, dtype, argument) if op is not None else None
     _arrays()  # no GPU visible: raise here, before anything else
     return values, shape, dtype, op
@@ -124,7 +125,7 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
                accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
     """``collectives.all_reduce`` for CuPy arrays, with NCCL and ``async_op``."""
     values, shape, dtype, op = _prepare(values, op)
-    request = nccl_request(algorithm, int(np.prod(shape)))
+    request = nccl_request(algorithm, math.prod(shape))
     if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
         results = core.all_reduce.library(values, op, algorithm, out=out, shards=shards, groups=groups,
                                   accumulation_fn=accumulation_fn)
@@ -132,11 +133,14 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     arrays = _arrays()
     final = result_dtype(op, dtype)
     results = _outputs(arrays, out, values, shape, final)
-    flats = [arrays.flat(v) for v in values]
-    same = final == dtype and not unsafe_outputs(arrays, values, results)
-    work = ([r.reshape(-1) for r in results] if same
+    hybrid = request.startswith("nccl/") and groups is not None
+    # NCCL reads and writes through pointers: C-contiguous arrays go as they are (results
+    # are C-contiguous: new, or an ``out`` that _outputs checked); new results overlap nothing
+    flats = [v if v.flags.c_contiguous and not hybrid else arrays.flat(v) for v in values]
+    same = final == dtype and (out is None or not unsafe_outputs(arrays, values, results))
+    work = (([r.reshape(-1) for r in results] if hybrid else results) if same
             else [arrays.result((f.size,), dtype, like=f) for f in flats])
-    if request.startswith("nccl/") and groups is not None:
+    if hybrid:
         _hybrid(arrays, flats, work, op, request.split("/", 1)[1], shards, groups)
     else:
         group.all_reduce(arrays, flats, work, op.wire_op)
@@ -178,7 +182,7 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
 
     values, shape, dtype, op = _prepare(values, op)
     root = check_root(root, len(values))
-    request = nccl_request(algorithm, int(np.prod(shape)))
+    request = nccl_request(algorithm, math.prod(shape))
     if (accumulation_fn is not None or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
         result = core.reduce.library(values, op, root, algorithm, out=out, shards=shards, groups=groups,

@@ -6,6 +6,7 @@ participant has a GPU of its own), the library's algorithms otherwise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +65,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     values, shape, dtype, _ = _prepare(values, None)
     n = len(values)
     base = shape if shape else (1,)
-    request = nccl_request(algorithm, int(np.prod(shape)))
+    request = nccl_request(algorithm, math.prod(shape))
     if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
             or not _use_nccl(request, values, dtype, None)):
         results = core.all_gather.library(values, axis, algorithm, out=out)
@@ -92,7 +93,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     equal blocks: rows not divisible by the device count run the library's algorithms."""
     values, shape, dtype, op = _prepare(values, op)
     n = len(values)
-    request = nccl_request(algorithm, int(np.prod(shape)))
+    request = nccl_request(algorithm, math.prod(shape))
     if (not shape or shape[0] % n or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
         results = core.reduce_scatter.library(values, op, algorithm, out=out, shards=shards)
@@ -105,7 +106,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     flats = [arrays.flat(v) for v in values]
     blocks = ([r.reshape(-1) for r in results]
               if final == dtype and not unsafe_outputs(arrays, values, results)
-              else [arrays.result((int(np.prod(block_shape)),), dtype, like=f) for f in flats])
+              else [arrays.result((math.prod(block_shape),), dtype, like=f) for f in flats])
     group.reduce_scatter(arrays, flats, blocks, op.wire_op)
     _deliver(arrays, op, blocks, results, n)
     return _handle(results, results, "reduce_scatter", async_op)

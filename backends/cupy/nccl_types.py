@@ -17,6 +17,7 @@ NCCL has no bool, int16, uint16 or complex types, and its float MAX/MIN may drop
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -53,8 +54,14 @@ def _ops(nccl) -> dict[ReduceOp, int]:
 
 
 def reduction(nccl, dtype: np.dtype, op: ReduceOp) -> Reduction | None:
-    """How NCCL reduces ``dtype`` with ``op`` bit-exactly, or None where it cannot."""
-    dtype, wire = np.dtype(dtype), op.wire_op
+    """How NCCL reduces ``dtype`` with ``op`` bit-exactly, or None where it cannot (worked out
+    once per dtype and op: every NCCL call asks)."""
+    return _reduction(nccl, np.dtype(dtype), op)
+
+
+@lru_cache(maxsize=512)
+def _reduction(nccl, dtype: np.dtype, op: ReduceOp) -> Reduction | None:
+    wire = op.wire_op
     if not dtype.isnative:
         return None
     types, ops = _types(nccl), _ops(nccl)

@@ -76,8 +76,10 @@ def _major(version: str) -> int:
     return int(found.group(1)) if found else 0
 
 
+@lru_cache(maxsize=1)
 def cupy_module() -> Any:
-    """CuPy 14 or later, or ImportError saying how to install it."""
+    """CuPy 14 or later, or ImportError saying how to install it (found once: every call of
+    the GPU backends asks)."""
     try:
         import cupy
     except ImportError as exc:

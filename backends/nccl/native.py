@@ -20,6 +20,7 @@ from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
+from .hot import HotAllReduce
 from .two_level import TwoLevelRun, two_level_ok
 
 NAMES = ("nccl", "native", "two_level")
@@ -69,10 +70,20 @@ class NcclNative:
     def preferred(self, call: Call) -> bool:
         return True  # NCCL (or the two-level path) beats the library's schedules on GPUs
 
-    persistent = False  # (the core's fast path then allocates nothing to ask prepare())
+    # no persistent collectives (every call is one enqueue anyway), but the core's hot path
+    # asks prepare() for an agreed all-reduce's quick form: NCCL reads the caller's buffers,
+    # so calls of every size take it
+    persistent = True
+    fast_bytes = 1 << 62
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp | None):
-        return None  # no persistent collectives: every call is one enqueue anyway
+        """``HotAllReduce`` (``.hot``) for the core's hot path: an all-reduce NCCL runs as
+        one collective, unbound (``src`` and ``dst`` None); None for anything else."""
+        if (src is not None or dst is not None or call.collective is not Collective.ALL_REDUCE
+                or call.op is ReduceOp.MEAN or self.mode(call) != "world"):
+            return None
+        plan = self._plan(call)
+        return None if plan.keys else HotAllReduce(self.t, call, plan)
 
     # --- running -------------------------------------------------------------------------
 

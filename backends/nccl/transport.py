@@ -128,6 +128,19 @@ class NcclTransport:
             if caller.ptr != self.stream.ptr:
                 caller.wait_event(self.record())
 
+    def hand_back(self, description: str, seq: int) -> None:
+        """A blocking call's end in one event: the watchdog watches it (as ``watch``), and
+        the calling thread's current stream waits for it (as ``lead_caller``)."""
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(self.stream)
+            caller = cupy.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                caller.wait_event(event)
+        self.watchdog.watch(description, seq, event, self.timeout)
+
     def watch(self, description: str, seq: int | None = None) -> None:
         """Hand what was just enqueued to the watchdog."""
         self.watchdog.watch(description, seq if seq is not None else self._last_digest,

@@ -35,6 +35,9 @@ from collectives.errors import (
 from collectives.runtime.transport import Failure
 
 PERIOD = 2e-3  # seconds between checks while calls are outstanding
+# the thread stays this long after the last outstanding call (starting one costs a call
+# tens of microseconds: a loop of calls a few milliseconds apart keeps one thread)
+LINGER = 1.0
 
 
 def late_ranks(activity: dict, seq: int) -> tuple[list[int], str]:
@@ -59,7 +62,7 @@ class Watchdog:
     def watch(self, description: str, seq: int, event: Any, timeout: float) -> None:
         with self.lock:
             self.events.append((seq, description, event, time.monotonic() + timeout))
-        self._start()
+            self._start()
 
     def digest(self, seq: int, check: int, comm: Any) -> None:
         from mpi4py import MPI
@@ -67,26 +70,36 @@ class Watchdog:
         buf = np.array([check, -check], np.int64)
         with self.lock:
             self.digests.append((seq, buf, comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)))
-        self._start()
+            self._start()
 
     def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
+        """(Holding the lock.) A thread, unless one runs: it decides to end under the lock
+        too, so work added as it ends always has a thread to check it."""
+        if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name=f"collectives-nccl-watchdog-{self.t.rank}")
             self._thread.start()
 
     def _run(self) -> None:
-        while self.t.failed is None:
-            with self.lock:
-                if not self.events and not self.digests:
-                    return
-            try:
-                self.check()
-            except Exception as exc:  # noqa: BLE001 - a failure of the checks is a failure
-                self.fail(PeerFailedError(f"rank {self.t.rank}: the watchdog failed: "
-                                          f"{type(exc).__name__}: {exc}"), None)
-                return
-            time.sleep(PERIOD)
+        idle_since = None
+        try:
+            while self.t.failed is None:
+                with self.lock:
+                    if self.events or self.digests:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = time.monotonic()
+                    elif time.monotonic() - idle_since > LINGER:
+                        self._thread = None
+                        return
+                if idle_since is None:  # (idle, it only waits: notices are the engine's)
+                    self.check()
+                time.sleep(PERIOD)
+        except Exception as exc:  # noqa: BLE001 - a failure of the checks is a failure
+            self.fail(PeerFailedError(f"rank {self.t.rank}: the watchdog failed: "
+                                      f"{type(exc).__name__}: {exc}"), None)
+        with self.lock:
+            self._thread = None
 
     def check(self) -> None:
         """One round of checks (also called by waits on the calling thread)."""

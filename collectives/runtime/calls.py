@@ -59,7 +59,14 @@ class Call:
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << CHECK_BITS) - 1)
 
     def describe(self) -> str:
-        """``all_reduce(float32[1000], op=sum)``: for error messages."""
+        """``all_reduce(float32[1000], op=sum)``: for error messages and logs (made once: a
+        transport may name every call it watches)."""
+        text = self.__dict__.get("_description")
+        if text is None:
+            text = self.__dict__["_description"] = self._describe()
+        return text
+
+    def _describe(self) -> str:
         parts = [f"{self.dtype}[{','.join(map(str, self.shape))}]"]
         if self.op is not None:
             parts.append(f"op={self.op.value}")

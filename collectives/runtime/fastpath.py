@@ -28,7 +28,9 @@ from .calls import Call
 from .transport import PENDING
 from .work import Operation
 
-FAST_BYTES = 64 << 10  # payloads up to this size take the hot path
+# payloads up to this size take the hot path (a transport whose quick form copies nothing,
+# such as NCCL's, says its own with ``native.fast_bytes``)
+FAST_BYTES = 64 << 10
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
 
@@ -63,7 +65,8 @@ class FastAllReduce:
         large, not native, integer MEAN, an empty array, or no ``quick`` in the transport."""
         native = comm.transport.native
         if (native is None or not getattr(native, "persistent", True)
-                or call.run_as != "native" or call.nbytes > FAST_BYTES
+                or call.run_as != "native"
+                or call.nbytes > getattr(native, "fast_bytes", FAST_BYTES)
                 or call.final != call.dtype or not call.count or comm.debug == "detail"):
             return None  # (persistent False: the transport has no persistent collectives)
         if bound is None:

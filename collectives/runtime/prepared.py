@@ -75,7 +75,8 @@ class PreparedCall:
         if call.run_as == "native":
             self._persistent = comm.transport.native.prepare(call, src, work, call.op.wire_op
                                                              if call.op is not None else None)
-            if call.collective is Collective.ALL_REDUCE and place is None:
+            if (self._persistent is not None and call.collective is Collective.ALL_REDUCE
+                    and place is None):
                 self._fast = FastAllReduce.build(comm, call, bound=self._persistent)
 
     def start(self) -> PreparedCall:

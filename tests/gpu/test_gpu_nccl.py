@@ -17,6 +17,16 @@ def test_one_rank_every_collective_op_and_dtype():
     assert "checked=" in out
 
 
+def test_hot_path_of_a_repeated_all_reduce():
+    out = passed(launch("nccl_ranks.py", 1, "hot", timeout=300), "hot")
+    assert "ranks=1" in out
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_hot_path_over_several_gpus():
+    passed(launch("nccl_ranks.py", gpu_count(), "hot", timeout=300), "hot")
+
+
 def test_two_level_with_one_rank_per_simulated_node_on_one_gpu():
     out = passed(launch("nccl_ranks.py", 2, "two_level", timeout=540,
                         env={"COLLECTIVES_RANKS_PER_NODE": "1"}), "two_level")

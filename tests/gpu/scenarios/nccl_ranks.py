@@ -7,7 +7,8 @@ simulated node and MPI between them; calls that need a NCCL world communicator r
 error naming the shared GPU. ``two_level_async`` (any -n, with COLLECTIVES_RANKS_PER_NODE):
 a loop of asynchronous two-level all-reduces, several in flight at once. ``mixed_async``
 (a world over several GPUs): asynchronous calls that run the library's schedules over NCCL
-send/recv in flight with NCCL's own collectives, one rank arriving late each time.
+send/recv in flight with NCCL's own collectives, one rank arriving late each time. ``hot``
+(any -n, one GPU per rank): the hot path of a repeated NCCL all-reduce.
 """
 
 from __future__ import annotations
@@ -139,6 +140,37 @@ elif mode == "two_level_async":
             got = cupy.asnumpy(work.wait())
             assert same(got, expected), (step, got[:4], expected[:4])
             checked += 1
+elif mode == "hot":
+    # The hot path of an agreed all-reduce (backends/nccl/hot.py), on the caller's own
+    # non-blocking stream where the inputs are made and the results read: into a new array,
+    # into out=, in place, at sizes up to several MiB (no copy: no size limit).
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for dtype, op in ((np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.MAX)):
+        for count in (1, 1009, (1 << 20) + 3):
+            inputs = [exact_input(size, p, count, dtype, op) for p in range(size)]
+            expected = expected_outputs("all_reduce", inputs, op)[rank]
+            with stream:
+                for step in range(6):
+                    x = cupy.asarray(inputs[rank])
+                    target = (None, cupy.empty_like(x), x)[step % 3]
+                    got = comm.all_reduce(x, op.value, "nccl", out=target)
+                    assert target is None or got is target, step
+                    assert same(cupy.asnumpy(got), expected), (step, count, dtype)
+                    if target is not x:
+                        assert same(cupy.asnumpy(x), inputs[rank]), "the input was written"
+                    hot = getattr(comm, "_hot", None)  # the hot path ran it from the 2nd call
+                    assert step == 0 or type(getattr(hot, "bound", None)).__name__ == \
+                        "HotAllReduce", (step, hot)
+                    checked += 1
+    x = cupy.ones(8, np.float32)
+    half = x[::2]  # not contiguous: the engine's way runs it (and says why, if it must)
+    assert same(cupy.asnumpy(comm.all_reduce(half, "sum", "nccl")), np.full(4, size, np.float32))
+    # an out that partly overlaps the input: not hot; the engine's way reduces into a buffer
+    # of its own, then copies, so the input is read before anything is written
+    overlapping = cupy.arange(9, dtype=np.float32)
+    comm.all_reduce(overlapping[:8], "sum", "nccl", out=overlapping[1:])
+    assert same(cupy.asnumpy(overlapping), np.r_[0, np.arange(8) * size].astype(np.float32))
+    checked += 2
 elif mode == "mixed_async":
     # A new signature (a schedule over send/recv, agreed first) then an agreed one (NCCL's
     # all-reduce, no agreement). The early rank's agreement completes while it is busy
