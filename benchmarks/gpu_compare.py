@@ -199,6 +199,25 @@ def one_rank_part(out: Path, args) -> None:
                     "library_ratio": t_lib / t_bare, "backend_ratio": t_comm / t_bare})
         print(f"{size:>12} {t_bare * 1e6:>14.2f} {t_lib * 1e6:>17.2f} {t_comm * 1e6:>17.2f}",
               flush=True)
+    x = cupy.ones(1024, cupy.float32)
+    y = cupy.empty_like(x)
+    record.save(profile={  # where the host time of a 4 KiB call goes (the per-call overhead)
+        "library_nccl": _profile(lambda: gpu.all_reduce([x], "sum", "nccl", out=[y])),
+        "backend": _profile(lambda: comm.all_reduce(x, "sum", "nccl", out=y))})
+    fence()
+
+
+def _profile(call, calls: int = 2000, lines: int = 25) -> list[str]:
+    """The functions that take the most time (their own) over ``calls`` calls, as text."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(lambda: [call() for _ in range(calls)])
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(lines)
+    return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
 def two_level_part(out: Path, args) -> None:

@@ -26,7 +26,8 @@
 # mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
 # BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
-# (the commit to name, where the checkout has no git history).
+# (the commit to name, where the checkout has no git history), PARTS (the benchmark parts to
+# run, default "copy devices one-rank two-level torch").
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --fakecupy) FAKECUPY=$2; shift ;;
     --tests) TESTS=$2; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -235,12 +236,14 @@ fi
 
 # --- 4. benchmarks --------------------------------------------------------------------------
 COMPARE=("$PY" benchmarks/gpu_compare.py)
-step copy 25 "${COMPARE[@]}" copy --out "$WORK" "${QUICK[@]}"
-step devices 80 "${COMPARE[@]}" devices --out "$WORK" "${QUICK[@]}"
-step one-rank 35 "${COMPARE[@]}" one-rank --out "$WORK" "${QUICK[@]}"
-step two-level 45 env COLLECTIVES_RANKS_PER_NODE=1 "$MPIEXEC" -n 2 "${COMPARE[@]}" two-level \
-  --out "$WORK" "${QUICK[@]}"
-step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
+PARTS=" ${PARTS:-copy devices one-rank two-level torch} "
+wanted() { [[ "$PARTS" == *" $1 "* ]]; }
+wanted copy && step copy 25 "${COMPARE[@]}" copy --out "$WORK" "${QUICK[@]}"
+wanted devices && step devices 80 "${COMPARE[@]}" devices --out "$WORK" "${QUICK[@]}"
+wanted one-rank && step one-rank 35 "${COMPARE[@]}" one-rank --out "$WORK" "${QUICK[@]}"
+wanted two-level && step two-level 45 env COLLECTIVES_RANKS_PER_NODE=1 "$MPIEXEC" -n 2 \
+  "${COMPARE[@]}" two-level --out "$WORK" "${QUICK[@]}"
+wanted torch && step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
 
 # --- packing: at most 4 files ---------------------------------------------------------------
 "$PY" - "$WORK/run.json" "$MODE" "$DEVICE" <<'EOF'

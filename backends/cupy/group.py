@@ -78,17 +78,20 @@ def _stream(device: int) -> int:
 
 
 class _Group:
-    """``with _Group(nccl):`` brackets per-device calls in groupStart/groupEnd."""
+    """``with _Group(nccl, comms):`` brackets per-device calls in groupStart/groupEnd (one
+    communicator's call needs no group: it launches as it is issued)."""
 
-    def __init__(self, nccl):
-        self.nccl = nccl
+    def __init__(self, nccl, comms: Sequence):
+        self.nccl = nccl if len(comms) > 1 else None
 
     def __enter__(self):
-        self.nccl.groupStart()
+        if self.nccl is not None:
+            self.nccl.groupStart()
         return self
 
     def __exit__(self, *exc):
-        self.nccl.groupEnd()
+        if self.nccl is not None:
+            self.nccl.groupEnd()
 
 
 def _view(x, dtype: np.dtype):
@@ -131,7 +134,7 @@ def all_reduce(arrays, values: Sequence, work: Sequence, op: ReduceOp) -> None:
     else:
         sources = values
     count = values[0].size * plan.scale
-    with _Group(nccl):
+    with _Group(nccl, comms):
         for comm, d, s, w in zip(comms, devices, sources, work):
             comm.allReduce(s.data.ptr, w.data.ptr, count, plan.nccl_type, plan.nccl_op,
                            _stream(d))
@@ -155,7 +158,7 @@ def reduce(arrays, values: Sequence, total, root: int, op: ReduceOp) -> None:
                 arrays.copy(s.reshape(-1), v.reshape(-1))
         _keys(arrays, sources, dtype, op, True)
     count = values[0].size * plan.scale
-    with _Group(nccl):
+    with _Group(nccl, comms):
         for p, (comm, d, s) in enumerate(zip(comms, devices, sources)):
             recv = total if p == root else s  # only the root's receive buffer is written
             comm.reduce(s.data.ptr, recv.data.ptr, count, plan.nccl_type, plan.nccl_op, root,
@@ -170,7 +173,7 @@ def broadcast(outputs: Sequence, root: int) -> None:
     devices = distinct_devices(outputs, "out")
     comms = communicators(devices)
     nbytes = outputs[0].nbytes
-    with _Group(nccl):
+    with _Group(nccl, comms):
         for comm, d, o in zip(comms, devices, outputs):
             ptr = o.data.ptr
             comm.broadcast(ptr, ptr, nbytes, nccl_types.byte_type(nccl), root, _stream(d))
@@ -182,7 +185,7 @@ def all_gather(values: Sequence, stacked: Sequence) -> None:
     devices = distinct_devices(values)
     comms = communicators(devices)
     nbytes = values[0].nbytes
-    with _Group(nccl):
+    with _Group(nccl, comms):
         for comm, d, v, s in zip(comms, devices, values, stacked):
             comm.allGather(v.data.ptr, s.data.ptr, nbytes, nccl_types.byte_type(nccl),
                            _stream(d))
@@ -202,7 +205,7 @@ def reduce_scatter(arrays, values: Sequence, blocks: Sequence, op: ReduceOp) -> 
             arrays.copy(s.reshape(-1), v.reshape(-1))
         _keys(arrays, sources, dtype, op, True)
     count = blocks[0].size * plan.scale
-    with _Group(nccl):
+    with _Group(nccl, comms):
         for comm, d, s, b in zip(comms, devices, sources, blocks):
             comm.reduceScatter(s.data.ptr, b.data.ptr, count, plan.nccl_type, plan.nccl_op,
                                _stream(d))

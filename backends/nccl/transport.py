@@ -87,6 +87,8 @@ class NcclTransport:
         self._pinned: list = []
         self._last_digest = 0
         self._followed: int | None = None  # the call whose input made this stream wait
+        self._following = threading.local()  # each thread's event for follow_caller
+        self.spare: deque = deque()  # events the watchdog saw complete, for record() again
 
     # --- streams and the watchdog ------------------------------------------------------
 
@@ -98,10 +100,15 @@ class NcclTransport:
         return _Both(cupy.cuda.Device(self.device), self.stream)
 
     def record(self):
+        """An event recorded on this stream now: one the watchdog saw complete (``spare``),
+        else a new one (creating and destroying one per call costs microseconds)."""
         import cupy
 
         with cupy.cuda.Device(self.device):
-            event = cupy.cuda.Event(block=False, disable_timing=True)
+            try:
+                event = self.spare.pop()
+            except IndexError:
+                event = cupy.cuda.Event(block=False, disable_timing=True)
             event.record(self.stream)
         return event
 
@@ -115,7 +122,12 @@ class NcclTransport:
         with cupy.cuda.Device(self.device):
             caller = cupy.cuda.get_current_stream()
             if caller.ptr != self.stream.ptr:
-                event = cupy.cuda.Event(block=False, disable_timing=True)
+                # one event per thread, recorded again at every call: a wait takes the
+                # event's state when it is enqueued, so a later record cannot change it
+                event = getattr(self._following, "event", None)
+                if event is None:
+                    event = self._following.event = cupy.cuda.Event(block=False,
+                                                                    disable_timing=True)
                 event.record(caller)
                 self.stream.wait_event(event)
 
@@ -133,10 +145,9 @@ class NcclTransport:
         the calling thread's current stream waits for it (as ``lead_caller``)."""
         import cupy
 
-        with cupy.cuda.Device(self.device):
-            event = cupy.cuda.Event(block=False, disable_timing=True)
-            event.record(self.stream)
-            caller = cupy.cuda.get_current_stream()
+        event = self.record()
+        with cupy.cuda.Device(self.device):  # (the legacy stream, handle 0, is the current
+            caller = cupy.cuda.get_current_stream()  # device's: this one must be current)
             if caller.ptr != self.stream.ptr:
                 caller.wait_event(event)
         self.watchdog.watch(description, seq, event, self.timeout)

@@ -134,7 +134,7 @@ class Watchdog:
             else:
                 error = None
             while self.events and self.events[0][2].done:
-                self.events.popleft()
+                t.spare.append(self.events.popleft()[2])  # (recorded again by a later call)
             late = self.events[0] if self.events and time.monotonic() > self.events[0][3] \
                 else None
         if error is not None:
