@@ -207,8 +207,9 @@ def one_rank_part(out: Path, args) -> None:
     fence()
 
 
-def _profile(call, calls: int = 2000, lines: int = 25) -> list[str]:
-    """The functions that take the most time (their own) over ``calls`` calls, as text."""
+def _profile(call, calls: int = 2000, lines: int = 25, order: str = "tottime") -> list[str]:
+    """The functions that take the most time (their own, or with what they call: ``order``
+    "cumulative") over ``calls`` calls, as text."""
     import cProfile
     import io
     import pstats
@@ -216,7 +217,7 @@ def _profile(call, calls: int = 2000, lines: int = 25) -> list[str]:
     profiler = cProfile.Profile()
     profiler.runcall(lambda: [call() for _ in range(calls)])
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(lines)
+    pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(lines)
     return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
@@ -296,6 +297,12 @@ def torch_part(out: Path, args) -> None:
         record.add({"size": size, "torch_us": t_torch * 1e6, "cupy_us": t_cupy * 1e6,
                     "dlpack_overhead_us": (t_torch - t_cupy) * 1e6})
         print(f"{size:>12} {t_torch * 1e6:>18.2f} {t_cupy * 1e6:>16.2f}", flush=True)
+    tensors = [torch.full((1024,), float(p + 1), device="cuda:0") for p in range(2)]
+    record.save(profile={  # where the host time of the tensors' way goes (4 KiB)
+        "torch_tensors": _profile(lambda: collectives.all_reduce(tensors, "sum", "ring"), 500),
+        "torch_tensors_cumulative": _profile(
+            lambda: collectives.all_reduce(tensors, "sum", "ring"), 500, 40, "cumulative")})
+    fence()
 
 
 def main() -> None:
