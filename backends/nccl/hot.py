@@ -32,7 +32,7 @@ from collectives.runtime.calls import Call
 class HotAllReduce:
     """NCCL's all-reduce of one agreed call, bound once (see the module's docstring)."""
 
-    __slots__ = ("activity", "call", "count", "description", "nccl_op", "nccl_type", "t")
+    __slots__ = ("call", "count", "description", "nccl_op", "nccl_type", "t")
 
     def __init__(self, transport: Any, call: Call, plan: nccl_types.Reduction):
         self.t, self.call = transport, call

@@ -39,7 +39,7 @@ from .work import Operation, Work
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 FAILURES = logging.getLogger("collectives.failures")
 MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
-SLOW_WAIT = 2e-3  # after this long a wait also looks for peers' notices and agreements
+SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers

@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 THREAD_LINGER = 0.1  # how long the progress thread waits for new asynchronous calls
-SLOW = 2e-3  # after this long it also polls for peers' failure notices
+# after this long a wait also looks for peers' notices and agreements: the engine's waits
+# (``engine.SLOW_WAIT`` is this) and this thread's rounds alike
+SLOW_WAIT = 2e-3
 
 
 def start(engine: Any) -> None:
@@ -47,7 +49,7 @@ def _drive(engine: Any) -> None:
                 idle_since = None
         try:
             engine.progress()
-            if time.monotonic() - start_time > SLOW:
+            if time.monotonic() - start_time > SLOW_WAIT:
                 failure = transport.poll_failure()
                 if failure is not None:
                     engine.peer_failed(failure)
@@ -55,6 +57,6 @@ def _drive(engine: Any) -> None:
             pass
         # the idle answers peers' questions and may fail: the calls in flight need this thread
         try:
-            transport.idle(max(time.monotonic() - start_time, SLOW))
+            transport.idle(max(time.monotonic() - start_time, SLOW_WAIT))
         except BaseException:  # noqa: BLE001 - as above
-            time.sleep(SLOW)
+            time.sleep(SLOW_WAIT)
