@@ -158,10 +158,12 @@ class NcclTransport:
                             self.record(), self.timeout)
 
     def digest(self, seq: int, check: int) -> None:
-        """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog)."""
+        """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog);
+        a rank alone has no peer to disagree with."""
         if seq > self._last_digest:
             self._last_digest = seq
-            self.watchdog.digest(seq, check, self._digests)
+            if self.size > 1:
+                self.watchdog.digest(seq, check, self._digests)
 
     def pinned(self, nbytes: int):
         """A pinned host buffer (uint8) of at least ``nbytes``, reused across calls; give it
