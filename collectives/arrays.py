@@ -69,6 +69,11 @@ class ArrayBackend(Protocol):
 
     def writable(self, x: Array) -> bool: ...
 
+    def misplaced(self, x: Array) -> str | None:
+        """Why ``x`` cannot take a result here (``"is on GPU 1, but ..."``: a backend whose
+        arrays live on one device), or None where it can."""
+        ...
+
     def extent(self, x: Array) -> tuple[int, int, int]:
         """``(device, first byte address, end address)``: for overlap checks."""
         ...
@@ -225,6 +230,9 @@ class NumpyArrays:
 
     def writable(self, x) -> bool:
         return x.flags.writeable
+
+    def misplaced(self, x) -> str | None:
+        return None  # host memory: one place
 
     def extent(self, x) -> tuple[int, int, int]:
         lo, hi = byte_bounds(x)

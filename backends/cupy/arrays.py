@@ -269,6 +269,13 @@ class CupyArrays:
     def writable(self, x) -> bool:
         return True  # device memory has no read-only flag
 
+    def misplaced(self, x) -> str | None:
+        if self.device is None or x.device.id == self.device:
+            return None  # (the multi-device backend takes every GPU: results stay on theirs)
+        return (f"is on GPU {x.device.id}, but this rank's communicator works on GPU "
+                f"{self.device}; make it there (under cupy.cuda.Device({self.device})) or "
+                "pass no out=")
+
     def extent(self, x) -> tuple[int, int, int]:
         start = end = x.data.ptr
         if x.flags.c_contiguous:  # (the usual case, asked on every call: no walk of strides)

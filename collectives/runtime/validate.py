@@ -115,6 +115,10 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str =
                          "(e.g. numpy.ascontiguousarray) to receive results")
     if not writable:
         raise ValueError(f"{argument} is read-only; pass a writable array")
+    misplaced = getattr(arrays, "misplaced", None)  # (an array backend of another package's
+    reason = misplaced(out) if misplaced is not None else None  # may not have the hook)
+    if reason:
+        raise ValueError(f"{argument} {reason}")
 
 
 def check_timeout(timeout: Any) -> None:

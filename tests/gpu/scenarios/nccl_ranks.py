@@ -162,6 +162,28 @@ elif mode == "hot":
                     assert step == 0 or type(getattr(hot, "bound", None)).__name__ == \
                         "HotAllReduce", (step, hot)
                     checked += 1
+    # not hot, so the engine's way each time: MEAN (a division after the sum), float MAX
+    # (order-preserving keys); an out on another GPU (where there is one) is refused
+    for op, dtype in ((ReduceOp.MEAN, np.dtype(np.float64)), (ReduceOp.MAX, np.dtype(np.float32))):
+        inputs = [exact_input(size, p, 1009, dtype, op) for p in range(size)]
+        expected = expected_outputs("all_reduce", inputs, op)[rank]
+        for step in range(3):
+            got = comm.all_reduce(cupy.asarray(inputs[rank]), op.value, "nccl")
+            assert same(cupy.asnumpy(got), expected), (op, step)
+            checked += 1
+    if cupy.cuda.runtime.getDeviceCount() > 1:
+        x = cupy.ones(8, np.float32)
+        with cupy.cuda.Device((comm.transport.device + 1) % cupy.cuda.runtime.getDeviceCount()):
+            elsewhere = cupy.empty(8, np.float32)
+        for _ in range(2):  # refused, naming both GPUs (NCCL would write to the wrong one)
+            try:
+                comm.all_reduce(x, "sum", "nccl", out=elsewhere)
+                raise AssertionError("an out on another GPU was accepted")
+            except ValueError as exc:
+                assert "out is on GPU" in str(exc), exc
+            assert same(cupy.asnumpy(comm.all_reduce(x, "sum", "nccl")),
+                        np.full(8, size, np.float32)), "the communicator broke"
+            checked += 1
     x = cupy.ones(8, np.float32)
     half = x[::2]  # not contiguous: the engine's way runs it (and says why, if it must)
     assert same(cupy.asnumpy(comm.all_reduce(half, "sum", "nccl")), np.full(4, size, np.float32))
