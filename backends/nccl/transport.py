@@ -131,25 +131,21 @@ class NcclTransport:
                 event.record(caller)
                 self.stream.wait_event(event)
 
-    def lead_caller(self) -> None:
-        """The calling thread's current stream waits for this one (a blocking call's end)."""
+    def lead_caller(self, event: Any = None) -> None:
+        """The calling thread's current stream waits for this one (a blocking call's end),
+        through ``event`` where one was just recorded on it."""
         import cupy
 
-        with cupy.cuda.Device(self.device):
-            caller = cupy.cuda.get_current_stream()
+        with cupy.cuda.Device(self.device):  # (the legacy stream, handle 0, is the current
+            caller = cupy.cuda.get_current_stream()  # device's: this one must be current)
             if caller.ptr != self.stream.ptr:
-                caller.wait_event(self.record())
+                caller.wait_event(event if event is not None else self.record())
 
     def hand_back(self, description: str, seq: int) -> None:
         """A blocking call's end in one event: the watchdog watches it (as ``watch``), and
         the calling thread's current stream waits for it (as ``lead_caller``)."""
-        import cupy
-
         event = self.record()
-        with cupy.cuda.Device(self.device):  # (the legacy stream, handle 0, is the current
-            caller = cupy.cuda.get_current_stream()  # device's: this one must be current)
-            if caller.ptr != self.stream.ptr:
-                caller.wait_event(event)
+        self.lead_caller(event)
         self.watchdog.watch(description, seq, event, self.timeout)
 
     def watch(self, description: str, seq: int | None = None) -> None:
