@@ -37,6 +37,10 @@ class ArrayBackend(Protocol):
         """Whether ``x`` is an array of this backend."""
         ...
 
+    def dtype_of(self, x: Array) -> np.dtype:
+        """``x``'s element type as a NumPy dtype."""
+        ...
+
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, like: Array | None = None) -> Array:
         """A new array, on ``like``'s device where that matters."""
         ...
@@ -190,6 +194,9 @@ class NumpyArrays:
 
     def owns(self, x: object) -> bool:
         return isinstance(x, np.ndarray)
+
+    def dtype_of(self, x) -> np.dtype:
+        return x.dtype
 
     def empty(self, shape, dtype, like=None):
         return np.empty(shape, dtype)

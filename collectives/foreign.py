@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
@@ -147,3 +148,39 @@ def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict)
     if isinstance(result, list):
         return [rebuild(r) for r in result]
     return rebuild(result)
+
+
+@functools.cache
+def _array_kinds() -> tuple:
+    """The array kinds installed under the ``collectives.array_kinds`` entry points (each
+    with ``detect(x)`` and the array operations packing needs)."""
+    kinds = [ep.load() for ep in entry_points(group="collectives.array_kinds")]
+    if not kinds:  # a source checkout whose metadata is stale: the bundled kinds
+        kinds = [importlib.import_module("collectives.adapters.torch_arrays").ARRAYS]
+    return tuple(kinds)
+
+
+def array_kind(x: Any) -> Any:
+    """The installed array kind that can pack ``x`` in its own library, or None."""
+    for kind in _array_kinds():
+        if kind.detect(x):
+            return kind
+    return None
+
+
+class Edge:
+    """How one call's arrays of another library cross into the library and back: each is
+    adopted (``adopt``), each result goes back as the caller's type (``back``); ``arrays``:
+    that library's own array kind, where one is installed, to pack a batch on its side."""
+
+    def __init__(self, x: Any):
+        self.rebuild, self.gpu, self.arrays = rebuilder(x), on_gpu(x), array_kind(x)
+
+    @staticmethod
+    def adopt(x: Any, argument: str) -> Any:
+        return _adopt(x, argument)
+
+    def back(self, result: Any) -> Any:
+        if self.rebuild is None:
+            return result
+        return _gpu().hand_back(result, self.rebuild) if self.gpu else self.rebuild(result)

@@ -199,3 +199,33 @@ def test_random_shapes_both_ways(shape, n, algorithm, op, group, data):
     for r in multi + spmd:
         assert_reduced(r, expected, op)
     assert_identical(multi + spmd)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("op", list(ReduceOp))
+def test_batch_all_reduce_fuses_by_default(n, op):
+    """Defaults fuse each dtype's tensors into one bucket (results are views of it) with the
+    per-tensor all-reduce's bits (exact inputs); ``bucket_bytes=0`` fuses nothing; a tensor
+    of a bucket's size or more travels alone."""
+    shapes = [(3, 2), (0,), (7,), (1,), (101,), (2, 2)]
+    dtypes = [np.float32, np.float32, np.float64, np.float32, np.float32, np.float64]
+    value_lists = [exact_inputs(n, int(np.prod(s)), t, op, seed=k, shape=s)
+                   for k, (s, t) in enumerate(zip(shapes, dtypes))]
+    copies = [[v.copy() for v in values] for values in value_lists]
+    each = [collectives.all_reduce(values, op) for values in value_lists]
+    fused = collectives.batch_all_reduce(value_lists, op)
+    alone = collectives.batch_all_reduce(value_lists, op, bucket_bytes=0)
+    small = collectives.batch_all_reduce(value_lists, op, bucket_bytes=400)  # 101 floats: alone
+    for k in range(len(shapes)):
+        for d in range(n):
+            for got in (fused, alone, small):
+                assert got[k][d].tobytes() == each[k][d].tobytes() and got[k][d].shape == shapes[k]
+            assert np.array_equal(value_lists[k][d], copies[k][d])
+    f32 = [k for k, t in enumerate(dtypes) if t == np.float32 and np.prod(shapes[k])]
+    def bucket(x):  # the buffer a result is a view of
+        return x.base if x.base is not None else x
+
+    assert all(bucket(fused[f32[0]][0]) is bucket(fused[k][0]) for k in f32)
+    assert bucket(alone[0][0]) is not bucket(alone[3][0])
+    assert bucket(small[4][0]) is not bucket(small[0][0])
+    assert bucket(small[0][0]) is bucket(small[3][0])

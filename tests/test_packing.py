@@ -17,6 +17,7 @@ from collectives.algorithms.packing import (
     aggregate_small,
     concat_and_split,
     extract_ranges,
+    fuse,
     group_by_size,
     make_plan,
     no_packing,
@@ -318,3 +319,51 @@ def test_group_by_size_closing_rule(tensors: list[tuple[int, np.dtype]],
             nxt = plan.packs[k + 1].indices[0]
             closed_by_size = sum(nbytes[i] for i in pack.indices) > bytes_per_pack
             assert closed_by_size or dtypes[nxt] != pack.dtype
+
+
+# ---------------------------------------------------------------- fusion buckets (the default)
+
+@settings(max_examples=80, deadline=None)
+@given(tensors=st.lists(st.tuples(st.integers(0, 40), st.sampled_from(DTYPES)), max_size=25),
+       bucket_bytes=st.integers(1, 120))
+def test_fuse_buckets(tensors: list[tuple[int, np.dtype]], bucket_bytes: int) -> None:
+    """One dtype per bucket; a bucket's members in input order and within ``bucket_bytes``;
+    a tensor of ``bucket_bytes`` or more alone; buckets in order of their first tensor; a
+    bucket closes only when its next tensor of that dtype would overflow it."""
+    shapes = [(size,) for size, _ in tensors]
+    dtypes = [dt for _, dt in tensors]
+    plan = fuse(shapes, dtypes, bucket_bytes)  # (PackPlan checks that it covers every tensor)
+    nbytes = [size * dt.itemsize for size, dt in tensors]
+    firsts = [pack.indices[0] for pack in plan.packs]
+    assert firsts == sorted(firsts)
+    for k, pack in enumerate(plan.packs):
+        assert all(dtypes[i] == pack.dtype for i in pack.indices)
+        assert list(pack.indices) == sorted(pack.indices)
+        if len(pack.indices) > 1:
+            assert sum(nbytes[i] for i in pack.indices) <= bucket_bytes
+        if any(nbytes[i] >= bucket_bytes for i in pack.indices):
+            assert len(pack.indices) == 1
+        later = [p for p in plan.packs[k + 1:] if p.dtype == pack.dtype and len(p.indices) > 1
+                 or p.dtype == pack.dtype and nbytes[p.indices[0]] < bucket_bytes]
+        if later and all(nbytes[i] < bucket_bytes for i in pack.indices):
+            # the next bucket of this dtype opened because its first tensor did not fit
+            nxt = later[0].indices[0]
+            assert sum(nbytes[i] for i in pack.indices) + nbytes[nxt] > bucket_bytes
+
+
+def test_fuse_examples() -> None:
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    plan = fuse([(2,), (3,), (100,), (1,), (2,), (1,)], [f32, f64, f32, f32, f64, f64], 32)
+    # f64 tensor 4 (16 bytes) overflows tensor 1's bucket (24): a new one, which 5 joins
+    assert [p.indices for p in plan.packs] == [(0, 3), (1,), (2,), (4, 5)]
+    assert fuse([(2,)] * 3, [f32] * 3, 0).packs == no_packing([(2,)] * 3, [f32] * 3).packs
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        fuse([(2,)], [f32], -1)
+
+
+def test_make_plan_fuses_only_without_tensorflow_knobs() -> None:
+    shapes, dtypes = [(4,)] * 4, [np.float32] * 4
+    assert len(make_plan(shapes, dtypes, bucket_bytes=1 << 20).packs) == 1
+    assert len(make_plan(shapes, dtypes).packs) == 4  # (the plan alone: no bucket given)
+    assert len(make_plan(shapes, dtypes, num_packs=2, bucket_bytes=1 << 20).packs) == 2
+    assert len(make_plan(shapes, dtypes, bytes_per_pack=16, bucket_bytes=1 << 20).packs) == 2

@@ -43,3 +43,8 @@ def test_point_to_point_and_objects(n):
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_sub_communicators(n):
     run_body(bodies.sub_communicators, n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_batch_fusion(n):
+    run_body(bodies.batch_fusion, n)

@@ -15,12 +15,11 @@ The counterpart of ``host`` for arrays that stay on their devices (CuPy arrays o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import numpy as np
 
 import collectives
-from collectives.algorithms.batch import plan_batch
+from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.ops import ReduceOp
 
@@ -61,22 +60,16 @@ def reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, *, r
             raise ValueError(f"tensor {k} has {len(v)} per-device values but tensor 0 has {n}")
     shapes = [tuple(v[0].shape) for v in values]
     dtypes = [np.dtype(v[0].dtype) for v in values]
-    results: list = [None] * len(values)
-    for part in plan_batch(shapes, dtypes, _spec(spec), extra_names=kit.extra_names,
-                           **packing.kwargs()):
-        per_device = []
-        for d in range(n):  # device d's tensors are packed on device d
-            with kit.home(values[part.indices[0]][d]):
-                per_device.append(part.plan.pack([values[i][d] for i in part.indices],
-                                                 arrays=kit.arrays))
-        reduced = [collectives.reduce([per_device[d][j] for d in range(n)], op, root,
-                                      part.spec.algorithm, shards=part.spec.shards, groups=groups)
-                   for j in range(len(part.plan.packs))]
-        with kit.home(reduced[0]) if reduced else nullcontext():
-            unpacked = part.plan.unpack(reduced, arrays=kit.arrays)
-        for i, result in zip(part.indices, unpacked):
-            results[i] = result
-    return results
+    parts = plan_batch(shapes, dtypes, _spec(spec), extra_names=kit.extra_names,
+                       **packing.kwargs())
+
+    def reduce_pack(part, buffers):
+        return [collectives.reduce(buffers, op, root, part.spec.algorithm,
+                                   shards=part.spec.shards, groups=groups)]
+
+    per_device = [[v[d] for v in values] for d in range(n)]
+    batch = start_batch(per_device, parts, reduce_pack, arrays=kit.arrays, home=kit.home)
+    return [r[0] for r in batch.finish(batch.pending)]
 
 
 def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, comm,

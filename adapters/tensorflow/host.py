@@ -21,9 +21,10 @@ from functools import lru_cache
 import numpy as np
 
 import collectives
-from collectives.algorithms.batch import plan_batch
+from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.packing import make_plan
 from collectives.algorithms.spec import SpecRange, parse_spec
+from collectives.arrays import NUMPY
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
 
@@ -43,18 +44,20 @@ Groups = Sequence[Sequence[int]] | int | Callable[[int], Sequence[Sequence[int]]
 
 @dataclass(frozen=True)
 class Packing:
-    """The packing knobs of ``collectives.batch_all_reduce``, as one value."""
+    """The packing knobs of ``collectives.batch_all_reduce``, as one value. TensorFlow's
+    classes pack only where their own knobs say so: no fusion buckets (``bucket_bytes=0``)."""
 
     num_packs: int = 0
     agg_small_grads_max_bytes: int = 0
     agg_small_grads_max_group: int = 10
     bytes_per_pack: int | None = None
+    bucket_bytes: int = 0
 
     def kwargs(self) -> dict:
         return {"num_packs": self.num_packs,
                 "agg_small_grads_max_bytes": self.agg_small_grads_max_bytes,
                 "agg_small_grads_max_group": self.agg_small_grads_max_group,
-                "bytes_per_pack": self.bytes_per_pack}
+                "bytes_per_pack": self.bytes_per_pack, "bucket_bytes": self.bucket_bytes}
 
 
 def _groups_for(groups: Groups, n: int):
@@ -88,12 +91,7 @@ def check_packing(packing: Packing) -> None:
 @lru_cache(maxsize=256)
 def _plan(shapes: tuple, dtypes: tuple, spec: tuple[SpecRange, ...], packing: Packing, shards: int):
     # A training loop reduces the same batch every step: plan it once.
-    parts = plan_batch(list(shapes), list(dtypes), list(spec), shards=shards, **packing.kwargs())
-    sizes = [int(np.prod(s)) for s in shapes]
-    trivial = [all(len(p.indices) == 1 and p.spans[0] == (0, sizes[p.indices[0]])
-                   for p in part.plan.packs) and len(part.plan.packs) == len(part.indices)
-               for part in parts]
-    return parts, trivial
+    return plan_batch(list(shapes), list(dtypes), list(spec), shards=shards, **packing.kwargs())
 
 
 def _spec_key(spec) -> tuple[SpecRange, ...]:
@@ -118,22 +116,15 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
             raise ValueError(f"tensor {k} has {len(v)} per-device values but tensor 0 has {n}")
     shapes = tuple(tuple(np.shape(v[0])) for v in values)
     dtypes = tuple(np.dtype(v[0].dtype) for v in values)
-    parts, trivial = _plan(shapes, dtypes, _spec_key(spec), packing, shards)
-    results: list = [None] * len(values)
-    for part, alone in zip(parts, trivial):
-        algorithm, part_shards = part.spec.algorithm, part.spec.shards
-        if alone:  # every tensor is its own pack: no packing copies
-            for i in part.indices:
-                results[i] = reduce_to_root(values[i], op, algorithm, shards=part_shards,
-                                            groups=groups, empty=empty)
-            continue
-        per_device = [part.plan.pack([values[i][d] for i in part.indices]) for d in range(n)]
-        reduced = [reduce_to_root([per_device[d][j] for d in range(n)], op, algorithm,
-                                  shards=part_shards, groups=groups, empty=empty)
-                   for j in range(len(part.plan.packs))]
-        for i, result in zip(part.indices, part.plan.unpack(reduced)):
-            results[i] = result
-    return results
+    parts = _plan(shapes, dtypes, _spec_key(spec), packing, shards)
+
+    def reduce_pack(part, buffers):
+        return [reduce_to_root(buffers, op, part.spec.algorithm, shards=part.spec.shards,
+                               groups=groups, empty=empty)]
+
+    per_device = [[v[d] for v in values] for d in range(n)]
+    batch = start_batch(per_device, parts, reduce_pack, arrays=NUMPY)
+    return [r[0] for r in batch.finish(batch.pending)]
 
 
 def local_algorithm(algorithm: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import collectives as core
+from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
 from collectives.arrays import overlaps, unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.calls import resolve_algorithm
@@ -205,10 +206,10 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      algorithm: Any = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
-                     async_op: bool = False) -> Any:
-    """``collectives.batch_all_reduce`` for CuPy arrays: each pack runs as ``all_reduce``
-    (so through NCCL where that applies)."""
-    from collectives.algorithms.batch import plan_batch
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, async_op: bool = False) -> Any:
+    """``collectives.batch_all_reduce`` for CuPy arrays: the core's batch loop, each pack
+    packed on its device and reduced as ``all_reduce`` (so through NCCL where that applies)."""
+    from collectives.algorithms.batch import plan_batch, start_batch
     from collectives.runtime.validate import check_shards
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
@@ -221,29 +222,19 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
         if len(values) != n:
             raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] "
                              f"has {n}; every tensor needs one array per device")
-    arrays = _arrays()
-    results: list[list | None] = [None] * len(tensors)
     parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
                        num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                        agg_small_grads_max_group=agg_small_grads_max_group,
                        bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                       extra_names=("nccl",))
-    homes = [v.device for v in tensors[0][0]]
-    for part in parts:
-        per_device = []
-        for d in range(n):  # packs of device d's tensors are made on device d
-            with homes[d]:
-                per_device.append(part.plan.pack([tensors[i][0][d] for i in part.indices],
-                                                 arrays=arrays))
-        reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                              shards=part.spec.shards, groups=groups)
-                   for j in range(len(part.plan.packs))]
-        unpacked = []
-        for d in range(n):
-            with homes[d]:
-                unpacked.append(part.plan.unpack([reduced[j][d] for j in range(len(reduced))],
-                                                 arrays=arrays))
-        for position, i in enumerate(part.indices):
-            results[i] = [unpacked[d][position] for d in range(n)]
+                       extra_names=("nccl",), bucket_bytes=bucket_bytes)
+
+    def reduce_pack(part, buffers):
+        return all_reduce(buffers, op, part.spec.algorithm, shards=part.spec.shards,
+                          groups=groups)
+
+    per_device = [[t[0][d] for t in tensors] for d in range(n)]
+    batch = start_batch(per_device, parts, reduce_pack, arrays=_arrays(),
+                        home=lambda array: array.device)
+    results = batch.finish(batch.pending)
     devices = [v for values, *_ in tensors for v in values]
     return _handle(results, devices, "batch_all_reduce", async_op)

@@ -117,6 +117,9 @@ class CupyArrays:
     def owns(self, x: object) -> bool:
         return isinstance(x, _cupy().ndarray)
 
+    def dtype_of(self, x: Any) -> np.dtype:
+        return x.dtype
+
     def _check(self, x: Any, what: str) -> None:
         if not self.owns(x):
             raise TypeError(

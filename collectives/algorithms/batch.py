@@ -5,16 +5,23 @@ knobs into a list of ``(range, plan)`` pairs: the spec's size ranges decide whic
 and shard count each tensor gets (by element count), and the packing plan decides how that
 range's tensors travel as buffers. Results always come back in input order with input
 shapes, whatever the ranges (TensorFlow's MultiWorkerAllReduce reordered them).
+
+``start_batch`` is the batch loop, the one every batched call runs (the multi-device API, the
+Communicator, the CuPy backend, both TensorFlow paths): pack each part's tensors, hand each
+pack to the caller's reduction, and, in the ``finish`` it returns, unpack the reduced packs.
+The reduction may return handles still in flight (``async_op``): ``finish`` collects them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .packing import PackPlan, make_plan
+from .packing import DEFAULT_BUCKET_BYTES, PackPlan, make_plan
 from .spec import SpecRange, assign_ranges, parse_spec
 
 
@@ -35,13 +42,15 @@ def _freeze(spec):
 def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,
                *, num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
                agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-               shards: int = 0, extra_names: Sequence[str] = ()) -> list[BatchPart]:
+               shards: int = 0, extra_names: Sequence[str] = (),
+               bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BatchPart]:
     """The parts of a batch; the same inputs give the same (cached) plan, since training
     loops reduce the same gradient list every step. ``extra_names``: a transport's own
-    algorithm names (e.g. MPI's "native")."""
+    algorithm names (e.g. MPI's "native"). With none of TensorFlow's packing knobs, tensors
+    are fused into buckets of ``bucket_bytes`` (0: each alone)."""
     key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
-           tuple(extra_names))
+           tuple(extra_names), bucket_bytes)
     try:
         return _plan_cached(key, algorithm)
     except TypeError:  # an unhashable part of a spec: plan without the cache
@@ -61,7 +70,8 @@ _CACHE: dict = {}
 
 
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
-          agg_small_grads_max_group, bytes_per_pack, shards, extra_names=()) -> list[BatchPart]:
+          agg_small_grads_max_group, bytes_per_pack, shards, extra_names=(),
+          bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[BatchPart]:
     ranges = parse_spec(algorithm, extra_names=extra_names)
     plain = isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm
     if plain:
@@ -78,7 +88,61 @@ def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
         plan = make_plan([shapes[i] for i in indices], [dtypes[i] for i in indices],
                          num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                          agg_small_grads_max_group=agg_small_grads_max_group,
-                         bytes_per_pack=bytes_per_pack)
+                         bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes)
         parts.append(BatchPart(spec, tuple(indices), plan))
     return parts
 
+
+@dataclass
+class StartedBatch:
+    """A batch whose packs are reducing: ``pending`` holds what the reduction returned for
+    each pack, in order (results, or handles still in flight); ``finish`` unpacks them."""
+
+    parts: Sequence[BatchPart]
+    pending: list
+    tensors: int
+    arrays: Any
+    home: Callable[[Any], Any]
+
+    def finish(self, reduced: Sequence[Sequence[Any]]) -> list[list]:
+        """``results[k][m]`` from ``reduced[p]``, the reduced buffers of pending pack ``p`` (one
+        per member that gets results): tensor ``k`` for result member ``m``, in input order
+        with input shapes (views of the reduced packs where a tensor lies in one)."""
+        results: list[list] = [[] for _ in range(self.tensors)]
+        start = 0
+        for part in self.parts:
+            packs = reduced[start:start + len(part.plan.packs)]
+            start += len(packs)
+            for m in range(len(packs[0])):
+                with self.home(packs[0][m]):
+                    unpacked = part.plan.unpack([p[m] for p in packs], arrays=self.arrays)
+                for i, result in zip(part.indices, unpacked, strict=True):
+                    results[i].append(result)
+        return results
+
+
+def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
+                reduce_pack: Callable[[BatchPart, list], Any], *, arrays: Any,
+                home: Callable[[Any], Any] | None = None) -> StartedBatch:
+    """The batch loop's first half: pack every part and start each pack's reduction.
+
+    ``tensors[m][k]`` is tensor ``k`` of member ``m`` (a device of a multi-device call, or a
+    rank's own tensors: one member). ``reduce_pack(part, buffers)`` reduces one pack of
+    ``part`` from ``buffers`` (one per member) and returns its result, or a handle in flight.
+    ``home(array)`` is the device context to pack and unpack a member's arrays in (CuPy: its
+    GPU). The caller turns each pending result into the reduced buffers and calls ``finish``.
+    """
+    place = home or _nowhere
+    pending = []
+    for part in parts:
+        packed = []
+        for member in tensors:
+            with place(member[part.indices[0]]):
+                packed.append(part.plan.pack([member[i] for i in part.indices], arrays=arrays))
+        pending += [reduce_pack(part, [buffers[j] for buffers in packed])
+                    for j in range(len(part.plan.packs))]
+    return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place)
+
+
+def _nowhere(_: Any) -> Any:
+    return nullcontext()

@@ -15,7 +15,9 @@ Plans, after TensorFlow (see ``make_plan``):
 * ``concat_and_split`` - TF's ``_ConcatAndSplitPacker`` (``num_packs``);
 * ``aggregate_small`` - TF's ``AggregateSmallTensorPacker`` (``agg_small_grads_max_bytes``,
   ``agg_small_grads_max_group``), with ``extract_ranges`` reproduced exactly;
-* ``group_by_size`` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``).
+* ``group_by_size`` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``);
+* ``fuse`` - fusion buckets (``bucket_bytes``), the default when no TensorFlow knob is given:
+  Horovod's fusion buffer (64 MiB) and PyTorch DDP's gradient buckets (25 MiB) by another name.
 
 Differences from TensorFlow, all so that mixed dtypes work (TF needs one dtype per batch):
 
@@ -44,13 +46,20 @@ __all__ = [
     "PackPlan",
     "aggregate_small",
     "concat_and_split",
+    "DEFAULT_BUCKET_BYTES",
     "extract_ranges",
+    "fuse",
     "group_by_size",
     "make_plan",
     "no_packing",
 ]
 
 Shape = tuple[int, ...]
+
+# The default fusion bucket: Horovod's fusion threshold (HOROVOD_FUSION_THRESHOLD, 64 MiB);
+# DDP's bucket_cap_mb is 25 MiB. Larger buckets mean fewer calls; smaller ones start earlier
+# when buckets are started as their tensors become ready (``collectives.Buckets``).
+DEFAULT_BUCKET_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,7 @@ class PackPlan:
         for i, arr in enumerate(tensors):
             if not arrays.owns(arr):
                 arr = np.asarray(arr)
-            if tuple(arr.shape) != self.shapes[i] or np.dtype(arr.dtype) != self.dtypes[i]:
+            if tuple(arr.shape) != self.shapes[i] or arrays.dtype_of(arr) != self.dtypes[i]:
                 raise ValueError(f"tensor {i} has shape {tuple(arr.shape)} and dtype {arr.dtype}; "
                                  f"the plan expects {self.shapes[i]} and {self.dtypes[i]}")
             flats.append(arrays.flat(arr))
@@ -145,8 +154,9 @@ class PackPlan:
             if not arrays.owns(buf):
                 buf = np.asarray(buf)
             buf = buf.reshape(-1)
-            if buf.size != pack.size:
-                raise ValueError(f"buffer {k} has {buf.size} elements; pack {k} has {pack.size}")
+            if buf.shape[0] != pack.size:
+                raise ValueError(f"buffer {k} has {buf.shape[0]} elements; pack {k} has "
+                                 f"{pack.size}")
             flat_bufs.append(buf)
         # Where each tensor's pieces lie: (buffer, offset in buffer, start, stop) per piece.
         places: list[list[tuple[int, int, int, int]]] = [[] for _ in self.shapes]
@@ -326,12 +336,45 @@ def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
     return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
 
 
+def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
+         bucket_bytes: int) -> PackPlan:
+    """Fusion buckets: each dtype's tensors, in input order, fill buckets of at most
+    ``bucket_bytes``; a tensor that would overflow the open bucket starts the next one, and a
+    tensor of ``bucket_bytes`` or more travels alone (a view of it: no copy). Buckets of
+    different dtypes never mix; buckets are ordered by their first tensor. ``bucket_bytes=0``:
+    every tensor alone (``no_packing``).
+    """
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be 0 (no fusion) or more, not {bucket_bytes}")
+    shp, dts = _normalise(shapes, dtypes)
+    if bucket_bytes == 0:
+        return no_packing(shp, dts)
+    groups: list[list[int]] = []
+    open_bucket: dict[np.dtype, tuple[list[int], int]] = {}  # dtype -> (members, bytes)
+    for i, (shape, dt) in enumerate(zip(shp, dts, strict=True)):
+        nbytes = prod(shape) * dt.itemsize
+        members, filled = open_bucket.get(dt, (None, 0))
+        if nbytes >= bucket_bytes:
+            groups.append([i])  # alone; the open bucket of its dtype stays open
+            continue
+        if members is None or filled + nbytes > bucket_bytes:
+            members, filled = [], 0
+            groups.append(members)
+        members.append(i)
+        open_bucket[dt] = (members, filled + nbytes)
+    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+
+
 def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
               num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
-              agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None) -> PackPlan:
-    """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size."""
+              agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
+              bucket_bytes: int = 0) -> PackPlan:
+    """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size;
+    with none of those, fusion buckets of ``bucket_bytes`` (0: every tensor alone)."""
     if num_packs < 0:
         raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be 0 (no fusion) or more, not {bucket_bytes}")
     if num_packs > 0:
         return concat_and_split(shapes, dtypes, num_packs)
     if agg_small_grads_max_bytes > 0 and agg_small_grads_max_group > 0:
@@ -339,4 +382,4 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
                                agg_small_grads_max_group)
     if bytes_per_pack is not None:
         return group_by_size(shapes, dtypes, bytes_per_pack)
-    return no_packing(shapes, dtypes)
+    return fuse(shapes, dtypes, bucket_bytes)

@@ -38,6 +38,7 @@ from ..runtime.validate import check_communicable, check_root, check_shards, che
 from ..runtime.work import Operation
 from ..timeline import recorder
 from . import auto
+from .spmd_batch import BatchOps
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
 from .spmd_p2p import PointToPointOps
@@ -50,7 +51,7 @@ REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUC
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPointOps,
+class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps, PointToPointOps,
                    SubcommOps, auto.ChoiceOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
@@ -98,6 +99,7 @@ class Communicator(CollectiveOps, SpreadOps, ExchangeOps, PreparedOps, PointToPo
         self._calls: dict = {}
         self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
         self._hot = None  # the FastAllReduce the latest hot all-reduce took
+        self._batches: set = set()  # batch layouts every rank has agreed on (batch_all_reduce)
         native = transport.native
         self._native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)

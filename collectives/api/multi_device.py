@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
+from ..algorithms.packing import DEFAULT_BUCKET_BYTES
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
 from ..compression import for_batch, requested
@@ -216,21 +217,21 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
                      algorithm: BatchSpec = ..., *, num_packs: int = ...,
                      agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
                      bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
-                     compression: Compression = ...,
+                     compression: Compression = ..., bucket_bytes: int = ...,
                      async_op: Literal[False] = ...) -> list[list[ArrayT]]: ...
 @overload
 def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
                      algorithm: BatchSpec = ..., *, num_packs: int = ...,
                      agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
                      bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
-                     compression: Compression = ...,
+                     compression: Compression = ..., bucket_bytes: int = ...,
                      async_op: Literal[True]) -> Work[list[list[ArrayT]]]: ...
 @backend_first
 def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                      algorithm: BatchSpec = "auto", *, num_packs: int = 0,
                      agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
                      bytes_per_pack: int | None = None, shards: int = 0, groups: Groups = None,
-                     compression: Compression = None,
+                     compression: Compression = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                      async_op: bool = False) -> list[list[ArrayT]]:
     """All-reduce many tensors at once, packed so that many small tensors cost few
     collectives.
@@ -259,6 +260,11 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
     compression
         ``"fp16"`` or ``"bf16"`` compresses the float32 and float64 packs (see `all_reduce`);
         packs of other dtypes travel as they are.
+    bucket_bytes
+        With none of the knobs above: fuse each dtype's tensors, in order, into buckets of at
+        most this many bytes (64 MiB by default, Horovod's fusion threshold; DDP uses 25 MiB),
+        a tensor of this size or more alone and not copied; 0: every tensor alone. Fused
+        results are views of their bucket.
     async_op
         Return a `Work` handle whose ``wait()`` returns the result(s) instead.
 
@@ -275,7 +281,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         Tensors with different device counts, a bad spec or packing knob, a ``compression``
         the op cannot take; before any data moves.
     """
-    from ..algorithms.batch import plan_batch
+    from ..algorithms.batch import plan_batch, start_batch
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
@@ -287,21 +293,19 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         if len(values) != n:
             raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] has "
                              f"{n}; every tensor needs one array per device")
-    arrays = backend_for_arrays(tensors[0][0]).arrays
-    results: list[list | None] = [None] * len(tensors)
-    for part in plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
-                           num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                           agg_small_grads_max_group=agg_small_grads_max_group,
-                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards)):
-        per_device = [part.plan.pack([tensors[i][0][d] for i in part.indices], arrays=arrays)
-                      for d in range(n)]
-        squeeze = for_batch(compression, op, [per_device[0][j].dtype
-                                              for j in range(len(part.plan.packs))])
-        reduced = [all_reduce([per_device[d][j] for d in range(n)], op, part.spec.algorithm,
-                              shards=part.spec.shards, groups=groups, compression=squeeze[j])
-                   for j in range(len(part.plan.packs))]
-        unpacked = [part.plan.unpack([reduced[j][d] for j in range(len(reduced))], arrays=arrays)
-                    for d in range(n)]
-        for position, i in enumerate(part.indices):
-            results[i] = [unpacked[d][position] for d in range(n)]
-    return results
+    parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
+                       num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                       agg_small_grads_max_group=agg_small_grads_max_group,
+                       bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                       bucket_bytes=bucket_bytes)
+    for_batch(compression, op, [])  # (a compression the op cannot take: raised before packing)
+
+    def reduce_pack(part, buffers):
+        squeeze = for_batch(compression, op, [buffers[0].dtype])[0]
+        return all_reduce(buffers, op, part.spec.algorithm, shards=part.spec.shards,
+                          groups=groups, compression=squeeze)
+
+    per_device = [[t[0][d] for t in tensors] for d in range(n)]
+    batch = start_batch(per_device, parts, reduce_pack,
+                        arrays=backend_for_arrays(tensors[0][0]).arrays)
+    return batch.finish(batch.pending)

@@ -8,20 +8,16 @@ the call's data stage and of the ``finish`` that returns the result. Every metho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal, overload
-
-import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
-from ..compression import for_batch, requested
+from ..compression import requested
 from ..foreign import accepts_foreign, call_foreign, is_foreign
-from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
+from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..ops import ReduceOp
-from ..runtime.calls import check_op_for
 from ..runtime.fastpath import FastAllReduce
-from ..runtime.validate import Groups, check_shards, valid_timeout
+from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
 from .compressed import spmd_all_reduce
 
@@ -317,70 +313,3 @@ class CollectiveOps:
 
         return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
                            async_op, timeout)
-
-    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = "sum",
-                         algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
-                         agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
-                         bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
-                         timeout: float | None = None,
-                         compression: Compression = None) -> list[ArrayT]:
-        """All-reduce a list of tensors as few packed buffers.
-
-        Parameters
-        ----------
-        xs
-            This rank's tensors (every rank: the same shapes and dtypes, in the same order).
-        op
-            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
-        algorithm
-            Any all-reduce spec (see ``collectives.algorithms.spec``).
-        num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack
-            The packing knobs of `collectives.batch_all_reduce`.
-        shards
-            Ring sub-chunks or shuffle gather ranks (0: the spec's).
-        groups
-            The groups of a two-level ``"A/B"``.
-        timeout
-            Seconds each packed call may wait for its peers (None: the communicator's).
-        compression
-            ``"fp16"`` or ``"bf16"`` compresses the float32 and float64 packs (see
-            `all_reduce`); packs of other dtypes travel as they are.
-
-        Returns
-        -------
-        list
-            The reduced tensors, in input order, with input shapes.
-
-        Raises
-        ------
-        TypeError
-            ``xs`` is not a list of arrays; ValueError for a bad spec or knob, or a
-            ``compression`` the op cannot take.
-        CollectiveMismatchError
-            The ranks passed different tensors or arguments.
-        CollectiveTimeoutError
-            A peer did not arrive within ``timeout``.
-        """
-        from ..algorithms.batch import plan_batch
-
-        if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
-            raise TypeError("xs must be a list of arrays")
-        xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
-        for k, x in enumerate(xs):
-            check_op_for(op, np.dtype(x.dtype), f"xs[{k}]")
-        parts = plan_batch([tuple(x.shape) for x in xs], [np.dtype(x.dtype) for x in xs],
-                           algorithm, num_packs=num_packs,
-                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                           agg_small_grads_max_group=agg_small_grads_max_group,
-                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                           extra_names=self._native_names)
-        results: list = [None] * len(xs)
-        for part in parts:
-            packed = part.plan.pack([xs[i] for i in part.indices], arrays=self.arrays)
-            squeeze = for_batch(compression, op, [buf.dtype for buf in packed])
-            reduced = [self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                       groups=groups, timeout=timeout, compression=c)
-                       for buf, c in zip(packed, squeeze)]
-            for i, result in zip(part.indices, part.plan.unpack(reduced, arrays=self.arrays)):
-                results[i] = result
-        return results

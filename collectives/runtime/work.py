@@ -13,6 +13,7 @@ much later), so a wait never burns a core for long.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -195,3 +196,58 @@ class Completed(Work[T]):
 
     def __repr__(self) -> str:
         return "<Work a finished multi-device call: done>"
+
+
+class BatchWork(Work[T]):
+    """One handle for several calls in flight (a batch's packs): ``wait()`` waits for each, in
+    the order they were issued, and assembles the result from theirs with ``finish``."""
+
+    __slots__ = ("_finish", "_handles", "_outcome", "_text")
+
+    def __init__(self, handles: Sequence[Any], finish: Callable[[list], T], description: str):
+        self._handles, self._finish, self._text = list(handles), finish, description
+        self._outcome: tuple | None = None  # (result,) once assembled
+
+    def wait(self, timeout: float | None = None) -> T:
+        """The assembled result, once every call has finished.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait for all of them together; None: each call's own timeout.
+
+        Raises
+        ------
+        CollectiveTimeoutError
+            A call did not finish in time; CollectiveError: a call failed (its error).
+        """
+        check_timeout(timeout)
+        if self._outcome is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            results = []
+            for handle in self._handles:
+                if not hasattr(handle, "wait"):  # (finished when issued)
+                    results.append(handle)
+                    continue
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                results.append(handle.wait(left))
+            self._outcome = (self._finish(results),)
+        return self._outcome[0]
+
+    def is_completed(self) -> bool:
+        return all(not hasattr(h, "wait") or h.is_completed() for h in self._handles)
+
+    def exception(self) -> BaseException | None:
+        for handle in self._handles:
+            error = handle.exception() if hasattr(handle, "exception") else None
+            if error is not None:
+                return error
+        return None
+
+    @property
+    def description(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "in flight"
+        return f"<Work {self._text}: {state}>"

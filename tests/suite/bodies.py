@@ -144,9 +144,9 @@ def other_collectives(comm, algorithms=ALGORITHMS) -> Report:
     return report
 
 
-def _try(report: Report, name: str, method, *args):
+def _try(report: Report, name: str, method, *args, **kwargs):
     try:
-        return method(*args)
+        return method(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         report[name] = (f"{type(exc).__name__}: {exc}", None)
         return False
@@ -234,4 +234,42 @@ def sub_communicators(comm) -> Report:
     _case(report, "dup", results["twin"], np.full(3, n, np.int64))
     report["split-rank"] = (None if half.rank == sorted(members, reverse=True).index(r) else
                             f"rank {half.rank} in the split", None)
+    return report
+
+
+# A gradient list in miniature: mixed dtypes interleaved, empty, single-element, prime and
+# larger tensors, one of them larger than the small bucket below (it travels alone).
+BATCH_TENSORS = ((np.float32, (3, 5)), (np.float64, (7,)), (np.float32, (0,)), (np.float32, (1,)),
+                 (np.int32, (4, 4)), (np.float32, (1009,)), (np.float64, (2, 3)),
+                 (np.float16, (11,)), (np.float32, (13,)))
+
+
+def batch_fusion(comm, algorithms=("auto", "ring")) -> Report:
+    """batch_all_reduce fused by default, with small buckets, unfused, and as one async
+    handle: bitwise the per-tensor all-reduce's results (exact inputs), inputs untouched,
+    input order and shapes; every op."""
+    n, r = comm.size, comm.rank
+    report: Report = {}
+    for op in ReduceOp:
+        tensors = [(np.dtype(d), s) for d, s in BATCH_TENSORS
+                   if not (op is ReduceOp.MEAN and np.dtype(d).kind in "iu")]
+        xs = [exact_inputs(n, int(np.prod(s)), d, op, seed=k, shape=s)
+              for k, (d, s) in enumerate(tensors)]
+        mine = [x[r] for x in xs]
+        before = [x.copy() for x in mine]
+        wants = [reference(x, op) for x in xs]
+        for algorithm in algorithms:
+            for label, kwargs in (("default", {}), ("small-buckets", {"bucket_bytes": 64}),
+                                  ("unfused", {"bucket_bytes": 0}),
+                                  ("async", {"async_op": True})):
+                name = f"batch/{algorithm}/{op.value}/{label}"
+                got = _try(report, name, comm.batch_all_reduce, mine, op, algorithm, **kwargs)
+                if got is False:
+                    continue
+                got = got.wait() if kwargs.get("async_op") else got
+                if len(got) != len(wants):
+                    report[name] = (f"{len(got)} results for {len(wants)} tensors", None)
+                    continue
+                for k, (g, want) in enumerate(zip(got, wants)):
+                    _case(report, f"{name}/{k}", g, want, op, list(zip(mine, before)))
     return report

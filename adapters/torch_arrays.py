@@ -1,0 +1,77 @@
+"""PyTorch tensors as an array kind: a batch of them is packed and unpacked by PyTorch itself.
+
+A batched call on tensors (``Communicator.batch_all_reduce``) packs them in their own library,
+one ``torch.cat`` per bucket, so that only the fused buckets cross into the library (one
+DLPack exchange each, not one per tensor) and the results come back as views of the reduced
+buckets. On a GPU the tensors' current stream orders the packing, and DLPack's handshake
+orders the buckets with the transport's stream.
+
+Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
+imports PyTorch only from the tensors it is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from collectives.ops import BFLOAT16
+
+
+def _torch() -> Any:
+    return sys.modules["torch"]  # (a tensor exists: PyTorch is imported)
+
+
+class TorchArrays:
+    """The array operations packing needs (``collectives.arrays.ArrayBackend``'s ``owns``,
+    ``dtype_of``, ``flat``, ``concatenate``, ``empty`` and ``copy``) on ``torch.Tensor``."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._dtypes: dict[Any, np.dtype] = {}
+
+    @staticmethod
+    def detect(x: object) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(x, torch.Tensor)
+
+    def owns(self, x: object) -> bool:
+        return self.detect(x)
+
+    def dtype_of(self, x: Any) -> np.dtype:
+        dtype = self._dtypes.get(x.dtype)
+        if dtype is None:
+            name = str(x.dtype).removeprefix("torch.")
+            dtype = BFLOAT16 if name == "bfloat16" and BFLOAT16 is not None else np.dtype(
+                {"bool": "bool", "complex64": "complex64"}.get(name, name))
+            self._dtypes[x.dtype] = dtype
+        return dtype
+
+    def _torch_dtype(self, dtype: Any) -> Any:
+        if not isinstance(dtype, np.dtype) and not isinstance(dtype, type):
+            return dtype  # already PyTorch's
+        wanted = np.dtype(dtype)
+        for theirs, ours in self._dtypes.items():
+            if ours == wanted:
+                return theirs
+        return getattr(_torch(), str(wanted))
+
+    def flat(self, x: Any) -> Any:
+        return x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
+
+    def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
+        return _torch().cat(list(arrays), dim=axis)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
+        device = like.device if like is not None else None
+        return _torch().empty(shape, dtype=self._torch_dtype(dtype), device=device)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+
+ARRAYS = TorchArrays()

@@ -1,0 +1,160 @@
+"""``Communicator.batch_all_reduce``: a rank's tensor list as few fused buckets.
+
+The batch loop itself is the core's (``collectives.algorithms.batch.start_batch``); here a
+rank plans its list (TensorFlow's packing knobs where given, else fusion buckets), agrees the
+list with its peers the first time it sees it, and reduces each bucket with ``all_reduce``
+(blocking, or in flight under one handle). Tensors of a library with an array kind of its own
+(PyTorch) are packed in that library, so that only the buckets cross over.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.packing import DEFAULT_BUCKET_BYTES
+from ..compression import for_batch
+from ..errors import CollectiveMismatchError
+from ..foreign import Edge, is_foreign
+from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
+from ..runtime.calls import check_op_for
+from ..runtime.validate import check_shards
+from ..runtime.work import BatchWork
+
+
+def _brief(layout: tuple) -> str:
+    """A batch's tensor list for an error message: ``[float32(3, 5), ...]``, cut short."""
+    items = [f"{dtype}{shape}" for shape, dtype in layout]
+    return "[" + ", ".join(items[:6]) + (f", ... {len(items)} in all" if len(items) > 6 else "") + "]"
+
+
+class BatchOps:
+    """Batched all-reduce (mixed into Communicator)."""
+
+    def _agree_batch(self, xs: Sequence[Any], dtypes: Sequence[np.dtype],
+                     timeout: float | None) -> None:
+        """Agree on a batch's tensor list the first time it is seen: fused into buckets, two
+        lists of different tensors could make buckets of one size and pair up silently. One
+        small all-reduce (the MAX of the list's digest and of its negation: equal digests on
+        every rank exactly when the two agree), paid once per list."""
+        layout = tuple((tuple(x.shape), str(d)) for x, d in zip(xs, dtypes, strict=True))
+        if self.size == 1 or not self.check or layout in self._batches:
+            return
+        digest = zlib.crc32(repr(layout).encode())
+        both = self.arrays.xp.asarray(np.array([digest, -digest], np.int64))
+        highest, negated_lowest = (int(v) for v in self.all_reduce(both, "max", timeout=timeout))
+        if highest != -negated_lowest:
+            theirs = self.all_gather_object(_brief(layout), timeout=timeout)
+            by_rank = ", ".join(f"rank {r}: {text}" for r, text in enumerate(theirs))
+            raise CollectiveMismatchError(
+                f"ranks called batch_all_reduce with different shape or dtype lists ({by_rank}); "
+                "every rank must pass the same tensors in the same order")
+        if len(self._batches) > 1024:
+            self._batches.clear()
+        self._batches.add(layout)
+
+    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = "sum",
+                         algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
+                         agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
+                         bytes_per_pack: int | None = None, shards: int = 0, groups: Any = None,
+                         timeout: float | None = None, compression: Compression = None,
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                         async_op: bool = False) -> Any:
+        """All-reduce a list of tensors as few packed buffers.
+
+        Parameters
+        ----------
+        xs
+            This rank's tensors (every rank: the same shapes and dtypes, in the same order).
+        op
+            ``"sum"``, ``"mean"``, ``"max"``, ``"min"``, ``"prod"`` or a `ReduceOp`.
+        algorithm
+            Any all-reduce spec (see ``collectives.algorithms.spec``).
+        num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack
+            TensorFlow's packing knobs, as in `collectives.batch_all_reduce`.
+        shards
+            Ring sub-chunks or shuffle gather ranks (0: the spec's).
+        groups
+            The groups of a two-level ``"A/B"``.
+        timeout
+            Seconds each packed call may wait for its peers (None: the communicator's).
+        compression
+            ``"fp16"`` or ``"bf16"`` compresses the float32 and float64 packs (see
+            `all_reduce`); packs of other dtypes travel as they are.
+        bucket_bytes
+            With none of TensorFlow's knobs: fuse each dtype's tensors into buckets of at most
+            this many bytes (64 MiB by default; 0: every tensor alone); see `Buckets` to start
+            buckets as their tensors become ready.
+        async_op
+            Return one `Work` handle for the whole batch, whose ``wait()`` returns the list.
+
+        Returns
+        -------
+        list
+            The reduced tensors, in input order, with input shapes (views of their bucket
+            where fused), of the inputs' array type.
+
+        Raises
+        ------
+        TypeError
+            ``xs`` is not a list of arrays; ValueError for a bad spec or knob, or a
+            ``compression`` the op cannot take.
+        CollectiveMismatchError
+            The ranks passed different tensors or arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
+        from ..algorithms.batch import plan_batch, start_batch
+
+        if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
+            raise TypeError("xs must be a list of arrays")
+        edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
+        arrays = self.arrays  # the library the tensors are packed and unpacked in
+        if edge is not None and edge.arrays is not None:  # packed on their side: only the
+            arrays = edge.arrays                           # buckets cross over
+            for k, x in enumerate(xs):
+                if not arrays.owns(x):
+                    raise TypeError(f"xs[{k}] is a {type(x).__module__}.{type(x).__name__} but "
+                                    f"xs[0] is a {type(xs[0]).__module__}.{type(xs[0]).__name__}"
+                                    "; one batch takes arrays of one library")
+        else:
+            if edge is not None:
+                xs = [edge.adopt(x, f"xs[{k}]") for k, x in enumerate(xs)]
+            xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
+        dtypes = [arrays.dtype_of(x) for x in xs]
+        for k, dtype in enumerate(dtypes):
+            check_op_for(op, dtype, f"xs[{k}]")
+        parts = plan_batch([tuple(x.shape) for x in xs], dtypes,
+                           algorithm, num_packs=num_packs,
+                           agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                           agg_small_grads_max_group=agg_small_grads_max_group,
+                           bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                           extra_names=self._native_names, bucket_bytes=bucket_bytes)
+        for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
+
+        self._agree_batch(xs, dtypes, timeout)
+        crossing = arrays is not self.arrays
+
+        def reduce_pack(part, buffers):
+            (buf,) = buffers
+            if crossing:
+                buf = self.adapt(edge.adopt(buf, "a bucket of xs"), "xs")
+            squeeze = for_batch(compression, op, [buf.dtype])[0]
+            return self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
+                                   groups=groups, timeout=timeout, compression=squeeze,
+                                   async_op=async_op)
+
+        batch = start_batch([xs], parts, reduce_pack, arrays=arrays)
+
+        def finish(reduced: list) -> list:
+            if crossing:  # the buckets go back, then unpack on the tensors' side
+                reduced = [edge.back(buf) for buf in reduced]
+            results = [r[0] for r in batch.finish([[buf] for buf in reduced])]
+            return [edge.back(r) for r in results] if edge and not crossing else results
+
+        if async_op:
+            return BatchWork(batch.pending, finish, f"batch_all_reduce of {len(xs)} tensors")
+        return finish(batch.pending)
