@@ -11,7 +11,8 @@
 #   2. probe: CuPy, the GPU, NCCL's version, NcclCommunicator.initAll([0]), mpiexec -n 2;
 #   3. tests: pytest tests/gpu, each test under a time limit, the JUnit file written even
 #      when a test hangs (a worker that hangs is replaced, or a stub names the step's timeout);
-#   4. the benchmarks of benchmarks/gpu_compare.py: copy, devices, one-rank, two-level, torch.
+#   4. the peer benchmark (benchmarks/gpu_peers.py: beside torch.distributed), first, then
+#      the benchmarks of benchmarks/gpu_compare.py: copy, devices, one-rank, two-level, torch.
 #
 # Every step has its own time limit, cut to what is left of the whole run's; a failing step
 # does not stop the next. Everything lands in at most 4 files in OUT: summary.txt,
@@ -27,7 +28,8 @@
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
 # BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
 # (the commit to name, where the checkout has no git history), PARTS (the benchmark parts to
-# run, default "copy devices one-rank two-level torch").
+# run, default "peers copy devices one-rank two-level torch"), STEPS (the steps before the
+# benchmarks, default "tests": "none" leaves the tests out).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -220,7 +222,16 @@ else
   PYTEST+=(--timeout-method=signal)  # the hung test fails, and pytest goes on
 fi
 read -r -a SELECTED <<< "$TESTS"
-step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
+# the peer benchmark first (what earlier cards never measured), then the tests
+COMPARE=("$PY" benchmarks/gpu_compare.py)
+PARTS=" ${PARTS:-peers copy devices one-rank two-level torch} "
+wanted() { [[ "$PARTS" == *" $1 "* ]]; }
+if wanted peers; then
+  for part in per-call resnet50 multi-device; do
+    step "peers-$part" 70 "$PY" benchmarks/gpu_peers.py "$part" --out "$WORK" "${QUICK[@]}"
+  done
+fi
+[ "${STEPS:-tests}" = none ] || step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
 if [ ! -s "$WORK/junit.xml" ]; then  # pytest itself was stopped: say so in the JUnit file
   "$PY" benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml" \
     || python3 benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml"
@@ -235,9 +246,6 @@ EOF
 fi
 
 # --- 4. benchmarks --------------------------------------------------------------------------
-COMPARE=("$PY" benchmarks/gpu_compare.py)
-PARTS=" ${PARTS:-copy devices one-rank two-level torch} "
-wanted() { [[ "$PARTS" == *" $1 "* ]]; }
 wanted copy && step copy 25 "${COMPARE[@]}" copy --out "$WORK" "${QUICK[@]}"
 wanted devices && step devices 80 "${COMPARE[@]}" devices --out "$WORK" "${QUICK[@]}"
 wanted one-rank && step one-rank 35 "${COMPARE[@]}" one-rank --out "$WORK" "${QUICK[@]}"
@@ -262,7 +270,7 @@ EOF
 "$PY" benchmarks/gpu_summary.py "$WORK" "$OUT" > "$LOGS/summary.log" 2>&1 \
   || python3 benchmarks/gpu_summary.py "$WORK" "$OUT" >> "$LOGS/summary.log" 2>&1
 cp "$WORK/junit.xml" "$OUT/junit.xml"
-cp "$WORK"/gpu_compare_*.json "$WORK/probe.json" "$WORK/steps.tsv" "$LOGS/" 2>/dev/null
+cp "$WORK"/gpu_compare_*.json "$WORK"/gpu_peers_*.json "$WORK/probe.json" "$WORK/steps.tsv" "$LOGS/" 2>/dev/null
 log "done after $((SECONDS - START))s; results in $OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
 cat "$OUT/summary.txt" 2>/dev/null || cat "$LOGS/summary.log"

@@ -155,7 +155,7 @@ def main() -> None:
         return
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     parts = {}
-    for path in sorted(work.glob("gpu_compare_*.json")):
+    for path in sorted([*work.glob("gpu_compare_*.json"), *work.glob("gpu_peers_*.json")]):
         data = _load(path)
         if data is not None:
             parts[data.get("part", path.stem)] = data

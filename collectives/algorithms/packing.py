@@ -130,8 +130,8 @@ class PackPlan:
             flats.append(arrays.flat(arr))
         buffers = []
         for pack in self.packs:
-            pieces = [flats[i][start:stop] for i, (start, stop) in zip(pack.indices, pack.spans,
-                                                                        strict=True)]
+            pieces = [flats[i] if start == 0 and stop == flats[i].shape[0] else flats[i][start:stop]
+                      for i, (start, stop) in zip(pack.indices, pack.spans, strict=True)]
             if len(pieces) == 1 and not copy:
                 buf = pieces[0]
             elif pieces:

@@ -54,6 +54,8 @@ def decide(comm: Any, call: Any) -> select.Decision | str:
     so (its collective never timed)."""
     native = comm.transport.native
     natives: tuple = ()
+    if native is not None and comm.size == 1 and native.supports(call):
+        return "native"  # one rank: a copy whichever runs it, and the native one is hot
     if native is not None and comm.size > 1 and native.supports(call):
         if comm.fabric.timings("native", call.collective, comm.size):
             natives = ("native",)

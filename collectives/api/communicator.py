@@ -163,6 +163,24 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         except Exception as exc:  # noqa: BLE001 - NumPy's message is the useful part
             raise TypeError(f"{argument} cannot be read as an array: {exc}") from exc
 
+    def adapt_batch(self, xs: Any, argument: str) -> list:
+        """The arrays a batched call works on: ``adapt`` of each (a hook a subclass may
+        override, to do once per batch what ``adapt`` does per call).
+
+        Parameters
+        ----------
+        xs
+            The caller's list of arrays.
+        argument
+            Its name, for error messages (``xs[3]``).
+
+        Returns
+        -------
+        list
+            One array of the transport's array backend per item.
+        """
+        return [self.adapt(x, f"{argument}[{k}]") for k, x in enumerate(xs)]
+
     def choose_algorithm(self, call: Call) -> str:
         """What runs ``call`` (a hook a subclass may override).
 

@@ -34,16 +34,14 @@ def _brief(layout: tuple) -> str:
 class BatchOps:
     """Batched all-reduce (mixed into Communicator)."""
 
-    def _agree_batch(self, xs: Sequence[Any], dtypes: Sequence[np.dtype],
-                     timeout: float | None) -> None:
+    def _agree_batch(self, layout: tuple, timeout: float | None) -> None:
         """Agree on a batch's tensor list the first time it is seen: fused into buckets, two
         lists of different tensors could make buckets of one size and pair up silently. One
         small all-reduce (the MAX of the list's digest and of its negation: equal digests on
         every rank exactly when the two agree), paid once per list."""
-        layout = tuple((tuple(x.shape), str(d)) for x, d in zip(xs, dtypes, strict=True))
         if self.size == 1 or not self.check or layout in self._batches:
             return
-        digest = zlib.crc32(repr(layout).encode())
+        digest = zlib.crc32(repr([(tuple(s), str(d)) for s, d in layout]).encode())
         both = self.arrays.xp.asarray(np.array([digest, -digest], np.int64))
         highest, negated_lowest = (int(v) for v in self.all_reduce(both, "max", timeout=timeout))
         if highest != -negated_lowest:
@@ -123,11 +121,12 @@ class BatchOps:
         else:
             if edge is not None:
                 xs = [edge.adopt(x, f"xs[{k}]") for k, x in enumerate(xs)]
-            xs = [self.adapt(x, f"xs[{k}]") for k, x in enumerate(xs)]
+            xs = self.adapt_batch(xs, "xs")
         dtypes = [arrays.dtype_of(x) for x in xs]
-        for k, dtype in enumerate(dtypes):
-            check_op_for(op, dtype, f"xs[{k}]")
-        parts = plan_batch([tuple(x.shape) for x in xs], dtypes,
+        for dtype in set(dtypes):  # (per dtype, naming its first tensor)
+            check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
+        layout = tuple(zip([x.shape for x in xs], dtypes))
+        parts = plan_batch([shape for shape, _ in layout], dtypes,
                            algorithm, num_packs=num_packs,
                            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
@@ -135,7 +134,7 @@ class BatchOps:
                            extra_names=self._native_names, bucket_bytes=bucket_bytes)
         for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
 
-        self._agree_batch(xs, dtypes, timeout)
+        self._agree_batch(layout, timeout)
         crossing = arrays is not self.arrays
 
         def reduce_pack(part, buffers):
