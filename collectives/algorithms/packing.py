@@ -117,29 +117,40 @@ class PackPlan:
         collectives never write their inputs); pass ``copy=True`` for fresh buffers
         throughout. ``arrays``: the array backend of the tensors (NumPy by default).
         """
-        arrays = arrays or _numpy()
         if len(tensors) != len(self.shapes):
             raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(tensors)}")
-        flats = []
-        for i, arr in enumerate(tensors):
-            if not arrays.owns(arr):
-                arr = np.asarray(arr)
-            if tuple(arr.shape) != self.shapes[i] or arrays.dtype_of(arr) != self.dtypes[i]:
-                raise ValueError(f"tensor {i} has shape {tuple(arr.shape)} and dtype {arr.dtype}; "
-                                 f"the plan expects {self.shapes[i]} and {self.dtypes[i]}")
-            flats.append(arrays.flat(arr))
-        buffers = []
-        for pack in self.packs:
-            pieces = [flats[i] if start == 0 and stop == flats[i].shape[0] else flats[i][start:stop]
-                      for i, (start, stop) in zip(pack.indices, pack.spans, strict=True)]
-            if len(pieces) == 1 and not copy:
-                buf = pieces[0]
-            elif pieces:
-                buf = arrays.concatenate(pieces, 0)
-            else:
-                buf = arrays.empty((0,), pack.dtype, like=flats[0] if flats else None)
-            buffers.append(buf)
-        return buffers
+        flats: dict[int, Any] = {}
+        return [self.pack_one(k, tensors, copy=copy, arrays=arrays, flats=flats)
+                for k in range(len(self.packs))]
+
+    def pack_one(self, k: int, tensors: Sequence[Any], *, copy: bool = False,
+                 arrays: Any = None, flats: dict[int, Any] | None = None) -> Any:
+        """Pack ``k``'s buffer, from ``tensors`` (every tensor of the plan, by index; only
+        pack ``k``'s members are read). ``flats``: 1-D views already made, by index."""
+        arrays = arrays or _numpy()
+        flats = {} if flats is None else flats
+        pack = self.packs[k]
+        pieces = []
+        for i, (start, stop) in zip(pack.indices, pack.spans, strict=True):
+            flat = flats.get(i)
+            if flat is None:
+                arr = tensors[i]
+                if not arrays.owns(arr):
+                    arr = np.asarray(arr)
+                if tuple(arr.shape) != self.shapes[i] or arrays.dtype_of(arr) != self.dtypes[i]:
+                    raise ValueError(f"tensor {i} has shape {tuple(arr.shape)} and dtype "
+                                     f"{arr.dtype}; the plan expects {self.shapes[i]} and "
+                                     f"{self.dtypes[i]}")
+                flat = flats[i] = arrays.flat(arr)
+            pieces.append(flat if start == 0 and stop == flat.shape[0] else flat[start:stop])
+        if len(pieces) == 1 and not copy:
+            return pieces[0]
+        if pieces:
+            return arrays.concatenate(pieces, 0)
+        like = next(iter(flats.values()), None)
+        if like is None and tensors and arrays.owns(tensors[0]):
+            like = tensors[0]
+        return arrays.empty((0,), pack.dtype, like=like)
 
     def unpack(self, buffers: Sequence[ArrayLike], *, arrays: Any = None) -> list:
         """The tensors in input order and shapes; each takes the dtype of its (first) buffer.

@@ -18,6 +18,7 @@ from collectives.backends import mpi
 
 from collectives.algorithms.sampling import predict
 from collectives.algorithms.schedule import Collective
+from collectives.algorithms.select import TIE
 from collectives.api import calibration
 
 report = Report("calibrated")
@@ -35,8 +36,11 @@ def priced_by_the_model(comm, nbytes: int) -> None:
     report.check(all(p == everyone[0] for p in everyone), f"ranks price differently: {everyone}")
     decision = comm.explain("all_reduce", np.zeros(nbytes // 8))
     cheapest = min(decision.predictions, key=lambda p: p.seconds)
-    report.check(decision.name == cheapest.algorithm,
-                 f"explain picked {decision.name}, the cheapest priced is {cheapest.algorithm}")
+    picked = next(p for p in decision.predictions if p.algorithm == decision.name)
+    # (prices within select.TIE of the cheapest tie; a tie goes to the fewest fan-out)
+    report.check(picked.seconds <= cheapest.seconds * (1 + TIE),
+                 f"explain picked {decision.name} at {picked.seconds:.3g} s, the cheapest priced "
+                 f"is {cheapest.algorithm} at {cheapest.seconds:.3g} s")
 
 
 def main() -> None:
