@@ -48,3 +48,8 @@ def test_sub_communicators(n):
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_batch_fusion(n):
     run_body(bodies.batch_fusion, n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_buckets_overlap(n):
+    run_body(bodies.buckets_overlap, n)

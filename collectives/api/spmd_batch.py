@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -157,3 +158,106 @@ class BatchOps:
         if async_op:
             return BatchWork(batch.pending, finish, f"batch_all_reduce of {len(xs)} tensors")
         return finish(batch.pending)
+
+    def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
+                *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                timeout: float | None = None) -> Buckets:
+        """Buckets that all-reduce a gradient list while it is still being computed.
+
+        Parameters
+        ----------
+        like
+            Tensors of the list's shapes and dtypes, **in the order they become ready** (for a
+            backward pass: the last layer's first, as DDP orders its buckets). Every rank
+            passes the same list.
+        op, algorithm
+            As in `all_reduce`.
+        bucket_bytes
+            Fuse consecutive tensors of a dtype into buckets of at most this many bytes
+            (smaller buckets start sooner; 0: every tensor alone).
+        timeout
+            Seconds each bucket may wait for its peers (None: the communicator's).
+
+        Returns
+        -------
+        Buckets
+            Mark each tensor with ``ready(k, x)``: a bucket starts (asynchronously) once its
+            tensors are ready and every bucket before it has started; ``wait()`` returns the
+            reduced list, and the buckets are ready for the next step.
+        """
+        xs = self.adapt_batch(list(like), "like")
+        layout = tuple(zip([x.shape for x in xs], [self.arrays.dtype_of(x) for x in xs]))
+        for dtype in {d for _, d in layout}:
+            check_op_for(op, dtype, "like")
+        self._agree_batch(layout, timeout)
+        return Buckets(self, layout, op, algorithm, bucket_bytes, timeout)
+
+
+class Buckets:
+    """A gradient list all-reduced bucket by bucket as its tensors become ready (DDP's
+    reducer, Horovod's fusion buffer): see `Communicator.buckets`.
+
+    Buckets start in one fixed order on every rank (a bucket waits for those before it), so
+    ranks whose tensors become ready in different orders still pair the same buckets.
+    """
+
+    def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
+                 timeout: float | None):
+        from ..algorithms.batch import plan_batch
+
+        self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
+        self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
+                                bucket_bytes=bucket_bytes, extra_names=comm._native_names)
+        self.order = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
+        self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
+                          for i in (part.indices[m] for m in part.plan.packs[j].indices)}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tensors: list = [None] * len(self.layout)
+        self.missing = [len(part.plan.packs[j].indices) for part, j in self.order]
+        self.pending: list = []  # the started buckets' handles, in order
+
+    @property
+    def started(self) -> int:
+        """How many buckets are in flight (or done) this step."""
+        return len(self.pending)
+
+    def ready(self, k: int, x: Any) -> None:
+        """Tensor ``k`` (of the list's order) is ``x``; start every bucket now complete."""
+        if not 0 <= k < len(self.layout):
+            raise IndexError(f"k={k} is out of range for a list of {len(self.layout)} tensors")
+        x = self.comm.adapt(x, f"tensor {k}")
+        shape, dtype = self.layout[k]
+        if x.shape != shape or self.comm.arrays.dtype_of(x) != dtype:
+            raise ValueError(f"tensor {k} is {x.dtype}{tuple(x.shape)}; the buckets were made "
+                             f"for {dtype}{tuple(shape)}")
+        if self.tensors[k] is not None:
+            raise ValueError(f"tensor {k} was already marked ready this step")
+        self.tensors[k] = x
+        self.missing[self.bucket_of[k]] -= 1
+        while self.started < len(self.order) and self.missing[self.started] == 0:
+            part, j = self.order[self.started]
+            buf = part.plan.pack_one(j, [self.tensors[i] for i in part.indices],
+                                     arrays=self.comm.arrays)
+            self.pending.append(self.comm.all_reduce(
+                buf, self.op, part.spec.algorithm, shards=part.spec.shards,
+                timeout=self.timeout, async_op=True))
+
+    def wait(self, timeout: float | None = None) -> list:
+        """The reduced tensors in the list's order, once every bucket has finished; the
+        buckets then take the next step's tensors."""
+        from ..algorithms.batch import StartedBatch
+
+        if self.started < len(self.order):
+            missing = [k for k, t in enumerate(self.tensors) if t is None]
+            raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} "
+                             "were never passed to ready(k, x); their buckets (and the later "
+                             "ones) have not started")
+        try:
+            reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
+        finally:
+            self._reset()
+        batch = StartedBatch(self.parts, reduced, len(self.layout), self.comm.arrays,
+                             lambda _: nullcontext())
+        return [r[0] for r in batch.finish([[buf] for buf in reduced])]

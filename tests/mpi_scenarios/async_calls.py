@@ -6,7 +6,9 @@
 * prepared calls of every collective, started again and again on refilled inputs;
 * ``dup`` and ``split`` of the transport, each a communicator of its own;
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
-  receive that times out, after which the communicator still works.
+  receive that times out, after which the communicator still works;
+* the suite's batch bodies (``tests/suite/bodies.py``): fused batches, blocking and async, and
+  buckets started as their tensors become ready, every rank's bits compared.
 """
 
 from __future__ import annotations
@@ -170,7 +172,23 @@ def messages() -> None:
     report.check(np.array_equal(got, np.full(2, n)), "messages: usable after a receive timed out")
 
 
+def batches() -> None:
+    """The suite's batch bodies over these ranks: each rank's problems, and the same bits."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from suite import bodies
+    from suite.runner import judge
+
+    for body in (bodies.batch_fusion, bodies.buckets_overlap):
+        problems = judge(WORLD.allgather(body(comm)))
+        report.check(not problems, f"{body.__name__}: " + "; ".join(problems[:5]))
+
+
 def main() -> None:
+    batches()
+    meet()
     many_in_flight()
     meet()
     back_to_back()

@@ -273,3 +273,43 @@ def batch_fusion(comm, algorithms=("auto", "ring")) -> Report:
                 for k, (g, want) in enumerate(zip(got, wants)):
                     _case(report, f"{name}/{k}", g, want, op, list(zip(mine, before)))
     return report
+
+
+def buckets_overlap(comm, steps: int = 3) -> Report:
+    """``comm.buckets``: tensors marked ready one by one, in an order that differs from rank
+    to rank, over several steps; every result the per-tensor all-reduce's bits; buckets
+    start as soon as they can (the first before the last tensor is ready); misuse raises."""
+    n, r = comm.size, comm.rank
+    report: Report = {}
+    tensors = [(np.dtype(d), s) for d, s in BATCH_TENSORS]
+    like = [np.zeros(s, d) for d, s in tensors]
+    buckets = comm.buckets(like, "sum", bucket_bytes=64)
+    for step in range(steps):
+        xs = [exact_inputs(n, int(np.prod(s)), d, "sum", seed=step * 31 + k, shape=s)
+              for k, (d, s) in enumerate(tensors)]
+        order = list(range(len(tensors)))
+        if r % 2:  # odd ranks: ready in another order (buckets still start in one order)
+            order = order[1::2] + order[::2]
+        started_early = False
+        for k in order:
+            buckets.ready(k, xs[k][r])
+            started_early |= k != order[-1] and buckets.started > 0
+        got = buckets.wait()
+        for k, x in enumerate(xs):
+            _case(report, f"buckets/{step}/{k}", got[k], reference(x, "sum"))
+        report[f"buckets/{step}/started-early"] = (None if started_early else
+                                                   "no bucket started before the last tensor",
+                                                   None)
+    problems = []
+    try:
+        buckets.wait()
+        problems.append("wait() with no tensor ready did not raise")
+    except ValueError:
+        pass
+    try:
+        buckets.ready(0, np.zeros(3, np.float32))
+        problems.append("a tensor of the wrong shape was taken")
+    except ValueError:
+        pass
+    report["buckets/misuse"] = ("; ".join(problems) or None, None)
+    return report
