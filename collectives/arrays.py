@@ -83,6 +83,19 @@ class ArrayBackend(Protocol):
         ...
 
 
+def plain_ndarray(x: np.ndarray, argument: str) -> np.ndarray:
+    """A NumPy subclass (``np.matrix``, ``np.memmap``, record arrays) as the plain array a
+    collective reduces, sharing its memory; a masked array raises, since a collective would
+    reduce its masked entries and drop the mask without a word."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{argument} is a numpy.ma.MaskedArray: a collective reduces every "
+                        "element and would drop the mask; pass "
+                        f"{argument}.filled(value) with the value a masked entry should count "
+                        f"as (0 for a sum), or np.asarray({argument}) to reduce the values "
+                        "underneath the mask as well")
+    return x.view(np.ndarray)
+
+
 def overlaps(backend: ArrayBackend, a: Array, b: Array) -> bool:
     """Whether two arrays' memory extents intersect (a conservative overlap test)."""
     da, sa, ea = backend.extent(a)

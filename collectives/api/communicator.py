@@ -27,6 +27,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..arrays import plain_ndarray
 from ..log import configure, debug_setting
 from ..runtime import tracing
 from ..runtime.agreement import agreed
@@ -150,6 +151,8 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
             ``x`` is None, a list of arrays (one array per call), or not readable as an array.
         """
         if self.arrays.owns(x):
+            if x.__class__ is not np.ndarray and isinstance(x, np.ndarray):
+                return plain_ndarray(x, argument)  # (np.matrix, memmap; masked: raises)
             return x
         if x is None:
             raise TypeError(f"{argument} is None; pass an array")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
+import numpy as np
+
 from ..algorithms.schedule import Collective
-from ..arrays import overlaps
+from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
 from ..foreign import accepts_foreign, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
@@ -102,6 +104,8 @@ class CollectiveOps:
                     timeout: float | None, async_op: bool, compression: str | None) -> Any:
         """``all_reduce`` beyond the hot path (kept apart: its closures would make every
         argument of ``all_reduce`` a cell, which costs the hot path a few hundred ns)."""
+        if x.__class__ is not np.ndarray and isinstance(x, np.ndarray):
+            x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
         if is_foreign(x) or is_foreign(out):
             return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
                                 dict(out=out, shards=shards, groups=groups, timeout=timeout,

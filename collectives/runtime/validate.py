@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import plain_ndarray
 from ..ops import ReduceOp, check_dtype
 
 Groups = Sequence[Sequence[int]] | int | None
@@ -18,8 +19,11 @@ Groups = Sequence[Sequence[int]] | int | None
 
 def as_array(x: Any, argument: str, arrays: Any = None) -> Any:
     """An array (anything with ``shape`` and ``dtype``); scalars and array-likes become NumPy
-    arrays. None and lists raise TypeError: one array is expected."""
+    arrays. None and lists raise TypeError: one array is expected. NumPy subclasses are
+    taken as plain arrays (a masked array raises: ``collectives.arrays.plain_ndarray``)."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
+        if isinstance(x, np.ndarray) and x.__class__ is not np.ndarray:
+            return plain_ndarray(x, argument)
         return x
     if x is None:
         raise TypeError(f"{argument} is None; pass an array")

@@ -14,7 +14,7 @@ import numpy as np
 
 from collectives.tools.reference import reference
 from faults import bodies
-from faults.cases_inputs import HUGE, read_only
+from faults.cases_inputs import HUGE, memmapped, read_only
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, inputs
 
@@ -85,6 +85,10 @@ BAD = {  # name: (function, args, kwargs, error(s), message)
                              "spec"),
     "batch-not-a-list": ("batch_all_reduce", (None,), {}, "TypeError", "value_lists must be a list"),
     "huge": ("all_reduce", ([HUGE] * 3,), {}, "MemoryError", "allocate"),
+    "masked": ("all_reduce", ([X, np.ma.masked_array(X, mask=X > 5), X],), {}, "TypeError",
+               r"values\[1\] is a numpy\.ma\.MaskedArray.*filled"),
+    "masked-batch": ("batch_all_reduce", ([[X, X, np.ma.masked_array(X)]],), {}, "TypeError",
+                     r"value_lists\[0\]\[2\] is a numpy\.ma\.MaskedArray"),
 }
 
 for name, (function, args, kwargs, error, match) in BAD.items():
@@ -108,6 +112,8 @@ add("valid-empty", valid(lambda x: x[:0]))
 add("valid-strided", valid(lambda x: x[::3]))
 add("valid-fortran", valid(lambda x: np.asfortranarray(x.reshape(3, 4))))
 add("valid-read-only", valid(read_only))
+add("valid-matrix", valid(lambda x: np.matrix(x.reshape(3, 4))))
+add("valid-memmap", valid(memmapped))
 add("valid-big-endian", valid(lambda x: x.astype(">f8")))
 add("valid-int-mean", valid(lambda x: x.astype(np.int16), op="mean"))
 add("valid-reduce", lambda ctx: Call("reduce", (inputs(ctx), "sum"), {"root": 2},
