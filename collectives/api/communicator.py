@@ -271,10 +271,12 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         t0 = recorder.now() if recorder.ON else 0
         engine.enter(what, timeout)
         try:
+            if async_op:  # too many handles unwaited: refused alike on every rank, at once
+                crowded = engine.crowded()
+                if crowded is not None:
+                    raise crowded
             seq = engine.next_seq()
-            call = data = finish = None
-            # too many calls in flight: refused before anything is issued, in the agreement
-            error = engine.crowded() if async_op else None
+            call = data = finish = error = None
             try:
                 check_timeout(timeout)
                 if error is None:

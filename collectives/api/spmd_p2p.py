@@ -194,7 +194,7 @@ class PointToPointOps:
         engine = self._engine
         engine.enter(direction)
         try:
-            crowded = engine.crowded()
+            crowded = engine.crowded(collective=False)
             if crowded is not None:  # (a message is between two ranks: refused here alone)
                 raise crowded
             return self._message(direction, peer, tag, array, given, blocking, t0)

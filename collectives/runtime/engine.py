@@ -56,6 +56,9 @@ class Engine:
         self.agreed: OrderedDict[int, bool] = OrderedDict()
         self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
         self.inflight: list[Operation] = []
+        # handles of asynchronous collectives issued and not yet waited on (nor dropped):
+        # counted in program order, so every rank refuses the same call at the limit
+        self.outstanding = 0
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
         self.freed = False  # Communicator.free() was called: no call may run
@@ -119,18 +122,40 @@ class Engine:
         self.seq += 1
         return self.seq
 
-    def crowded(self) -> CollectiveError | None:
-        """The error refusing one more asynchronous call, when ``MAX_IN_FLIGHT`` are in
-        flight already (checked before the call issues anything; a collective puts it into
-        its agreement, so every rank refuses that call)."""
-        if len(self.inflight) < MAX_IN_FLIGHT:
+    def crowded(self, collective: bool = True) -> CollectiveError | None:
+        """The error refusing one more asynchronous call at the limit: ``MAX_IN_FLIGHT``
+        collective handles issued and not yet waited on (the same count on every rank, in
+        program order: every rank refuses the same call, before anything is issued, and the
+        communicator stays usable); a point-to-point message counts the operations still
+        running on this rank (a message is between two ranks: refused there alone)."""
+        if (self.outstanding if collective else len(self.inflight)) < MAX_IN_FLIGHT:
             return None
-        return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} asynchronous calls "
-                               "would be in flight on this communicator; wait() for some first")
+        what = "collective handles would be unwaited" if collective else \
+            "asynchronous calls would be in flight"
+        return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
+                               "communicator; wait() for some first (this call was not issued)")
+
+    def handed_out(self, op: Operation, work: Work) -> None:
+        """``work``, the handle of the asynchronous collective ``op``, counts as outstanding
+        until it is waited on or dropped."""
+        self.outstanding += 1
+        op.counted = True
+
+        def dropped(_ref: Any, engine: Engine = self, op: Operation = op) -> None:
+            engine.settle(op)
+
+        op.handle = weakref.ref(work, dropped)
+
+    def settle(self, op: Operation) -> None:
+        """``op``'s handle no longer counts (waited on, or dropped)."""
+        if op.counted:
+            op.counted = False
+            self.outstanding -= 1
 
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
         and nothing here holds it (or its buffers) any more."""
+        self.settle(op)
         with self.state:  # (the progress thread may be adding it right now)
             if self.unreported:
                 self.unreported = [(r, o) for r, o in self.unreported if o is not op]
@@ -181,7 +206,10 @@ class Engine:
             self._broke(op.error, op.seq)
         if async_op:
             work = Work(op)
-            op.handle = weakref.ref(work)
+            if op.breaking:  # a collective's handle (a message's is counted by inflight)
+                self.handed_out(op, work)
+            else:
+                op.handle = weakref.ref(work)
             if not done:
                 progress_thread.start(self)
             elif op.error is not None:

@@ -28,7 +28,8 @@ PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread
 class Operation:
     """One collective in flight on one communicator."""
 
-    __slots__ = ("breaking", "check", "engine", "error", "finish", "finished", "handle", "result",
+    __slots__ = ("breaking", "check", "counted", "engine", "error", "finish", "finished", "handle",
+                 "result",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
                  "subject", "trace", "waited_by")
 
@@ -43,6 +44,7 @@ class Operation:
         self.error: BaseException | None = None
         self.waited_by = False  # a Work.wait() will report the error; no one else must
         self.handle: Any = None  # a weak reference to the Work handle of an asynchronous call
+        self.counted = False  # its handle counts among the engine's outstanding ones
         # what the call's late agreement needs, should a peer start one
         self.signature, self.check = signature, check
         self.skipped_agreement = skipped_agreement

@@ -97,6 +97,46 @@ add("many-in-flight-1000", many_in_flight(1000), where=(*BOTH, "mpi-nodes"), siz
     timeout=20.0, limit=40.0)
 
 
+def over_the_limit(ctx: Ctx) -> Call:
+    """More asynchronous all-reduces than may be outstanding (``MAX_IN_FLIGHT``):
+    every rank refuses the same call when it is issued (a CollectiveError, nothing posted);
+    the earlier ones all give right sums; after some ``wait()``s a retry runs once; the
+    communicator stays usable. Rank 1 waits for nothing before the limit is reached and is
+    slow to wait: what counts is handles not waited on, not calls still running."""
+    def body(comm):
+        from collectives.runtime import engine
+
+        n, limit = comm.size, engine.MAX_IN_FLIGHT
+        summary: dict = {"wrong": [], "errors": []}
+        handles = [comm.all_reduce(np.full(3, float(i)), async_op=True) for i in range(limit)]
+        try:
+            comm.all_reduce(np.full(3, -1.0), async_op=True)
+            summary["errors"].append(f"call {limit + 1} was issued past the limit")
+        except Exception as exc:  # noqa: BLE001 - judged below
+            if "wait() for some first" not in str(exc):
+                summary["errors"].append(f"refused with {type(exc).__name__}: {exc}")
+        if comm.rank == 1:
+            time.sleep(0.2)
+        for i, h in enumerate(handles[:5]):
+            if not np.all(h.wait() == n * i):
+                summary["wrong"].append(f"call {i}")
+        retry = comm.all_reduce(np.full(3, 7.0), async_op=True)  # (room again: it runs once)
+        del handles[:5]
+        for i, h in enumerate(handles, 5):
+            if not np.all(h.wait() == n * i):
+                summary["wrong"].append(f"call {i}")
+        if not np.all(retry.wait() == 7.0 * n):
+            summary["wrong"].append("the retry")
+        if not np.all(comm.all_reduce(np.ones(2)) == n):
+            summary["wrong"].append("a blocking call afterwards")
+        return summary
+
+    return Call(body, expect=ok(check=nothing_wrong), same=False)
+
+
+add("over-the-in-flight-limit", over_the_limit, where=BOTH, timeout=20.0, limit=40.0)
+
+
 T_STOP = 1.0
 
 
