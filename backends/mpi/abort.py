@@ -6,6 +6,15 @@ rank waits in its next collective for the whole timeout (300 s by default), then
 Python would, then calls ``MPI_Abort`` on ``COMM_WORLD``: the launcher ends every rank within
 about a second. ``init(abort_on_error=False)`` turns it off (the latest ``init`` decides).
 
+A rank that leaves through ``sys.exit(status)`` is handled at its exit (an ``atexit`` hook,
+before MPI finalizes): a non-zero status aborts the job the same way, naming the rank and the
+status; any other exit (status 0, or the end of the program) tells the rank's peers, on every
+communicator still alive, after which call it left (a failure notice of kind "exited"): a
+peer waiting in a later call, which this rank will never join, raises ``PeerFailedError``
+naming it at once instead of waiting out its timeout, while peers still finishing the calls
+this rank joined are left alone. (``raise SystemExit(n)`` bypasses ``sys.exit`` and counts
+as status 0 here.)
+
 It stays out of the way where aborting would be wrong or useless: an interactive session,
 a job of one process, MPI not (or no longer) initialised. Under ``python -m mpi4py`` mpi4py
 aborts first and the hook is never reached. Exceptions in other threads end only their
@@ -14,37 +23,79 @@ thread, as in any Python program, and abort nothing.
 
 from __future__ import annotations
 
+import atexit
 import sys
 from types import TracebackType
+from typing import Any
 
 ENABLED = True  # what the latest init() asked for
 _previous = None  # the hook this one chains to, once installed
+_exit = sys.exit  # Python's own
+_status: list = []  # the status sys.exit was last called with
 
 
 def install(enabled: bool) -> None:
-    """Install the hook (once), and enable or disable it."""
+    """Install the hooks (once), and enable or disable them."""
     global ENABLED, _previous
     ENABLED = bool(enabled)
     if _previous is None and enabled:
         _previous = sys.excepthook
         sys.excepthook = _abort_on_uncaught
+        sys.exit = _exit_noting_status
+        atexit.register(_at_exit)
 
 
-def _abort_on_uncaught(kind: type[BaseException], value: BaseException,
-                       tb: TracebackType | None) -> None:
-    (_previous or sys.__excepthook__)(kind, value, tb)  # the traceback, as usual
+def _exit_noting_status(status: Any = None) -> None:
+    """``sys.exit``, noting the status for the exit hook (atexit cannot see it)."""
+    _status.append(status)
+    _exit(status)
+
+
+def _world() -> Any:
+    """MPI's COMM_WORLD where aborting or telling peers makes sense, else None."""
     if not ENABLED or hasattr(sys, "ps1"):
-        return
+        return None
     from mpi4py import MPI
 
     if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() < 2:
+        return None
+    return MPI.COMM_WORLD
+
+
+def _at_exit() -> None:
+    world = _world()
+    if world is None:
         return
+    status = _status[-1] if _status else None
+    code = status if isinstance(status, int) else (0 if status is None else 1)
+    if code != 0:
+        _flush()
+        print(f"collectives: rank {world.Get_rank()} exited with status {code}: aborting the "
+              "MPI job (MPI_Abort), so that the other ranks do not wait for it",
+              file=sys.stderr, flush=True)
+        world.Abort(code)
+        return
+    from .transport import say_goodbye
+
+    say_goodbye()
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001, S110 - a closed stream must not stop the abort
             pass
-    print(f"collectives: rank {MPI.COMM_WORLD.Get_rank()} raised an uncaught "
+
+
+def _abort_on_uncaught(kind: type[BaseException], value: BaseException,
+                       tb: TracebackType | None) -> None:
+    (_previous or sys.__excepthook__)(kind, value, tb)  # the traceback, as usual
+    world = _world()
+    if world is None:
+        return
+    _flush()
+    print(f"collectives: rank {world.Get_rank()} raised an uncaught "
           f"{kind.__name__}: aborting the MPI job (MPI_Abort), so that the other ranks do "
           "not wait for it", file=sys.stderr, flush=True)
-    MPI.COMM_WORLD.Abort(1)
+    world.Abort(1)

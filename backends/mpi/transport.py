@@ -9,6 +9,7 @@ their messages ever matches another's, or the user's.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from mpi4py import MPI
@@ -27,6 +28,16 @@ from .tags import control_tags, data_tags, user_tags
 from .waiting import SPIN_SECONDS, Idler, node_oversubscribed
 
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
+
+
+def say_goodbye() -> None:
+    """At a rank's exit: every live transport tells its peers after which call it left."""
+    for transport in list(_LIVE):
+        try:
+            transport.say_goodbye()
+        except Exception:  # noqa: BLE001, S112 - exiting: one broken transport must not stop the rest
+            continue
 
 SERVE_AFTER = 1e-3  # a wait this long answers peers' questions...
 SERVE_EVERY = 1e-3  # ...at most this often
@@ -53,6 +64,7 @@ class MPITransport:
 
     def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None):
         check_thread_level()
+        _LIVE.add(self)
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self._groups = groups
@@ -95,6 +107,17 @@ class MPITransport:
             if now - self._served > SERVE_EVERY:
                 self._served = now
                 self.notices.serve()
+
+    def say_goodbye(self) -> None:
+        """Tell every peer that this rank leaves after its latest call (a notice of kind
+        "exited"): peers waiting in a later call fail at once, naming it."""
+        if not self._comms or self.notices.comm is None:
+            return  # (freed)
+        activity = self.notices.activity
+        seq = activity[0] if activity else 0
+        self.notify_failure(Failure(self.rank, seq, "exited",
+                                    f"it exited (status 0) after its call {seq}, and joins no later "
+                                    "call"))
 
     def notify_failure(self, failure: Failure) -> None:
         self._troubled = True

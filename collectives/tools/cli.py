@@ -131,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ncollectives {args.command}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as exc:  # one line, naming what did not fit and how to ask for less
+        what = str(exc) or "an allocation failed"
+        print(f"collectives {args.command}: out of memory ({what}); ask for less: fewer "
+              "participants (-n) or smaller sizes", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

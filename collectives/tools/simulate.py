@@ -50,6 +50,10 @@ CLUSTERS: dict[str, tuple[int, Fabric]] = {
                        source="16-rank CPU nodes: shared memory 5 GB/s, one 25 Gbit/s link "
                               "per node")),
 }
+# One participant's plan holds O(n) rounds (ring: 2(n - 1)), so pricing is linear in n: past
+# this count an answer takes minutes and gigabytes, and simulate says so at once instead.
+MAX_PARTICIPANTS = 1 << 17
+
 BUS = {Collective.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
        Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
        Collective.ALL_GATHER: lambda n: (n - 1) / n}
@@ -152,6 +156,10 @@ def setup(args: argparse.Namespace) -> tuple[Fabric, Placement]:
             raise ValueError(f"--gamma {args.gamma}: a reduction speed is above zero")
         fabric = replace(fabric, gamma=1 / gamma, gammas=())
     n = args.participants
+    if n > MAX_PARTICIPANTS:
+        raise ValueError(f"-n {n}: simulate prices at most {MAX_PARTICIPANTS:,} participants (one "
+                         "participant's plan holds a round per step, 2(n - 1) for ring, so "
+                         "larger counts would take minutes and gigabytes); ask for fewer")
     if args.nodes:
         count, _, each = args.nodes.lower().partition("x")
         if not (count.isdigit() and each.isdigit() and int(count) and int(each)):

@@ -47,3 +47,32 @@ def test_abort_on_error_false_leaves_exceptions_alone():
     assert proc.returncode == 0, output[-3000:]
     assert sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK")) == [
         "RANK 0 ABORTS False", "RANK 1 ABORTS False"], output[-3000:]
+
+
+def test_a_non_zero_sys_exit_ends_the_job_naming_the_rank_and_status():
+    """Rank 1's ``sys.exit(3)`` while the others wait with ``timeout=60``: within seconds."""
+    proc, took = launch("exit3", 3)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "rank 1 exited with status 3: aborting the MPI job" in output, output[-3000:]
+    assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
+
+
+def test_an_exit_before_a_call_fails_the_peers_waiting_in_it():
+    """Rank 1's ``sys.exit(0)`` while the others wait in a call it will never join: they raise
+    ``PeerFailedError`` naming it at once (and, uncaught, that ends the job)."""
+    proc, took = launch("exit0", 3)
+    output = proc.stdout + proc.stderr
+    assert "PeerFailedError" in output and "rank 1 failed after call 1" in output, output[-3000:]
+    assert "exited (status 0) after its call 1" in output, output[-3000:]
+    assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
+
+
+def test_an_exit_after_the_last_call_leaves_the_peers_alone():
+    """Rank 1 leaves with ``sys.exit(0)`` right after the last all-reduce, which the others
+    join late: they get their results and the job succeeds."""
+    proc, _ = launch("exit0-last", 3)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK")) == [
+        "RANK 0 GOT 3.0", "RANK 2 GOT 3.0"], output[-3000:]

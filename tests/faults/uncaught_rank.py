@@ -6,6 +6,12 @@
 default 300 s timeout. The library's hook aborts the job: it ends within about a second.
 ``keep``: ``init(abort_on_error=False)``; every rank prints whether the hook would abort,
 then leaves normally.
+``exit3``: after one all-reduce, rank 1 calls ``sys.exit(3)``; the others call another
+all-reduce with ``timeout=60``: the job is aborted within seconds, naming rank 1 and status 3.
+``exit0``: rank 1 calls ``sys.exit(0)`` instead; the others' next all-reduce raises
+``PeerFailedError`` naming rank 1 at once, which (uncaught) aborts the job.
+``exit0-last``: rank 1 leaves with ``sys.exit(0)`` after the last all-reduce, which the others
+join late: they get their results, and the job ends with status 0.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from collectives.backends import mpi  # noqa: E402
@@ -32,9 +40,22 @@ def main() -> None:
         sys.stdout.write(f"RANK {comm.rank} ABORTS {abort.ENABLED}\n")
         sys.stdout.flush()
         return
+    if mode == "exit0-last":
+        if comm.rank == 1:
+            comm.all_reduce(np.ones(4), algorithm="tree")  # its last call, then it leaves
+            sys.exit(0)
+        time.sleep(0.5 * comm.rank)  # (the others arrive late, and one later still)
+        got = comm.all_reduce(np.ones(4), algorithm="tree", timeout=60)
+        time.sleep(0.5)  # (rank 1's goodbye arrives while the others are still here)
+        sys.stdout.write(f"RANK {comm.rank} GOT {float(got[0])}\n")
+        return
     if comm.rank == 1:
+        if mode == "exit3":
+            sys.exit(3)
+        if mode == "exit0":
+            sys.exit(0)
         raise RuntimeError("an error this program does not catch")
-    comm.all_reduce(np.ones(4))
+    comm.all_reduce(np.ones(4), timeout=60)
 
 
 if __name__ == "__main__":
