@@ -1,0 +1,51 @@
+"""The console commands at absurd sizes: an answer or a one-line error in seconds, never a
+traceback or a process that keeps allocating."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+COMMAND = [sys.executable, "-m", "collectives.tools.cli"]
+
+
+def run(args: list[str], *, memory: int | None = None, wall: float = 60.0):
+    def limit() -> None:  # (in the child: an address-space limit, as a small machine has)
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    start = time.monotonic()
+    proc = subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=wall,
+                          preexec_fn=limit)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("n", ["100000000000", "16777216"])
+def test_simulate_refuses_absurd_participant_counts_at_once(n):
+    proc, took = run(["simulate", "ring", "-n", n])
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"-n {n}: simulate prices at most 131,072 participants" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert took < 30, f"{took:.0f} s for an error"
+
+
+def test_simulate_still_prices_its_largest_count():
+    proc, _ = run(["simulate", "ring", "-n", "131072", "-b", "1M"])
+    assert proc.returncode == 0 and "all_reduce of 1 MiB over 131072" in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_bench_out_of_memory_is_one_line():
+    """``bench`` with more participants than memory allows (1.5 GiB of address space): one
+    line naming what could not be allocated and how to ask for less, exit status 1."""
+    proc, _ = run(["bench", "-n", "100000", "-b", "8", "-e", "8"], memory=3 << 29)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("collectives bench: out of memory ("), lines
+    assert "allocate" in lines[0] and "fewer participants (-n)" in lines[0], lines
