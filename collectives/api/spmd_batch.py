@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Generic, Literal, overload
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
 from ..runtime.validate import check_shards
-from ..runtime.work import BatchWork
+from ..runtime.work import BatchWork, Work
 
 
 def _brief(layout: tuple) -> str:
@@ -55,6 +55,22 @@ class BatchOps:
             self._batches.clear()
         self._batches.add(layout)
 
+    @overload
+    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = ...,
+                         algorithm: BatchSpec | SpmdAlgorithm = ..., *, num_packs: int = ...,
+                         agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
+                         bytes_per_pack: int | None = ..., shards: int = ..., groups: Any = ...,
+                         timeout: float | None = ..., compression: Compression = ...,
+                         bucket_bytes: int = ...,
+                         async_op: Literal[False] = ...) -> list[ArrayT]: ...
+    @overload
+    def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = ...,
+                         algorithm: BatchSpec | SpmdAlgorithm = ..., *, num_packs: int = ...,
+                         agg_small_grads_max_bytes: int = ..., agg_small_grads_max_group: int = ...,
+                         bytes_per_pack: int | None = ..., shards: int = ..., groups: Any = ...,
+                         timeout: float | None = ..., compression: Compression = ...,
+                         bucket_bytes: int = ...,
+                         async_op: Literal[True]) -> Work[list[ArrayT]]: ...
     def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = "sum",
                          algorithm: BatchSpec | SpmdAlgorithm = "auto", *, num_packs: int = 0,
                          agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10,
@@ -161,7 +177,7 @@ class BatchOps:
 
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
                 *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                timeout: float | None = None) -> Buckets:
+                timeout: float | None = None) -> Buckets[ArrayT]:
         """Buckets that all-reduce a gradient list while it is still being computed.
 
         Parameters
@@ -193,7 +209,7 @@ class BatchOps:
         return Buckets(self, layout, op, algorithm, bucket_bytes, timeout)
 
 
-class Buckets:
+class Buckets(Generic[ArrayT]):
     """A gradient list all-reduced bucket by bucket as its tensors become ready (DDP's
     reducer, Horovod's fusion buffer): see `Communicator.buckets`.
 
@@ -223,7 +239,7 @@ class Buckets:
         """How many buckets are in flight (or done) this step."""
         return len(self.pending)
 
-    def ready(self, k: int, x: Any) -> None:
+    def ready(self, k: int, x: ArrayT) -> None:
         """Tensor ``k`` (of the list's order) is ``x``; start every bucket now complete."""
         if not 0 <= k < len(self.layout):
             raise IndexError(f"k={k} is out of range for a list of {len(self.layout)} tensors")
@@ -244,7 +260,7 @@ class Buckets:
                 buf, self.op, part.spec.algorithm, shards=part.spec.shards,
                 timeout=self.timeout, async_op=True))
 
-    def wait(self, timeout: float | None = None) -> list:
+    def wait(self, timeout: float | None = None) -> list[ArrayT]:
         """The reduced tensors in the list's order, once every bucket has finished; the
         buckets then take the next step's tensors."""
         from ..algorithms.batch import StartedBatch

@@ -58,6 +58,11 @@ def step(comm: Communicator) -> float:
     assert_type(comm.gather(x), F32 | None)
     assert_type(comm.all_to_all(x), F32)
     assert_type(comm.batch_all_reduce([x, x]), list[F32])
+    assert_type(comm.batch_all_reduce([x, x], async_op=True), Work[list[F32]])
+    buckets = comm.buckets([x, x], "sum", bucket_bytes=1 << 20)
+    buckets.ready(1, x)
+    buckets.ready(0, x)
+    assert_type(buckets.wait(), list[F32])
     assert_type(comm.all_reduce(x, algorithm="tree"), F32)
     assert_type(comm.all_reduce(x, "sum", compression="fp16"), F32)
     assert_type(comm.explain("all_reduce", x).name, str)  # local: nothing moves
