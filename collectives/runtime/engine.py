@@ -38,7 +38,7 @@ from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 FAILURES = logging.getLogger("collectives.failures")
-MAX_IN_FLIGHT = 1024  # asynchronous calls outstanding at once on one communicator
+MAX_IN_FLIGHT = 1024  # collective handles not waited on (and messages in flight) at once
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
@@ -124,27 +124,19 @@ class Engine:
 
     def crowded(self, collective: bool = True) -> CollectiveError | None:
         """The error refusing one more asynchronous call at the limit: ``MAX_IN_FLIGHT``
-        collective handles issued and not yet waited on (the same count on every rank, in
-        program order: every rank refuses the same call, before anything is issued, and the
-        communicator stays usable); a point-to-point message counts the operations still
-        running on this rank (a message is between two ranks: refused there alone)."""
+        collective handles not yet waited on (counted in program order: every rank refuses
+        the same call, before anything is issued), or, for a message, operations running."""
         if (self.outstanding if collective else len(self.inflight)) < MAX_IN_FLIGHT:
             return None
-        what = "collective handles would be unwaited" if collective else \
-            "asynchronous calls would be in flight"
+        what = "collective handles would be unwaited" if collective else "calls would be in flight"
         return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
                                "communicator; wait() for some first (this call was not issued)")
 
     def handed_out(self, op: Operation, work: Work) -> None:
-        """``work``, the handle of the asynchronous collective ``op``, counts as outstanding
-        until it is waited on or dropped."""
+        """``work`` (``op``'s handle) counts as outstanding until waited on or dropped."""
         self.outstanding += 1
         op.counted = True
-
-        def dropped(_ref: Any, engine: Engine = self, op: Operation = op) -> None:
-            engine.settle(op)
-
-        op.handle = weakref.ref(work, dropped)
+        op.handle = weakref.ref(work, lambda _, engine=self, op=op: engine.settle(op))
 
     def settle(self, op: Operation) -> None:
         """``op``'s handle no longer counts (waited on, or dropped)."""
