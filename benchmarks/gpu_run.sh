@@ -213,7 +213,9 @@ step probe 60 bash -c probe
 # --- 3. tests -------------------------------------------------------------------------------
 # -v: each test's outcome is in the log as it finishes, so a run stopped at the step's limit
 # still says which tests passed (the JUnit file is only written at the end)
-PYTEST=(-v -rs -p no:cacheprovider --durations=15 --junitxml "$WORK/junit.xml" --timeout 150)
+# (-o addopts=: this script picks the workers itself, with or without pytest-xdist)
+PYTEST=(-o addopts= -v -rs -p no:cacheprovider --durations=15 --junitxml "$WORK/junit.xml"
+        --timeout 150)
 if "$PY" -c 'import xdist' 2>/dev/null && [ "$(nproc)" -ge 4 ]; then
   WORKERS=${WORKERS:-$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))}
   # a worker whose test hangs is ended and replaced; the controller still writes the JUnit

@@ -4,7 +4,9 @@ event, and the watchdog's verdicts.
 A blocking call returns once its work is enqueued on the transport's stream (as NCCL's own
 calls do): the result is ready for later work on that stream. ``async_op=True`` returns a
 ``GpuWork`` whose ``wait()`` also waits on the host until the stream has finished the
-call (polling an event, with the communicator's deadline). A call made after the watchdog
+call (querying an event: spinning briefly, then napping, with the communicator's deadline).
+An asynchronous all-reduce whose signature is agreed takes the hot path as a blocking one does
+(it only enqueues), so issuing it costs what a blocking call costs. A call made after the watchdog
 found a failure raises ``CommunicatorBrokenError`` naming it.
 """
 
@@ -15,8 +17,11 @@ from typing import Any
 
 from collectives import Communicator
 from collectives.errors import CollectiveTimeoutError
+from collectives.runtime.work import Completed
 
-POLL_SECONDS = 50e-6
+SPIN_SECONDS = 100e-6  # a wait queries the event this long before it sleeps
+POLL_SECONDS = 20e-6  # its first nap; each next one doubles, up to MAX_NAP
+MAX_NAP = 1e-3
 
 
 class GpuWork:
@@ -31,18 +36,24 @@ class GpuWork:
         t = comm.transport
         result = self._work.wait(timeout)
         event = t.record()  # after everything the call enqueued
+        if event.done:  # (a short call: no clock, no sleep)
+            return result
         limit = comm.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
+        start = time.monotonic()
+        deadline, nap = start + limit, 0.0
         while not event.done:
             if t.failed is not None:
                 raise t.failed
-            t.watchdog.check()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 error = CollectiveTimeoutError(self._work.description, [], limit, t.rank,
                                                detail="its work on the GPU did not finish")
                 t.watchdog.fail(error, None)
                 raise error
-            time.sleep(POLL_SECONDS)
+            if now - start > SPIN_SECONDS:  # long: check the watchdog's findings, and nap
+                t.watchdog.check()
+                nap = min(max(nap * 2, POLL_SECONDS), MAX_NAP)
+                time.sleep(nap)
         if t.failed is not None:
             raise t.failed
         return result
@@ -102,6 +113,10 @@ class NcclCommunicator(Communicator):
 
     def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: bool = False, **kw):
         self._guard("all_reduce")
+        if async_op and not kw and self.hot_ready(x, op, algorithm):
+            # an agreed call only enqueues: the hot path's blocking call is the asynchronous
+            # call's issue, and the handle waits on the device
+            return GpuWork(self, Completed(super().all_reduce(x, op, algorithm)))
         return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 

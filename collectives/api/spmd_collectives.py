@@ -171,6 +171,29 @@ class CollectiveOps:
                 self._hot = fast
         return result
 
+    def hot_ready(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto") -> bool:
+        """Whether a blocking ``all_reduce(x, op, algorithm)`` would take the hot path now: its
+        signature agreed and bound, and nothing in flight before it (a hook for transports
+        whose blocking calls only enqueue, such as NCCL's: their asynchronous calls can run
+        it and wait on the device).
+
+        Parameters
+        ----------
+        x, op, algorithm
+            The call's arguments, as ``all_reduce`` takes them.
+
+        Returns
+        -------
+        bool
+            True where the call would run at once, without an operation in flight.
+        """
+        try:
+            fast = self._fast.get((x.shape, x.dtype, op, algorithm))
+        except (TypeError, AttributeError):  # unhashable spec, or not an array
+            return False
+        engine = self._engine
+        return fast is not None and not engine.inflight and engine.broken is None
+
     def _fits(self, out: Any, x: Any) -> bool:
         """Whether ``out`` can take ``x``'s all-reduce as it is (the fast path's check)."""
         arrays = self.arrays

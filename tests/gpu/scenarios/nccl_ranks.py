@@ -172,6 +172,12 @@ elif mode == "hot":
                     # the first call of a signature is agreed; the hot path runs the others
                     assert hot_runs == [True] * step, (step, hot_runs)
                     checked += 1
+                # an asynchronous call of the agreed signature takes the hot path too
+                handle = comm.all_reduce(cupy.asarray(inputs[rank]), op.value, "nccl",
+                                         async_op=True)
+                assert same(cupy.asnumpy(handle.wait()), expected), (count, dtype)
+                assert hot_runs == [True] * 6, hot_runs
+                checked += 1
             hot_runs.clear()
     # not hot, so the engine's way each time: MEAN (a division after the sum), float MAX
     # (order-preserving keys); an out on another GPU (where there is one) is refused
