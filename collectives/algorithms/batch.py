@@ -36,7 +36,7 @@ def _freeze(spec):
     """A hashable copy of a spec (lists become tuples) for the plan cache."""
     if isinstance(spec, (list, tuple)):
         return type(spec).__name__, tuple(_freeze(s) for s in spec)
-    return spec
+    return type(spec).__name__, spec  # (2.0 and 2 are equal keys, but not the same spec)
 
 
 def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,

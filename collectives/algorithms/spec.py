@@ -184,8 +184,9 @@ def parse_spec(spec: str | tuple | Sequence[tuple],
 
     ``extra_names``: algorithm names a transport adds (e.g. MPI's "native").
     """
-    try:
-        return list(_parse_cached(spec, tuple(extra_names)))
+    try:  # (keyed by the parts' types too: ("ring", 2.0) must not hit ("ring", 2)'s entry)
+        kinds = tuple(map(type, spec)) if isinstance(spec, tuple) else type(spec)
+        return list(_parse_cached(spec, kinds, tuple(extra_names)))
     except TypeError as exc:  # an unhashable spec (a list): parse without the cache
         if "unhashable" not in str(exc):
             raise
@@ -193,7 +194,7 @@ def parse_spec(spec: str | tuple | Sequence[tuple],
 
 
 @lru_cache(maxsize=512)
-def _parse_cached(spec, extra_names: tuple[str, ...]) -> tuple[SpecRange, ...]:
+def _parse_cached(spec, kinds, extra_names: tuple[str, ...]) -> tuple[SpecRange, ...]:
     return tuple(_parse(spec, extra_names))
 
 

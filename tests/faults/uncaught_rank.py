@@ -9,7 +9,7 @@ then leaves normally.
 ``exit3``: after one all-reduce, rank 1 calls ``sys.exit(3)``; the others call another
 all-reduce with ``timeout=60``: the job is aborted within seconds, naming rank 1 and status 3.
 ``exit0``: rank 1 calls ``sys.exit(0)`` instead; the others' next all-reduce raises
-``PeerFailedError`` naming rank 1 at once, which (uncaught) aborts the job.
+``PeerFailedError`` naming rank 1 at once (they print it and leave).
 ``exit0-last``: rank 1 leaves with ``sys.exit(0)`` after the last all-reduce, which the others
 join late: they get their results, and the job ends with status 0.
 """
@@ -28,6 +28,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from collectives.backends import mpi  # noqa: E402
 from collectives.backends.mpi import abort  # noqa: E402
+
+from collectives.errors import PeerFailedError  # noqa: E402
 
 
 def main() -> None:
@@ -55,6 +57,13 @@ def main() -> None:
         if mode == "exit0":
             sys.exit(0)
         raise RuntimeError("an error this program does not catch")
+    if mode == "exit0":  # (caught and printed: an abort could cut the job's output short)
+        try:
+            comm.all_reduce(np.ones(4), timeout=60)
+        except PeerFailedError as exc:
+            sys.stdout.write(f"RANK {comm.rank} PEER FAILED: {exc}\n")
+            sys.stdout.flush()
+        return
     comm.all_reduce(np.ones(4), timeout=60)
 
 
