@@ -84,6 +84,11 @@ CASES = [
     # --thread-calls 10 is the least that leaves the ring at 64 thread ranks one timed call.
     # Still the slowest case (about 17 s here): its warm-up calls of 64 thread ranks are fixed.
     # one host, no lab: the lab's layouts need root and namespaces (tests/test_multihost.py)
+    Case("mpi_gradients", ("benchmarks/mpi_gradients.py", "-p", "2", "-r", "1", "--scale", "0.01",
+                           "--json", "{tmp}/gradients.json"),
+         (r"161 tensors", r"library batch_all_reduce \(fused, defaults\) +[0-9.]+ ms",
+          r"library buckets \(ready one by one\) +[0-9.]+ ms", r"mpi4py flattened +[0-9.]+ ms"),
+         needs=("mpi4py", "mpiexec")),
     Case("model_check", ("benchmarks/model_check.py", "--local", "2", "-s", "4K", "-r", "1"),
          (r"\| ring \| [0-9.]+ [nµm]?s / [0-9.]+ [nµm]?s", r"median prediction error \(schedules\)",
           r"predicted winner measured within 10%"),
