@@ -160,9 +160,24 @@ def _array_kinds() -> tuple:
     return tuple(kinds)
 
 
+_REGISTERED: list = []  # kinds registered at run time (register_array_kind)
+
+
+def register_array_kind(kind: Any) -> None:
+    """Add an array kind: an object with ``detect(x)`` (whether ``x`` is one of its arrays)
+    and the array operations packing needs on them (``owns``, ``dtype_of``, ``flat``,
+    ``concatenate``, ``empty``, ``copy``, as ``collectives.arrays.ArrayBackend``). A batch of
+    such arrays is then packed in their own library, and only the buckets cross over (through
+    DLPack, as any array of another library does). Installed packages register under the
+    ``collectives.array_kinds`` entry points instead."""
+    if kind not in _REGISTERED:
+        _REGISTERED.append(kind)
+
+
 def array_kind(x: Any) -> Any:
-    """The installed array kind that can pack ``x`` in its own library, or None."""
-    for kind in _array_kinds():
+    """The array kind (registered, or installed) that can pack ``x`` in its own library, or
+    None."""
+    for kind in (*_REGISTERED, *_array_kinds()):
         if kind.detect(x):
             return kind
     return None

@@ -1,0 +1,67 @@
+"""Another library's arrays, here a toy class of its own (``toy_arrays``, one file): every
+collective takes them and gives them back as that type, and a batch of them is packed on
+their side (a registered array kind), so only the buckets cross into the library."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from toy_arrays import KIND, ToyArray
+
+import collectives
+from collectives.foreign import register_array_kind
+from collectives.tools.reference import exact_inputs, expected_outputs, reference
+
+register_array_kind(KIND)
+
+
+def toy(values):
+    return [ToyArray(v) for v in values]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_collective_takes_and_gives_toy_arrays(n):
+    xs = exact_inputs(n, 12, np.float32, "sum")
+    rows = [x.reshape(12, 1) for x in xs]
+
+    def body(comm):
+        r = comm.rank
+        return {
+            "all_reduce": comm.all_reduce(ToyArray(xs[r])),
+            "reduce": comm.reduce(ToyArray(xs[r]), "sum", root=0),
+            "broadcast": comm.broadcast(ToyArray(xs[0]) if r == 0 else None, 0),
+            "all_gather": comm.all_gather(ToyArray(xs[r])),
+            "reduce_scatter": comm.reduce_scatter(ToyArray(rows[r])),
+        }
+
+    got = collectives.run(body, n)
+    for r, results in enumerate(got):
+        want = {"all_reduce": reference(xs, "sum"), "broadcast": xs[0],
+                "all_gather": np.concatenate(xs),
+                "reduce_scatter": expected_outputs("reduce_scatter", rows, "sum")[r]}
+        if r == 0:
+            want["reduce"] = reference(xs, "sum")
+        for name, value in want.items():
+            # (a broadcast's non-roots pass None: nothing says what type they want)
+            if name != "broadcast" or r == 0:
+                assert isinstance(results[name], ToyArray), (name, type(results[name]))
+            results[name] = getattr(results[name], "data", results[name])
+            assert np.array_equal(results[name], value), name
+    multi = collectives.all_reduce(toy(xs), "sum")
+    assert all(isinstance(m, ToyArray) and np.array_equal(m.data, reference(xs, "sum"))
+               for m in multi)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_batch_of_toy_arrays_is_packed_on_their_side(n):
+    shapes = [(3, 2), (7,), (0,), (5,)]
+    lists = [exact_inputs(n, int(np.prod(s)), np.float64, "sum", seed=k, shape=s)
+             for k, s in enumerate(shapes)]
+    before = KIND.concatenated
+    got = collectives.run(lambda comm: comm.batch_all_reduce(
+        [ToyArray(v[comm.rank]) for v in lists]), n)
+    assert KIND.concatenated - before == n  # one bucket per rank, concatenated on the toy side
+    for results in got:
+        for k, result in enumerate(results):
+            assert isinstance(result, ToyArray) and result.shape == shapes[k]
+            assert np.array_equal(result.data, reference(lists[k], "sum"))
