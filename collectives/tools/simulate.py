@@ -21,7 +21,7 @@ from typing import Any
 from .. import algorithms
 from ..algorithms import select
 from ..algorithms.cost import CLASSES, Fabric, Link, Placement, human_time
-from ..algorithms.sampling import predict, predict_native
+from ..algorithms.sampling import NATIVE_AS, predict, predict_native
 from ..algorithms.schedule import Collective
 from . import arguments
 
@@ -85,7 +85,7 @@ def parse_time(text: str) -> float:
 
 def parse_links(text: str, fabric: Fabric) -> Fabric:
     """``host=3us:150GB/s,net=5us:400Gbit/s`` over ``fabric``."""
-    changes = {}
+    changes: dict[str, Any] = {}  # Fabric's Link fields, by name
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         alpha, _, rate = value.partition(":")
@@ -195,6 +195,9 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         fabric, placement = setup(args)
         collective = Collective(args.collective)
         name = args.algorithm.strip().lower()
+        if name == "native" and collective not in NATIVE_AS:
+            raise ValueError(f"native has no model for {collective.value} (modelled: "
+                             f"{', '.join(c.value for c in NATIVE_AS)})")
         if name not in ("auto", "native"):
             name = algorithms.canonical(name)
             if not algorithms.supports(collective, name):
@@ -221,6 +224,7 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         else:
             p = predict(collective, name, n, nbytes, fabric, placement, root=args.root,
                         shards=args.shards, layout=layout if "/" in name or args.shards else None)
+        assert p is not None  # (native: a modelled collective, checked above)
         print(_line(p, n, nbytes))
         print(p.critical_path(args.rounds))
     return 0

@@ -33,6 +33,13 @@ def test_simulate_refuses_absurd_participant_counts_at_once(n):
     assert took < 30, f"{took:.0f} s for an error"
 
 
+@pytest.mark.parametrize("collective", ["gather", "scatter", "all_to_all"])
+def test_simulate_native_names_the_collectives_it_models(collective):
+    proc, _ = run(["simulate", "native", "-c", collective, "-n", "8"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"native has no model for {collective}" in proc.stderr, proc.stderr
+
+
 def test_simulate_still_prices_its_largest_count():
     proc, _ = run(["simulate", "ring", "-n", "131072", "-b", "1M"])
     assert proc.returncode == 0 and "all_reduce of 1 MiB over 131072" in proc.stdout, \
