@@ -28,7 +28,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
                  detail: str = "", call: int | None = None):
         self.collective = collective
         self.missing = sorted(set(missing))
-        self.timeout = timeout
+        self.timeout: float | None = timeout  # None: a peer's, unknown (PeerTimeoutError)
         self.rank = rank
         self.call = call
         who = f"rank {rank}: " if rank is not None else ""

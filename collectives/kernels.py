@@ -35,8 +35,9 @@ __all__ = ["BLOCK_BYTES", "COMPILED", "cast_into", "combine", "combine_into", "c
 COMPILED = _compiled is not None
 BLOCK_BYTES = 256 << 10  # per operand: a block of the result and of a few sources fit in L2
 
-# The compiled kernels' codes (the order of ITEMSIZE and KERNELS in _kernels.c).
-_TYPES = {np.dtype(name): code for code, name in enumerate(
+# The compiled kernels' codes (the order of ITEMSIZE and KERNELS in _kernels.c), by NumPy
+# dtype; looked up with whatever an array gives as its dtype (None: none).
+_TYPES: dict[Any, int] = {np.dtype(name): code for code, name in enumerate(
     ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
      "uint64", "float16"))}
 if BFLOAT16 is not None:

@@ -10,6 +10,10 @@ import importlib
 from functools import cache
 from importlib.metadata import entry_points
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runtime.execute.devices import DeviceBackend
 
 
 @cache
@@ -42,7 +46,7 @@ def load_backend(name: str) -> ModuleType:
         raise ValueError(f"backend={name!r} is not installed; installed backends: {known}") from exc
 
 
-def backend_for_arrays(values) -> object:
+def backend_for_arrays(values) -> DeviceBackend:
     """The multi-device backend for these arrays: NumPy goes to the embedded backend, CuPy to
     the ``cupy`` backend where one is installed (else ``load_backend`` says it is missing).
     Every array must be of the same library."""

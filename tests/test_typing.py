@@ -116,3 +116,17 @@ def test_work_is_generic_and_multi_device_handles_are_work():
     assert [float(r[0]) for r in handle.wait()] == [2.0, 2.0]
     assert collectives.Work[int] is not None  # subscriptable at run time too
 
+
+
+@pytest.mark.slow
+def test_the_library_passes_its_own_checker(tmp_path):
+    """mypy (pinned in the test extra), with pyproject.toml's configuration, over the whole
+    package as it is installed (backends and adapters inside it): no error."""
+    pytest.importorskip("mypy")
+    site = installed_tree(tmp_path / "site")
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
+                           str(ROOT / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+                           "-p", "collectives"], cwd=site, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert "Success: no issues found" in proc.stdout, proc.stdout[-2000:]

@@ -188,7 +188,7 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     def _describe(self, op: CoreOp, dense: list[_Job], sparse: list[_Job],
                   packing_override) -> BatchAgreement:
         """What the workers agree on before the batch's data moves: every pair, in order."""
-        entries = {}
+        entries: dict[int, tuple] = {}  # pair -> (devices, route, tensors)
         for job in sparse:
             first = job.components[0]
             kind = ("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
@@ -198,6 +198,7 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
             first = job.components[0]
             route = None if job.route is None else job.route.key(packing_override)
             if job.kit is not None:  # the device path makes other calls than the host path
+                assert route is not None  # (only a job with a route has a kit)
                 route = (*route, "device")
             entries[job.index] = (len(job.components), route,
                                   ("dense", first.dtype.name, static_dims(first.shape)))
@@ -276,6 +277,7 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
 
     def _accumulate_in_tf(self, op: CoreOp, job: _Job):
         # TensorFlow's ReductionToOneDevice with a user accumulation_fn: it takes tensors.
+        assert self.accumulation_fn is not None  # (the jobs without a route are its)
         with tf.device(self.reduce_to_device or job.destinations[0]):
             total = self.accumulation_fn(list(job.components))
             if op is CoreOp.MEAN:

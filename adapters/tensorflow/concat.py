@@ -7,6 +7,8 @@ the replicas' slices; across workers the concatenation (and ``gather``) goes thr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
 from collectives.ops import ReduceOp as CoreOp
@@ -20,6 +22,13 @@ __all__ = ["Concatenations"]
 class Concatenations:
     """IndexedSlices and gathers; the class using it has ``_comm``, ``_lock``,
     ``num_workers``, ``_workers_sum`` and ``reduce_to_device``."""
+
+    if TYPE_CHECKING:  # what the class using it has
+        reduce_to_device: str | None
+        _workers_sum: str
+
+        @property
+        def num_workers(self) -> int: ...
 
     def _reduce_sparse(self, op: CoreOp, job, options, agreement: BatchAgreement | None):
         components = job.components

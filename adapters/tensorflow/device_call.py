@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import device_util
@@ -87,7 +88,7 @@ def _graph_call(kit, fn, inputs: list, outputs: list[Output], main: str, name: s
     places = _by_device([o.device for o in outputs])
     stash = _Stash()
     previous = convert.previous_calls()
-    tokens = []
+    tokens: list[Any] = []  # TensorFlow tensors
     for device, positions in feeds.items():
         if device == main:
             continue

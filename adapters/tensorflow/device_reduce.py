@@ -15,12 +15,14 @@ The counterpart of ``host`` for arrays that stay on their devices (CuPy arrays o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
 import collectives
 from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.spec import SpecRange, parse_spec
+from collectives.hints import Algorithm, Op
 from collectives.ops import ReduceOp
 
 from .host import Packing, cross_worker_spec, local_algorithm
@@ -41,7 +43,8 @@ def all_reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, 
     """``results[k][d]``: tensor k reduced over every device, on device d."""
     if not values:
         return []
-    return collectives.batch_all_reduce([list(v) for v in values], op, _spec(spec),
+    # (op: any spelling ReduceOp.parse takes)
+    return collectives.batch_all_reduce([list(v) for v in values], cast(Op, op), _spec(spec),
                                         groups=groups, **packing.kwargs())
 
 
@@ -98,7 +101,7 @@ def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | 
         size = int(np.prod(v[0].shape))
         rng = next(r for r in ranges if r.limit < 0 or size <= r.limit)
         totals.append(collectives.reduce(list(v), ReduceOp.SUM, root,
-                                         local_algorithm(rng.algorithm)))
+                                         cast(Algorithm, local_algorithm(rng.algorithm))))
     hosts = kit.stage(totals, buffer if buffer is not None else PinnedBuffer())
     reduced = comm.batch_all_reduce(hosts, ReduceOp.SUM, cross_worker_spec(ranges),
                                     timeout=timeout, compression=compression,

@@ -172,7 +172,9 @@ def release_retired(ordinal: int, count: int) -> None:
     """Free the first ``count`` retired arrays of CUDA device ``ordinal`` (those retired
     before a sync of the device began: every reader of them has finished)."""
     queue = _retired.get(ordinal)
-    for _ in range(min(count, len(queue) if queue is not None else 0)):
+    if queue is None:
+        return
+    for _ in range(min(count, len(queue))):
         queue.popleft()
 
 
@@ -182,6 +184,7 @@ def sync_tensorflow(devices) -> None:
     from tensorflow.python.eager import context
     from tensorflow.python.ops import gen_sync_ops
 
+    marks: dict[int, int]  # CUDA device -> its retired arrays before the sync
     done, marks = set(), {}
     for device in devices:
         key = _canonical(device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.packing import make_plan
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.arrays import NUMPY
+from collectives.hints import Algorithm
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
 
@@ -78,7 +80,8 @@ def reduce_to_root(values: Sequence[np.ndarray], op: ReduceOp | str = "sum", alg
     shape, dtype = same_layout(values)
     parsed = check_op(op, dtype)
     out = empty(shape, result_dtype(parsed, dtype))
-    return collectives.reduce(values, parsed, 0, algorithm, out=out, shards=shards,
+    # (a name the spec parser checked, or the caller's: the core checks it too)
+    return collectives.reduce(values, parsed, 0, cast(Algorithm, algorithm), out=out, shards=shards,
                               groups=_groups_for(groups, len(values)),
                               accumulation_fn=accumulation_fn)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -51,7 +52,7 @@ class PinnedBuffer:
     lock)."""
 
     def __init__(self) -> None:
-        self._memory = None
+        self._memory: Any = None  # CuPy's pinned memory
         self._nbytes = 0
 
     def views(self, arrays) -> list[np.ndarray]:
@@ -65,8 +66,9 @@ class PinnedBuffer:
         raw = np.frombuffer(self._memory, np.uint8, self._nbytes) if self._nbytes else None
         views, at = [], 0
         for a, size in zip(arrays, sizes):
-            views.append(raw[at:at + a.nbytes].view(a.dtype).reshape(a.shape) if a.nbytes
-                         else np.empty(a.shape, a.dtype))
+            # (raw is None only where no array has bytes: then it is never indexed)
+            views.append(raw[at:at + a.nbytes].view(a.dtype).reshape(a.shape)  # type: ignore[index]
+                         if a.nbytes else np.empty(a.shape, a.dtype))
             at += size
         return views
 

@@ -122,6 +122,7 @@ class BufferPool:
     # --- bookkeeping, under the lock ------------------------------------------------------
 
     def _remember(self, raw: np.ndarray) -> None:
+        assert raw.base is not None  # a slice of its _aligned_bytes owner
         held = self._by_size.setdefault(raw.nbytes, [])
         if len(held) >= self.keep or raw.base.nbytes > self.max_bytes:
             if not held:
@@ -142,6 +143,7 @@ class BufferPool:
         self._drop(raw)
 
     def _drop(self, raw: np.ndarray) -> None:
+        assert raw.base is not None  # a slice of its _aligned_bytes owner
         # By identity: `list.remove` would compare the arrays element by element.
         held = [r for r in self._by_size[raw.nbytes] if r is not raw]
         if held:

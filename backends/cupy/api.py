@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -44,7 +44,14 @@ def _arrays():
     return _devices().arrays
 
 
-def _prepare(values: Any, op: Any, argument: str = "values"):
+@overload
+def _prepare(values: Any, op: None, argument: str = ...
+             ) -> tuple[Sequence, tuple[int, ...], np.dtype, None]: ...
+@overload
+def _prepare(values: Any, op: ReduceOp | str, argument: str = ...
+             ) -> tuple[Sequence, tuple[int, ...], np.dtype, ReduceOp]: ...
+def _prepare(values: Any, op: ReduceOp | str | None, argument: str = "values"
+             ) -> tuple[Sequence, tuple[int, ...], np.dtype, ReduceOp | None]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one CuPy array per device, "
                         f"not {type(values).__name__}")
@@ -61,6 +68,12 @@ def _prepare(values: Any, op: Any, argument: str = "values"):
     op = check_op(op, dtype, argument) if op is not None else None
     _arrays()  # no GPU visible: raise here, before anything else
     return values, shape, dtype, op
+
+
+def _library(function: Any) -> Callable[..., Any]:
+    """The library's own implementation of the multi-device ``function`` (``library``, which
+    ``backend_first`` sets: the overloads that type ``function`` do not declare it)."""
+    return function.library
 
 
 def nccl_request(algorithm: Any, count: int) -> str | None:
@@ -96,7 +109,9 @@ def _use_nccl(request: str | None, values: Sequence, dtype: np.dtype, op: Reduce
     if request == "nccl" or groups is None:
         group.distinct_devices(values)
     else:
-        for members in resolve_groups(groups, len(values)):
+        layout = resolve_groups(groups, len(values))
+        assert layout is not None  # groups is not None
+        for members in layout:
             group.distinct_devices([values[p] for p in members])
     return True
 
@@ -128,12 +143,13 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     values, shape, dtype, op = _prepare(values, op)
     request = nccl_request(algorithm, math.prod(shape))
     if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
-        results = core.all_reduce.library(values, op, algorithm, out=out, shards=shards, groups=groups,
-                                  accumulation_fn=accumulation_fn)
+        results = _library(core.all_reduce)(values, op, algorithm, out=out, shards=shards,
+                                           groups=groups, accumulation_fn=accumulation_fn)
         return _handle(results, results, "all_reduce", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)
     results = _outputs(arrays, out, values, shape, final)
+    assert request is not None  # _use_nccl said yes
     hybrid = request.startswith("nccl/") and groups is not None
     # NCCL reads and writes through pointers: C-contiguous arrays go as they are (results
     # are C-contiguous: new, or an ``out`` that _outputs checked); new results overlap nothing
@@ -153,6 +169,7 @@ def _hybrid(arrays, flats, work, op: ReduceOp, outer: str, shards: int, groups: 
     """NCCL reduce inside each group, ``outer`` across the groups' first devices, NCCL
     broadcast back inside each group (TensorFlow's "nccl/xring")."""
     layout = resolve_groups(groups, len(flats))
+    assert layout is not None  # a hybrid call has groups
     for members in layout:
         if len(members) == 1:
             arrays.copy(work[members[0]], flats[members[0]])
@@ -160,7 +177,7 @@ def _hybrid(arrays, flats, work, op: ReduceOp, outer: str, shards: int, groups: 
             group.reduce(arrays, [flats[p] for p in members], work[members[0]], 0, op.wire_op)
     leaders = [work[members[0]] for members in layout]
     if len(leaders) > 1:
-        core.all_reduce.library(leaders, op.wire_op, outer, out=leaders, shards=shards)
+        _library(core.all_reduce)(leaders, op.wire_op, outer, out=leaders, shards=shards)
     for members in layout:
         if len(members) > 1:
             group.broadcast([work[p] for p in members], 0)
@@ -186,8 +203,8 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     request = nccl_request(algorithm, math.prod(shape))
     if (accumulation_fn is not None or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
-        result = core.reduce.library(values, op, root, algorithm, out=out, shards=shards, groups=groups,
-                             accumulation_fn=accumulation_fn)
+        result = _library(core.reduce)(values, op, root, algorithm, out=out, shards=shards,
+                                      groups=groups, accumulation_fn=accumulation_fn)
         return _handle(result, [result], "reduce", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)

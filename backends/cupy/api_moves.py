@@ -18,7 +18,7 @@ from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.validate import as_array, check_communicable, check_out
 
 from . import group
-from .api import _arrays, _deliver, _handle, _outputs, _prepare, _use_nccl, nccl_request
+from .api import _arrays, _deliver, _handle, _library, _outputs, _prepare, _use_nccl, nccl_request
 from .devices import own_function
 
 
@@ -49,7 +49,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     targets = list(out) if out is not None else []
     if (out is None or (request or "").startswith("nccl/")
             or not _use_nccl(request, targets, value.dtype, None)):
-        results = core.broadcast.library(value, n, algorithm, out=out, shards=shards)
+        results = _library(core.broadcast)(value, n, algorithm, out=out, shards=shards)
         return _handle(results, results, "broadcast", async_op)
     if targets[0].data.ptr != value.data.ptr:
         arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
@@ -68,7 +68,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     request = nccl_request(algorithm, math.prod(shape))
     if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
             or not _use_nccl(request, values, dtype, None)):
-        results = core.all_gather.library(values, axis, algorithm, out=out)
+        results = _library(core.all_gather)(values, axis, algorithm, out=out)
         return _handle(results, results, "all_gather", async_op)
     arrays = _arrays()
     axis %= len(base)
@@ -96,7 +96,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     request = nccl_request(algorithm, math.prod(shape))
     if (not shape or shape[0] % n or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
-        results = core.reduce_scatter.library(values, op, algorithm, out=out, shards=shards)
+        results = _library(core.reduce_scatter)(values, op, algorithm, out=out, shards=shards)
         return _handle(results, results, "reduce_scatter", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)

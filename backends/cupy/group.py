@@ -124,6 +124,7 @@ def all_reduce(arrays, values: Sequence, work: Sequence, op: ReduceOp) -> None:
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
     plan = nccl_types.reduction(nccl, dtype, op)
+    assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     if plan.keys:  # keys are made in the work buffers: the inputs stay untouched
         for v, w in zip(values, work):
@@ -148,6 +149,7 @@ def reduce(arrays, values: Sequence, total, root: int, op: ReduceOp) -> None:
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
     plan = nccl_types.reduction(nccl, dtype, op)
+    assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     sources: list[Any] = list(values)
     if plan.keys:  # keyed copies: the inputs stay untouched
@@ -197,6 +199,7 @@ def reduce_scatter(arrays, values: Sequence, blocks: Sequence, op: ReduceOp) -> 
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
     plan = nccl_types.reduction(nccl, dtype, op)
+    assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     sources: list[Any] = list(values)
     if plan.keys:

@@ -38,11 +38,12 @@ class Reduction:
 
 
 def _types(nccl) -> dict[np.dtype, int]:
-    types = {np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
-             np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
-             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
-             np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-             np.dtype(np.float64): nccl.NCCL_FLOAT64}
+    types: dict[np.dtype, int] = {
+        np.dtype(np.int8): nccl.NCCL_INT8, np.dtype(np.uint8): nccl.NCCL_UINT8,
+        np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint32): nccl.NCCL_UINT32,
+        np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint64): nccl.NCCL_UINT64,
+        np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+        np.dtype(np.float64): nccl.NCCL_FLOAT64}
     if BFLOAT16 is not None and hasattr(nccl, "NCCL_BFLOAT16"):  # NCCL >= 2.10
         types[BFLOAT16] = nccl.NCCL_BFLOAT16
     return types

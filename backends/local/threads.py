@@ -149,6 +149,7 @@ class ThreadChannel:
             self.world.wake(src)
 
     def release(self, request: _Recv) -> None:
+        assert request.message is not None  # released once it has matched its message
         self._finish(request.src, request.message)
 
     def cancel(self, requests: list) -> None:

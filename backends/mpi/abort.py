@@ -26,7 +26,7 @@ from __future__ import annotations
 import atexit
 import sys
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 ENABLED = True  # what the latest init() asked for
 _previous = None  # the hook this one chains to, once installed
@@ -45,7 +45,7 @@ def install(enabled: bool) -> None:
         atexit.register(_at_exit)
 
 
-def _exit_noting_status(status: Any = None) -> None:
+def _exit_noting_status(status: Any = None) -> NoReturn:
     """``sys.exit``, noting the status for the exit hook (atexit cannot see it)."""
     _status.append(status)
     _exit(status)

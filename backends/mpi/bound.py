@@ -144,6 +144,7 @@ class Bound:
         """The result of the last quick run that was ``PENDING``, once ``advance()`` said it is
         complete: its trailer checked (raises ``CollectiveMismatchError`` unless every rank
         had this call), copied into its ``out``."""
+        assert self.entry is not None  # a quick run's: it had its entry
         if self.trailer != self.expected:
             self.entry.verify(self.natives.rank, self.seq)
         out = self.out
@@ -155,6 +156,7 @@ class Bound:
     def _landed(self, code: int, out: Any) -> Any:
         """What the compiled run's ``code`` says: still running (the engine tests it from now
         on), another call's trailer (raises), or MPI's error (raises)."""
+        assert self.entry is not None  # a quick run's: it had its entry
         if code == RUNNING:
             self.entry.owner = self
             self.run, self.polls, self.since = None, 0, 0.0
@@ -175,6 +177,7 @@ class Bound:
             now = time.perf_counter()
             if now > spin:
                 if now > hold:
+                    assert self.entry is not None  # a quick run's: it had its entry
                     self.entry.owner = self  # (until now no one else could look at it)
                     self.run, self.polls, self.since = None, 0, 0.0
                     self.natives.inflight[self.seq] = self.call
@@ -183,6 +186,7 @@ class Bound:
         return False
 
     def _failed(self, exc: Any) -> Exception:
+        assert self.entry is not None  # a quick run's: it had its entry
         self.entry.owner = self  # MPI may still hold the request
         return mpi_error(self.natives.rank, self.seq, self.call, exc)
 
@@ -198,18 +202,19 @@ class Bound:
         return None
 
     def _bind(self, entry: Entry) -> None:
+        assert entry.rider is not None  # _learn takes entries with a rider only
         shape = self.call.shape
         self.head = entry.head.reshape(shape)
         self.result = entry.result.reshape(shape)
-        self.trailer = memoryview(entry.trailer.view(np.uint8))
+        self.trailer = entry.trailer.view(np.uint8).data
         self.expected = entry.rider.expected
-        self.tail = memoryview(entry.tail.view(np.uint8))
+        self.tail = entry.tail.view(np.uint8).data
         mine = np.empty_like(entry.tail)
         entry.rider.fill(mine, False)
         self.mine = mine.tobytes()  # this rank's trailer, written before every start
         self.compiled = compiled.bind(entry, self.mine, self.natives.spin, HOLD_SECONDS)
-        self.head_bytes = memoryview(entry.head.view(np.uint8))
-        self.result_bytes = memoryview(entry.result.view(np.uint8))
+        self.head_bytes = entry.head.view(np.uint8).data
+        self.result_bytes = entry.result.view(np.uint8).data
         if self.dst is not None:  # prepared: its buffers are C-contiguous
             self.dst_bytes = memoryview(self.dst.reshape(-1).view(np.uint8))
             src = self.src if self.src is not None else self.dst
@@ -232,6 +237,7 @@ class Bound:
             if self.polls % STALL_POLLS == 0:
                 self._stalled()
             return False
+        assert self.entry is not None  # a quick run handed over: it had its entry
         self.entry.owner = None
         self.natives.inflight.pop(self.seq, None)
         return True

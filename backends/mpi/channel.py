@@ -18,7 +18,7 @@ receive's status or MPI's truncation error.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -28,6 +28,9 @@ from collectives.errors import CollectiveMismatchError, PeerFailedError
 
 from . import tuning
 from .tags import TagSpace
+
+if TYPE_CHECKING:
+    from collectives.runtime.execute.spmd import Request
 
 PROBE_AFTER = 2e-3  # a receive waiting this long looks for a mismatched message
 PROBE_EVERY = 32  # polls between two such looks
@@ -79,7 +82,8 @@ class _Send:
     __slots__ = ("buf", "channel", "dst", "reqs", "seq")
     data = None
 
-    def __init__(self, channel: MPIChannel, reqs: list, buf: np.ndarray, dst: int, seq: int):
+    def __init__(self, channel: MPIChannel, reqs: list, buf: np.ndarray | tuple[np.ndarray, ...],
+                 dst: int, seq: int):
         self.channel, self.reqs, self.buf, self.dst, self.seq = channel, reqs, buf, dst, seq
 
     def done(self) -> bool:
@@ -152,7 +156,7 @@ class MPIChannel:
                 for a, b in tuning.chunks(len(raw), tuning.MAX_COUNT)]
         return _Send(self, reqs, raw, dst, seq)
 
-    def recv(self, into: np.ndarray, src: int, tag: tuple, *, in_place: bool) -> _Recv:
+    def recv(self, into: np.ndarray, src: int, tag: tuple, *, in_place: bool) -> Request:
         seq, check = tag[0], tag[1]
         if in_place:
             data, scratch = into, False
@@ -211,7 +215,7 @@ class MPIChannel:
             f"{expected} were expected: ranks passed different shapes or dtypes (with "
             "check=False nothing compares them first; pass check=True to be told which)")
 
-    def failed(self, what: str, peer: int, seq: int, exc: Exception) -> Exception:
+    def failed(self, what: str, peer: int, seq: int, exc: MPI.Exception) -> Exception:
         if exc.Get_error_class() == MPI.ERR_TRUNCATE:
             return CollectiveMismatchError(
                 f"rank {self.rank}: {self.what} {seq}: rank {peer} sent more bytes than this rank "

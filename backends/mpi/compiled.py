@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from mpi4py import MPI
@@ -20,13 +20,13 @@ from mpi4py import MPI
 try:
     from . import _hot
 except ImportError:  # not built here: the Python hot path runs
-    _hot = None
+    _hot = None  # type: ignore[assignment]  # (_hot.pyi types the module; None: not built)
 
 ENV_PURE = "COLLECTIVES_PURE_PYTHON"
 RAN, RUNNING, MISMATCH, REFUSED = 0, 1, 2, 3  # what Hot.run returns (negative: MPI's error)
 STATUS_ROOM = 256  # bytes _hot.c keeps for an MPI_Status
 
-_functions: tuple[int, int] | None | bool = False  # (MPI_Start, MPI_Test), None: unavailable
+_functions: tuple[int, int] | None | Literal[False] = False  # (MPI_Start, MPI_Test), None: unavailable
 
 
 def _library() -> Any:
@@ -66,7 +66,9 @@ def functions() -> tuple[int, int] | None:
             lib = _library()
             if lib is not None:
                 address = ctypes.cast(lib.MPI_Start, ctypes.c_void_p).value
-                _functions = (address, ctypes.cast(lib.MPI_Test, ctypes.c_void_p).value)
+                test = ctypes.cast(lib.MPI_Test, ctypes.c_void_p).value
+                assert address is not None and test is not None  # symbols found: not NULL
+                _functions = (address, test)
     return _functions
 
 

@@ -9,7 +9,7 @@ how the tests exercise them without a cluster.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collectives.algorithms.base import Layout
@@ -18,7 +18,8 @@ from collectives.runtime.validate import resolve_groups
 ENV_RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
 
 
-def groups_from_env(size: int, env: dict | None = None) -> tuple[tuple[int, ...], ...] | None:
+def groups_from_env(size: int, env: Mapping[str, str] | None = None
+                    ) -> tuple[tuple[int, ...], ...] | None:
     """Groups of ``k`` consecutive ranks when ``COLLECTIVES_RANKS_PER_NODE=k`` is set, else None."""
     env = os.environ if env is None else env
     text = env.get(ENV_RANKS_PER_NODE, "").strip()

@@ -150,6 +150,7 @@ class _Take:
 
     def _read_header(self, got: int) -> None:
         """What the header says: the data that follows it, and whether it is this receive's."""
+        assert self.head is not None  # its receive has completed
         head, self.head = self.head[:got], None
         problem = typed.difference(head, self.data)
         nbytes = self.data.nbytes if problem is None else typed.announced(head)

@@ -86,7 +86,9 @@ def start(natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq
             steps = [("call", partial(comm.Ibcast, [raw[p * block + a:p * block + b], MPI.BYTE], p))
                      for p in range(size) for a, b in _pieces(block, 1, False)]
         return NonblockingRun(natives, call, seq, None, steps, None, [raw])
-    datatype, mop = native_types(call.dtype, op)
+    types = native_types(call.dtype, op)
+    assert op is not None and types is not None  # a reduction MPI runs (Natives.supports)
+    datatype, mop = types
     src = _separate(natives, src, dst)
     mine = local_nans(src, has_nan_issue(call.dtype, op))
     if collective is Collective.ALL_REDUCE:

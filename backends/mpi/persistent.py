@@ -20,7 +20,7 @@ repeated small all-reduce is one persistent start; other calls take a check slot
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from mpi4py import MPI
@@ -52,8 +52,10 @@ class Entry:
         self.owner: Any = None
         self.data_req: Any = None
         self.nan = op is not None and has_nan_issue(call.dtype, op)
-        self.rider = (Rider.make(call.dtype, op, size, call.check)
-                      if call.collective is Collective.ALL_REDUCE else None)
+        self.rider: Rider | None = None
+        if call.collective is Collective.ALL_REDUCE:
+            assert op is not None  # an all-reduce has its op
+            self.rider = Rider.make(call.dtype, op, size, call.check)
 
     def create(self, comm: Any, size: int, rank: int) -> None:
         call, op = self.call, self.op
@@ -68,7 +70,9 @@ class Entry:
                 self.lo, self.hi = rank * call.nbytes, (rank + 1) * call.nbytes
                 self.data_req = comm.Allgather_init(MPI.IN_PLACE, [self.inb, MPI.BYTE])
             return
-        datatype, mop = native_types(call.dtype, op)
+        types = native_types(call.dtype, op)
+        assert types is not None  # a reduction MPI runs (Natives.supports found its types)
+        datatype, mop = types
         if c is Collective.ALL_REDUCE:
             # in place (every rank alike): MPICH copies no send buffer into the result first;
             # the reduced trailer overwrites this rank's, which each start writes again
@@ -96,6 +100,7 @@ class Entry:
         """After an all-reduce with a rider: raise unless every rank had this call; return
         whether some rank's input held NaN."""
         rider, count = self.rider, self.call.count
+        assert rider is not None  # only an all-reduce with a rider is verified
         trailer = self.outb[count:]
         if not rider.agrees(trailer):
             raise CollectiveMismatchError(
@@ -118,7 +123,7 @@ class Entries:
         self.made = 0
 
     def get(self, call: Call, op: ReduceOp | None) -> Entry | None:
-        entry = self.entries.get(call.signature, False)
+        entry: Entry | None | Literal[False] = self.entries.get(call.signature, False)
         if entry is False:
             entry = None
             if self.made < tuning.PERSISTENT_CALLS:

@@ -126,6 +126,7 @@ class NativeRun:
             if self.check_req is None or not self._test(self.check_req):
                 return False
             self.verified = True
+            assert self.check_out is not None  # set with check_req, which has completed
             try:
                 nan = verify(self.check_out, self.call, natives.rank, self.seq)
             finally:  # the check completed: the slot is free for the next call, whatever it says

@@ -59,7 +59,8 @@ class SharedWindow:
         win = MPI.Win.Allocate_shared(2 * half, 1, comm=self.node)
         win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's life; Sync() fences
         self.win, self.half = win, half
-        self.segments = [np.frombuffer(win.Shared_query(r)[0], np.uint8)
+        # (mpi4py's stubs make its buffer a Buffer from Python 3.12 on only)
+        self.segments = [np.frombuffer(win.Shared_query(r)[0], np.uint8)  # type: ignore[call-overload]
                          for r in range(self.n)]
 
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int, lane: Any) -> ShmRun:

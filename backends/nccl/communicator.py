@@ -13,7 +13,7 @@ found a failure raises ``CommunicatorBrokenError`` naming it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from collectives import Communicator
 from collectives.errors import CollectiveTimeoutError
@@ -22,6 +22,10 @@ from collectives.runtime.work import Completed
 SPIN_SECONDS = 100e-6  # a wait queries the event this long before it sleeps
 POLL_SECONDS = 20e-6  # its first nap; each next one doubles, up to MAX_NAP
 MAX_NAP = 1e-3
+
+# ``async_op`` as a union of its two values: a forwarded flag then matches the core's overloads
+# (one per value) instead of none
+Async = Literal[False, True]
 
 
 class GpuWork:
@@ -111,7 +115,7 @@ class NcclCommunicator(Communicator):
     def _wrap(self, result: Any, async_op: bool) -> Any:
         return GpuWork(self, result) if async_op else result
 
-    def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: bool = False, **kw):
+    def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("all_reduce")
         if async_op and not kw and self.hot_ready(x, op, algorithm):
             # an agreed call only enqueues: the hot path's blocking call is the asynchronous
@@ -120,24 +124,24 @@ class NcclCommunicator(Communicator):
         return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 
-    def reduce(self, x, op="sum", root: int = 0, algorithm="auto", *, async_op: bool = False,
+    def reduce(self, x, op="sum", root: int = 0, algorithm="auto", *, async_op: Async = False,
                **kw):
         self._guard("reduce")
         return self._wrap(super().reduce(x, op, root, algorithm, async_op=async_op, **kw),
                           async_op)
 
-    def broadcast(self, x=None, root: int = 0, algorithm="auto", *, async_op: bool = False,
+    def broadcast(self, x=None, root: int = 0, algorithm="auto", *, async_op: Async = False,
                   **kw):
         self._guard("broadcast")
         return self._wrap(super().broadcast(x, root, algorithm, async_op=async_op, **kw),
                           async_op)
 
-    def all_gather(self, x, axis: int = 0, algorithm="auto", *, async_op: bool = False, **kw):
+    def all_gather(self, x, axis: int = 0, algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("all_gather")
         return self._wrap(super().all_gather(x, axis, algorithm, async_op=async_op, **kw),
                           async_op)
 
-    def reduce_scatter(self, x, op="sum", algorithm="auto", *, async_op: bool = False, **kw):
+    def reduce_scatter(self, x, op="sum", algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("reduce_scatter")
         return self._wrap(super().reduce_scatter(x, op, algorithm, async_op=async_op, **kw),
                           async_op)

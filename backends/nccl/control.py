@@ -147,7 +147,7 @@ class Notices:
             self._sent.append((blob, self.comm.Isend(blob, asker, ANSWER)))
         self._sent = [(b, r) for b, r in self._sent if not r.Test()]
 
-    def ask(self, timeout: float) -> dict[int, tuple[int | None, str]]:
+    def ask(self, timeout: float) -> dict[int, tuple]:
         """Every peer's ``(call number or None, description)``; peers that do not answer
         within ``timeout`` seconds are reported as such."""
         from mpi4py import MPI
@@ -156,7 +156,7 @@ class Notices:
         for peer in range(self.size):
             if peer != self.rank:
                 self._sent.append((query, self.comm.Isend(query, peer, QUERY)))
-        answers: dict[int, tuple[int | None, str]] = {}
+        answers: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         status = MPI.Status()
         while len(answers) < self.size - 1 and time.monotonic() < deadline:

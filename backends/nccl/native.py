@@ -90,6 +90,7 @@ class NcclNative:
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq: int):
         t = self.t
         if self.mode(call) == "two_level":
+            assert op is not None  # two_level_ok: an all-reduce, which has its op
             return TwoLevelRun(t, call, src, dst, op, seq)
         comm = t.comms.get("world", call.describe())
         stream = t.stream.ptr

@@ -61,7 +61,9 @@ class TwoLevelRun:
 
     def __init__(self, t: Any, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int):
         self.t, self.call, self.dst, self.seq = t, call, dst, seq
-        self.plan = plan = nccl_types.reduction(t.nccl, call.dtype, op)
+        plan = nccl_types.reduction(t.nccl, call.dtype, op)
+        assert plan is not None  # two_level_ok: NCCL reduces this dtype and op exactly
+        self.plan = plan
         self.op = op
         node = t.comms.get("node", call.describe())
         self.cross = t.comms.mpi_group("cross")

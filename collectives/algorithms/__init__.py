@@ -25,7 +25,7 @@ from .base import AlgorithmModule, Layout
 from .schedule import Collective, RankPlan, Schedule, union
 
 MODULES: dict[str, AlgorithmModule] = {
-    m.NAME: m for m in (one_device, ring, rechd, tree, shuffle)  # type: ignore[misc]
+    m.NAME: m for m in (one_device, ring, rechd, tree, shuffle)
 }
 
 ALIASES = {

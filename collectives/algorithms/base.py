@@ -62,7 +62,7 @@ class Phase(NamedTuple):
     """``count`` rounds over positions out of ``den``; ``rounds``: this participant's."""
 
     den: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count, on purpose
     rounds: tuple[Round, ...]
 
 
@@ -75,6 +75,9 @@ class AlgorithmModule(Protocol):
     NAME: str
     COLLECTIVES: frozenset[Collective]
     SHARDED: bool  # whether ``shards`` changes its plans
+
+    def __hash__(self) -> int:  # modules are: plans are cached by module (lru_cache keys)
+        ...
 
     def uses_layout(self, layout: Layout) -> bool:
         """Whether its plans depend on these groups."""

@@ -57,7 +57,12 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
         return _plan(*key[:2], algorithm, *key[3:])
 
 
-def _plan_cached(key, algorithm) -> list[BatchPart]:
+# plan_batch's cache key: _plan's arguments but the algorithm, which comes frozen instead
+_Key = tuple[tuple[tuple[int, ...], ...], tuple[np.dtype, ...], tuple[str, Any], int, int, int,
+             int | None, int, tuple[str, ...], int]
+
+
+def _plan_cached(key: _Key, algorithm) -> list[BatchPart]:
     plan = _CACHE.get(key)
     if plan is None:
         if len(_CACHE) > 256:

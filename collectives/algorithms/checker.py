@@ -113,6 +113,7 @@ def check(schedule: Schedule) -> None:
             state[p][a] = value
 
     everyone = tuple(range(n))
+    holders: Sequence[int]
     for a, (lo, hi) in enumerate(atoms):
         if kind is Collective.ALL_REDUCE:
             holders, want = range(n), everyone
@@ -131,7 +132,7 @@ def check(schedule: Schedule) -> None:
             holders, want = [target], (source,)
         else:
             holders, want = range(n), (block_of(lo),)
-        values = {state[p][a][1] if state[p][a] else None for p in holders}
+        values = {v[1] if (v := state[p][a]) else None for p in holders}
         where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
         for p in holders:
             got = state[p][a]

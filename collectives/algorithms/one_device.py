@@ -15,11 +15,12 @@ every other participant's has one.
 from __future__ import annotations
 
 from .base import EMPTY, Groups, Layout, Ownership, Phase, block, concat, phase_of
-from .schedule import Collective
+from .schedule import Collective, Send, Step
 
 NAME = "one_device"
-COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
-                         Collective.REDUCE_SCATTER, Collective.ALL_GATHER})
+COLLECTIVES: frozenset[Collective] = frozenset({
+    Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST, Collective.REDUCE_SCATTER,
+    Collective.ALL_GATHER})
 SHARDED = False
 
 
@@ -30,7 +31,7 @@ def uses_layout(layout: Layout) -> bool:
 def reduce_phase(n: int, rank: int, root: int) -> tuple[Phase, Ownership]:
     if rank == root:
         others = tuple(p for p in range(n) if p != root)
-        rounds = [(0, [], [(root, others, 0, 1, True)])]
+        rounds: list[tuple[int, list[Send], list[Step]]] = [(0, [], [(root, others, 0, 1, True)])]
     else:
         rounds = [(0, [(root, 0, 1)], [])]
     return phase_of(1, 1, rounds), Ownership(1, [(0, 1, root)])
@@ -52,8 +53,8 @@ def phase(collective: Collective, size: int, rank: int, *, root: int = 0, shards
     if collective is Collective.ALL_GATHER:
         # participant 0 collects every block, then sends the whole buffer back out
         if rank == 0:
-            gather = [(0, [], [(0, (q,), *block(q, size, size), False)
-                               for q in range(1, size)])]
+            gather: list[tuple[int, list[Send], list[Step]]] = [
+                (0, [], [(0, (q,), *block(q, size, size), False) for q in range(1, size)])]
         else:
             gather = [(0, [(0, *block(rank, size, size))], [])]
         return concat(phase_of(size, 1, gather), broadcast_phase(size, rank, 0))

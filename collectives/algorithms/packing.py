@@ -161,6 +161,7 @@ class PackPlan:
         if len(buffers) != len(self.packs):
             raise ValueError(f"the plan has {len(self.packs)} packs, got {len(buffers)} buffers")
         flat_bufs = []
+        buf: Any  # an array of any library
         for k, (pack, buf) in enumerate(zip(self.packs, buffers, strict=True)):
             if not arrays.owns(buf):
                 buf = np.asarray(buf)

@@ -33,11 +33,11 @@ from .base import (
     phase_of,
     scatter_to_blocks,
 )
-from .schedule import Collective
+from .schedule import Collective, Send, Step
 
 NAME = "rechd"
-COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER,
-                         Collective.ALL_GATHER})
+COLLECTIVES: frozenset[Collective] = frozenset({
+    Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER})
 SHARDED = False
 
 
@@ -63,7 +63,7 @@ def _held(d: int, k: int, m: int) -> tuple[int, int]:
 def reduce_phase(n: int, rank: int) -> Phase:
     m, extra = _split(n)
     levels = m.bit_length() - 1
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     base = 0
     if extra:
         if rank < extra:
@@ -94,7 +94,7 @@ def _doubling(n: int, rank: int) -> Phase:
     """Rounds that spread the halving's results back to everyone."""
     m, extra = _split(n)
     levels = m.bit_length() - 1
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     if rank < m:
         for i, j in enumerate(reversed(range(levels))):
             partner = rank ^ (1 << j)
@@ -121,7 +121,7 @@ def _blocks_held(d: int, k: int, m: int, extra: int) -> list[tuple[int, int]]:
 def _all_gather(n: int, rank: int) -> Phase:
     m, extra = _split(n)
     levels = m.bit_length() - 1
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     base = 0
     if extra:
         if rank < extra:

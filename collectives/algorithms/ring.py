@@ -35,11 +35,11 @@ from .base import (
     gather_to_root,
     scatter_to_blocks,
 )
-from .schedule import Collective
+from .schedule import Collective, Round, Send, Step
 
 NAME = "ring"
-COLLECTIVES = frozenset(c for c in Collective
-                         if c not in (Collective.GATHER, Collective.SCATTER))
+COLLECTIVES: frozenset[Collective] = frozenset(c for c in Collective
+                                               if c not in (Collective.GATHER, Collective.SCATTER))
 SHARDED = True
 
 
@@ -102,12 +102,12 @@ def _segment_rounds(n: int, shards: int, group: int, rank: int, first: int, redu
     rings = Rings(n, shards, group)
     if shards == 1:  # the common case, and the one large jobs run: one message each way
         r = rings.position(0, rank)
-        pred, succ = (rings.device(0, r - 1),), rings.device(0, r + 1)
-        rounds = []
+        preds, succ = (rings.device(0, r - 1),), rings.device(0, r + 1)
+        rounds: list[Round] = []
         for t in range(n - 1):
             c = (r - first - t) % n  # received; the successor gets the segment after it
             d = c + 1 if c + 1 < n else 0
-            rounds.append((start + t, ((succ, d, d + 1),), ((rank, pred, c, c + 1, reduce),)))
+            rounds.append((start + t, ((succ, d, d + 1),), ((rank, preds, c, c + 1, reduce),)))
         return Phase(n, n - 1, tuple(rounds))
     mine = []
     for s in range(shards):
@@ -149,7 +149,9 @@ def _ownership(n: int, shards: int, group: int) -> Ownership:
 def _broadcast(n: int, rank: int, root: int, shards: int) -> Phase:
     k = shards if shards > 0 else max(1, min(8, n))
     c = (rank - root) % n
-    rounds = []
+    rounds: list[Round] = []
+    sends: tuple[Send, ...]
+    recvs: tuple[Step, ...]
     for t in range(n - 2 + k):
         sends, recvs = (), ()
         j = t - (c - 1)  # the chunk arriving from the previous hop

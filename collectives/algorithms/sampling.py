@@ -149,6 +149,7 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
     members = _members(kind, placement) if kind else None
     maps = None
     if members is not None:
+        assert kind is not None  # members are only looked for with a symmetry
         maps = _maps(kind, members, size)
     elif not exact and size > EXACT and "/" in name:
         maps = _two_level_maps(name, collective, layout, placement)
@@ -157,7 +158,9 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
         weights = {i: size / len(maps) for i in range(len(maps))} if serial else None
         parts = _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights)
         return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
+    weight: float
     if not exact and size > EXACT and _periodic(name, collective, shards, layout, placement):
+        assert layout is not None  # periodic plans have groups
         ranks = list(layout.groups[0])  # every group does what group 0 does
         weight, complete = len(layout.groups), True
     else:
@@ -200,7 +203,10 @@ def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
     """Member ``i`` of group ``g`` of "A/B" over consecutive groups of ``L`` is member 0's plan
     with every peer's place in its group moved by ``i`` (A's own symmetry inside groups), when
     B is symmetric over the groups and A over the members (its reduce-scatter and all-gather)."""
-    if not _periodic(name, collective, 0, layout, placement) or not layout.runs:
+    if not _periodic(name, collective, 0, layout, placement):
+        return None
+    assert layout is not None  # periodic plans have groups
+    if not layout.runs:
         return None
     inner = name.split("/")[0]
     if inner not in ("ring", "shuffle"):

@@ -181,6 +181,7 @@ def _decide(collective, size, nbytes, fabric, placement, dtype, natives, payload
         name = "one_device" if algorithms.supports(collective, "one_device") else "shuffle"
         return Decision(name, 0, None, [Prediction(name, collective, 1, nbytes, 0.0)])
     predictions = []
+    p: Prediction | None
     for c in candidates(collective, size, placement, fabric, groups):
         layout = c.layout if "/" in c.name or c.shards else None
         p = predict(collective, c.name, size, nbytes, fabric, placement, shards=c.shards,

@@ -32,7 +32,7 @@ from .base import (
 from .schedule import Collective
 
 NAME = "shuffle"
-COLLECTIVES = frozenset(Collective)
+COLLECTIVES: frozenset[Collective] = frozenset(Collective)
 SHARDED = True
 
 

@@ -17,10 +17,10 @@ and broadcasts back.
 from __future__ import annotations
 
 from .base import EMPTY, Groups, Layout, Ownership, Phase, concat, phase_of, scatter_to_blocks
-from .schedule import Collective
+from .schedule import Collective, Send, Step
 
 NAME = "tree"
-COLLECTIVES = frozenset(c for c in Collective if c is not Collective.ALL_TO_ALL)
+COLLECTIVES: frozenset[Collective] = frozenset(c for c in Collective if c is not Collective.ALL_TO_ALL)
 SHARDED = False
 
 
@@ -34,7 +34,7 @@ def _levels(n: int) -> int:
 
 def reduce_phase(n: int, rank: int, root: int) -> tuple[Phase, Ownership]:
     v = (rank - root) % n
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     for k in range(_levels(n)):
         step = 1 << k
         if v % (2 * step) == step:
@@ -48,7 +48,7 @@ def broadcast_phase(n: int, rank: int, root: int, den: int = 1) -> Phase:
     """The tree's broadcast of the whole buffer (out of ``den`` positions) from ``root``."""
     v = (rank - root) % n
     levels = _levels(n)
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     for i, k in enumerate(reversed(range(levels))):
         step = 1 << k
         if v % (2 * step) == 0 and v + step < n:
@@ -59,7 +59,7 @@ def broadcast_phase(n: int, rank: int, root: int, den: int = 1) -> Phase:
 
 
 def _gather_up(n: int, rank: int) -> Phase:
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     for k in range(_levels(n)):
         step = 1 << k
         if rank % (2 * step) == step:
@@ -82,7 +82,7 @@ def _gather_to(n: int, rank: int, root: int, up: bool) -> Phase:
     blocks travel together, so every participant handles one message per round."""
     v = (rank - root) % n
     levels = _levels(n)
-    rounds = []
+    rounds: list[tuple[int, list[Send], list[Step]]] = []
     for k in range(levels):
         step = 1 << k
         index = k if up else levels - 1 - k

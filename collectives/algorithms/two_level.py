@@ -128,7 +128,7 @@ def _through_leaders(inner, outer, collective, layout: Layout, rank, root, shard
         across = outer.phase(Collective.ALL_REDUCE, len(leaders), g, shards=shards)
     across = embedded(across, leaders, 0, 1, 1) if i == 0 else across._replace(rounds=())
     if collective is Collective.ALL_REDUCE:
-        source = inner if Collective.BROADCAST in inner.COLLECTIVES else tree
+        source: AlgorithmModule = inner if Collective.BROADCAST in inner.COLLECTIVES else tree
         down = _widest(source, Collective.BROADCAST,
                        _inside(source, Collective.BROADCAST, members, i, root=0), sizes)
     elif collective is Collective.REDUCE:

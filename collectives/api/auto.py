@@ -20,6 +20,7 @@ from ..algorithms.cost import Fabric, Placement
 from ..algorithms.schedule import Collective
 from ..hints import CollectiveName, Op
 from ..runtime.validate import Groups
+from .comm_parts import CommParts
 
 SELECT = logging.getLogger("collectives.select")
 GATHERED = (Collective.ALL_GATHER, Collective.GATHER)
@@ -99,12 +100,8 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
     return decision
 
 
-class ChoiceOps:
+class ChoiceOps(CommParts):
     """The constants ``auto`` chooses with and ``explain`` (mixed into Communicator)."""
-
-    _fabric: Fabric
-    _calls: dict
-    _fast: dict
 
     @property
     def fabric(self) -> Fabric:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.cost import Fabric
+from ..algorithms.cost import Fabric, Placement
 from ..hints import Calibrate
 from ..ops import ReduceOp
 from .calibration_links import PROBES, all_reduce_time, link_times, solve, timed
@@ -76,7 +76,7 @@ def _groups(comm: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
     first's numbers count): ``local``, every host of more than one rank, each host's ranks
     together (every rank busy, as in a collective: where "hosts" share cores, one host's
     alone would have them to itself); ``net``, the first rank of each of two hosts."""
-    placement = comm.placement
+    placement: Placement = comm.placement
     out = {}
     hosts = placement.hosts.groups if placement.hosts is not None else (tuple(range(comm.size)),)
     local = tuple(tuple(g) for g in hosts if len(g) > 1)

@@ -86,10 +86,10 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
     def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
                  name: str | None = None):
         self.transport = transport
-        self.rank: int = transport.rank
-        self.size: int = transport.size
-        self.local_rank: int = getattr(transport, "local_rank", 0)
-        self.local_size: int = getattr(transport, "local_size", 1)
+        self.rank = transport.rank
+        self.size = transport.size
+        self.local_rank = getattr(transport, "local_rank", 0)
+        self.local_size = getattr(transport, "local_size", 1)
         self.name = name or transport.name
         self.timeout, self.check = float(timeout), bool(check)
         self.arrays = transport.arrays
@@ -97,15 +97,15 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         configure()
         self._engine = Engine(transport, timeout=self.timeout, check=self.check,
                               detail=self.debug == "detail")
-        self._calls: dict = {}
-        self._fast: dict = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
+        self._calls = {}
+        self._fast = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
         self._hot = None  # the FastAllReduce the latest hot all-reduce took
-        self._batches: set = set()  # batch layouts every rank has agreed on (batch_all_reduce)
+        self._batches = set()  # batch layouts every rank has agreed on (batch_all_reduce)
         native = transport.native
-        self._native_names: tuple[str, ...] = native.names if native is not None else ()
+        self._native_names = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
         self._rounds_in_turn = bool(getattr(transport, "schedules_in_native_order", False))
-        self.last_algorithm: str | None = None
+        self.last_algorithm = None
         self._trace_place = (recorder.participant(self.rank), recorder.next_index())
         self._fabric = auto.transport_fabric(transport)
         self.placement = auto.transport_placement(transport)

@@ -10,12 +10,13 @@ and an asynchronous call casts back when it finishes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..algorithms.schedule import Collective
 from ..compression import compress, decompress, wire_dtype
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
+from ..runtime.execute import DeviceBackend
 from ..runtime.validate import as_array, check_op, same_layout
 from .multi_device_parts import outputs
 
@@ -44,7 +45,7 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
                 raise late
             return result
 
-        finish.late = late  # type: ignore[attr-defined]
+        finish.late = late
         return call, [data], finish
 
     return comm._start("all_reduce", build, async_op, timeout)
@@ -67,7 +68,7 @@ def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, alg
     if wire is None:
         return all_reduce(values, parsed, algorithm, out=out, shared_result=shared_result,
                           **kwargs)
-    arrays = backend_for_arrays(values).arrays
+    arrays = cast(DeviceBackend, backend_for_arrays(values)).arrays
     if out is not None and shared_result:
         raise ValueError("shared_result=True returns views of one new buffer; it takes no out=")
     # out= checked (or the results made) before any data moves
@@ -80,4 +81,5 @@ def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, alg
         view = result.view()
         view.flags.writeable = False
         return [view] * len(values)
+    assert results is not None  # (made above where the result is not shared)
     return [decompress(arrays, r, o) for r, o in zip(reduced, results)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..extras import install_line
@@ -34,7 +35,7 @@ ENV_CALIBRATE = "COLLECTIVES_CALIBRATE"  # "1", "cached" or "fresh": init(calibr
 _ACTIVE: dict[str, Any] = {}
 
 
-def launched_by_mpi(env: dict | None = None) -> bool:
+def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:
     """Whether a launcher started this process as one of several MPI ranks."""
     env = os.environ if env is None else env
     for name in LAUNCHER_SIZE:
@@ -108,14 +109,13 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
                           ) from None
     comm = module.init(**options)
-    if calibrate is None:
-        calibrate = os.environ.get(ENV_CALIBRATE, "")
-    if calibrate:
+    mode = calibrate if calibrate is not None else os.environ.get(ENV_CALIBRATE, "")
+    if mode:
         from .calibration import apply
 
         scratch = module.init(**options)  # its calls, not the user's, measure
         try:
-            comm.fabric = apply(scratch, calibrate)
+            comm.fabric = apply(scratch, mode)
         finally:
             scratch.free()
     _ACTIVE[name] = comm

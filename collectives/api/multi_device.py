@@ -11,7 +11,7 @@ buffers of the library's own, so aliasing never gives a wrong answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES
 from ..algorithms.schedule import Collective
@@ -21,7 +21,7 @@ from ..foreign import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
 from ..ops import result_dtype
 from ..registry import backend_for_arrays
-from ..runtime.execute import run_multi_device
+from ..runtime.execute import DeviceBackend, run_multi_device
 from ..runtime.validate import (
     Groups,
     check_root,
@@ -110,7 +110,7 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
                                        groups=groups, accumulation_fn=accumulation_fn)
     values, shape, dtype, op = prepare(values, op)
     n = len(values)
-    backend = backend_for_arrays(values)
+    backend = cast(DeviceBackend, backend_for_arrays(values))
     arrays = backend.arrays
     final = result_dtype(op, dtype)
     if shared_result:
@@ -189,7 +189,7 @@ def reduce(values: Sequence[ArrayT], op: Op = "sum", root: int = 0, algorithm: A
     values, shape, dtype, op = prepare(values, op)
     n = len(values)
     root = check_root(root, n)
-    backend = backend_for_arrays(values)
+    backend = cast(DeviceBackend, backend_for_arrays(values))
     arrays = backend.arrays
     schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
                      root)
@@ -307,5 +307,5 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
 
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
     batch = start_batch(per_device, parts, reduce_pack,
-                        arrays=backend_for_arrays(tensors[0][0]).arrays)
+                        arrays=cast(DeviceBackend, backend_for_arrays(tensors[0][0])).arrays)
     return batch.finish(batch.pending)

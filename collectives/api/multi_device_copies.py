@@ -7,13 +7,14 @@ SPMD plans move them; no schedule is needed when one process holds every buffer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 
 from ..foreign import accepts_foreign_values
 from ..hints import ArrayT
 from ..registry import backend_for_arrays
+from ..runtime.execute import DeviceBackend
 from ..runtime.validate import as_array, check_communicable, check_devices, check_root, same_layout
 from ..runtime.work import Work
 from .multi_device_parts import backend_first
@@ -62,7 +63,7 @@ def gather(values: Sequence[ArrayT], root: int = 0, *, async_op: bool = False) -
     values = _values(values)
     shape, dtype = same_layout(values)
     root = check_root(root, len(values))
-    arrays = backend_for_arrays(values).arrays
+    arrays = cast(DeviceBackend, backend_for_arrays(values)).arrays
     out = arrays.result((len(values), *shape), dtype, like=values[root])
     for d, v in enumerate(values):
         arrays.copy(out[d], v)
@@ -107,11 +108,12 @@ def scatter(value: ArrayT, devices: int | Sequence[Any], *, async_op: bool = Fal
         raise ValueError(f"value has shape {tuple(value.shape)}; scatter needs a leading axis of "
                          f"{n} rows, one per device")
     check_communicable(np.dtype(value.dtype), "value")
-    arrays = backend_for_arrays([value]).arrays
+    arrays = cast(DeviceBackend, backend_for_arrays([value])).arrays
     likes = [None] * n if isinstance(devices, (int, np.integer)) else list(devices)
     results = [arrays.result(tuple(value.shape[1:]), value.dtype, like=like) for like in likes]
+    rows: Any = value  # (an array of the backend's library, which indexes it by row)
     for d, r in enumerate(results):
-        arrays.copy(r, value[d])
+        arrays.copy(r, rows[d])
     return results
 
 
@@ -152,7 +154,7 @@ def all_to_all(values: Sequence[ArrayT], *, async_op: bool = False) -> list[Arra
         raise ValueError(f"values have shape {shape}; all_to_all cuts the leading axis into {n} "
                          "equal blocks, so it must divide")
     rows = shape[0] // n
-    arrays = backend_for_arrays(values).arrays
+    arrays = cast(DeviceBackend, backend_for_arrays(values)).arrays
     results = [arrays.result(shape, dtype, like=v) for v in values]
     for i, v in enumerate(values):
         for j, r in enumerate(results):

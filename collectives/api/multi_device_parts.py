@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ..algorithms.cost import Placement
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
 from ..compression import requested
+from ..hints import Op
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime import tracing_devices
@@ -80,7 +81,14 @@ def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: 
     return name, shards, None
 
 
-def prepare(values: Any, op: Any, argument: str = "values"):
+@overload
+def prepare(values: Any, op: None, argument: str = ...
+            ) -> tuple[list[Any], tuple[int, ...], np.dtype, None]: ...
+@overload
+def prepare(values: Any, op: Op, argument: str = ...
+            ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp]: ...
+def prepare(values: Any, op: Op | None, argument: str = "values"
+            ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp | None]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one array per device, "
                         f"not {type(values).__name__}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from ..foreign import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, Op
 from ..ops import ReduceOp, result_dtype
 from ..registry import backend_for_arrays
-from ..runtime.execute import run_multi_device
+from ..runtime.execute import DeviceBackend, run_multi_device
 from ..runtime.validate import as_array, check_communicable, check_devices, check_out
 from ..runtime.work import Work
 from .multi_device_parts import backend_first, deliver, outputs, plan, prepare, work_buffers
@@ -73,7 +73,7 @@ def broadcast(value: ArrayT, devices: int | Sequence[Any], algorithm: Algorithm 
     n = check_devices(devices)
     shape, dtype = tuple(value.shape), np.dtype(value.dtype)
     check_communicable(dtype, "value")
-    backend = backend_for_arrays([value])
+    backend = cast(DeviceBackend, backend_for_arrays([value]))
     arrays = backend.arrays
     schedule = plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
     results = outputs(arrays, out, [value] * n, shape, dtype)
@@ -135,7 +135,7 @@ def all_gather(values: Sequence[ArrayT], axis: int = 0, algorithm: Algorithm = "
     axis %= len(base)
     gathered_shape = list(base)
     gathered_shape[axis] *= n
-    backend = backend_for_arrays(values)
+    backend = cast(DeviceBackend, backend_for_arrays(values))
     arrays = backend.arrays
     results = outputs(arrays, out, values, tuple(gathered_shape), dtype)
     schedule = plan(backend, Collective.ALL_GATHER, algorithm, n, shape, dtype)
@@ -205,7 +205,7 @@ def reduce_scatter(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorith
     if not shape:
         raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
     n = len(values)
-    backend = backend_for_arrays(values)
+    backend = cast(DeviceBackend, backend_for_arrays(values))
     arrays = backend.arrays
     schedule = plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards)
     rows, row = shape[0], math.prod(shape[1:])

@@ -24,6 +24,7 @@ from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
 from ..runtime.validate import check_shards
 from ..runtime.work import BatchWork, Work
+from .comm_parts import CommParts
 
 
 def _brief(layout: tuple) -> str:
@@ -32,7 +33,7 @@ def _brief(layout: tuple) -> str:
     return "[" + ", ".join(items[:6]) + (f", ... {len(items)} in all" if len(items) > 6 else "") + "]"
 
 
-class BatchOps:
+class BatchOps(CommParts):
     """Batched all-reduce (mixed into Communicator)."""
 
     def _agree_batch(self, layout: tuple, timeout: float | None) -> None:
@@ -167,6 +168,7 @@ class BatchOps:
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side
+                assert edge is not None  # (crossing: packed on the edge's side)
                 reduced = [edge.back(buf) for buf in reduced]
             results = [r[0] for r in batch.finish([[buf] for buf in reduced])]
             return [edge.back(r) for r in results] if edge and not crossing else results

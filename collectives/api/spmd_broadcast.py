@@ -51,7 +51,7 @@ class Opening:
                  turn: int):
         self.comm, self.seq, self.header, self.make_data = comm, seq, header, make_data
         self.turn = turn
-        self.data = None
+        self.data: Any = None  # the data stage, once the descriptor is known
         root = comm.rank == header.root
         blob = b""
         if root and error is None:
@@ -98,7 +98,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
     part (e.g. a root that could not pickle its object), told to every rank in the opening."""
     scatter = kind is Collective.SCATTER
 
-    def build(seq):
+    def build(seq: int):
         arrays = comm.arrays
         known, error, src, name, root_ = None, None, None, "auto", -1
         mine = root == comm.rank

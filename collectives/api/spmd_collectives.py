@@ -21,10 +21,11 @@ from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
+from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
 
 
-class CollectiveOps:
+class CollectiveOps(CommParts):
     """All-reduce, reduce, broadcast, all-gather and reduce-scatter (mixed into Communicator)."""
 
     @overload
@@ -159,7 +160,7 @@ class CollectiveOps:
                     raise late
                 return result
 
-            finish.late = late  # type: ignore[attr-defined]
+            finish.late = late
             return call, [data], finish
 
         result = self._start("all_reduce", build, async_op, timeout)
@@ -273,7 +274,7 @@ class CollectiveOps:
                     raise late
                 return result
 
-            finish.late = late  # type: ignore[attr-defined]
+            finish.late = late
             return call, [data], finish
 
         return self._start("reduce", build, async_op, timeout)

@@ -22,9 +22,10 @@ from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.execute.exchange import ExchangeRun
 from ..runtime.native_stage import ScheduleInTurn
 from ..runtime.work import Work
+from .comm_parts import CommParts
 
 
-class ExchangeOps:
+class ExchangeOps(CommParts):
     """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
 
     @overload
@@ -261,10 +262,11 @@ class ExchangeOps:
         """
         blob, problem = _pickled(obj)
         # every rank learns every length, -1 where a rank could not pickle its object
-        lengths = self.all_gather(np.array([-1 if problem else len(blob)], np.int64),
+        lengths = self.all_gather(np.array([-1 if blob is None else len(blob)], np.int64),
                                   timeout=timeout)
         if problem is not None:
             raise problem
+        assert blob is not None  # (_pickled gives an array or a problem)
         failed = [str(r) for r in range(self.size) if lengths[r] < 0]
         if failed:
             from ..errors import PeerFailedError

@@ -21,6 +21,7 @@ from ..runtime import tracing_messages
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
 from ..timeline import recorder
+from .comm_parts import CommParts
 
 MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
 
@@ -43,7 +44,7 @@ class _Message:
         self.channel.cancel([self.request])
 
 
-class PointToPointOps:
+class PointToPointOps(CommParts):
     """send, recv, isend, irecv."""
 
     def _peer(self, peer: Any, argument: str) -> int:

@@ -18,9 +18,10 @@ from ..hints import Array, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.prepared import PreparedCall
 from ..runtime.validate import check_out
+from .comm_parts import CommParts
 
 
-class PreparedOps:
+class PreparedOps(CommParts):
     """all_reduce_init, reduce_init, broadcast_init, all_gather_init, reduce_scatter_init."""
 
     def _bind(self, x: Any, out: Any, shape: tuple, dtype: np.dtype, what: str,
@@ -74,7 +75,7 @@ class PreparedOps:
         call = self._call(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays
-        work = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
+        work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
 
         def finish():
             if call.op is ReduceOp.MEAN:
@@ -191,7 +192,8 @@ class PreparedOps:
         gathered = (base[0] * self.size, *base[1:])
         xa = self._bind(xa, out, gathered, call.dtype, "all_gather_init")
         arrays, count = self.arrays, call.count
-        flat_out = out.reshape(-1)
+        filled: Any = out  # (checked by _bind: an array of the transport's backend)
+        flat_out = filled.reshape(-1)
         mine = flat_out[self.rank * count:(self.rank + 1) * count]
         src = arrays.flat(xa)
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,

@@ -14,9 +14,10 @@ from ..foreign import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.work import Work
+from .comm_parts import CommParts
 
 
-class SpreadOps:
+class SpreadOps(CommParts):
     """All-gather and reduce-scatter (mixed into Communicator)."""
 
     @overload
@@ -96,7 +97,7 @@ class SpreadOps:
                     raise late
                 return result
 
-            finish.late = late  # type: ignore[attr-defined]
+            finish.late = late
             return call, [data], finish
 
         return self._start("all_gather", build, async_op, timeout)
@@ -175,7 +176,7 @@ class SpreadOps:
                     raise late
                 return result
 
-            finish.late = late  # type: ignore[attr-defined]
+            finish.late = late
             return call, [data], finish
 
         return self._start("reduce_scatter", build, async_op, timeout)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..runtime.agreement import Agreement
+from .comm_parts import CommParts
 
 C = TypeVar("C", bound="SubcommOps")  # the communicator's own class
 
@@ -39,7 +40,7 @@ class _Making:
         return self.what
 
 
-class SubcommOps:
+class SubcommOps(CommParts):
     """dup and split."""
 
     def dup(self: C) -> C:

@@ -142,8 +142,8 @@ class Agreement:
 
         signatures = [sig for sig, _, _ in details]
         if any(s is None for s in signatures):  # a rank failed after the digest: say who
-            who = [r for r, s in enumerate(signatures) if s is None]
-            return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {who} "
+            silent = [r for r, s in enumerate(signatures) if s is None]
+            return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {silent} "
                                           "could not describe their call"))
         name = next((s[0] for s in signatures if s is not None), "a collective")
         kinds = {s[0] for s in signatures if s is not None}

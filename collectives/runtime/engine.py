@@ -15,6 +15,7 @@ failure into an error on every rank:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -133,13 +134,12 @@ class Engine:
                                "communicator; wait() for some first (this call was not issued)")
 
     def handed_out(self, op: Operation, work: Work) -> None:
-        """``work`` (``op``'s handle) counts as outstanding until waited on or dropped."""
-        self.outstanding += 1
+        self.outstanding += 1  # (``work``, op's handle, counts until waited on or dropped)
         op.counted = True
-        op.handle = weakref.ref(work, lambda _, engine=self, op=op: engine.settle(op))
+        op.handle = weakref.ref(work, functools.partial(self.settle, op))
 
-    def settle(self, op: Operation) -> None:
-        """``op``'s handle no longer counts (waited on, or dropped)."""
+    def settle(self, op: Operation, _dropped: Any = None) -> None:
+        """``op``'s handle no longer counts (waited on; or dropped: ``_dropped``, its ref)."""
         if op.counted:
             op.counted = False
             self.outstanding -= 1
@@ -197,7 +197,7 @@ class Engine:
         if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
             self._broke(op.error, op.seq)
         if async_op:
-            work = Work(op)
+            work: Work[Any] = Work(op)
             if op.breaking:  # a collective's handle (a message's is counted by inflight)
                 self.handed_out(op, work)
             else:

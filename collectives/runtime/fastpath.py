@@ -51,6 +51,8 @@ class FastAllReduce:
         self.acquire, self.release = self.engine.busy.acquire, self.engine.busy.release
         self.quick = bound.quick
         self.cls = type(x)
+        self.dtype: Any  # as the caller's array has them (compared by identity)
+        self.shape: Any
         self.dtype, self.shape = (x.dtype, x.shape) if x is not None else (call.dtype, call.shape)
         self.op, self.algorithm = op, algorithm
         self.mean, self.size = call.op is ReduceOp.MEAN, comm.size
@@ -70,6 +72,7 @@ class FastAllReduce:
                 or call.final != call.dtype or not call.count or comm.debug == "detail"):
             return None  # (persistent False: the transport has no persistent collectives)
         if bound is None:
+            assert call.op is not None  # an all-reduce's
             bound = native.prepare(call, None, None, call.op.wire_op)
         if bound is None or not hasattr(bound, "quick"):
             return None

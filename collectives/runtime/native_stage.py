@@ -21,10 +21,13 @@ collective, and a rank still agreeing would put them after it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ops import ReduceOp
 from .calls import Call
+
+if TYPE_CHECKING:
+    from .transport import NativeRun
 
 
 def in_turn(engine: Any, turn: int) -> bool:
@@ -42,13 +45,13 @@ class NativeStage:
     __slots__ = ("call", "dst", "engine", "holding", "native", "op", "run", "seq", "src",
                  "turn")
 
-    def __init__(self, engine: Any, native: Any, call: Call, src: Any, dst: Any, op: ReduceOp,
-                 seq: int, turn: int | None = None):
+    def __init__(self, engine: Any, native: Any, call: Call, src: Any, dst: Any,
+                 op: ReduceOp | None, seq: int, turn: int | None = None):
         self.engine, self.native, self.call = engine, native, call
         self.src, self.dst, self.op, self.seq = src, dst, op, seq
         # the place in the native start order: reserved now, or when the call was issued
         self.turn = engine.reserve_turn() if turn is None else turn
-        self.run = None
+        self.run: NativeRun | None = None
         self.holding = False  # started, and keeps the turn until it finishes
 
     def advance(self) -> bool:

@@ -100,7 +100,7 @@ def _describe(subject: Any, size: int) -> tuple[str, dict]:
     call = subject if hasattr(subject, "nbytes") else getattr(subject, "call", None)
     if call is None:  # a broadcast's non-root before the root described it
         kind = getattr(subject, "collective", None)
-        args = {"collective": kind.value if kind else str(subject), "ranks": size}
+        args: dict[str, Any] = {"collective": kind.value if kind else str(subject), "ranks": size}
         if hasattr(subject, "root"):
             args["root"] = subject.root
         return args["collective"], args
@@ -134,7 +134,7 @@ class OpTrace:
         self.pending: list = []
         self.round = None
 
-    def begin(self, name: str, cat: str, args: dict | None = None, ts: int = 0) -> None:
+    def begin(self, name: str, cat: str, args: rec.Args = None, ts: int = 0) -> None:
         rec.begin(self.pid, self.tid, name, cat, ts or rec.now(), args)
         self.depth += 1
 

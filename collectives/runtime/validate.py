@@ -7,7 +7,7 @@ array is contiguous or writable), so they serve NumPy and GPU arrays alike.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -152,6 +152,18 @@ def check_shards(shards: Any) -> int:
     return int(shards)
 
 
+@overload
+def resolve_groups(groups: None, size: int) -> None: ...
+
+
+@overload
+def resolve_groups(groups: Sequence[Sequence[int]] | int, size: int) -> tuple[tuple[int, ...], ...]: ...
+
+
+@overload
+def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | None: ...
+
+
 def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | None:
     """Groups for two-level algorithms: None, a group size, or a partition of the participants."""
     if groups is None:
@@ -161,7 +173,8 @@ def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | N
             raise ValueError(f"groups={groups} must be a positive group size or a list of groups")
         return tuple(tuple(range(i, min(i + groups, size))) for i in range(0, size, groups))
     try:
-        out = tuple(tuple(int(p) for p in g) for g in groups)
+        # a bool is no group size: iterating it raises the TypeError refused below
+        out = tuple(tuple(int(p) for p in g) for g in groups)  # type: ignore[union-attr]
     except TypeError:
         raise TypeError(f"groups={groups!r} must be a group size or a list of lists of "
                         "participants") from None

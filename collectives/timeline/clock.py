@@ -60,7 +60,7 @@ def align(comm: Any, probes: list | None = None) -> float:
 
 
 def _measure(comm: Any, peer: int) -> tuple[int, int]:
-    best = None
+    best: tuple[int, int] | None = None
     reply = np.zeros(1, np.int64)
     for _ in range(ROUNDS):
         sent = recorder.now()
@@ -70,5 +70,6 @@ def _measure(comm: Any, peer: int) -> tuple[int, int]:
         sample = (back - sent, int(reply[0]) - (sent + back) // 2)
         if best is None or sample[0] < best[0]:
             best = sample
+    assert best is not None  # ROUNDS > 0 samples
     rtt, offset = best
     return offset, rtt

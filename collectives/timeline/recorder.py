@@ -44,6 +44,11 @@ _local = threading.local()
 _resolvers: list = []  # callables the writer runs before each flush (device timings)
 
 
+# An event's args (``_args`` formats them): a dict, ``(dict, fragment)``, a wait's ``("for",
+# ranks, call, round)`` or a reduction's ``("from", rank, bytes)``; None: none.
+Args = dict | tuple[dict, str] | tuple[str, list, int, Any] | tuple[str, int, int] | None
+
+
 def _put(event: tuple) -> None:
     global _dropped
     if not ON:
@@ -54,20 +59,20 @@ def _put(event: tuple) -> None:
     _queue.append(event)
 
 
-def begin(pid: int, tid: int, name: str, cat: str, ts: int, args: dict | None = None) -> None:
+def begin(pid: int, tid: int, name: str, cat: str, ts: int, args: Args = None) -> None:
     _put(("B", pid, tid, ts, name, cat, args, 0))
 
 
-def end(pid: int, tid: int, ts: int, args: dict | None = None) -> None:
+def end(pid: int, tid: int, ts: int, args: Args = None) -> None:
     _put(("E", pid, tid, ts, None, None, args, 0))
 
 
 def complete(pid: int, tid: int, name: str, cat: str, ts: int, dur: int,
-             args: dict | None = None) -> None:
+             args: Args = None) -> None:
     _put(("X", pid, tid, ts, name, cat, args, dur))
 
 
-def instant(pid: int, tid: int, name: str, cat: str, ts: int, args: dict | None = None) -> None:
+def instant(pid: int, tid: int, name: str, cat: str, ts: int, args: Args = None) -> None:
     _put(("i", pid, tid, ts, name, cat, args, 0))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NoReturn
 
 from .bench.config import parse_size
 
@@ -13,7 +14,7 @@ class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, naming the command and its ``--help``
     (argparse's default prints the whole usage first)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

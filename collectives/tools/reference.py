@@ -126,7 +126,7 @@ def reference(values: Sequence[np.ndarray], op: ReduceOp | str) -> np.ndarray:
     """
     op = ReduceOp.parse(op)
     dtype = np.dtype(values[0].dtype)
-    stack = np.stack([np.asarray(v).astype(_wide(dtype)) for v in values])
+    stack: np.ndarray = np.stack([np.asarray(v).astype(_wide(dtype)) for v in values])
     wire = op.wire_op
     if wire is ReduceOp.SUM:
         total = stack.sum(axis=0)

@@ -71,7 +71,7 @@ class SpmdRun:
     __slots__ = ("arrays", "buf", "check", "k", "last_fills", "op", "posted", "rounds", "sends",
                  "seq", "src", "trace", "transport")
 
-    def __init__(self, plan: RankPlan, buf: Any, op: ReduceOp, transport: PointToPoint, *,
+    def __init__(self, plan: RankPlan, buf: Any, op: ReduceOp | None, transport: PointToPoint, *,
                  granule: int = 1, seq: int = 0, check: int = 0, src: Any = None):
         """``src``: the input, when it is not already in ``buf`` (same length, no shared
         memory): steps read it where it lies (``.first_touch``) instead of a copy."""
@@ -127,7 +127,7 @@ class SpmdRun:
             try:
                 self._post_round(index, sends, recvs)
             finally:
-                transport.end_round()
+                transport.end_round()  # type: ignore[attr-defined]  # optional, with begin_round
             return
         self._post_round(index, sends, recvs)
 
@@ -150,6 +150,7 @@ class SpmdRun:
     def _finish_round(self) -> bool:
         transport, arrays = self.transport, self.arrays
         complete = True
+        assert self.posted is not None  # _post posted this round
         for entry in self.posted:
             srcs, a, b, reduce, requests, nxt, first = entry
             if nxt == len(requests):
@@ -162,6 +163,7 @@ class SpmdRun:
                 continue
             # reduce: combine sources strictly in order, each as soon as it (and all before
             # it) has arrived
+            assert self.op is not None  # (plans without an op have no reduce steps)
             dst = self.buf[a:b]
             while nxt < len(requests) and requests[nxt].done():
                 if self.trace is not None:

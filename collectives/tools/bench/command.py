@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import collectives
 
@@ -214,7 +215,7 @@ def _summary(rows: list[report.Row], config: BenchConfig) -> int:
 def _ceilings(rows: list[report.Row]) -> None:
     """The copy ceiling of each size, where the backend measured one: the time to copy the
     participants' inputs into their outputs, the least any out-of-place collective costs."""
-    seen = {}
+    seen: dict[int, dict] = {}  # size -> its ceiling
     for row in rows:
         if row.get("ceiling") is not None:
             seen.setdefault(row["size"], row["ceiling"])
@@ -227,7 +228,7 @@ def _ceilings(rows: list[report.Row]) -> None:
               f"{half['busbw']:>12.3f}")
 
 
-def prepare(args: argparse.Namespace) -> tuple[BenchConfig, str | None, object]:
+def prepare(args: argparse.Namespace) -> tuple[BenchConfig, str | None, Any]:
     """The configuration, the plot's path and the MPI communicator (or None), each checked
     before any work; ValueError or MissingDependencyError says what is wrong."""
     config = BenchConfig(

@@ -24,10 +24,10 @@ class Runner:
     timed calls overwrote, so that the checked call starts from the original inputs."""
 
     call: Callable[[], list]
-    reset: Callable[[], None]
+    reset: Callable[[], object]  # (what it returns is ignored)
 
 
-def zero(buffers: list) -> Callable[[], None]:
+def zero(buffers: list) -> Callable[[], object]:
     """A reset that zero-fills ``buffers`` (outputs the timed calls wrote)."""
     return lambda: [b.fill(0) for b in buffers]
 

@@ -38,6 +38,7 @@ def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner]:
 
     def restore() -> None:
         if x is not None:
+            assert mine is not None  # made when x is
             np.copyto(mine, x)
 
     return oop, Runner(lambda: [comm.scatter(mine, root, algorithm, out=own)], restore)

@@ -55,7 +55,7 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
         raise ValueError(f"the trace holds no spans between {start_ms} and {end_ms} ms")
     labels = names(events)
     rows = _rows(every, labels)
-    shared = defaultdict(int)
+    shared: defaultdict[int, int] = defaultdict(int)
     for pid, _ in rows:
         shared[pid] += 1
     index = {row: k for k, row in enumerate(rows)}

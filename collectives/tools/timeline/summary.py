@@ -93,9 +93,9 @@ class Blame:
                 below = self._blame(comm, call, lo, hi, theirs.args.get("for") or [],
                                     seen | {peer})
                 for rank, amount in below.items():
-                    out[rank] += amount / len(peers)
+                    out[rank] += amount / len(peers)  # type: ignore[assignment]  # float times
                 covered += sum(below.values()) / len(peers)
-            out[peer] += max(share - covered, 0.0)
+            out[peer] += max(share - covered, 0.0)  # type: ignore[assignment]  # float times
         return out
 
 
@@ -137,6 +137,7 @@ def account(events: list[dict]) -> Accounts:
     out = Accounts(names(events))
     blame = Blame(every)
     call_of: dict[tuple, tuple] = {}
+    key: tuple | None
     for call in (s for s in every if s.cat == "call"):
         a = call.args
         key = (a.get("collective", call.name), a.get("bytes", 0),

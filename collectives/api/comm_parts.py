@@ -1,0 +1,108 @@
+"""What the parts of ``Communicator`` rely on from one another, declared once for type checkers.
+
+``Communicator`` is made of mixins (``CollectiveOps``, ``BatchOps``, ``SpreadOps``,
+``ExchangeOps``, ``PreparedOps``, ``PointToPointOps``, ``SubcommOps``, ``ChoiceOps``), each
+of which uses the state ``Communicator.__init__`` sets and methods that ``communicator.py`` or
+another mixin defines. ``CommParts``, which every mixin inherits, declares them: at run time
+it holds annotations only (no attribute, no method, no behaviour); the shared methods'
+signatures exist under ``TYPE_CHECKING`` alone, and the class that defines each is checked
+against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..algorithms.cost import Fabric, Placement
+    from ..algorithms.schedule import Collective
+    from ..arrays import ArrayBackend
+    from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
+    from ..runtime.calls import Call
+    from ..runtime.engine import Engine
+    from ..runtime.fastpath import FastAllReduce
+    from ..runtime.validate import Groups
+    from ..runtime.work import Work
+
+
+class CommParts:
+    """The attributes and methods the mixins of ``Communicator`` share (see the module)."""
+
+    # set by Communicator.__init__
+    transport: Any  # a runtime.transport.Transport, with whatever a backend's adds to it
+    arrays: ArrayBackend  # the transport's array backend
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    name: str
+    timeout: float
+    check: bool
+    debug: str  # COLLECTIVES_DEBUG: "", "info" or "detail"
+    last_algorithm: str | None
+    placement: Placement
+    _engine: Engine
+    _calls: dict[Any, Call]  # call arguments (or "barrier") -> the validated call
+    _fast: dict[Any, FastAllReduce | None]  # all-reduce arguments -> hot path (None: none)
+    _hot: FastAllReduce | None  # the hot path the latest hot all-reduce took
+    _batches: set[tuple]  # batch layouts every rank has agreed on
+    _native_names: tuple[str, ...]
+    _rounds_in_turn: bool
+    _fabric: Fabric
+
+    if TYPE_CHECKING:
+        def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
+                     name: str | None = None) -> None: ...
+
+        # communicator.py
+        def adapt(self, x: Any, argument: str) -> Any: ...
+
+        def adapt_batch(self, xs: Any, argument: str) -> list: ...
+
+        def _call(self, collective: Collective, x: Any, op: Any, algorithm: Any, *,
+                  root: int = 0, shards: int = 0, groups: Any = None,
+                  axis: int | None = None) -> Call: ...
+
+        def _target(self, out: Any, shape: tuple, dtype: np.dtype,
+                    argument: str = "out") -> tuple[Any, BaseException | None]: ...
+
+        def _start(self, what: str, build: Callable[[int], tuple[Any, Any, Any]],
+                   async_op: bool, timeout: float | None, subject: str | None = None) -> Any: ...
+
+        def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
+                        turn: int | None = None) -> Any: ...
+
+        # spmd_collectives.py
+        @overload
+        def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                       timeout: float | None = ..., compression: Compression = ...,
+                       async_op: Literal[False] = ...) -> ArrayT: ...
+        @overload
+        def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                       timeout: float | None = ..., compression: Compression = ...,
+                       async_op: Literal[True]) -> Work[ArrayT]: ...
+        def all_reduce(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
+                       out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
+                       timeout: float | None = None, compression: Compression = None,
+                       async_op: bool = False) -> Any: ...
+
+        # spmd_spread.py
+        @overload
+        def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., timeout: float | None = ...,
+                       async_op: Literal[False] = ...) -> ArrayT: ...
+        @overload
+        def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                       out: ArrayT | None = ..., timeout: float | None = ...,
+                       async_op: Literal[True]) -> Work[ArrayT]: ...
+        def all_gather(self, x: ArrayT, axis: int = 0, algorithm: SpmdAlgorithm = "auto", *,
+                       out: ArrayT | None = None, timeout: float | None = None,
+                       async_op: bool = False) -> Any: ...
+
+        # spmd_exchanges.py
+        def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]: ...
