@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.arrays import HOST_ALONE_BYTES
 from collectives.ops import BFLOAT16
 
 
@@ -27,7 +29,8 @@ def _torch() -> Any:
 
 class TorchArrays:
     """The array operations packing needs (``collectives.arrays.ArrayBackend``'s ``owns``,
-    ``dtype_of``, ``flat``, ``concatenate``, ``empty`` and ``copy``) on ``torch.Tensor``."""
+    ``dtype_of``, ``alone_bytes``, ``flat``, ``concatenate``, ``empty`` and ``copy``) on
+    ``torch.Tensor``."""
 
     name = "torch"
 
@@ -59,6 +62,11 @@ class TorchArrays:
             if ours == wanted:
                 return theirs
         return getattr(_torch(), str(wanted))
+
+    def alone_bytes(self, x: Any) -> int:
+        """A CUDA tensor fuses up to the bucket size (a copy is cheap beside a call); a CPU
+        tensor of ``HOST_ALONE_BYTES`` travels alone, as a NumPy array does."""
+        return HOST_ALONE_BYTES if x.device.type == "cpu" else DEFAULT_BUCKET_BYTES
 
     def flat(self, x: Any) -> Any:
         return x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)

@@ -165,8 +165,8 @@ _REGISTERED: list = []  # kinds registered at run time (register_array_kind)
 
 def register_array_kind(kind: Any) -> None:
     """Add an array kind: an object with ``detect(x)`` (whether ``x`` is one of its arrays)
-    and the array operations packing needs on them (``owns``, ``dtype_of``, ``flat``,
-    ``concatenate``, ``empty``, ``copy``, as ``collectives.arrays.ArrayBackend``). A batch of
+    and the array operations packing needs on them (``owns``, ``dtype_of``, ``alone_bytes``,
+    ``flat``, ``concatenate``, ``empty``, ``copy``, as ``collectives.arrays.ArrayBackend``). A batch of
     such arrays is then packed in their own library, and only the buckets cross over (through
     DLPack, as any array of another library does). Installed packages register under the
     ``collectives.array_kinds`` entry points instead."""

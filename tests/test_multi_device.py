@@ -229,3 +229,18 @@ def test_batch_all_reduce_fuses_by_default(n, op):
     assert bucket(alone[0][0]) is not bucket(alone[3][0])
     assert bucket(small[4][0]) is not bucket(small[0][0])
     assert bucket(small[0][0]) is bucket(small[3][0])
+
+
+def test_a_large_host_tensor_is_not_copied_into_a_bucket():
+    """In host memory a tensor of HOST_ALONE_BYTES or more travels alone (its copy would cost
+    more than its call); the small ones around it still share one bucket."""
+    from collectives.arrays import HOST_ALONE_BYTES
+
+    big = HOST_ALONE_BYTES // 4
+    value_lists = [[np.full(s, float(d + 1), np.float32) for d in range(2)]
+                   for s in (3, big, 5)]
+    got = collectives.batch_all_reduce(value_lists)
+    assert all(float(r[0][0]) == 3.0 for r in got)
+    owner = [r[0].base if r[0].base is not None else r[0] for r in got]
+    assert owner[0] is owner[2] and owner[1] is not owner[0]
+    assert got[1][0].size == big

@@ -367,3 +367,12 @@ def test_make_plan_fuses_only_without_tensorflow_knobs() -> None:
     assert len(make_plan(shapes, dtypes).packs) == 4  # (the plan alone: no bucket given)
     assert len(make_plan(shapes, dtypes, num_packs=2, bucket_bytes=1 << 20).packs) == 2
     assert len(make_plan(shapes, dtypes, bytes_per_pack=16, bucket_bytes=1 << 20).packs) == 2
+
+
+def test_fuse_sends_tensors_of_alone_bytes_alone() -> None:
+    f32 = np.dtype(np.float32)
+    plan = fuse([(2,), (64,), (3,), (16,)], [f32] * 4, 1 << 20, alone_bytes=64)
+    # 256 and 64 bytes: alone (no copy); 8 and 12: one bucket
+    assert [p.indices for p in plan.packs] == [(0, 2), (1,), (3,)]
+    assert fuse([(64,)] * 2, [f32] * 2, 100, alone_bytes=1 << 20).packs == \
+        fuse([(64,)] * 2, [f32] * 2, 100).packs  # (never above the bucket size)

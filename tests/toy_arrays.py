@@ -62,6 +62,9 @@ class ToyKind:
     def dtype_of(self, x: ToyArray) -> np.dtype:
         return x.dtype
 
+    def alone_bytes(self, x: ToyArray) -> int:
+        return 1 << 20
+
     def flat(self, x: ToyArray) -> ToyArray:
         return ToyArray(np.ascontiguousarray(x.data).reshape(-1))
 

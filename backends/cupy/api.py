@@ -243,7 +243,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                        num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                        agg_small_grads_max_group=agg_small_grads_max_group,
                        bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                       extra_names=("nccl",), bucket_bytes=bucket_bytes)
+                       extra_names=("nccl",), bucket_bytes=bucket_bytes,
+                       alone_bytes=_arrays().alone_bytes(tensors[0][0][0]))
 
     def reduce_pack(part, buffers):
         return all_reduce(buffers, op, part.spec.algorithm, shards=part.spec.shards,

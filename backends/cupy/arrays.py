@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
 from collectives.ops import ReduceOp
 
 from . import kernels
@@ -119,6 +120,9 @@ class CupyArrays:
 
     def dtype_of(self, x: Any) -> np.dtype:
         return x.dtype
+
+    def alone_bytes(self, x: Any) -> int:
+        return DEFAULT_BUCKET_BYTES  # (device memory: a copy costs little beside a call)
 
     def _check(self, x: Any, what: str) -> None:
         if not self.owns(x):

@@ -58,7 +58,7 @@ Shape = tuple[int, ...]
 
 # The default fusion bucket: Horovod's fusion threshold (HOROVOD_FUSION_THRESHOLD, 64 MiB);
 # DDP's bucket_cap_mb is 25 MiB. Larger buckets mean fewer calls; smaller ones start earlier
-# when buckets are started as their tensors become ready (``collectives.Buckets``).
+# when buckets are started as their tensors become ready (``Communicator.buckets``).
 DEFAULT_BUCKET_BYTES = 64 << 20
 
 
@@ -349,24 +349,25 @@ def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
 
 
 def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
-         bucket_bytes: int) -> PackPlan:
+         bucket_bytes: int, alone_bytes: int | None = None) -> PackPlan:
     """Fusion buckets: each dtype's tensors, in input order, fill buckets of at most
     ``bucket_bytes``; a tensor that would overflow the open bucket starts the next one, and a
-    tensor of ``bucket_bytes`` or more travels alone (a view of it: no copy). Buckets of
-    different dtypes never mix; buckets are ordered by their first tensor. ``bucket_bytes=0``:
-    every tensor alone (``no_packing``).
+    tensor of ``alone_bytes`` (default: ``bucket_bytes``) or more travels alone (a view of it:
+    no copy). Buckets of different dtypes never mix; buckets are ordered by their first
+    tensor. ``bucket_bytes=0``: every tensor alone (``no_packing``).
     """
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be 0 (no fusion) or more, not {bucket_bytes}")
     shp, dts = _normalise(shapes, dtypes)
     if bucket_bytes == 0:
         return no_packing(shp, dts)
+    alone = bucket_bytes if alone_bytes is None else min(alone_bytes, bucket_bytes)
     groups: list[list[int]] = []
     open_bucket: dict[np.dtype, tuple[list[int], int]] = {}  # dtype -> (members, bytes)
     for i, (shape, dt) in enumerate(zip(shp, dts, strict=True)):
         nbytes = prod(shape) * dt.itemsize
         members, filled = open_bucket.get(dt, (None, 0))
-        if nbytes >= bucket_bytes:
+        if nbytes >= alone:
             groups.append([i])  # alone; the open bucket of its dtype stays open
             continue
         if members is None or filled + nbytes > bucket_bytes:
@@ -380,9 +381,10 @@ def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
 def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
               num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
               agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-              bucket_bytes: int = 0) -> PackPlan:
+              bucket_bytes: int = 0, alone_bytes: int | None = None) -> PackPlan:
     """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size;
-    with none of those, fusion buckets of ``bucket_bytes`` (0: every tensor alone)."""
+    with none of those, fusion buckets of ``bucket_bytes`` (0: every tensor alone), tensors of
+    ``alone_bytes`` or more alone (see ``fuse``)."""
     if num_packs < 0:
         raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
     if bucket_bytes < 0:
@@ -394,4 +396,4 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
                                agg_small_grads_max_group)
     if bytes_per_pack is not None:
         return group_by_size(shapes, dtypes, bytes_per_pack)
-    return fuse(shapes, dtypes, bucket_bytes)
+    return fuse(shapes, dtypes, bucket_bytes, alone_bytes)

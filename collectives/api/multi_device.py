@@ -293,11 +293,12 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         if len(values) != n:
             raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] has "
                              f"{n}; every tensor needs one array per device")
+    arrays = backend_for_arrays(tensors[0][0]).arrays
     parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
                        num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                        agg_small_grads_max_group=agg_small_grads_max_group,
                        bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                       bucket_bytes=bucket_bytes)
+                       bucket_bytes=bucket_bytes, alone_bytes=arrays.alone_bytes(tensors[0][0][0]))
     for_batch(compression, op, [])  # (a compression the op cannot take: raised before packing)
 
     def reduce_pack(part, buffers):

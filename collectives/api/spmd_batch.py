@@ -149,7 +149,8 @@ class BatchOps(CommParts):
                            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                           extra_names=self._native_names, bucket_bytes=bucket_bytes)
+                           extra_names=self._native_names, bucket_bytes=bucket_bytes,
+                           alone_bytes=arrays.alone_bytes(xs[0]) if xs else None)
         for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
 
         self._agree_batch(layout, timeout)
@@ -208,7 +209,8 @@ class BatchOps(CommParts):
         for dtype in {d for _, d in layout}:
             check_op_for(op, dtype, "like")
         self._agree_batch(layout, timeout)
-        return Buckets(self, layout, op, algorithm, bucket_bytes, timeout)
+        return Buckets(self, layout, op, algorithm, bucket_bytes, timeout,
+                       self.arrays.alone_bytes(xs[0]) if xs else None)
 
 
 class Buckets(Generic[ArrayT]):
@@ -220,12 +222,13 @@ class Buckets(Generic[ArrayT]):
     """
 
     def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
-                 timeout: float | None):
+                 timeout: float | None, alone_bytes: int | None = None):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
         self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
-                                bucket_bytes=bucket_bytes, extra_names=comm._native_names)
+                                bucket_bytes=bucket_bytes, extra_names=comm._native_names,
+                                alone_bytes=alone_bytes)
         self.order = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
                           for i in (part.indices[m] for m in part.plan.packs[j].indices)}
