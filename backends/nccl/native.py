@@ -39,6 +39,7 @@ class NcclNative:
     """``NativeCollectives`` of ``NcclTransport``."""
 
     names = NAMES
+    methods: tuple[str, ...] = ()
 
     def __init__(self, transport: Any):
         self.t = transport

@@ -12,6 +12,7 @@ new decision's prices on rank 0. ``ChoiceOps`` gives a Communicator its ``fabric
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from ..algorithms import select
@@ -62,6 +63,8 @@ def decide(comm: Any, call: Any) -> select.Decision | str:
             natives = ("native",)
         elif native.preferred(call):
             return "native"
+    if native is not None and comm.size > 1:  # the transport's other methods (MPI's "shm"),
+        natives += tuple(own_methods(comm, call))  # where they run and were timed
     nbytes = call.nbytes * (comm.size if call.collective in GATHERED else 1)
     groups = call.layout if call.layout is not None and len(call.layout.groups) > 1 else None
     return select.decide(call.collective, comm.size, max(nbytes, 1), comm.fabric,
@@ -69,12 +72,29 @@ def decide(comm: Any, call: Any) -> select.Decision | str:
                          payload=max(call.nbytes, 1), groups=groups)
 
 
+def own_methods(comm: Any, call: Any) -> list[str]:
+    """The transport's own methods besides "native" (its ``methods``, e.g. MPI's "shm") that can
+    run ``call`` and whose times the communicator's constants hold: ``auto``'s candidates."""
+    native = comm.transport.native
+    found = []
+    for method in native.methods:
+        if not comm.fabric.timings(method, call.collective, comm.size):
+            continue
+        if native.supports(replace(call, algorithm=method)):
+            found.append(method)
+    return found
+
+
 def choose(comm: Any, call: Any) -> str:
     """What runs an ``auto`` call: "native" or a schedule (its groups and shards set on
-    ``call``)."""
+    ``call``); a transport's other method (MPI's "shm") runs as "native", with ``call``
+    naming it."""
     decision = decide(comm, call)
     if isinstance(decision, str):
         return decision
+    if decision.name != "native" and decision.name in comm._native_names:
+        call.algorithm = decision.name  # (the transport's own method, by its name)
+        return "native"
     if decision.layout is not None:
         call.layout = decision.layout
     if decision.shards:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.cost import Fabric, Placement
+from ..algorithms.schedule import Collective
 from ..hints import Calibrate
 from ..ops import ReduceOp
 from .calibration_links import PROBES, all_reduce_time, link_times, solve, timed
@@ -135,6 +136,20 @@ def _natives(comm: Any, sizes, repeats: int, which) -> list:
             fn = _native_call(comm, collective, x)
             points.append((count * 4, timed(comm, fn, repeats)))
         out.append(("native", collective, comm.size, tuple(points)))
+    if which is None or "all_reduce" in which:  # the transport's other all-reduces (MPI's shm)
+        x = np.ones(comm.size, np.float32)
+        for method in native.methods:
+            if not native.supports(
+                    comm._call(Collective.ALL_REDUCE, x, "sum", method)):
+                continue
+            points = []
+            for nbytes in sizes:
+                count = max(nbytes // 4 // comm.size, 1) * comm.size
+                y, into = np.ones(count, np.float32), np.empty(count, np.float32)
+                points.append((count * 4, timed(
+                    comm, lambda y=y, into=into, m=method: comm.all_reduce(y, "sum", m, out=into),
+                    repeats)))
+            out.append((method, "all_reduce", comm.size, tuple(points)))
     return out
 
 

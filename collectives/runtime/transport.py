@@ -79,6 +79,9 @@ class NativeCollectives(Protocol):
     ask for them explicitly (e.g. "native", "mpi")."""
 
     names: tuple[str, ...]
+    # the transport's methods besides "native" that ``auto`` may price where calibration timed
+    # them (MPI's "shm"), one name each
+    methods: tuple[str, ...]
 
     def supports(self, call: Call) -> bool:
         """Whether this call (collective, dtype, op) can run natively."""

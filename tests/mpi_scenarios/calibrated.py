@@ -53,15 +53,22 @@ def main() -> None:
     report.check(fabric.host.beta > 0 and fabric.call_overhead > 0, f"odd numbers: {fabric}")
     timed = fabric.timings("native", Collective.ALL_REDUCE, n)
     report.check(timed is not None and len(timed) == 2, f"MPI's all-reduce not timed: {timed}")
+    # the shared window's all-reduce is timed, and priced by auto, where every rank shares a node
+    shared = comm.transport.native.single_node
+    shm = fabric.timings("shm", Collective.ALL_REDUCE, n)
+    report.check((shm is not None and len(shm) == 2) == shared, f"shm timed {shm}, "
+                 f"single node: {shared}")
     for nbytes in (4 << 10, 256 << 10):
         x = np.full(nbytes // 8, rank + 1.0)
         decision = comm.explain("all_reduce", x)
         names = {p.algorithm for p in decision.predictions}
-        report.check("native" in names and "ring" in names, f"candidates: {names}")
+        report.check("native" in names and "ring" in names and ("shm" in names) == shared,
+                     f"candidates: {names}")
         got = comm.all_reduce(x)
         report.check(np.array_equal(got, np.full_like(x, n * (n + 1) / 2)), "wrong all-reduce")
         ran = WORLD.allgather(comm.last_algorithm or "native")
-        report.check(len(set(ran)) == 1 and ran[0] == decision.name,
+        said = "native" if decision.name == "shm" else decision.name  # (shm runs as native)
+        report.check(len(set(ran)) == 1 and ran[0] == said,
                      f"ranks ran {ran}, the model said {decision.name}")
     priced_by_the_model(comm, 4 << 10)
     meet()
