@@ -257,7 +257,13 @@ class NumpyArrays:
         return np.true_divide(total, count, out=out, casting="unsafe")
 
     def concatenate(self, arrays, axis):
-        return np.concatenate(list(arrays), axis=axis)
+        arrays = list(arrays)
+        if axis == 0 and arrays and all(a.ndim == 1 and a.dtype == arrays[0].dtype
+                                        for a in arrays):
+            # (a batch's bucket, made every step: from the pool, so its pages stay mapped)
+            out = self.result((sum(a.shape[0] for a in arrays),), arrays[0].dtype)
+            return np.concatenate(arrays, out=out)
+        return np.concatenate(arrays, axis=axis)
 
     def contiguous(self, x) -> bool:
         return x.flags.c_contiguous
