@@ -43,7 +43,7 @@ class Bound:
 
     __slots__ = ("call", "compiled", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes",
                  "lane", "mine", "natives", "op", "out", "polls", "req", "result", "result_bytes",
-                 "run", "seq", "since", "src", "src_bytes", "tail", "trailer")
+                 "run", "seq", "since", "src", "src_bytes", "tail", "trailer", "__weakref__")
 
     def __init__(self, natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None):
         self.natives, self.call, self.src, self.dst, self.op = natives, call, src, dst, op

@@ -13,6 +13,7 @@ hot and plain calls of one signature always run the same MPI operations on every
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,7 @@ class MPINatives:
         self.inflight: dict[int, Call] = {}  # native calls not yet complete, by seq
         self.abandoned: list = []  # failed runs whose requests MPI still holds
         self.last: str | None = None  # what the latest native call ran: "mpi" or "shm"
+        self.bounds: weakref.WeakSet[Bound] = weakref.WeakSet()  # calls bound by prepare
         self.spin = SPIN_SECONDS  # how long the hot path spins (the transport may say 0)
         self._asked: tuple[int, int, float] | None = None  # (about seq, question, when)
 
@@ -85,7 +87,13 @@ class MPINatives:
         return nonblocking.start(self, call, src, dst, op, seq)
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp | None) -> Bound:
-        return Bound(self, call, src, dst, op)
+        bound = Bound(self, call, src, dst, op)
+        self.bounds.add(bound)  # (a hot call publishes nothing: a rank's exit asks them)
+        return bound
+
+    def latest_seq(self) -> int:
+        """The latest call a bound (hot) collective of this transport ran (0: none)."""
+        return max((bound.seq for bound in list(self.bounds)), default=0)
 
     def scratch(self, nbytes: int, dtype: np.dtype, count: int) -> np.ndarray:
         """Memory for a copy of an input, reused once the run holding it is done."""

@@ -114,7 +114,8 @@ class MPITransport:
         if not self._comms or self.notices.comm is None:
             return  # (freed)
         activity = self.notices.activity
-        seq = activity[0] if activity else 0
+        # (the hot path publishes no activity: its bound calls know their latest number)
+        seq = max(activity[0] if activity else 0, self.native.latest_seq())
         self.notify_failure(Failure(self.rank, seq, "exited",
                                     f"it exited (status 0) after its call {seq}, and joins no later "
                                     "call"))

@@ -8,8 +8,9 @@ default 300 s timeout. The library's hook aborts the job: it ends within about a
 then leaves normally.
 ``exit3``: after one all-reduce, rank 1 calls ``sys.exit(3)``; the others call another
 all-reduce with ``timeout=60``: the job is aborted within seconds, naming rank 1 and status 3.
-``exit0``: rank 1 calls ``sys.exit(0)`` instead; the others' next all-reduce raises
-``PeerFailedError`` naming rank 1 at once (they print it and leave).
+``exit0``: every rank makes ten more all-reduces (the hot path, which publishes nothing),
+then rank 1 calls ``sys.exit(0)``; the others' next all-reduce raises ``PeerFailedError``
+naming rank 1 and its last call, 11, at once (they print it and leave).
 ``exit0-last``: rank 1 leaves with ``sys.exit(0)`` after the last all-reduce, which the others
 join late: they get their results, and the job ends with status 0.
 """
@@ -51,6 +52,9 @@ def main() -> None:
         time.sleep(0.5)  # (rank 1's goodbye arrives while the others are still here)
         sys.stdout.write(f"RANK {comm.rank} GOT {float(got[0])}\n")
         return
+    if mode == "exit0":  # ten more of the same call: the hot path from the second on
+        for _ in range(10):
+            comm.all_reduce(np.ones(4))
     if comm.rank == 1:
         if mode == "exit3":
             sys.exit(3)
