@@ -65,3 +65,27 @@ def test_a_batch_of_toy_arrays_is_packed_on_their_side(n):
         for k, result in enumerate(results):
             assert isinstance(result, ToyArray) and result.shape == shapes[k]
             assert np.array_equal(result.data, reference(lists[k], "sum"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_buckets_of_toy_arrays_are_packed_on_their_side(n):
+    shapes = [(4,), (3, 3), (5,), (2,)]
+    lists = [exact_inputs(n, int(np.prod(s)), np.float32, "sum", seed=k, shape=s)
+             for k, s in enumerate(shapes)]
+
+    def body(comm):
+        buckets = comm.buckets([ToyArray(v[comm.rank]) for v in lists], bucket_bytes=48)
+        got = []
+        for _ in range(2):  # two steps, tensors marked ready last to first
+            for k in reversed(range(len(shapes))):
+                buckets.ready(k, ToyArray(lists[k][comm.rank]))
+            got.append(buckets.wait())
+        return got
+
+    before = KIND.concatenated
+    for steps in collectives.run(body, n):
+        for results in steps:
+            for k, result in enumerate(results):
+                assert isinstance(result, ToyArray) and result.shape == shapes[k]
+                assert np.array_equal(result.data, reference(lists[k], "sum"))
+    assert KIND.concatenated > before  # (a bucket of several tensors: packed by the toy kind)

@@ -204,13 +204,23 @@ class BatchOps(CommParts):
             tensors are ready and every bucket before it has started; ``wait()`` returns the
             reduced list, and the buckets are ready for the next step.
         """
-        xs = self.adapt_batch(list(like), "like")
-        layout = tuple(zip([x.shape for x in xs], [self.arrays.dtype_of(x) for x in xs]))
+        xs = list(like)
+        edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
+        arrays = self.arrays  # the library the buckets are packed and unpacked in
+        if edge is None:
+            xs = self.adapt_batch(xs, "like")
+        elif edge.arrays is None:
+            raise TypeError(f"like[0] is a {type(xs[0]).__module__}.{type(xs[0]).__name__}, "
+                            "whose library has no array kind to pack buckets in; pass arrays "
+                            "of the transport's library (or use batch_all_reduce)")
+        else:
+            arrays = edge.arrays
+        layout = tuple(zip([x.shape for x in xs], [arrays.dtype_of(x) for x in xs]))
         for dtype in {d for _, d in layout}:
             check_op_for(op, dtype, "like")
         self._agree_batch(layout, timeout)
         return Buckets(self, layout, op, algorithm, bucket_bytes, timeout,
-                       self.arrays.alone_bytes(xs[0]) if xs else None)
+                       arrays.alone_bytes(xs[0]) if xs else None, edge)
 
 
 class Buckets(Generic[ArrayT]):
@@ -222,10 +232,13 @@ class Buckets(Generic[ArrayT]):
     """
 
     def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
-                 timeout: float | None, alone_bytes: int | None = None):
+                 timeout: float | None, alone_bytes: int | None = None, edge: Any = None):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
+        # tensors of another library (PyTorch) are packed there; only buckets cross over
+        self.edge = edge
+        self.arrays = comm.arrays if edge is None else edge.arrays
         self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
                                 bucket_bytes=bucket_bytes, extra_names=comm._native_names,
                                 alone_bytes=alone_bytes)
@@ -248,9 +261,13 @@ class Buckets(Generic[ArrayT]):
         """Tensor ``k`` (of the list's order) is ``x``; start every bucket now complete."""
         if not 0 <= k < len(self.layout):
             raise IndexError(f"k={k} is out of range for a list of {len(self.layout)} tensors")
-        x = self.comm.adapt(x, f"tensor {k}")
+        if self.edge is None:
+            x = self.comm.adapt(x, f"tensor {k}")
+        elif not self.arrays.owns(x):
+            raise TypeError(f"tensor {k} is a {type(x).__module__}.{type(x).__name__}; the "
+                            "buckets were made for another library's tensors")
         shape, dtype = self.layout[k]
-        if x.shape != shape or self.comm.arrays.dtype_of(x) != dtype:
+        if tuple(x.shape) != tuple(shape) or self.arrays.dtype_of(x) != dtype:
             raise ValueError(f"tensor {k} is {x.dtype}{tuple(x.shape)}; the buckets were made "
                              f"for {dtype}{tuple(shape)}")
         if self.tensors[k] is not None:
@@ -260,7 +277,9 @@ class Buckets(Generic[ArrayT]):
         while self.started < len(self.order) and self.missing[self.started] == 0:
             part, j = self.order[self.started]
             buf = part.plan.pack_one(j, [self.tensors[i] for i in part.indices],
-                                     arrays=self.comm.arrays)
+                                     arrays=self.arrays)
+            if self.edge is not None:
+                buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
             self.pending.append(self.comm.all_reduce(
                 buf, self.op, part.spec.algorithm, shards=part.spec.shards,
                 timeout=self.timeout, async_op=True))
@@ -279,6 +298,8 @@ class Buckets(Generic[ArrayT]):
             reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
         finally:
             self._reset()
-        batch = StartedBatch(self.parts, reduced, len(self.layout), self.comm.arrays,
+        if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
+            reduced = [self.edge.back(buf) for buf in reduced]
+        batch = StartedBatch(self.parts, reduced, len(self.layout), self.arrays,
                              lambda _: nullcontext())
         return [r[0] for r in batch.finish([[buf] for buf in reduced])]
