@@ -238,7 +238,7 @@ class NumpyArrays:
 
     def flat(self, x):
         if x.flags.c_contiguous:
-            return x.reshape(-1)
+            return x if x.ndim == 1 else x.reshape(-1)
         return np.ascontiguousarray(x).reshape(-1)
 
     def copy(self, dst, src) -> None:

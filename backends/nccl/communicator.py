@@ -117,10 +117,10 @@ class NcclCommunicator(Communicator):
 
     def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("all_reduce")
-        if async_op and not kw and self.hot_ready(x, op, algorithm):
+        if async_op and kw.keys() <= {"out"} and self.hot_ready(x, op, algorithm):
             # an agreed call only enqueues: the hot path's blocking call is the asynchronous
             # call's issue, and the handle waits on the device
-            return GpuWork(self, Completed(super().all_reduce(x, op, algorithm)))
+            return GpuWork(self, Completed(super().all_reduce(x, op, algorithm, **kw)))
         return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 

@@ -182,7 +182,8 @@ class PackPlan:
             pieces = [p for p in places[i] if p[3] > p[2]] or places[i][:1]
             if len(pieces) == 1:
                 k, offset, start, stop = pieces[0]
-                out.append(flat_bufs[k][offset:offset + stop - start].reshape(shape))
+                view = flat_bufs[k][offset:offset + stop - start]
+                out.append(view if len(shape) == 1 else view.reshape(shape))  # (1-D: as is)
                 continue
             # Spread over several buffers (concat_and_split): assemble a fresh array.
             first = flat_bufs[pieces[0][0]]

@@ -176,7 +176,11 @@ elif mode == "hot":
                 handle = comm.all_reduce(cupy.asarray(inputs[rank]), op.value, "nccl",
                                          async_op=True)
                 assert same(cupy.asnumpy(handle.wait()), expected), (count, dtype)
-                assert hot_runs == [True] * 6, hot_runs
+                target = cupy.empty_like(x)  # (and into an out=)
+                handle = comm.all_reduce(cupy.asarray(inputs[rank]), op.value, "nccl",
+                                         out=target, async_op=True)
+                assert handle.wait() is target and same(cupy.asnumpy(target), expected)
+                assert hot_runs == [True] * 7, hot_runs
                 checked += 1
             hot_runs.clear()
     # not hot, so the engine's way each time: MEAN (a division after the sum), float MAX
