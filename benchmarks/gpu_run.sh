@@ -233,7 +233,8 @@ if wanted peers; then
     step "peers-$part" 70 "$PY" benchmarks/gpu_peers.py "$part" --out "$WORK" "${QUICK[@]}"
   done
 fi
-[ "${STEPS:-tests}" = none ] || step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
+if [ "${STEPS:-tests}" != none ]; then  # (none: no JUnit file; the summary says so)
+step tests 240 "$PY" -m pytest "${PYTEST[@]}" "${SELECTED[@]}"
 if [ ! -s "$WORK/junit.xml" ]; then  # pytest itself was stopped: say so in the JUnit file
   "$PY" benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml" \
     || python3 benchmarks/gpu_summary.py --junit-from-log "$LOGS/tests.log" "$WORK/junit.xml"
@@ -245,6 +246,7 @@ if [ ! -s "$WORK/junit.xml" ]; then
 <testcase classname="gpu_run" name="tests"><error message="pytest did not finish within the step's time limit; see logs/tests.log"/></testcase>
 </testsuite></testsuites>
 EOF
+fi
 fi
 
 # --- 4. benchmarks --------------------------------------------------------------------------
@@ -271,7 +273,7 @@ json.dump({"mode": sys.argv[2], "device": sys.argv[3], "commit": commit or "unkn
 EOF
 "$PY" benchmarks/gpu_summary.py "$WORK" "$OUT" > "$LOGS/summary.log" 2>&1 \
   || python3 benchmarks/gpu_summary.py "$WORK" "$OUT" >> "$LOGS/summary.log" 2>&1
-cp "$WORK/junit.xml" "$OUT/junit.xml"
+[ -s "$WORK/junit.xml" ] && cp "$WORK/junit.xml" "$OUT/junit.xml"
 cp "$WORK"/gpu_compare_*.json "$WORK"/gpu_peers_*.json "$WORK/probe.json" "$WORK/steps.tsv" "$LOGS/" 2>/dev/null
 log "done after $((SECONDS - START))s; results in $OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
