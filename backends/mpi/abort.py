@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import time
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -69,23 +70,29 @@ def _at_exit() -> None:
     status = _status[-1] if _status else None
     code = status if isinstance(status, int) else (0 if status is None else 1)
     if code != 0:
-        _flush()
-        print(f"collectives: rank {world.Get_rank()} exited with status {code}: aborting the "
-              "MPI job (MPI_Abort), so that the other ranks do not wait for it",
-              file=sys.stderr, flush=True)
-        world.Abort(code)
+        _abort(world, code, f"exited with status {code}")
         return
     from .transport import say_goodbye
 
     say_goodbye()
 
 
-def _flush() -> None:
+# MPI_Abort ends every process of the job at once, and the launcher may drop what a process
+# wrote but it has not forwarded yet: the traceback saying why. A moment to forward it.
+FORWARD_SECONDS = 0.5
+
+
+def _abort(world: Any, code: int, what: str) -> None:
+    """Say why, give the launcher a moment to forward it, and end the job (MPI_Abort)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001, S110 - a closed stream must not stop the abort
             pass
+    print(f"collectives: rank {world.Get_rank()} {what}: aborting the MPI job (MPI_Abort), "
+          "so that the other ranks do not wait for it", file=sys.stderr, flush=True)
+    time.sleep(FORWARD_SECONDS)
+    world.Abort(code)
 
 
 def _abort_on_uncaught(kind: type[BaseException], value: BaseException,
@@ -94,8 +101,4 @@ def _abort_on_uncaught(kind: type[BaseException], value: BaseException,
     world = _world()
     if world is None:
         return
-    _flush()
-    print(f"collectives: rank {world.Get_rank()} raised an uncaught "
-          f"{kind.__name__}: aborting the MPI job (MPI_Abort), so that the other ranks do "
-          "not wait for it", file=sys.stderr, flush=True)
-    world.Abort(1)
+    _abort(world, 1, f"raised an uncaught {kind.__name__}")
