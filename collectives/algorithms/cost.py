@@ -10,6 +10,9 @@ that with the constants of a ``Fabric``, measured (``collectives probe``) or giv
   matches (serialised on its CPU), plus the largest ``alpha`` among the classes it uses, plus,
   per class, the larger of the bytes it sends and receives times ``beta`` (links are full
   duplex), plus ``gamma`` (of the dtype) per byte it reduces;
+* where a host runs more busy processes than it has cores, a round also waits for its
+  peers to be scheduled: ``crowding`` seconds per round for each busy process beyond the
+  ``cores`` (per core), measured by ``collectives probe`` (``Fabric.crowd``);
 * the ``net`` bytes are those of the participant's **host**: a host's ranks share its link, so
   a round moves what all of them send (or receive) across it together;
 * a round ends when its slowest participant does, and each round needs the previous one's
@@ -25,7 +28,6 @@ prediction for 65,536 participants costs about one plan's rounds.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
@@ -56,7 +58,11 @@ class Fabric:
     seconds), ...))`` timings of a transport's own collectives (MPI's), which the model
     interpolates rather than predicts; ``native_overhead``: seconds per round of a native
     collective's own (C) code, for sizes and counts never measured; ``call_overhead``:
-    seconds a call costs before and after its rounds (the same for every algorithm)."""
+    seconds a call costs before and after its rounds (the same for every algorithm);
+    ``cores`` and ``crowding``: the cores of a host (0: unknown) and the seconds a round
+    waits per busy process beyond them, per core (``crowd``); ``checks``: the schedules a
+    calibration timed beside its probes, ``(class, name, nbytes, measured, predicted)``;
+    ``flags``: the checks that contradicted the probes, in words (``comm.explain`` says them)."""
 
     proc: Link = Link(2e-6, 1 / 8e9)
     host: Link = Link(5e-6, 1 / 5e9)
@@ -70,8 +76,21 @@ class Fabric:
     native_overhead: float = 2e-6
     call_overhead: float = 0.0
     measured: tuple = ()
+    cores: int = 0
+    crowding: float = 0.0
     source: str = field(default="defaults", compare=False)
     raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
+    checks: tuple = field(default=(), compare=False)
+    flags: tuple = field(default=(), compare=False)  # what a calibration found suspect, in words
+
+    def crowd(self, placement: Placement) -> float:
+        """Seconds a round waits for peers to be scheduled on a host of ``placement`` with more
+        busy processes than ``cores``: ``crowding`` times the processes beyond the cores, per
+        core (0 for threads of one process, or where the cores are unknown)."""
+        if not (self.crowding and self.cores) or self.serial or not placement.processes:
+            return 0.0
+        extra = placement.busiest - self.cores
+        return self.crowding * extra / self.cores if extra > 0 else 0.0
 
     def link(self, cls: int) -> Link:
         """The link of class ``cls`` (``PROC``, ``HOST`` or ``NET``: 0, 1, 2)."""
@@ -122,6 +141,8 @@ class Fabric:
         data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
                                  for m, c, n, pts in data.get("measured", ()))
         data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
+        data["checks"] = tuple(tuple(c) for c in data.get("checks", ()))
+        data["flags"] = tuple(data.get("flags", ()))
         return cls(**data)
 
     def describe(self) -> str:
@@ -133,22 +154,10 @@ class Fabric:
         lines.append(f"overhead {self.overhead * 1e6:.1f} us per message, "
                      f"{self.round_overhead * 1e6:.1f} us per round, "
                      f"{self.call_overhead * 1e6:.1f} us per call")
+        if self.crowding:
+            lines.append(f"crowding {self.crowding * 1e6:.1f} us per round per busy process "
+                         f"beyond {self.cores} cores, per core")
         return "\n".join(lines)
-
-
-def interpolate(points: Sequence[tuple[int, float]], nbytes: int) -> float:
-    """Seconds at ``nbytes`` from measured ``(nbytes, seconds)`` points: log-log between
-    them, the smallest below them, the last segment's seconds per byte above them."""
-    points = sorted(points)
-    nbytes = max(nbytes, 1)
-    if nbytes <= points[0][0] or len(points) == 1:
-        return points[0][1] if nbytes <= points[0][0] else points[0][1] * nbytes / points[0][0]
-    for (b0, t0), (b1, t1) in zip(points, points[1:]):
-        if nbytes <= b1:
-            f = math.log(nbytes / b0) / math.log(b1 / b0)
-            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
-    (b0, t0), (b1, t1) = points[-2], points[-1]
-    return t1 + (nbytes - b1) * max(t1 - t0, 0.0) / (b1 - b0)
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,13 @@ class Placement:
     @property
     def local(self) -> int:
         return HOST if self.processes else PROC
+
+    @property
+    def busiest(self) -> int:
+        """The most participants on one host."""
+        if self.hosts is None:
+            return self.size
+        return max(len(g) for g in self.hosts.groups)
 
 
 class Part(NamedTuple):
@@ -292,8 +308,9 @@ def load(rank: int, sends, recvs, scale: float, host_of, local: int, mapped=None
 
 
 def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
-               weights: dict | None = None) -> Part:
-    """The time of one round that ``loads`` take part in (whole hosts where hosts matter)."""
+               weights: dict | None = None, wait: float = 0.0) -> Part:
+    """The time of one round that ``loads`` take part in (whole hosts where hosts matter);
+    ``wait``: what each participant waits for its peers to be scheduled (``Fabric.crowd``)."""
     nic: dict[int, list[float]] = {}
     if fabric.nic_shared:
         for ld in loads:
@@ -322,7 +339,7 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
             transfer += moved * link.beta
             if moved > who_bytes:
                 who_bytes, who_cls = moved, c
-        latency = alpha + fabric.round_overhead + fabric.overhead * ld.messages
+        latency = alpha + fabric.round_overhead + fabric.overhead * ld.messages + wait
         reduction = ld.reduced * gamma
         if weights is not None:  # serial: one thread does every participant's work
             w = weights.get(ld.rank, 1.0)

@@ -21,6 +21,8 @@ Rounds of equal shape are priced once (a ring of 65,536 has 131,070 rounds of tw
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 from .. import algorithms
@@ -31,7 +33,6 @@ from .cost import (
     Placement,
     Prediction,
     critical_path,
-    interpolate,
     load,
     native_fallback,
     round_part,
@@ -156,7 +157,8 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
     if maps is not None:
         base = _plan(collective, name, size, 0, root, shards, layout)
         weights = {i: size / len(maps) for i in range(len(maps))} if serial else None
-        parts = _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights)
+        parts = _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights,
+                           fabric.crowd(placement))
         return critical_path(parts, name, collective, size, nbytes, fabric.call_overhead)
     weight: float
     if not exact and size > EXACT and _periodic(name, collective, shards, layout, placement):
@@ -170,6 +172,7 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
         ranks = list(range(size)) if every else sample(size, root, placement)
         weight, complete = size / len(ranks), len(ranks) == size or not pipeline
     plans = [_plan(collective, name, size, r, root, shards, layout) for r in ranks]
+    wait = fabric.crowd(placement)
     weights = {r: weight for r in ranks} if serial else None
     by_round: dict[int, list] = {}
     for plan in plans:
@@ -184,7 +187,7 @@ def predict(collective: Collective, name: str, size: int, nbytes: int, fabric: F
             if busiest is not None and not complete:
                 parts.append((index, busiest))  # nobody sampled acts: a pipeline's middle
             continue
-        part = round_part(loads, fabric, gamma, weights)
+        part = round_part(loads, fabric, gamma, weights, wait)
         if busiest is None or part.seconds > busiest.seconds:
             busiest = part
         parts.append((index, part))
@@ -215,7 +218,7 @@ def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
     return [None if i == 0 else (lambda q, i=i: q - q % L + (q % L + i) % L) for i in range(L)]
 
 
-def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights):
+def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights, wait=0.0):
     """Participant 0's plan priced for each member ``i`` through ``maps[i]``; rounds of equal
     shape once."""
     scale = nbytes / base.den
@@ -228,9 +231,24 @@ def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights)
         if part is None:
             loads = [load(i, sends, recvs, scale, host_of, local, f)
                      for i, f in enumerate(maps)]
-            part = memo[key] = round_part(loads, fabric, gamma, weights)
+            part = memo[key] = round_part(loads, fabric, gamma, weights, wait)
         parts.append((index, part))
     return parts
+
+
+def interpolate(points: Sequence[tuple[int, float]], nbytes: int) -> float:
+    """Seconds at ``nbytes`` from measured ``(nbytes, seconds)`` points: log-log between
+    them, the smallest below them, the last segment's seconds per byte above them."""
+    points = sorted(points)
+    nbytes = max(nbytes, 1)
+    if nbytes <= points[0][0] or len(points) == 1:
+        return points[0][1] if nbytes <= points[0][0] else points[0][1] * nbytes / points[0][0]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if nbytes <= b1:
+            f = math.log(nbytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    (b0, t0), (b1, t1) = points[-2], points[-1]
+    return t1 + (nbytes - b1) * max(t1 - t0, 0.0) / (b1 - b0)
 
 
 NATIVE_AS = {Collective.ALL_REDUCE: "rechd", Collective.REDUCE: "tree",
@@ -264,4 +282,4 @@ def rounds_of(collective: Collective, name: str, size: int) -> int:
     return _plan(collective, name, size, 0, 0, 0, None).num_rounds
 
 
-__all__ = ["EXACT", "Part", "predict", "predict_native", "sample", "symmetry"]
+__all__ = ["EXACT", "Part", "interpolate", "predict", "predict_native", "sample", "symmetry"]

@@ -200,7 +200,8 @@ def _decide(collective, size, nbytes, fabric, placement, dtype, natives, payload
     predictions.remove(best)
     predictions.insert(0, best)
     context = (f"{collective.value} of {human_bytes(payload or nbytes)} ({dtype}) over {size} "
-               f"participants{_where(placement)}; constants: {fabric.source}")
+               f"participants{_where(placement)}; constants: {fabric.source}" +
+               "".join(f"; calibration flagged: {flag}" for flag in fabric.flags))
     return Decision(best.algorithm, best.shards, best.layout, predictions, context)
 
 

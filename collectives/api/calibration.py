@@ -9,7 +9,13 @@
   ``net``: a rank of each of two hosts), through the library's own schedules (so Python's share is in the
   numbers): the tree's and the ring's all-reduces of a few bytes and the ring's of 4 MiB,
   from which ``calibration_links`` solves the class's ``alpha`` and ``beta`` and the
-  per-message ``overhead`` so that the model predicts those very times;
+  per-message ``overhead`` so that the model predicts those very times; in rounds, with
+  other schedules timed beside them as checks (a class the checks contradict is probed
+  again, and the attempt they agree with best counts; one still contradicted is flagged
+  in ``Fabric.flags``, which ``collectives probe``, ``comm.explain`` and a warning say);
+* **crowding**, where a host runs more ranks than it has cores: the small probes again on
+  two of its ranks while the others sleep; what a round costs more with every rank busy,
+  per process beyond the cores, is ``Fabric.crowding``;
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
@@ -27,6 +33,7 @@ import os
 import socket
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,11 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.cost import Fabric, Placement
+from ..algorithms.cost import Fabric, Link, Placement
 from ..algorithms.schedule import Collective
 from ..hints import Calibrate
 from ..ops import ReduceOp
-from .calibration_links import PROBES, all_reduce_time, link_times, solve, timed
+from .calibration_links import (
+    CONTRADICTED,
+    all_reduce_time,
+    check,
+    coefficients,
+    disagreement,
+    link_times,
+    solve,
+    timed,
+)
 
 ENV = "COLLECTIVES_CALIBRATE"
 CACHE_ENV = "COLLECTIVES_CACHE_DIR"
@@ -46,7 +62,9 @@ NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
 GAMMA_BYTES = 4 << 20
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
-METHOD = 2  # 1: the local link measured on a pair of ranks alone; 2: on every rank of a host
+METHOD = 3  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
+# in rounds, with checks, and the crowding of a host with more ranks than cores
+ATTEMPTS = 2  # a link class whose checks contradict its probes is probed once more
 
 
 def cache_dir() -> Path:
@@ -182,7 +200,7 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     sizes
         Bytes per rank at which the transport's own collectives are timed.
     repeats
-        Timed repeats per measurement; the best counts.
+        Timed repeats per measurement; the median counts (a link's probes: over rounds).
     natives
         Whether to time the transport's own collectives (MPI's).
     collectives
@@ -195,43 +213,118 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
         them (a link class the job does not have).
     """
     base = comm.fabric
-    found: dict[str, float] = {}
     solo = comm.split(comm.rank, 0)
     with solo:
-        found["call"] = all_reduce_time(solo, "ring", 1, 8, repeats)
-    groups = _groups(comm)
-    for kind, measured_on in groups.items():
-        got = _on(comm, measured_on, lambda sub: link_times(sub, repeats))
-        if got is not None:
-            found.update({f"{kind}.{k}": v for k, v in got.items()})
+        call = all_reduce_time(solo, "ring", 1, 8, repeats)
     gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
+    gamma = dict(gammas)["float32"]
+    groups = _groups(comm)
+    attempts: dict[str, list[dict]] = {}
+    todo = list(groups)
+    for attempt in range(ATTEMPTS):
+        for kind in todo:
+            got = _on(comm, groups[kind], lambda sub: link_times(sub, repeats))
+            attempts.setdefault(kind, []).append(_first(comm, got))
+        if attempt + 1 < ATTEMPTS:
+            todo = comm.broadcast_object([
+                kind for kind, tries in attempts.items()
+                if _best(tries, call, gamma, len(groups[kind][0]), base.serial)[0]
+                > CONTRADICTED] if comm.rank == 0 else None, 0)
+        if not todo:
+            break
+    cores, pair = _crowding(comm, groups, repeats)
     measured = tuple(_natives(comm, sizes, repeats, collectives)) if natives else ()
-    everything = comm.all_gather_object(found)
-    for part in everything:
-        for key, value in part.items():
-            found.setdefault(key, value)
-    fabric = comm.broadcast_object(_fabric(base, found, gammas, measured, comm, groups)
-                                   if comm.rank == 0 else None, 0)
+    fabric = comm.broadcast_object(
+        _fabric(base, call, gammas, attempts, (cores, pair), measured, comm, groups)
+        if comm.rank == 0 else None, 0)
     return fabric
 
 
-def _fabric(base: Fabric, found: dict, gammas: tuple, measured: tuple, comm: Any,
-            groups: dict) -> Fabric:
-    """The constants that make the model predict what ``found`` measured (``call``: a call
-    on one rank; ``KIND.PROBE``: ``calibration_links``'s probes on the class's group)."""
-    call = found["call"]
+def _first(comm: Any, got: Any) -> Any:
+    """The first rank's non-None ``got``, on every rank (collective)."""
+    return next(g for g in comm.all_gather_object(got) if g is not None)
+
+
+def _best(tries: list[dict], call: float, gamma: float, n: int,
+          serial: bool) -> tuple[float, dict, Link, float, list]:
+    """Of a class's attempts, the one its checks agree with best: ``(disagreement, times,
+    link, overhead, checks)``."""
+    out = []
+    for times in tries:
+        link, o = solve(times, call, gamma, n, serial)
+        checks = check(times, link, o, call, gamma, n, serial)
+        out.append((disagreement(checks), times, link, o, checks))
+    return min(out, key=lambda t: t[0])
+
+
+def raw_of(raw: dict, kind: str) -> list[tuple[str, float]]:
+    """The times of class ``kind`` among ``raw``'s, by probe name."""
+    return [(k.split(".", 1)[1], v) for k, v in raw.items() if k.startswith(kind + ".")]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+def _crowding(comm: Any, groups: dict, repeats: int) -> tuple[int, dict | None]:
+    """The fewest cores a rank may run on, and, where the first host runs more processes
+    than that, the small probes' times on two of its ranks while every other rank sleeps
+    (collective)."""
+    cores = min(comm.all_gather_object(_cores()))
+    host = groups.get("local", ((),))[0]
+    if not comm.placement.processes or len(host) <= cores:
+        return cores, None
+    sub = comm.split(0 if comm.rank in host[:2] else None, comm.rank)
+    got = None
+    if sub is not None:
+        with sub:
+            got = link_times(sub, repeats)
+        comm.all_reduce(np.zeros(1))
+    else:  # asleep, not polling: the pair has the cores to itself
+        work = comm.all_reduce(np.zeros(1), async_op=True)
+        while not work.is_completed():
+            time.sleep(0.002)
+        work.wait()
+    return cores, _first(comm, got)
+
+
+def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tuple,
+            measured: tuple, comm: Any, groups: dict) -> Fabric:
+    """The constants that make the model predict what was measured (``call``: a call on one
+    rank; ``attempts``: per class, ``calibration_links``'s probes on its group, per attempt;
+    ``crowd``: the cores, and the small probes on a pair alone or None)."""
     gamma = dict(gammas)["float32"]
-    links, overheads = {}, []
-    for kind in ("local", "net"):
-        if f"{kind}.one" not in found:
-            continue
-        times = {k: found[f"{kind}.{k}"] for k in PROBES}
-        links[kind], o = solve(times, call, gamma, len(groups[kind][0]), base.serial)
+    links, overheads, raw, checks, flags = {}, [], {"call": call}, [], []
+    for kind, tries in attempts.items():
+        n = len(groups[kind][0])
+        worst, times, links[kind], o, got = _best(tries, call, gamma, n, base.serial)
         overheads.append(o)
+        raw.update({f"{kind}.{k}": v for k, v in times.items()})
+        checks += [(kind, *c) for c in got]
+        if worst > CONTRADICTED:
+            flags += [f"{kind} link: {name.split('.')[1]} check, rechd at {nbytes >> 10} KiB, "
+                      f"measured {m * 1e6:.0f} us where the probes predict {p * 1e6:.0f} us "
+                      f"({m / p:.2g}x; probed {len(tries)} times): the probes may have met "
+                      "a busy moment; run `collectives probe` again"
+                      for name, nbytes, m, p in got if max(m / p, p / m) > CONTRADICTED]
+    cores, pair = crowd
     changes: dict = {"round_overhead": 0.0, "call_overhead": call, "gamma": gamma,
-                     "gammas": gammas, "measured": measured, "raw": tuple(sorted(found.items())),
+                     "gammas": gammas, "measured": measured, "cores": cores,
+                     "checks": tuple(checks), "flags": tuple(flags),
                      "source": f"measured {datetime.date.today().isoformat()} "
                                f"({comm.transport.name}, {comm.size} ranks)"}
+    if pair is not None and "local" in links:
+        raw.update({f"pair.{k}": v for k, v in pair.items()})
+        busy, n = links["local"], len(groups["local"][0])
+        per_round = [(times["one"] - call) / coefficients(k, base.serial)["one"].alpha
+                     for k, times in ((n, dict(raw_of(raw, "local"))), (2, pair))]
+        wait = min(max(per_round[0] - per_round[1], 0.0), busy.alpha - 1e-7)
+        changes["crowding"] = wait * cores / (n - cores)  # (a ring's round: 2 messages)
+        links["local"] = Link(busy.alpha - wait, busy.beta)
+    changes["raw"] = tuple(sorted(raw.items()))
     if overheads:
         changes["overhead"] = min(overheads)
     if "local" in links:
@@ -289,6 +382,8 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
     fabric = measure(comm, **options)
     if comm.rank == 0:
         save(path, key, fabric)
+        for flag in fabric.flags:
+            warnings.warn(f"calibration: {flag}", RuntimeWarning, stacklevel=2)
     comm.fabric = fabric
     return fabric
 

@@ -12,6 +12,14 @@ scheduled, which a pair of ranks alone on the cores never sees. The probes, on `
   ``overhead`` apart);
 * ``big``: the ring's of ``STREAM_BYTES`` (``beta``).
 
+A bad moment (another job's burst) must not poison the constants: every probe runs in
+``ROUNDS`` rounds, interleaved with the others and apart in time, and the median of all
+their repeats counts. Two other schedules are timed beside them (``CHECKS``: the recursive
+halving-doubling all-reduce of a small and a large buffer); ``check`` prices them with the
+solved constants, and a measured time off its price by more than ``CONTRADICTED`` times
+flags the probes (calibration probes the class again, keeps the attempt the checks agree
+with best, and says so where a user looks: ``collectives probe``, ``comm.explain``).
+
 How many rounds, messages and bytes the model charges each probe is read off the model
 itself (``coefficients``: each probe priced with one constant at 1 and the others at 0), so
 the solved constants make the model predict the probes' measured times. On two ranks this is
@@ -34,6 +42,9 @@ STREAM_BYTES = 4 << 20
 TARGET_SECONDS = 0.01  # a repeat runs about this long
 PROBES = ("tree", "one", "eight", "big")
 SMALL = PROBES[:3]  # bytes cost next to nothing: alpha and overhead only
+ROUNDS = 3  # each probe's repeats are split over this many rounds, interleaved
+CHECKS = {"check.small": ("rechd", 0, 16 << 10), "check.large": ("rechd", 0, 1 << 20)}
+CONTRADICTED = 2.0  # a check this many times off (either way) contradicts the probes
 
 
 def probes(n: int) -> dict[str, tuple[str, int, int]]:
@@ -45,6 +56,11 @@ def probes(n: int) -> dict[str, tuple[str, int, int]]:
 def timed(comm: Any, fn, repeats: int) -> float:
     """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
     a call typically costs on this job, as the benchmarks report it."""
+    return float(statistics.median(samples(comm, fn, repeats)))
+
+
+def samples(comm: Any, fn, repeats: int) -> list[float]:
+    """``repeats`` timings of the slowest rank's seconds per call (collective)."""
     fn()  # agreement, plans, buffers
     start = time.perf_counter()
     fn()
@@ -57,23 +73,35 @@ def timed(comm: Any, fn, repeats: int) -> float:
         for _ in range(iters):
             fn()
         times.append((time.perf_counter() - start) / iters)
-    return float(statistics.median(comm.all_reduce(np.array(times), "max")))
+    return [float(t) for t in comm.all_reduce(np.array(times), "max")]
 
 
 def all_reduce_time(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
     """Seconds per float32 all-reduce of ``nbytes`` by ``algorithm`` on ``comm`` (collective)."""
+    return float(statistics.median(all_reduce_samples(comm, algorithm, shards, nbytes, repeats)))
+
+
+def all_reduce_samples(comm: Any, algorithm: str, shards: int, nbytes: int,
+                       repeats: int) -> list[float]:
+    """``repeats`` timings of a float32 all-reduce of ``nbytes`` by ``algorithm``."""
     x = np.zeros(max(nbytes // 4, 1), np.float32)
     out = np.empty_like(x)
-    return timed(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
-                 repeats)
+    return samples(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
+                   repeats)
 
 
-def link_times(comm: Any, repeats: int) -> dict[str, float]:
-    """Every probe's seconds on ``comm`` (collective; all its ranks take part), close together
-    in time; ``repeats`` of each (the median counts: every rank of a busy host streaming at
-    once is the probe a burst of noise hits hardest)."""
-    return {name: all_reduce_time(comm, algorithm, shards, nbytes, repeats)
-            for name, (algorithm, shards, nbytes) in probes(comm.size).items()}
+def link_times(comm: Any, repeats: int, rounds: int = ROUNDS) -> dict[str, float]:
+    """Every probe's and check's seconds on ``comm`` (collective; all its ranks take part):
+    ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a round), the
+    median of them all (every rank of a busy host streaming at once is the probe a burst of
+    noise hits hardest; a burst spoils a round, not the median)."""
+    plan = {**probes(comm.size), **CHECKS}
+    each = max(-(-repeats // rounds), 2)
+    seen: dict[str, list[float]] = {name: [] for name in plan}
+    for _ in range(rounds):
+        for name, (algorithm, shards, nbytes) in plan.items():
+            seen[name] += all_reduce_samples(comm, algorithm, shards, nbytes, each)
+    return {name: float(statistics.median(v)) for name, v in seen.items()}
 
 
 class Charge(NamedTuple):
@@ -126,3 +154,24 @@ def solve(times: dict[str, float], call: float, gamma: float, n: int,
     big = k["big"]
     beta = (times["big"] - call - big.alpha * a - big.overhead * o - big.gamma * gamma) / big.beta
     return Link(a, max(beta, 1e-13)), o
+
+
+def check(times: dict[str, float], link: Link, overhead: float, call: float, gamma: float,
+          n: int, serial: bool = False) -> list[tuple[str, int, float, float]]:
+    """The checks' ``(name, bytes, measured, predicted)`` on ``n`` ranks of one class: what the
+    constants solved from the probes (``link``, ``overhead``) predict for the other
+    schedules timed beside them, against their measured ``times``."""
+    fabric = Fabric(link, link, link, gamma=gamma, overhead=overhead, round_overhead=0.0,
+                    call_overhead=call, serial=serial)
+    out = []
+    for name, (algorithm, shards, nbytes) in CHECKS.items():
+        if name in times:
+            guess = predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
+                            shards=shards).seconds
+            out.append((name, nbytes, times[name], guess))
+    return out
+
+
+def disagreement(checks: list) -> float:
+    """How far off the worst check is: measured over predicted or its inverse (1: exact)."""
+    return max((max(m / p, p / m) for _, _, m, p in checks if m > 0 and p > 0), default=1.0)

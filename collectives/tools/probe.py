@@ -3,8 +3,11 @@
 Under an MPI launcher every rank of the launch takes part (``mpiexec -n 4 collectives
 probe``); otherwise ``-n`` thread ranks of this process do. Rank 0 prints the links of each
 class present (latency and bandwidth through the library's own schedules), the per-call and
-per-message overheads, the reduction speed per dtype and the transport's own collectives'
-times, and where the cache file went (``collectives.init(calibrate=True)`` reads it).
+per-message overheads, where a host has more ranks than cores what a round waits for them, the
+reduction speed per dtype, the transport's own collectives' times, the checks (other
+schedules timed beside the probes, against what the probes' constants predict: a warning
+where they disagree by far), and where the cache file went
+(``collectives.init(calibrate=True)`` reads it).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from . import arguments
 DESCRIPTION = """\
 Measure what auto's cost model needs on this job: per link class present (threads or
 devices of one process, processes of one host, hosts), latency by ping-pong and bandwidth by
-streaming between a pair of ranks crossing it; the per-call and per-message overheads; the
-reduction speed per dtype; and the transport's own collectives (MPI's) at a few sizes.
+streaming between a pair of ranks crossing it; the per-call and per-message overheads; where a
+host runs more ranks than cores, what a round waits for them (crowding); the reduction speed
+per dtype; and the transport's own collectives (MPI's) at a few sizes.
 Cached per host set in the user's cache folder; collectives.init(calibrate=True) uses it.
 """
 
@@ -39,7 +43,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-n", "--ranks", type=positive, default=2,
                    help="thread ranks when not under an MPI launcher; default 2")
     p.add_argument("-r", "--repeats", type=positive, default=7,
-                   help="timed repeats; the best counts; default 7")
+                   help="timed repeats; the median counts; default 7")
     p.add_argument("--no-natives", action="store_true",
                    help="do not time the transport's own collectives")
     p.add_argument("--cached", action="store_true",
@@ -65,6 +69,12 @@ def report(fabric: Any, where: str) -> str:
     for method, collective, size, points in fabric.measured:
         cells = ", ".join(f"{_size(b)}: {human_time(t)}" for b, t in points)
         lines.append(f"  {method} {collective} over {size}: {cells}")
+    if fabric.checks:
+        lines.append("# checks: other schedules timed beside the probes, measured / predicted "
+                     "by the probes' constants")
+        lines += [f"  {cls} {name.split('.')[1]}: rechd {_size(nbytes)}: {human_time(m)} / "
+                  f"{human_time(p)} ({m / p:.2f}x)" for cls, name, nbytes, m, p in fabric.checks]
+    lines += [f"# WARNING: {flag}" for flag in fabric.flags]
     if fabric.raw:
         lines.append("# raw seconds per call: " + ", ".join(
             f"{k} {human_time(v)}" for k, v in fabric.raw))

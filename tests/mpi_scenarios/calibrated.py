@@ -53,6 +53,14 @@ def main() -> None:
     report.check(fabric.host.beta > 0 and fabric.call_overhead > 0, f"odd numbers: {fabric}")
     timed = fabric.timings("native", Collective.ALL_REDUCE, n)
     report.check(timed is not None and len(timed) == 2, f"MPI's all-reduce not timed: {timed}")
+    # the probes ran with checks beside them; a host of more ranks than cores was probed on a
+    # pair alone too (its crowding), and only there
+    host = max(len(g) for g in comm.transport.nodes) if comm.transport.nodes else n
+    kinds = {c[0] for c in fabric.checks}
+    report.check(("local" in kinds) == (host > 1), f"checks: {fabric.checks}")
+    crowded = host > fabric.cores >= 1
+    report.check(("pair.one" in dict(fabric.raw)) == crowded and fabric.crowding >= 0,
+                 f"cores {fabric.cores}, host of {host}, raw {fabric.raw}")
     # the shared window's all-reduce is timed, and priced by auto, where every rank shares a node
     shared = comm.transport.native.single_node
     shm = fabric.timings("shm", Collective.ALL_REDUCE, n)
