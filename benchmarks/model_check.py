@@ -13,13 +13,17 @@ Run it as root; for each layout (hosts x ranks per host) and link rate it builds
         [-s 4K 64K 1M 16M 64M] [-r 3] [--json out.json]
     python benchmarks/model_check.py --local 2 3   # one host, no lab: mpiexec -n 2, -n 3
 
-It prints each cell's times (measured median / predicted), then the targets, against each
-method's best repeat (the calibration keeps its best repeat too) and against its median:
-the median error of the predictions (schedules only: MPICH's own times come from the
-calibration), the share of cells whose predicted winner is measured within 10% of the
-measured winner, and, on the cells where the model says a schedule beats MPICH's own,
-whether auto was at least as fast as MPICH's ``Allreduce`` (medians). The machine is shared,
-so expect noise and compare within one run.
+Every method of a cell is timed in the same interleaved repeats (at least ``-r``, 7 by default;
+a cell whose verdict the noise leaves open gets ``--more`` repeats at a time, up to
+``--max-repeats``). Per cell, a paired bootstrap over the repeats (``model_stats.py``) gives
+an interval for the ratio of the model's pick's median to the least median among the
+library's methods, and one for the prediction error (the median over the schedules of
+``|predicted / measured median - 1|``). A cell counts as "picked within 10%" or "missed"
+only where its interval resolves 10%, and its error as within or beyond 20% only where that
+interval resolves 20%; the summary says how many cells were resolved (at least 60% should
+be: else add repeats). It also says whether the calibration flagged its probes (checks the
+schedules timed beside them contradicted). The machine is shared, so expect noise: that is
+what the intervals are for.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import lab  # noqa: E402
+import model_stats  # noqa: E402
 from mpi_compare import human, parse_size  # noqa: E402
 
 FLAT = ("ring", "rechd", "tree", "shuffle", "one_device")
@@ -51,18 +56,24 @@ TARGET = 0.05  # seconds per timed repeat, about
 
 # --- worker (under mpiexec) -------------------------------------------------------------------
 
-def _interleaved(calls: dict, repeats: int, world, MPI) -> dict:
+def _iters(calls: dict, world, MPI) -> dict:
+    """Calls per repeat, the same on every rank: about ``TARGET`` seconds."""
     iters = {}
-    for name, fn in calls.items():  # calls per repeat, the same on every rank
+    for name, fn in calls.items():
         world.Barrier()
         start = time.perf_counter()
         fn()
         once = world.allreduce(time.perf_counter() - start, op=MPI.MAX)
         iters[name] = int(min(max(TARGET / max(once, 1e-6), 1), 200))
+    return iters
+
+
+def _interleaved(calls: dict, repeats: int, world, MPI, iters: dict, times: dict) -> None:
+    """``repeats`` more repeats of every method into ``times``, each repeat every method
+    once, the order rotating."""
     names = list(calls)
-    times: dict = {n: [] for n in names}
-    for rep in range(repeats):
-        k = rep % len(names)
+    for _ in range(repeats):
+        k = len(times[names[0]]) % len(names)
         for name in names[k:] + names[:k]:
             world.Barrier()
             start = time.perf_counter()
@@ -70,10 +81,9 @@ def _interleaved(calls: dict, repeats: int, world, MPI) -> dict:
                 calls[name]()
             times[name].append(world.allreduce((time.perf_counter() - start) / iters[name],
                                                op=MPI.MAX))
-    return times
 
 
-def worker(sizes: list[int], repeats: int) -> dict:
+def worker(sizes: list[int], repeats: int, more: int, most: int) -> dict:
     sys.path.insert(0, ROOT)
     from collectives.backends import mpi
     from mpi4py import MPI
@@ -92,6 +102,9 @@ def worker(sizes: list[int], repeats: int) -> dict:
     calibrated = time.perf_counter() - started
     hosts = comm.placement.hosts
     methods = list(FLAT) + (list(TWO_LEVEL) if hosts is not None and hosts.uniform else [])
+    if rank == 0:
+        for flag in fabric.flags:
+            print(f"  calibration flagged: {flag}", flush=True)
     result: dict = {"fabric": json.loads(fabric.to_json()), "calibration_seconds": calibrated,
                     "hosts": [list(g) for g in comm.transport.nodes], "cells": {}}
     for nbytes in sizes:
@@ -99,7 +112,10 @@ def worker(sizes: list[int], repeats: int) -> dict:
         want = np.full(nbytes // 4, p * (p + 1) // 2, np.float32)
         out = np.empty_like(x)
         calls = {ANCHOR: lambda x=x, out=out: world.Allreduce(x, out)}
-        for name in ["auto", "native", *methods]:
+        decision = comm.explain("all_reduce", x)
+        own = [q.algorithm for q in decision.predictions
+               if q.note == "measured" and q.algorithm != "native"]  # MPI's shm, where timed
+        for name in ["auto", "native", *own, *methods]:
             calls[name] = lambda name=name, x=x, out=out: comm.all_reduce(x, "sum", name, out=out)
         ran = None
         for name, fn in calls.items():
@@ -110,24 +126,32 @@ def worker(sizes: list[int], repeats: int) -> dict:
                 ran = comm.last_algorithm or "native"
             if not world.allreduce(bool(np.array_equal(out, want)), op=MPI.LAND):
                 raise AssertionError(f"{name} at {human(nbytes)} gave a wrong result")
-        decision = comm.explain("all_reduce", x)
-        times = _interleaved(calls, repeats, world, MPI)
+        times: dict = {name: [] for name in calls}
+        iters = _iters(calls, world, MPI)
+        _interleaved(calls, repeats, world, MPI, iters, times)
         predicted = {}
         for name in methods:
             layout = hosts if "/" in name else None
             predicted[name] = predict(Collective.ALL_REDUCE, name, p, nbytes, fabric,
                                       comm.placement, layout=layout).seconds
-        native = [q for q in decision.predictions if q.algorithm == "native"]
-        if native:
-            predicted["native"] = native[0].seconds
-        result["cells"][str(nbytes)] = {
+        for q in decision.predictions:
+            if q.algorithm == "native" or q.algorithm in own:
+                predicted[q.algorithm] = q.seconds
+        pick = _pick({"auto_choice": decision.name, "predicted": predicted})
+        while True:  # more repeats while the noise leaves the cell open
+            open_ = model_stats.judge(times, predicted, pick)["picked"] == "unresolved"
+            if not world.bcast(open_ and len(times[pick]) < most, root=0):
+                break
+            _interleaved(calls, more, world, MPI, iters, times)
+        judged = model_stats.judge(times, predicted, pick)
+        result["cells"][str(nbytes)] = {"judged": judged, "pick": pick,
             "measured": {k: statistics.median(v) for k, v in times.items()},
             "best": {k: min(v) for k, v in times.items()},
             "times": times, "predicted": predicted, "auto_ran": ran,
             "auto_choice": decision.name, "explain": str(decision)}
         if rank == 0:
             cell = result["cells"][str(nbytes)]
-            print(f"  {human(nbytes):>7} auto ran {ran}; " + ", ".join(
+            print(f"  {human(nbytes):>7} auto ran {ran}; {len(times[pick])} repeats; " + ", ".join(
                 f"{k} {cell['measured'][k] * 1e3:.2f}/{predicted.get(k, float('nan')) * 1e3:.2f}"
                 for k in calls), flush=True)
     comm.free()
@@ -136,11 +160,12 @@ def worker(sizes: list[int], repeats: int) -> dict:
 
 # --- driver -----------------------------------------------------------------------------------
 
-def launch(cmd_env, sizes: list[str], repeats: int) -> dict:
+def launch(cmd_env, sizes: list[str], repeats: list[int]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.json")
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "-s", *sizes, "-r",
-                str(repeats), "--out", path]
+                str(repeats[0]), "--more", str(repeats[1]), "--max-repeats", str(repeats[2]),
+                "--out", path]
         cmd, env = cmd_env(argv)
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0 or not os.path.exists(path):
@@ -156,40 +181,31 @@ def _pick(cell: dict) -> str:
                                                           key=cell["predicted"].get)
 
 
-def score(runs: dict, statistic: str = "best") -> dict:
-    """The targets over every cell of every run, against each method's ``"best"`` repeat
-    (the calibration keeps its best too) or its ``"measured"`` median."""
-    errors, winners, versus = [], [], []
+def cells(runs: dict) -> list[dict]:
+    """Every cell's verdicts (``model_stats.judge``), with its run and size."""
+    out = []
     for label, run in runs.items():
         for size, cell in run["cells"].items():
-            measured, predicted = cell[statistic], cell["predicted"]
-            for name, guess in predicted.items():
-                if name != "native":
-                    errors.append(abs(guess - measured[name]) / measured[name])
-            real_best = min(measured[k] for k in predicted)
-            pick = _pick(cell)
-            winners.append(measured[pick] <= 1.10 * real_best)
-            if predicted.get("native") is not None and pick != "native":
-                versus.append((label, size, cell["auto_ran"], measured["auto"], measured[ANCHOR],
-                               measured["auto"] <= measured[ANCHOR]))
-    return {"median_error": statistics.median(errors) if errors else None,
-            "winner_within_10pct": sum(winners) / len(winners) if winners else None,
-            "cells": len(winners), "auto_vs_mpich": versus}
+            judged = cell.get("judged") or model_stats.judge(cell["times"], cell["predicted"],
+                                                             _pick(cell))
+            out.append({**judged, "label": label, "nbytes": int(size), "pick": _pick(cell),
+                        "auto_ran": cell["auto_ran"], "measured": cell["measured"]})
+    return out
 
 
 def table(label: str, run: dict) -> str:
     sizes = list(run["cells"])
-    names = [ANCHOR, "auto", "native"] + [k for k in run["cells"][sizes[0]]["predicted"]
-                                          if k != "native"]
+    names = [ANCHOR, "auto"] + [k for k in run["cells"][sizes[0]]["measured"]
+                                if k not in (ANCHOR, "auto")]
     lines = [f"### {label}", "", "| method | " + " | ".join(human(int(s)) for s in sizes) + " |",
              "|---" * (len(sizes) + 1) + "|"]
     for name in names:
         row = [name]
         for s in sizes:
             cell = run["cells"][s]
-            m = cell["measured"][name]
+            m = cell["measured"].get(name)
             guess = cell["predicted"].get(name)
-            text = _ms(m) + (f" / {_ms(guess)}" if guess is not None else "")
+            text = "" if m is None else _ms(m) + (f" / {_ms(guess)}" if guess is not None else "")
             if name == "auto":
                 text += f" [{cell['auto_ran']}]"
             if name == _pick(cell):
@@ -199,20 +215,39 @@ def table(label: str, run: dict) -> str:
     return "\n".join(lines)
 
 
-def summary(runs: dict) -> str:
-    """One row per cell: the predicted winner and the measured one, what auto ran, MPICH."""
-    lines = ["| layout, link | size | predicted winner | measured best | auto ran | MPICH's "
-             "Allreduce | median error |", "|---|---|---|---|---|---|---|"]
-    for label, run in runs.items():
-        for size, cell in run["cells"].items():
-            m, p = cell["measured"], cell["predicted"]
-            pick = _pick(cell)
-            best = min(p, key=m.get)
-            errors = [abs(p[k] - m[k]) / m[k] for k in p if k != "native"]
-            lines.append(f"| {label} | {human(int(size))} | {pick} {_ms(m[pick])} | {best} "
-                         f"{_ms(m[best])} | {cell['auto_ran']} {_ms(m['auto'])} | "
-                         f"{_ms(m[ANCHOR])} | {statistics.median(errors):.0%} |")
+def summary(judged: list[dict]) -> str:
+    """One row per cell: the pick and the measured best, the pick's ratio and the error with
+    their intervals and verdicts."""
+    lines = ["| run | size | repeats | model's pick | measured best | pick / best (90% "
+             "interval) | within 10%? | prediction error (interval) | within 20%? |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in judged:
+        lo, hi = c["ratio_interval"]
+        err = (f"{c['error']:.0%} ({c['error_interval'][0]:.0%}-{c['error_interval'][1]:.0%}) | "
+               f"{c['error_verdict']}") if "error" in c else "- | -"
+        m = c["measured"]
+        lines.append(f"| {c['label']} | {human(c['nbytes'])} | {c['repeats']} | {c['pick']} "
+                     f"{_ms(m[c['pick']])} | {c['best']} {_ms(m[c['best']])} | "
+                     f"{c['ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {c['picked']} | {err} |")
     return "\n".join(lines)
+
+
+def headline(judged: list[dict]) -> str:
+    t = model_stats.summarize(judged)
+    n, r = t["cells"], t["resolved"]
+    out = [f"resolved cells: {r} of {n} ({r / max(n, 1):.0%}); of those, the model's pick "
+           f"measured within 10% of the best in {t['within']}, missed in {t['missed']}"]
+    if r < 0.6 * n:
+        out.append("fewer than 60% of the cells resolved: add repeats (-r, --max-repeats)")
+    for part, words in (("large", "from 1 MiB up"), ("small", "below 1 MiB")):
+        e = t[part]
+        if e["cells"]:
+            resolved = (f"{e['median_error_resolved']:.0%}" if e["median_error_resolved"]
+                        is not None else "-")
+            out.append(f"median prediction error (schedules) {words}: {e['median_error']:.0%} "
+                       f"over {e['cells']} cells; {e['resolved']} resolved at 20% "
+                       f"({e['within_mark']} within, median {resolved})")
+    return "\n".join(out)
 
 
 def _ms(seconds: float) -> str:
@@ -225,7 +260,11 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", default=["1gbit", "2gbit", "5gbit"])
     parser.add_argument("--local", type=int, nargs="+", help="rank counts on this host, no lab")
     parser.add_argument("-s", "--sizes", nargs="+", default=["4K", "64K", "1M", "16M", "64M"])
-    parser.add_argument("-r", "--repeats", type=int, default=3)
+    parser.add_argument("-r", "--repeats", type=int, default=7,
+                        help="interleaved repeats of every method in every cell; default 7")
+    parser.add_argument("--more", type=int, default=4,
+                        help="repeats added at a time to a cell the noise leaves open")
+    parser.add_argument("--max-repeats", type=int, default=19)
     parser.add_argument("--netmod", default="ucx", choices=sorted(lab.NETWORK_ENV))
     parser.add_argument("--json")
     parser.add_argument("--from", dest="saved", metavar="JSON",
@@ -234,8 +273,9 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
+    repeats = [args.repeats, args.more, max(args.max_repeats, args.repeats)]
     if args.worker:
-        result = worker(sizes, args.repeats)
+        result = worker(sizes, *repeats)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             with open(args.out, "w") as f:
                 json.dump(result, f)
@@ -251,7 +291,7 @@ def main() -> None:
             print(f"## one host, {p} ranks", flush=True)
             runs[f"one host, {p} ranks"] = launch(
                 lambda argv, p=p: ([mpiexec, "-n", str(p), *argv], {**os.environ, **env}),
-                args.sizes, args.repeats)
+                args.sizes, repeats)
     else:
         reason = lab.available()
         if reason:
@@ -264,27 +304,26 @@ def main() -> None:
                 with lab.Lab(hosts, rate=rate) as the_lab:
                     runs[label] = launch(lambda argv, the_lab=the_lab, ppn=ppn: the_lab.mpiexec(
                         argv, ranks_per_host=ppn, netmod=args.netmod, env=env),
-                        args.sizes, args.repeats)
-    print("\nCells: measured / predicted (median per all-reduce, float32); * the predicted "
-          "winner; native's prediction is its calibration's own timing\n")
+                        args.sizes, repeats)
+    print("\nCells: measured median / predicted (per all-reduce, float32); * the model's pick; "
+          "native's and shm's predictions are their calibration's own timings\n")
     for label, run in runs.items():
         print(table(label, run) + "\n")
-    print(summary(runs) + "\n")
-    for statistic, what in (("best", "best repeat"), ("measured", "median")):
-        result = score(runs, statistic)
-        print(f"against each method's {what}: median prediction error (schedules) "
-              f"{result['median_error']:.1%}; predicted winner measured within 10% of the "
-              f"real winner in {result['winner_within_10pct']:.0%} of {result['cells']} cells")
-    result = score(runs, "measured")
-    for label, size, ran, auto, anchor, ok in result["auto_vs_mpich"]:
-        print(f"  model says a schedule beats MPICH: {label} {human(int(size))}: auto [{ran}] "
-              f"{_ms(auto)} vs MPICH {_ms(anchor)}: {'ok' if ok else 'SLOWER'}")
+        for flag in run["fabric"].get("flags", ()):
+            print(f"calibration flagged ({label}): {flag}\n")
+    judged = cells(runs)
+    print(summary(judged) + "\n")
+    print(headline(judged))
+    for c in judged:
+        if c["pick"] != "native" and "native" in c["measured"]:
+            auto, anchor = c["measured"]["auto"], c["measured"][ANCHOR]
+            print(f"  {c['label']} {human(c['nbytes'])}: auto [{c['auto_ran']}] {_ms(auto)} vs "
+                  f"MPICH's Allreduce {_ms(anchor)}: {'ok' if auto <= 1.1 * anchor else 'SLOWER'}")
     if args.json and not args.saved:
         with open(args.json, "w") as f:
             json.dump({"when": datetime.datetime.now().isoformat(timespec="seconds"),
                        "command": " ".join(sys.argv), "runs": runs,
-                       "score": {k: score(runs, k) for k in ("best", "measured")}}, f,
-                      indent=1)
+                       "summary": model_stats.summarize(judged)}, f, indent=1)
 
 
 if __name__ == "__main__":
