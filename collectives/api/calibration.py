@@ -41,19 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.cost import Fabric, Link, Placement
+from ..algorithms.cost import Fabric, Link, Placement, human_bytes
 from ..algorithms.schedule import Collective
 from ..hints import Calibrate
 from ..ops import ReduceOp
 from .calibration_links import (
     CONTRADICTED,
+    ROUNDS,
     all_reduce_time,
     check,
     coefficients,
     disagreement,
     link_times,
+    samples,
     solve,
-    timed,
 )
 
 ENV = "COLLECTIVES_CALIBRATE"
@@ -138,37 +139,44 @@ def _gamma(comm: Any, dtype: str, repeats: int) -> float:
 
 
 def _natives(comm: Any, sizes, repeats: int, which) -> list:
+    """The transport's own collectives' ``(method, collective, size, points)``: every method
+    and size timed in ``ROUNDS`` interleaved rounds, the median of all repeats (a bad moment
+    spoils one round of a point, not the point)."""
     native = comm.transport.native
     if native is None or comm.size < 2:
         return []
-    out = []
+    jobs: dict[tuple[str, str], list] = {}
     plans = [("all_reduce", sizes), ("broadcast", OTHER_SIZES), ("all_gather", OTHER_SIZES),
              ("reduce_scatter", OTHER_SIZES), ("reduce", OTHER_SIZES)]
     for collective, nbytes_list in plans:
         if which is not None and collective not in which:
             continue
-        points = []
         for nbytes in nbytes_list:
             count = max(nbytes // 4 // comm.size, 1) * comm.size
             x = np.ones(count, np.float32)
-            fn = _native_call(comm, collective, x)
-            points.append((count * 4, timed(comm, fn, repeats)))
-        out.append(("native", collective, comm.size, tuple(points)))
+            jobs.setdefault(("native", collective), []).append(
+                (count * 4, _native_call(comm, collective, x)))
     if which is None or "all_reduce" in which:  # the transport's other all-reduces (MPI's shm)
         x = np.ones(comm.size, np.float32)
         for method in native.methods:
             if not native.supports(
                     comm._call(Collective.ALL_REDUCE, x, "sum", method)):
                 continue
-            points = []
             for nbytes in sizes:
                 count = max(nbytes // 4 // comm.size, 1) * comm.size
                 y, into = np.ones(count, np.float32), np.empty(count, np.float32)
-                points.append((count * 4, timed(
-                    comm, lambda y=y, into=into, m=method: comm.all_reduce(y, "sum", m, out=into),
-                    repeats)))
-            out.append((method, "all_reduce", comm.size, tuple(points)))
-    return out
+                jobs.setdefault((method, "all_reduce"), []).append((count * 4, (
+                    lambda y=y, into=into, m=method: comm.all_reduce(y, "sum", m, out=into))))
+    each = max(-(-repeats // ROUNDS), 2)
+    seen: dict[tuple, list[float]] = {}
+    for _ in range(ROUNDS):
+        for key, points in jobs.items():
+            for nbytes, fn in points:
+                seen.setdefault((key, nbytes), []).extend(samples(comm, fn, each))
+    return [(method, collective, comm.size,
+             tuple((nbytes, float(statistics.median(seen[((method, collective), nbytes)])))
+                   for nbytes, _ in points))
+            for (method, collective), points in jobs.items()]
 
 
 def _native_call(comm: Any, collective: str, x: np.ndarray):
@@ -240,8 +248,8 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     return fabric
 
 
-def _first(comm: Any, got: Any) -> Any:
-    """The first rank's non-None ``got``, on every rank (collective)."""
+def _first(comm: Any, got: Any) -> Any:  # (collective)
+    """The first rank's non-None ``got``, on every rank."""
     return next(g for g in comm.all_gather_object(got) if g is not None)
 
 
@@ -255,11 +263,6 @@ def _best(tries: list[dict], call: float, gamma: float, n: int,
         checks = check(times, link, o, call, gamma, n, serial)
         out.append((disagreement(checks), times, link, o, checks))
     return min(out, key=lambda t: t[0])
-
-
-def raw_of(raw: dict, kind: str) -> list[tuple[str, float]]:
-    """The times of class ``kind`` among ``raw``'s, by probe name."""
-    return [(k.split(".", 1)[1], v) for k, v in raw.items() if k.startswith(kind + ".")]
 
 
 def _cores() -> int:
@@ -297,15 +300,16 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
     rank; ``attempts``: per class, ``calibration_links``'s probes on its group, per attempt;
     ``crowd``: the cores, and the small probes on a pair alone or None)."""
     gamma = dict(gammas)["float32"]
-    links, overheads, raw, checks, flags = {}, [], {"call": call}, [], []
+    links, overheads, raw, checks, flags, chosen = {}, [], {"call": call}, [], [], {}
     for kind, tries in attempts.items():
         n = len(groups[kind][0])
         worst, times, links[kind], o, got = _best(tries, call, gamma, n, base.serial)
+        chosen[kind] = times
         overheads.append(o)
         raw.update({f"{kind}.{k}": v for k, v in times.items()})
         checks += [(kind, *c) for c in got]
         if worst > CONTRADICTED:
-            flags += [f"{kind} link: {name.split('.')[1]} check, rechd at {nbytes >> 10} KiB, "
+            flags += [f"{kind} link: {name.split('.')[1]} check, rechd at {human_bytes(nbytes)}, "
                       f"measured {m * 1e6:.0f} us where the probes predict {p * 1e6:.0f} us "
                       f"({m / p:.2g}x; probed {len(tries)} times): the probes may have met "
                       "a busy moment; run `collectives probe` again"
@@ -320,7 +324,7 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
         raw.update({f"pair.{k}": v for k, v in pair.items()})
         busy, n = links["local"], len(groups["local"][0])
         per_round = [(times["one"] - call) / coefficients(k, base.serial)["one"].alpha
-                     for k, times in ((n, dict(raw_of(raw, "local"))), (2, pair))]
+                     for k, times in ((n, chosen["local"]), (2, pair))]
         wait = min(max(per_round[0] - per_round[1], 0.0), busy.alpha - 1e-7)
         changes["crowding"] = wait * cores / (n - cores)  # (a ring's round: 2 messages)
         links["local"] = Link(busy.alpha - wait, busy.beta)
