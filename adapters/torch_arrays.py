@@ -6,6 +6,11 @@ DLPack exchange each, not one per tensor) and the results come back as views of 
 buckets. On a GPU the tensors' current stream orders the packing, and DLPack's handshake
 orders the buckets with the transport's stream.
 
+A CUDA tensor's all-reduce on the NCCL transport also takes the hot path without crossing
+through DLPack: the kind gives the transport each tensor's device, pointer and the caller's
+current stream (``device_index``, ``pointer``, ``stream_handle``; see
+``collectives.backends.nccl.hot``), read once per call from the tensor itself.
+
 Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
 imports PyTorch only from the tensors it is given.
 """
@@ -80,6 +85,35 @@ class TorchArrays:
 
     def copy(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
+
+    # --- device pointers (the NCCL transport's hot path) -----------------------------------
+
+    @staticmethod
+    def device_index(x: Any) -> int:
+        """The CUDA device of ``x``'s memory (-1: the CPU)."""
+        return x.get_device()
+
+    @staticmethod
+    def pointer(x: Any) -> int:
+        return x.data_ptr()
+
+    @staticmethod
+    def contiguous(x: Any) -> bool:
+        return x.is_contiguous()
+
+    @staticmethod
+    def empty_like(x: Any) -> Any:
+        return _torch().empty_like(x, memory_format=_torch().contiguous_format)
+
+    @staticmethod
+    def stream_handle(device: int) -> int:
+        """PyTorch's current CUDA stream on ``device``, as a raw ``cudaStream_t``: what the
+        caller's work on its tensors is ordered by."""
+        torch = _torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (no Stream object)
+        if raw is not None:
+            return raw(device)
+        return torch.cuda.current_stream(device).cuda_stream
 
 
 ARRAYS = TorchArrays()

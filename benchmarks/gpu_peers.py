@@ -4,9 +4,10 @@ Every number is a median over back-to-back calls in one run, the clock stopped a
 device has finished (torch.distributed: ``init_process_group("nccl")``, world size 1; the
 library: a one-rank NCCL communicator, ``collectives.backends.nccl.init(MPI.COMM_SELF)``):
 
-* ``per-call``: a blocking all-reduce of one tensor (CuPy arrays, and PyTorch CUDA tensors)
-  beside ``dist.all_reduce``, 4 KiB to 64 MiB; an async issue + ``wait()``; 64 calls of
-  4 MiB in flight, then every ``wait()``;
+* ``per-call``: a blocking all-reduce of one tensor (CuPy arrays, and PyTorch CUDA tensors,
+  into a new tensor and in place) beside ``dist.all_reduce``, 4 KiB to 64 MiB; an async
+  issue + ``wait()``; 64 calls of 4 MiB in flight, then every ``wait()`` (in place, as
+  torch.distributed's; and CuPy into new arrays);
 * ``resnet50``: ResNet-50's 161 gradient tensors (their real shapes, 25.6 M float32) through
   ``comm.batch_all_reduce`` with its defaults (CuPy arrays and PyTorch tensors), beside
   torch.distributed per tensor and torch's fused way (``torch.cat``, one ``all_reduce``, each
@@ -118,14 +119,22 @@ def per_call_part(out: Path, args) -> None:
                 lambda: dist.all_reduce(t, async_op=True).wait(), fence, args))  # noqa: B023
             _try(row, "library_torch_us", lambda: _timed(lambda: comm.all_reduce(t), fence,  # noqa: B023
                                                          args))
+            # in place, as dist.all_reduce(t) is
+            _try(row, "library_torch_in_place_us", lambda: _timed(
+                lambda: comm.all_reduce(t, out=t), fence, args))  # noqa: B023
+            _try(row, "library_torch_async_us", lambda: _timed(
+                lambda: comm.all_reduce(t, out=t, async_op=True).wait(), fence, args))  # noqa: B023
         record.add(row)
         print(f"{size:>10} {row.get('torch_dist_us', 0):>11.1f} {row.get('library_cupy_us', 0):>8.1f}"
               f" {row.get('library_torch_us', 0):>9.1f} {row.get('torch_dist_async_us', 0):>12.1f}"
               f" {row.get('library_cupy_async_us', 0):>11.1f}", flush=True)
-    # 64 calls in flight, then every wait
+    # 64 calls in flight, then every wait (in place, as torch.distributed's calls are)
     inflight: dict = {"calls": 64, "size": args.inflight_size}
     xs = [cupy.ones(args.inflight_size // 4, cupy.float32) for _ in range(64)]
     _try(inflight, "library_cupy_us", lambda: _timed(
+        lambda: [h.wait() for h in [comm.all_reduce(x, out=x, async_op=True) for x in xs]],
+        fence, args) / 64)
+    _try(inflight, "library_cupy_new_result_us", lambda: _timed(
         lambda: [h.wait() for h in [comm.all_reduce(x, async_op=True) for x in xs]],
         fence, args) / 64)
     if peers is not None:
@@ -134,11 +143,19 @@ def per_call_part(out: Path, args) -> None:
         _try(inflight, "torch_dist_us", lambda: _timed(
             lambda: [h.wait() for h in [dist.all_reduce(t, async_op=True) for t in ts]],
             fence, args) / 64)
+        _try(inflight, "library_torch_us", lambda: _timed(
+            lambda: [h.wait() for h in [comm.all_reduce(t, out=t, async_op=True) for t in ts]],
+            fence, args) / 64)
     record.save(in_flight=inflight)
     print("64 in flight (us per call):", inflight, flush=True)
     x = cupy.ones(1024, cupy.float32)
-    record.save(profile={"async_cupy_4KiB": _profile(
-        lambda: comm.all_reduce(x, async_op=True).wait(), args.profile_calls)})
+    profiles = {"async_cupy_4KiB": _profile(
+        lambda: comm.all_reduce(x, out=x, async_op=True).wait(), args.profile_calls)}
+    if peers is not None:
+        t = peers[0].ones(1024, device="cuda:0")
+        profiles["torch_4KiB"] = _profile(lambda: comm.all_reduce(t, out=t),
+                                          args.profile_calls)
+    record.save(profile=profiles)
     fence()
 
 
@@ -190,8 +207,12 @@ def resnet50_part(out: Path, args) -> None:
                 row[key.replace("_us", "_ratio")] = row[key] / best
     record.add(row)
     print("ResNet-50 gradients (us per step):", row, flush=True)
-    record.save(profile={"batch_cupy": _profile(lambda: comm.batch_all_reduce(grads),
-                                                args.profile_calls // 20)})
+    profiles = {"batch_cupy": _profile(lambda: comm.batch_all_reduce(grads),
+                                       args.profile_calls // 20)}
+    if peers is not None:
+        profiles["batch_torch"] = _profile(lambda: comm.batch_all_reduce(tgrads),
+                                           args.profile_calls // 20)
+    record.save(profile=profiles)
     fence()
 
 

@@ -71,6 +71,12 @@ class Bound:
 
     # --- the hot way ------------------------------------------------------------------------
 
+    @staticmethod
+    def for_kind(kind: Any) -> None:
+        """Another library's arrays take the hot path only through their NumPy views (the
+        core adopts them first): nothing to bind."""
+        return None
+
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         """Run call ``seq`` on ``x`` (an array of the call's shape and dtype) into ``out`` (the
         same, C-contiguous and writable; None: a new array). Returns the result; or

@@ -113,6 +113,7 @@ class Communicators:
         self.world, self.device, self.identities, self.nodes = world, device, identities, nodes
         self.rank = world.Get_rank()
         self._made: dict[tuple[int, ...], Any] = {}
+        self.generation = 0  # counts free(): what was made before is gone
         self._mpi: dict[str, Any] = {}
 
     def check_group(self, members: tuple[int, ...], what: str) -> None:
@@ -160,6 +161,7 @@ class Communicators:
         return list(self._made.values())
 
     def free(self) -> None:
+        self.generation += 1  # (communicators held by a hot path are gone too)
         for comm in self._made.values():
             try:
                 comm.destroy()

@@ -2,12 +2,16 @@
 event, and the watchdog's verdicts.
 
 A blocking call returns once its work is enqueued on the transport's stream (as NCCL's own
-calls do): the result is ready for later work on that stream. ``async_op=True`` returns a
-``GpuWork`` whose ``wait()`` also waits on the host until the stream has finished the
-call (querying an event: spinning briefly, then napping, with the communicator's deadline).
-An asynchronous all-reduce whose signature is agreed takes the hot path as a blocking one does
-(it only enqueues), so issuing it costs what a blocking call costs. A call made after the watchdog
-found a failure raises ``CommunicatorBrokenError`` naming it.
+calls do): the result is ready for later work on the caller's current stream.
+``async_op=True`` returns a ``GpuWork`` whose ``wait()`` is stream-ordered, as
+torch.distributed's NCCL work is: it returns the result once the caller's current stream
+waits for the call, without waiting on the host; ``wait(timeout=...)`` also waits on the
+host until the GPU has finished the call (querying an event: spinning briefly, then
+napping), raising ``CollectiveTimeoutError`` past the deadline. A call that never finishes is
+the watchdog's: past the communicator's timeout it fails the communicator, and the next call
+raises. An asynchronous all-reduce whose signature is agreed takes the hot path as a blocking
+one does (it only enqueues), so issuing it costs what a blocking call costs. A call made after
+the watchdog found a failure raises ``CommunicatorBrokenError`` naming it.
 """
 
 from __future__ import annotations
@@ -29,20 +33,33 @@ Async = Literal[False, True]
 
 
 class GpuWork:
-    """The handle of an asynchronous call on the NCCL transport."""
+    """The handle of an asynchronous call on the NCCL transport (see the module's docstring).
+    ``led``: the stream (raw handle) that already waits for the call (the hot path's)."""
 
-    def __init__(self, comm: NcclCommunicator, work: Any):
-        self._comm, self._work = comm, work
+    __slots__ = ("_comm", "_led", "_work")
+
+    def __init__(self, comm: NcclCommunicator, work: Any, led: int | None = None):
+        self._comm, self._work, self._led = comm, work, led
 
     def wait(self, timeout: float | None = None) -> Any:
-        """The result, once the call's work on the GPU has finished (or its error)."""
-        comm = self._comm
-        t = comm.transport
+        """The result, ordered before later work on the caller's current stream; with a
+        ``timeout``, once the GPU has finished the call (or its error)."""
+        t = self._comm.transport
         result = self._work.wait(timeout)
-        event = t.record()  # after everything the call enqueued
-        if event.done:  # (a short call: no clock, no sleep)
+        if t.failed is not None:
+            raise t.failed
+        if timeout is None:
+            if self._led is None or self._led != t.current_stream_handle():
+                t.lead_caller()
             return result
-        limit = comm.timeout if timeout is None else float(timeout)
+        event = t.record()  # after everything the call enqueued
+        if not event.done:
+            self._host_wait(event, float(timeout))
+        return result
+
+    def _host_wait(self, event: Any, limit: float) -> None:
+        """Until ``event`` is done: spinning briefly, then napping, up to ``limit`` seconds."""
+        t = self._comm.transport
         start = time.monotonic()
         deadline, nap = start + limit, 0.0
         while not event.done:
@@ -60,7 +77,6 @@ class GpuWork:
                 time.sleep(nap)
         if t.failed is not None:
             raise t.failed
-        return result
 
     def is_completed(self) -> bool:
         return self._work.is_completed() and self._comm.transport.record().done
@@ -120,7 +136,8 @@ class NcclCommunicator(Communicator):
         if async_op and kw.keys() <= {"out"} and self.hot_ready(x, op, algorithm):
             # an agreed call only enqueues: the hot path's blocking call is the asynchronous
             # call's issue, and the handle waits on the device
-            return GpuWork(self, Completed(super().all_reduce(x, op, algorithm, **kw)))
+            result = super().all_reduce(x, op, algorithm, **kw)
+            return GpuWork(self, Completed(result), self.transport.led)
         return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
                           async_op)
 
@@ -188,11 +205,11 @@ class NcclCommunicator(Communicator):
                 t.idle(1.0)
         finally:
             self._engine.leave()
-        GpuWork(self, _Done()).wait(timeout)
+        self.synchronize(timeout)
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait on the host until this rank's stream has finished every call so far."""
-        GpuWork(self, _Done()).wait(timeout)
+        GpuWork(self, _Done()).wait(self.timeout if timeout is None else timeout)
 
 
 class _Done:

@@ -89,6 +89,8 @@ class NcclTransport:
         self._followed: int | None = None  # the call whose input made this stream wait
         self._following = threading.local()  # each thread's event for follow_caller
         self.spare: deque = deque()  # events the watchdog saw complete, for record() again
+        self._external: dict[int, Any] = {}  # other libraries' streams, by raw handle
+        self.led: int | None = None  # the stream the last hot call's caller waits on
 
     # --- streams and the watchdog ------------------------------------------------------
 
@@ -100,17 +102,39 @@ class NcclTransport:
         return _Both(cupy.cuda.Device(self.device), self.stream)
 
     def record(self):
-        """An event recorded on this stream now: one the watchdog saw complete (``spare``),
-        else a new one (creating and destroying one per call costs microseconds)."""
+        """An event recorded on this stream now (see ``record_here``)."""
         import cupy
 
         with cupy.cuda.Device(self.device):
-            try:
-                event = self.spare.pop()
-            except IndexError:
-                event = cupy.cuda.Event(block=False, disable_timing=True)
-            event.record(self.stream)
+            return self.record_here()
+
+    def record_here(self):
+        """``record`` with this device already current: an event the watchdog saw complete
+        (``spare``), else a new one (creating and destroying one per call costs
+        microseconds)."""
+        try:
+            event = self.spare.pop()
+        except IndexError:
+            import cupy
+
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
         return event
+
+    def caller_stream(self, handle: int | None = None) -> Any:
+        """The stream the caller's work is ordered by, with this device current: CuPy's
+        current stream, or another library's current stream given as its raw
+        ``cudaStream_t`` (``handle``; PyTorch's, say), wrapped once per handle."""
+        import cupy
+
+        if handle is None:
+            return cupy.cuda.get_current_stream()
+        stream = self._external.get(handle)
+        if stream is None:  # (0: the legacy default stream, CuPy's own null stream)
+            stream = cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(
+                handle, self.device)
+            self._external[handle] = stream
+        return stream
 
     def follow_caller(self, seq: int | None = None) -> None:
         """This stream waits for the calling thread's current stream on this device (the
@@ -118,35 +142,56 @@ class NcclTransport:
         adapted; a call's start then need not wait again."""
         import cupy
 
-        self._followed = seq
         with cupy.cuda.Device(self.device):
-            caller = cupy.cuda.get_current_stream()
-            if caller.ptr != self.stream.ptr:
-                # one event per thread, recorded again at every call: a wait takes the
-                # event's state when it is enqueued, so a later record cannot change it
-                event = getattr(self._following, "event", None)
-                if event is None:
-                    event = self._following.event = cupy.cuda.Event(block=False,
-                                                                    disable_timing=True)
-                event.record(caller)
-                self.stream.wait_event(event)
+            self.follow(cupy.cuda.get_current_stream(), seq)
+
+    def follow(self, caller: Any, seq: int | None = None) -> None:
+        """``follow_caller`` for the stream ``caller``, with this device current."""
+        self._followed = seq
+        if caller.ptr != self.stream.ptr:
+            # one event per thread, recorded again at every call: a wait takes the event's
+            # state when it is enqueued, so a later record cannot change it
+            event = getattr(self._following, "event", None)
+            if event is None:
+                import cupy
+
+                event = self._following.event = cupy.cuda.Event(block=False,
+                                                                disable_timing=True)
+            event.record(caller)
+            self.stream.wait_event(event)
 
     def lead_caller(self, event: Any = None) -> None:
         """The calling thread's current stream waits for this one (a blocking call's end),
         through ``event`` where one was just recorded on it."""
         import cupy
 
+        self.led = None  # (the stream is the caller's current one, not a hot call's)
         with cupy.cuda.Device(self.device):  # (the legacy stream, handle 0, is the current
             caller = cupy.cuda.get_current_stream()  # device's: this one must be current)
             if caller.ptr != self.stream.ptr:
-                caller.wait_event(event if event is not None else self.record())
+                caller.wait_event(event if event is not None else self.record_here())
 
-    def hand_back(self, description: str, seq: int) -> None:
+    def hand_back(self, description: str, seq: int, caller: Any = None) -> None:
         """A blocking call's end in one event: the watchdog watches it (as ``watch``), and
-        the calling thread's current stream waits for it (as ``lead_caller``)."""
-        event = self.record()
-        self.lead_caller(event)
+        the caller's stream waits for it (as ``lead_caller``; ``caller``: that stream, with
+        this device current, as the hot path gives it)."""
+        if caller is None:
+            event = self.record()
+            self.lead_caller(event)
+            self.led = None
+        else:
+            event = self.record_here()
+            if caller.ptr != self.stream.ptr:
+                caller.wait_event(event)
+            self.led = caller.ptr
         self.watchdog.watch(description, seq, event, self.timeout)
+
+    def current_stream_handle(self) -> int:
+        """The raw handle of CuPy's current stream on this device."""
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            return cupy.cuda.get_current_stream().ptr
 
     def watch(self, description: str, seq: int | None = None) -> None:
         """Hand what was just enqueued to the watchdog."""

@@ -15,7 +15,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
-from ..foreign import accepts_foreign, call_foreign, is_foreign
+from ..foreign import accepts_foreign, array_kind, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..ops import ReduceOp
 from ..runtime.fastpath import FastAllReduce
@@ -108,9 +108,8 @@ class CollectiveOps(CommParts):
         if x.__class__ is not np.ndarray and isinstance(x, np.ndarray):
             x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
         if is_foreign(x) or is_foreign(out):
-            return call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
-                                dict(out=out, shards=shards, groups=groups, timeout=timeout,
-                                     async_op=async_op, compression=compression))
+            return self._foreign_all_reduce(x, op, algorithm, out, shards, groups, timeout,
+                                            async_op, compression)
         if requested(compression):
             return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
                                    groups=groups, timeout=timeout, async_op=async_op)
@@ -194,6 +193,54 @@ class CollectiveOps(CommParts):
             return False
         engine = self._engine
         return fast is not None and not engine.inflight and engine.broken is None
+
+    def _foreign_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
+                            groups: Any, timeout: float | None, async_op: bool,
+                            compression: str | None) -> Any:
+        """``all_reduce`` of another library's arrays: adopted at the edge (DLPack), unless the
+        transport's hot path reads them as they are (``for_kind``: PyTorch CUDA tensors over
+        NCCL), which it learns at the first agreed call of a signature."""
+        key = None
+        if (not async_op and not shards and groups is None and valid_timeout(timeout)
+                and not requested(compression) and hasattr(x, "shape")
+                and hasattr(x, "dtype")):
+            try:
+                key = (x.shape, x.dtype, op, algorithm)
+                fast = self._fast.get(key)
+            except TypeError:  # an unhashable spec: no hot path
+                key = fast = None
+            if fast is not None and x.__class__ is fast.cls and (out is None or (
+                    out.__class__ is fast.cls and out.shape == fast.shape
+                    and out.dtype == fast.dtype)):
+                self._hot = fast
+                result = fast(x, out, timeout)
+                if result is not None:
+                    return result
+        result = call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
+                              dict(out=out, shards=shards, groups=groups, timeout=timeout,
+                                   async_op=async_op, compression=compression))
+        if key is not None and key not in self._fast:
+            self._learn_kind(x, key)
+        return result
+
+    def _learn_kind(self, x: Any, key: tuple) -> None:
+        """Bind the hot path of ``x``'s signature (``key``) to its array kind, where the
+        adopted call has a hot path and the transport binds it to that kind."""
+        kind = array_kind(x)
+        if kind is None:
+            self._fast[key] = None
+            return
+        _, _, op, algorithm = key
+        adopted = (tuple(x.shape), kind.dtype_of(x), op, algorithm)
+        if adopted == key or adopted not in self._fast:
+            return  # (a kind whose dtypes are NumPy's shares NumPy's signatures; or no agreed
+            # call of that signature yet: the next one tries again)
+        native = self._fast[adopted]
+        bound = native.bound.for_kind(kind) if native is not None else None
+        self._fast[key] = fast = (FastAllReduce(self, native.call, bound, x, op, algorithm)
+                                  if bound is not None else None)
+        if fast is not None:
+            self._hot = fast
 
     def _fits(self, out: Any, x: Any) -> bool:
         """Whether ``out`` can take ``x``'s all-reduce as it is (the fast path's check)."""

@@ -116,7 +116,9 @@ class PersistentNative(Protocol):
     was prepared with and returns ``dst``. Either returns ``PENDING`` for a call still
     running (``advance()`` until True, then ``deliver()`` gives the result), or None, having
     started nothing, where it cannot run now. Results hold the wire op's reduction (MEAN: the
-    sum; the core divides)."""
+    sum; the core divides). ``for_kind(kind)`` gives the same hot path on another library's
+    arrays (an array kind of ``collectives.foreign`` whose arrays the transport can read as
+    they are, without adopting them), or None."""
 
     def start(self, seq: int) -> None: ...
 

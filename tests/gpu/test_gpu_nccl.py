@@ -59,3 +59,19 @@ def test_schedules_over_send_recv_in_flight_with_nccl_collectives():
     rank late: both take their turn in call order, so every stream sees them in one order."""
     out = passed(launch("nccl_ranks.py", 2, "mixed_async", timeout=180), "mixed_async")
     assert "ranks=2" in out
+
+
+def _torch_reason() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed (the GPU machine's own torch runs this)"
+    import torch
+
+    return None if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no GPU"
+
+
+@pytest.mark.skipif(_torch_reason() is not None, reason=_torch_reason() or "")
+def test_torch_tensors_take_the_hot_path_and_come_back_as_tensors():
+    out = passed(launch("nccl_torch.py", 1, "hot", timeout=300), "hot")
+    assert "ranks=1" in out

@@ -1,0 +1,96 @@
+"""Under mpiexec on a GPU: PyTorch CUDA tensors on the NCCL backend's Communicator.
+
+``hot`` (any -n, one GPU per rank): a repeated all-reduce of tensors made on a PyTorch stream
+of their own takes the hot path through the tensors' pointers (``KindAllReduce``, no DLPack),
+into a new tensor, into ``out=`` and in place; asynchronous calls too; MEAN (not hot) and a
+batch of tensors give tensors as well. Every result is checked bitwise against the reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+import collectives
+from collectives.ops import ReduceOp
+from collectives.tools.reference import exact_input, expected_outputs
+
+mode = sys.argv[1]
+comm = collectives.load_backend("nccl").init(timeout=60)
+rank, size = comm.rank, comm.size
+device = torch.device("cuda", comm.transport.device)
+checked = 0
+
+
+def same(tensor, expected) -> bool:
+    got = tensor.cpu().numpy()
+    return got.shape == expected.shape and got.dtype == expected.dtype and (
+        got.tobytes() == expected.tobytes())
+
+
+if mode == "hot":
+    from collectives.backends.nccl.hot import KindAllReduce
+
+    hot_runs: list[bool] = []  # every call of the tensors' hot path: whether it ran the call
+    quick = KindAllReduce.quick
+
+    def counted(self, x, out, seq):
+        got = quick(self, x, out, seq)
+        hot_runs.append(got is not None)
+        return got
+
+    KindAllReduce.quick = counted  # (the real one runs; only counted)
+    side = torch.cuda.Stream(device)
+    for dtype, op in ((np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.int64), ReduceOp.MAX)):
+        for count in (1, 1009, (1 << 20) + 3):
+            inputs = [exact_input(size, p, count, dtype, op) for p in range(size)]
+            expected = expected_outputs("all_reduce", inputs, op)[rank]
+            with torch.cuda.stream(side):  # made, reduced and read on PyTorch's own stream
+                for step in range(6):
+                    x = torch.from_numpy(inputs[rank]).to(device)
+                    target = (None, torch.empty_like(x), x)[step % 3]
+                    got = comm.all_reduce(x, op.value, "nccl", out=target)
+                    assert isinstance(got, torch.Tensor) and got.device == device, type(got)
+                    assert target is None or got is target, step
+                    assert same(got, expected), (step, count, dtype)
+                    if target is not x:
+                        assert same(x, inputs[rank]), "the input was written"
+                    # the first call is agreed (through DLPack); the tensors' hot path the rest
+                    assert hot_runs == [True] * step, (step, hot_runs)
+                    checked += 1
+                handle = comm.all_reduce(torch.from_numpy(inputs[rank]).to(device), op.value,
+                                         "nccl", async_op=True)
+                got = handle.wait()
+                assert isinstance(got, torch.Tensor) and same(got, expected), (count, dtype)
+                target = torch.empty(count, dtype=x.dtype, device=device)
+                handle = comm.all_reduce(torch.from_numpy(inputs[rank]).to(device), op.value,
+                                         "nccl", out=target, async_op=True)
+                assert handle.wait() is target and same(target, expected)
+                assert hot_runs == [True] * 7, hot_runs
+                checked += 2
+            hot_runs.clear()
+    # MEAN is not hot (a division after the sum): the engine's way, tensors back all the same
+    inputs = [exact_input(size, p, 1009, np.dtype(np.float64), ReduceOp.MEAN) for p in range(size)]
+    expected = expected_outputs("all_reduce", inputs, ReduceOp.MEAN)[rank]
+    for _ in range(3):
+        got = comm.all_reduce(torch.from_numpy(inputs[rank]).to(device), "mean", "nccl")
+        assert isinstance(got, torch.Tensor) and same(got, expected)
+        assert not hot_runs, hot_runs
+        checked += 1
+    # a batch of tensors: fused by PyTorch, tensors back
+    counts = (5, 0, 70, 1, 1009)
+    lists = [[exact_input(size, p, c, np.dtype(np.float32), ReduceOp.SUM) for p in range(size)]
+             for c in counts]
+    tensors = [torch.from_numpy(v[rank]).to(device) for v in lists]
+    for async_op in (False, True):
+        got = comm.batch_all_reduce(tensors, "sum", async_op=async_op)
+        got = got.wait() if async_op else got
+        for g, v in zip(got, lists):
+            assert isinstance(g, torch.Tensor)
+            assert same(g, expected_outputs("all_reduce", v, ReduceOp.SUM)[rank])
+        checked += 1
+comm.barrier()
+if rank == 0:
+    print(f"SUMMARY {mode} PASS checked={checked} ranks={size}")
