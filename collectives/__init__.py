@@ -9,8 +9,17 @@ Two ways of calling:
 
 from __future__ import annotations
 
+import pkgutil as _pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+# The package's wings, collectives.backends and collectives.adapters, live beside this folder
+# in a checkout (backends/ and adapters/) and inside it once installed. Where Python imports
+# the package from a checkout's own collectives/ folder (the checkout's root first on
+# sys.path: `python -m pytest` there), the wings come from the other `collectives` folders on
+# sys.path: the editable install's tree of links, which holds them. Each module still has one
+# name and is imported once.
+__path__ = _pkgutil.extend_path(__path__, __name__)
 
 from .algorithms.schedule import Collective, Schedule
 from .api.communicator import Communicator

@@ -4,8 +4,9 @@ and finds nothing, reads a file of mistakes (tests/typing/typos.py) and flags ev
 the library takes.
 
 mypy reads the package as it is installed (``collectives.backends`` and
-``collectives.adapters`` inside ``collectives``): the test lays that tree out with links, since
-mypy cannot follow an editable install's import hook.
+``collectives.adapters`` inside ``collectives``) from a tree of links to the checkout's files
+that the test lays out, so that it checks these files whatever the venv holds;
+tests/test_user_typing.py runs mypy as a user does, on the package the README's install made.
 """
 
 from __future__ import annotations
