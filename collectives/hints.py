@@ -6,7 +6,7 @@ fail type checking), and the array type of a call's inputs as the type of its re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from .ops import ReduceOp
 
@@ -100,7 +100,12 @@ SpecTuple = tuple[Name] | tuple[Name, int] | tuple[Name, int, int]
 """One range of an all-reduce spec: ``(algorithm[, shards[, limit]])``; ``("xring", 2)`` is
 ``"xring#2"``, a limit of -1 takes any size."""
 
-Algorithm = Name | SpecTuple | Sequence[SpecTuple]
+# The last member admits no value (no value has type NoReturn). It makes the alias recursive,
+# and type checkers name a recursive alias in their messages rather than spell it out: a typo
+# in an algorithm's or an op's name then reads `expected "Algorithm"` in a message of about a
+# kilobyte, where the ~250 names above, written out once per form and per overload, made
+# tens of kilobytes. Every name is still checked, the two-level ones included.
+Algorithm = Name | SpecTuple | Sequence[SpecTuple] | tuple[NoReturn, "Algorithm"]
 """``algorithm=`` of the multi-device calls: a name, ``"A/B"``, or a spec's tuple form (a
 range, or ranges by increasing limit, as ``collectives.algorithms.spec.parse_spec`` gives
 them). The string grammar (``"pscpu:2k:xring"``) is typed as the tuples it stands for."""

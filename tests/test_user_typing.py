@@ -1,7 +1,8 @@
 """mypy as a user runs it: from a folder outside the checkout, with this suite's Python (the
 venv the README's command makes, the package installed as that command installs it), no
-MYPYPATH, no copied tree, no configuration. It must find the package and its types: a
-program that uses them passes, every typo is flagged.
+MYPYPATH, no copied tree, no configuration. It must find the package and its types (a
+program that uses them passes, every typo is flagged), and a typo's error must stay short:
+one message, not the spelled-out names of every overload's every parameter.
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ def test_every_typo_is_flagged_and_nothing_else(mypy_output):
     assert not missed, f"not caught: {missed}"
     assert flagged == marked, f"flagged unmarked lines: {sorted(flagged - marked)}"
     assert len(marked) == 9 and 'op="summ"' in lines[min(marked) - 1]
+
+
+def test_a_typo_is_a_short_message(mypy_output):
+    """A typo's error, with its notes, is under 2 KB (the names written out in every
+    overload's signature made about 55 KB for op="summ")."""
+    lines = TYPOS.splitlines()
+    sizes = {lines[n - 1].strip(): sum(len(line) + 1 for line in said)
+             for n, said in mypy_output["typos.py"].items()}
+    assert len(sizes) == 9
+    too_long = {code: size for code, size in sizes.items() if size >= 2048}
+    assert not too_long, too_long
 
 
 def test_the_programs_run_and_the_typos_fail_at_run_time_too():
