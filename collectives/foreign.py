@@ -2,11 +2,13 @@
 
 A PyTorch CPU tensor, a JAX array or anything else with ``__dlpack__`` (or ``__array__``) is
 viewed as a NumPy array without a copy where its producer allows, goes through the collective,
-and the result comes back as the caller's type where that type's library can rebuild it from
-DLPack (``torch.from_dlpack``, ``jax.numpy.from_dlpack``); an ``out`` of the caller's type is
-filled in place. Arrays whose DLPack device is a GPU go to the GPU backend the same way
-(``collectives.backends.cupy.foreign``: CuPy arrays on the same memory), and their results
-come back on their devices.
+and the result comes back as the caller's type: through its array kind's ``back`` where one is
+installed (``collectives.adapters.jax_arrays``: ``jax.numpy.from_dlpack``), else where the
+type's library can rebuild it from DLPack (``torch.from_dlpack``). An ``out`` of the caller's
+type is filled in place, unless its kind refuses one (JAX arrays are immutable); an
+asynchronous call's handle hands its result back the same way. Arrays whose DLPack device is a
+GPU go to the GPU backend the same way (``collectives.backends.cupy.foreign``: CuPy arrays on
+the same memory), and their results come back on their devices.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,9 +74,82 @@ def as_numpy(x: Any, argument: str) -> np.ndarray:
             from exc
 
 
-def rebuilder(x: Any) -> Callable[[Any], Any] | None:
-    """How to turn a NumPy result back into ``x``'s type (None: leave it NumPy)."""
-    package = type(x).__module__.split(".")[0]
+# --- array kinds ----------------------------------------------------------------------------
+
+Back = Callable[[Any, Any], Any]  # (a NumPy or CuPy result, the caller's array) -> its type
+
+
+class Kind(NamedTuple):
+    """What the library uses of an array kind, read from it once: ``kind`` itself, whether it
+    ``packs`` batches in its own library, how results go ``back`` to its type (None: through
+    its package's ``from_dlpack``), and why it refuses an ``out=`` (None: it takes one)."""
+
+    kind: Any
+    packs: bool
+    back: Back | None
+    out_refusal: str | None
+
+
+def _declared(kind: Any) -> Kind:
+    return Kind(kind, hasattr(kind, "concatenate"), getattr(kind, "back", None),
+                getattr(kind, "out_refusal", None))
+
+
+@functools.cache
+def _array_kinds() -> tuple:
+    """The array kinds installed under the ``collectives.array_kinds`` entry points."""
+    kinds = [ep.load() for ep in entry_points(group="collectives.array_kinds")]
+    if not kinds:  # a source checkout whose metadata is stale: the bundled kinds
+        kinds = [importlib.import_module(f"collectives.adapters.{name}").ARRAYS
+                 for name in ("torch_arrays", "jax_arrays")]
+    return tuple(kinds)
+
+
+_REGISTERED: list = []  # kinds registered at run time (register_array_kind)
+
+
+@functools.cache
+def _kinds() -> tuple[Kind, ...]:
+    return tuple(_declared(kind) for kind in (*_REGISTERED, *_array_kinds()))
+
+
+def register_array_kind(kind: Any) -> None:
+    """Add an array kind: an object with ``detect(x)`` (whether ``x`` is one of its arrays)
+    and, each optional:
+
+    * the array operations packing needs on its arrays (``owns``, ``dtype_of``,
+      ``alone_bytes``, ``flat``, ``concatenate``, ``empty``, ``copy``, as
+      ``collectives.arrays.ArrayBackend``): a batch of them is then packed in their own
+      library, and only the buckets cross over (through DLPack). Without them each array
+      crosses over on its own and the library packs;
+    * ``back(result, like)``: ``result`` (a NumPy or CuPy array) as one of its arrays, placed
+      as ``like`` (the caller's array) is; without it, its package's ``from_dlpack(result)``;
+    * ``out_refusal``: a reason its arrays cannot be an ``out=`` (``"JAX arrays are
+      immutable"``); such an ``out=`` raises TypeError before any data moves.
+
+    Installed packages register under the ``collectives.array_kinds`` entry points instead."""
+    if kind not in _REGISTERED:
+        _REGISTERED.append(kind)
+        _kinds.cache_clear()
+
+
+def kind_of(x: Any) -> Kind | None:
+    """The array kind (registered, or installed) that claims ``x``, or None."""
+    for kind in _kinds():
+        if kind.kind.detect(x):
+            return kind
+    return None
+
+
+def array_kind(x: Any) -> Any:
+    """The array kind that can pack ``x`` in its own library, or None."""
+    kind = kind_of(x)
+    return kind.kind if kind is not None and kind.packs else None
+
+
+@functools.cache
+def _from_dlpack(package: str) -> Callable[[Any], Any] | None:
+    """The ``from_dlpack`` of ``package`` (``torch.from_dlpack``), or None."""
     try:
         module = importlib.import_module(package)
     except ImportError:
@@ -84,6 +159,114 @@ def rebuilder(x: Any) -> Callable[[Any], Any] | None:
         if make is not None:
             return make
     return None
+
+
+def _returner(x: Any, kind: Kind | None = None) -> Back | None:
+    """How a NumPy (or CuPy) result goes back to ``x``'s type (None: it stays as it is);
+    ``kind``: ``x``'s array kind, where the caller has looked it up."""
+    kind = kind_of(x) if kind is None else kind
+    if kind is not None and kind.back is not None:
+        return kind.back
+    make = _from_dlpack(type(x).__module__.partition(".")[0])
+    return None if make is None else lambda result, _: make(result)
+
+
+def rebuilder(x: Any) -> Callable[[Any], Any] | None:
+    """How to turn a NumPy result back into ``x``'s type (None: leave it NumPy)."""
+    back = _returner(x)
+    return None if back is None else functools.partial(_call_back, back, x)
+
+
+def _call_back(back: Back, like: Any, result: Any) -> Any:
+    return back(result, like)
+
+
+def refuse_out(out: Any, argument: str) -> None:
+    """Raise TypeError where ``out``'s array kind cannot be written in place (JAX)."""
+    kind = kind_of(out)
+    if kind is not None and kind.out_refusal is not None:
+        name = getattr(kind.kind, "name", type(out).__module__.partition(".")[0])
+        raise TypeError(f"{argument} is a {name} array ({type(out).__name__}), which cannot be "
+                        f"filled in place: "
+                        f"{kind.out_refusal}; drop out= and use the returned "
+                        f"{'arrays' if argument.startswith('out[') else 'array'} instead")
+
+
+# --- the edge of a call -----------------------------------------------------------------------
+
+
+class Edge:
+    """How one call's arrays of another library cross into the library and back: each is
+    adopted (``adopt``), each result goes back as the caller's type (``back``); ``arrays``:
+    that library's own array kind, where one is installed that packs, to pack a batch on its
+    side."""
+
+    def __init__(self, x: Any):
+        kind = kind_of(x)
+        self.like, self.gpu = x, on_gpu(x)
+        self.arrays = kind.kind if kind is not None and kind.packs else None
+        self.returner = _returner(x, kind)
+
+    @staticmethod
+    def adopt(x: Any, argument: str) -> Any:
+        return _adopt(x, argument)
+
+    def back(self, result: Any, like: Any = None) -> Any:
+        """``result`` (an array, a list of them, or None) as the caller's type, placed as
+        ``like`` is (by default the call's first array)."""
+        back = self.returner
+        if back is None or result is None:
+            return result
+        if isinstance(result, list):
+            return [self.back(r, like) for r in result]
+        like = self.like if like is None else like
+        if self.gpu:
+            return _gpu().hand_back(result, functools.partial(_call_back, back, like))
+        return back(result, like)
+
+    def back_each(self, result: Any, likes: list) -> Any:
+        """A list result whose items go back placed as ``likes`` (one per device)."""
+        if isinstance(result, list) and len(result) == len(likes):
+            return [self.back(r, like) for r, like in zip(result, likes, strict=True)]
+        return self.back(result)
+
+
+class HandedBack:
+    """The handle of an asynchronous call on another library's arrays: ``wait()`` returns the
+    result as the caller's type (``back`` of what the inner handle returns), once."""
+
+    __slots__ = ("_back", "_handle", "_outcome")
+
+    def __init__(self, handle: Any, back: Callable[[Any], Any]):
+        self._handle, self._back = handle, back
+        self._outcome: tuple | None = None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result, as the blocking call would have returned it (see ``Work.wait``)."""
+        if self._outcome is None:
+            self._outcome = (self._back(self._handle.wait(timeout)),)
+        return self._outcome[0]
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def exception(self) -> BaseException | None:
+        return self._handle.exception()
+
+    @property
+    def description(self) -> str:
+        return self._handle.description
+
+    def __repr__(self) -> str:
+        return repr(self._handle)
+
+
+def _handed(result: Any, back: Callable[[Any], Any]) -> Any:
+    """``back(result)``, or a handle whose ``wait()`` does it where ``result`` is one."""
+    return HandedBack(result, back) if hasattr(result, "wait") else back(result)
+
+
+# --- the two ways of calling ------------------------------------------------------------------
 
 
 def accepts_foreign(method: Callable) -> Callable:
@@ -100,102 +283,71 @@ def accepts_foreign(method: Callable) -> Callable:
     return wrapper
 
 
+def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict) -> Any:
+    """``method(self, x, *args, **kwargs)`` with ``x`` and ``out`` adopted at the edge, and the
+    result (or the handle's) back as ``x``'s type; an ``out`` its kind refuses raises first."""
+    out = kwargs.get("out")
+    if is_foreign(out):
+        refuse_out(out, "out")
+    edge = None
+    if is_foreign(x):
+        edge = Edge(x)
+        x = edge.adopt(x, "x")
+    if is_foreign(out):
+        kwargs = {**kwargs, "out": _adopt(out, "out")}
+        result = method(self, x, *args, **kwargs)  # filled in place: the caller's own
+        return None if result is None else _handed(result, lambda r: None if r is None else out)
+    result = method(self, x, *args, **kwargs)
+    if edge is None or edge.returner is None or result is None:
+        return result
+    return _handed(result, edge.back)
+
+
+def _first(values: Any) -> Any:
+    """The first array of ``values`` (an array, or lists of them, as deep as they go)."""
+    while isinstance(values, (list, tuple)) and values:
+        values = values[0]
+    return values
+
+
+def _adopt_all(values: Any, argument: str) -> Any:
+    if isinstance(values, (list, tuple)):
+        return [_adopt_all(v, f"{argument}[{i}]") for i, v in enumerate(values)]
+    return _adopt(values, argument)
+
+
+def _refuse_all(out: Any, argument: str) -> None:
+    if isinstance(out, (list, tuple)):
+        for i, o in enumerate(out):
+            _refuse_all(o, f"{argument}[{i}]")
+    elif is_foreign(out):
+        refuse_out(out, argument)
+
+
 def accepts_foreign_values(function: Callable) -> Callable:
     """Let a multi-device function take other libraries' arrays: a list of them as its first
-    argument (or one, for broadcast and scatter); results come back as that type."""
+    argument (or one, for broadcast and scatter; or a list of lists, for a batch); results
+    come back as that type, each placed as the input of its device."""
 
     @functools.wraps(function)
     def wrapper(values, *args, **kwargs):
-        first = values[0] if isinstance(values, (list, tuple)) and values else values
-        if not is_foreign(first):
-            return function(values, *args, **kwargs)
-        rebuild = rebuilder(first)
-        gpu = on_gpu(first)
-        if isinstance(values, (list, tuple)):
-            values = [_adopt(v, f"values[{i}]") for i, v in enumerate(values)]
-        else:
-            values = _adopt(values, "value")
         out = kwargs.get("out")
-        if isinstance(out, (list, tuple)) and out and is_foreign(out[0]):
-            kwargs = {**kwargs, "out": [_adopt(o, f"out[{i}]") for i, o in enumerate(out)]}
+        if not is_foreign(_first(values)) and not is_foreign(_first(out)):
+            return function(values, *args, **kwargs)
+        _refuse_all(out, "out")
+        edge = Edge(_first(values)) if is_foreign(_first(values)) else None
+        likes = list(values) if isinstance(values, (list, tuple)) else []
+        values = _adopt_all(values, "values" if isinstance(values, (list, tuple)) else "value")
+        if is_foreign(_first(out)):
+            kwargs = {**kwargs, "out": _adopt_all(out, "out")}
             result = function(values, *args, **kwargs)  # filled in place: the caller's own
-            return result if hasattr(result, "wait") else list(out)
+            return _handed(result, lambda _: list(out) if isinstance(out, (list, tuple)) else out)
         result = function(values, *args, **kwargs)
-        if rebuild is None or hasattr(result, "wait"):  # a handle: its results stay NumPy/CuPy
+        if edge is None or edge.returner is None:
             return result
-        if gpu:
-            return _gpu().hand_back(result, rebuild)
-        return [rebuild(r) for r in result] if isinstance(result, list) else rebuild(result)
+        if likes and isinstance(likes[0], (list, tuple)):  # a batch: tensor k on device d
+            return _handed(result, lambda r: [edge.back_each(t, list(like))
+                                              for t, like in zip(r, likes, strict=True)])
+        return _handed(result, lambda r: edge.back_each(r, likes))
 
     return wrapper
-
-
-def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict) -> Any:
-    rebuild, gpu = None, False
-    if is_foreign(x):
-        rebuild, gpu = rebuilder(x), on_gpu(x)
-        x = _adopt(x, "x")
-    out = kwargs.get("out")
-    if is_foreign(out):
-        kwargs = {**kwargs, "out": _adopt(out, "out")}
-        result = method(self, x, *args, **kwargs)
-        return out if result is not None and not hasattr(result, "wait") else result
-    result = method(self, x, *args, **kwargs)
-    if rebuild is None or result is None or hasattr(result, "wait"):
-        return result
-    if gpu:
-        return _gpu().hand_back(result, rebuild)
-    if isinstance(result, list):
-        return [rebuild(r) for r in result]
-    return rebuild(result)
-
-
-@functools.cache
-def _array_kinds() -> tuple:
-    """The array kinds installed under the ``collectives.array_kinds`` entry points (each
-    with ``detect(x)`` and the array operations packing needs)."""
-    kinds = [ep.load() for ep in entry_points(group="collectives.array_kinds")]
-    if not kinds:  # a source checkout whose metadata is stale: the bundled kinds
-        kinds = [importlib.import_module("collectives.adapters.torch_arrays").ARRAYS]
-    return tuple(kinds)
-
-
-_REGISTERED: list = []  # kinds registered at run time (register_array_kind)
-
-
-def register_array_kind(kind: Any) -> None:
-    """Add an array kind: an object with ``detect(x)`` (whether ``x`` is one of its arrays)
-    and the array operations packing needs on them (``owns``, ``dtype_of``, ``alone_bytes``,
-    ``flat``, ``concatenate``, ``empty``, ``copy``, as ``collectives.arrays.ArrayBackend``). A batch of
-    such arrays is then packed in their own library, and only the buckets cross over (through
-    DLPack, as any array of another library does). Installed packages register under the
-    ``collectives.array_kinds`` entry points instead."""
-    if kind not in _REGISTERED:
-        _REGISTERED.append(kind)
-
-
-def array_kind(x: Any) -> Any:
-    """The array kind (registered, or installed) that can pack ``x`` in its own library, or
-    None."""
-    for kind in (*_REGISTERED, *_array_kinds()):
-        if kind.detect(x):
-            return kind
-    return None
-
-
-class Edge:
-    """How one call's arrays of another library cross into the library and back: each is
-    adopted (``adopt``), each result goes back as the caller's type (``back``); ``arrays``:
-    that library's own array kind, where one is installed, to pack a batch on its side."""
-
-    def __init__(self, x: Any):
-        self.rebuild, self.gpu, self.arrays = rebuilder(x), on_gpu(x), array_kind(x)
-
-    @staticmethod
-    def adopt(x: Any, argument: str) -> Any:
-        return _adopt(x, argument)
-
-    def back(self, result: Any) -> Any:
-        if self.rebuild is None:
-            return result
-        return _gpu().hand_back(result, self.rebuild) if self.gpu else self.rebuild(result)

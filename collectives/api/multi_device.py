@@ -226,6 +226,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = ...,
                      bytes_per_pack: int | None = ..., shards: int = ..., groups: Groups = ...,
                      compression: Compression = ..., bucket_bytes: int = ...,
                      async_op: Literal[True]) -> Work[list[list[ArrayT]]]: ...
+@accepts_foreign_values
 @backend_first
 def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                      algorithm: BatchSpec = "auto", *, num_packs: int = 0,
