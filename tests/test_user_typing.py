@@ -52,7 +52,7 @@ collectives.all_reduce(xs, algorithm="rign")  # error
 collectives.all_reduce(xs, "sum", "ring/rign")  # error
 collectives.all_reduce(xs, "sum", [("xrign", 2, -1)])  # error
 collectives.reduce(xs, "avgg", 0)  # error
-collectives.batch_all_reduce(xs, op="summ")  # error
+collectives.batch_all_reduce([xs, xs], op="summ")  # error
 
 
 def step(comm: Communicator) -> None:
