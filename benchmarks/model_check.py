@@ -250,6 +250,22 @@ def headline(judged: list[dict]) -> str:
     return "\n".join(out)
 
 
+def contradiction(label: str, run: dict) -> str:
+    """Whether the schedules timed after the calibration contradict it: per size, the median
+    over the cell's schedules of measured median / predicted; more than 2x off at a size
+    contradicts."""
+    ratios = {int(size): statistics.median(
+        cell["measured"][k] / v for k, v in cell["predicted"].items()
+        if not model_stats._measured_native(k))
+        for size, cell in run["cells"].items()}
+    overall = statistics.median(ratios.values())
+    worst = max(max(r, 1 / r) for r in ratios.values())
+    words = (f"the schedules contradict the calibration (up to {worst:.1f}x off)"
+             if worst > 2 else "within 2x at every size")
+    return (f"{label}: schedules measured / predicted, median {overall:.2f} ("
+            + ", ".join(f"{human(b)} {r:.2f}" for b, r in ratios.items()) + f"): {words}")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
 
@@ -311,6 +327,7 @@ def main() -> None:
         print(table(label, run) + "\n")
         for flag in run["fabric"].get("flags", ()):
             print(f"calibration flagged ({label}): {flag}\n")
+        print(contradiction(label, run) + "\n")
     judged = cells(runs)
     print(summary(judged) + "\n")
     print(headline(judged))

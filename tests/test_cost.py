@@ -349,3 +349,26 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host():
             want = (three if n == 3 else pair)[name]
             assert predict(Collective.ALL_REDUCE, algorithm, n, nbytes, got, Placement(n),
                            shards=shards).seconds == pytest.approx(want, rel=0.1)
+
+
+def test_cached_constants_the_schedules_now_contradict_are_measured_again(tmp_path, monkeypatch):
+    """A cache written at a busy moment (here: prices 1000x the clock's) is checked against a
+    few schedules timed when a later job reads it: ``apply(True)`` measures again (and warns),
+    ``"cached"`` takes it as it is."""
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path))
+    slow = Fabric(proc=Link(1.0, 1e-3), host=Link(1.0, 1e-3), source="a busy moment")
+
+    def body(comm):
+        key = calibration.host_set(comm)
+        if comm.rank == 0:
+            calibration.save(calibration.cache_file(key), key, slow)
+        comm.barrier()
+        taken = calibration.apply(comm, "cached", repeats=2)
+        again = calibration.apply(comm, True, repeats=2)
+        return taken, again
+
+    with pytest.warns(RuntimeWarning, match="measuring again"):
+        results = collectives.run(body, 2, timeout=300)
+    for taken, again in results:
+        assert taken == slow and again != slow and again.source.startswith("measured")
+    assert results[0][1] == results[1][1]

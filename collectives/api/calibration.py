@@ -3,25 +3,24 @@
 ``measure`` times, on the running communicator (collective over it):
 
 * the **call overhead**: an all-reduce on a communicator of one rank (nothing moves);
-* per link class present, on a communicator of just the ranks it is measured on (``local``:
-  every rank of a host, every host at once, all busy as in a collective, so a round's
-  latency includes what they cost one another, e.g. on a node with more ranks than cores;
-  ``net``: a rank of each of two hosts), through the library's own schedules (so Python's share is in the
-  numbers): the tree's and the ring's all-reduces of a few bytes and the ring's of 4 MiB,
-  from which ``calibration_links`` solves the class's ``alpha`` and ``beta`` and the
-  per-message ``overhead`` so that the model predicts those very times; in rounds, with
-  other schedules timed beside them as checks (a class the checks contradict is probed
-  again, and the attempt they agree with best counts; one still contradicted is flagged
-  in ``Fabric.flags``, which ``collectives probe``, ``comm.explain`` and a warning say);
-* **crowding**, where a host runs more ranks than it has cores: the small probes again on
-  two of its ranks while the others sleep; what a round costs more with every rank busy,
-  per process beyond the cores, is ``Fabric.crowding``;
+* per link class present, on the ranks it is measured on (``local``: every rank of a host,
+  every host at once, all busy as in a collective, so what they cost one another counts;
+  ``net``: a rank of each of two hosts), through the library's own schedules: the tree's
+  and the ring's all-reduces of a few bytes and the ring's of 4 MiB, from which
+  ``calibration_links`` solves the class's ``alpha``, ``beta`` and per-message ``overhead``
+  so that the model predicts those very times; in rounds, with other schedules timed beside
+  them as checks (a class the checks contradict is probed again, the attempt they agree
+  with best counts, and one still contradicted is flagged in ``Fabric.flags``);
+* **crowding**, where a host runs more ranks than cores: the small probes again on two of
+  its ranks while the others sleep; what a round costs more with every rank busy, per
+  process beyond the cores, is ``Fabric.crowding``;
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
 Every rank ends with rank 0's numbers, so every rank makes the same choices. ``apply``
-reads the cache (a JSON file per host set in the user's cache folder) or measures, and sets
-``comm.fabric``; ``collectives.init(calibrate=...)`` and ``collectives probe`` call it.
+reads the cache (a JSON file per host set in the user's cache folder; checked against a
+few schedules timed now) or measures, and sets ``comm.fabric``;
+``collectives.init(calibrate=...)`` and ``collectives probe`` call it.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ import numpy as np
 from ..algorithms.cost import Fabric, Link, Placement, human_bytes
 from ..algorithms.schedule import Collective
 from ..hints import Calibrate
-from ..ops import ReduceOp
 from .calibration_links import (
     CONTRADICTED,
     ROUNDS,
@@ -52,16 +50,17 @@ from .calibration_links import (
     check,
     coefficients,
     disagreement,
+    gamma_time,
     link_times,
     samples,
     solve,
+    verify,
 )
 
 ENV = "COLLECTIVES_CALIBRATE"
 CACHE_ENV = "COLLECTIVES_CACHE_DIR"
 NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
-GAMMA_BYTES = 4 << 20
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
 METHOD = 3  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
 # in rounds, with checks, and the crowding of a host with more ranks than cores
@@ -117,25 +116,6 @@ def _on(comm: Any, groups, task) -> Any:
     with sub:
         got = task(sub)
     return got if mine == 0 else None
-
-
-def _gamma(comm: Any, dtype: str, repeats: int) -> float:
-    count = GAMMA_BYTES // np.dtype(dtype).itemsize
-    dst, src = np.ones(count, dtype), np.ones(count, dtype)
-    arrays = comm.arrays
-    zero = np.zeros(1, dtype)
-
-    def reduce() -> None:
-        arrays.combine(ReduceOp.SUM, dst, [src])
-        dst[:1] = zero  # keep the values small
-
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        reduce()
-        times.append(time.perf_counter() - start)
-    worst = comm.all_reduce(np.array([statistics.median(times)]), "max")[0]
-    return float(worst) / (count * np.dtype(dtype).itemsize)
 
 
 def _natives(comm: Any, sizes, repeats: int, which) -> list:
@@ -224,7 +204,7 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     solo = comm.split(comm.rank, 0)
     with solo:
         call = all_reduce_time(solo, "ring", 1, 8, repeats)
-    gammas = tuple((d, _gamma(comm, d, repeats)) for d in GAMMA_DTYPES)
+    gammas = tuple((d, gamma_time(comm, d, repeats)) for d in GAMMA_DTYPES)
     gamma = dict(gammas)["float32"]
     groups = _groups(comm)
     attempts: dict[str, list[dict]] = {}
@@ -347,9 +327,9 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
     comm
         The communicator whose ``fabric`` is set.
     mode
-        True (the cache, else measure and save), ``"cached"`` (the cache, else leave the
-        constants as they are) or ``"fresh"`` (measure and save); False, None or ``"0"``
-        do nothing.
+        True (the cache, unless a few schedules timed now contradict it, else measure and
+        save), ``"cached"`` (the cache, else leave the constants as they are) or ``"fresh"``
+        (measure and save); False, None or ``"0"`` do nothing.
     **options
         For `measure` (``repeats=``, ``natives=``, ...).
 
@@ -378,9 +358,15 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
         except (OSError, ValueError, KeyError):
             text = None
     text = comm.broadcast_object(text, 0)
-    if text is not None:
-        comm.fabric = Fabric.from_json(text)
-        return comm.fabric
+    if text is not None:  # unless the schedules now contradict it (a busy spell then)
+        cached = Fabric.from_json(text)
+        worst = 1.0 if mode == "cached" else disagreement(verify(comm, cached))
+        if worst <= CONTRADICTED:
+            comm.fabric = cached
+            return cached
+        if comm.rank == 0:
+            warnings.warn(f"calibration: the schedules now take {worst:.2g}x (or 1/x) the "
+                          "cached constants' prices; measuring again", RuntimeWarning, stacklevel=2)
     if mode == "cached":
         return comm.fabric
     fabric = measure(comm, **options)

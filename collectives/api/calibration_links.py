@@ -18,7 +18,10 @@ their repeats counts. Two other schedules are timed beside them (``CHECKS``: the
 halving-doubling all-reduce of a small and a large buffer); ``check`` prices them with the
 solved constants, and a measured time off its price by more than ``CONTRADICTED`` times
 flags the probes (calibration probes the class again, keeps the attempt the checks agree
-with best, and says so where a user looks: ``collectives probe``, ``comm.explain``).
+with best, and says so where a user looks: ``collectives probe``, ``comm.explain``). A
+busy spell can outlast a calibration, so cached constants are checked again when a later job
+reads them (``verify``: the checks on the whole job, against the constants' prices).
+``gamma_time`` times a reduction on every rank (``gamma``).
 
 How many rounds, messages and bytes the model charges each probe is read off the model
 itself (``coefficients``: each probe priced with one constant at 1 and the others at 0), so
@@ -37,13 +40,15 @@ import numpy as np
 from ..algorithms.cost import Fabric, Link, Placement
 from ..algorithms.sampling import predict
 from ..algorithms.schedule import Collective
+from ..ops import ReduceOp
 
 STREAM_BYTES = 4 << 20
+GAMMA_BYTES = 4 << 20  # reduced per rank for gamma
 TARGET_SECONDS = 0.01  # a repeat runs about this long
 PROBES = ("tree", "one", "eight", "big")
 SMALL = PROBES[:3]  # bytes cost next to nothing: alpha and overhead only
 ROUNDS = 3  # each probe's repeats are split over this many rounds, interleaved
-CHECKS = {"check.small": ("rechd", 0, 16 << 10), "check.large": ("rechd", 0, 1 << 20)}
+CHECKS = {"check.small": ("rechd", 0, 16 << 10), "check.large": ("rechd", 0, 4 << 20)}
 CONTRADICTED = 2.0  # a check this many times off (either way) contradicts the probes
 
 
@@ -102,6 +107,27 @@ def link_times(comm: Any, repeats: int, rounds: int = ROUNDS) -> dict[str, float
         for name, (algorithm, shards, nbytes) in plan.items():
             seen[name] += all_reduce_samples(comm, algorithm, shards, nbytes, each)
     return {name: float(statistics.median(v)) for name, v in seen.items()}
+
+
+def gamma_time(comm: Any, dtype: str, repeats: int) -> float:
+    """Seconds per byte of a ``dtype`` reduction on every rank at once, the slowest rank's
+    median (collective)."""
+    count = GAMMA_BYTES // np.dtype(dtype).itemsize
+    dst, src = np.ones(count, dtype), np.ones(count, dtype)
+    arrays = comm.arrays
+    zero = np.zeros(1, dtype)
+
+    def reduce() -> None:
+        arrays.combine(ReduceOp.SUM, dst, [src])
+        dst[:1] = zero  # keep the values small
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reduce()
+        times.append(time.perf_counter() - start)
+    worst = comm.all_reduce(np.array([statistics.median(times)]), "max")[0]
+    return float(worst) / (count * np.dtype(dtype).itemsize)
 
 
 class Charge(NamedTuple):
@@ -169,6 +195,19 @@ def check(times: dict[str, float], link: Link, overhead: float, call: float, gam
             guess = predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
                             shards=shards).seconds
             out.append((name, nbytes, times[name], guess))
+    return out
+
+
+def verify(comm: Any, fabric: Fabric, repeats: int = 3) -> list[tuple[str, int, float, float]]:
+    """The checks timed now on every rank of ``comm`` (collective), ``(name, bytes, measured,
+    predicted)`` with ``fabric`` on ``comm``'s placement: constants measured at a busy moment
+    are contradicted here."""
+    out = []
+    for name, (algorithm, shards, nbytes) in CHECKS.items():
+        measured = all_reduce_time(comm, algorithm, shards, nbytes, repeats)
+        guess = predict(Collective.ALL_REDUCE, algorithm, comm.size, nbytes, fabric,
+                        comm.placement, shards=shards).seconds
+        out.append((name, nbytes, measured, guess))
     return out
 
 
