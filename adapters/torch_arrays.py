@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,20 @@ class TorchArrays:
 
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
         return _torch().cat(list(arrays), dim=axis)
+
+    def fuse(self, arrays: Sequence[Any]) -> Any:
+        """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one."""
+        torch = _torch()
+        flatten = getattr(torch._C._nn, "flatten_dense_tensors", None)
+        if flatten is not None:
+            return flatten(list(arrays))
+        return torch.cat([self.flat(a) for a in arrays])
+
+    def split(self, buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list:
+        """A bucket's views in one call (``split_with_sizes``), each reshaped beyond 1-D."""
+        sizes = [prod(shape) for shape in shapes]
+        pieces = buffer.split(sizes)
+        return [p if len(s) == 1 else p.view(s) for p, s in zip(pieces, shapes)]
 
     def empty(self, shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
         device = like.device if like is not None else None

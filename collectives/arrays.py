@@ -80,6 +80,15 @@ class ArrayBackend(Protocol):
 
     def concatenate(self, arrays: Sequence[Array], axis: int) -> Array: ...
 
+    def fuse(self, arrays: Sequence[Array]) -> Array:
+        """A new 1-D buffer: ``arrays`` (one dtype, one device) flattened, one after another
+        (a batch's bucket: one pass, or one kernel launch)."""
+        ...
+
+    def split(self, buffer: Array, shapes: Sequence[tuple[int, ...]]) -> list[Array]:
+        """Views of the consecutive pieces of the 1-D ``buffer``, of ``shapes``."""
+        ...
+
     def contiguous(self, x: Array) -> bool: ...
 
     def writable(self, x: Array) -> bool: ...
@@ -265,6 +274,12 @@ class NumpyArrays:
             return np.concatenate(arrays, out=out)
         return np.concatenate(arrays, axis=axis)
 
+    def fuse(self, arrays):
+        return self.concatenate([self.flat(a) for a in arrays], 0)
+
+    def split(self, buffer, shapes):
+        return split_by_slicing(buffer, shapes)
+
     def contiguous(self, x) -> bool:
         return x.flags.c_contiguous
 
@@ -280,3 +295,17 @@ class NumpyArrays:
 
 
 NUMPY = NumpyArrays()
+
+
+def split_by_slicing(buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list:
+    """``ArrayBackend.split`` for libraries whose slices are views: one slice (and reshape,
+    beyond 1-D) per shape."""
+    views, offset = [], 0
+    for shape in shapes:
+        count = 1
+        for d in shape:
+            count *= d
+        view = buffer[offset:offset + count]
+        views.append(view if len(shape) == 1 else view.reshape(shape))
+        offset += count
+    return views

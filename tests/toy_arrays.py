@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from collectives.arrays import split_by_slicing
+
 
 class ToyArray:
     def __init__(self, data: Any):
@@ -71,6 +73,12 @@ class ToyKind:
     def concatenate(self, arrays: Sequence[ToyArray], axis: int) -> ToyArray:
         self.concatenated += 1
         return ToyArray(np.concatenate([a.data for a in arrays], axis=axis))
+
+    def fuse(self, arrays: Sequence[ToyArray]) -> ToyArray:
+        return self.concatenate([self.flat(a) for a in arrays], 0)
+
+    def split(self, buffer: ToyArray, shapes: Sequence[tuple[int, ...]]) -> list[ToyArray]:
+        return split_by_slicing(buffer, shapes)
 
     def empty(self, shape: tuple[int, ...], dtype: Any, like: Any = None) -> ToyArray:
         return ToyArray(np.empty(shape, dtype))

@@ -252,7 +252,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
 
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
     batch = start_batch(per_device, parts, reduce_pack, arrays=_arrays(),
-                        home=lambda array: array.device)
+                        home=lambda array: array.device, validated=True)
     results = batch.finish(batch.pending)
     devices = [v for values, *_ in tensors for v in values]
     return _handle(results, devices, "batch_all_reduce", async_op)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.arrays import split_by_slicing
 from collectives.ops import ReduceOp
 
 from . import kernels
@@ -269,6 +270,12 @@ class CupyArrays:
         arrays = list(arrays)  # (blocks of one array on one device: no ordering needed)
         with self._context(arrays[0].device.id):
             return _cupy().concatenate(arrays, axis=axis)
+
+    def fuse(self, arrays):
+        return self.concatenate([self.flat(a) for a in arrays], 0)  # (one kernel launch)
+
+    def split(self, buffer, shapes):
+        return split_by_slicing(buffer, shapes)
 
     def contiguous(self, x) -> bool:
         return bool(x.flags.c_contiguous)

@@ -131,7 +131,8 @@ class StartedBatch:
 
 def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
                 reduce_pack: Callable[[BatchPart, list], Any], *, arrays: Any,
-                home: Callable[[Any], Any] | None = None) -> StartedBatch:
+                home: Callable[[Any], Any] | None = None,
+                validated: bool = False) -> StartedBatch:
     """The batch loop's first half: pack every part and start each pack's reduction.
 
     ``tensors[m][k]`` is tensor ``k`` of member ``m`` (a device of a multi-device call, or a
@@ -139,6 +140,8 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
     ``part`` from ``buffers`` (one per member) and returns its result, or a handle in flight.
     ``home(array)`` is the device context to pack and unpack a member's arrays in (CuPy: its
     GPU). The caller turns each pending result into the reduced buffers and calls ``finish``.
+    ``validated``: every member's tensors are ``arrays``' arrays of the plans' shapes and
+    dtypes (the caller checked them), so packing need not check them again.
     """
     place = home or _nowhere
     pending = []
@@ -146,7 +149,8 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
         packed = []
         for member in tensors:
             with place(member[part.indices[0]]):
-                packed.append(part.plan.pack([member[i] for i in part.indices], arrays=arrays))
+                packed.append(part.plan.pack([member[i] for i in part.indices], arrays=arrays,
+                                             validated=validated))
         pending += [reduce_pack(part, [buffers[j] for buffers in packed])
                     for j in range(len(part.plan.packs))]
     return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place)

@@ -165,7 +165,7 @@ class BatchOps(CommParts):
                                    groups=groups, timeout=timeout, compression=squeeze,
                                    async_op=async_op)
 
-        batch = start_batch([xs], parts, reduce_pack, arrays=arrays)
+        batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True)
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

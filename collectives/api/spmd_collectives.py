@@ -115,15 +115,17 @@ class CollectiveOps(CommParts):
                                    groups=groups, timeout=timeout, async_op=async_op)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
-        # timeout= takes the checked path, which raises naming it)
-        if (not async_op and not shards and groups is None and self.arrays.owns(x)
+        # timeout= takes the checked path, which raises naming it). An asynchronous call
+        # does not run the hot path, but binds it for later calls (a transport whose blocking
+        # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
+        if (not shards and groups is None and self.arrays.owns(x)
                 and valid_timeout(timeout)):
             fast_key = (x.shape, x.dtype, op, algorithm)
             try:
                 fast = self._fast.get(fast_key)
             except TypeError:  # an unhashable spec (a list of ranges): no hot path
                 fast_key = fast = None
-            if fast is not None and (out is None or self._fits(out, x)):
+            if fast is not None and not async_op and (out is None or self._fits(out, x)):
                 self._hot = fast
                 result = fast(x, out, timeout)
                 if result is not None:
@@ -201,7 +203,7 @@ class CollectiveOps(CommParts):
         transport's hot path reads them as they are (``for_kind``: PyTorch CUDA tensors over
         NCCL), which it learns at the first agreed call of a signature."""
         key = None
-        if (not async_op and not shards and groups is None and valid_timeout(timeout)
+        if (not shards and groups is None and valid_timeout(timeout)
                 and not requested(compression) and hasattr(x, "shape")
                 and hasattr(x, "dtype")):
             try:
@@ -209,9 +211,9 @@ class CollectiveOps(CommParts):
                 fast = self._fast.get(key)
             except TypeError:  # an unhashable spec: no hot path
                 key = fast = None
-            if fast is not None and x.__class__ is fast.cls and (out is None or (
-                    out.__class__ is fast.cls and out.shape == fast.shape
-                    and out.dtype == fast.dtype)):
+            if (fast is not None and not async_op and x.__class__ is fast.cls
+                    and (out is None or (out.__class__ is fast.cls and out.shape == fast.shape
+                                         and out.dtype == fast.dtype))):
                 self._hot = fast
                 result = fast(x, out, timeout)
                 if result is not None:
@@ -237,10 +239,10 @@ class CollectiveOps(CommParts):
             # call of that signature yet: the next one tries again)
         native = self._fast[adopted]
         bound = native.bound.for_kind(kind) if native is not None else None
-        self._fast[key] = fast = (FastAllReduce(self, native.call, bound, x, op, algorithm)
-                                  if bound is not None else None)
-        if fast is not None:
-            self._hot = fast
+        if native is None or bound is None:
+            self._fast[key] = None
+            return
+        self._fast[key] = self._hot = FastAllReduce(self, native.call, bound, x, op, algorithm)
 
     def _fits(self, out: Any, x: Any) -> bool:
         """Whether ``out`` can take ``x``'s all-reduce as it is (the fast path's check)."""
