@@ -107,6 +107,8 @@ def per_call_part(out: Path, args) -> None:
         y = cupy.empty_like(x)
         _try(row, "library_cupy_us", lambda: _timed(lambda: comm.all_reduce(x, out=y), fence,  # noqa: B023
                                                     args))
+        _try(row, "library_cupy_in_place_us", lambda: _timed(
+            lambda: comm.all_reduce(y, out=y), fence, args))  # noqa: B023
         _try(row, "library_cupy_new_result_us",
              lambda: _timed(lambda: comm.all_reduce(x), fence, args))  # noqa: B023
         _try(row, "library_cupy_async_us", lambda: _timed(
@@ -176,6 +178,9 @@ def resnet50_part(out: Path, args) -> None:
     row: dict = {}
     _try(row, "library_batch_cupy_us", lambda: _timed(lambda: comm.batch_all_reduce(grads),
                                                       fence, args))
+    # the host's time alone (no fence: what issuing costs while the GPU keeps up)
+    _try(row, "library_batch_cupy_issue_us", lambda: _timed(
+        lambda: comm.batch_all_reduce(grads), lambda: None, args))
     _try(row, "library_batch_cupy_async_us", lambda: _timed(
         lambda: comm.batch_all_reduce(grads, async_op=True).wait(), fence, args))
     _try(row, "library_per_tensor_cupy_us", lambda: _timed(
@@ -187,6 +192,8 @@ def resnet50_part(out: Path, args) -> None:
         assert isinstance(got[0], torch.Tensor) and tuple(got[-1].shape) == shapes[-1]
         _try(row, "library_batch_torch_us", lambda: _timed(lambda: comm.batch_all_reduce(tgrads),
                                                            fence, args))
+        _try(row, "library_batch_torch_issue_us", lambda: _timed(
+            lambda: comm.batch_all_reduce(tgrads), lambda: None, args))
         _try(row, "torch_dist_per_tensor_us", lambda: _timed(
             lambda: [dist.all_reduce(t) for t in tgrads], fence, args))
 
