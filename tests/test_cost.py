@@ -351,10 +351,10 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host():
                            shards=shards).seconds == pytest.approx(want, rel=0.1)
 
 
-def test_cached_constants_the_schedules_now_contradict_are_measured_again(tmp_path, monkeypatch):
-    """A cache written at a busy moment (here: prices 1000x the clock's) is checked against a
-    few schedules timed when a later job reads it: ``apply(True)`` measures again (and warns),
-    ``"cached"`` takes it as it is."""
+def test_thread_ranks_take_their_cache_unchecked(tmp_path, monkeypatch):
+    """Threads of one process share their buffers: schedules there move less than their
+    messages say, so their calibration has no checks and a cache is taken as it is (under MPI
+    the calibration scenario checks that a contradicted cache is measured again)."""
     monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path))
     slow = Fabric(proc=Link(1.0, 1e-3), host=Link(1.0, 1e-3), source="a busy moment")
 
@@ -363,12 +363,6 @@ def test_cached_constants_the_schedules_now_contradict_are_measured_again(tmp_pa
         if comm.rank == 0:
             calibration.save(calibration.cache_file(key), key, slow)
         comm.barrier()
-        taken = calibration.apply(comm, "cached", repeats=2)
-        again = calibration.apply(comm, True, repeats=2)
-        return taken, again
+        return calibration.apply(comm, True, repeats=2)
 
-    with pytest.warns(RuntimeWarning, match="measuring again"):
-        results = collectives.run(body, 2, timeout=300)
-    for taken, again in results:
-        assert taken == slow and again != slow and again.source.startswith("measured")
-    assert results[0][1] == results[1][1]
+    assert all(got == slow for got in collectives.run(body, 2, timeout=300))

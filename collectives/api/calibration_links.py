@@ -20,7 +20,9 @@ solved constants, and a measured time off its price by more than ``CONTRADICTED`
 flags the probes (calibration probes the class again, keeps the attempt the checks agree
 with best, and says so where a user looks: ``collectives probe``, ``comm.explain``). A
 busy spell can outlast a calibration, so cached constants are checked again when a later job
-reads them (``verify``: the checks on the whole job, against the constants' prices).
+reads them (``verify``: the checks on the whole job, against the constants' prices). Only
+processes are checked: threads of one process share their buffers, so a schedule there
+moves less than its messages say, and the model prices them by their bookkeeping.
 ``gamma_time`` times a reduction on every rank (``gamma``).
 
 How many rounds, messages and bytes the model charges each probe is read off the model
@@ -95,12 +97,13 @@ def all_reduce_samples(comm: Any, algorithm: str, shards: int, nbytes: int,
                    repeats)
 
 
-def link_times(comm: Any, repeats: int, rounds: int = ROUNDS) -> dict[str, float]:
-    """Every probe's and check's seconds on ``comm`` (collective; all its ranks take part):
-    ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a round), the
-    median of them all (every rank of a busy host streaming at once is the probe a burst of
-    noise hits hardest; a burst spoils a round, not the median)."""
-    plan = {**probes(comm.size), **CHECKS}
+def link_times(comm: Any, repeats: int, rounds: int = ROUNDS,
+               checks: bool = True) -> dict[str, float]:
+    """Every probe's (and ``checks``') seconds on ``comm`` (collective; all its ranks take
+    part): ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a round),
+    the median of them all (every rank of a busy host streaming at once is the probe a burst
+    of noise hits hardest; a burst spoils a round, not the median)."""
+    plan = {**probes(comm.size), **(CHECKS if checks else {})}
     each = max(-(-repeats // rounds), 2)
     seen: dict[str, list[float]] = {name: [] for name in plan}
     for _ in range(rounds):
