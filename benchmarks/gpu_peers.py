@@ -12,7 +12,9 @@ library: a one-rank NCCL communicator, ``collectives.backends.nccl.init(MPI.COMM
   ``comm.batch_all_reduce`` with its defaults (CuPy arrays and PyTorch tensors), beside
   torch.distributed per tensor and torch's fused way (``torch.cat``, one ``all_reduce``, each
   slice copied back into its tensor); then the host-time profile of the library's call;
-* ``multi-device``: the same list over 4 logical devices on the GPU through
+* ``multi-device``: one all-reduce over 4 logical devices on the GPU per call, 4 KiB to
+  256 MiB (``auto``, ``one_device``, ``ring``) beside the naive CuPy sum and one fused kernel
+  that reads 4 inputs and writes 4 outputs (the bound); then the gradient list through
   ``collectives.batch_all_reduce`` beside a naive CuPy loop (per tensor: ``x0+x1+x2+x3``,
   then a copy to every device).
 
@@ -245,6 +247,7 @@ def multi_device_part(out: Path, args) -> None:
 
     got = collectives.batch_all_reduce(value_lists)
     assert float(got[-1][3].ravel()[-1]) == 2.5
+    _multi_device_per_call(record, fence, args)
     row: dict = {}
     _try(row, "library_batch_us", lambda: _timed(
         lambda: collectives.batch_all_reduce(value_lists), fence, args))
@@ -258,6 +261,56 @@ def multi_device_part(out: Path, args) -> None:
     fence()
 
 
+def _fused_kernel():
+    """The bound: one kernel that reads 4 inputs and writes 4 outputs (8 units of traffic)."""
+    import cupy
+
+    return cupy.ElementwiseKernel("T a, T b, T c, T d", "T w, T x, T y, T z",
+                                  "T s = a + b + c + d; w = s; x = s; y = s; z = s",
+                                  "gpu_peers_fused4")
+
+
+def _multi_device_per_call(record, fence, args) -> None:
+    """One all-reduce over 4 logical devices (one GPU) per call, by size: ``auto`` and the
+    library's algorithms beside the naive CuPy sum (``x0+x1+x2+x3``, then a copy to each
+    device) and the fused kernel."""
+    import cupy
+
+    import collectives
+
+    fused = _fused_kernel()
+
+    def one_size(size: int) -> dict:
+        xs = [cupy.full(size // 4, 0.25 * (d + 1), cupy.float32) for d in range(4)]
+        outs = [cupy.empty_like(x) for x in xs]
+
+        def naive():
+            total = xs[0] + xs[1] + xs[2] + xs[3]
+            return [total.copy() for _ in range(4)]
+
+        row: dict = {"size": size}
+        for name in ("auto", "one_device", "ring"):
+            _try(row, f"library_{name}_us", lambda: _timed(  # noqa: B023
+                lambda: collectives.all_reduce(xs, "sum", name), fence, args))  # noqa: B023
+        _try(row, "naive_us", lambda: _timed(naive, fence, args))
+        _try(row, "fused_kernel_us", lambda: _timed(lambda: fused(*xs, *outs), fence, args))
+        best = min((v for k, v in row.items() if k.startswith("library_")
+                    and k != "library_auto_us" and isinstance(v, float)), default=None)
+        if best and "library_auto_us" in row:
+            row["auto_over_best"] = row["library_auto_us"] / best
+        for key in ("naive_us", "fused_kernel_us"):
+            if key in row and "library_auto_us" in row:
+                row[key.replace("_us", "_ratio")] = row["library_auto_us"] / row[key]
+        return row
+
+    rows = []
+    for size in args.multi_sizes:
+        rows.append(one_size(size))
+        print("multi-device per call:", {k: round(v, 2) if isinstance(v, float) else v
+                                         for k, v in rows[-1].items()}, flush=True)
+    record.save(per_call=rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=PARTS)
@@ -269,6 +322,8 @@ def main() -> None:
     args.per_call_sizes = [4 << 10, 64 << 10] if quick else [4 << 10, 1 << 20, 16 << 20, 64 << 20]
     args.inflight_size = (16 << 10) if quick else (4 << 20)
     args.tensors = 12 if quick else 161
+    args.multi_sizes = ([4 << 10, 64 << 10] if quick
+                        else [4 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20])
     args.repeats, args.target = (1, 1e-3) if quick else (5, 0.05)
     args.profile_calls = 20 if quick else 2000
     out = Path(args.out)

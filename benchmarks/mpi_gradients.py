@@ -44,9 +44,8 @@ def shapes(scale: float) -> list[tuple[int, ...]]:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    from mpi4py import MPI
-
     from collectives.backends import mpi
+    from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     comm = mpi.init(timeout=300)

@@ -66,7 +66,7 @@ def reduce_batch(kit, values: Sequence[Sequence], op: ReduceOp | str, spec, *, r
     parts = plan_batch(shapes, dtypes, _spec(spec), extra_names=kit.extra_names,
                        **packing.kwargs())
 
-    def reduce_pack(part, buffers):
+    def reduce_pack(part, buffers, fresh):
         return [collectives.reduce(buffers, op, root, part.spec.algorithm,
                                    shards=part.spec.shards, groups=groups)]
 

@@ -121,7 +121,7 @@ def reduce_batch(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str = "s
     dtypes = tuple(np.dtype(v[0].dtype) for v in values)
     parts = _plan(shapes, dtypes, _spec_key(spec), packing, shards)
 
-    def reduce_pack(part, buffers):
+    def reduce_pack(part, buffers, fresh):
         return [reduce_to_root(buffers, op, part.spec.algorithm, shards=part.spec.shards,
                                groups=groups, empty=empty)]
 

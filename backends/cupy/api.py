@@ -10,8 +10,9 @@ between NCCL and the library's algorithms, then run one or the other:
 * ``"nccl/X"`` (TensorFlow's ``nccl/xring``, ``nccl/rechd``, ``nccl/pscpu``): NCCL inside
   each group of ``groups`` (reduce onto the group's first device, then broadcast back), the
   library's ``X`` across the groups' first devices;
-* ``"auto"``: NCCL where every array has a GPU of its own and NCCL reduces the dtype exactly,
-  else the library's choice (logical devices sharing a GPU always run the library's);
+* ``"auto"``: NCCL where every array has a GPU of its own and NCCL reduces the dtype exactly;
+  for logical devices that all share one GPU, one kernel that reads every input
+  (``one_gpu``); else the library's choice;
 * anything else: the library's algorithm, as ``collectives.all_reduce`` runs it.
 
 Every check runs before anything is enqueued. MEAN is SUM then one division by the number of
@@ -33,7 +34,7 @@ from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.calls import resolve_algorithm
 from collectives.runtime.validate import as_array, check_op, check_out, resolve_groups, same_layout
 
-from . import group
+from . import group, one_gpu
 from .devices import devices as _devices
 from .devices import own_function
 from .probe import NcclUnavailableError, cupy_module, nccl_module
@@ -142,6 +143,14 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     """``collectives.all_reduce`` for CuPy arrays, with NCCL and ``async_op``."""
     values, shape, dtype, op = _prepare(values, op)
     request = nccl_request(algorithm, math.prod(shape))
+    if request == "auto" and accumulation_fn is None and one_gpu.on_one_gpu(values):
+        arrays = _arrays()  # logical devices sharing a GPU: one kernel reads them all
+        results = _outputs(arrays, out, values, shape, result_dtype(op, dtype))
+        if out is None or all(r is v for r, v in zip(results, values)) or (
+                not unsafe_outputs(arrays, values, results)):
+            one_gpu.all_reduce(arrays, values, results, op)
+            return _handle(results, results, "all_reduce", async_op)
+        # (an out that aliases in another way: the library's path, which buffers it)
     if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
         results = _library(core.all_reduce)(values, op, algorithm, out=out, shards=shards,
                                            groups=groups, accumulation_fn=accumulation_fn)
@@ -226,7 +235,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                      bucket_bytes: int = DEFAULT_BUCKET_BYTES, async_op: bool = False) -> Any:
     """``collectives.batch_all_reduce`` for CuPy arrays: the core's batch loop, each pack
     packed on its device and reduced as ``all_reduce`` (so through NCCL where that applies)."""
-    from collectives.algorithms.batch import plan_batch, start_batch
+    from collectives.algorithms.batch import in_place, plan_batch, start_batch
     from collectives.runtime.validate import check_shards
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
@@ -246,9 +255,10 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                        extra_names=("nccl",), bucket_bytes=bucket_bytes,
                        alone_bytes=_arrays().alone_bytes(tensors[0][0][0]))
 
-    def reduce_pack(part, buffers):
+    def reduce_pack(part, buffers, fresh):
+        writes = in_place(fresh, op, buffers[0].dtype)  # (a bucket: reduced where it is)
         return all_reduce(buffers, op, part.spec.algorithm, shards=part.spec.shards,
-                          groups=groups)
+                          groups=groups, out=buffers if writes else None)
 
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
     batch = start_batch(per_device, parts, reduce_pack, arrays=_arrays(),

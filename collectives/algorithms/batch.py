@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ops import ReduceOp, result_dtype
 from .packing import DEFAULT_BUCKET_BYTES, PackPlan, make_plan
 from .spec import SpecRange, assign_ranges, parse_spec
 
@@ -130,14 +131,16 @@ class StartedBatch:
 
 
 def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
-                reduce_pack: Callable[[BatchPart, list], Any], *, arrays: Any,
+                reduce_pack: Callable[[BatchPart, list, bool], Any], *, arrays: Any,
                 home: Callable[[Any], Any] | None = None,
                 validated: bool = False) -> StartedBatch:
     """The batch loop's first half: pack every part and start each pack's reduction.
 
     ``tensors[m][k]`` is tensor ``k`` of member ``m`` (a device of a multi-device call, or a
-    rank's own tensors: one member). ``reduce_pack(part, buffers)`` reduces one pack of
-    ``part`` from ``buffers`` (one per member) and returns its result, or a handle in flight.
+    rank's own tensors: one member). ``reduce_pack(part, buffers, fresh)`` reduces one pack
+    of ``part`` from ``buffers`` (one per member) and returns its result, or a handle in
+    flight; ``fresh``: the buffers are new arrays of the batch's own (fused buckets), which
+    the reduction may write in place, not views of a tensor travelling alone.
     ``home(array)`` is the device context to pack and unpack a member's arrays in (CuPy: its
     GPU). The caller turns each pending result into the reduced buffers and calls ``finish``.
     ``validated``: every member's tensors are ``arrays``' arrays of the plans' shapes and
@@ -151,9 +154,16 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
             with place(member[part.indices[0]]):
                 packed.append(part.plan.pack([member[i] for i in part.indices], arrays=arrays,
                                              validated=validated))
-        pending += [reduce_pack(part, [buffers[j] for buffers in packed])
+        pending += [reduce_pack(part, [buffers[j] for buffers in packed],
+                                len(part.plan.packs[j].indices) != 1)
                     for j in range(len(part.plan.packs))]
     return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place)
+
+
+def in_place(fresh: bool, op: Any, dtype: Any) -> bool:
+    """Whether a pack's reduction may write its own buffers: a fused bucket (``fresh``) whose
+    result has the bucket's dtype (an integer MEAN's is float64)."""
+    return fresh and result_dtype(ReduceOp.parse(op), dtype) == dtype
 
 
 def _nowhere(_: Any) -> Any:

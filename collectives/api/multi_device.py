@@ -282,7 +282,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         Tensors with different device counts, a bad spec or packing knob, a ``compression``
         the op cannot take; before any data moves.
     """
-    from ..algorithms.batch import plan_batch, start_batch
+    from ..algorithms.batch import in_place, plan_batch, start_batch
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
@@ -302,12 +302,19 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                        bucket_bytes=bucket_bytes, alone_bytes=arrays.alone_bytes(tensors[0][0][0]))
     for_batch(compression, op, [])  # (a compression the op cannot take: raised before packing)
 
-    def reduce_pack(part, buffers):
+    def reduce_pack(part, buffers, fresh):
         squeeze = for_batch(compression, op, [buffers[0].dtype])[0]
         return all_reduce(buffers, op, part.spec.algorithm, shards=part.spec.shards,
-                          groups=groups, compression=squeeze)
+                          groups=groups, compression=squeeze,
+                          out=buffers if in_place(fresh, op, buffers[0].dtype) else None)
 
+    for k, (values, *_rest) in enumerate(tensors):  # (one library: packing trusts it)
+        for d, value in enumerate(values):
+            if not arrays.owns(value):
+                raise TypeError(f"value_lists[{k}][{d}] is a {type(value).__module__}."
+                                f"{type(value).__name__} but value_lists[0][0] is a "
+                                f"{type(tensors[0][0][0]).__name__}; one batch takes arrays "
+                                "of one library")
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
-    batch = start_batch(per_device, parts, reduce_pack,
-                        arrays=cast(DeviceBackend, backend_for_arrays(tensors[0][0])).arrays)
+    batch = start_batch(per_device, parts, reduce_pack, arrays=arrays, validated=True)
     return batch.finish(batch.pending)

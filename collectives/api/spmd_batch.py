@@ -123,7 +123,7 @@ class BatchOps(CommParts):
         CollectiveTimeoutError
             A peer did not arrive within ``timeout``.
         """
-        from ..algorithms.batch import plan_batch, start_batch
+        from ..algorithms.batch import in_place, plan_batch, start_batch
 
         if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
             raise TypeError("xs must be a list of arrays")
@@ -156,13 +156,14 @@ class BatchOps(CommParts):
         self._agree_batch(layout, timeout)
         crossing = arrays is not self.arrays
 
-        def reduce_pack(part, buffers):
+        def reduce_pack(part, buffers, fresh):
             (buf,) = buffers
             if crossing:
                 buf = self.adapt(edge.adopt(buf, "a bucket of xs"), "xs")
             squeeze = for_batch(compression, op, [buf.dtype])[0]
             return self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
                                    groups=groups, timeout=timeout, compression=squeeze,
+                                   out=buf if in_place(fresh, op, buf.dtype) else None,
                                    async_op=async_op)
 
         batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True)

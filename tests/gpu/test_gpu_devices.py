@@ -96,6 +96,36 @@ def test_reductions_match_numpy_bit_for_bit(collective, algorithm, n):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
+def test_auto_on_one_gpu_reads_every_input_in_one_kernel(n, monkeypatch):
+    """Logical devices sharing one GPU: ``auto`` reduces every input in one kernel
+    (backends/cupy/one_gpu.py), left to right as one_device does: bitwise the NumPy backend's
+    one_device, into new arrays, into out= and in place; inputs untouched but in place."""
+    from collectives.backends.cupy import one_gpu
+
+    runs = []
+    real = one_gpu.all_reduce
+    monkeypatch.setattr(one_gpu, "all_reduce", lambda *a: runs.append(1) or real(*a))
+    for dtype, op in pairs():
+        if STAND_IN and is_bfloat16(dtype):
+            continue  # (STAND_IN_GAP)
+        for count in SIZES:
+            values = exact_inputs(n, count, dtype, op)
+            cpu = collectives.all_reduce(values, op, "one_device")
+            got = gpu().all_reduce(on_devices(values, [0] * n), op, "auto")
+            assert all(same_bits(c, host(g)) for c, g in zip(cpu, got)), (dtype, op, count)
+            inputs = on_devices(values, [0] * n)
+            outs = on_devices([np.zeros_like(c) for c in cpu], [0] * n)
+            filled = gpu().all_reduce(inputs, op, "auto", out=outs)
+            assert all(f is o for f, o in zip(filled, outs))
+            assert all(same_bits(c, host(o)) for c, o in zip(cpu, outs)), (dtype, op)
+            assert all(same_bits(v, host(i)) for v, i in zip(values, inputs))
+            if cpu[0].dtype == values[0].dtype:  # (integer MEAN returns float64)
+                gpu().all_reduce(inputs, op, "auto", out=inputs)
+                assert all(same_bits(c, host(i)) for c, i in zip(cpu, inputs)), (dtype, op)
+    assert len(runs) >= 2 * len(pairs()) * len(SIZES)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("algorithm", ["one_device", "ring", "rechd", "tree", "shuffle"])
 def test_moves_match_numpy(algorithm, n):
     # each collective with the algorithms that have it (rechd has no broadcast)
@@ -188,6 +218,15 @@ def test_batch_all_reduce():
                                  num_packs=2)
     for c, g in zip(cpu, got):
         assert all(same_bits(a, host(b)) for a, b in zip(c, g))
+
+
+def test_batch_of_numpy_and_cupy_arrays_is_refused_naming_the_array():
+    """A batch is packed in one library: a CuPy array among NumPy ones raises before any
+    data moves, naming it (the buckets would otherwise mix memories)."""
+    lists = [exact_inputs(2, c, np.float32) for c in (5, 7)]
+    mixed = [lists[0], on_devices(lists[1], [0, 0])]
+    with pytest.raises(TypeError, match=r"value_lists\[1\]\[0\].*one library"):
+        collectives.batch_all_reduce(mixed)
 
 
 @needs_gpus
