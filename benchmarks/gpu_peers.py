@@ -113,6 +113,8 @@ def per_call_part(out: Path, args) -> None:
             lambda: comm.all_reduce(y, out=y), fence, args))  # noqa: B023
         _try(row, "library_cupy_new_result_us",
              lambda: _timed(lambda: comm.all_reduce(x), fence, args))  # noqa: B023
+        _try(row, "library_cupy_async_in_place_us", lambda: _timed(
+            lambda: comm.all_reduce(y, out=y, async_op=True).wait(), fence, args))  # noqa: B023
         _try(row, "library_cupy_async_us", lambda: _timed(
             lambda: comm.all_reduce(x, out=y, async_op=True).wait(), fence, args))  # noqa: B023
         if peers is not None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast, overload
 
+import numpy as np
+
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES
 from ..algorithms.schedule import Collective
 from ..arrays import unsafe_outputs
@@ -310,7 +312,9 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
 
     for k, (values, *_rest) in enumerate(tensors):  # (one library: packing trusts it)
         for d, value in enumerate(values):
-            if not arrays.owns(value):
+            if isinstance(value, np.generic) and arrays.owns(np.asarray(value)):
+                values[d] = np.asarray(value)  # (a NumPy scalar: a 0-d array)
+            elif not arrays.owns(value):
                 raise TypeError(f"value_lists[{k}][{d}] is a {type(value).__module__}."
                                 f"{type(value).__name__} but value_lists[0][0] is a "
                                 f"{type(tensors[0][0][0]).__name__}; one batch takes arrays "

@@ -220,6 +220,21 @@ def test_batch_all_reduce():
         assert all(same_bits(a, host(b)) for a, b in zip(c, g))
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_fused_batch_gives_views_of_its_buckets(n):
+    """The default batch fuses tensors into buckets and hands back views of the reduced
+    buckets (CuPy arrays made on the bucket's memory): shapes of every rank, empty ones
+    included, bitwise the NumPy backend's."""
+    shapes = [(3, 5), (0,), (7,), (2, 3, 4, 1), (1,), (0, 3), (11, 13)]
+    lists = [exact_inputs(n, int(np.prod(s)), np.float32) for s in shapes]
+    lists = [[v.reshape(s) for v in values] for values, s in zip(lists, shapes)]
+    cpu = collectives.batch_all_reduce(lists, "sum")
+    got = gpu().batch_all_reduce([on_devices(v, [0] * n) for v in lists], "sum")
+    for values, c, g in zip(lists, cpu, got):
+        assert [r.shape for r in g] == [v.shape for v in values]
+        assert all(same_bits(a, host(b)) for a, b in zip(c, g))
+
+
 def test_batch_of_numpy_and_cupy_arrays_is_refused_naming_the_array():
     """A batch is packed in one library: a CuPy array among NumPy ones raises before any
     data moves, naming it (the buckets would otherwise mix memories)."""
