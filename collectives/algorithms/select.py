@@ -93,6 +93,7 @@ class Decision:
     layout: Layout | None
     predictions: list = field(default_factory=list)
     context: str = ""
+    runner: str = ""  # which runner runs the call, and why others did not (api.runners)
 
     @property
     def best(self) -> Prediction:
@@ -225,6 +226,8 @@ def explain(decision: Decision) -> str:
         lines.append(f"  {p.label:26} {human_time(p.seconds):>10}  ({detail}){mark}")
     if decision.predictions:
         lines.append(why(decision.predictions))
+    if decision.runner:
+        lines.append(decision.runner)
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from ..algorithms import select
 from ..algorithms.base import Layout
 from ..algorithms.cost import Fabric, Placement
 from ..algorithms.schedule import Collective
-from ..hints import CollectiveName, Op
+from ..hints import CollectiveName, Op, SpmdAlgorithm
 from ..runtime.validate import Groups
 from .comm_parts import CommParts
 
@@ -105,19 +105,25 @@ def choose(comm: Any, call: Any) -> str:
 
 
 def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any = "sum", *,
-            root: int = 0, groups: Any = None) -> select.Decision:
-    """The prices behind ``auto`` for this call (``str()`` of it: a table and a sentence)."""
+            root: int = 0, groups: Any = None, algorithm: Any = "auto") -> select.Decision:
+    """What runs this call, and why: the runner that takes it and why those before it did
+    not; for ``auto``, every candidate's price (``str()`` of it: a table and a sentence)."""
     collective = Collective(collective) if isinstance(collective, str) else collective
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
     x = comm.adapt(x, "x")
-    call = comm._call(collective, x, op if reducing else None, "auto", root=root,
+    call = comm._call(collective, x, op if reducing else None, algorithm, root=root,
                       groups=groups)
+    runner = str(call.choice) if call.choice is not None else ""
+    if call.choice is not None and call.choice.runner != "auto":
+        return select.Decision(call.run_as, call.shards, call.layout, [],
+                               runner=f"{call.describe()} over {comm.size} ranks {runner}")
     decision = decide(comm, call)
     if isinstance(decision, str):
         return select.Decision(decision, 0, None, [], (
             f"{call.describe()} over {comm.size} ranks: runs {decision} by the transport's own "
-            "rule (its collective was never timed here; `collectives probe` times it)"))
-    return decision
+            "rule (its collective was never timed here; `collectives probe` times it)"),
+            runner=runner)
+    return replace(decision, runner=runner)
 
 
 class ChoiceOps(CommParts):
@@ -140,11 +146,14 @@ class ChoiceOps(CommParts):
         self._fast.clear()
 
     def explain(self, collective: CollectiveName | Collective, x: Any, op: Op = "sum", *,
-                root: int = 0, groups: Groups = None) -> select.Decision:
-        """Why ``algorithm="auto"`` runs what it runs for this call; local, nothing moves.
+                root: int = 0, groups: Groups = None,
+                algorithm: SpmdAlgorithm = "auto") -> select.Decision:
+        """What runs this call and why; local, nothing moves.
 
-        ``print(comm.explain("all_reduce", x))`` lists every candidate's predicted time and
-        says why the winner won.
+        ``print(comm.explain("all_reduce", x))`` names the runner (``collectives.api.runners``:
+        the transport's collective asked for by name, a schedule asked for by name, or the cost
+        model) and why those before it were skipped; for ``auto`` it lists every candidate's
+        predicted time and says why the winner won.
 
         Parameters
         ----------
@@ -159,6 +168,8 @@ class ChoiceOps(CommParts):
             The root of a rooted collective.
         groups
             The groups of a two-level candidate: a group size or a partition of the ranks.
+        algorithm
+            What the call asks for, as the collective takes it (default ``"auto"``).
 
         Returns
         -------
@@ -173,4 +184,4 @@ class ChoiceOps(CommParts):
         TypeError
             ``x`` is not an array, or its dtype cannot take ``op``.
         """
-        return explain(self, collective, x, op, root=root, groups=groups)
+        return explain(self, collective, x, op, root=root, groups=groups, algorithm=algorithm)

@@ -38,7 +38,7 @@ from ..runtime.native_stage import NativeStage, ScheduleInTurn
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
 from ..timeline import recorder
-from . import auto
+from . import auto, runners
 from .spmd_batch import BatchOps
 from .spmd_collectives import CollectiveOps
 from .spmd_exchanges import ExchangeOps
@@ -185,28 +185,23 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         return [self.adapt(x, f"{argument}[{k}]") for k, x in enumerate(xs)]
 
     def choose_algorithm(self, call: Call) -> str:
-        """What runs ``call`` (a hook a subclass may override).
+        """What runs ``call`` (a hook a subclass may extend): the first of the runners
+        (``collectives.api.runners``) that takes it; the choice stays with the call
+        (``call.choice``, which ``explain`` shows).
 
         Parameters
         ----------
         call
             The validated call; ``call.algorithm`` is what the caller asked for (``"auto"``
-            lets this method choose).
+            lets the cost model choose).
 
         Returns
         -------
         str
             ``"native"`` (the transport's own collective) or a schedule's canonical name.
         """
-        native = self.transport.native
-        name = call.algorithm
-        if name in self._native_names:
-            if native.supports(call):  # (asked for by name: on one rank too)
-                return "native"
-            name = "auto"  # a dtype or op the native collective lacks: a schedule runs it
-        if name != "auto":
-            return name
-        return auto.choose(self, call)
+        call.choice = runners.choose(self, call)
+        return call.choice.run_as
 
     # --- calls --------------------------------------------------------------------------
 

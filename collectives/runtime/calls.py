@@ -45,6 +45,7 @@ class Call:
     signature: tuple = field(init=False)
     check: int = field(init=False)
     run_as: str = field(init=False, default="")  # what runs it: "native" or a schedule's name
+    choice: Any = field(init=False, default=None, repr=False)  # the runner's (api.runners)
     plans: dict = field(init=False, default_factory=dict, repr=False)  # this rank's, by shards
     always_agree = False
 
