@@ -27,7 +27,7 @@ from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
 from collectives.arrays import split_by_slicing
 from collectives.ops import ReduceOp
 
-from . import kernels
+from . import gather, kernels
 
 # (the array an operation writes, the arrays it reads) -> the stream it goes on, or None for
 # the destination device's current (or the fixed) stream
@@ -274,7 +274,11 @@ class CupyArrays:
     def fuse(self, arrays):
         # (the arrays were checked: contiguous ones flatten as views, others are copied)
         flats = [a if a.ndim == 1 and a.flags.c_contiguous else self.flat(a) for a in arrays]
-        return self.concatenate(flats, 0)  # (one kernel launch)
+        if len(flats) < 2 or not gather.available():
+            return self.concatenate(flats, 0)
+        with self._context(flats[0].device.id):  # one launch, and little host time per array
+            out = _cupy().empty((sum(f.size for f in flats),), flats[0].dtype)
+            return gather.gather(flats, out)
 
     def split(self, buffer, shapes):
         """One array constructor per view, on the bucket's memory (a slice then a reshape

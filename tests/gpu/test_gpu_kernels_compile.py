@@ -58,3 +58,12 @@ def test_nan_key_kernels_compile(nvrtc, dtype):
         key, to_key, from_key = kernels.key_operations(np.dtype(dtype), op)
         for operation in (to_key, from_key):
             compile_source(source("keys", "", f"{key} k", operation, {}))
+
+
+def test_gather_kernels_compile(nvrtc):
+    """The bucket's gather kernel (backends/cupy/gather.py), every word size."""
+    from collectives.backends.cupy import gather
+
+    compile_source, _ = nvrtc
+    for word_bytes, word in gather.WORDS.items():
+        compile_source(gather.SOURCE.format(bits=8 * word_bytes, word=word))
