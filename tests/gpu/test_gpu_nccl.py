@@ -75,3 +75,9 @@ def _torch_reason() -> str | None:
 def test_torch_tensors_take_the_hot_path_and_come_back_as_tensors():
     out = passed(launch("nccl_torch.py", 1, "hot", timeout=300), "hot")
     assert "ranks=1" in out
+
+
+@pytest.mark.skipif(_torch_reason() is not None, reason=_torch_reason() or "")
+def test_docs_torch_training_step_all_reduces_buckets_during_backward():
+    out = passed(launch("nccl_torch.py", 1, "buckets", timeout=300), "buckets")
+    assert "checked=3" in out

@@ -4,6 +4,9 @@
 of their own takes the hot path through the tensors' pointers (``KindAllReduce``, no DLPack),
 into a new tensor, into ``out=`` and in place; asynchronous calls too; MEAN (not hot) and a
 batch of tensors give tensors as well. Every result is checked bitwise against the reference.
+``buckets`` (any -n): docs/gpu.md's training step, each parameter's gradient hooked into
+``comm.buckets`` during the backward pass; the waited buckets hold the mean of every rank's
+gradients (each rank scales its loss by its rank + 1).
 """
 
 from __future__ import annotations
@@ -90,6 +93,25 @@ if mode == "hot":
         for g, v in zip(got, lists):
             assert isinstance(g, torch.Tensor)
             assert same(g, expected_outputs("all_reduce", v, ReduceOp.SUM)[rank])
+        checked += 1
+if mode == "buckets":
+    torch.manual_seed(0)  # the same model on every rank
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to(device)
+    params = [p for p in model.parameters()][::-1]  # the order backward produces them
+    buckets = comm.buckets([p.detach() for p in params], "mean", bucket_bytes=256 << 10)
+    for k, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda p, k=k: buckets.ready(k, p.grad))
+    data = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)).to(device)
+    for _step in range(3):
+        model.zero_grad()
+        loss = model(data).square().mean() * (rank + 1)
+        loss.backward()  # buckets start during the pass
+        got = buckets.wait()
+        # every rank's gradient is (rank + 1) times rank 0's: the mean is (size + 1) / 2 times
+        scale = (size + 1) / 2 / (rank + 1)
+        for p, g in zip(params, got):
+            assert isinstance(g, torch.Tensor) and g.shape == p.grad.shape
+            torch.testing.assert_close(g, p.grad * scale, rtol=1e-5, atol=1e-6)
         checked += 1
 comm.barrier()
 if rank == 0:
