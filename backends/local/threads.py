@@ -152,6 +152,12 @@ class ThreadChannel:
         assert request.message is not None  # released once it has matched its message
         self._finish(request.src, request.message)
 
+    def begin_round(self) -> None:
+        """Nothing to group: a message is issued as it is posted."""
+
+    def end_round(self) -> None:
+        """Nothing to group."""
+
     def cancel(self, requests: list) -> None:
         for request in requests:  # matched but unread: let the senders go
             if getattr(request, "message", None) is not None and not request.message.done:
@@ -168,6 +174,9 @@ class ThreadTransport:
     native = None
     local_rank = 0
     processes = False  # every rank is a thread of this process (the cost model's "proc" links)
+    # the transport's optional hooks (``collectives.runtime.transport``), as their defaults
+    nodes = fabric = link = None
+    schedules_in_native_order = calls_may_not_return = False
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size

@@ -23,6 +23,7 @@ from collectives.arrays import ResultPool
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
+from collectives.runtime.transport import FAST_BYTES
 
 from . import nonblocking, tuning
 from .bound import SPIN_SECONDS, Bound
@@ -41,6 +42,8 @@ class MPINatives:
 
     names = tuning.NAMES
     methods = ("shm",)  # auto's other candidate, where calibration timed it
+    persistent = True  # MPI-4's persistent collectives (``prepare``)
+    fast_bytes = FAST_BYTES  # the hot path's default limit: its quick form copies the payload
 
     def __init__(self, comm: Any, control: Any, shm: Any, notices: Any):
         self.comm, self.control, self.shm, self.notices = comm, control, shm, notices

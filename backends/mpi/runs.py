@@ -54,6 +54,7 @@ class NativeRun:
 
     __slots__ = ("call", "check_out", "check_req", "finished", "keep", "mine", "natives",
                  "polls", "repair", "requests", "seq", "since", "slot", "steps", "verified")
+    holds_turn = False  # one collective per run: the next native may start once it is issued
 
     def __init__(self, natives: Any, call: Call, seq: int, mine: np.ndarray | None, *,
                  slot: bool = True):

@@ -78,6 +78,7 @@ class ShmRun:
     """One shared-memory all-reduce: [grow,] copy in, barrier, reduce, barrier, copy out."""
 
     __slots__ = ("barrier", "call", "dst", "lane", "op", "phase", "seq", "shm", "src", "views")
+    holds_turn = False  # (``collectives.runtime.transport.NativeRun``)
 
     def __init__(self, shm: SharedWindow, call: Call, src: Any, dst: Any, op: ReduceOp,
                  seq: int, lane: Any):

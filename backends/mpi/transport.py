@@ -61,6 +61,10 @@ class MPITransport:
     # over libfabric, MPICH's MPI_Test or MPI_Improbe may never return once a peer died: the
     # hang guard (collectives.runtime.hang_guard) ends such a rank instead of letting it hang
     calls_may_not_return = True
+    # the other optional hooks (``collectives.runtime.transport``), as their defaults
+    schedules_in_native_order = False
+    processes = True
+    fabric = link = None
 
     def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None):
         check_thread_level()

@@ -31,8 +31,13 @@ NCCL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collecti
 class _Done:
     """A collective already enqueued: complete as far as the host is concerned."""
 
+    holds_turn = False
+
     def advance(self) -> bool:
         return True
+
+    def pending_peers(self) -> list[int]:
+        return []  # (the stream waits for the peers; the host waits for nobody)
 
 
 class NcclNative:

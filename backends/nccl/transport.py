@@ -51,6 +51,9 @@ class NcclTransport:
     # its agreements, notices and activity go over MPI, whose calls may never return once a
     # peer died: the hang guard (collectives.runtime.hang_guard) ends such a rank
     calls_may_not_return = True
+    # the other optional hooks (``collectives.runtime.transport``), as their defaults
+    processes = True
+    nodes = fabric = link = None
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):

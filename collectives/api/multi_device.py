@@ -119,7 +119,7 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
         if out is not None:
             raise ValueError("shared_result=True returns views of one new buffer; it takes "
                              "no out=")
-        if not getattr(backend, "shares_memory", False):
+        if not backend.shares_memory:
             raise ValueError(f"shared_result=True needs devices that share memory; "
                              f"{type(backend).__name__} devices do not")
         result = reduce(values, op, 0, algorithm, shards=shards, groups=groups,

@@ -47,8 +47,7 @@ def backend_first(function: Callable) -> Callable:
         if not requested(kwargs.get("compression")):
             kwargs.pop("compression", None)  # (a backend's own functions never compress)
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):
-            own = getattr(backend_for_arrays([first]), "own", None)
-            runner = own(function.__name__) if own is not None else None
+            runner = backend_for_arrays([first]).own(function.__name__)
             if runner is not None and "compression" not in kwargs:
                 return runner(values, *args, async_op=async_op, **kwargs)
         result = function(values, *args, **kwargs)

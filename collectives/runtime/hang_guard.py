@@ -91,7 +91,7 @@ def watch(engine: Any) -> bool:
     """Watch ``engine`` if its transport's calls may not return and the guard is on; whether
     it is watched (a bad ``COLLECTIVES_HANG_GUARD`` raises ``ValueError`` here, as the
     communicator is made)."""
-    if not (ENABLED and getattr(engine.transport, "calls_may_not_return", False)):
+    if not (ENABLED and engine.transport.calls_may_not_return):
         return False
     fixed = setting()
     if fixed == 0.0:
@@ -196,7 +196,7 @@ def _describe(op: Any) -> str:
 def _end(engine: Any, what: str, timeout: float, late: float, thread: int | None) -> None:
     """Report the stuck call and end this process (never returns)."""
     try:
-        name = getattr(engine.transport, "name", type(engine.transport).__name__)
+        name = engine.transport.name
         report = (
             f"collectives: rank {engine.rank} (pid {os.getpid()} on {socket.gethostname()}): "
             f"hang guard: {what} is still running {late:.1f} s past its {timeout:g} s "

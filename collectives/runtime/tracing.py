@@ -49,7 +49,7 @@ class Track:
         self.lanes: list[int | None] = []  # per lane: when its last call ended; None: busy
         self.end = 0  # when the last blocking call ended
         self.lock = threading.Lock()
-        self.control = getattr(comm.transport, "control", None)
+        self.control = comm.transport.control
         self.others = [r for r in range(comm.size) if r != comm.rank]
         self.fast = 0  # a fast-path call whose span is open (it had to wait)
         self.messages = 0  # point-to-point messages recorded (tracing_messages numbers them)

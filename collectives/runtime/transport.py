@@ -7,6 +7,10 @@ nothing progresses, how to tell peers that this rank failed and hear that they d
 optionally ``NativeCollectives`` it runs better itself (MPI's ``Iallreduce``, NCCL's
 ``allReduce``), which ``auto`` may prefer to the library's schedules.
 
+Optional hooks are declared here with their defaults (``calls_may_not_return``,
+``persistent``, ``holds_turn``, ...), and every bundled transport sets each one: the core
+reads them as plain attributes (``tests/test_declared_hooks.py`` fails on a ``getattr`` probe).
+
 The thread-rank transport (``collectives.backends.local``) and the MPI transport
 (``collectives.backends.mpi``) are the two implementations; ``docs/architecture.md`` walks
 through both.
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..algorithms.base import Layout
+from ..algorithms.cost import Fabric
 from ..arrays import ArrayBackend
 from ..errors import CollectiveError, CollectiveMismatchError, PeerFailedError, PeerTimeoutError
 from ..ops import ReduceOp
@@ -26,6 +31,8 @@ from .execute.spmd import PointToPoint
 
 SILENT = "silent"  # the phase ``Transport.peer_activity`` gives a peer that did not answer
 PENDING = "pending"  # what ``PersistentNative.quick`` returns for a call still running
+# payloads up to this size take the hot path (``NativeCollectives.fast_bytes``' default)
+FAST_BYTES = 64 << 10
 
 
 def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
@@ -69,8 +76,16 @@ class Failure:
 class NativeRun(Protocol):
     """A native collective in flight."""
 
+    # True where the run issues more collectives as it advances and keeps the native turn
+    # until it finishes (``collectives.runtime.native_stage``: NCCL's two-level path)
+    holds_turn: bool = False
+
     def advance(self) -> bool:
         """Whether it has completed (raises its error, e.g. a mismatch its check caught)."""
+        ...
+
+    def pending_peers(self) -> list[int]:
+        """The ranks it still waits for (for timeout messages; every peer where unknown)."""
         ...
 
 
@@ -82,6 +97,12 @@ class NativeCollectives(Protocol):
     # the transport's methods besides "native" that ``auto`` may price where calibration timed
     # them (MPI's "shm"), one name each
     methods: tuple[str, ...]
+    # False where ``prepare`` always gives None (no persistent collectives at all): the hot
+    # path then asks nothing and allocates nothing (``collectives.runtime.fastpath``)
+    persistent: bool = True
+    # the largest payload the hot path takes: 64 KiB (``FAST_BYTES``), more where the quick
+    # form copies nothing (NCCL reads the caller's buffers: every size)
+    fast_bytes: int = FAST_BYTES
 
     def supports(self, call: Call) -> bool:
         """Whether this call (collective, dtype, op) can run natively."""
@@ -101,7 +122,7 @@ class NativeCollectives(Protocol):
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp) -> PersistentNative | None:
         """A collective bound to these buffers, to start again and again (MPI-4 persistent
         collectives); None where the transport has none for this call. A transport with
-        none at all may say so with ``persistent = False``, so nothing is allocated to ask."""
+        none at all says so with ``persistent = False``, so nothing is allocated to ask."""
         ...
 
 
@@ -124,6 +145,10 @@ class PersistentNative(Protocol):
 
     def advance(self) -> bool: ...
 
+    def quick(self, x: Any, out: Any, seq: int) -> Any:
+        """The hot path's call (see above); a transport without one returns None."""
+        ...
+
     def free(self) -> None: ...
 
 
@@ -144,11 +169,22 @@ class Transport(Protocol):
     cost_model: Any  # collectives.algorithms.select.CostModel
     layout: Layout | None  # the node groups: the default of two-level algorithms
     native: NativeCollectives | None
-    # Optional: ``schedules_in_native_order = True`` where ``data`` and the native collectives
-    # share one issue order (NCCL: one stream); the schedules' rounds then take native turns.
-    # Optional: ``calls_may_not_return = True`` where a call into the transport may block
-    # forever (MPI after a peer died): the hang guard then ends a rank stuck well past its
-    # deadline (``collectives.runtime.hang_guard``).
+    # The optional hooks, with their defaults (every bundled transport sets each explicitly;
+    # the core reads them as plain attributes, never probes for them):
+    # True where ``data`` and the native collectives share one issue order (NCCL: one
+    # stream); the schedules' rounds then take native turns (``.native_stage``)
+    schedules_in_native_order: bool = False
+    # True where a call into the transport may block forever (MPI after a peer died): the
+    # hang guard then ends a rank stuck well past its deadline (``.hang_guard``)
+    calls_may_not_return: bool = False
+    # False where every rank is a thread of one process (the cost model's "proc" links)
+    processes: bool = True
+    # the ranks of each host, where known (the placement ``auto`` prices); None: ``layout``'s
+    nodes: Any = None
+    # the cost model's constants, where the transport knows them whole (else ``cost_model``
+    # within a host and ``link`` across hosts)
+    fabric: Fabric | None = None
+    link: Any = None  # a collectives.algorithms.select.LinkModel, or None: the default
 
     def idle(self, waited: float) -> None:
         """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""

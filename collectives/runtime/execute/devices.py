@@ -20,6 +20,14 @@ class DeviceBackend(Protocol):
     arrays: ArrayBackend
     cost_model: Any  # a collectives.algorithms.select.CostModel
     strategy: str  # "tiles" or "rounds"
+    # True where the devices share memory, so results may be views of one buffer
+    # (``shared_result=True`` in the multi-device API); declared here with its default
+    shares_memory: bool = False
+
+    def own(self, name: str) -> Callable[..., Any] | None:
+        """The backend's own version of the multi-device function ``name`` (the GPU backend's
+        NCCL calls), or None where the library's runs it (the default)."""
+        ...
 
     def map_parallel(self, fn: Callable[[int, int], None], length: int, itemsize: int) -> None:
         """Call ``fn(a, b)`` over tiles covering ``[0, length)`` (the tiles strategy)."""

@@ -61,8 +61,15 @@ class PointToPoint(Protocol):
         """Withdraw receives of a run that failed, so nothing lands in its buffer later."""
         ...
 
-    # Optional: ``begin_round()`` and ``end_round()``, called around the posting of each
-    # round's receives and sends (NCCL must group a round's calls, or a ring deadlocks).
+    def begin_round(self) -> None:
+        """Before the posting of a round's receives and sends: a transport that must issue a
+        round's calls together (a ring of blocking sends deadlocks) opens its group here;
+        the others do nothing."""
+        ...
+
+    def end_round(self) -> None:
+        """After them (closes what ``begin_round`` opened; the others do nothing)."""
+        ...
 
 
 class SpmdRun:
@@ -121,15 +128,11 @@ class SpmdRun:
         if fills and self.src is not None:
             self._fill(fills)
         transport = self.transport
-        begin = getattr(transport, "begin_round", None)
-        if begin is not None:
-            begin()
-            try:
-                self._post_round(index, sends, recvs)
-            finally:
-                transport.end_round()  # type: ignore[attr-defined]  # optional, with begin_round
-            return
-        self._post_round(index, sends, recvs)
+        transport.begin_round()
+        try:
+            self._post_round(index, sends, recvs)
+        finally:
+            transport.end_round()
 
     def _post_round(self, index, sends, recvs) -> None:
         transport, buf, seq, check = self.transport, self.buf, self.seq, self.check
