@@ -33,6 +33,7 @@ from ..errors import (
 )
 from . import hang_guard, progress_thread
 from .agreement import AGREED, Agreement
+from .call_order import CallOrder
 from .missing import missing_ranks
 from .transport import Failure, Transport
 from .work import Operation, Work
@@ -46,14 +47,15 @@ TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
 
-class Engine:
-    """Call numbering, agreement, progress and waiting for one communicator."""
+class Engine(CallOrder):
+    """Call numbering, agreement, progress and waiting for one communicator. Its counters
+    change only through its methods (call numbers and native turns: ``CallOrder``'s)."""
 
     def __init__(self, transport: Transport, *, timeout: float, check: bool, detail: bool):
+        CallOrder.__init__(self)  # (seq, the native turns, claim_timeout)
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.timeout, self.check, self.detail = timeout, check, detail
-        self.seq = 0
         self.agreed: OrderedDict[int, bool] = OrderedDict()
         self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
         self.inflight: list[Operation] = []
@@ -65,18 +67,13 @@ class Engine:
         self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
-        self.native_issued = 0  # native collectives start in call order
-        self.native_next = 0
-        self.native_skipped: set[int] = set()
         self.progress_thread: threading.Thread | None = None  # (progress_thread.py)
         self._asked = 0.0  # when a slow wait last asked peers what they do
         self._told = 0.0  # when a slow wait last published whom it waits for
         # what the hang guard looks at (collectives.runtime.hang_guard): each thread's wait as
-        # (deadline, timeout, operation), how many calls entered, and the timeout the call
-        # holding ``busy`` was given (None: the communicator's)
+        # (deadline, timeout, operation), how many calls entered, and ``claim_timeout``
         self.waits: dict[int, tuple[float, float, Operation]] = {}
         self.entered = 0
-        self.claim_timeout: Any = None
         self.beat = 0.0  # when the progress thread last began a round
         self.guarded = hang_guard.watch(self)
 
@@ -118,10 +115,6 @@ class Engine:
                 f"rank {self.rank}: {what} cannot run: this communicator is broken since "
                 f"{self.broken}; messages of the failed call may still be in flight. Create a "
                 "new communicator (or end the job)")
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
 
     def crowded(self, collective: bool = True) -> CollectiveError | None:
         """The error refusing one more asynchronous call at the limit: ``MAX_IN_FLIGHT``
@@ -177,14 +170,13 @@ class Engine:
         self.agreed.pop(check, None)
         self.forgotten += 1
 
-    def reserve_turn(self) -> int:
-        """A place in the order native collectives start in (they pair by issue order)."""
-        self.native_next += 1
-        return self.native_next - 1
+    def driven_by(self, thread: threading.Thread | None) -> None:
+        """``thread`` now drives the calls in flight (``progress_thread``; None: it ended)."""
+        self.progress_thread, self.beat = thread, time.monotonic()
 
-    def release_turn(self, turn: int) -> None:
-        """A reserved place that no native collective will take: later ones need not wait."""
-        self.native_skipped.add(turn)
+    def heartbeat(self) -> None:
+        """The progress thread begins a round (``beat``: the hang guard watches it)."""
+        self.beat = time.monotonic()
 
     # --- running ------------------------------------------------------------------------
 

@@ -28,9 +28,6 @@ from .calls import Call
 from .transport import PENDING
 from .work import Operation
 
-# payloads up to this size take the hot path (a transport whose quick form copies nothing,
-# such as NCCL's, says its own with ``native.fast_bytes``)
-FAST_BYTES = 64 << 10
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
 
@@ -64,17 +61,17 @@ class FastAllReduce:
               bound: Any = None) -> FastAllReduce | None:
         """A hot path for ``call`` (first made with ``x``, ``op``, ``algorithm``; or a prepared
         call's, over the transport's ``bound`` collective), or None where it has none: too
-        large, not native, integer MEAN, an empty array, or no ``quick`` in the transport."""
+        large, not native, integer MEAN, an empty array, or nothing the transport prepares."""
         native = comm.transport.native
-        if (native is None or not getattr(native, "persistent", True)
+        if (native is None or not native.persistent
                 or call.run_as != "native"
-                or call.nbytes > getattr(native, "fast_bytes", FAST_BYTES)
+                or call.nbytes > native.fast_bytes
                 or call.final != call.dtype or not call.count or comm.debug == "detail"):
             return None  # (persistent False: the transport has no persistent collectives)
         if bound is None:
             assert call.op is not None  # an all-reduce's
             bound = native.prepare(call, None, None, call.op.wire_op)
-        if bound is None or not hasattr(bound, "quick"):
+        if bound is None:
             return None
         return cls(comm, call, bound, x, op, algorithm)
 
@@ -99,13 +96,12 @@ class FastAllReduce:
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
             t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
-            seq = engine.seq = engine.seq + 1
-            engine.claim_timeout = timeout  # (the hang guard's, should the spin never return)
+            # (the timeout: the hang guard's, should the spin never return)
+            seq = engine.hot_call(timeout)
             result = self.quick(x, out, seq)
             if result is None:
-                engine.seq = seq - 1
+                engine.hot_call_dropped(seq)
                 return None
-            engine.native_next = engine.native_issued = engine.native_issued + 1
             if result is PENDING:
                 result = self._wait(seq, timeout, t0)
             else:
@@ -137,13 +133,11 @@ class FastAllReduce:
                     or engine.native_next != engine.native_issued
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())):
                 return None
-            seq = engine.seq = engine.seq + 1
-            engine.claim_timeout = None
+            seq = engine.hot_call(None)
             got = self.bound.rerun(seq)
             if got is None:
-                engine.seq = seq - 1
+                engine.hot_call_dropped(seq)
                 return None
-            engine.native_next = engine.native_issued = engine.native_issued + 1
             self.comm.last_algorithm = "native"
             if got is PENDING:
                 bound = self.bound

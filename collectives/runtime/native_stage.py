@@ -30,15 +30,6 @@ if TYPE_CHECKING:
     from .transport import NativeRun
 
 
-def in_turn(engine: Any, turn: int) -> bool:
-    """Whether ``turn`` is the next place in the native start order (places released by calls
-    that ran no native are passed over)."""
-    while engine.native_issued in engine.native_skipped:
-        engine.native_skipped.discard(engine.native_issued)
-        engine.native_issued += 1
-    return engine.native_issued == turn
-
-
 class NativeStage:
     """Start a native collective in its turn, then advance it to completion."""
 
@@ -57,16 +48,16 @@ class NativeStage:
     def advance(self) -> bool:
         engine = self.engine
         if self.run is None:
-            if not in_turn(engine, self.turn):
+            if not engine.in_turn(self.turn):
                 return False  # an earlier call has not issued its native collective yet
             self.run = self.native.start(self.call, self.src, self.dst, self.op, self.seq)
-            self.holding = bool(getattr(self.run, "holds_turn", False))
+            self.holding = self.run.holds_turn
             if not self.holding:
-                engine.native_issued += 1
+                engine.pass_turn()
         done = self.run.advance()
         if done and self.holding:
             self.holding = False
-            engine.native_issued += 1  # its last collective is issued: the next may start
+            engine.pass_turn()  # its last collective is issued: the next may start
         return done
 
     def abort(self) -> None:
@@ -75,9 +66,8 @@ class NativeStage:
             self.engine.release_turn(self.turn)
 
     def pending_peers(self) -> list[int]:
-        pending = getattr(self.run, "pending_peers", None)
-        if pending is not None:
-            return pending()
+        if self.run is not None:
+            return self.run.pending_peers()
         return [r for r in range(self.engine.size) if r != self.engine.rank]
 
 
@@ -95,13 +85,13 @@ class ScheduleInTurn:
 
     def advance(self) -> bool:
         if not self.started:
-            if not in_turn(self.engine, self.turn):
+            if not self.engine.in_turn(self.turn):
                 return False  # an earlier call's collective or rounds come first
             self.started = True
         done = self.run.advance()
         if done and not self.finished:
             self.finished = True
-            self.engine.native_issued += 1  # every round is posted: the next may start
+            self.engine.pass_turn()  # every round is posted: the next may start
         return done
 
     def abort(self) -> None:

@@ -30,26 +30,22 @@ class PersistentStage:
 
     def __init__(self, engine: Any, persistent: Any, seq: int):
         self.engine, self.persistent, self.seq = engine, persistent, seq
-        self.turn = engine.native_next
-        engine.native_next += 1
+        self.turn = engine.reserve_turn()
         self.started = False
 
     def advance(self) -> bool:
         engine = self.engine
         if not self.started:
-            while engine.native_issued in engine.native_skipped:
-                engine.native_skipped.discard(engine.native_issued)
-                engine.native_issued += 1
-            if engine.native_issued != self.turn:
+            if not engine.in_turn(self.turn):
                 return False
-            engine.native_issued += 1
+            engine.pass_turn()
             self.persistent.start(self.seq)
             self.started = True
         return self.persistent.advance()
 
     def abort(self) -> None:
         if not self.started:
-            self.engine.native_skipped.add(self.turn)
+            self.engine.release_turn(self.turn)
 
     def pending_peers(self) -> list[int]:
         return [r for r in range(self.engine.size) if r != self.engine.rank]

@@ -28,8 +28,7 @@ def start(engine: Any) -> None:
             return
         thread = threading.Thread(target=_drive, args=(engine,), daemon=True,
                                   name=f"collectives-progress-{engine.rank}")
-        engine.beat = time.monotonic()
-        engine.progress_thread = thread
+        engine.driven_by(thread)
         thread.start()
 
 
@@ -38,12 +37,12 @@ def _drive(engine: Any) -> None:
     idle_since = None
     transport = engine.transport
     while True:
-        engine.beat = time.monotonic()  # (a round that never ends: the hang guard looks)
+        engine.heartbeat()  # (a round that never ends: the hang guard looks)
         with engine.state:
             if not engine.inflight:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > THREAD_LINGER:
-                    engine.progress_thread = None
+                    engine.driven_by(None)
                     return
             else:
                 idle_since = None
