@@ -31,14 +31,6 @@ RECEIVER = re.compile(r"transport|native|\brun\b|bound|backend|channel")
 # probes still in modules being rewritten elsewhere: (module, name); each entry must still be
 # found, so the list only shrinks (remove an entry once its probe is gone)
 KNOWN = {
-    ("collectives/api/communicator.py", "local_rank"),
-    ("collectives/api/communicator.py", "local_size"),
-    ("collectives/api/communicator.py", "schedules_in_native_order"),
-    ("collectives/api/auto.py", "fabric"),
-    ("collectives/api/auto.py", "link"),
-    ("collectives/api/auto.py", "processes"),
-    ("collectives/api/auto.py", "nodes"),
-    ("collectives/api/auto.py", "layout"),
     # a device backend's ``fabric``: the CuPy devices (backends/cupy/devices.py) have none yet
     ("collectives/api/multi_device_parts.py", "fabric"),
 }

@@ -30,11 +30,11 @@ GATHERED = (Collective.ALL_GATHER, Collective.GATHER)
 def transport_fabric(transport: Any) -> Fabric:
     """The transport's constants: its ``fabric``, else its ``cost_model`` within a host and
     its ``link`` (or the default) across hosts."""
-    fabric = getattr(transport, "fabric", None)
+    fabric = transport.fabric
     if fabric is not None:
         return fabric
     base = select.fabric_of(transport.cost_model)
-    across = select.fabric_of(getattr(transport, "link", None) or select.LinkModel())
+    across = select.fabric_of(transport.link or select.LinkModel())
     return Fabric(base.proc, base.host, across.net, gamma=base.gamma, gammas=base.gammas,
                   overhead=base.overhead, round_overhead=base.round_overhead,
                   serial=base.serial, source=base.source)
@@ -43,9 +43,9 @@ def transport_fabric(transport: Any) -> Fabric:
 def transport_placement(transport: Any) -> Placement:
     """Where the transport's ranks run: its hosts (``nodes``, else ``layout``'s groups)."""
     size = transport.size
-    processes = bool(getattr(transport, "processes", True))
-    nodes = getattr(transport, "nodes", None)
-    hosts = Layout(nodes) if nodes else getattr(transport, "layout", None)
+    processes = bool(transport.processes)
+    nodes = transport.nodes
+    hosts = Layout(nodes) if nodes else transport.layout
     if hosts is None or len(hosts.groups) <= 1 or hosts.size != size:
         return Placement(size, None, processes)
     return Placement(size, hosts, processes)

@@ -88,8 +88,8 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         self.transport = transport
         self.rank = transport.rank
         self.size = transport.size
-        self.local_rank = getattr(transport, "local_rank", 0)
-        self.local_size = getattr(transport, "local_size", 1)
+        self.local_rank = transport.local_rank
+        self.local_size = transport.local_size
         self.name = name or transport.name
         self.timeout, self.check = float(timeout), bool(check)
         self.arrays = transport.arrays
@@ -104,7 +104,7 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
         native = transport.native
         self._native_names = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
-        self._rounds_in_turn = bool(getattr(transport, "schedules_in_native_order", False))
+        self._rounds_in_turn = bool(transport.schedules_in_native_order)
         self.last_algorithm = None
         self._trace_place = (recorder.participant(self.rank), recorder.next_index())
         self._fabric = auto.transport_fabric(transport)
