@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> None:
         subprocess.run([mpiexec, "-n", str(args.ranks), *me, "--slow-rank", "2"],
                        env={**os.environ, **env}, check=True, timeout=300)
         where = f"{args.ranks} MPI ranks on one host; rank 2 computes {args.slower:g}x as long"
-    from collectives.tools.timeline import plot, summary, traces
+    from collectives.timeline import plot, summary
+    from collectives.timeline import trace_files as traces
 
     trace = traces.merge(folder)
     traces.write(trace, out / "timeline-trace.json")

@@ -18,10 +18,10 @@ from test_timeline import MPIEXEC, needs_mpi
 
 import collectives
 from collectives import timeline as tl
-from collectives.runtime.tracing import LANES
+from collectives.timeline import trace_files as traces
+from collectives.timeline.record_calls import LANES
+from collectives.timeline.summary import account, summarize
 from collectives.tools.cli import main as cli
-from collectives.tools.timeline import traces
-from collectives.tools.timeline.summary import account, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 LATE = 0.05  # seconds rank 0 is late to its blocking send

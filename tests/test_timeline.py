@@ -26,9 +26,9 @@ from collectives.algorithms.base import Layout
 from collectives.algorithms.schedule import Collective
 from collectives.runtime.execute import run_multi_device
 from collectives.timeline import recorder
+from collectives.timeline import trace_files as traces
+from collectives.timeline.summary import account, straggler, summarize
 from collectives.tools.cli import main as cli
-from collectives.tools.timeline import traces
-from collectives.tools.timeline.summary import account, straggler, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collectives.runtime.tracing_devices import marked
+from collectives.timeline.record_devices import marked
 
 
 def batch(run: Callable, cdo: Any, op: Any, jobs: list, path: str) -> Callable:

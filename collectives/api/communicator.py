@@ -29,7 +29,6 @@ from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..arrays import plain_ndarray
 from ..log import configure, debug_setting
-from ..runtime import tracing
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
@@ -37,7 +36,7 @@ from ..runtime.execute.spmd import SpmdRun
 from ..runtime.native_stage import NativeStage, ScheduleInTurn
 from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
 from ..runtime.work import Operation
-from ..timeline import recorder
+from ..timeline import record_calls, recorder
 from . import auto, runners
 from .spmd_batch import BatchOps
 from .spmd_collectives import CollectiveOps
@@ -316,7 +315,7 @@ class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps,
                            check=call.check if call else 0,
                            skipped_agreement=agreement is None and not own, phase=phase)
             if recorder.ON:
-                tracing.issued(self, op, async_op, t0)
+                record_calls.issued(self, op, async_op, t0)
             result = engine.run(op, async_op, timeout)
             if not async_op:
                 self.transport.publish_activity((seq, subject, False))

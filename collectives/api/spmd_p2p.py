@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from ..hints import Array, ArrayT
-from ..runtime import tracing_messages
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
-from ..timeline import recorder
+from ..timeline import record_messages, recorder
 from .comm_parts import CommParts
 
 MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
@@ -76,7 +75,7 @@ class PointToPointOps(CommParts):
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
                        breaking=False)
         if recorder.ON:  # (blocking ones on the communicator's track, others on a lane)
-            tracing_messages.issued(self, op, direction, peer, tag, given, not blocking, t0)
+            record_messages.issued(self, op, direction, peer, tag, given, not blocking, t0)
         return engine.run(op, True, None)
 
     def send(self, x: Array, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from ..errors import CollectiveError
-from . import tracing
+from ..timeline import record_calls
 from .validate import check_timeout
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class Operation:
         if self.finished:
             return True
         if self.trace is not None:
-            return tracing.advance(self)
+            return record_calls.advance(self)
         try:
             while self.stage < len(self.stages):
                 if not self.stages[self.stage].advance():
@@ -76,7 +76,7 @@ class Operation:
             self.error = exc
             self.finished = True
             if self.trace is not None:
-                tracing.failed(self, exc)
+                record_calls.failed(self, exc)
             for stage in self.stages[self.stage:]:
                 abort = getattr(stage, "abort", None)
                 if abort is not None:

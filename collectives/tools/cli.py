@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import collectives
 
+from ..timeline import command as timeline_command
 from . import arguments, probe, simulate
 from .bench import command as bench_command
-from .timeline import command as timeline_command
 
 DESCRIPTION = """\
 Collective communication over NumPy and MPI, one set of algorithms.

@@ -13,7 +13,7 @@ from collectives import algorithms
 from collectives import timeline as tl
 from collectives.algorithms.schedule import Collective
 from collectives.timeline import recorder
-from collectives.tools.timeline import traces
+from collectives.timeline import trace_files as traces
 
 pytestmark = needs_gpu
 

@@ -8,8 +8,7 @@ from typing import Any, Protocol
 from ...algorithms.schedule import Schedule
 from ...arrays import ArrayBackend
 from ...ops import ReduceOp
-from ...timeline import recorder
-from .. import tracing_devices
+from ...timeline import record_devices, recorder
 from . import rounds, tiles
 
 
@@ -63,7 +62,7 @@ def run_multi_device(schedule: Schedule, inputs: Sequence, work: Sequence, op: R
     """
     runner = rounds if (strategy or backend.strategy) == "rounds" else tiles
     if recorder.ON:
-        backend = tracing_devices.device_backend(schedule, work, backend)
+        backend = record_devices.device_backend(schedule, work, backend)
     backend.begin_call()
     runner.run(schedule, inputs, work, op, backend, granule=granule,
                input_offsets=input_offsets, accumulation_fn=accumulation_fn)

@@ -21,8 +21,7 @@ from typing import Any, Protocol
 from ...algorithms.schedule import RankPlan
 from ...arrays import ArrayBackend
 from ...ops import ReduceOp
-from ...timeline import recorder
-from .. import tracing
+from ...timeline import record_calls, recorder
 from .first_touch import annotate
 
 
@@ -95,7 +94,7 @@ class SpmdRun:
         # whether the first combines with the input], and its sends, (dst, request)
         self.posted: list | None = None
         self.sends: list = []
-        self.trace = tracing.RunTrace(plan, buf, transport) if recorder.ON else None
+        self.trace = record_calls.RunTrace(plan, buf, transport) if recorder.ON else None
 
     def advance(self) -> bool:
         """Do what can be done without waiting; True once every round is complete."""

@@ -20,8 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...runtime.tracing import LANES
-from ...timeline.recorder import DEVICE_PID, HOST_PID
+from .record_calls import LANES
+from .recorder import DEVICE_PID, HOST_PID
 
 TOLERANCE = 0.002  # microseconds: timestamps and durations are written to the nanosecond
 

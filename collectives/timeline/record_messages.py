@@ -1,6 +1,6 @@
 """Point-to-point messages on the timeline: each ``send``, ``recv``, ``isend``, ``irecv``.
 
-A message is recorded as a call is (``tracing``): a span of category ``call``, named ``send``
+A message is recorded as a call is (``record_calls``): a span of category ``call``, named ``send``
 or ``recv``, from the moment it was posted to its completion, on the communicator's track
 (blocking ``send``/``recv``) or on an asynchronous lane (``isend``/``irecv``, with
 ``"async": true``), with the ``message`` stage and its waits inside. Its args are the
@@ -18,19 +18,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CollectiveTimeoutError
-from ..timeline import recorder as rec
-from . import tracing
+from . import record_calls
+from . import recorder as rec
 
 OK = {"outcome": "ok"}  # (one dict for every message that succeeds: its JSON is cached)
 _signatures: dict[tuple, dict] = {}  # a message's (name, peer, tag, dtype, shape) -> its args
 
 
-class MessageTrace(tracing.OpTrace):
+class MessageTrace(record_calls.OpTrace):
     """A message's spans: its waits are numbered by message, and its end says the outcome."""
 
     __slots__ = ("number", "waiting")
 
-    def __init__(self, track: tracing.Track, tid: int, lane: bool, number: int, args: dict,
+    def __init__(self, track: record_calls.Track, tid: int, lane: bool, number: int, args: dict,
                  peer: int):
         super().__init__(track, tid, lane, number, args)
         self.waiting = {"for": [peer]}  # (a message waits for its peer alone)
@@ -54,7 +54,7 @@ class MessageTrace(tracing.OpTrace):
 def issued(comm: Any, op: Any, name: str, peer: int, tag: int, array: Any, async_op: bool,
            t0: int) -> None:
     """A message was posted (``array``: as the caller gave it): its span begins at ``t0``."""
-    where = tracing.track(comm)
+    where = record_calls.track(comm)
     where.messages += 1
     number = where.messages
     args = _signature(name, peer, tag, array)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from ...runtime.tracing import LANES
-from .traces import Span, names, spans
+from .record_calls import LANES
+from .trace_files import Span, names, spans
 
 COLLECTIVE_COLOURS = {"all_reduce": "tab:blue", "reduce": "tab:purple", "broadcast": "tab:green",
                       "all_gather": "tab:orange", "reduce_scatter": "tab:cyan",

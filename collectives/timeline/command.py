@@ -48,25 +48,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``collectives timeline ACTION``; returns the exit status."""
-    from . import traces
+    from . import trace_files
 
     try:
         if args.action == "merge":
-            trace = traces.merge(args.folder)
-            traces.write(trace, args.output)
+            trace = trace_files.merge(args.folder)
+            trace_files.write(trace, args.output)
             ranks = sorted({e["pid"] for e in trace["traceEvents"] if "pid" in e})
             print(f"{args.output}: {len(trace['traceEvents'])} events of {len(ranks)} "
                   "participants (open it in ui.perfetto.dev or chrome://tracing)")
         elif args.action == "plot":
             from .plot import plot
 
-            path = plot(traces.load(args.trace), args.output, start_ms=args.start,
+            path = plot(trace_files.load(args.trace), args.output, start_ms=args.start,
                         end_ms=args.end, title=args.title)
             print(path)
         else:
             from .summary import summarize
 
-            print(summarize(traces.load(args.trace)))
+            print(summarize(trace_files.load(args.trace)))
     except (FileNotFoundError, ValueError) as exc:
         print(f"collectives timeline {args.action}: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ row, ``tid = index * LANES``):
   pending when it ended (those whose messages it waited for);
 * the fast path as one complete event;
 * a multi-device call on every device's row, its plan and rounds (``device_backend``).
-* a point-to-point message as a call of its own (``tracing_messages``).
+* a point-to-point message as a call of its own (``record_messages``).
 
 Waits never straddle the start or end of another span: a wait ends before any span begins or
 ends, so the trace nests.
@@ -26,7 +26,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..timeline import recorder as rec
+from . import recorder as rec
 
 LANES = 100  # tids per communicator: its blocking track, then its asynchronous lanes
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
@@ -52,7 +52,7 @@ class Track:
         self.control = comm.transport.control
         self.others = [r for r in range(comm.size) if r != comm.rank]
         self.fast = 0  # a fast-path call whose span is open (it had to wait)
-        self.messages = 0  # point-to-point messages recorded (tracing_messages numbers them)
+        self.messages = 0  # point-to-point messages recorded (record_messages numbers them)
         rec.name_process(pid, f"rank {pid}")
         rec.name_track(pid, self.tid, self.label)
 

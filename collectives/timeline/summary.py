@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ...timeline.recorder import HOST_PID
-from .traces import Span, names, spans
+from .recorder import HOST_PID
+from .trace_files import Span, names, spans
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n,
