@@ -9,7 +9,7 @@ orders the buckets with the transport's stream.
 A CUDA tensor's all-reduce on the NCCL transport also takes the hot path without crossing
 through DLPack: the kind gives the transport each tensor's device, pointer and the caller's
 current stream (``device_index``, ``pointer``, ``stream_handle``; see
-``collectives.backends.nccl.hot``), read once per call from the tensor itself.
+``collectives.backends.nccl.hot_path``), read once per call from the tensor itself.
 
 Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
 imports PyTorch only from the tensors it is given.

@@ -11,10 +11,10 @@ shared-memory all-reduce (``"shm"``, every rank on one node). ``auto`` picks by 
 The package's modules, one job each: ``groups`` (node groups), ``waiting`` (spin, yield,
 sleep), ``tags`` and ``channel`` (point-to-point), ``notices`` (failure notices and status
 questions), ``typed`` (what a point-to-point message says about itself), ``datatypes``,
-``checks``, ``lane``, ``runs``, ``nonblocking``, ``persistent`` and ``natives`` (MPI's
-collectives), ``shm`` (shared memory), ``tuning`` (what runs when), ``abort`` (an uncaught
-exception ends the job), ``transport`` (the transport itself). Importing the package does
-not initialise MPI.
+``checks``, ``lane``, ``runs``, ``nonblocking``, ``persistent`` and ``native_collectives``
+(MPI's collectives), ``hot_path`` (calls bound to their buffers, and the hot path), ``shm``
+(shared memory), ``tuning`` (what runs when), ``abort`` (an uncaught exception ends the
+job), ``transport`` (the transport itself). Importing the package does not initialise MPI.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 /* The hot path of a repeated small MPI all-reduce, compiled: an optional speed-up of
-   bound.py's Bound.quick, which does the same in Python wherever this does not build or load.
+   hot_path.py's Bound.quick, which does the same in Python wherever this does not build or load.
 
    A Hot object is bound once to a persistent in-place all-reduce: its buffer (the payload,
    then this rank's check trailer), the reduced trailer every rank expects, and the request.
@@ -163,7 +163,7 @@ static PyTypeObject HotType = {
 
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "_hot",
-    "The hot path of a repeated small MPI all-reduce, compiled (see bound.py)", -1, NULL,
+    "The hot path of a repeated small MPI all-reduce, compiled (see hot_path.py)", -1, NULL,
     NULL, NULL, NULL, NULL,
 };
 

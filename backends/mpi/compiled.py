@@ -1,7 +1,7 @@
 """The compiled hot path (``_hot.c``), where it built and loads: finding MPI's ``MPI_Start`` and
 ``MPI_Test`` in the library mpi4py uses, and binding one to a persistent all-reduce.
 
-It is optional: the package installs and runs without it (``bound.py`` does the same in
+It is optional: the package installs and runs without it (``hot_path.py`` does the same in
 Python), it is left out where the extension did not build, where MPI's library cannot be
 found among those this process has loaded (Linux's ``/proc/self/maps``) or is not the one
 mpi4py reports, and wherever ``COLLECTIVES_PURE_PYTHON=1`` is set (every rank must set it

@@ -21,7 +21,7 @@ from . import tuning
 from .channel import MPIChannel
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
 from .messages import MessageChannel
-from .natives import MPINatives
+from .native_collectives import MPINatives
 from .notices import Notices
 from .shm import SharedWindow
 from .tags import control_tags, data_tags, user_tags

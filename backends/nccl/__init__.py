@@ -4,8 +4,8 @@
 ``NcclCommunicator``: ``comm.all_reduce(x)`` and the other collectives on
 ``cupy.ndarray`` run NCCL's own collectives (``auto``, ``"nccl"``), the library's schedules
 over NCCL send/recv (``"ring"``, ``"rechd"``, ...), or the two-level path across nodes
-(``"two_level"``). See ``.transport`` for streams, ``.watchdog`` for failures, and
-``docs/gpu.md``.
+(``"two_level"``, ``.across_nodes``). See ``.transport`` for streams, ``.watchdog`` for
+failures, and ``docs/gpu.md``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from collectives.runtime.transport import Failure
 
 from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
 from .control import MpiChannel, Notices
-from .native import NcclNative
+from .native_collectives import NcclNative
 from .p2p import NcclChannel
 from .watchdog import Watchdog
 

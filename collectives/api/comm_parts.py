@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
     from ..runtime.calls import Call
     from ..runtime.engine import Engine
-    from ..runtime.fastpath import FastAllReduce
+    from ..runtime.hot_path import FastAllReduce
     from ..runtime.validate import Groups
     from ..runtime.work import Work
 

@@ -17,7 +17,7 @@ of ``RUNNERS`` in order. A runner's ``skip(comm, call)`` says why it does not ru
 Runners look only at what every rank has alike (the call's signature, the transport's
 collectives, the communicator's constants), never at one rank's state, so every rank picks
 the same runner. The choice is kept with the validated call (``Communicator._calls``): a
-repeated call pays nothing for it, and the hot path (``collectives.runtime.fastpath``) is the
+repeated call pays nothing for it, and the hot path (``collectives.runtime.hot_path``) is the
 native runner's form bound to an agreed signature. ``comm.explain`` names the runner that
 runs a call and why the ones before it were skipped.
 """

@@ -18,7 +18,7 @@ from ..compression import requested
 from ..foreign import accepts_foreign, array_kind, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..ops import ReduceOp
-from ..runtime.fastpath import FastAllReduce
+from ..runtime.hot_path import FastAllReduce
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
 from .comm_parts import CommParts

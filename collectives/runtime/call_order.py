@@ -8,7 +8,7 @@ runs one takes a place (a turn) in one order when it is issued and starts only i
 places released by calls that ran no native collective after all.
 
 ``CallOrder`` is the ``Engine``'s base: these counters change only through its methods, which
-the stages (``native_stage``, ``prepared``) and the hot path (``fastpath``) call. Each is a
+the stages (``native_stage``, ``prepared``) and the hot path (``hot_path``) call. Each is a
 few attribute operations, cheap enough for the hot path's every call.
 """
 

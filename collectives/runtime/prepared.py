@@ -8,7 +8,7 @@ ranks as a plain call's are: at the first ``start()`` (and again after a failed 
 Where the transport has persistent collectives (MPI-4's ``MPI_Allreduce_init``), a prepared
 call uses one; otherwise it runs this rank's cached plan over the same buffers. This is the
 fastest way to call the library repeatedly on the same buffers: a small all-reduce, once
-agreed, starts through the hot path (``.fastpath``) and usually completes within its
+agreed, starts through the hot path (``.hot_path``) and usually completes within its
 ``start()``, leaving ``wait()`` nothing to do but MEAN's division.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from ..algorithms.schedule import Collective
 from ..errors import CollectiveError
 from .calls import Call
-from .fastpath import DONE, FastAllReduce
+from .hot_path import DONE, FastAllReduce
 from .validate import check_timeout
 
 

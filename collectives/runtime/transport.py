@@ -98,7 +98,7 @@ class NativeCollectives(Protocol):
     # them (MPI's "shm"), one name each
     methods: tuple[str, ...]
     # False where ``prepare`` always gives None (no persistent collectives at all): the hot
-    # path then asks nothing and allocates nothing (``collectives.runtime.fastpath``)
+    # path then asks nothing and allocates nothing (``collectives.runtime.hot_path``)
     persistent: bool = True
     # the largest payload the hot path takes: 64 KiB (``FAST_BYTES``), more where the quick
     # form copies nothing (NCCL reads the caller's buffers: every size)
@@ -131,7 +131,7 @@ class PersistentNative(Protocol):
     again; ``src`` is read afresh at every start.
 
     A transport may also give a small all-reduce the core's hot path
-    (``collectives.runtime.fastpath``): ``quick(x, out, seq)`` runs call ``seq`` on ``x``
+    (``collectives.runtime.hot_path``): ``quick(x, out, seq)`` runs call ``seq`` on ``x``
     (an array of the call's shape and dtype) into ``out`` (None: a new array) and returns the
     result if it completes within a short spin; ``rerun(seq)`` does the same on the buffers it
     was prepared with and returns ``dst``. Either returns ``PENDING`` for a call still

@@ -141,10 +141,10 @@ elif mode == "two_level_async":
             assert same(got, expected), (step, got[:4], expected[:4])
             checked += 1
 elif mode == "hot":
-    # The hot path of an agreed all-reduce (backends/nccl/hot.py), on the caller's own
+    # The hot path of an agreed all-reduce (backends/nccl/hot_path.py), on the caller's own
     # non-blocking stream where the inputs are made and the results read: into a new array,
     # into out=, in place, at sizes up to several MiB (no copy: no size limit).
-    from collectives.backends.nccl.hot import HotAllReduce
+    from collectives.backends.nccl.hot_path import HotAllReduce
 
     hot_runs: list[bool] = []  # every call of the hot path's quick(): whether it ran the call
     quick = HotAllReduce.quick

@@ -34,7 +34,7 @@ def same(tensor, expected) -> bool:
 
 
 if mode == "hot":
-    from collectives.backends.nccl.hot import KindAllReduce
+    from collectives.backends.nccl.hot_path import KindAllReduce
 
     hot_runs: list[bool] = []  # every call of the tensors' hot path: whether it ran the call
     quick = KindAllReduce.quick

@@ -6,7 +6,7 @@ move bytes, so every dtype runs natively. Small calls run as persistent collecti
 (``persistent.py``), large ones as non-blocking calls in pieces (``nonblocking.py``); either
 way the call's check rides with the data (``checks.py``, ``rider.py``) and the lane keeps
 every rank's collectives in call order (``lane.py``). ``prepare`` binds a call to its
-buffers (``bound.py``); each start goes the same way as an unprepared call, so prepared,
+buffers (``hot_path.py``); each start goes the same way as an unprepared call, so prepared,
 hot and plain calls of one signature always run the same MPI operations on every rank.
 """
 
@@ -26,9 +26,9 @@ from collectives.runtime.calls import Call
 from collectives.runtime.transport import FAST_BYTES
 
 from . import nonblocking, tuning
-from .bound import SPIN_SECONDS, Bound
 from .checks import CheckSlots
 from .datatypes import native_types
+from .hot_path import SPIN_SECONDS, Bound
 from .lane import Lane
 from .persistent import Entries, PersistentRun
 

@@ -6,7 +6,7 @@ travel as ``collectives.backends.cupy.nccl_types`` says (complex SUM as floats, 
 bytes, float MAX/MIN as integer keys so NaN survives); others, and reduce-scatters whose rows
 do not split evenly, run the library's schedules over NCCL send/recv instead. Across nodes,
 ``algorithm="two_level"`` (and ``auto`` where a world communicator is impossible, e.g. several
-simulated nodes sharing one GPU) runs ``.two_level``.
+simulated nodes sharing one GPU) runs ``.across_nodes``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
-from .hot import HotAllReduce
-from .two_level import TwoLevelRun, two_level_ok
+from .across_nodes import TwoLevelRun, two_level_ok
+from .hot_path import HotAllReduce
 
 NAMES = ("nccl", "native", "two_level")
 NCCL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
@@ -83,7 +83,7 @@ class NcclNative:
     fast_bytes = 1 << 62
 
     def prepare(self, call: Call, src: Any, dst: Any, op: ReduceOp | None):
-        """``HotAllReduce`` (``.hot``) for the core's hot path: an all-reduce NCCL runs as
+        """``HotAllReduce`` (``.hot_path``) for the core's hot path: an all-reduce NCCL runs as
         one collective, unbound (``src`` and ``dst`` None); None for anything else."""
         if (src is not None or dst is not None or call.collective is not Collective.ALL_REDUCE
                 or call.op is ReduceOp.MEAN or self.mode(call) != "world"):

@@ -1,7 +1,7 @@
 """The hot path of a repeated all-reduce over NCCL: one enqueue, nothing else per call.
 
 A training loop makes the same all-reduce every step. Once its signature is agreed, the
-core's hot path (``collectives.runtime.fastpath.FastAllReduce``) calls ``HotAllReduce.quick``
+core's hot path (``collectives.runtime.hot_path.FastAllReduce``) calls ``HotAllReduce.quick``
 instead of building an operation with stages, turns and a finishing step. ``quick`` does
 exactly what the engine's way does for a blocking NCCL all-reduce, in the same order, on the
 caller's own buffers (NCCL reads and writes through pointers: no copy at any size):
