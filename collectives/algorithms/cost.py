@@ -10,9 +10,10 @@ that with the constants of a ``Fabric``, measured (``collectives probe``) or giv
   matches (serialised on its CPU), plus the largest ``alpha`` among the classes it uses, plus,
   per class, the larger of the bytes it sends and receives times ``beta`` (links are full
   duplex), plus ``gamma`` (of the dtype) per byte it reduces;
-* where a host runs more busy processes than it has cores, a round also waits for its
-  peers to be scheduled: ``crowding`` seconds per round for each busy process beyond the
-  ``cores`` (per core), measured by ``collectives probe`` (``Fabric.crowd``);
+* where a host runs more busy processes than it has cores, a participant also waits for its
+  peers to be scheduled: ``crowding`` seconds per round, plus ``crowding_message`` per peer
+  it receives from in the round (messages from one peer wait once), each per busy process
+  beyond the ``cores``, per core; measured by ``collectives probe`` (``Fabric.crowd``);
 * the ``net`` bytes are those of the participant's **host**: a host's ranks share its link, so
   a round moves what all of them send (or receive) across it together;
 * a round ends when its slowest participant does, and each round needs the previous one's
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 from .base import Layout
@@ -59,8 +60,9 @@ class Fabric:
     interpolates rather than predicts; ``native_overhead``: seconds per round of a native
     collective's own (C) code, for sizes and counts never measured; ``call_overhead``:
     seconds a call costs before and after its rounds (the same for every algorithm);
-    ``cores`` and ``crowding``: the cores of a host (0: unknown) and the seconds a round
-    waits per busy process beyond them, per core (``crowd``); ``checks``: the schedules a
+    ``cores``, ``crowding`` and ``crowding_message``: the cores of a host (0: unknown), the
+    seconds a round and each peer received from wait per busy process beyond them, per core
+    (``crowd``); ``checks``: the schedules a
     calibration timed beside its probes, ``(class, name, nbytes, measured, predicted)``;
     ``flags``: the checks that contradicted the probes, in words (``comm.explain`` says them)."""
 
@@ -78,19 +80,21 @@ class Fabric:
     measured: tuple = ()
     cores: int = 0
     crowding: float = 0.0
+    crowding_message: float = 0.0
     source: str = field(default="defaults", compare=False)
     raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
     checks: tuple = field(default=(), compare=False)
     flags: tuple = field(default=(), compare=False)  # what a calibration found suspect, in words
 
-    def crowd(self, placement: Placement) -> float:
-        """Seconds a round waits for peers to be scheduled on a host of ``placement`` with more
-        busy processes than ``cores``: ``crowding`` times the processes beyond the cores, per
-        core (0 for threads of one process, or where the cores are unknown)."""
-        if not (self.crowding and self.cores) or self.serial or not placement.processes:
-            return 0.0
+    def crowd(self, placement: Placement) -> tuple[float, float]:
+        """Seconds a participant waits for peers to be scheduled on a host of ``placement``
+        with more busy processes than ``cores``, per round and per peer it receives from in
+        the round: ``crowding`` and ``crowding_message`` times the processes beyond the cores,
+        per core (0 for threads of one process, or where the cores are unknown)."""
         extra = placement.busiest - self.cores
-        return self.crowding * extra / self.cores if extra > 0 else 0.0
+        if not self.cores or extra <= 0 or self.serial or not placement.processes:
+            return 0.0, 0.0
+        return self.crowding * extra / self.cores, self.crowding_message * extra / self.cores
 
     def link(self, cls: int) -> Link:
         """The link of class ``cls`` (``PROC``, ``HOST`` or ``NET``: 0, 1, 2)."""
@@ -116,24 +120,9 @@ class Fabric:
 
     @classmethod
     def from_json(cls, text: str) -> Fabric:
-        """The fabric ``to_json`` wrote.
-
-        Parameters
-        ----------
-        text
-            JSON as ``to_json`` (or ``collectives probe --json``) writes it.
-
-        Returns
-        -------
-        Fabric
-            Its constants.
-
-        Raises
-        ------
-        ValueError
-            ``text`` is not JSON; KeyError or TypeError where a link class is missing or
-            has other fields.
-        """
+        """The fabric ``to_json`` (or ``collectives probe --json``) wrote; ValueError where
+        ``text`` is not JSON, KeyError or TypeError where a link class is missing or has
+        other fields. Fields an older file lacks keep their defaults."""
         data = json.loads(text)
         for name in CLASSES:
             data[name] = Link(**data[name])
@@ -154,9 +143,10 @@ class Fabric:
         lines.append(f"overhead {self.overhead * 1e6:.1f} us per message, "
                      f"{self.round_overhead * 1e6:.1f} us per round, "
                      f"{self.call_overhead * 1e6:.1f} us per call")
-        if self.crowding:
-            lines.append(f"crowding {self.crowding * 1e6:.1f} us per round per busy process "
-                         f"beyond {self.cores} cores, per core")
+        if self.crowding or self.crowding_message:
+            lines.append(f"crowding {self.crowding * 1e6:.1f} us per round and "
+                         f"{self.crowding_message * 1e6:.1f} us per peer received from, per "
+                         f"busy process beyond {self.cores} cores, per core")
         return "\n".join(lines)
 
 
@@ -275,6 +265,7 @@ class Load(NamedTuple):
     recvd: tuple  # per class
     reduced: float
     messages: int
+    sources: int = 0  # the peers it receives from (each waits to be scheduled on a crowded host)
 
 
 def load(rank: int, sends, recvs, scale: float, host_of, local: int, mapped=None) -> Load:
@@ -291,9 +282,11 @@ def load(rank: int, sends, recvs, scale: float, host_of, local: int, mapped=None
             continue
         q = mapped(dst) if mapped is not None else dst
         sent[NET if host_of[q] != home else local] += hi - lo
+    peers: set = set()
     for _, srcs, lo, hi, reduce in recvs:
         width = hi - lo
         messages += len(srcs)
+        peers.update(srcs)
         if reduce:
             reduced += width * len(srcs)
         if host_of is None:
@@ -304,13 +297,14 @@ def load(rank: int, sends, recvs, scale: float, host_of, local: int, mapped=None
             recvd[NET if host_of[q] != home else local] += width
     return Load(rank, home, (sent[0] * scale, sent[1] * scale, sent[2] * scale),
                 (recvd[0] * scale, recvd[1] * scale, recvd[2] * scale), reduced * scale,
-                messages)
+                messages, len(peers))
 
 
 def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
-               weights: dict | None = None, wait: float = 0.0) -> Part:
+               weights: dict | None = None, wait: tuple = (0.0, 0.0)) -> Part:
     """The time of one round that ``loads`` take part in (whole hosts where hosts matter);
-    ``wait``: what each participant waits for its peers to be scheduled (``Fabric.crowd``)."""
+    ``wait``: what each participant waits for its peers to be scheduled, per round and per
+    peer it receives from (``Fabric.crowd``)."""
     nic: dict[int, list[float]] = {}
     if fabric.nic_shared:
         for ld in loads:
@@ -339,7 +333,8 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
             transfer += moved * link.beta
             if moved > who_bytes:
                 who_bytes, who_cls = moved, c
-        latency = alpha + fabric.round_overhead + fabric.overhead * ld.messages + wait
+        latency = (alpha + fabric.round_overhead + fabric.overhead * ld.messages + wait[0] +
+                   wait[1] * ld.sources)
         reduction = ld.reduced * gamma
         if weights is not None:  # serial: one thread does every participant's work
             w = weights.get(ld.rank, 1.0)
@@ -393,7 +388,3 @@ def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Coll
     return Prediction(name, collective, size, nbytes, latency + transfer + reduction,
                       latency, transfer, reduction, [tuple(r) for r in runs])
 
-
-def native_fallback(fabric: Fabric) -> Fabric:
-    """The fabric a native (C) collective runs on: the links, without Python's overheads."""
-    return replace(fabric, overhead=0.0, round_overhead=fabric.native_overhead, serial=False)

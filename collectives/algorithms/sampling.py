@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 from .. import algorithms
@@ -34,7 +35,6 @@ from .cost import (
     Prediction,
     critical_path,
     load,
-    native_fallback,
     round_part,
 )
 from .schedule import Collective
@@ -218,7 +218,8 @@ def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
     return [None if i == 0 else (lambda q, i=i: q - q % L + (q % L + i) % L) for i in range(L)]
 
 
-def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights, wait=0.0):
+def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights,
+               wait=(0.0, 0.0)):
     """Participant 0's plan priced for each member ``i`` through ``maps[i]``; rounds of equal
     shape once."""
     scale = nbytes / base.den
@@ -274,6 +275,11 @@ def predict_native(method: str, collective: Collective, size: int, nbytes: int, 
                     dtype=dtype)
     guess.algorithm, guess.note = method, f"modelled as {name} at native overheads"
     return guess
+
+
+def native_fallback(fabric: Fabric) -> Fabric:
+    """The fabric a native (C) collective runs on: the links, without Python's overheads."""
+    return replace(fabric, overhead=0.0, round_overhead=fabric.native_overhead, serial=False)
 
 
 @lru_cache(maxsize=64)

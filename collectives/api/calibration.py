@@ -11,9 +11,10 @@
   so that the model predicts those very times; in rounds, with other schedules timed beside
   them as checks (a class the checks contradict is probed again, the attempt they agree
   with best counts, and one still contradicted is flagged in ``Fabric.flags``);
-* **crowding**, where a host runs more ranks than cores: the small probes again on two of
-  its ranks while the others sleep; what a round costs more with every rank busy, per
-  process beyond the cores, is ``Fabric.crowding``;
+* **crowding**, where a host runs more ranks than cores: the probes again on two of its
+  ranks while the others sleep; the pair's constants are the host link's, and what the small
+  probes cost more with every rank busy, per process beyond the cores, is solved as a wait
+  per round (``Fabric.crowding``) and per peer received from (``Fabric.crowding_message``);
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
@@ -49,6 +50,7 @@ from .calibration_links import (
     all_reduce_time,
     check,
     coefficients,
+    crowding,
     disagreement,
     gamma_time,
     link_times,
@@ -62,8 +64,9 @@ CACHE_ENV = "COLLECTIVES_CACHE_DIR"
 NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
-METHOD = 3  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
-# in rounds, with checks, and the crowding of a host with more ranks than cores
+METHOD = 4  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
+# in rounds, with checks, and the crowding of a host with more ranks than cores; 4: crowding
+# per round and per peer received from, over the pair's constants (the shuffle's probe)
 ATTEMPTS = 2  # a link class whose checks contradict its probes is probed once more
 
 
@@ -281,12 +284,12 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
     rank; ``attempts``: per class, ``calibration_links``'s probes on its group, per attempt;
     ``crowd``: the cores, and the small probes on a pair alone or None)."""
     gamma = dict(gammas)["float32"]
-    links, overheads, raw, checks, flags, chosen = {}, [], {"call": call}, [], [], {}
+    links, overheads, raw, checks, flags, chosen = {}, {}, {"call": call}, [], [], {}
     for kind, tries in attempts.items():
         n = len(groups[kind][0])
         worst, times, links[kind], o, got = _best(tries, call, gamma, n, base.serial)
         chosen[kind] = times
-        overheads.append(o)
+        overheads[kind] = o
         raw.update({f"{kind}.{k}": v for k, v in times.items()})
         checks += [(kind, *c) for c in got]
         if worst > CONTRADICTED:
@@ -301,17 +304,21 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
                      "checks": tuple(checks), "flags": tuple(flags),
                      "source": f"measured {datetime.date.today().isoformat()} "
                                f"({comm.transport.name}, {comm.size} ranks)"}
-    if pair is not None and "local" in links:
+    if pair is not None and "local" in links:  # the pair's constants, and the crowd's waits
         raw.update({f"pair.{k}": v for k, v in pair.items()})
-        busy, n = links["local"], len(groups["local"][0])
-        per_round = [(times["one"] - call) / coefficients(k, base.serial)["one"].alpha
-                     for k, times in ((n, chosen["local"]), (2, pair))]
-        wait = min(max(per_round[0] - per_round[1], 0.0), busy.alpha - 1e-7)
-        changes["crowding"] = wait * cores / (n - cores)  # (a ring's round: 2 messages)
-        links["local"] = Link(busy.alpha - wait, busy.beta)
+        busy, n = chosen["local"], len(groups["local"][0])
+        alone, o = solve(pair, call, gamma, 2)
+        extra = (n - cores) / cores
+        changes["crowding"], changes["crowding_message"] = waits = crowding(
+            busy, alone, o, call, n, extra)
+        big = coefficients(n)["big"]
+        rest = (busy["big"] - call - big.alpha * alone.alpha - big.overhead * o -
+                big.gamma * gamma - extra * (big.wait * waits[0] + big.wait_message * waits[1]))
+        links["local"] = Link(alone.alpha, max(rest / big.beta, 1e-13))
+        overheads["local"] = o
     changes["raw"] = tuple(sorted(raw.items()))
     if overheads:
-        changes["overhead"] = min(overheads)
+        changes["overhead"] = min(overheads.values())
     if "local" in links:
         changes["host" if comm.placement.processes else "proc"] = links["local"]
     if "net" in links:

@@ -10,6 +10,8 @@ scheduled, which a pair of ranks alone on the cores never sees. The probes, on `
 * ``one`` and ``eight``: the ring's of ``4 n`` bytes in one sub-chunk and of ``32 n`` in 8
   (the same rounds, 8 times the messages: a round's latency ``alpha`` and a message's
   ``overhead`` apart);
+* ``fan``: the shuffle's of ``4 n`` bytes (each rank receives from every other in one round:
+  on a crowded host, the wait per peer apart from the wait per round);
 * ``big``: the ring's of ``STREAM_BYTES`` (``beta``).
 
 A bad moment (another job's burst) must not poison the constants: every probe runs in
@@ -29,6 +31,12 @@ How many rounds, messages and bytes the model charges each probe is read off the
 itself (``coefficients``: each probe priced with one constant at 1 and the others at 0), so
 the solved constants make the model predict the probes' measured times. On two ranks this is
 tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o, big = one + S beta + S/2 gamma.
+
+Where a host runs more ranks than cores, ``crowding`` solves what the busy probes cost
+beyond the constants of a pair of ranks alone on the cores: a wait per round and one per
+peer received from (``Fabric.crowding``, ``Fabric.crowding_message``), by least squares of
+the relative errors over the small probes (the shuffle's one round of ``n - 1`` peers against
+the ring's ``2 (n - 1)`` rounds of one tell them apart).
 """
 
 from __future__ import annotations
@@ -47,8 +55,8 @@ from ..ops import ReduceOp
 STREAM_BYTES = 4 << 20
 GAMMA_BYTES = 4 << 20  # reduced per rank for gamma
 TARGET_SECONDS = 0.01  # a repeat runs about this long
-PROBES = ("tree", "one", "eight", "big")
-SMALL = PROBES[:3]  # bytes cost next to nothing: alpha and overhead only
+PROBES = ("tree", "one", "eight", "fan", "big")
+SMALL = PROBES[:4]  # bytes cost next to nothing: alpha, overhead and crowding only
 ROUNDS = 3  # each probe's repeats are split over this many rounds, interleaved
 CHECKS = {"check.small": ("rechd", 0, 16 << 10), "check.large": ("rechd", 0, 4 << 20)}
 CONTRADICTED = 2.0  # a check this many times off (either way) contradicts the probes
@@ -57,7 +65,8 @@ CONTRADICTED = 2.0  # a check this many times off (either way) contradicts the p
 def probes(n: int) -> dict[str, tuple[str, int, int]]:
     """The all-reduces timed on ``n`` ranks: name -> (algorithm, sub-chunks, bytes)."""
     return {"tree": ("tree", 0, 4 * n), "one": ("ring", 1, 4 * n),
-            "eight": ("ring", 8, 32 * n), "big": ("ring", 1, STREAM_BYTES)}
+            "eight": ("ring", 8, 32 * n), "fan": ("shuffle", 0, 4 * n),
+            "big": ("ring", 1, STREAM_BYTES)}
 
 
 def timed(comm: Any, fn, repeats: int) -> float:
@@ -140,19 +149,24 @@ class Charge(NamedTuple):
     overhead: float
     beta: float
     gamma: float
+    wait: float = 0.0  # crowding's waits per round, per busy process beyond the cores per core
+    wait_message: float = 0.0  # and per peer received from
 
 
 def coefficients(n: int, serial: bool = False) -> dict[str, Charge]:
-    """Per probe on ``n`` ranks of one host, its price with ``alpha``, ``overhead``, ``beta``
-    and ``gamma`` each at 1 in turn (the others at 0): how many rounds, messages, bytes moved
-    and bytes reduced lie on its critical path."""
+    """Per probe on ``n`` ranks of one host, its price with ``alpha``, ``overhead``, ``beta``,
+    ``gamma``, ``crowding`` and ``crowding_message`` each at 1 in turn (the others at 0): how
+    many rounds, messages, bytes moved, bytes reduced and peers waited for lie on its
+    critical path."""
     still = Link(0.0, 0.0)
     zero = Fabric(still, still, still, gamma=0.0, overhead=0.0, round_overhead=0.0,
                   call_overhead=0.0, serial=serial)
     units = (Fabric(still, Link(1.0, 0.0), still, gamma=0.0, serial=serial),
              Fabric(still, still, still, gamma=0.0, overhead=1.0, serial=serial),
              Fabric(still, Link(0.0, 1.0), still, gamma=0.0, serial=serial),
-             Fabric(still, still, still, gamma=1.0, serial=serial))
+             Fabric(still, still, still, gamma=1.0, serial=serial),  # (cores 1: n - 1 beyond)
+             Fabric(still, still, still, gamma=0.0, serial=serial, cores=1, crowding=1.0),
+             Fabric(still, still, still, gamma=0.0, serial=serial, cores=1, crowding_message=1.0))
     placement = Placement(n)
     out = {}
     for name, (algorithm, shards, nbytes) in probes(n).items():
@@ -161,7 +175,7 @@ def coefficients(n: int, serial: bool = False) -> dict[str, Charge]:
                                                            nbytes, zero, placement,
                                                            shards=shards).seconds
                   for unit in units]
-        out[name] = Charge(*prices)
+        out[name] = Charge(*prices[:4], *(c / max(n - 1, 1) for c in prices[4:]))
     return out
 
 
@@ -183,6 +197,35 @@ def solve(times: dict[str, float], call: float, gamma: float, n: int,
     big = k["big"]
     beta = (times["big"] - call - big.alpha * a - big.overhead * o - big.gamma * gamma) / big.beta
     return Link(a, max(beta, 1e-13)), o
+
+
+def crowding(busy: dict[str, float], alone: Link, overhead: float, call: float, n: int,
+             extra: float) -> tuple[float, float]:
+    """The waits (per round, per peer received from; per busy process beyond the cores, per
+    core) that make the model, with the constants of a pair alone (``alone``, ``overhead``),
+    predict the small probes timed with all ``n`` ranks of a host busy (``extra``: the
+    processes beyond its cores, per core): non-negative least squares of the relative errors
+    (a probe ten times longer does not count ten times more)."""
+    k = coefficients(n)
+    rows = []
+    for name in SMALL:
+        if name in busy and busy[name] > 0:
+            rest = busy[name] - call - k[name].alpha * alone.alpha - k[name].overhead * overhead
+            rows.append((k[name].wait * extra / busy[name],
+                         k[name].wait_message * extra / busy[name], rest / busy[name]))
+    if not rows or extra <= 0:
+        return 0.0, 0.0
+    a = np.array([r[:2] for r in rows])
+    b = np.array([r[2] for r in rows])
+    fits = []
+    both = np.linalg.lstsq(a, b, rcond=None)[0]
+    if (both >= 0).all():
+        fits.append((float(both[0]), float(both[1])))
+    for col in (0, 1):  # one term alone (the other at 0), where both do not fit
+        x = a[:, col]
+        w = max(float(x @ b) / float(x @ x), 0.0) if float(x @ x) > 0 else 0.0
+        fits.append((w, 0.0) if col == 0 else (0.0, w))
+    return min(fits, key=lambda f: float(np.sum((a @ np.array(f) - b) ** 2)))
 
 
 def check(times: dict[str, float], link: Link, overhead: float, call: float, gamma: float,

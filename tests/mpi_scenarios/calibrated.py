@@ -62,8 +62,14 @@ def main() -> None:
     kinds = {c[0] for c in fabric.checks}
     report.check(("local" in kinds) == (host > 1), f"checks: {fabric.checks}")
     crowded = host > fabric.cores >= 1
-    report.check(("pair.one" in dict(fabric.raw)) == crowded and fabric.crowding >= 0,
+    raw = dict(fabric.raw)
+    report.check(("pair.one" in raw) == crowded and fabric.crowding >= 0,
                  f"cores {fabric.cores}, host of {host}, raw {fabric.raw}")
+    # the shuffle's probe (one round of every peer) is timed, and the per-peer wait solved
+    # from it only where the host is crowded
+    report.check(("local.fan" in raw) == (host > 1) and ("pair.fan" in raw) == crowded and
+                 fabric.crowding_message >= 0 and (crowded or not fabric.crowding_message),
+                 f"fan probes {raw}, per-peer wait {fabric.crowding_message}")
     # the shared window's all-reduce is timed, and priced by auto, where every rank shares a node
     shared = comm.transport.native.single_node
     shm = fabric.timings("shm", Collective.ALL_REDUCE, n)
