@@ -3,10 +3,10 @@
 Under an MPI launcher every rank of the launch takes part (``mpiexec -n 4 collectives
 probe``); otherwise ``-n`` thread ranks of this process do. Rank 0 prints the links of each
 class present (latency and bandwidth through the library's own schedules), the per-call and
-per-message overheads, where a host has more ranks than cores what a round waits for them, the
-reduction speed per dtype, the transport's own collectives' times, the checks (other
-schedules timed beside the probes, against what the probes' constants predict: a warning
-where they disagree by far), and where the cache file went
+per-message overheads, where a host has more ranks than cores what a round and each peer
+received from wait for them, the reduction speed per dtype, the transport's own collectives'
+times, the checks (other schedules timed beside the probes, against what the probes'
+constants predict: a warning where they disagree by far), and where the cache file went
 (``collectives.init(calibrate=True)`` reads it).
 """
 
@@ -28,7 +28,8 @@ DESCRIPTION = """\
 Measure what auto's cost model needs on this job: per link class present (threads or
 devices of one process, processes of one host, hosts), latency by ping-pong and bandwidth by
 streaming between a pair of ranks crossing it; the per-call and per-message overheads; where a
-host runs more ranks than cores, what a round waits for them (crowding); the reduction speed
+host runs more ranks than cores, what a round and each peer received from wait for them
+(crowding); the reduction speed
 per dtype; and the transport's own collectives (MPI's) at a few sizes.
 Cached per host set in the user's cache folder; collectives.init(calibrate=True) uses it.
 """
