@@ -1,7 +1,7 @@
 """What the parts of ``Communicator`` rely on from one another, declared once for type checkers.
 
-``Communicator`` is made of mixins (``CollectiveOps``, ``BatchOps``, ``SpreadOps``,
-``ExchangeOps``, ``PreparedOps``, ``PointToPointOps``, ``SubcommOps``, ``ChoiceOps``), each
+``Communicator`` is made of mixins (``ReductionOps``, ``BatchOps``, ``SpreadOps``,
+``CopyOps``, ``PreparedOps``, ``PointToPointOps``, ``SubcommOps``, ``ChoiceOps``), each
 of which uses the state ``Communicator.__init__`` sets and methods that ``communicator.py`` or
 another mixin defines. ``CommParts``, which every mixin inherits, declares them: at run time
 it holds annotations only (no attribute, no method, no behaviour); the shared methods'
@@ -75,7 +75,7 @@ class CommParts:
         def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
                         turn: int | None = None) -> Any: ...
 
-        # spmd_collectives.py
+        # spmd_reductions.py
         @overload
         def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
                        out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
@@ -104,5 +104,5 @@ class CommParts:
                        out: ArrayT | None = None, timeout: float | None = None,
                        async_op: bool = False) -> Any: ...
 
-        # spmd_exchanges.py
+        # spmd_copies.py
         def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]: ...

@@ -39,10 +39,10 @@ from ..runtime.work import Operation
 from ..timeline import record_calls, recorder
 from . import auto, runners
 from .spmd_batch import BatchOps
-from .spmd_collectives import CollectiveOps
-from .spmd_exchanges import ExchangeOps
+from .spmd_copies import CopyOps
 from .spmd_p2p import PointToPointOps
 from .spmd_prepared import PreparedOps
+from .spmd_reductions import ReductionOps
 from .spmd_spread import SpreadOps
 from .spmd_subcomms import SubcommOps
 
@@ -51,7 +51,7 @@ REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUC
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
-class Communicator(CollectiveOps, BatchOps, SpreadOps, ExchangeOps, PreparedOps, PointToPointOps,
+class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, PointToPointOps,
                    SubcommOps, auto.ChoiceOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 

@@ -1,6 +1,8 @@
-"""All-gather and reduce-scatter of `Communicator`: the collectives that leave each rank
-every block, or one reduced block, of the ranks' arrays (mixed into Communicator like
-``spmd_collectives``)."""
+"""Broadcast, all-gather and reduce-scatter of `Communicator`: the collectives that spread
+data, as ``multi_device_spread`` does for one process's devices. Broadcast leaves every rank
+the root's array (its opening, whose non-roots learn shape and dtype from the root, is
+``spmd_from_root``), all-gather every block of the ranks' arrays, reduce-scatter one reduced
+block (mixed into Communicator like ``spmd_reductions``)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,70 @@ from .comm_parts import CommParts
 
 
 class SpreadOps(CommParts):
-    """All-gather and reduce-scatter (mixed into Communicator)."""
+    """Broadcast, all-gather and reduce-scatter (mixed into Communicator)."""
+
+    @overload
+    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT | None = ..., timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT | None = ..., timeout: float | None = ...,
+                  async_op: Literal[True]) -> Work[ArrayT]: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: ArrayT, timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> ArrayT: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: None = ..., timeout: float | None = ...,
+                  async_op: Literal[False] = ...) -> Any: ...
+    @overload
+    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
+                  out: Any = ..., timeout: float | None = ...,
+                  async_op: Literal[True]) -> Work[Any]: ...
+    @accepts_foreign
+    def broadcast(self, x: ArrayT | None = None, root: int = 0,
+                  algorithm: SpmdAlgorithm = "auto", *, out: ArrayT | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Any:
+        """Every rank gets root's ``x``.
+
+        Non-roots that pass neither ``x`` nor ``out`` learn the shape and dtype from the root
+        (an extra small exchange per call; pass ``out`` to save it).
+
+        Parameters
+        ----------
+        x
+            The array, on the root; None (or an array of the same shape and dtype) elsewhere.
+        root
+            The rank whose ``x`` everyone gets.
+        algorithm
+            As for `all_reduce`.
+        out
+            Where the copy goes; else a new array.
+        timeout
+            Seconds this call may wait for its peers (None: the communicator's timeout).
+        async_op
+            Return a `Work` handle whose ``wait()`` returns the result instead.
+
+        Returns
+        -------
+        ArrayT
+            The root's array (on the root: ``x`` itself, or ``out`` filled).
+
+        Raises
+        ------
+        TypeError
+            A bad argument, before any data moves; ValueError likewise.
+        CollectiveMismatchError
+            The ranks called different collectives, or with different arguments.
+        CollectiveTimeoutError
+            A peer did not arrive within ``timeout``.
+        """
+        from .spmd_from_root import build_broadcast
+
+        return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
+                           async_op, timeout)
 
     @overload
     def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,

@@ -1,4 +1,5 @@
-"""Broadcast and scatter, whose non-roots may not know what they will receive.
+"""What broadcast and scatter run: non-roots, which may not know what they will receive, hear
+it from the root.
 
 Non-roots may pass ``x=None``: they learn the shape and dtype (of the whole array, or of one
 row for a scatter) from the root. So every

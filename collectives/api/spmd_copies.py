@@ -1,5 +1,6 @@
-"""Collectives that move blocks without reducing them: gather, scatter, all-to-all, and small
-Python objects (mixed into `Communicator`).
+"""Collectives that copy blocks without reducing them: gather, scatter, all-to-all, and small
+Python objects (mixed into `Communicator`; ``multi_device_copies`` is the same for one
+process's devices).
 
 ``gather`` stacks every rank's ``x`` along a new leading axis on the root (``all_gather``
 concatenates instead); ``scatter`` hands rank ``r`` row ``r`` of the root's ``x``; ``all_to_all``
@@ -25,7 +26,7 @@ from ..runtime.work import Work
 from .comm_parts import CommParts
 
 
-class ExchangeOps(CommParts):
+class CopyOps(CommParts):
     """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
 
     @overload
@@ -130,7 +131,7 @@ class ExchangeOps(CommParts):
         CollectiveTimeoutError
             A peer did not arrive within ``timeout``.
         """
-        from .spmd_broadcast import build_rooted
+        from .spmd_from_root import build_rooted
 
         return self._start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
                                                    out), async_op, timeout)
@@ -304,7 +305,7 @@ class ExchangeOps(CommParts):
         CollectiveTimeoutError
             A peer did not arrive within ``timeout``.
         """
-        from .spmd_broadcast import build_rooted
+        from .spmd_from_root import build_rooted
 
         blob, problem = _pickled(obj) if self.rank == root else (None, None)
         # a root that cannot pickle says so in the broadcast's opening: every rank raises

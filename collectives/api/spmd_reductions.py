@@ -1,4 +1,5 @@
-"""The five collectives of `Communicator`, argument by argument.
+"""The reductions of `Communicator` that leave every rank's result whole: all-reduce (with
+its hot path) and reduce, argument by argument.
 
 Each method describes its call, chooses its buffers (the user's ``out`` where it can take the
 result, else a fresh result the user may keep) and hands ``Communicator._start`` a builder of
@@ -25,8 +26,8 @@ from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
 
 
-class CollectiveOps(CommParts):
-    """All-reduce, reduce, broadcast, all-gather and reduce-scatter (mixed into Communicator)."""
+class ReductionOps(CommParts):
+    """All-reduce and reduce (mixed into Communicator)."""
 
     @overload
     def all_reduce(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
@@ -218,7 +219,7 @@ class CollectiveOps(CommParts):
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
-        result = call_foreign(CollectiveOps.all_reduce, self, x, (op, algorithm),
+        result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
                               dict(out=out, shards=shards, groups=groups, timeout=timeout,
                                    async_op=async_op, compression=compression))
         if key is not None and key not in self._fast:
@@ -327,66 +328,3 @@ class CollectiveOps(CommParts):
             return call, [data], finish
 
         return self._start("reduce", build, async_op, timeout)
-
-    @overload
-    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
-                  out: ArrayT | None = ..., timeout: float | None = ...,
-                  async_op: Literal[False] = ...) -> ArrayT: ...
-    @overload
-    def broadcast(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
-                  out: ArrayT | None = ..., timeout: float | None = ...,
-                  async_op: Literal[True]) -> Work[ArrayT]: ...
-    @overload
-    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
-                  out: ArrayT, timeout: float | None = ...,
-                  async_op: Literal[False] = ...) -> ArrayT: ...
-    @overload
-    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
-                  out: None = ..., timeout: float | None = ...,
-                  async_op: Literal[False] = ...) -> Any: ...
-    @overload
-    def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
-                  out: Any = ..., timeout: float | None = ...,
-                  async_op: Literal[True]) -> Work[Any]: ...
-    @accepts_foreign
-    def broadcast(self, x: ArrayT | None = None, root: int = 0,
-                  algorithm: SpmdAlgorithm = "auto", *, out: ArrayT | None = None,
-                  timeout: float | None = None, async_op: bool = False) -> Any:
-        """Every rank gets root's ``x``.
-
-        Non-roots that pass neither ``x`` nor ``out`` learn the shape and dtype from the root
-        (an extra small exchange per call; pass ``out`` to save it).
-
-        Parameters
-        ----------
-        x
-            The array, on the root; None (or an array of the same shape and dtype) elsewhere.
-        root
-            The rank whose ``x`` everyone gets.
-        algorithm
-            As for `all_reduce`.
-        out
-            Where the copy goes; else a new array.
-        timeout
-            Seconds this call may wait for its peers (None: the communicator's timeout).
-        async_op
-            Return a `Work` handle whose ``wait()`` returns the result instead.
-
-        Returns
-        -------
-        ArrayT
-            The root's array (on the root: ``x`` itself, or ``out`` filled).
-
-        Raises
-        ------
-        TypeError
-            A bad argument, before any data moves; ValueError likewise.
-        CollectiveMismatchError
-            The ranks called different collectives, or with different arguments.
-        CollectiveTimeoutError
-            A peer did not arrive within ``timeout``.
-        """
-        from .spmd_broadcast import build_broadcast
-
-        return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
-                           async_op, timeout)
