@@ -188,6 +188,7 @@ def cells(runs: dict) -> list[dict]:
         for size, cell in run["cells"].items():
             judged = cell.get("judged") or model_stats.judge(cell["times"], cell["predicted"],
                                                              _pick(cell))
+            judged = {**judged, **model_stats.versus_native(cell["times"], _pick(cell))}
             out.append({**judged, "label": label, "nbytes": int(size), "pick": _pick(cell),
                         "auto_ran": cell["auto_ran"], "measured": cell["measured"]})
     return out
@@ -219,16 +220,18 @@ def summary(judged: list[dict]) -> str:
     """One row per cell: the pick and the measured best, the pick's ratio and the error with
     their intervals and verdicts."""
     lines = ["| run | size | repeats | model's pick | measured best | pick / best (90% "
-             "interval) | within 10%? | prediction error (interval) | within 20%? |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "interval) | within 10%? | pick / native (interval) | prediction error "
+             "(interval) | within 20%? |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in judged:
         lo, hi = c["ratio_interval"]
         err = (f"{c['error']:.0%} ({c['error_interval'][0]:.0%}-{c['error_interval'][1]:.0%}) | "
                f"{c['error_verdict']}") if "error" in c else "- | -"
         m = c["measured"]
+        native = (f"{c['native_ratio']:.2f} ({c['native_interval'][0]:.2f}-"
+                  f"{c['native_interval'][1]:.2f})" if "native_ratio" in c else "-")
         lines.append(f"| {c['label']} | {human(c['nbytes'])} | {c['repeats']} | {c['pick']} "
                      f"{_ms(m[c['pick']])} | {c['best']} {_ms(m[c['best']])} | "
-                     f"{c['ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {c['picked']} | {err} |")
+                     f"{c['ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {c['picked']} | {native} | {err} |")
     return "\n".join(lines)
 
 
@@ -237,6 +240,11 @@ def headline(judged: list[dict]) -> str:
     n, r = t["cells"], t["resolved"]
     out = [f"resolved cells: {r} of {n} ({r / max(n, 1):.0%}); of those, the model's pick "
            f"measured within 10% of the best in {t['within']}, missed in {t['missed']}"]
+    if t["native_cells"]:
+        out.append(f"against native (the transport's own, timed in every cell): the pick more "
+                   f"than 10% slower in {t['native_slower']} of {t['native_cells']} cells, not "
+                   f"in {t['native_within']}, unresolved in "
+                   f"{t['native_cells'] - t['native_slower'] - t['native_within']}")
     if r < 0.6 * n:
         out.append("fewer than 60% of the cells resolved: add repeats (-r, --max-repeats)")
     for part, words in (("large", "from 1 MiB up"), ("small", "below 1 MiB")):

@@ -9,7 +9,10 @@ together) and recomputes each method's median; from those come, per cell,
   interval's top is at most 1.10, **missed** where its bottom is above 1.10, and is
   **unresolved** otherwise (the noise does not tell);
 * the prediction error: the median over the schedules of ``|predicted / median - 1|``, with
-  its interval, judged against ``ERROR_MARK`` the same way.
+  its interval, judged against ``ERROR_MARK`` the same way;
+* against the transport's own collective (``versus_native``): the pick's median over
+  ``native``'s, with its interval: **slower** than native by more than 10% only where the
+  interval's bottom is above 1.10, **not slower** where its top is at most 1.10.
 """
 
 from __future__ import annotations
@@ -71,6 +74,18 @@ def judge(times: dict, predicted: dict, pick: str, seed: int = 0,
     return out
 
 
+def versus_native(times: dict, pick: str, seed: int = 0, draws: int = DRAWS) -> dict:
+    """The pick's median over ``native``'s (the same paired bootstrap), its interval and
+    verdict: ``"yes"`` (not more than 10% slower), ``"no"`` (slower), ``"unresolved"``;
+    empty where native was not timed."""
+    if "native" not in times or pick not in times:
+        return {}
+    boot = _draws(times, [pick, "native"], draws, seed)
+    lo, hi = _interval(boot[:, 0] / boot[:, 1])
+    return {"native_ratio": float(np.median(times[pick]) / np.median(times["native"])),
+            "native_interval": (lo, hi), "native_verdict": verdict(lo, hi, WITHIN)}
+
+
 def _measured_native(name: str) -> bool:
     """The transport's own methods ("native", "shm"): their prediction is calibration's own
     timing, not the model's."""
@@ -83,8 +98,10 @@ def summarize(cells: list[dict], small_below: int = 1 << 20) -> dict:
     below."""
     picked = [c["picked"] for c in cells]
     resolved = [v for v in picked if v != "unresolved"]
+    against = [c["native_verdict"] for c in cells if "native_verdict" in c]
     out = {"cells": len(cells), "resolved": len(resolved), "within": picked.count("yes"),
-           "missed": picked.count("no")}
+           "missed": picked.count("no"), "native_cells": len(against),
+           "native_within": against.count("yes"), "native_slower": against.count("no")}
     for part, keep in (("large", lambda c: c["nbytes"] >= small_below),
                        ("small", lambda c: c["nbytes"] < small_below)):
         chosen = [c for c in cells if keep(c) and "error" in c]

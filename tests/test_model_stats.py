@@ -46,3 +46,18 @@ def test_the_summary_counts_only_resolved_cells():
     assert (t["cells"], t["resolved"], t["within"], t["missed"]) == (3, 2, 1, 1)
     assert t["large"]["cells"] == 1 and t["small"]["cells"] == 2
     assert t["large"]["resolved"] == 1 and t["large"]["within_mark"] == 1
+
+
+def test_the_pick_against_native():
+    quiet = {"ring": _repeats(1.0, 0.01, 9, 1), "native": _repeats(1.5, 0.01, 9, 2),
+             "tree": _repeats(2.0, 0.01, 9, 3)}
+    faster = model_stats.versus_native(quiet, "ring")
+    assert faster["native_verdict"] == "yes" and faster["native_interval"][1] < 1
+    slower = model_stats.versus_native(quiet, "tree")
+    assert slower["native_verdict"] == "no" and slower["native_interval"][0] > 1.10
+    assert model_stats.versus_native(quiet, "native")["native_ratio"] == 1.0
+    assert model_stats.versus_native({"ring": quiet["ring"]}, "ring") == {}
+    cells = [{**model_stats.judge(quiet, {"ring": 1.0, "tree": 2.0}, pick), "nbytes": 4096,
+              **model_stats.versus_native(quiet, pick)} for pick in ("ring", "tree")]
+    t = model_stats.summarize(cells)
+    assert (t["native_cells"], t["native_within"], t["native_slower"]) == (2, 1, 1)
