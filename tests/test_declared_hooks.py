@@ -32,7 +32,7 @@ RECEIVER = re.compile(r"transport|native|\brun\b|bound|backend|channel")
 # found, so the list only shrinks (remove an entry once its probe is gone)
 KNOWN = {
     # a device backend's ``fabric``: the CuPy devices (backends/cupy/devices.py) have none yet
-    ("collectives/api/multi_device_parts.py", "fabric"),
+    ("collectives/runtime/execute/device_calls.py", "fabric"),
 }
 
 

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
-import collectives as core
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
 from collectives.arrays import overlaps, unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.calls import resolve_algorithm
+from collectives.runtime.execute import DeviceBackend
+from collectives.runtime.execute.device_calls import run_all_reduce, run_reduce
 from collectives.runtime.validate import as_array, check_op, check_out, resolve_groups, same_layout
 
 from . import group, one_gpu
@@ -69,6 +70,12 @@ def _prepare(values: Any, op: ReduceOp | str | None, argument: str = "values"
     op = check_op(op, dtype, argument) if op is not None else None
     _arrays()  # no GPU visible: raise here, before anything else
     return values, shape, dtype, op
+
+
+def _library_devices() -> DeviceBackend:
+    """The devices the library's algorithms run on (the rounds strategy: no ``map_parallel``,
+    which only the tiles strategy of host memory calls)."""
+    return cast(DeviceBackend, _devices())
 
 
 def _library(function: Any) -> Callable[..., Any]:
@@ -152,8 +159,9 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
             return _handle(results, results, "all_reduce", async_op)
         # (an out that aliases in another way: the library's path, which buffers it)
     if accumulation_fn is not None or not _use_nccl(request, values, dtype, op, groups):
-        results = _library(core.all_reduce)(values, op, algorithm, out=out, shards=shards,
-                                           groups=groups, accumulation_fn=accumulation_fn)
+        # the library's algorithms, on the arrays checked above (nothing is checked again)
+        results = run_all_reduce(_library_devices(), values, shape, dtype, op, algorithm, out=out,
+                                 shards=shards, groups=groups, accumulation_fn=accumulation_fn)
         return _handle(results, results, "all_reduce", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)
@@ -186,7 +194,8 @@ def _hybrid(arrays, flats, work, op: ReduceOp, outer: str, shards: int, groups: 
             group.reduce(arrays, [flats[p] for p in members], work[members[0]], 0, op.wire_op)
     leaders = [work[members[0]] for members in layout]
     if len(leaders) > 1:
-        _library(core.all_reduce)(leaders, op.wire_op, outer, out=leaders, shards=shards)
+        run_all_reduce(_library_devices(), leaders, leaders[0].shape, leaders[0].dtype, op.wire_op,
+                       outer, out=leaders, shards=shards)
     for members in layout:
         if len(members) > 1:
             group.broadcast([work[p] for p in members], 0)
@@ -212,8 +221,8 @@ def reduce(values: Sequence, op: ReduceOp | str = "sum", root: int = 0, algorith
     request = nccl_request(algorithm, math.prod(shape))
     if (accumulation_fn is not None or (request or "").startswith("nccl/")
             or not _use_nccl(request, values, dtype, op)):
-        result = _library(core.reduce)(values, op, root, algorithm, out=out, shards=shards,
-                                      groups=groups, accumulation_fn=accumulation_fn)
+        result = run_reduce(_library_devices(), values, shape, dtype, op, root, algorithm, out=out,
+                            shards=shards, groups=groups, accumulation_fn=accumulation_fn)
         return _handle(result, [result], "reduce", async_op)
     arrays = _arrays()
     final = result_dtype(op, dtype)

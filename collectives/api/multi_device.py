@@ -16,14 +16,12 @@ from typing import Any, Literal, cast, overload
 import numpy as np
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES
-from ..algorithms.schedule import Collective
-from ..arrays import unsafe_outputs
 from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
-from ..ops import result_dtype
 from ..registry import backend_for_arrays
-from ..runtime.execute import DeviceBackend, run_multi_device
+from ..runtime.execute import DeviceBackend
+from ..runtime.execute.device_calls import run_all_reduce, run_reduce
 from ..runtime.validate import (
     Groups,
     check_root,
@@ -33,12 +31,8 @@ from ..runtime.work import Work
 from .compressed import multi_device_all_reduce
 from .multi_device_parts import (
     backend_first,
-    deliver,
-    outputs,
     pick_algorithm,
-    plan,
     prepare,
-    work_buffers,
 )
 
 __all__ = ["all_reduce", "batch_all_reduce", "pick_algorithm", "reduce"]
@@ -113,8 +107,6 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
     values, shape, dtype, op = prepare(values, op)
     n = len(values)
     backend = cast(DeviceBackend, backend_for_arrays(values))
-    arrays = backend.arrays
-    final = result_dtype(op, dtype)
     if shared_result:
         if out is not None:
             raise ValueError("shared_result=True returns views of one new buffer; it takes "
@@ -127,13 +119,8 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
         view = result.view()
         view.flags.writeable = False
         return [view] * n
-    schedule = plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
-    results = outputs(arrays, out, values, shape, final)
-    work = work_buffers(arrays, results, values, shape, dtype, out is not None)
-    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
-                     op.wire_op, backend, accumulation_fn=accumulation_fn)
-    deliver(arrays, op, work, results, n)
-    return results
+    return run_all_reduce(backend, values, shape, dtype, op, algorithm, out=out, shards=shards,
+                          groups=groups, accumulation_fn=accumulation_fn)
 
 
 @overload
@@ -189,29 +176,10 @@ def reduce(values: Sequence[ArrayT], op: Op = "sum", root: int = 0, algorithm: A
         ``out`` that does not fit; before any data moves.
     """
     values, shape, dtype, op = prepare(values, op)
-    n = len(values)
-    root = check_root(root, n)
+    root = check_root(root, len(values))
     backend = cast(DeviceBackend, backend_for_arrays(values))
-    arrays = backend.arrays
-    schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
-                     root)
-    final = result_dtype(op, dtype)
-    result = outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
-    # Participants the schedule never writes keep reading their inputs: no buffer for them.
-    inputs = [arrays.flat(v) for v in values]
-    written = {s[0] for s in schedule.steps}
-    # (work buffers come from the backend's pool: mapped memory reused across calls)
-    work = [arrays.result(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
-            for p, v in enumerate(values)]
-    # in place only as the root's own input: ``out`` is values[root] (else it aliases an input)
-    safe = out is None or not unsafe_outputs(arrays, values, [None] * root + [result])
-    total = result if final == dtype and safe else arrays.result(shape, dtype, like=values[root])
-    work[root] = total.reshape(-1)
-    if root not in written:  # a single participant: its input is the total
-        arrays.copy(work[root], inputs[root])
-    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
-    deliver(arrays, op, [total], [result], n)
-    return result
+    return run_reduce(backend, values, shape, dtype, op, root, algorithm, out=out, shards=shards,
+                      groups=groups, accumulation_fn=accumulation_fn)
 
 
 @overload

@@ -1,0 +1,128 @@
+"""A validated multi-device call, run: its schedule, its result and work buffers, and the
+delivery of results (MEAN's one division, or a copy where a work buffer stood in).
+
+The multi-device API (``collectives.api.multi_device``) and a backend that validated a call
+itself (the CuPy backend, where NCCL does not run it) both come here once the arrays are
+checked: ``run_all_reduce`` and ``run_reduce`` take the call's validated pieces and run it
+over the backend's devices, without checking anything again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import algorithms
+from ...algorithms import select
+from ...algorithms.base import Layout
+from ...algorithms.cost import Placement
+from ...algorithms.schedule import Collective
+from ...arrays import unsafe_outputs
+from ...ops import ReduceOp, result_dtype
+from ..calls import resolve_algorithm
+from ..validate import check_out, check_shards, resolve_groups
+from .devices import DeviceBackend, run_multi_device
+
+
+def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: Any,
+         count: int = 0, shards: int = 0) -> tuple[str, int, Layout | None]:
+    """`pick_algorithm`, with the groups of a two-level choice of ``auto`` (or None)."""
+    name, shards = resolve_algorithm(algorithm, count, shards)
+    if name == "auto":
+        fabric = select.fabric_of(model)
+        decision = select.decide(collective, size, nbytes, fabric,
+                                 Placement(size, None, processes=False))
+        return decision.name, decision.shards or shards, decision.layout
+    if not algorithms.supports(collective, name):
+        raise ValueError(f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one "
+                         f"of {', '.join(algorithms.names_for(collective))}")
+    return name, shards, None
+
+
+def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tuple[int, ...],
+         dtype: np.dtype, shards: int = 0, groups: Any = None, root: int = 0) -> Any:
+    """The schedule that runs the call: ``algorithm`` resolved (``auto`` by the cost model)."""
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
+    name, shards, chosen = pick(collective, algorithm, n, nbytes, getattr(
+        backend, "fabric", None) or backend.cost_model, count, check_shards(shards))
+    layout = Layout(resolve_groups(groups, n)) if groups is not None else chosen
+    shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
+    return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
+
+
+def outputs(arrays, out, values, shape, dtype, argument="out") -> list:
+    if out is None:
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise TypeError(f"{argument} must be a list of {len(values)} arrays, one per device")
+    if len(out) != len(values):
+        raise ValueError(f"{argument} has {len(out)} arrays for {len(values)} devices; pass one "
+                         "per device")
+    for i, o in enumerate(out):
+        check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
+    return list(out)
+
+
+def work_buffers(arrays, results, values, shape, dtype, given: bool = True):
+    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
+    library allocated (``given`` False) share memory with nothing: no check needed."""
+    if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
+        return [arrays.result(shape, dtype, like=v) for v in values]
+    return results
+
+
+def deliver(arrays, op, work, results, size):
+    """Results from work buffers: MEAN's one division, or a copy where work stood in."""
+    for w, r in zip(work, results):
+        if op is ReduceOp.MEAN:
+            arrays.divide(w, size, out=r)
+        elif w is not r:
+            arrays.copy(r, w)
+
+
+def run_all_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
+                   dtype: np.dtype, op: ReduceOp, algorithm: Any, *, out: Any = None,
+                   shards: int = 0, groups: Any = None, accumulation_fn: Any = None) -> list:
+    """All-reduce checked ``values`` (one per device, of ``shape`` and ``dtype``) with the
+    library's algorithm; a result per device (into ``out``, checked here as it is used)."""
+    n = len(values)
+    arrays = backend.arrays
+    schedule = plan(backend, Collective.ALL_REDUCE, algorithm, n, shape, dtype, shards, groups)
+    results = outputs(arrays, out, values, shape, result_dtype(op, dtype))
+    work = work_buffers(arrays, results, values, shape, dtype, out is not None)
+    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, accumulation_fn=accumulation_fn)
+    deliver(arrays, op, work, results, n)
+    return results
+
+
+def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
+               dtype: np.dtype, op: ReduceOp, root: int, algorithm: Any, *, out: Any = None,
+               shards: int = 0, groups: Any = None, accumulation_fn: Any = None) -> Any:
+    """Reduce checked ``values`` onto device ``root`` (a checked index) with the library's
+    algorithm; the result (into ``out``, checked here as it is used)."""
+    n = len(values)
+    arrays = backend.arrays
+    schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
+                    root)
+    final = result_dtype(op, dtype)
+    result = outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
+    # Participants the schedule never writes keep reading their inputs: no buffer for them.
+    inputs = [arrays.flat(v) for v in values]
+    written = {s[0] for s in schedule.steps}
+    # (work buffers come from the backend's pool: mapped memory reused across calls)
+    work = [arrays.result(shape, dtype, like=v).reshape(-1) if p in written else inputs[p]
+            for p, v in enumerate(values)]
+    # in place only as the root's own input: ``out`` is values[root] (else it aliases an input)
+    safe = out is None or not unsafe_outputs(arrays, values, [None] * root + [result])
+    total = result if final == dtype and safe else arrays.result(shape, dtype, like=values[root])
+    work[root] = total.reshape(-1)
+    if root not in written:  # a single participant: its input is the total
+        arrays.copy(work[root], inputs[root])
+    run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
+    deliver(arrays, op, [total], [result], n)
+    return result
