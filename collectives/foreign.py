@@ -21,13 +21,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .registry import owner_of
+
 
 def is_foreign(x: Any) -> bool:
     """Whether ``x`` is an array of another library, to be adapted (not NumPy, not None, and
-    not CuPy: CuPy arrays have backends of their own, which take them as they are)."""
+    not an installed backend's own device arrays, such as CuPy's: those backends take them as
+    they are; ``registry.owner_of``)."""
     return x is not None and not isinstance(x, np.ndarray) and (
-        hasattr(x, "__dlpack__") or hasattr(x, "__array__")) and (
-        type(x).__module__.partition(".")[0] != "cupy")
+        hasattr(x, "__dlpack__") or hasattr(x, "__array__")) and owner_of(x) is None
 
 
 _GPU_DEVICES = (2, 10, 13)  # DLPack's CUDA, ROCm and CUDA managed memory

@@ -89,3 +89,21 @@ def test_buckets_of_toy_arrays_are_packed_on_their_side(n):
                 assert isinstance(result, ToyArray) and result.shape == shapes[k]
                 assert np.array_equal(result.data, reference(lists[k], "sum"))
     assert KIND.concatenated > before  # (a bucket of several tensors: packed by the toy kind)
+
+
+def test_the_core_routes_arrays_by_their_owners_not_by_module_names():
+    """Which backend takes an array is the backends' to say (``collectives.device_arrays``
+    entry points, ``registry.owner_of``): the core compares no module name with a library's."""
+    import pathlib
+    import re
+
+    from collectives import registry
+
+    names = dict(registry.device_array_owners())
+    assert "cupy" in names and not names["cupy"](np.zeros(3))  # (without importing CuPy)
+    assert registry.owner_of(np.zeros(3)) is None and registry.owner_of([1.0]) is None
+    core = pathlib.Path(collectives.__file__).parent
+    compare = re.compile(r"""(__module__[^\n]*|kinds?\[\d\]\s*)[=!]=\s*["'](\w+)["']""")
+    found = [f"{p.relative_to(core)}: {m.group(0)}" for p in core.rglob("*.py")
+             for m in compare.finditer(p.read_text())]
+    assert not found, found

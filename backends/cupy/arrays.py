@@ -17,6 +17,7 @@ scratch memory on the destination device.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +39,14 @@ def _cupy():
     import cupy
 
     return cupy
+
+
+def owns(x: object) -> bool:
+    """Whether ``x`` is a CuPy array (the core routes these to this backend; see
+    ``collectives.registry.owner_of``): looked up without importing CuPy, which a CuPy array
+    has imported already."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
 
 
 class CupyArrays:
