@@ -60,7 +60,7 @@ def test_the_first_runner_that_takes_a_call_wins_and_the_skipped_say_why():
             return "tree"
 
     def body(comm):
-        call = comm._call(collectives.Collective.ALL_REDUCE, np.ones(4), "sum", "ring")
+        call = comm.calls.validated(collectives.Collective.ALL_REDUCE, np.ones(4), "sum", "ring")
         return runners.choose(comm, call, (Never(), Always(), runners.Auto()))
 
     choice = collectives.run(body, size=2)[0]

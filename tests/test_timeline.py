@@ -75,7 +75,7 @@ def test_thread_ranks_trace_keeps_the_format(record):
         prepared = comm.all_reduce_init(x, out=np.empty_like(x))
         for _ in range(2):
             prepared.start().wait()
-        return comm._engine.seq
+        return comm.calls.engine.seq
 
     calls = collectives.run(body, 3)[0]
     tl.flush()
@@ -145,7 +145,7 @@ def test_rounds_are_the_plans_rounds_for_every_algorithm(record, size):
                 comm.gather(x, 1, name)
             else:
                 comm.reduce_scatter(x, "sum", name)
-            seqs.append(comm._engine.seq)
+            seqs.append(comm.calls.engine.seq)
         return seqs
 
     seqs = collectives.run(body, size)[0]

@@ -105,7 +105,7 @@ class NcclCommunicator(Communicator):
                 raise ValueError(f"{argument} is on GPU {x.device.id}, but this rank's "
                                  f"communicator works on GPU {device}; move it there "
                                  "(cupy.asarray under cupy.cuda.Device) or init(device=...)")
-            self.transport.follow_caller(self._engine.seq)  # (this call's number)
+            self.transport.follow_caller(self.calls.engine.seq)  # (this call's number)
             return x
         if x is None:
             raise TypeError(f"{argument} is None; pass a CuPy array")
@@ -120,13 +120,13 @@ class NcclCommunicator(Communicator):
         for k, x in enumerate(xs):
             if not arrays.owns(x) or x.device.id != device:
                 self.adapt(x, f"{argument}[{k}]")  # (raises, saying why)
-        self.transport.follow_caller(self._engine.seq)
+        self.transport.follow_caller(self.calls.engine.seq)
         return list(xs)
 
     def _guard(self, what: str) -> None:
         failed = self.transport.failed
         if failed is not None:
-            self._engine.break_for(f"the watchdog found {type(failed).__name__}: {failed}")
+            self.calls.engine.break_for(f"the watchdog found {type(failed).__name__}: {failed}")
 
     def _wrap(self, result: Any, async_op: bool) -> Any:
         return GpuWork(self, result) if async_op else result
@@ -190,7 +190,7 @@ class NcclCommunicator(Communicator):
         """Every rank has arrived (an MPI barrier, polled with the deadline), and this rank's
         stream has finished its calls."""
         self._guard("barrier")
-        self._engine.enter("barrier")  # raises where the communicator is broken
+        self.calls.engine.enter("barrier")  # raises where the communicator is broken
         try:
             t = self.transport
             request = t.control.comm.Ibarrier()
@@ -204,7 +204,7 @@ class NcclCommunicator(Communicator):
                     raise error
                 t.idle(1.0)
         finally:
-            self._engine.leave()
+            self.calls.engine.leave()
         self.synchronize(timeout)
 
     def synchronize(self, timeout: float | None = None) -> None:

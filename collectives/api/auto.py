@@ -92,7 +92,7 @@ def choose(comm: Any, call: Any) -> str:
     decision = decide(comm, call)
     if isinstance(decision, str):
         return decision
-    if decision.name != "native" and decision.name in comm._native_names:
+    if decision.name != "native" and decision.name in comm.calls.native_names:
         call.algorithm = decision.name  # (the transport's own method, by its name)
         return "native"
     if decision.layout is not None:
@@ -111,7 +111,7 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
     collective = Collective(collective) if isinstance(collective, str) else collective
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
     x = comm.adapt(x, "x")
-    call = comm._call(collective, x, op if reducing else None, algorithm, root=root,
+    call = comm.calls.validated(collective, x, op if reducing else None, algorithm, root=root,
                       groups=groups)
     runner = str(call.choice) if call.choice is not None else ""
     if call.choice is not None and call.choice.runner != "auto":
@@ -142,8 +142,7 @@ class ChoiceOps(CommParts):
     @fabric.setter
     def fabric(self, fabric: Fabric) -> None:
         self._fabric = fabric
-        self._calls.clear()  # calls chose with the old constants
-        self._fast.clear()
+        self.calls.forget()  # calls chose with the old constants
 
     def explain(self, collective: CollectiveName | Collective, x: Any, op: Op = "sum", *,
                 root: int = 0, groups: Groups = None,

@@ -143,7 +143,7 @@ def _natives(comm: Any, sizes, repeats: int, which) -> list:
         x = np.ones(comm.size, np.float32)
         for method in native.methods:
             if not native.supports(
-                    comm._call(Collective.ALL_REDUCE, x, "sum", method)):
+                    comm.calls.validated(Collective.ALL_REDUCE, x, "sum", method)):
                 continue
             for nbytes in sizes:
                 count = max(nbytes // 4 // comm.size, 1) * comm.size

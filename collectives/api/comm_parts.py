@@ -11,21 +11,16 @@ against them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from ..algorithms.cost import Fabric, Placement
-    from ..algorithms.schedule import Collective
     from ..arrays import ArrayBackend
     from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
-    from ..runtime.calls import Call
-    from ..runtime.engine import Engine
-    from ..runtime.hot_path import FastAllReduce
     from ..runtime.validate import Groups
     from ..runtime.work import Work
+    from .call_runner import CallRunner
 
 
 class CommParts:
@@ -44,13 +39,8 @@ class CommParts:
     debug: str  # COLLECTIVES_DEBUG: "", "info" or "detail"
     last_algorithm: str | None
     placement: Placement
-    _engine: Engine
-    _calls: dict[Any, Call]  # call arguments (or "barrier") -> the validated call
-    _fast: dict[Any, FastAllReduce | None]  # all-reduce arguments -> hot path (None: none)
-    _hot: FastAllReduce | None  # the hot path the latest hot all-reduce took
+    calls: CallRunner  # the call machinery (api/call_runner.py): validate, start, stages
     _batches: set[tuple]  # batch layouts every rank has agreed on
-    _native_names: tuple[str, ...]
-    _rounds_in_turn: bool
     _fabric: Fabric
 
     if TYPE_CHECKING:
@@ -61,19 +51,6 @@ class CommParts:
         def adapt(self, x: Any, argument: str) -> Any: ...
 
         def adapt_batch(self, xs: Any, argument: str) -> list: ...
-
-        def _call(self, collective: Collective, x: Any, op: Any, algorithm: Any, *,
-                  root: int = 0, shards: int = 0, groups: Any = None,
-                  axis: int | None = None) -> Call: ...
-
-        def _target(self, out: Any, shape: tuple, dtype: np.dtype,
-                    argument: str = "out") -> tuple[Any, BaseException | None]: ...
-
-        def _start(self, what: str, build: Callable[[int], tuple[Any, Any, Any]],
-                   async_op: bool, timeout: float | None, subject: str | None = None) -> Any: ...
-
-        def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
-                        turn: int | None = None) -> Any: ...
 
         # spmd_reductions.py
         @overload

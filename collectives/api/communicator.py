@@ -17,27 +17,18 @@ and ``Communicator.adapt`` (which arrays a call accepts).
 
 from __future__ import annotations
 
-import logging
-import math
 import zlib
 from typing import Any
 
 import numpy as np
 
-from .. import algorithms
-from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..arrays import plain_ndarray
 from ..log import configure, debug_setting
-from ..runtime.agreement import agreed
-from ..runtime.calls import Call, check_op_for, resolve_algorithm
-from ..runtime.engine import Engine
-from ..runtime.execute.spmd import SpmdRun
-from ..runtime.native_stage import NativeStage, ScheduleInTurn
-from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
-from ..runtime.work import Operation
-from ..timeline import record_calls, recorder
+from ..runtime.calls import Call
+from ..timeline import recorder
 from . import auto, runners
+from .call_runner import CallRunner
 from .spmd_batch import BatchOps
 from .spmd_copies import CopyOps
 from .spmd_p2p import PointToPointOps
@@ -45,10 +36,6 @@ from .spmd_prepared import PreparedOps
 from .spmd_reductions import ReductionOps
 from .spmd_spread import SpreadOps
 from .spmd_subcomms import SubcommOps
-
-CALLS = logging.getLogger("collectives.calls")
-REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
-ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
 
 class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, PointToPointOps,
@@ -94,16 +81,8 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         self.arrays = transport.arrays
         self.debug = debug_setting()  # read once, here: it must be the same on every rank
         configure()
-        self._engine = Engine(transport, timeout=self.timeout, check=self.check,
-                              detail=self.debug == "detail")
-        self._calls = {}
-        self._fast = {}  # all-reduce arguments -> FastAllReduce (or None: not eligible)
-        self._hot = None  # the FastAllReduce the latest hot all-reduce took
+        self.calls = CallRunner(self)  # the call machinery: api/call_runner.py
         self._batches = set()  # batch layouts every rank has agreed on (batch_all_reduce)
-        native = transport.native
-        self._native_names = native.names if native is not None else ()
-        # schedules' rounds take native turns where they share the natives' order (NCCL)
-        self._rounds_in_turn = bool(transport.schedules_in_native_order)
         self.last_algorithm = None
         self._trace_place = (recorder.participant(self.rank), recorder.next_index())
         self._fabric = auto.transport_fabric(transport)
@@ -123,7 +102,7 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
 
         Every later call on it raises `CommunicatorBrokenError` saying it was freed.
         """
-        self._engine.close()
+        self.calls.engine.close()
         self.transport.free()
 
     # --- hooks --------------------------------------------------------------------------
@@ -202,151 +181,6 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         call.choice = runners.choose(self, call)
         return call.choice.run_as
 
-    # --- calls --------------------------------------------------------------------------
-
-    def _call(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
-              shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
-        """The validated call, from the cache when these arguments were seen before."""
-        try:
-            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis)
-            call = self._calls.get(key)
-        except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
-            key, call = None, None
-        if call is None:
-            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis)
-            if key is not None:
-                if len(self._calls) > 4096:
-                    self._calls.clear()
-                self._calls[key] = call
-        return call
-
-    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
-        dtype = np.dtype(x.dtype)
-        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
-        check_communicable(dtype, "x")
-        shape = tuple(int(d) for d in x.shape)
-        if collective in ROOTED:
-            root = check_root(root, self.size)
-        shards = check_shards(shards)
-        name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self._native_names)
-        if name not in self._native_names and name != "auto":
-            if not algorithms.supports(collective, name):
-                raise ValueError(
-                    f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
-                    f"{', '.join(algorithms.names_for(collective))}")
-        layout = None
-        if "/" in name or groups is not None:
-            layout = (Layout(resolve_groups(groups, self.size)) if groups is not None
-                      else self.transport.layout)
-        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
-        call.run_as = self.choose_algorithm(call)
-        CALLS.info("rank %d: %s runs as %s", self.rank, call.describe(), call.run_as)
-        return call
-
-    def _target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
-        """``(out, None)`` when ``out`` can take the result, else ``(None, its error)``: the
-        call still runs (with a buffer of its own) and raises the error at the end, so peers
-        are not left with half a collective."""
-        if out is None:
-            return None, None
-        try:
-            from ..runtime.validate import check_out
-
-            check_out(out, shape, dtype, argument, self.arrays)
-        except (TypeError, ValueError) as exc:
-            return None, agreed(exc)
-        return out, None
-
-    def _start(self, what: str, build, async_op: bool, timeout: float | None,
-               subject: str | None = None):
-        """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
-        ``subject`` names the call in errors (default: the call's own description)."""
-        engine = self._engine
-        t0 = recorder.now() if recorder.ON else 0
-        engine.enter(what, timeout)
-        try:
-            if async_op:  # too many handles unwaited: refused alike on every rank, at once
-                crowded = engine.crowded()
-                if crowded is not None:
-                    raise crowded
-            seq = engine.next_seq()
-            call = data = finish = error = None
-            try:
-                check_timeout(timeout)
-                if error is None:
-                    call, data, finish = build(seq)
-            except (TypeError, ValueError, MemoryError) as exc:
-                call, data, finish, error = None, None, None, exc
-                timeout = None  # (it may be the bad argument) the agreement waits the default
-            late = getattr(finish, "late", None)
-            own = getattr(call, "agrees_itself", False)
-            if not self.check or own:
-                if error is not None:
-                    engine.fail_locally(error, seq)
-                    raise error
-                agreement = None
-            else:
-                signature = call.signature if call is not None else None
-                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
-                if error is not None and self.size > 1:
-                    engine.reject(error, seq)  # peers that skip this agreement must hear
-                if agreement is not None and late is not None:
-                    # agreed only now: the bad ``out`` goes into the agreement, nothing moves
-                    agreement.fail_with(late)
-                    for stage in data or ():
-                        abort = getattr(stage, "abort", None)
-                        if abort is not None:  # e.g. give back a native turn it reserved
-                            abort()
-                    data = None
-                # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
-                # and raise at the end: its peers get their results)
-            subject = subject or (call if call is not None else what)
-            if self.debug == "detail":
-                CALLS.debug("rank %d: call %d: %s", self.rank, seq,
-                            call.describe() if call is not None else f"{what}: {error}")
-            if call is not None:
-                self.last_algorithm = call.run_as
-            # what peers see of this rank: the call, and whether it agrees on it or moves data
-            phase = "agreeing" if agreement is not None or own else "moving"
-            self.transport.publish_activity((seq, subject, phase))
-            stages = [agreement, *(data or [])]
-            op = Operation(engine, seq, subject, stages, finish or _nothing,
-                           signature=call.signature if call else None,
-                           check=call.check if call else 0,
-                           skipped_agreement=agreement is None and not own, phase=phase)
-            if recorder.ON:
-                record_calls.issued(self, op, async_op, t0)
-            result = engine.run(op, async_op, timeout)
-            if not async_op:
-                self.transport.publish_activity((seq, subject, False))
-            return result
-        finally:
-            engine.leave()
-
-    def _data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
-                    turn: int | None = None):
-        """The stage that moves the data: the native collective, or this rank's plan.
-        ``turn``: a place in the native start order reserved when the call was issued (for
-        calls that learn their data stage later); released where no native runs."""
-        op = call.op.wire_op if call.op is not None else None
-        if call.run_as == "native":
-            return NativeStage(self._engine, self.transport.native, call, src, work,
-                               op, seq, turn)
-        in_order = self._rounds_in_turn
-        if turn is not None and not in_order:
-            self._engine.release_turn(turn)
-        units = len(work) // granule if granule else 0
-        shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
-        plan = call.plans.get(shards)
-        if plan is None:  # the call keeps its plan: no lookup on later calls
-            plan = call.plans[shards] = algorithms.rank_plan(
-                call.collective, call.run_as, self.size, self.rank, root=call.root,
-                shards=shards, layout=call.layout)
-        run = SpmdRun(plan, work, op, self.transport.data, granule=granule, seq=seq,
-                      check=call.check if self.check else 0,
-                      src=src if src is not None and src is not work else None)
-        return ScheduleInTurn(self._engine, run, turn) if in_order else run
-
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has arrived.
 
@@ -365,22 +199,22 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         def build(seq):
             call = self._barrier_call()
             token = np.zeros(1, np.int64)
-            return call, [self._data_stage(call, seq, None, token)], _nothing
+            return call, [self.calls.data_stage(call, seq, None, token)], _nothing
 
-        self._start("barrier", build, False, timeout, subject="barrier")
+        self.calls.start("barrier", build, False, timeout, subject="barrier")
 
     def _barrier_call(self) -> Call:
         """A barrier is a one-element all-reduce with a signature of its own (so that a rank in
         a barrier and one in an all-reduce are told they disagree)."""
-        call = self._calls.get("barrier")
+        call = self.calls.cache.get("barrier")
         if call is None:
-            call = self._call(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
+            call = self.calls.validated(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
             barrier = Call(Collective.ALL_REDUCE, call.shape, call.dtype, call.op, 0, "rechd", 0,
                            None)
             barrier.signature = ("barrier",) + (None,) * 8
             barrier.check = zlib.crc32(b"barrier") & ((1 << 30) - 1)
             barrier.run_as = "rechd"
-            call = self._calls["barrier"] = barrier
+            call = self.calls.cache["barrier"] = barrier
         return call
 
 

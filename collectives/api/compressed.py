@@ -32,10 +32,10 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         wire = wire_dtype(compression, parsed, xa.dtype, "x")
         divisor = comm.size if parsed is ReduceOp.MEAN else 1
         small = compress(arrays, xa, wire, divisor)
-        call = comm._call(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
+        call = comm.calls.validated(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
                           groups=groups)
-        target, late = comm._target(out, call.shape, xa.dtype)
-        data = comm._data_stage(call, seq, None, small.reshape(-1))
+        target, late = comm.calls.target(out, call.shape, xa.dtype)
+        data = comm.calls.data_stage(call, seq, None, small.reshape(-1))
 
         def finish():
             result = target if target is not None else arrays.result(call.shape, xa.dtype,
@@ -48,7 +48,7 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         finish.late = late
         return call, [data], finish
 
-    return comm._start("all_reduce", build, async_op, timeout)
+    return comm.calls.start("all_reduce", build, async_op, timeout)
 
 
 def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, algorithm: Any,

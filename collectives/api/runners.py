@@ -68,9 +68,9 @@ class Native:
 
     def skip(self, comm: Any, call: Call) -> str | None:
         native = comm.transport.native
-        if call.algorithm not in comm._native_names:
+        if call.algorithm not in comm.calls.native_names:
             return (f"not asked for by name ({call.algorithm!r}; the transport's: "
-                    f"{', '.join(comm._native_names) or 'none'})")
+                    f"{', '.join(comm.calls.native_names) or 'none'})")
         if not native.supports(call):
             return (f"the transport's {call.algorithm} cannot run {call.describe()}; "
                     "the cost model picks among the schedules")
@@ -86,7 +86,7 @@ class Schedule:
     name = "schedule"
 
     def skip(self, comm: Any, call: Call) -> str | None:
-        if call.algorithm == "auto" or call.algorithm in comm._native_names:
+        if call.algorithm == "auto" or call.algorithm in comm.calls.native_names:
             return f"no schedule asked for by name ({call.algorithm!r})"
         return None
 

@@ -149,7 +149,7 @@ class BatchOps(CommParts):
                            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                           extra_names=self._native_names, bucket_bytes=bucket_bytes,
+                           extra_names=self.calls.native_names, bucket_bytes=bucket_bytes,
                            alone_bytes=arrays.alone_bytes(xs[0]) if xs else None)
         for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
 
@@ -241,7 +241,7 @@ class Buckets(Generic[ArrayT]):
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
         self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
-                                bucket_bytes=bucket_bytes, extra_names=comm._native_names,
+                                bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
                                 alone_bytes=alone_bytes)
         self.order = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)

@@ -71,13 +71,13 @@ class CopyOps(CommParts):
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
-            call = self._call(Collective.GATHER, xa, None, algorithm, root=root)
+            call = self.calls.validated(Collective.GATHER, xa, None, algorithm, root=root)
             n, count = self.size, call.count
             mine = self.rank == call.root
             work = (arrays.result((n * count,), call.dtype, like=xa) if mine
                     else arrays.empty((n * count,), call.dtype, like=xa))
             arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
-            data = self._data_stage(call, seq, None, work, granule=count if count else 1)
+            data = self.calls.data_stage(call, seq, None, work, granule=count if count else 1)
 
             def finish():
                 return work.reshape((n, *call.shape)) if mine else None
@@ -85,7 +85,7 @@ class CopyOps(CommParts):
             finish.late = None
             return call, [data], finish
 
-        return self._start("gather", build, async_op, timeout)
+        return self.calls.start("gather", build, async_op, timeout)
 
     @overload
     def scatter(self, x: ArrayT | None = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
@@ -133,7 +133,7 @@ class CopyOps(CommParts):
         """
         from .spmd_from_root import build_rooted
 
-        return self._start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
+        return self.calls.start("scatter", build_rooted(self, Collective.SCATTER, x, root, algorithm,
                                                    out), async_op, timeout)
 
     @overload
@@ -216,7 +216,7 @@ class CopyOps(CommParts):
                 shape = tuple(xa.shape)
             else:
                 shape = (0, *row_shape)  # the leading axis may differ between ranks
-            call = self._call(Collective.ALL_TO_ALL, _Shape(shape, xa.dtype), None, algorithm)
+            call = self.calls.validated(Collective.ALL_TO_ALL, _Shape(shape, xa.dtype), None, algorithm)
             send_at = [0, *np.cumsum(counts[self.rank] * row).tolist()]
             recv_at = [0, *np.cumsum(counts[:, self.rank] * row).tolist()]
             result = arrays.result((int(counts[:, self.rank].sum()), *row_shape), call.dtype,
@@ -228,8 +228,8 @@ class CopyOps(CommParts):
             plan = algorithms.rank_plan(Collective.ALL_TO_ALL, name, n, self.rank)
             data = ExchangeRun(plan, src, dst, send_at, recv_at, self.transport.data, seq=seq,
                                check=call.check if self.check else 0)
-            if self._rounds_in_turn:
-                data = ScheduleInTurn(self._engine, data)
+            if self.calls.rounds_in_turn:
+                data = ScheduleInTurn(self.calls.engine, data)
 
             def finish():
                 return result
@@ -237,7 +237,7 @@ class CopyOps(CommParts):
             finish.late = None
             return call, [data], finish
 
-        return self._start("all_to_all", build, async_op, timeout)
+        return self.calls.start("all_to_all", build, async_op, timeout)
 
     def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's ``obj``, in rank order.
@@ -309,7 +309,7 @@ class CopyOps(CommParts):
 
         blob, problem = _pickled(obj) if self.rank == root else (None, None)
         # a root that cannot pickle says so in the broadcast's opening: every rank raises
-        got = self._start("broadcast", build_rooted(self, Collective.BROADCAST, blob, root, "auto",
+        got = self.calls.start("broadcast", build_rooted(self, Collective.BROADCAST, blob, root, "auto",
                                                     None, problem=problem), False, timeout)
         return obj if self.rank == root else pickle.loads(got.tobytes())
 

@@ -62,7 +62,7 @@ class Opening:
         shape = known[0] if known is not None else None
         dtype = known[1] if known is not None else None
         signature = (header.signature[0], shape, dtype, *header.signature[3:])
-        self.agreement = Agreement(comm._engine, seq, signature, header.check, error,
+        self.agreement = Agreement(comm.calls.engine, seq, signature, header.check, error,
                                    known=digest, payload=blob) if comm.check else None
         self.known = None if comm.check else known
 
@@ -81,7 +81,7 @@ class Opening:
 
     def abort(self) -> None:
         if self.data is None:
-            self.comm._engine.release_turn(self.turn)
+            self.comm.calls.engine.release_turn(self.turn)
         for stage in (self.agreement, self.data):
             if stage is not None:
                 stage.abort()
@@ -107,8 +107,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
             root_ = check_root(root, comm.size)
             if problem is not None:
                 raise problem
-            name, _ = resolve_algorithm(algorithm, 0, 0, comm._native_names)
-            if name not in comm._native_names and name != "auto" and not algorithms.supports(
+            name, _ = resolve_algorithm(algorithm, 0, 0, comm.calls.native_names)
+            if name not in comm.calls.native_names and name != "auto" and not algorithms.supports(
                     kind, name):
                 raise ValueError(f"algorithm={algorithm!r} has no {kind.value}; use 'auto' or one "
                                  f"of {', '.join(algorithms.names_for(kind))}")
@@ -117,7 +117,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                 if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
                     raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
                                      f"axis of length {comm.size} (one row per rank)")
-                call = comm._call(kind, xa, None, name, root=root_)
+                call = comm.calls.validated(kind, xa, None, name, root=root_)
                 known = (call.shape[1:] if scatter else call.shape), dtype_token(call.dtype)
                 if len(known[0]) > 16:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
@@ -142,27 +142,27 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         def make_data(desc):
             shape, dtype = tuple(desc[0]), from_token(desc[1])
             whole = (comm.size, *shape) if scatter else shape
-            call = comm._call(kind, _Like(whole, dtype), None, name, root=header.root)
+            call = comm.calls.validated(kind, _Like(whole, dtype), None, name, root=header.root)
             header.call, header.run_as = call, call.run_as
             comm.last_algorithm = call.run_as
-            target, bad = comm._target(out, shape, dtype)
+            target, bad = comm.calls.target(out, shape, dtype)
             if bad is not None:
                 late.append(bad)
             mine_result = target if target is not None else arrays.result(shape, dtype)
             result.append(mine_result)
             if not scatter:
-                return comm._data_stage(call, seq, src, mine_result.reshape(-1), turn=turn)
+                return comm.calls.data_stage(call, seq, src, mine_result.reshape(-1), turn=turn)
             # the root reads its x in place; the others receive into a buffer of every row (only
             # their own rows, and those they pass on, are ever touched)
             count = call.count // comm.size
             work = src if src is not None else arrays.empty((call.count,), dtype)
             row = slice(comm.rank * count, (comm.rank + 1) * count)
-            stage = comm._data_stage(call, seq, None, work, granule=count if count else 1,
+            stage = comm.calls.data_stage(call, seq, None, work, granule=count if count else 1,
                                      turn=turn)
             return _Then(stage, lambda: arrays.copy(mine_result.reshape(-1), work[row]))
 
         # natives start in call order: this call's place is taken now, whatever it runs later
-        turn = comm._engine.reserve_turn()
+        turn = comm.calls.engine.reserve_turn()
         stage = Opening(comm, seq, header, known, error, make_data, turn)
 
         def finish():

@@ -63,7 +63,7 @@ class PointToPointOps(CommParts):
     def _message(self, direction: str, peer: int, tag: int, array: Any, given: Any,
                  blocking: bool, t0: int) -> Work:
         """Post the message (``given``: the array as the caller passed it, for the timeline)."""
-        engine = self._engine
+        engine = self.calls.engine
         channel = self.transport.p2p  # (it pairs messages of one tag in order, as MPI does)
         flat = array.reshape(-1)
         if direction == "send":
@@ -191,7 +191,7 @@ class PointToPointOps(CommParts):
                 array = self.arrays.flat(array)
         else:
             check_out(array, tuple(array.shape), array.dtype, "out", self.arrays)
-        engine = self._engine
+        engine = self.calls.engine
         engine.enter(direction)
         try:
             crowded = engine.crowded(collective=False)

@@ -72,7 +72,7 @@ class PreparedOps(CommParts):
             being it).
         """
         xa = self.adapt(x, "x")
-        call = self._call(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
+        call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
@@ -116,7 +116,7 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa = self.adapt(x, "x")
-        call = self._call(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
+        call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
         arrays = self.arrays
         mine = self.rank == call.root
         if mine:
@@ -159,7 +159,7 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa = self.adapt(x, "x")
-        call = self._call(Collective.BROADCAST, xa, None, algorithm, root=root)
+        call = self.calls.validated(Collective.BROADCAST, xa, None, algorithm, root=root)
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
 
@@ -187,7 +187,7 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa = self.adapt(x, "x")
-        call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
+        call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
         base = call.shape if call.shape else (1,)
         gathered = (base[0] * self.size, *base[1:])
         xa = self._bind(xa, out, gathered, call.dtype, "all_gather_init")
@@ -227,7 +227,7 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa = self.adapt(x, "x")
-        call = self._call(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
+        call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
         xa = self._bind(xa, out, (hi - lo, *call.shape[1:]), call.final, "reduce_scatter_init")

@@ -83,19 +83,19 @@ class ReductionOps(CommParts):
         CollectiveTimeoutError
             A peer did not arrive within ``timeout``; the communicator is broken after it.
         """
-        fast = self._hot  # the hot path the last repeated call took
+        fast = self.calls.last_hot  # the hot path the last repeated call took
         if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
                 and not shards and groups is None and compression is None):
             if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
                     and x.shape == fast.shape):  # (the same arguments: by identity)
                 try:  # another signature's hot path, if it has one
-                    fast = self._fast.get((x.shape, x.dtype, op, algorithm))
+                    fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
                 except TypeError:  # an unhashable spec (a list of ranges): no hot path
                     fast = None
             if fast is not None and (out is None or (
                     out.__class__ is fast.cls and out.shape == fast.shape
                     and (out.dtype is fast.dtype or out.dtype == fast.dtype))):
-                self._hot = fast
+                self.calls.last_hot = fast
                 result = fast(x, out)
                 if result is not None:
                     return result
@@ -123,11 +123,11 @@ class ReductionOps(CommParts):
                 and valid_timeout(timeout)):
             fast_key = (x.shape, x.dtype, op, algorithm)
             try:
-                fast = self._fast.get(fast_key)
+                fast = self.calls.hot_paths.get(fast_key)
             except TypeError:  # an unhashable spec (a list of ranges): no hot path
                 fast_key = fast = None
             if fast is not None and not async_op and (out is None or self._fits(out, x)):
-                self._hot = fast
+                self.calls.last_hot = fast
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
@@ -136,17 +136,17 @@ class ReductionOps(CommParts):
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
-            call = self._call(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards,
+            call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards,
                               groups=groups)
             seen.append(call)
-            target, late = self._target(out, call.shape, call.final)
+            target, late = self.calls.target(out, call.shape, call.final)
             same = call.final == call.dtype
             if target is not None and same and (target is xa or not overlaps(arrays, target, xa)):
                 work = target
             else:
                 work = arrays.result(call.shape, call.dtype, like=xa)
             src = arrays.flat(xa)
-            data = self._data_stage(call, seq, src if work is not xa else None,
+            data = self.calls.data_stage(call, seq, src if work is not xa else None,
                                     work.reshape(-1))
 
             def finish():
@@ -165,13 +165,13 @@ class ReductionOps(CommParts):
             finish.late = late
             return call, [data], finish
 
-        result = self._start("all_reduce", build, async_op, timeout)
-        if fast_key is not None and fast_key not in self._fast and seen:
-            if len(self._fast) > 1024:  # programs use few distinct calls; bound it anyway
-                self._fast.clear()
-            fast = self._fast[fast_key] = FastAllReduce.build(self, seen[0], x, op, algorithm)
+        result = self.calls.start("all_reduce", build, async_op, timeout)
+        if fast_key is not None and fast_key not in self.calls.hot_paths and seen:
+            if len(self.calls.hot_paths) > 1024:  # programs use few distinct calls; bound it anyway
+                self.calls.hot_paths.clear()
+            fast = self.calls.hot_paths[fast_key] = FastAllReduce.build(self, seen[0], x, op, algorithm)
             if fast is not None:
-                self._hot = fast
+                self.calls.last_hot = fast
         return result
 
     def hot_ready(self, x: Any, op: Op = "sum", algorithm: SpmdAlgorithm = "auto") -> bool:
@@ -191,10 +191,10 @@ class ReductionOps(CommParts):
             True where the call would run at once, without an operation in flight.
         """
         try:
-            fast = self._fast.get((x.shape, x.dtype, op, algorithm))
+            fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
         except (TypeError, AttributeError):  # unhashable spec, or not an array
             return False
-        engine = self._engine
+        engine = self.calls.engine
         return fast is not None and not engine.inflight and engine.broken is None
 
     def _foreign_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
@@ -209,20 +209,20 @@ class ReductionOps(CommParts):
                 and hasattr(x, "dtype")):
             try:
                 key = (x.shape, x.dtype, op, algorithm)
-                fast = self._fast.get(key)
+                fast = self.calls.hot_paths.get(key)
             except TypeError:  # an unhashable spec: no hot path
                 key = fast = None
             if (fast is not None and not async_op and x.__class__ is fast.cls
                     and (out is None or (out.__class__ is fast.cls and out.shape == fast.shape
                                          and out.dtype == fast.dtype))):
-                self._hot = fast
+                self.calls.last_hot = fast
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
         result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
                               dict(out=out, shards=shards, groups=groups, timeout=timeout,
                                    async_op=async_op, compression=compression))
-        if key is not None and key not in self._fast:
+        if key is not None and key not in self.calls.hot_paths:
             self._learn_kind(x, key)
         return result
 
@@ -231,19 +231,20 @@ class ReductionOps(CommParts):
         adopted call has a hot path and the transport binds it to that kind."""
         kind = array_kind(x)
         if kind is None:
-            self._fast[key] = None
+            self.calls.hot_paths[key] = None
             return
         _, _, op, algorithm = key
         adopted = (tuple(x.shape), kind.dtype_of(x), op, algorithm)
-        if adopted == key or adopted not in self._fast:
+        if adopted == key or adopted not in self.calls.hot_paths:
             return  # (a kind whose dtypes are NumPy's shares NumPy's signatures; or no agreed
             # call of that signature yet: the next one tries again)
-        native = self._fast[adopted]
+        native = self.calls.hot_paths[adopted]
         bound = native.bound.for_kind(kind) if native is not None else None
         if native is None or bound is None:
-            self._fast[key] = None
+            self.calls.hot_paths[key] = None
             return
-        self._fast[key] = self._hot = FastAllReduce(self, native.call, bound, x, op, algorithm)
+        fast = FastAllReduce(self, native.call, bound, x, op, algorithm)
+        self.calls.hot_paths[key] = self.calls.last_hot = fast
 
     def _fits(self, out: Any, x: Any) -> bool:
         """Whether ``out`` can take ``x``'s all-reduce as it is (the fast path's check)."""
@@ -301,12 +302,12 @@ class ReductionOps(CommParts):
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
-            call = self._call(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
+            call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
             mine = self.rank == call.root
-            target, late = self._target(out if mine else None, call.shape, call.final)
+            target, late = self.calls.target(out if mine else None, call.shape, call.final)
             work = (arrays.result(call.shape, call.dtype, like=xa) if mine
                     else arrays.empty(call.shape, call.dtype, like=xa))
-            data = self._data_stage(call, seq, arrays.flat(xa), work.reshape(-1))
+            data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1))
 
             def finish():
                 if not mine:
@@ -327,4 +328,4 @@ class ReductionOps(CommParts):
             finish.late = late
             return call, [data], finish
 
-        return self._start("reduce", build, async_op, timeout)
+        return self.calls.start("reduce", build, async_op, timeout)

@@ -82,7 +82,7 @@ class SpreadOps(CommParts):
         """
         from .spmd_from_root import build_broadcast
 
-        return self._start("broadcast", build_broadcast(self, x, root, algorithm, out),
+        return self.calls.start("broadcast", build_broadcast(self, x, root, algorithm, out),
                            async_op, timeout)
 
     @overload
@@ -136,19 +136,19 @@ class SpreadOps(CommParts):
             if not -ndim <= axis < ndim:
                 raise ValueError(f"axis={axis} is out of range for x of {len(xa.shape)} "
                                  "dimensions")
-            call = self._call(Collective.ALL_GATHER, xa, None, algorithm, axis=axis % ndim)
+            call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm, axis=axis % ndim)
             n, count = self.size, call.count
             base = call.shape if call.shape else (1,)
             gathered = list(base)
             gathered[call.axis] *= n
-            target, late = self._target(out, tuple(gathered), call.dtype)
+            target, late = self.calls.target(out, tuple(gathered), call.dtype)
             leading = all(d == 1 for d in base[:call.axis])
             if leading and target is not None and not overlaps(arrays, target, xa):
                 work = target.reshape(-1)
             else:
                 work = arrays.result((n * count,), call.dtype, like=xa)
             arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
-            data = self._data_stage(call, seq, None, work, granule=count if count else 1)
+            data = self.calls.data_stage(call, seq, None, work, granule=count if count else 1)
 
             def finish():
                 if leading:
@@ -165,7 +165,7 @@ class SpreadOps(CommParts):
             finish.late = late
             return call, [data], finish
 
-        return self._start("all_gather", build, async_op, timeout)
+        return self.calls.start("all_gather", build, async_op, timeout)
 
     @overload
     def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
@@ -217,14 +217,14 @@ class SpreadOps(CommParts):
             xa = self.adapt(x, "x")
             if len(xa.shape) == 0:
                 raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
-            call = self._call(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
+            call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
             rows, n, i = call.shape[0], self.size, self.rank
             lo, hi = i * rows // n, (i + 1) * rows // n
             mine = (hi - lo, *call.shape[1:])
-            target, late = self._target(out, mine, call.final)
+            target, late = self.calls.target(out, mine, call.final)
             work = arrays.empty(call.shape, call.dtype, like=xa)
             row = int(np.prod(call.shape[1:], dtype=np.int64))
-            data = self._data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
+            data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
                                     granule=row if row else 1)
 
             def finish():
@@ -244,4 +244,4 @@ class SpreadOps(CommParts):
             finish.late = late
             return call, [data], finish
 
-        return self._start("reduce_scatter", build, async_op, timeout)
+        return self.calls.start("reduce_scatter", build, async_op, timeout)

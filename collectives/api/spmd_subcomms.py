@@ -109,10 +109,10 @@ class SubcommOps(CommParts):
         making = _Making(what)
 
         def build(seq):
-            agreement = Agreement(self._engine, seq, making.signature, making.check, error)
+            agreement = Agreement(self.calls.engine, seq, making.signature, making.check, error)
             return making, [agreement], make
 
-        return self._start(what, build, False, None)
+        return self.calls.start(what, build, False, None)
 
 
 def _check_color(color: Any) -> int | None:

@@ -42,7 +42,7 @@ class FastAllReduce:
 
     def __init__(self, comm: Any, call: Call, bound: Any, x: Any, op: Any, algorithm: Any):
         self.comm, self.call, self.bound = comm, call, bound
-        self.engine, self.transport, self.arrays = comm._engine, comm.transport, comm.arrays
+        self.engine, self.transport, self.arrays = comm.calls.engine, comm.transport, comm.arrays
         # bound once: the engine's claim on the communicator, and the transport's hot call
         self.acquire, self.release = self.engine.busy.acquire, self.engine.busy.release
         self.quick = bound.quick

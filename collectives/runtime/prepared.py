@@ -93,12 +93,12 @@ class PreparedCall:
             if self.place is not None:
                 self.place()
             if self._persistent is not None:
-                data = PersistentStage(comm._engine, self._persistent, seq)
+                data = PersistentStage(comm.calls.engine, self._persistent, seq)
             else:
-                data = comm._data_stage(self.call, seq, self.src, self.work, granule=self.granule)
+                data = comm.calls.data_stage(self.call, seq, self.src, self.work, granule=self.granule)
             return self.call, [data], self.finish
 
-        self._work = comm._start(self.what, build, True, None)
+        self._work = comm.calls.start(self.what, build, True, None)
         self._waited = False
         return self
 

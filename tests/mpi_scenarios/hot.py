@@ -102,7 +102,7 @@ def repeated(comm, op: str, dtype, count: int) -> None:
                 else:
                     got = comm.all_reduce(x, op)
                 check(f"{what} step {step}", op, dtype, xs, x, before, np.asarray(got), exact)
-            hot = comm._hot  # the hot path the last call took: compiled where it should be
+            hot = comm.calls.last_hot  # the hot path the last call took: compiled where it should be
             if (op, dtype) not in NOT_HOT and way == "out" and report.check(
                     hot is not None and hot.shape == (count,) and hot.dtype == np.dtype(dtype),
                     f"{what}: the last call took no hot path of its own"):

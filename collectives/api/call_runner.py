@@ -1,0 +1,217 @@
+"""How a Communicator's calls run: the validated call of each signature, the engine that
+runs a call as an operation (agreement first, then its data stages), the stage that moves a
+call's data, and the hot paths of repeated all-reduces.
+
+One ``CallRunner`` per communicator (``comm.calls``). The communicator's method files
+(``spmd_reductions``, ``spmd_spread``, ``spmd_copies``, ...) describe each collective (what
+it takes, what it checks, what it returns) and ask it, through these public methods, to run
+it; the machinery itself lives here alone:
+
+* ``validated(collective, x, op, algorithm, ...)``: the ``Call``, checked once per signature
+  and cached, with what runs it (``Communicator.choose_algorithm``, ``api.runners``);
+* ``start(what, build, async_op, timeout)``: one call, start to finish: a number, the
+  agreement where the signature is new, ``build(seq)``'s stages, and the result or a handle;
+* ``data_stage(call, seq, src, work)``: the stage that moves the data, the transport's
+  collective or this rank's plan of a schedule;
+* ``target(out, shape, dtype)``: whether ``out`` can take a result, or the error to raise
+  once the call has run (peers are not left with half a collective);
+* ``hot_paths`` and ``last_hot``: the hot path of each agreed all-reduce signature
+  (``collectives.runtime.hot_path``), and the one the latest call took; ``forget()`` drops
+  them with the validated calls (new constants choose again).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms.base import Layout
+from ..algorithms.schedule import Collective
+from ..runtime.agreement import agreed
+from ..runtime.calls import Call, check_op_for, resolve_algorithm
+from ..runtime.engine import Engine
+from ..runtime.execute.spmd import SpmdRun
+from ..runtime.hot_path import FastAllReduce
+from ..runtime.native_stage import NativeStage, ScheduleInTurn
+from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
+from ..runtime.work import Operation
+from ..timeline import record_calls, recorder
+
+CALLS = logging.getLogger("collectives.calls")
+REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
+ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
+
+
+class CallRunner:
+    """The call machinery of one communicator (see the module's docstring)."""
+
+    def __init__(self, comm: Any):
+        transport = comm.transport
+        self.comm = comm
+        self.engine = Engine(transport, timeout=comm.timeout, check=comm.check,
+                             detail=comm.debug == "detail")
+        self.cache: dict[Any, Call] = {}  # call arguments (or "barrier") -> validated call
+        self.hot_paths: dict[Any, FastAllReduce | None] = {}  # all-reduce args -> hot path
+        self.last_hot: FastAllReduce | None = None  # the one the latest hot all-reduce took
+        native = transport.native
+        self.native_names: tuple[str, ...] = native.names if native is not None else ()
+        # schedules' rounds take native turns where they share the natives' order (NCCL)
+        self.rounds_in_turn = bool(transport.schedules_in_native_order)
+
+    def forget(self) -> None:
+        """Drop the validated calls and hot paths (their choices were made with constants
+        that changed)."""
+        self.cache.clear()
+        self.hot_paths.clear()
+        self.last_hot = None
+
+    def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
+              shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
+        """The validated call of these arguments, from the cache when they were seen before."""
+        try:
+            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis)
+            call = self.cache.get(key)
+        except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
+            key, call = None, None
+        if call is None:
+            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis)
+            if key is not None:
+                if len(self.cache) > 4096:
+                    self.cache.clear()
+                self.cache[key] = call
+        return call
+
+    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
+        dtype = np.dtype(x.dtype)
+        parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
+        check_communicable(dtype, "x")
+        shape = tuple(int(d) for d in x.shape)
+        if collective in ROOTED:
+            root = check_root(root, self.comm.size)
+        shards = check_shards(shards)
+        name, shards = resolve_algorithm(algorithm, math.prod(shape), shards, self.native_names)
+        if name not in self.native_names and name != "auto":
+            if not algorithms.supports(collective, name):
+                raise ValueError(
+                    f"algorithm={algorithm!r} has no {collective.value}; use 'auto' or one of "
+                    f"{', '.join(algorithms.names_for(collective))}")
+        layout = None
+        if "/" in name or groups is not None:
+            layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
+                      else self.comm.transport.layout)
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
+        call.run_as = self.comm.choose_algorithm(call)
+        CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)
+        return call
+
+    def target(self, out: Any, shape: tuple, dtype: np.dtype, argument: str = "out"):
+        """``(out, None)`` when ``out`` can take the result, else ``(None, its error)``: the
+        call still runs (with a buffer of its own) and raises the error at the end, so peers
+        are not left with half a collective."""
+        if out is None:
+            return None, None
+        try:
+            from ..runtime.validate import check_out
+
+            check_out(out, shape, dtype, argument, self.comm.arrays)
+        except (TypeError, ValueError) as exc:
+            return None, agreed(exc)
+        return out, None
+
+    def start(self, what: str, build, async_op: bool, timeout: float | None,
+               subject: str | None = None):
+        """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
+        ``subject`` names the call in errors (default: the call's own description)."""
+        engine = self.engine
+        t0 = recorder.now() if recorder.ON else 0
+        engine.enter(what, timeout)
+        try:
+            if async_op:  # too many handles unwaited: refused alike on every rank, at once
+                crowded = engine.crowded()
+                if crowded is not None:
+                    raise crowded
+            seq = engine.next_seq()
+            call = data = finish = error = None
+            try:
+                check_timeout(timeout)
+                if error is None:
+                    call, data, finish = build(seq)
+            except (TypeError, ValueError, MemoryError) as exc:
+                call, data, finish, error = None, None, None, exc
+                timeout = None  # (it may be the bad argument) the agreement waits the default
+            late = getattr(finish, "late", None)
+            own = getattr(call, "agrees_itself", False)
+            if not self.comm.check or own:
+                if error is not None:
+                    engine.fail_locally(error, seq)
+                    raise error
+                agreement = None
+            else:
+                signature = call.signature if call is not None else None
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
+                if error is not None and self.comm.size > 1:
+                    engine.reject(error, seq)  # peers that skip this agreement must hear
+                if agreement is not None and late is not None:
+                    # agreed only now: the bad ``out`` goes into the agreement, nothing moves
+                    agreement.fail_with(late)
+                    for stage in data or ():
+                        abort = getattr(stage, "abort", None)
+                        if abort is not None:  # e.g. give back a native turn it reserved
+                            abort()
+                    data = None
+                # (agreed before, a bad ``out`` makes this rank run with a buffer of its own
+                # and raise at the end: its peers get their results)
+            subject = subject or (call if call is not None else what)
+            if self.comm.debug == "detail":
+                CALLS.debug("rank %d: call %d: %s", self.comm.rank, seq,
+                            call.describe() if call is not None else f"{what}: {error}")
+            if call is not None:
+                self.comm.last_algorithm = call.run_as
+            # what peers see of this rank: the call, and whether it agrees on it or moves data
+            phase = "agreeing" if agreement is not None or own else "moving"
+            self.comm.transport.publish_activity((seq, subject, phase))
+            stages = [agreement, *(data or [])]
+            op = Operation(engine, seq, subject, stages, finish or _nothing,
+                           signature=call.signature if call else None,
+                           check=call.check if call else 0,
+                           skipped_agreement=agreement is None and not own, phase=phase)
+            if recorder.ON:
+                record_calls.issued(self.comm, op, async_op, t0)
+            result = engine.run(op, async_op, timeout)
+            if not async_op:
+                self.comm.transport.publish_activity((seq, subject, False))
+            return result
+        finally:
+            engine.leave()
+
+    def data_stage(self, call: Call, seq: int, src: Any, work: Any, *, granule: int = 1,
+                    turn: int | None = None):
+        """The stage that moves the data: the native collective, or this rank's plan.
+        ``turn``: a place in the native start order reserved when the call was issued (for
+        calls that learn their data stage later); released where no native runs."""
+        op = call.op.wire_op if call.op is not None else None
+        if call.run_as == "native":
+            return NativeStage(self.engine, self.comm.transport.native, call, src, work,
+                               op, seq, turn)
+        in_order = self.rounds_in_turn
+        if turn is not None and not in_order:
+            self.engine.release_turn(turn)
+        units = len(work) // granule if granule else 0
+        shards = min(call.shards, max(units, 1))  # more sub-chunks than elements: pointless
+        plan = call.plans.get(shards)
+        if plan is None:  # the call keeps its plan: no lookup on later calls
+            plan = call.plans[shards] = algorithms.rank_plan(
+                call.collective, call.run_as, self.comm.size, self.comm.rank, root=call.root,
+                shards=shards, layout=call.layout)
+        run = SpmdRun(plan, work, op, self.comm.transport.data, granule=granule, seq=seq,
+                      check=call.check if self.comm.check else 0,
+                      src=src if src is not None and src is not work else None)
+        return ScheduleInTurn(self.engine, run, turn) if in_order else run
+
+
+def _nothing() -> None:
+    return None
