@@ -129,6 +129,8 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
 class ChoiceOps(CommParts):
     """The constants ``auto`` chooses with and ``explain`` (mixed into Communicator)."""
 
+    _fabric: Fabric
+
     @property
     def fabric(self) -> Fabric:
         """The cost model's constants ``auto`` chooses with: the transport's, or measured by

@@ -57,6 +57,7 @@ class CallRunner:
         self.cache: dict[Any, Call] = {}  # call arguments (or "barrier") -> validated call
         self.hot_paths: dict[Any, FastAllReduce | None] = {}  # all-reduce args -> hot path
         self.last_hot: FastAllReduce | None = None  # the one the latest hot all-reduce took
+        self.agreed_batches: set[tuple] = set()  # batch layouts every rank agreed on
         native = transport.native
         self.native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)

@@ -40,8 +40,9 @@ class CommParts:
     last_algorithm: str | None
     placement: Placement
     calls: CallRunner  # the call machinery (api/call_runner.py): validate, start, stages
-    _batches: set[tuple]  # batch layouts every rank has agreed on
-    _fabric: Fabric
+    trace_place: tuple[int, int]  # this communicator's place on the timeline
+    fabric: Fabric  # the cost model's constants (auto.ChoiceOps: a property)
+
 
     if TYPE_CHECKING:
         def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,

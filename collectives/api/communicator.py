@@ -82,10 +82,10 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         self.debug = debug_setting()  # read once, here: it must be the same on every rank
         configure()
         self.calls = CallRunner(self)  # the call machinery: api/call_runner.py
-        self._batches = set()  # batch layouts every rank has agreed on (batch_all_reduce)
         self.last_algorithm = None
-        self._trace_place = (recorder.participant(self.rank), recorder.next_index())
-        self._fabric = auto.transport_fabric(transport)
+        # where this communicator's calls go on the timeline: (participant, index)
+        self.trace_place = (recorder.participant(self.rank), recorder.next_index())
+        self.fabric = auto.transport_fabric(transport)
         self.placement = auto.transport_placement(transport)
 
     def __repr__(self) -> str:

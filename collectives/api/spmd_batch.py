@@ -41,7 +41,7 @@ class BatchOps(CommParts):
         lists of different tensors could make buckets of one size and pair up silently. One
         small all-reduce (the MAX of the list's digest and of its negation: equal digests on
         every rank exactly when the two agree), paid once per list."""
-        if self.size == 1 or not self.check or layout in self._batches:
+        if self.size == 1 or not self.check or layout in self.calls.agreed_batches:
             return
         digest = zlib.crc32(repr([(tuple(s), str(d)) for s, d in layout]).encode())
         both = self.arrays.xp.asarray(np.array([digest, -digest], np.int64))
@@ -52,9 +52,9 @@ class BatchOps(CommParts):
             raise CollectiveMismatchError(
                 f"ranks called batch_all_reduce with different shape or dtype lists ({by_rank}); "
                 "every rank must pass the same tensors in the same order")
-        if len(self._batches) > 1024:
-            self._batches.clear()
-        self._batches.add(layout)
+        if len(self.calls.agreed_batches) > 1024:
+            self.calls.agreed_batches.clear()
+        self.calls.agreed_batches.add(layout)
 
     @overload
     def batch_all_reduce(self, xs: Sequence[ArrayT], op: Op = ...,

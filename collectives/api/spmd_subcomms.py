@@ -100,7 +100,7 @@ class SubcommOps(CommParts):
         """A communicator over ``transport`` with this one's options and cost model's
         constants (the same links; measured natives are kept per size)."""
         child = type(self)(transport, timeout=self.timeout, check=self.check, name=self.name)
-        child._fabric = self._fabric
+        child.fabric = self.fabric
         return child
 
     def _agree_then(self, what: str, error: BaseException | None, make) -> Any:

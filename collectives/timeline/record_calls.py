@@ -43,7 +43,7 @@ class Track:
                  "tid")
 
     def __init__(self, comm: Any):
-        pid, index = comm._trace_place
+        pid, index = comm.trace_place
         self.pid, self.tid = pid, index * LANES
         self.label = f"comm {index} ({comm.name}, {comm.size} ranks)"
         self.lanes: list[int | None] = []  # per lane: when its last call ended; None: busy
