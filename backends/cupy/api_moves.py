@@ -18,7 +18,7 @@ from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.validate import as_array, check_communicable, check_out
 
 from . import group
-from .api import _arrays, _deliver, _handle, _library, _outputs, _prepare, _use_nccl, nccl_request
+from .call_parts import deliver, gpu_arrays, handle, library, nccl_request, outputs, prepare, use_nccl
 from .devices import own_function
 
 
@@ -28,7 +28,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     """``collectives.broadcast`` for a CuPy array. ``devices``: a count (every copy on the
     value's GPU, as logical devices) or a list of GPU ids (one copy on each); ``out``: the
     arrays to fill, wherever they are."""
-    arrays = _arrays()
+    arrays = gpu_arrays()
     value = as_array(value, "value")
     if not arrays.owns(value):
         raise TypeError(f"value is a {type(value).__module__}.{type(value).__name__}; pass a "
@@ -48,33 +48,33 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     request = nccl_request(algorithm, int(value.size))
     targets = list(out) if out is not None else []
     if (out is None or (request or "").startswith("nccl/")
-            or not _use_nccl(request, targets, value.dtype, None)):
-        results = _library(core.broadcast)(value, n, algorithm, out=out, shards=shards)
-        return _handle(results, results, "broadcast", async_op)
+            or not use_nccl(request, targets, value.dtype, None)):
+        results = library(core.broadcast)(value, n, algorithm, out=out, shards=shards)
+        return handle(results, results, "broadcast", async_op)
     if targets[0].data.ptr != value.data.ptr:
         arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
         arrays.copy(targets[0], value)
     group.broadcast(targets, 0)
-    return _handle(targets, targets, "broadcast", async_op)
+    return handle(targets, targets, "broadcast", async_op)
 
 
 @own_function
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
                async_op: bool = False) -> Any:
     """``collectives.all_gather`` for CuPy arrays, with NCCL and ``async_op``."""
-    values, shape, dtype, _ = _prepare(values, None)
+    values, shape, dtype, _ = prepare(values, None)
     n = len(values)
     base = shape if shape else (1,)
     request = nccl_request(algorithm, math.prod(shape))
     if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
-            or not _use_nccl(request, values, dtype, None)):
-        results = _library(core.all_gather)(values, axis, algorithm, out=out)
-        return _handle(results, results, "all_gather", async_op)
-    arrays = _arrays()
+            or not use_nccl(request, values, dtype, None)):
+        results = library(core.all_gather)(values, axis, algorithm, out=out)
+        return handle(results, results, "all_gather", async_op)
+    arrays = gpu_arrays()
     axis %= len(base)
     gathered = list(base)
     gathered[axis] *= n
-    results = _outputs(arrays, out, values, tuple(gathered), dtype)
+    results = outputs(arrays, out, values, tuple(gathered), dtype)
     flats = [arrays.flat(v) for v in values]
     leading = all(d == 1 for d in base[:axis]) and not unsafe_outputs(arrays, values, results)
     stacked = ([r.reshape(-1) for r in results] if leading
@@ -83,7 +83,7 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     if not leading:
         for r, s in zip(results, stacked):
             arrays.copy(r, arrays.concatenate(list(s.reshape((n, *base))), axis))
-    return _handle(results, results, "all_gather", async_op)
+    return handle(results, results, "all_gather", async_op)
 
 
 @own_function
@@ -91,22 +91,22 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
                    out: Any = None, shards: int = 0, async_op: bool = False) -> Any:
     """``collectives.reduce_scatter`` for CuPy arrays, with NCCL and ``async_op``. NCCL needs
     equal blocks: rows not divisible by the device count run the library's algorithms."""
-    values, shape, dtype, op = _prepare(values, op)
+    values, shape, dtype, op = prepare(values, op)
     n = len(values)
     request = nccl_request(algorithm, math.prod(shape))
     if (not shape or shape[0] % n or (request or "").startswith("nccl/")
-            or not _use_nccl(request, values, dtype, op)):
-        results = _library(core.reduce_scatter)(values, op, algorithm, out=out, shards=shards)
-        return _handle(results, results, "reduce_scatter", async_op)
-    arrays = _arrays()
+            or not use_nccl(request, values, dtype, op)):
+        results = library(core.reduce_scatter)(values, op, algorithm, out=out, shards=shards)
+        return handle(results, results, "reduce_scatter", async_op)
+    arrays = gpu_arrays()
     final = result_dtype(op, dtype)
     rows = shape[0] // n
     block_shape = (rows, *shape[1:])
-    results = _outputs(arrays, out, values, block_shape, final)
+    results = outputs(arrays, out, values, block_shape, final)
     flats = [arrays.flat(v) for v in values]
     blocks = ([r.reshape(-1) for r in results]
               if final == dtype and not unsafe_outputs(arrays, values, results)
               else [arrays.result((math.prod(block_shape),), dtype, like=f) for f in flats])
     group.reduce_scatter(arrays, flats, blocks, op.wire_op)
-    _deliver(arrays, op, blocks, results, n)
-    return _handle(results, results, "reduce_scatter", async_op)
+    deliver(arrays, op, blocks, results, n)
+    return handle(results, results, "reduce_scatter", async_op)

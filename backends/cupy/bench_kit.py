@@ -57,7 +57,7 @@ class CupyBenchKit:
 
     def resolve(self, case, algorithm: str) -> str | None:
         """What runs: "nccl" where this backend takes NCCL, else None (the library's choice)."""
-        from .api import nccl_request
+        from .call_parts import nccl_request
 
         request = nccl_request(algorithm, case.count)
         distinct = len(set(self.devices)) == len(self.devices)

@@ -235,6 +235,31 @@ def test_fused_batch_gives_views_of_its_buckets(n):
         assert all(same_bits(a, host(b)) for a, b in zip(c, g))
 
 
+def test_each_request_goes_to_its_runner_and_explain_says_why():
+    """The CuPy backend's runners (backends/cupy/runners.py): the first that takes a call
+    runs it, and explain names it and why each before it was skipped."""
+    import cupy
+
+    from collectives.backends.cupy import runners
+
+    values = on_devices(exact_inputs(4, 1009, np.float32), [0] * 4)
+    text = runners.explain(values, "sum", "auto")
+    assert "runs on the one_gpu runner" in text, text
+    text = runners.explain(values, "sum", "ring")
+    assert "runs on the library runner" in text and "one_gpu skipped: not auto" in text, text
+    text = runners.explain(values, "sum", "auto", collective="reduce")
+    assert "runs on the library runner" in text and "nccl skipped" in text, text
+    n = cupy.cuda.runtime.getDeviceCount()
+    if n >= 2:  # distinct GPUs: NCCL
+        spread = on_devices(exact_inputs(n, 1009, np.float32), list(range(n)))
+        assert "runs on the nccl runner" in runners.explain(spread, "sum", "auto")
+    with pytest.raises(ValueError, match="GPU"):  # asked for by name, and it cannot run
+        runners.explain(values, "sum", "nccl")
+    cpu = collectives.all_reduce(exact_inputs(4, 1009, np.float32), "sum", "one_device")
+    got = gpu().all_reduce(values, "sum", "auto")
+    assert all(same_bits(c, host(g)) for c, g in zip(cpu, got))
+
+
 def test_batch_of_numpy_and_cupy_arrays_is_refused_naming_the_array():
     """A batch is packed in one library: a CuPy array among NumPy ones raises before any
     data moves, naming it (the buckets would otherwise mix memories)."""
