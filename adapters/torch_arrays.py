@@ -3,8 +3,9 @@
 A batched call on tensors (``Communicator.batch_all_reduce``) packs them in their own library,
 one call per bucket (``flatten_dense_tensors``, as DDP packs; ``split_with_sizes`` unpacks),
 so that only the fused buckets cross into the library (one DLPack exchange each, not one per
-tensor) and the results come back as views of the reduced buckets. On a GPU the tensors' current stream orders the packing, and DLPack's handshake
-orders the buckets with the transport's stream.
+tensor) and the results come back as views of the reduced buckets. On a GPU the tensors'
+current stream orders the packing, and DLPack's handshake orders the buckets with the
+transport's stream.
 
 A CUDA tensor's all-reduce on the NCCL transport also takes the hot path without crossing
 through DLPack: the kind gives the transport each tensor's device, pointer and the caller's

@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from calibration_kit import fake_comm, probe_times
 
 import collectives
 from collectives import algorithms
@@ -264,24 +265,9 @@ def test_simulate_rejects_bad_links(capsys):
 
 # --- calibration that a bad moment cannot poison (a crowded host: test_crowding.py) -----------------------
 
-def _probe_times(n: int, fabric: Fabric) -> dict:
-    """What calibration would measure on n ranks of one host if the model were exact."""
-    plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
-    return {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
-                          shards=shards).seconds
-            for name, (algorithm, shards, nbytes) in plan.items()}
-
-
-def _fake_comm(n: int):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(transport=SimpleNamespace(name="mpi"), size=n,
-                           placement=Placement(n))
-
-
 def test_checks_agree_with_exact_probes_and_flag_a_poisoned_one():
     fabric = Fabric(host=Link(40e-6, 1 / 3e9), gamma=GAMMA, overhead=7e-6, call_overhead=CALL)
-    times = _probe_times(4, fabric)
+    times = probe_times(4, fabric)
     link, o = calibration_links.solve(times, CALL, GAMMA, 4)
     checks = calibration_links.check(times, link, o, CALL, GAMMA, 4)
     assert [c[0] for c in checks] == list(calibration_links.CHECKS)
@@ -295,12 +281,12 @@ def test_checks_agree_with_exact_probes_and_flag_a_poisoned_one():
     gammas = (("float32", GAMMA),)
     # probed again: the attempt the checks agree with counts, and nothing is flagged
     kept = calibration._fabric(Fabric(), CALL, gammas, {"local": [poisoned, times]}, (4, None),
-                               (), _fake_comm(4), groups)
+                               (), fake_comm(4), groups)
     assert kept.host.beta == pytest.approx(fabric.host.beta, rel=0.02) and not kept.flags
     assert {c[1] for c in kept.checks} == set(calibration_links.CHECKS)
     # poisoned both times: kept, but flagged where a user looks
     flagged = calibration._fabric(Fabric(), CALL, gammas, {"local": [poisoned, poisoned]},
-                                  (4, None), (), _fake_comm(4), groups)
+                                  (4, None), (), fake_comm(4), groups)
     assert flagged.flags and "large check" in flagged.flags[0] and "probed 2 times" in \
         flagged.flags[0]
     again = Fabric.from_json(flagged.to_json())

@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from calibration_kit import fake_comm, probe_times
 
 from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
@@ -20,21 +21,6 @@ A_H, BETA_H = 4e-6, 1 / 5e9
 GAMMA, OVER, CALL = 1 / 8e9, 2e-6, 50e-6
 FABRIC = Fabric(proc=Link(1e-6, 1 / 10e9), host=Link(A_H, BETA_H), net=Link(30e-6, 1 / 1e9),
                 gamma=GAMMA, overhead=OVER, call_overhead=CALL)
-
-
-def _probe_times(n: int, fabric: Fabric) -> dict:
-    """What calibration would measure on n ranks of one host if the model were exact."""
-    plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
-    return {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
-                          shards=shards).seconds
-            for name, (algorithm, shards, nbytes) in plan.items()}
-
-
-def _fake_comm(n: int):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(transport=SimpleNamespace(name="mpi"), size=n,
-                           placement=Placement(n))
 
 
 def test_crowding_adds_a_wait_per_round_and_per_peer_where_processes_outnumber_the_cores():
@@ -76,13 +62,13 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, pe
     back, and nothing more on 2; the host link is the pair's."""
     alone = Fabric(host=Link(20e-6, 1 / 3e9), gamma=GAMMA, overhead=7e-6, call_overhead=CALL)
     busy = replace(alone, cores=2, crowding=per_round, crowding_message=per_peer)
-    pair, crowd = _probe_times(2, alone), {}
+    pair, crowd = probe_times(2, alone), {}
     plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
     for name, (algorithm, shards, nbytes) in plan.items():
         crowd[name] = predict(Collective.ALL_REDUCE, algorithm, n, nbytes, busy, Placement(n),
                               shards=shards).seconds
     got = calibration._fabric(Fabric(), CALL, (("float32", GAMMA),), {"local": [crowd]},
-                              (2, pair), (), _fake_comm(n), {"local": (tuple(range(n)),)})
+                              (2, pair), (), fake_comm(n), {"local": (tuple(range(n)),)})
     assert got.cores == 2
     assert got.crowding == pytest.approx(per_round, rel=0.05, abs=5e-6)
     assert got.crowding_message == pytest.approx(per_peer, rel=0.05, abs=5e-6)
@@ -101,7 +87,7 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, pe
 def test_crowding_fits_no_negative_wait():
     """Busy probes no slower than the pair's constants say: no wait (never a negative one)."""
     alone = Fabric(host=Link(20e-6, 1 / 3e9), gamma=GAMMA, overhead=7e-6, call_overhead=CALL)
-    times = _probe_times(4, alone)
+    times = probe_times(4, alone)
     faster = {k: v * 0.8 for k, v in times.items()}
     assert calibration_links.crowding(faster, alone.host, 7e-6, CALL, 4, 1.0) == (0.0, 0.0)
     slower = {**times, "fan": times["fan"] + 1e-3}  # only the many-peer round is slower

@@ -112,7 +112,7 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
     x = comm.adapt(x, "x")
     call = comm.calls.validated(collective, x, op if reducing else None, algorithm, root=root,
-                      groups=groups)
+                                groups=groups)
     runner = str(call.choice) if call.choice is not None else ""
     if call.choice is not None and call.choice.runner != "auto":
         return select.Decision(call.run_as, call.shards, call.layout, [],

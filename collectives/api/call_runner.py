@@ -31,6 +31,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..ops import ReduceOp
 from ..runtime.agreement import agreed
 from ..runtime.calls import Call, check_op_for, resolve_algorithm
 from ..runtime.engine import Engine
@@ -122,6 +123,27 @@ class CallRunner:
         except (TypeError, ValueError) as exc:
             return None, agreed(exc)
         return out, None
+
+    def result(self, call: Call, work: Any, target: Any, late: BaseException | None,
+               like: Any) -> Any:
+        """A reduction's result from ``work`` (its sum, or other op, in the call's dtype and
+        shape): MEAN's one division (into ``target``, else into ``work`` where the result's
+        dtype is the same, else into a new array), else ``target`` filled from it (or
+        ``work`` as it is); then the error of an ``out`` that could not take it (``late``),
+        raised once the data has moved."""
+        arrays = self.comm.arrays
+        result = work
+        if call.op is ReduceOp.MEAN:
+            dest = target if target is not None else (
+                work if call.final == call.dtype else arrays.result(call.shape, call.final,
+                                                                    like=like))
+            result = arrays.divide(work, self.comm.size, out=dest)
+        elif target is not None and work is not target:
+            arrays.copy(target, work)
+            result = target
+        if late is not None:
+            raise late
+        return result
 
     def start(self, what: str, build, async_op: bool, timeout: float | None,
                subject: str | None = None):

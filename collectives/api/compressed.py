@@ -33,7 +33,7 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         divisor = comm.size if parsed is ReduceOp.MEAN else 1
         small = compress(arrays, xa, wire, divisor)
         call = comm.calls.validated(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
-                          groups=groups)
+                                    groups=groups)
         target, late = comm.calls.target(out, call.shape, xa.dtype)
         data = comm.calls.data_stage(call, seq, None, small.reshape(-1))
 

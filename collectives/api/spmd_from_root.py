@@ -158,7 +158,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
             work = src if src is not None else arrays.empty((call.count,), dtype)
             row = slice(comm.rank * count, (comm.rank + 1) * count)
             stage = comm.calls.data_stage(call, seq, None, work, granule=count if count else 1,
-                                     turn=turn)
+                                          turn=turn)
             return _Then(stage, lambda: arrays.copy(mine_result.reshape(-1), work[row]))
 
         # natives start in call order: this call's place is taken now, whatever it runs later

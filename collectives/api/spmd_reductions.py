@@ -18,7 +18,6 @@ from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
 from ..foreign import accepts_foreign, array_kind, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
-from ..ops import ReduceOp
 from ..runtime.hot_path import FastAllReduce
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
@@ -137,7 +136,7 @@ class ReductionOps(CommParts):
             arrays = self.arrays
             xa = self.adapt(x, "x")
             call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards,
-                              groups=groups)
+                                        groups=groups)
             seen.append(call)
             target, late = self.calls.target(out, call.shape, call.final)
             same = call.final == call.dtype
@@ -147,20 +146,10 @@ class ReductionOps(CommParts):
                 work = arrays.result(call.shape, call.dtype, like=xa)
             src = arrays.flat(xa)
             data = self.calls.data_stage(call, seq, src if work is not xa else None,
-                                    work.reshape(-1))
+                                         work.reshape(-1))
 
             def finish():
-                result = work
-                if call.op is ReduceOp.MEAN:
-                    dest = target if target is not None else (
-                        work if same else arrays.result(call.shape, call.final, like=xa))
-                    result = arrays.divide(work, self.size, out=dest)
-                elif target is not None and work is not target:
-                    arrays.copy(target, work)
-                    result = target
-                if late is not None:
-                    raise late
-                return result
+                return self.calls.result(call, work, target, late, xa)
 
             finish.late = late
             return call, [data], finish
@@ -310,20 +299,7 @@ class ReductionOps(CommParts):
             data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1))
 
             def finish():
-                if not mine:
-                    return None
-                result = work
-                if call.op is ReduceOp.MEAN:
-                    dest = target if target is not None else (
-                        work if call.final == call.dtype
-                        else arrays.result(call.shape, call.final, like=xa))
-                    result = arrays.divide(work, self.size, out=dest)
-                elif target is not None:
-                    arrays.copy(target, work)
-                    result = target
-                if late is not None:
-                    raise late
-                return result
+                return self.calls.result(call, work, target, late, xa) if mine else None
 
             finish.late = late
             return call, [data], finish

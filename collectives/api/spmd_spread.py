@@ -83,7 +83,7 @@ class SpreadOps(CommParts):
         from .spmd_from_root import build_broadcast
 
         return self.calls.start("broadcast", build_broadcast(self, x, root, algorithm, out),
-                           async_op, timeout)
+                                async_op, timeout)
 
     @overload
     def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
@@ -225,7 +225,7 @@ class SpreadOps(CommParts):
             work = arrays.empty(call.shape, call.dtype, like=xa)
             row = int(np.prod(call.shape[1:], dtype=np.int64))
             data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
-                                    granule=row if row else 1)
+                                         granule=row if row else 1)
 
             def finish():
                 block = work[lo:hi]

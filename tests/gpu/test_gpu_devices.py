@@ -239,7 +239,6 @@ def test_each_request_goes_to_its_runner_and_explain_says_why():
     """The CuPy backend's runners (backends/cupy/runners.py): the first that takes a call
     runs it, and explain names it and why each before it was skipped."""
     import cupy
-
     from collectives.backends.cupy import runners
 
     values = on_devices(exact_inputs(4, 1009, np.float32), [0] * 4)

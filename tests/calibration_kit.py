@@ -1,0 +1,25 @@
+"""What the calibration tests share: what calibration would measure if the model were exact,
+and the least of a communicator that its solver reads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from collectives.algorithms.cost import Fabric, Placement
+from collectives.algorithms.sampling import predict
+from collectives.algorithms.schedule import Collective
+from collectives.api import calibration_links
+
+
+def probe_times(n: int, fabric: Fabric) -> dict:
+    """What calibration would measure on n ranks of one host if the model were exact."""
+    plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
+    return {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
+                          shards=shards).seconds
+            for name, (algorithm, shards, nbytes) in plan.items()}
+
+
+def fake_comm(n: int) -> SimpleNamespace:
+    """A communicator of n MPI ranks on one host, as far as the solver looks."""
+    return SimpleNamespace(transport=SimpleNamespace(name="mpi"), size=n,
+                           placement=Placement(n))
