@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from ..algorithms.cost import Fabric, Placement
     from ..arrays import ArrayBackend
     from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
+    from ..runtime.call_runner import CallRunner
     from ..runtime.validate import Groups
     from ..runtime.work import Work
-    from .call_runner import CallRunner
 
 
 class CommParts:
@@ -39,7 +39,7 @@ class CommParts:
     debug: str  # COLLECTIVES_DEBUG: "", "info" or "detail"
     last_algorithm: str | None
     placement: Placement
-    calls: CallRunner  # the call machinery (api/call_runner.py): validate, start, stages
+    calls: CallRunner  # the call machinery (runtime/call_runner.py): validate, start, stages
     trace_place: tuple[int, int]  # this communicator's place on the timeline
     fabric: Fabric  # the cost model's constants (auto.ChoiceOps: a property)
 

@@ -25,10 +25,10 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import plain_ndarray
 from ..log import configure, debug_setting
+from ..runtime.call_runner import CallRunner
 from ..runtime.calls import Call
 from ..timeline import recorder
 from . import auto, runners
-from .call_runner import CallRunner
 from .spmd_batch import BatchOps
 from .spmd_copies import CopyOps
 from .spmd_p2p import PointToPointOps
@@ -81,7 +81,7 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         self.arrays = transport.arrays
         self.debug = debug_setting()  # read once, here: it must be the same on every rank
         configure()
-        self.calls = CallRunner(self)  # the call machinery: api/call_runner.py
+        self.calls = CallRunner(self)  # the call machinery: runtime/call_runner.py
         self.last_algorithm = None
         # where this communicator's calls go on the timeline: (participant, index)
         self.trace_place = (recorder.participant(self.rank), recorder.next_index())

@@ -17,6 +17,7 @@ from ..compression import compress, decompress, wire_dtype
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend
+from ..runtime.results import Decompressed
 from ..runtime.validate import as_array, check_op, same_layout
 from .multi_device_parts import outputs
 
@@ -36,17 +37,7 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
                                     groups=groups)
         target, late = comm.calls.target(out, call.shape, xa.dtype)
         data = comm.calls.data_stage(call, seq, None, small.reshape(-1))
-
-        def finish():
-            result = target if target is not None else arrays.result(call.shape, xa.dtype,
-                                                                     like=xa)
-            decompress(arrays, small, result)
-            if late is not None:
-                raise late
-            return result
-
-        finish.late = late
-        return call, [data], finish
+        return call, [data], Decompressed(arrays, small, call.shape, xa.dtype, xa, target, late)
 
     return comm.calls.start("all_reduce", build, async_op, timeout)
 

@@ -5,7 +5,7 @@ collective, shape, dtype, op and the algorithm asked for), and ``choose`` asks t
 of ``RUNNERS`` in order. A runner's ``skip(comm, call)`` says why it does not run the call
 (None: it runs it) and its ``run_as(comm, call)`` what the call then runs as: ``"native"``
 (the transport's own collective) or a schedule's canonical name, which
-``Communicator._data_stage`` turns into the stage that moves the data.
+``comm.calls.data_stage`` turns into the stage that moves the data.
 
 1. ``native``: the transport's collective, asked for by one of its names (``"native"``,
    ``"mpi"``, ``"nccl"``, MPI's ``"shm"``), where it has the call's dtype and op;
@@ -16,7 +16,7 @@ of ``RUNNERS`` in order. A runner's ``skip(comm, call)`` says why it does not ru
 
 Runners look only at what every rank has alike (the call's signature, the transport's
 collectives, the communicator's constants), never at one rank's state, so every rank picks
-the same runner. The choice is kept with the validated call (``Communicator._calls``): a
+the same runner. The choice is kept with the validated call (``comm.calls.cache``): a
 repeated call pays nothing for it, and the hot path (``collectives.runtime.hot_path``) is the
 native runner's form bound to an agreed signature. ``comm.explain`` names the runner that
 runs a call and why the ones before it were skipped.

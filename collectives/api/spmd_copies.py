@@ -22,6 +22,7 @@ from ..foreign import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.execute.exchange import ExchangeRun
 from ..runtime.native_stage import ScheduleInTurn
+from ..runtime.results import Ready, Stacked
 from ..runtime.work import Work
 from .comm_parts import CommParts
 
@@ -78,12 +79,7 @@ class CopyOps(CommParts):
                     else arrays.empty((n * count,), call.dtype, like=xa))
             arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
             data = self.calls.data_stage(call, seq, None, work, granule=count if count else 1)
-
-            def finish():
-                return work.reshape((n, *call.shape)) if mine else None
-
-            finish.late = None
-            return call, [data], finish
+            return call, [data], Stacked(work, (n, *call.shape)) if mine else Ready()
 
         return self.calls.start("gather", build, async_op, timeout)
 
@@ -230,12 +226,7 @@ class CopyOps(CommParts):
                                check=call.check if self.check else 0)
             if self.calls.rounds_in_turn:
                 data = ScheduleInTurn(self.calls.engine, data)
-
-            def finish():
-                return result
-
-            finish.late = None
-            return call, [data], finish
+            return call, [data], Ready(result)
 
         return self.calls.start("all_to_all", build, async_op, timeout)
 

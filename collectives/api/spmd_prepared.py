@@ -15,8 +15,8 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
 from ..hints import Array, Op, SpmdAlgorithm
-from ..ops import ReduceOp
 from ..runtime.prepared import PreparedCall
+from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
 from .comm_parts import CommParts
 
@@ -76,14 +76,9 @@ class PreparedOps(CommParts):
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
-
-        def finish():
-            if call.op is ReduceOp.MEAN:
-                arrays.divide(work, self.size, out=out)
-            return out
-
         src = None if xa is work else arrays.flat(xa)
-        return PreparedCall(self, "all_reduce", call, src, work.reshape(-1), finish)
+        return PreparedCall(self, "all_reduce", call, src, work.reshape(-1),
+                            Reduced(arrays, call, work, self.size, out))
 
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
                     algorithm: SpmdAlgorithm = "auto", *, out: Array | None = None,
@@ -122,16 +117,7 @@ class PreparedOps(CommParts):
         if mine:
             xa = self._bind(xa, out, call.shape, call.final, "reduce_init")
         work = arrays.empty(call.shape, call.dtype, like=xa)
-
-        def finish():
-            if not mine:
-                return None
-            if call.op is ReduceOp.MEAN:
-                arrays.divide(work, self.size, out=out)
-            else:
-                arrays.copy(out, work)
-            return out
-
+        finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish)
 
     def broadcast_init(self, x: Array, root: int = 0,
@@ -234,14 +220,7 @@ class PreparedOps(CommParts):
         arrays = self.arrays
         work = arrays.empty(call.shape, call.dtype, like=xa)
         row = int(np.prod(call.shape[1:], dtype=np.int64))
-
-        def finish():
-            if call.op is ReduceOp.MEAN:
-                arrays.divide(work[lo:hi], n, out=out)
-            else:
-                arrays.copy(out, work[lo:hi])
-            return out
-
+        finish = Block(arrays, call, work, n, lo, hi, (hi - lo, *call.shape[1:]), out)
         return PreparedCall(self, "reduce_scatter", call, arrays.flat(xa), work.reshape(-1),
                             finish, granule=row if row else 1)
 

@@ -2,8 +2,8 @@
 its hot path) and reduce, argument by argument.
 
 Each method describes its call, chooses its buffers (the user's ``out`` where it can take the
-result, else a fresh result the user may keep) and hands ``Communicator._start`` a builder of
-the call's data stage and of the ``finish`` that returns the result. Every method takes
+result, else a fresh result the user may keep) and hands ``comm.calls.start`` a builder of
+the call's data stage and of the record that returns the result (``runtime.results``). Every method takes
 ``async_op=True`` to return a `Work` handle instead of the result.
 """
 
@@ -19,6 +19,7 @@ from ..compression import requested
 from ..foreign import accepts_foreign, array_kind, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..runtime.hot_path import FastAllReduce
+from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
 from .comm_parts import CommParts
@@ -147,12 +148,7 @@ class ReductionOps(CommParts):
             src = arrays.flat(xa)
             data = self.calls.data_stage(call, seq, src if work is not xa else None,
                                          work.reshape(-1))
-
-            def finish():
-                return self.calls.result(call, work, target, late, xa)
-
-            finish.late = late
-            return call, [data], finish
+            return call, [data], Reduced(arrays, call, work, self.size, target, late, xa)
 
         result = self.calls.start("all_reduce", build, async_op, timeout)
         if fast_key is not None and fast_key not in self.calls.hot_paths and seen:
@@ -297,11 +293,7 @@ class ReductionOps(CommParts):
             work = (arrays.result(call.shape, call.dtype, like=xa) if mine
                     else arrays.empty(call.shape, call.dtype, like=xa))
             data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1))
-
-            def finish():
-                return self.calls.result(call, work, target, late, xa) if mine else None
-
-            finish.late = late
+            finish = Reduced(arrays, call, work, self.size, target, late, xa) if mine else Ready()
             return call, [data], finish
 
         return self.calls.start("reduce", build, async_op, timeout)

@@ -14,7 +14,7 @@ from ..algorithms.schedule import Collective
 from ..arrays import overlaps
 from ..foreign import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
-from ..ops import ReduceOp
+from ..runtime.results import Block, Gathered
 from ..runtime.work import Work
 from .comm_parts import CommParts
 
@@ -149,21 +149,8 @@ class SpreadOps(CommParts):
                 work = arrays.result((n * count,), call.dtype, like=xa)
             arrays.copy(work[self.rank * count:(self.rank + 1) * count], arrays.flat(xa))
             data = self.calls.data_stage(call, seq, None, work, granule=count if count else 1)
-
-            def finish():
-                if leading:
-                    result = work.reshape(tuple(gathered))
-                else:
-                    result = arrays.concatenate(list(work.reshape((n, *base))), call.axis)
-                if target is not None and result.base is not target and result is not target:
-                    arrays.copy(target, result)
-                    result = target
-                if late is not None:
-                    raise late
-                return result
-
-            finish.late = late
-            return call, [data], finish
+            return call, [data], Gathered(arrays, work, n, tuple(base), call.axis,
+                                          tuple(gathered), leading, target, late)
 
         return self.calls.start("all_gather", build, async_op, timeout)
 
@@ -226,22 +213,6 @@ class SpreadOps(CommParts):
             row = int(np.prod(call.shape[1:], dtype=np.int64))
             data = self.calls.data_stage(call, seq, arrays.flat(xa), work.reshape(-1),
                                          granule=row if row else 1)
-
-            def finish():
-                block = work[lo:hi]
-                if call.op is ReduceOp.MEAN:
-                    dest = target if target is not None else arrays.result(mine, call.final,
-                                                                           like=xa)
-                    result = arrays.divide(block, n, out=dest)
-                else:
-                    result = target if target is not None else arrays.result(mine, call.dtype,
-                                                                             like=xa)
-                    arrays.copy(result, block)
-                if late is not None:
-                    raise late
-                return result
-
-            finish.late = late
-            return call, [data], finish
+            return call, [data], Block(arrays, call, work, n, lo, hi, mine, target, late, xa)
 
         return self.calls.start("reduce_scatter", build, async_op, timeout)

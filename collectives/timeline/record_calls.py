@@ -32,7 +32,7 @@ LANES = 100  # tids per communicator: its blocking track, then its asynchronous 
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
 STAGE_NAMES = {"Agreement": "agreement", "NativeStage": "native", "PersistentStage": "native",
                "Bound": "native", "Opening": "opening", "ExchangeRun": "exchange",
-               "_Then": "data", "_Message": "message"}
+               "Then": "data", "_Message": "message"}
 _current = threading.local()  # the traced operation this thread is advancing
 
 

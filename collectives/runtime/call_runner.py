@@ -3,14 +3,17 @@ runs a call as an operation (agreement first, then its data stages), the stage t
 call's data, and the hot paths of repeated all-reduces.
 
 One ``CallRunner`` per communicator (``comm.calls``). The communicator's method files
-(``spmd_reductions``, ``spmd_spread``, ``spmd_copies``, ...) describe each collective (what
-it takes, what it checks, what it returns) and ask it, through these public methods, to run
-it; the machinery itself lives here alone:
+(``collectives.api.spmd_reductions``, ``spmd_spread``, ``spmd_copies``, ...) describe each
+collective (what it takes, what it checks, and the record that returns its result,
+``runtime.results``) and ask it, through these public methods, to run it; the machinery
+itself lives here alone. It asks the communicator one thing, at validation: what a new call
+runs as (``Communicator.choose_algorithm``, the runner list of ``collectives.api.runners``).
 
 * ``validated(collective, x, op, algorithm, ...)``: the ``Call``, checked once per signature
   and cached, with what runs it (``Communicator.choose_algorithm``, ``api.runners``);
 * ``start(what, build, async_op, timeout)``: one call, start to finish: a number, the
-  agreement where the signature is new, ``build(seq)``'s stages, and the result or a handle;
+  agreement where the signature is new, ``build(seq)``'s stages and result record, and the
+  result or a handle;
 * ``data_stage(call, seq, src, work)``: the stage that moves the data, the transport's
   collective or this rank's plan of a schedule;
 * ``target(out, shape, dtype)``: whether ``out`` can take a result, or the error to raise
@@ -31,16 +34,15 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
-from ..ops import ReduceOp
-from ..runtime.agreement import agreed
-from ..runtime.calls import Call, check_op_for, resolve_algorithm
-from ..runtime.engine import Engine
-from ..runtime.execute.spmd import SpmdRun
-from ..runtime.hot_path import FastAllReduce
-from ..runtime.native_stage import NativeStage, ScheduleInTurn
-from ..runtime.validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
-from ..runtime.work import Operation
 from ..timeline import record_calls, recorder
+from .agreement import agreed
+from .calls import Call, check_op_for, resolve_algorithm
+from .engine import Engine
+from .execute.spmd import SpmdRun
+from .hot_path import FastAllReduce
+from .native_stage import NativeStage, ScheduleInTurn
+from .validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
+from .work import Operation
 
 CALLS = logging.getLogger("collectives.calls")
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
@@ -117,33 +119,12 @@ class CallRunner:
         if out is None:
             return None, None
         try:
-            from ..runtime.validate import check_out
+            from .validate import check_out
 
             check_out(out, shape, dtype, argument, self.comm.arrays)
         except (TypeError, ValueError) as exc:
             return None, agreed(exc)
         return out, None
-
-    def result(self, call: Call, work: Any, target: Any, late: BaseException | None,
-               like: Any) -> Any:
-        """A reduction's result from ``work`` (its sum, or other op, in the call's dtype and
-        shape): MEAN's one division (into ``target``, else into ``work`` where the result's
-        dtype is the same, else into a new array), else ``target`` filled from it (or
-        ``work`` as it is); then the error of an ``out`` that could not take it (``late``),
-        raised once the data has moved."""
-        arrays = self.comm.arrays
-        result = work
-        if call.op is ReduceOp.MEAN:
-            dest = target if target is not None else (
-                work if call.final == call.dtype else arrays.result(call.shape, call.final,
-                                                                    like=like))
-            result = arrays.divide(work, self.comm.size, out=dest)
-        elif target is not None and work is not target:
-            arrays.copy(target, work)
-            result = target
-        if late is not None:
-            raise late
-        return result
 
     def start(self, what: str, build, async_op: bool, timeout: float | None,
                subject: str | None = None):
