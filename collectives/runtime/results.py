@@ -46,12 +46,7 @@ class Reduced:
                 work if call.final == call.dtype else arrays.result(call.shape, call.final,
                                                                     like=self.like))
             result = arrays.divide(work, self.size, out=dest)
-        elif target is not None and work is not target:
-            arrays.copy(target, work)
-            result = target
-        if self.late is not None:
-            raise self.late
-        return result
+        return delivered(arrays, result, target, self.late)
 
 
 @dataclass(slots=True)
@@ -104,18 +99,12 @@ class Gathered:
     late: BaseException | None = None
 
     def __call__(self) -> Any:
-        arrays, target = self.arrays, self.target
         if self.leading:
             result = self.work.reshape(self.gathered)
         else:
             rows = list(self.work.reshape((self.size, *self.base)))
-            result = arrays.concatenate(rows, self.axis)
-        if target is not None and result.base is not target and result is not target:
-            arrays.copy(target, result)
-            result = target
-        if self.late is not None:
-            raise self.late
-        return result
+            result = self.arrays.concatenate(rows, self.axis)
+        return delivered(self.arrays, result, self.target, self.late)
 
 
 @dataclass(slots=True)
@@ -162,3 +151,14 @@ class Ready:
 
     def __call__(self) -> Any:
         return self.result
+
+
+def delivered(arrays: Any, result: Any, target: Any, late: BaseException | None) -> Any:
+    """``result``, copied into ``target`` unless it is ``target`` (or a view of it); then the
+    error of an ``out`` that could not take it (``late``), raised once the data has moved."""
+    if target is not None and result is not target and result.base is not target:
+        arrays.copy(target, result)
+        result = target
+    if late is not None:
+        raise late
+    return result
