@@ -1,7 +1,8 @@
 """The path of one call through the house, recorded with ``sys.setprofile``: once a
 multi-device call reaches the runtime that runs it (``collectives.runtime.execute``), it never
 goes back into the API wing (``collectives.api``), and its arrays are checked once
-(``same_layout``, the check every multi-device reduction makes of its arrays).
+(``same_layout``, the check every multi-device call over a list of arrays makes of them;
+broadcast, of one array, reads it once with ``as_array`` and checks each ``out`` once).
 
 Shared checking helpers the API calls (``collectives.runtime.validate``) are not the runtime
 that runs a call: the API asks them, then hands the checked call on. Run over NumPy arrays
@@ -38,13 +39,19 @@ def _walk(call) -> list[tuple[str, str]]:
     return entered
 
 
-def _check(entered: list[tuple[str, str]]) -> None:
-    reached = next((i for i, (module, _) in enumerate(entered) if module.startswith(RUNS)), None)
-    assert reached is not None, "the call never reached the runtime that runs it"
+def _check(entered: list[tuple[str, str]], reached_at: str = RUNS,
+           checks: dict[str, int] | None = None) -> None:
+    """The call reached ``reached_at`` (a module prefix) and never went back into the API
+    wing after it; each check of ``collectives.runtime.validate`` in ``checks`` (by default
+    ``same_layout``, once) ran exactly that many times."""
+    reached = next((i for i, (module, _) in enumerate(entered)
+                    if module.startswith(reached_at)), None)
+    assert reached is not None, f"the call never reached {reached_at}"
     back = [f"{m}.{f}" for m, f in entered[reached:] if m.startswith("collectives.api")]
     assert not back, f"after {entered[reached]} the call went back into the API wing: {back[:5]}"
-    checks = [f for m, f in entered if m == "collectives.runtime.validate" and f == "same_layout"]
-    assert len(checks) == 1, f"the arrays were checked {len(checks)} times"
+    for name, times in (checks or {"same_layout": 1}).items():
+        made = [f for m, f in entered if m == "collectives.runtime.validate" and f == name]
+        assert len(made) == times, f"{name} ran {len(made)} times, not {times}"
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -74,3 +81,41 @@ def test_a_cupy_multi_device_reduction_is_checked_once_by_the_backend(algorithm)
     collectives.all_reduce(values, "sum", algorithm)
     _check(_walk(lambda: collectives.all_reduce(values, "sum", algorithm)))
     _check(_walk(lambda: collectives.reduce(values, "sum", 0, algorithm)))
+
+
+def _moves(arrays, values: list, algorithm: str) -> None:
+    """Broadcast, all-gather and reduce-scatter of ``values`` (one per device), each checked
+    with ``_check``. Broadcast checks no list of arrays (no ``same_layout``): its value is
+    read once (``as_array``) and each ``out`` array checked once (``check_out``)."""
+    n = len(values)
+    out = [arrays.empty_like(values[0]) for _ in range(n)]
+    collectives.broadcast(values[0], n, algorithm, out=out)  # (imports and caches warm)
+    _check(_walk(lambda: collectives.broadcast(values[0], n, algorithm, out=out)),
+           checks={"as_array": 1, "check_out": n, "same_layout": 0})
+    _check(_walk(lambda: collectives.broadcast(values[0], n, algorithm)),
+           checks={"as_array": 1, "check_out": 0, "same_layout": 0})
+    _check(_walk(lambda: collectives.all_gather(values, 0, algorithm)))
+    _check(_walk(lambda: collectives.reduce_scatter(values, "sum", algorithm)))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("algorithm", ["ring", "one_device", "auto"])
+def test_numpy_multi_device_moves_run_without_climbing_back(n, algorithm):
+    _moves(np, [np.full(1009, float(d), np.float32) for d in range(n)], algorithm)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is None,
+                    reason="CuPy is not installed (nor the NumPy stand-in for it)")
+@pytest.mark.parametrize("algorithm", ["ring", "one_device"])
+def test_cupy_multi_device_moves_are_checked_once_by_the_backend(algorithm):
+    """Broadcast, all-gather and reduce-scatter over CuPy arrays the library's algorithms run:
+    the backend checks them and hands them to the runtime's forms, never to the core's API."""
+    from collectives.backends.cupy.probe import GpuUnavailableError, require_gpu
+
+    try:
+        require_gpu()
+    except (ImportError, GpuUnavailableError) as exc:
+        pytest.skip(str(exc))
+    import cupy
+
+    _moves(cupy, [cupy.full(1009, float(d), cupy.float32) for d in range(3)], algorithm)

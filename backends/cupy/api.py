@@ -6,8 +6,9 @@ and hand the call to the first runner that takes it (``runners.py``, where ``exp
 which and why):
 
 * ``algorithm="nccl"``: NCCL's own collective, one GPU per array (two arrays on one GPU raise
-  ``ValueError`` naming it). Dtypes and ops NCCL cannot reduce exactly (``nccl_types``) run
-  the library's ring instead, which is what the name means to the core;
+  ``ValueError`` naming it). Dtypes and ops NCCL cannot reduce exactly
+  (``nccl_reductions``) run the library's ring instead, which is what the name means to the
+  core;
 * ``"nccl/X"`` (TensorFlow's ``nccl/xring``, ``nccl/rechd``, ``nccl/pscpu``): NCCL inside
   each group of ``groups`` (reduce onto the group's first device, then broadcast back), the
   library's ``X`` across the groups' first devices;

@@ -1,7 +1,10 @@
 """Broadcast, all-gather and reduce-scatter for CuPy arrays, with NCCL and ``async_op``.
 
 The same choice as ``.api``: NCCL for ``"nccl"`` (and for ``"auto"`` where every
-participant has a GPU of its own), the library's algorithms otherwise.
+participant has a GPU of its own), the library's algorithms otherwise. Each call is checked
+here once; where NCCL does not run it, the runtime's forms
+(``collectives.runtime.execute.device_calls``) run the library's algorithms on the checked
+pieces, so the core's API never sees the call nor checks its arrays again.
 """
 
 from __future__ import annotations
@@ -12,13 +15,19 @@ from typing import Any
 
 import numpy as np
 
-import collectives as core
 from collectives.arrays import unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
-from collectives.runtime.validate import as_array, check_communicable, check_out
+from collectives.runtime.execute.device_calls import (
+    check_rows,
+    gather_axis,
+    run_all_gather,
+    run_broadcast,
+    run_reduce_scatter,
+)
+from collectives.runtime.validate import as_array, check_communicable, check_devices, check_out
 
 from . import group
-from .call_parts import deliver, gpu_arrays, handle, library, nccl_request, outputs, prepare, use_nccl
+from .call_parts import deliver, gpu_arrays, handle, library_devices, nccl_request, outputs, prepare, use_nccl
 from .devices import own_function
 
 
@@ -49,7 +58,9 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     targets = list(out) if out is not None else []
     if (out is None or (request or "").startswith("nccl/")
             or not use_nccl(request, targets, value.dtype, None)):
-        results = library(core.broadcast)(value, n, algorithm, out=out, shards=shards)
+        results = run_broadcast(library_devices(), value, check_devices(n),
+                                tuple(value.shape), np.dtype(value.dtype), algorithm, out=out,
+                                shards=shards, out_checked=True)
         return handle(results, results, "broadcast", async_op)
     if targets[0].data.ptr != value.data.ptr:
         arrays.order(targets[0].device.id, value.device.id)  # the value's producer first
@@ -68,7 +79,8 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
     request = nccl_request(algorithm, math.prod(shape))
     if ((request or "").startswith("nccl/") or not -len(base) <= axis < len(base)
             or not use_nccl(request, values, dtype, None)):
-        results = library(core.all_gather)(values, axis, algorithm, out=out)
+        results = run_all_gather(library_devices(), values, shape, dtype,
+                                 gather_axis(axis, shape), algorithm, out=out)
         return handle(results, results, "all_gather", async_op)
     arrays = gpu_arrays()
     axis %= len(base)
@@ -96,7 +108,9 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     request = nccl_request(algorithm, math.prod(shape))
     if (not shape or shape[0] % n or (request or "").startswith("nccl/")
             or not use_nccl(request, values, dtype, op)):
-        results = library(core.reduce_scatter)(values, op, algorithm, out=out, shards=shards)
+        check_rows(shape)
+        results = run_reduce_scatter(library_devices(), values, shape, dtype, op, algorithm,
+                                     out=out, shards=shards)
         return handle(results, results, "reduce_scatter", async_op)
     arrays = gpu_arrays()
     final = result_dtype(op, dtype)

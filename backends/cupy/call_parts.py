@@ -6,7 +6,7 @@ from work buffers, and handles whose ``wait()`` waits for the devices' streams. 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast, overload
 
 import numpy as np
@@ -56,12 +56,6 @@ def library_devices() -> DeviceBackend:
     """The devices the library's algorithms run on (the rounds strategy: no ``map_parallel``,
     which only the tiles strategy of host memory calls)."""
     return cast(DeviceBackend, _devices())
-
-
-def library(function: Any) -> Callable[..., Any]:
-    """The library's own implementation of the multi-device ``function`` (``library``, which
-    ``backend_first`` sets: the overloads that type ``function`` do not declare it)."""
-    return function.library
 
 
 def nccl_request(algorithm: Any, count: int) -> str | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from collectives.ops import ReduceOp
 
-from . import kernels, nccl_types
+from . import kernels, nccl_reductions
 from .probe import nccl_module
 
 _comms: dict[tuple[int, ...], list] = {}
@@ -115,7 +115,7 @@ def supports(dtype: np.dtype, op: ReduceOp | None) -> bool:
     """Whether NCCL runs this reduction (op None: a move of bytes, always)."""
     if op is None:
         return True
-    return nccl_types.reduction(nccl_module(), dtype, op) is not None
+    return nccl_reductions.reduction(nccl_module(), dtype, op) is not None
 
 
 def all_reduce(arrays, values: Sequence, work: Sequence, op: ReduceOp) -> None:
@@ -123,7 +123,7 @@ def all_reduce(arrays, values: Sequence, work: Sequence, op: ReduceOp) -> None:
     nccl = nccl_module()
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
-    plan = nccl_types.reduction(nccl, dtype, op)
+    plan = nccl_reductions.reduction(nccl, dtype, op)
     assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     if plan.keys:  # keys are made in the work buffers: the inputs stay untouched
@@ -148,7 +148,7 @@ def reduce(arrays, values: Sequence, total, root: int, op: ReduceOp) -> None:
     nccl = nccl_module()
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
-    plan = nccl_types.reduction(nccl, dtype, op)
+    plan = nccl_reductions.reduction(nccl, dtype, op)
     assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     sources: list[Any] = list(values)
@@ -178,7 +178,7 @@ def broadcast(outputs: Sequence, root: int) -> None:
     with _Group(nccl, comms):
         for comm, d, o in zip(comms, devices, outputs):
             ptr = o.data.ptr
-            comm.broadcast(ptr, ptr, nbytes, nccl_types.byte_type(nccl), root, _stream(d))
+            comm.broadcast(ptr, ptr, nbytes, nccl_reductions.byte_type(nccl), root, _stream(d))
 
 
 def all_gather(values: Sequence, stacked: Sequence) -> None:
@@ -189,7 +189,7 @@ def all_gather(values: Sequence, stacked: Sequence) -> None:
     nbytes = values[0].nbytes
     with _Group(nccl, comms):
         for comm, d, v, s in zip(comms, devices, values, stacked):
-            comm.allGather(v.data.ptr, s.data.ptr, nbytes, nccl_types.byte_type(nccl),
+            comm.allGather(v.data.ptr, s.data.ptr, nbytes, nccl_reductions.byte_type(nccl),
                            _stream(d))
 
 
@@ -198,7 +198,7 @@ def reduce_scatter(arrays, values: Sequence, blocks: Sequence, op: ReduceOp) -> 
     nccl = nccl_module()
     devices = distinct_devices(values)
     dtype = np.dtype(values[0].dtype)
-    plan = nccl_types.reduction(nccl, dtype, op)
+    plan = nccl_reductions.reduction(nccl, dtype, op)
     assert plan is not None  # callers run NCCL only where supports() said it reduces this
     comms = communicators(devices)
     sources: list[Any] = list(values)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from collectives.backends.cupy import kernels, nccl_types
+from collectives.backends.cupy import kernels, nccl_reductions
 
 from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
@@ -35,7 +35,7 @@ def two_level_ok(transport: Any, call: Call) -> bool:
     whose wire form MPI also reduces (not float16 or bfloat16: MPI has no 16-bit floats)."""
     if call.collective is not Collective.ALL_REDUCE or call.op is None:
         return False
-    plan = nccl_types.reduction(transport.nccl, call.dtype, call.op)
+    plan = nccl_reductions.reduction(transport.nccl, call.dtype, call.op)
     return plan is not None and plan.view.kind in "biuf" and plan.view != np.float16
 
 
@@ -61,7 +61,7 @@ class TwoLevelRun:
 
     def __init__(self, t: Any, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int):
         self.t, self.call, self.dst, self.seq = t, call, dst, seq
-        plan = nccl_types.reduction(t.nccl, call.dtype, op)
+        plan = nccl_reductions.reduction(t.nccl, call.dtype, op)
         assert plan is not None  # two_level_ok: NCCL reduces this dtype and op exactly
         self.plan = plan
         self.op = op

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from collectives.backends.cupy import nccl_types
+from collectives.backends.cupy import nccl_reductions
 
 from collectives.runtime.calls import Call
 
@@ -63,7 +63,7 @@ class HotAllReduce:
     __slots__ = ("call", "comm", "count", "cupy", "description", "generation", "nbytes",
                  "nccl_op", "nccl_type", "t")
 
-    def __init__(self, transport: Any, call: Call, plan: nccl_types.Reduction):
+    def __init__(self, transport: Any, call: Call, plan: nccl_reductions.Reduction):
         import cupy
 
         self.t, self.call, self.cupy = transport, call, cupy

@@ -2,7 +2,7 @@
 
 ``allReduce``, ``reduce``, ``broadcast``, ``allGather`` and ``reduceScatter`` over all ranks,
 on the transport's stream. The core passes MEAN as SUM and divides once afterwards. Dtypes
-travel as ``collectives.backends.cupy.nccl_types`` says (complex SUM as floats, bool as
+travel as ``collectives.backends.cupy.nccl_reductions`` says (complex SUM as floats, bool as
 bytes, float MAX/MIN as integer keys so NaN survives); others, and reduce-scatters whose rows
 do not split evenly, run the library's schedules over NCCL send/recv instead. Across nodes,
 ``algorithm="two_level"`` (and ``auto`` where a world communicator is impossible, e.g. several
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from collectives.backends.cupy import kernels, nccl_types
+from collectives.backends.cupy import kernels, nccl_reductions
 
 from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
@@ -54,7 +54,7 @@ class NcclNative:
     def _plan(self, call: Call):
         if call.op is None:
             return "bytes"
-        return nccl_types.reduction(self.t.nccl, call.dtype, call.op)
+        return nccl_reductions.reduction(self.t.nccl, call.dtype, call.op)
 
     def mode(self, call: Call) -> str | None:
         """"world" (NCCL's collective), "two_level", or None (a schedule runs it)."""

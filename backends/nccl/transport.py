@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
-from collectives.backends.cupy import nccl_types
+from collectives.backends.cupy import nccl_reductions
 from collectives.backends.cupy.arrays import CupyArrays
 from collectives.backends.cupy.probe import nccl_module, require_gpu
 
@@ -74,7 +74,7 @@ class NcclTransport:
         self.world_possible = len(set(identities)) == len(identities)
         self.layout = Layout(tuple(tuple(m) for m in nodes)) if len(nodes) > 1 else None
         self.arrays = CupyArrays(stream=self.stream, device=self.device)
-        self.byte_type = nccl_types.byte_type(self.nccl)
+        self.byte_type = nccl_reductions.byte_type(self.nccl)
         self.timeout = float(timeout)
         self.control = MpiChannel(self.world.Dup())
         self.notices = Notices(self.world.Dup())

@@ -27,8 +27,8 @@ def backend_first(function: Callable) -> Callable:
     """A multi-device function whose arrays' backend may run the call its own way (the CuPy
     backend: NCCL for "nccl" names on distinct GPUs; handles that wait for the devices'
     streams), else the library's algorithms here. Adds ``async_op``: a handle whose ``wait()``
-    returns the results. ``function.library`` is the library's own implementation, for
-    backends that fall back to it."""
+    returns the results. A backend that checked a call and does not run it its own way hands
+    it to the runtime's forms (``runtime.execute.device_calls``), never back to ``function``."""
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
@@ -48,7 +48,6 @@ def backend_first(function: Callable) -> Callable:
         result = function(values, *args, **kwargs)
         return Completed(result) if async_op else result
 
-    wrapper.library = function  # type: ignore[attr-defined]
     return wrapper
 
 

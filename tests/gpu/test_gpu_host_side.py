@@ -68,7 +68,7 @@ def test_nccl_names_are_read_as_the_backend_needs():
 def test_every_dtype_has_an_exact_nccl_form_or_none():
     import warnings
 
-    from collectives.backends.cupy.nccl_types import reduction
+    from collectives.backends.cupy.nccl_reductions import reduction
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

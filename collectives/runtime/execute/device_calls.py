@@ -1,10 +1,13 @@
 """A validated multi-device call, run: its schedule, its result and work buffers, and the
 delivery of results (MEAN's one division, or a copy where a work buffer stood in).
 
-The multi-device API (``collectives.api.multi_device``) and a backend that validated a call
-itself (the CuPy backend, where NCCL does not run it) both come here once the arrays are
-checked: ``run_all_reduce`` and ``run_reduce`` take the call's validated pieces and run it
-over the backend's devices, without checking anything again.
+The multi-device API (``collectives.api.multi_device``, ``multi_device_spread``) and a backend
+that validated a call itself (the CuPy backend, where NCCL does not run it) both come here
+once the arrays are checked: ``run_all_reduce``, ``run_reduce``, ``run_broadcast``,
+``run_all_gather`` and ``run_reduce_scatter`` take the call's validated pieces and run it over
+the backend's devices, without checking the arrays again. ``gather_axis`` and ``check_rows``
+are the checks of all-gather's axis and reduce-scatter's rows that both callers make, once,
+before them.
 """
 
 from __future__ import annotations
@@ -126,3 +129,86 @@ def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
     deliver(arrays, op, [total], [result], n)
     return result
+
+
+def gather_axis(axis: int, shape: tuple[int, ...]) -> int:
+    """All-gather's ``axis`` for arrays of ``shape`` (a scalar gathers as one element),
+    checked and made non-negative: the axis ``run_all_gather`` takes."""
+    base = shape if shape else (1,)
+    if not -len(base) <= axis < len(base):
+        raise ValueError(f"axis={axis} is out of range for arrays of {len(shape)} dimensions")
+    return axis % len(base)
+
+
+def check_rows(shape: tuple[int, ...]) -> None:
+    """Reduce-scatter splits axis 0 into blocks: arrays of ``shape`` must have one."""
+    if not shape:
+        raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
+
+
+def run_broadcast(backend: DeviceBackend, value: Any, n: int, shape: tuple[int, ...],
+                  dtype: np.dtype, algorithm: Any, *, out: Any = None, shards: int = 0,
+                  out_checked: bool = False) -> list:
+    """Copy checked ``value`` (of ``shape`` and ``dtype``) to ``n`` devices (a checked count)
+    with the library's algorithm; a copy per device, into ``out`` (checked here as it is used,
+    unless ``out_checked``: the CuPy backend checks it before it chooses NCCL)."""
+    arrays = backend.arrays
+    schedule = plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
+    results = (list(out) if out_checked and out is not None
+               else outputs(arrays, out, [value] * n, shape, dtype))
+    work = work_buffers(arrays, results, [value], shape, dtype, out is not None)
+    run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
+                     [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
+    deliver(arrays, None, work, results, n)
+    return results
+
+
+def run_all_gather(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
+                   dtype: np.dtype, axis: int, algorithm: Any, *, out: Any = None) -> list:
+    """Concatenate checked ``values`` along ``axis`` (``gather_axis``'s) on every device with
+    the library's algorithm; a result per device (into ``out``, checked here as it is used)."""
+    n = len(values)
+    arrays = backend.arrays
+    base = shape if shape else (1,)
+    gathered_shape = list(base)
+    gathered_shape[axis] *= n
+    results = outputs(arrays, out, values, tuple(gathered_shape), dtype)
+    schedule = plan(backend, Collective.ALL_GATHER, algorithm, n, shape, dtype)
+    size = math.prod(shape)
+    # Along the leading axis the rank-major buffer already is the result: gather in place.
+    leading = all(d == 1 for d in base[:axis]) and not unsafe_outputs(arrays, values, results)
+    stacked = ([r.reshape(-1) for r in results] if leading
+               else [arrays.empty((n * size,), dtype, like=v) for v in values])
+    run_multi_device(schedule, [arrays.flat(v) for v in values], stacked, ReduceOp.SUM, backend,
+                     granule=size if size else 1, input_offsets=[p * size for p in range(n)])
+    if not leading:
+        for r, s in zip(results, stacked):
+            arrays.copy(r, arrays.concatenate(list(s.reshape((n, *base))), axis))
+    return results
+
+
+def run_reduce_scatter(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
+                       dtype: np.dtype, op: ReduceOp, algorithm: Any, *, out: Any = None,
+                       shards: int = 0) -> list:
+    """Reduce checked ``values`` (with rows: ``check_rows``) with the library's algorithm and
+    leave device ``i`` block ``i`` of axis 0 (into ``out``, checked here as it is used)."""
+    n = len(values)
+    arrays = backend.arrays
+    schedule = plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards)
+    rows, row = shape[0], math.prod(shape[1:])
+    final = result_dtype(op, dtype)
+    blocks = [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
+    if out is not None:
+        if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+            raise TypeError(f"out must be a list of {n} arrays, one per device")
+        if len(out) != n:
+            raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
+        for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
+            check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
+    work = [arrays.result(shape, dtype, like=v) for v in values]
+    run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
+                     op.wire_op, backend, granule=row if row else 1)
+    results = list(out) if out is not None else [
+        arrays.result((hi - lo, *shape[1:]), final, like=v) for v, (lo, hi) in zip(values, blocks)]
+    deliver(arrays, op, [w[lo:hi] for w, (lo, hi) in zip(work, blocks)], results, n)
+    return results
