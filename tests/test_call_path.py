@@ -1,12 +1,15 @@
-"""The path of one call through the house, recorded with ``sys.setprofile``: once a
-multi-device call reaches the runtime that runs it (``collectives.runtime.execute``), it never
-goes back into the API wing (``collectives.api``), and its arrays are checked once
-(``same_layout``, the check every multi-device call over a list of arrays makes of them;
-broadcast, of one array, reads it once with ``as_array`` and checks each ``out`` once).
+"""The path of one call through the house, recorded with ``sys.setprofile``: once a call
+reaches the runtime that runs it, it never goes back into the API wing (``collectives.api``),
+and its arguments are checked once.
 
-Shared checking helpers the API calls (``collectives.runtime.validate``) are not the runtime
-that runs a call: the API asks them, then hands the checked call on. Run over NumPy arrays
-here, and over CuPy arrays where CuPy (or the NumPy stand-in for it) is importable."""
+* A multi-device call reaches ``collectives.runtime.execute``; its arrays are checked once
+  (``same_layout``, the check every multi-device reduction makes of its arrays). Shared
+  checking helpers the API calls (``collectives.runtime.validate``) are not the runtime that
+  runs a call: the API asks them, then hands the checked call on. Run over NumPy arrays, and
+  over CuPy arrays where CuPy (or the NumPy stand-in for it) is importable.
+* A Communicator's call reaches ``Engine.run`` (or the hot path of a repeated all-reduce); it
+  is validated at most once (never on a repeated call), on every rank, for every collective.
+"""
 
 from __future__ import annotations
 
@@ -119,3 +122,64 @@ def test_cupy_multi_device_moves_are_checked_once_by_the_backend(algorithm):
     import cupy
 
     _moves(cupy, [cupy.full(1009, float(d), cupy.float32) for d in range(3)], algorithm)
+
+
+# --- a Communicator's call -------------------------------------------------------------------
+# Its runtime is reached at ``Engine.run`` (or the hot path of a repeated all-reduce): from
+# there the engine runs the call's stages and its result record (``runtime.results``), and
+# nothing goes back into the API wing. One exception, by design: a non-root of a broadcast or
+# scatter learns the shape from the root's opening all-reduce, so the first call of a shape is
+# chosen then (``Communicator.choose_algorithm``, the runner list of ``api.runners``).
+CHOOSER = ("collectives.api.runners", "collectives.api.auto")
+CHOOSER_FUNCTIONS = {("collectives.api.communicator", "choose_algorithm")}
+
+
+def _spmd_calls(comm, x):
+    out = np.empty_like(x)
+    rows = np.arange(comm.size * 7, dtype=np.float64).reshape(comm.size, 7)
+    return {
+        "all_reduce": lambda: comm.all_reduce(x, "sum", "ring"),
+        "all_reduce mean, out=": lambda: comm.all_reduce(x, "mean", "auto", out=out),
+        "all_reduce fp16": lambda: comm.all_reduce(x, "sum", compression="fp16"),
+        "reduce": lambda: comm.reduce(x, "max", 0, "tree"),
+        "broadcast": lambda: comm.broadcast(x if comm.rank == 0 else None, 0),
+        "scatter": lambda: comm.scatter(rows if comm.rank == 0 else None, 0),
+        "all_gather": lambda: comm.all_gather(x),
+        "reduce_scatter mean": lambda: comm.reduce_scatter(x, "mean"),
+        "gather": lambda: comm.gather(x, 0),
+        "all_to_all": lambda: comm.all_to_all(np.ones((comm.size * 2, 3))),
+    }
+
+
+def _check_spmd(entered: list[tuple[str, str]], first_from_root: bool) -> None:
+    reached = next((i for i, (module, name) in enumerate(entered)
+                    if (module, name) == ("collectives.runtime.engine", "run")
+                    or module == "collectives.runtime.hot_path"), None)
+    assert reached is not None, "the call never reached the engine"
+    back = [(m, f) for m, f in entered[reached:] if m.startswith("collectives.api")]
+    if first_from_root:
+        back = [(m, f) for m, f in back
+                if not (m.startswith(CHOOSER) or (m, f) in CHOOSER_FUNCTIONS)]
+    assert not back, f"after {entered[reached]} the call went back into the API wing: {back[:5]}"
+    validations = [f for m, f in entered
+                   if m == "collectives.runtime.call_runner" and f == "_validate"]
+    assert len(validations) <= 1, f"the call was validated {len(validations)} times"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_communicator_call_runs_without_climbing_back(n):
+    failures: list[str] = []
+
+    def job(comm):
+        x = np.arange(comm.size * 5, dtype=np.float32)
+        for what, call in _spmd_calls(comm, x).items():
+            for attempt in ("first", "again"):
+                entered = _walk(call)
+                from_root = what in ("broadcast", "scatter") and comm.rank != 0
+                try:
+                    _check_spmd(entered, from_root and attempt == "first")
+                except AssertionError as exc:
+                    failures.append(f"rank {comm.rank}, {what} ({attempt} call): {exc}")
+
+    collectives.run(job, n)
+    assert not failures, "\n".join(failures)
