@@ -70,6 +70,36 @@ def test_four_rank_rechd_over_two_hosts_shares_each_hosts_link():
     assert close(p.seconds - unshared.seconds, 2 * (B / 4) * BETA_N)
 
 
+def test_a_round_both_ways_pays_two_way_of_the_smaller_direction():
+    """A link's ``two_way``: bytes moving the other way in the same round cost that fraction
+    of beta (copies through one memory); a round that moves bytes one way pays nothing more,
+    and the default (0: full duplex) prices every schedule as before."""
+    both = Fabric(**{**FABRIC.__dict__, "host": Link(A_H, BETA_H, two_way=0.6)})
+    # the 2-rank ring: each round sends and receives B/2, so 0.6 of B/2 more per round
+    ring = predict(Collective.ALL_REDUCE, "ring", 2, B, both)
+    assert close(ring.seconds, predict(Collective.ALL_REDUCE, "ring", 2, B, FABRIC).seconds +
+                 2 * 0.6 * (B / 2) * BETA_H)
+    # the tree and one_device: each round a participant sends or receives, never both
+    for name, n in (("tree", 2), ("tree", 5), ("one_device", 4)):
+        assert close(predict(Collective.ALL_REDUCE, name, n, B, both).seconds,
+                     predict(Collective.ALL_REDUCE, name, n, B, FABRIC).seconds), name
+    # across hosts: a host's ranks send B/2 and receive B/2 on its link together in each of
+    # rechd's two crossing rounds (shared or not, the other way is priced alike)
+    net = Link(A_N, BETA_N, two_way=0.5)
+    for shared in (True, False):
+        plain = Fabric(**{**FABRIC.__dict__, "nic_shared": shared})
+        half = Fabric(**{**plain.__dict__, "net": net})
+        extra = (predict(Collective.ALL_REDUCE, "rechd", 4, B, half, Placement.nodes(2, 2)).seconds
+                 - predict(Collective.ALL_REDUCE, "rechd", 4, B, plain,
+                           Placement.nodes(2, 2)).seconds)
+        assert close(extra, 2 * 0.5 * (B / 2 if shared else B / 4) * BETA_N), shared
+    # the defaults are full duplex, and say nothing of it
+    assert Link(A_H, BETA_H) == Link(A_H, BETA_H, 0.0)
+    assert all(Fabric().link(c).two_way == 0.0 for c in range(3))
+    assert "other way" not in Fabric().describe()
+    assert "the other way 0.60 of it" in both.describe()
+
+
 def test_two_level_two_by_two_by_hand():
     # ring/ring over hosts {0, 1}, {2, 3}: inside, a reduce-scatter round (B/2 in, added);
     # across, the ring all-reduce of each member's half (B/4 each way per member, both
@@ -191,6 +221,13 @@ def test_fabric_round_trips_through_json():
     fabric = Fabric(gammas=(("float64", 1e-10),), measured=(("native", "all_reduce", 2,
                                                               ((4096, 1e-5),)),), raw=(("a", 1.0),))
     assert Fabric.from_json(fabric.to_json()) == fabric
+    both = Fabric(host=Link(A_H, BETA_H, two_way=0.6))
+    assert Fabric.from_json(both.to_json()) == both and both != Fabric(host=Link(A_H, BETA_H))
+    # a file written before two_way: its links are full duplex
+    old = json.loads(both.to_json())
+    for name in ("proc", "host", "net"):
+        del old[name]["two_way"]
+    assert Fabric.from_json(json.dumps(old)).host == Link(A_H, BETA_H, 0.0)
 
 
 # --- on a communicator -----------------------------------------------------------------------
@@ -222,17 +259,21 @@ def test_calibration_on_thread_ranks_is_shared_and_cached(tmp_path, monkeypatch)
     assert all(r[0] == first and r[1] == first and r[2] == first for r in results)
     assert first.source.startswith("measured") and first.proc.beta > 0 and first.call_overhead > 0
     assert {k for k, _ in first.raw} >= {"call", "local.tree", "local.one", "local.big"}
+    # threads share their buffers: no one-way stream, and no two-way term
+    assert "local.oneway" not in dict(first.raw) and first.proc.two_way == 0.0
     files = list(tmp_path.glob("fabric-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["size"] == 2
 
 
+@pytest.mark.parametrize("two_way", [0.0, 0.6])
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
-def test_calibration_solves_the_constants_the_model_prices_its_probes_with(n):
+def test_calibration_solves_the_constants_the_model_prices_its_probes_with(n, two_way):
     """The probes' times as the model predicts them on n ranks give back its constants (the
     measurement and the model agree at any group size) but for their few bytes' cost; on two
     ranks the charges are the pair's: tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a
-    + 32o, big = one + S beta + S/2 gamma."""
-    link, over = Link(40e-6, 1 / 3e9), 7e-6
+    + 32o, big = one + S beta + S beta two_way + S/2 gamma, oneway = tree + 2 S beta + S
+    gamma (no round both ways)."""
+    link, over = Link(40e-6, 1 / 3e9, two_way), 7e-6
     fabric = Fabric(host=link, gamma=GAMMA, overhead=over, call_overhead=CALL)
     times = {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
                            shards=shards).seconds
@@ -240,12 +281,37 @@ def test_calibration_solves_the_constants_the_model_prices_its_probes_with(n):
     got, got_over = calibration_links.solve(times, CALL, GAMMA, n)
     near = lambda a, b: abs(a - b) <= 0.01 * b  # noqa: E731 (the few bytes' cost is neglected)
     assert near(got.alpha, link.alpha) and near(got.beta, link.beta) and near(got_over, over)
+    assert got.two_way == pytest.approx(two_way, abs=0.01)
     if n == 2:
         k = calibration_links.coefficients(2)
         S = calibration_links.STREAM_BYTES
-        assert [k[p][:2] for p in ("tree", "one", "eight", "big")] == [(2, 2), (2, 4), (2, 32),
-                                                                       (2, 4)]
-        assert k["big"][2:4] == (S, S / 2)
+        assert [k[p][:2] for p in ("tree", "one", "eight", "big", "oneway")] == [
+            (2, 2), (2, 4), (2, 32), (2, 4), (2, 2)]
+        assert k["big"][2:4] == (S, S / 2) and k["big"].two_way == S
+        assert k["oneway"][2:4] == (2 * S, S) and k["oneway"].two_way == 0
+
+
+def test_two_way_falls_back_to_full_duplex_where_the_probes_cannot_tell():
+    """Without the one-way probe (threads) or on a serial fabric, ``two_way`` stays 0 and
+    beta is the ring's; a one-way stream slower than the ring's allows clips to 0, one so
+    fast that the other way would cost more than beta clips to 1, beta the ring's at either."""
+    fabric = Fabric(host=Link(40e-6, 1 / 3e9, two_way=0.6), gamma=GAMMA, overhead=7e-6,
+                    call_overhead=CALL)
+    times = probe_times(4, fabric)
+    full = Fabric(host=Link(40e-6, 1 / 3e9 * 1.6), gamma=GAMMA, overhead=7e-6,
+                  call_overhead=CALL)  # the ring's time from beta alone, as before two_way
+    without = {k: v for k, v in times.items() if k != "oneway"}
+    for got, _ in (calibration_links.solve(without, CALL, GAMMA, 4),
+                   calibration_links.solve(times, CALL, GAMMA, 4, serial=True)):
+        assert got.two_way == 0.0
+    got, _ = calibration_links.solve(without, CALL, GAMMA, 4)
+    assert got.beta == pytest.approx(full.host.beta, rel=0.01)
+    for factor, clipped in ((3.0, 0.0), (0.2, 1.0)):
+        odd = {**times, "oneway": times["oneway"] * factor}
+        got, o = calibration_links.solve(odd, CALL, GAMMA, 4)
+        assert got.two_way == clipped
+        ring = Fabric(host=got, gamma=GAMMA, overhead=o, call_overhead=CALL)
+        assert probe_times(4, ring)["big"] == pytest.approx(times["big"], rel=0.01)
 
 
 def test_probe_command_prints_the_links(tmp_path, monkeypatch, capsys):

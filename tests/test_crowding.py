@@ -59,10 +59,13 @@ def test_crowding_adds_a_wait_per_round_and_per_peer_where_processes_outnumber_t
 def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, per_peer):
     """Probes on every busy rank of a 2-core host cost waits per round and per peer more than
     the model of a pair alone says: the solved terms are those waits, give the busy probes
-    back, and nothing more on 2; the host link is the pair's."""
-    alone = Fabric(host=Link(20e-6, 1 / 3e9), gamma=GAMMA, overhead=7e-6, call_overhead=CALL)
+    back, and nothing more on 2; the host link is the pair's, its ``two_way`` from the busy
+    streams (the pair times no one-way stream)."""
+    alone = Fabric(host=Link(20e-6, 1 / 3e9, two_way=0.6), gamma=GAMMA, overhead=7e-6,
+                   call_overhead=CALL)
     busy = replace(alone, cores=2, crowding=per_round, crowding_message=per_peer)
-    pair, crowd = probe_times(2, alone), {}
+    pair = {k: v for k, v in probe_times(2, alone).items() if k != "oneway"}
+    crowd = {}
     plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
     for name, (algorithm, shards, nbytes) in plan.items():
         crowd[name] = predict(Collective.ALL_REDUCE, algorithm, n, nbytes, busy, Placement(n),
@@ -74,9 +77,10 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, pe
     assert got.crowding_message == pytest.approx(per_peer, rel=0.05, abs=5e-6)
     assert got.host.alpha == pytest.approx(20e-6, rel=0.05)
     assert got.host.beta == pytest.approx(1 / 3e9, rel=0.05)
+    assert got.host.two_way == pytest.approx(0.6, abs=0.03)
     assert got.overhead == pytest.approx(7e-6, rel=0.05)
     for k in (2, n):
-        for name in ("one", "fan", "check.small"):
+        for name in ("one", "fan", "check.small", "big", "check.large"):
             algorithm, shards, nbytes = {**calibration_links.probes(k),
                                          **calibration_links.CHECKS}[name]
             want = (crowd if k == n else pair)[name]

@@ -8,8 +8,12 @@ that with the constants of a ``Fabric``, measured (``collectives probe``) or giv
   ``Placement`` says; a class has a latency ``alpha`` and an inverse bandwidth ``beta``;
 * a participant's round costs ``round_overhead``, plus ``overhead`` per message it posts or
   matches (serialised on its CPU), plus the largest ``alpha`` among the classes it uses, plus,
-  per class, the larger of the bytes it sends and receives times ``beta`` (links are full
-  duplex), plus ``gamma`` (of the dtype) per byte it reduces;
+  per class, the larger of the bytes it sends and receives times ``beta``, plus ``gamma``
+  (of the dtype) per byte it reduces;
+* a class's ``two_way`` is what the bytes moving the other way in the same round (the smaller
+  direction) cost, as a fraction of ``beta``: 0 where the link is full duplex (a network
+  link), up to 1 where both directions are copies through one memory (processes on one host:
+  a round that sends and receives at once takes longer than its larger direction alone);
 * where a host runs more busy processes than it has cores, a participant also waits for its
   peers to be scheduled: ``crowding`` seconds per round, plus ``crowding_message`` per peer
   it receives from in the round (messages from one peer wait once), each per busy process
@@ -42,14 +46,24 @@ CLASSES = ("proc", "host", "net")
 
 @dataclass(frozen=True)
 class Link:
-    """One link class: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+    """One link class: ``alpha`` seconds per message, ``beta`` seconds per byte, and
+    ``two_way``: what bytes moving the other way in the same round cost, as a fraction of
+    ``beta`` (0: full duplex, as a network link; 1: one direction at a time, as copies
+    through one memory)."""
 
     alpha: float
     beta: float
+    two_way: float = 0.0
+
+    def moved(self, sent: float, received: float) -> float:
+        """The bytes a round's ``sent`` and ``received`` cost ``beta`` each: the larger
+        direction, plus ``two_way`` of the smaller."""
+        return max(sent, received) + self.two_way * min(sent, received)
 
     def __str__(self) -> str:
         rate = f"{1 / self.beta / 1e9:.2f} GB/s" if self.beta > 0 else "unlimited"
-        return f"alpha {self.alpha * 1e6:.1f} us, {rate}"
+        both = f" (the other way {self.two_way:.2f} of it)" if self.two_way else ""
+        return f"alpha {self.alpha * 1e6:.1f} us, {rate}{both}"
 
 
 @dataclass(frozen=True)
@@ -326,10 +340,10 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
                 continue
             link = links[c]
             alpha = max(alpha, link.alpha)
-            moved = max(s, r)
-            if c == NET and fabric.nic_shared:
+            moved = link.moved(s, r)
+            if c == NET and fabric.nic_shared:  # the host's ranks together on its link
                 shared = nic[ld.host]
-                moved = max(shared[0], shared[1], moved)
+                moved = max(link.moved(shared[0], shared[1]), moved)
             transfer += moved * link.beta
             if moved > who_bytes:
                 who_bytes, who_cls = moved, c
@@ -369,22 +383,3 @@ def human_bytes(n: float, digits: int = 4) -> str:
         if n >= scale:
             return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
-
-
-def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Collective,
-                  size: int, nbytes: int, call_overhead: float = 0.0) -> Prediction:
-    """The prediction from each round's part, ``(index, part)`` in round order, after the
-    call's own overhead."""
-    runs: list = []
-    latency, transfer, reduction = call_overhead, 0.0, 0.0
-    for index, part in parts:
-        latency += part.latency
-        transfer += part.transfer
-        reduction += part.reduction
-        if runs and runs[-1][2][:3] == part[:3] and runs[-1][0] + runs[-1][1] == index:
-            runs[-1][1] += 1
-        else:
-            runs.append([index, 1, part])
-    return Prediction(name, collective, size, nbytes, latency + transfer + reduction,
-                      latency, transfer, reduction, [tuple(r) for r in runs])
-

@@ -33,7 +33,6 @@ from .cost import (
     Part,
     Placement,
     Prediction,
-    critical_path,
     load,
     round_part,
 )
@@ -235,6 +234,24 @@ def _symmetric(base, maps, size, nbytes, fabric, gamma, host_of, local, weights,
             part = memo[key] = round_part(loads, fabric, gamma, weights, wait)
         parts.append((index, part))
     return parts
+
+
+def critical_path(parts: Sequence[tuple[int, Part]], name: str, collective: Collective,
+                  size: int, nbytes: int, call_overhead: float = 0.0) -> Prediction:
+    """The prediction from each round's part, ``(index, part)`` in round order, after the
+    call's own overhead."""
+    runs: list = []
+    latency, transfer, reduction = call_overhead, 0.0, 0.0
+    for index, part in parts:
+        latency += part.latency
+        transfer += part.transfer
+        reduction += part.reduction
+        if runs and runs[-1][2][:3] == part[:3] and runs[-1][0] + runs[-1][1] == index:
+            runs[-1][1] += 1
+        else:
+            runs.append([index, 1, part])
+    return Prediction(name, collective, size, nbytes, latency + transfer + reduction,
+                      latency, transfer, reduction, [tuple(r) for r in runs])
 
 
 def interpolate(points: Sequence[tuple[int, float]], nbytes: int) -> float:

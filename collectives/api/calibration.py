@@ -6,11 +6,12 @@
 * per link class present, on the ranks it is measured on (``local``: every rank of a host,
   every host at once, all busy as in a collective, so what they cost one another counts;
   ``net``: a rank of each of two hosts), through the library's own schedules: the tree's
-  and the ring's all-reduces of a few bytes and the ring's of 4 MiB, from which
-  ``calibration_links`` solves the class's ``alpha``, ``beta`` and per-message ``overhead``
-  so that the model predicts those very times; in rounds, with other schedules timed beside
-  them as checks (a class the checks contradict is probed again, the attempt they agree
-  with best counts, and one still contradicted is flagged in ``Fabric.flags``);
+  and the ring's all-reduces of a few bytes and the ring's and (processes) the tree's of
+  4 MiB, from which ``calibration_links`` solves the class's ``alpha``, ``beta``, ``two_way``
+  and per-message ``overhead`` so that the model predicts those very times; in rounds, with
+  other schedules timed beside them as checks (a class the checks contradict is probed
+  again, the attempt they agree with best counts, and one still contradicted is flagged in
+  ``Fabric.flags``);
 * **crowding**, where a host runs more ranks than cores: the probes again on two of its
   ranks while the others sleep; the pair's constants are the host link's, and what the small
   probes cost more with every rank busy, per process beyond the cores, is solved as a wait
@@ -56,6 +57,7 @@ from .calibration_links import (
     link_times,
     samples,
     solve,
+    streams,
     verify,
 )
 
@@ -64,9 +66,10 @@ CACHE_ENV = "COLLECTIVES_CACHE_DIR"
 NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
-METHOD = 4  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
+METHOD = 5  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
 # in rounds, with checks, and the crowding of a host with more ranks than cores; 4: crowding
-# per round and per peer received from, over the pair's constants (the shuffle's probe)
+# per round and per peer received from, over the pair's constants (the shuffle's probe); 5:
+# a link's two_way, from the tree's one-way stream beside the ring's
 ATTEMPTS = 2  # a link class whose checks contradict its probes is probed once more
 
 
@@ -215,7 +218,8 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
     for attempt in range(ATTEMPTS):
         for kind in todo:
             got = _on(comm, groups[kind], lambda sub: link_times(
-                sub, repeats, checks=comm.placement.processes))
+                sub, repeats, checks=comm.placement.processes,
+                one_way=comm.placement.processes))
             attempts.setdefault(kind, []).append(_first(comm, got))
         if attempt + 1 < ATTEMPTS:
             todo = comm.broadcast_object([
@@ -267,8 +271,8 @@ def _crowding(comm: Any, groups: dict, repeats: int) -> tuple[int, dict | None]:
     sub = comm.split(0 if comm.rank in host[:2] else None, comm.rank)
     got = None
     if sub is not None:
-        with sub:
-            got = link_times(sub, repeats)
+        with sub:  # (its alpha and overhead count, not its streams: no one-way probe)
+            got = link_times(sub, repeats, one_way=False)
         comm.all_reduce(np.zeros(1))
     else:  # asleep, not polling: the pair has the cores to itself
         work = comm.all_reduce(np.zeros(1), async_op=True)
@@ -311,10 +315,9 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
         extra = (n - cores) / cores
         changes["crowding"], changes["crowding_message"] = waits = crowding(
             busy, alone, o, call, n, extra)
-        big = coefficients(n)["big"]
-        rest = (busy["big"] - call - big.alpha * alone.alpha - big.overhead * o -
-                big.gamma * gamma - extra * (big.wait * waits[0] + big.wait_message * waits[1]))
-        links["local"] = Link(alone.alpha, max(rest / big.beta, 1e-13))
+        beta, two_way = streams(busy, coefficients(n), alone.alpha, o, call, gamma,
+                                (extra * waits[0], extra * waits[1]))
+        links["local"] = Link(alone.alpha, beta, two_way)
         overheads["local"] = o
     changes["raw"] = tuple(sorted(raw.items()))
     if overheads:

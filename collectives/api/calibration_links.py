@@ -12,7 +12,11 @@ scheduled, which a pair of ranks alone on the cores never sees. The probes, on `
   ``overhead`` apart);
 * ``fan``: the shuffle's of ``4 n`` bytes (each rank receives from every other in one round:
   on a crowded host, the wait per peer apart from the wait per round);
-* ``big``: the ring's of ``STREAM_BYTES`` (``beta``).
+* ``big``: the ring's of ``STREAM_BYTES``, every rank sending and receiving in each round;
+* ``oneway``: the tree's of ``STREAM_BYTES``, every rank sending or receiving in each round,
+  never both (``beta`` from this, and ``two_way`` from what ``big`` costs beyond it: on one
+  host both directions are copies through the same memory). Processes only: threads of one
+  process share their buffers, and keep ``two_way`` 0.
 
 A bad moment (another job's burst) must not poison the constants: every probe runs in
 ``ROUNDS`` rounds, interleaved with the others and apart in time, and the median of all
@@ -30,7 +34,8 @@ moves less than its messages say, and the model prices them by their bookkeeping
 How many rounds, messages and bytes the model charges each probe is read off the model
 itself (``coefficients``: each probe priced with one constant at 1 and the others at 0), so
 the solved constants make the model predict the probes' measured times. On two ranks this is
-tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o, big = one + S beta + S/2 gamma.
+tree = c + 2a + 2o, one = c + 2a + 4o, eight = c + 2a + 32o, big = one + S beta + S beta
+two_way + S/2 gamma, oneway = tree + 2 S beta + S gamma.
 
 Where a host runs more ranks than cores, ``crowding`` solves what the busy probes cost
 beyond the constants of a pair of ranks alone on the cores: a wait per round and one per
@@ -55,18 +60,23 @@ from ..ops import ReduceOp
 STREAM_BYTES = 4 << 20
 GAMMA_BYTES = 4 << 20  # reduced per rank for gamma
 TARGET_SECONDS = 0.01  # a repeat runs about this long
-PROBES = ("tree", "one", "eight", "fan", "big")
+PROBES = ("tree", "one", "eight", "fan", "big", "oneway")
 SMALL = PROBES[:4]  # bytes cost next to nothing: alpha, overhead and crowding only
 ROUNDS = 3  # each probe's repeats are split over this many rounds, interleaved
 CHECKS = {"check.small": ("rechd", 0, 16 << 10), "check.large": ("rechd", 0, 4 << 20)}
 CONTRADICTED = 2.0  # a check this many times off (either way) contradicts the probes
 
 
-def probes(n: int) -> dict[str, tuple[str, int, int]]:
-    """The all-reduces timed on ``n`` ranks: name -> (algorithm, sub-chunks, bytes)."""
-    return {"tree": ("tree", 0, 4 * n), "one": ("ring", 1, 4 * n),
-            "eight": ("ring", 8, 32 * n), "fan": ("shuffle", 0, 4 * n),
-            "big": ("ring", 1, STREAM_BYTES)}
+def probes(n: int, one_way: bool = True) -> dict[str, tuple[str, int, int]]:
+    """The all-reduces timed on ``n`` ranks: name -> (algorithm, sub-chunks, bytes);
+    ``one_way``: with ``oneway`` (the tree's rounds each move bytes one way only, on any
+    ``n``: no rank sends and receives in one round)."""
+    out = {"tree": ("tree", 0, 4 * n), "one": ("ring", 1, 4 * n),
+           "eight": ("ring", 8, 32 * n), "fan": ("shuffle", 0, 4 * n),
+           "big": ("ring", 1, STREAM_BYTES)}
+    if one_way:
+        out["oneway"] = ("tree", 0, STREAM_BYTES)
+    return out
 
 
 def timed(comm: Any, fn, repeats: int) -> float:
@@ -106,13 +116,14 @@ def all_reduce_samples(comm: Any, algorithm: str, shards: int, nbytes: int,
                    repeats)
 
 
-def link_times(comm: Any, repeats: int, rounds: int = ROUNDS,
-               checks: bool = True) -> dict[str, float]:
-    """Every probe's (and ``checks``') seconds on ``comm`` (collective; all its ranks take
-    part): ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a round),
-    the median of them all (every rank of a busy host streaming at once is the probe a burst
-    of noise hits hardest; a burst spoils a round, not the median)."""
-    plan = {**probes(comm.size), **(CHECKS if checks else {})}
+def link_times(comm: Any, repeats: int, rounds: int = ROUNDS, checks: bool = True,
+               one_way: bool = True) -> dict[str, float]:
+    """Every probe's (and ``checks``'; ``oneway`` only with ``one_way``) seconds on ``comm``
+    (collective; all its ranks take part): ``rounds`` rounds of each in turn, ``repeats``
+    repeats in all (at least 2 a round), the median of them all (every rank of a busy host
+    streaming at once is the probe a burst of noise hits hardest; a burst spoils a round, not
+    the median)."""
+    plan = {**probes(comm.size, one_way), **(CHECKS if checks else {})}
     each = max(-(-repeats // rounds), 2)
     seen: dict[str, list[float]] = {name: [] for name in plan}
     for _ in range(rounds):
@@ -151,13 +162,15 @@ class Charge(NamedTuple):
     gamma: float
     wait: float = 0.0  # crowding's waits per round, per busy process beyond the cores per core
     wait_message: float = 0.0  # and per peer received from
+    two_way: float = 0.0  # per unit of beta * two_way (the bytes moved the other way at once)
 
 
 def coefficients(n: int, serial: bool = False) -> dict[str, Charge]:
     """Per probe on ``n`` ranks of one host, its price with ``alpha``, ``overhead``, ``beta``,
     ``gamma``, ``crowding`` and ``crowding_message`` each at 1 in turn (the others at 0): how
     many rounds, messages, bytes moved, bytes reduced and peers waited for lie on its
-    critical path."""
+    critical path; and ``beta * two_way`` as a constant of its own (the price at ``beta`` 1
+    and ``two_way`` 1 less that at ``two_way`` 0: the bytes moved the other way at once)."""
     still = Link(0.0, 0.0)
     zero = Fabric(still, still, still, gamma=0.0, overhead=0.0, round_overhead=0.0,
                   call_overhead=0.0, serial=serial)
@@ -166,25 +179,26 @@ def coefficients(n: int, serial: bool = False) -> dict[str, Charge]:
              Fabric(still, Link(0.0, 1.0), still, gamma=0.0, serial=serial),
              Fabric(still, still, still, gamma=1.0, serial=serial),  # (cores 1: n - 1 beyond)
              Fabric(still, still, still, gamma=0.0, serial=serial, cores=1, crowding=1.0),
-             Fabric(still, still, still, gamma=0.0, serial=serial, cores=1, crowding_message=1.0))
+             Fabric(still, still, still, gamma=0.0, serial=serial, cores=1, crowding_message=1.0),
+             Fabric(still, Link(0.0, 1.0, two_way=1.0), still, gamma=0.0, serial=serial))
     placement = Placement(n)
     out = {}
     for name, (algorithm, shards, nbytes) in probes(n).items():
-        prices = [predict(Collective.ALL_REDUCE, algorithm, n, nbytes, unit, placement,
-                          shards=shards).seconds - predict(Collective.ALL_REDUCE, algorithm, n,
-                                                           nbytes, zero, placement,
-                                                           shards=shards).seconds
-                  for unit in units]
-        out[name] = Charge(*prices[:4], *(c / max(n - 1, 1) for c in prices[4:]))
+        base, *prices = [predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric,
+                                 placement, shards=shards).seconds for fabric in (zero, *units)]
+        a, o, b, g, w, m, _ = (p - base for p in prices)
+        beyond = max(n - 1, 1)
+        out[name] = Charge(a, o, b, g, w / beyond, m / beyond, prices[6] - prices[2])
     return out
 
 
 def solve(times: dict[str, float], call: float, gamma: float, n: int,
           serial: bool = False) -> tuple[Link, float]:
-    """The link (``alpha``, ``beta``) and the per-message ``overhead`` that make the model
-    predict the probes' ``times`` on ``n`` ranks, given the call's own cost ``call`` and
-    ``gamma``: ``overhead`` from each pair of small probes the model tells apart (the mean),
-    ``alpha`` from ``one``, ``beta`` from ``big``."""
+    """The link (``alpha``, ``beta``, ``two_way``) and the per-message ``overhead`` that make
+    the model predict the probes' ``times`` on ``n`` ranks, given the call's own cost ``call``
+    and ``gamma``: ``overhead`` from each pair of small probes the model tells apart (the
+    mean), ``alpha`` from ``one``, ``beta`` and ``two_way`` from ``big`` and ``oneway``
+    (``streams``)."""
     k = coefficients(n, serial)
     rest = {name: times[name] - call for name in SMALL}
     estimates = []
@@ -194,9 +208,36 @@ def solve(times: dict[str, float], call: float, gamma: float, n: int,
             estimates.append((k[x].alpha * rest[y] - k[y].alpha * rest[x]) / det)
     o = max(statistics.fmean(estimates), 0.0) if estimates else 0.0
     a = max((rest["one"] - k["one"].overhead * o) / k["one"].alpha, 1e-7)
-    big = k["big"]
-    beta = (times["big"] - call - big.alpha * a - big.overhead * o - big.gamma * gamma) / big.beta
-    return Link(a, max(beta, 1e-13)), o
+    beta, two_way = streams(times, k, a, o, call, gamma, serial=serial)
+    return Link(a, beta, two_way), o
+
+
+def streams(times: dict[str, float], k: dict[str, Charge], alpha: float, overhead: float,
+            call: float, gamma: float, waits: tuple[float, float] = (0.0, 0.0),
+            serial: bool = False) -> tuple[float, float]:
+    """``beta`` and ``two_way`` from the big probes' ``times`` (``coefficients`` ``k``), less
+    what the other constants charge them (``waits``: crowding's, per round and per peer,
+    already times the processes beyond the cores per core): two equations, ``big`` (every
+    round both ways) and ``oneway`` (one way only), in ``beta`` and ``beta * two_way``.
+    ``two_way`` is clipped to [0, 1], and ``beta`` is then ``big``'s at that ``two_way`` (the
+    schedules that send and receive at once stay priced as measured); ``two_way`` is 0
+    without ``oneway`` (threads, ``serial``), where the two equations do not tell the terms
+    apart, or where they leave ``beta`` no positive value."""
+    def rest(name: str) -> float:
+        c = k[name]
+        return (times[name] - call - c.alpha * alpha - c.overhead * overhead - c.gamma * gamma -
+                c.wait * waits[0] - c.wait_message * waits[1])
+
+    big, one = k["big"], k.get("oneway")
+    two_way = 0.0
+    if one is not None and "oneway" in times and not serial:
+        det = big.beta * one.two_way - one.beta * big.two_way
+        if abs(det) > 1e-9 * max(big.beta * one.two_way, one.beta * big.two_way):
+            beta = (rest("big") * one.two_way - rest("oneway") * big.two_way) / det
+            both = (big.beta * rest("oneway") - one.beta * rest("big")) / det
+            two_way = min(max(both / beta, 0.0), 1.0) if beta > 0 else 0.0
+    beta = rest("big") / (big.beta + two_way * big.two_way)
+    return max(beta, 1e-13), two_way
 
 
 def crowding(busy: dict[str, float], alone: Link, overhead: float, call: float, n: int,

@@ -72,6 +72,11 @@ def main() -> None:
     report.check(("local.fan" in raw) == (host > 1) and ("pair.fan" in raw) == crowded and
                  fabric.crowding_message >= 0 and (crowded or not fabric.crowding_message),
                  f"fan probes {raw}, per-peer wait {fabric.crowding_message}")
+    # the one-way stream is timed on every busy host (not on the pair: its streams do not
+    # count), and the other way's share of beta solved within [0, 1]
+    report.check(("local.oneway" in raw) == (host > 1) and "pair.oneway" not in raw and
+                 0.0 <= fabric.host.two_way <= 1.0 and 0.0 <= fabric.net.two_way <= 1.0,
+                 f"one-way probes {raw}, two_way {fabric.host.two_way}, {fabric.net.two_way}")
     # the shared window's all-reduce is timed, and priced by auto, where every rank shares a node
     shared = comm.transport.native.single_node
     shm = fabric.timings("shm", Collective.ALL_REDUCE, n)
