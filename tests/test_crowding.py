@@ -1,6 +1,7 @@
 """A crowded host (more busy processes than cores): the model's waits per round and per peer
-received from, solved by calibration from a pair of ranks alone and every rank busy; and the
-margin a schedule's prediction must beat a measured native collective by."""
+received from, solved by calibration from a pair of ranks alone and every rank busy; a job
+across hosts' wait per round, solved from small all-reduces on every rank; and the margin a
+schedule's prediction must beat a measured native collective by."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
 from collectives.algorithms.sampling import predict
 from collectives.algorithms.schedule import Collective
-from collectives.api import calibration, calibration_links
+from collectives.api import calibration, calibration_crowds, calibration_links
 
 B = 1 << 20
 A_H, BETA_H = 4e-6, 1 / 5e9
@@ -122,3 +123,45 @@ def test_a_schedule_must_beat_a_measured_native_by_the_margin():
     modelled = select.decide(Collective.ALL_REDUCE, size, nbytes, FABRIC, Placement(size),
                              natives=("native",))
     assert modelled.best.note != "measured"
+
+
+@pytest.mark.parametrize("hosts, per", [(2, 2), (3, 1), (4, 3)])
+@pytest.mark.parametrize("wait", [0.0, 20e-6, 150e-6])
+def test_a_job_across_hosts_gets_the_wait_per_round_its_small_all_reduces_measured(
+        hosts, per, wait):
+    """The job probes timed as the model prices them with a per-round wait: the wait comes
+    back; timed as priced without one (hosts of their own), none is added."""
+    placement = Placement.nodes(hosts, per)
+    n = placement.size
+    busy = replace(FABRIC, round_overhead=wait)
+    times = {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, busy, placement,
+                           shards=shards).seconds
+             for name, (algorithm, shards, nbytes) in calibration_crowds.job_probes(n).items()}
+    assert calibration_crowds.round_wait(times, FABRIC, placement) == pytest.approx(wait, abs=1e-9)
+
+
+def test_a_job_measured_faster_than_priced_gets_no_negative_wait():
+    placement = Placement.nodes(2, 2)
+    times = {name: 1e-6 for name in calibration_crowds.job_probes(4)}
+    assert calibration_crowds.round_wait(times, FABRIC, placement) == 0.0
+    assert calibration_crowds.round_wait({}, FABRIC, placement) == 0.0
+
+
+def test_calibration_keeps_the_job_wait_and_its_probes():
+    """``_fabric`` with job probes on every rank sets ``round_overhead`` from them and keeps
+    their times with the raw numbers; without them it stays 0."""
+    comm = fake_comm(4)
+    comm.placement = Placement.nodes(2, 2)
+    times = probe_times(2, FABRIC)
+    job = {name: predict(Collective.ALL_REDUCE, algorithm, 4, nbytes,
+                         replace(FABRIC, round_overhead=40e-6), comm.placement,
+                         shards=shards).seconds
+           for name, (algorithm, shards, nbytes) in calibration_crowds.job_probes(4).items()}
+    groups = {"local": ((0, 1), (2, 3)), "net": ((0, 2),)}
+    attempts = {"local": [times], "net": [times]}
+    args = (Fabric(), CALL, (("float32", GAMMA),), attempts, (4, None), (), comm, groups)
+    plain = calibration._fabric(*args)
+    assert plain.round_overhead == 0.0
+    waited = calibration._fabric(*args, job)
+    assert waited.round_overhead > 0.0
+    assert dict(waited.raw)["job.ring"] == job["job.ring"]

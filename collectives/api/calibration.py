@@ -16,6 +16,9 @@
   ranks while the others sleep; the pair's constants are the host link's, and what the small
   probes cost more with every rank busy, per process beyond the cores, is solved as a wait
   per round (``Fabric.crowding``) and per peer received from (``Fabric.crowding_message``);
+* a job **across hosts**: small all-reduces on every rank at once, and the wait per round
+  beyond the classes' prices (``Fabric.round_overhead``: hosts sharing a machine's cores,
+  or a switch; ``calibration_crowds``);
 * **gamma** per dtype: a timed reduction of 4 MiB on every rank at once;
 * the transport's **own collectives** (MPI's), at a few sizes: the model interpolates them.
 
@@ -33,7 +36,6 @@ import json
 import os
 import socket
 import statistics
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
@@ -45,6 +47,7 @@ import numpy as np
 from ..algorithms.cost import Fabric, Link, Placement, human_bytes
 from ..algorithms.schedule import Collective
 from ..hints import Calibrate
+from .calibration_crowds import crowded_pair, job_times, round_wait
 from .calibration_links import (
     CONTRADICTED,
     ROUNDS,
@@ -66,10 +69,11 @@ CACHE_ENV = "COLLECTIVES_CACHE_DIR"
 NATIVE_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 OTHER_SIZES = (4 << 10, 1 << 20, 16 << 20)
 GAMMA_DTYPES = ("float32", "float64", "float16", "int32")
-METHOD = 5  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
+METHOD = 6  # 1: the local link on a pair of ranks alone; 2: on every rank of a host; 3: and
 # in rounds, with checks, and the crowding of a host with more ranks than cores; 4: crowding
 # per round and per peer received from, over the pair's constants (the shuffle's probe); 5:
-# a link's two_way, from the tree's one-way stream beside the ring's
+# a link's two_way, from the tree's one-way stream beside the ring's; 6: a job across hosts'
+# wait per round, from small all-reduces on every rank
 ATTEMPTS = 2  # a link class whose checks contradict its probes is probed once more
 
 
@@ -228,10 +232,12 @@ def measure(comm: Any, *, sizes: Sequence[int] = NATIVE_SIZES, repeats: int = 7,
                 > CONTRADICTED] if comm.rank == 0 else None, 0)
         if not todo:
             break
-    cores, pair = _crowding(comm, groups, repeats)
+    cores, pair = crowded_pair(comm, groups.get("local", ((),))[0], repeats)
+    # a job across hosts: what every rank busy at once costs each round beyond the pair's
+    job = job_times(comm, repeats) if "net" in groups and comm.placement.processes else None
     measured = tuple(_natives(comm, sizes, repeats, collectives)) if natives else ()
     fabric = comm.broadcast_object(
-        _fabric(base, call, gammas, attempts, (cores, pair), measured, comm, groups)
+        _fabric(base, call, gammas, attempts, (cores, pair), measured, comm, groups, job)
         if comm.rank == 0 else None, 0)
     return fabric
 
@@ -253,40 +259,12 @@ def _best(tries: list[dict], call: float, gamma: float, n: int,
     return min(out, key=lambda t: t[0])
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (not on Linux)
-        return os.cpu_count() or 1
-
-
-def _crowding(comm: Any, groups: dict, repeats: int) -> tuple[int, dict | None]:
-    """The fewest cores a rank may run on, and, where the first host runs more processes
-    than that, the small probes' times on two of its ranks while every other rank sleeps
-    (collective)."""
-    cores = min(comm.all_gather_object(_cores()))
-    host = groups.get("local", ((),))[0]
-    if not comm.placement.processes or len(host) <= cores:
-        return cores, None
-    sub = comm.split(0 if comm.rank in host[:2] else None, comm.rank)
-    got = None
-    if sub is not None:
-        with sub:  # (its alpha and overhead count, not its streams: no one-way probe)
-            got = link_times(sub, repeats, one_way=False)
-        comm.all_reduce(np.zeros(1))
-    else:  # asleep, not polling: the pair has the cores to itself
-        work = comm.all_reduce(np.zeros(1), async_op=True)
-        while not work.is_completed():
-            time.sleep(0.002)
-        work.wait()
-    return cores, _first(comm, got)
-
-
 def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tuple,
-            measured: tuple, comm: Any, groups: dict) -> Fabric:
+            measured: tuple, comm: Any, groups: dict, job: dict | None = None) -> Fabric:
     """The constants that make the model predict what was measured (``call``: a call on one
     rank; ``attempts``: per class, ``calibration_links``'s probes on its group, per attempt;
-    ``crowd``: the cores, and the small probes on a pair alone or None)."""
+    ``crowd``: the cores, and the small probes on a pair alone or None; ``job``: the job
+    probes on every rank of a job across hosts, or None)."""
     gamma = dict(gammas)["float32"]
     links, overheads, raw, checks, flags, chosen = {}, {}, {"call": call}, [], [], {}
     for kind, tries in attempts.items():
@@ -326,7 +304,12 @@ def _fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crowd: tup
         changes["host" if comm.placement.processes else "proc"] = links["local"]
     if "net" in links:
         changes["net"] = links["net"]
-    return replace(base, **changes)
+    fabric = replace(base, **changes)
+    if job is not None:
+        raw.update(job)
+        fabric = replace(fabric, raw=tuple(sorted(raw.items())),
+                         round_overhead=round_wait(job, fabric, comm.placement))
+    return fabric
 
 
 def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
