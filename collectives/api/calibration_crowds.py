@@ -27,9 +27,7 @@ import numpy as np
 from ..algorithms.cost import Fabric, Placement
 from ..algorithms.sampling import predict
 from ..algorithms.schedule import Collective
-from .calibration_links import all_reduce_samples, link_times
-
-ROUNDS = 3  # each job probe's repeats are split over this many rounds, interleaved
+from .calibration_links import interleaved, link_times
 
 
 def cores() -> int:
@@ -71,13 +69,7 @@ def job_probes(n: int) -> dict[str, tuple[str, int, int]]:
 def job_times(comm: Any, repeats: int) -> dict[str, float]:
     """Each job probe's median seconds on every rank of ``comm`` at once, in interleaved
     rounds (collective)."""
-    plan = job_probes(comm.size)
-    each = max(-(-repeats // ROUNDS), 2)
-    seen: dict[str, list[float]] = {name: [] for name in plan}
-    for _ in range(ROUNDS):
-        for name, (algorithm, shards, nbytes) in plan.items():
-            seen[name] += all_reduce_samples(comm, algorithm, shards, nbytes, each)
-    return {name: float(statistics.median(v)) for name, v in seen.items()}
+    return interleaved(comm, job_probes(comm.size), repeats)
 
 
 def round_wait(times: dict[str, float], fabric: Fabric, placement: Placement) -> float:

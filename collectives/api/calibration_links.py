@@ -123,7 +123,15 @@ def link_times(comm: Any, repeats: int, rounds: int = ROUNDS, checks: bool = Tru
     repeats in all (at least 2 a round), the median of them all (every rank of a busy host
     streaming at once is the probe a burst of noise hits hardest; a burst spoils a round, not
     the median)."""
-    plan = {**probes(comm.size, one_way), **(CHECKS if checks else {})}
+    return interleaved(comm, {**probes(comm.size, one_way), **(CHECKS if checks else {})},
+                       repeats, rounds)
+
+
+def interleaved(comm: Any, plan: dict[str, tuple[str, int, int]], repeats: int,
+                rounds: int = ROUNDS) -> dict[str, float]:
+    """Each all-reduce of ``plan`` (name -> (algorithm, sub-chunks, bytes)) timed on
+    ``comm`` in ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a
+    round): the median of them all (collective)."""
     each = max(-(-repeats // rounds), 2)
     seen: dict[str, list[float]] = {name: [] for name in plan}
     for _ in range(rounds):
