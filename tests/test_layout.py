@@ -1,6 +1,7 @@
 """The layout holds: the core's wings import only downward, backends and adapters only the
-public and runtime interfaces, no module imports itself back through a circle, every module
-says its one job in under 400 lines, and pyproject installs every package.
+public and runtime interfaces, no module imports itself back through a circle, no private
+name is read outside the module that defines it, every module says its one job in under 400
+lines, and pyproject installs every package.
 
 The wings, from the bottom: the base (``collectives.errors``, ``ops``, ``arrays``, ...) <-
 ``collectives.algorithms`` (what moves where) <- ``collectives.runtime`` (how one call runs)
@@ -167,6 +168,30 @@ def test_module_says_its_job_in_under_400_lines(module):
     assert ast.get_docstring(ast.parse(text)), f"{path.relative_to(ROOT)} opens with no docstring"
     lines = text.count("\n")
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_no_private_name_is_shared_across_modules():
+    """A private name (``_x``) that one module defines, as a function, method or attribute, is
+    read as an attribute only in that module: what a class's files share goes through public,
+    documented names (a Communicator split over several files once shared ``_start``,
+    ``_call`` and ``_engine``). By name, so a private name defined in two modules may be read
+    in either."""
+    defined: dict[str, set[str]] = {}
+    read: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name, store = node.name, True
+            elif isinstance(node, ast.Attribute):
+                name, store = node.attr, isinstance(node.ctx, ast.Store)
+            else:
+                continue
+            if name.startswith("_") and not name.startswith("__"):
+                (defined if store else read).setdefault(name, set()).add(module)
+    shared = [f"{name}: defined in {sorted(defined[name])}, read in {sorted(where - defined[name])}"
+              for name, where in sorted(read.items())
+              if name in defined and where - defined[name]]
+    assert not shared, "private names read outside their module:\n" + "\n".join(shared)
 
 
 def test_pyproject_installs_every_package():

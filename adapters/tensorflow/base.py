@@ -12,7 +12,6 @@ device path instead (``device_path``: CuPy on the tensors' own memory, no host c
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +25,12 @@ from collectives.compression import for_batch, requested
 from collectives.hints import Compression
 from collectives.ops import ReduceOp as CoreOp
 
-from . import convert, device_path, host, marks
+from . import concat, convert, device_path, host, marks
 from .agreement import BatchAgreement, agree
-from .concat import Concatenations
 from .host import Packing
-from .kits import PinnedBuffer
 from .routes import Route
 from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
-from .world import open_communicator
+from .world import Workers, open_communicator
 
 __all__ = ["LibraryCrossDeviceOps", "Route"]
 
@@ -56,8 +53,17 @@ class _Job:
     kit: Any = None  # the device path's kit (kits), or None for the host path
 
 
-class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
-    """The machinery every public class shares; subclasses choose the route of each value."""
+class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
+    """The machinery every public class shares; subclasses choose the route of each value
+    (``route_for``).
+
+    Attributes
+    ----------
+    route : Route
+        The route of a dense value unless ``route_for`` says otherwise.
+    workers : Workers
+        What the paths that reduce across worker processes share (``world.Workers``).
+    """
 
     def __init__(self, *, route: Route = Route(),  # noqa: B008 - a frozen dataclass
                  communicator=None, workers_sum: str = "mean",
@@ -67,16 +73,12 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
         if workers_sum not in ("mean", "sum"):
             raise ValueError(f"workers_sum={workers_sum!r} must be 'mean' or 'sum'")
         for_batch(compression, CoreOp.SUM, [])  # a bad name, or bf16 without ml_dtypes: now
-        self._compression = compression if requested(compression) else None
-        self._route = route
-        self._comm = open_communicator(communicator)
-        self._workers_sum = workers_sum
+        self.route = route
+        self.workers = Workers(open_communicator(communicator), workers_sum,
+                               compression if requested(compression) else None)
         self.reduce_to_device = reduce_to_device
         self.accumulation_fn = accumulation_fn
         self._device_kit = None  # a kit for every device (kits.NUMPY: the device path on CPUs)
-        self._pinned = PinnedBuffer()  # staging of GPU totals across workers, under _lock
-        # One batch at a time per process: collectives between processes must not interleave.
-        self._lock = threading.Lock()
 
     # --- what TensorFlow's base class asks ----------------------------------------------
 
@@ -89,17 +91,17 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     @property
     def communicator(self):
         """The ``Communicator`` across worker processes, or None in a single process."""
-        return self._comm
+        return self.workers.comm
 
     @property
     def num_workers(self) -> int:
         """How many worker processes reduce together (1 without a communicator)."""
-        return self._comm.size if self._comm is not None else 1
+        return self.workers.size
 
     @property
     def worker_rank(self) -> int:
         """This worker's rank among them, from 0 (0 without a communicator)."""
-        return self._comm.rank if self._comm is not None else 0
+        return self.workers.rank
 
     def __deepcopy__(self, memo):
         # Strategies get deep-copied (distribute coordinator, Keras cloning); the copy must
@@ -137,16 +139,18 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
         with tf.device(self.reduce_to_device or devices[0]):
             joined = tf.concat(list(components), axis=axis)
         if self.num_workers > 1:
-            joined = self._gather_across_workers(joined, axis, len(components), options,
-                                                 self.reduce_to_device or devices[0])
+            joined = concat.gather_across_workers(self.workers, joined, axis, len(components),
+                                                  options, self.reduce_to_device or devices[0])
         return convert.mirrored([convert.place(joined, d) for d in devices])
 
-    # --- routing: subclasses override ---------------------------------------------------
+    # --- routing: the hook subclasses override ---------------------------------------------
 
-    def _route_for(self, value_devices: tuple[str, ...], destinations: tuple[str, ...],
-                   matches: bool) -> Route:
-        """The route of a dense value; ``matches``: its devices are its destinations."""
-        return self._route
+    def route_for(self, value_devices: tuple[str, ...], destinations: tuple[str, ...],
+                  matches: bool) -> Route:
+        """The route of a dense value whose replicas are on ``value_devices`` and whose
+        results go to ``destinations`` (``matches``: those are the same devices); by default
+        ``self.route``. Every worker must answer alike for the same value."""
+        return self.route
 
     # --- the work -------------------------------------------------------------------------
 
@@ -173,7 +177,7 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
             components = tuple(tf.convert_to_tensor(c) for c in components)
             check_replicas(components, names[i])
             route = (None if self.accumulation_fn is not None
-                     else self._route_for(value_devices, devices, matches))
+                     else self.route_for(value_devices, devices, matches))
             kit = None if route is None else device_path.kit_for(components, self._device_kit)
             dense.append(_Job(i, components, devices, route, matches, kit))
         agreement = (self._describe(op, dense, sparse, packing_override)
@@ -181,7 +185,9 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
         if dense and self._reduce_dense(op, dense, options, packing_override, results, agreement):
             agreement = None  # the dense host call agreed for the whole batch
         for job in sparse:
-            results[job.index] = self._reduce_sparse(op, job, options, agreement)
+            results[job.index] = concat.reduce_sparse(
+                self.workers, op, job, options, agreement,
+                self.reduce_to_device or job.destinations[0])
             agreement = None
         return results
 
@@ -204,8 +210,8 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
                                   ("dense", first.dtype.name, static_dims(first.shape)))
         devices, routes, tensors = zip(*(entries[i] for i in sorted(entries)))
         return BatchAgreement({"call": "batch_reduce", "op": op.name,
-                               "workers_sum": self._workers_sum,
-                               "compression": self._compression, "devices": devices,
+                               "workers_sum": self.workers.sum,
+                               "compression": self.workers.compression, "devices": devices,
                                "route": routes, "tensors": tensors})
 
     def _reduce_dense(self, op: CoreOp, jobs: list[_Job], options, packing_override,
@@ -240,10 +246,10 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
                 per_job.append(arrays[at:at + count])
                 at += count
             outs: list = [None] * len(jobs)
-            with self._lock:
+            with self.workers.lock:
                 if agreement is not None:
                     shapes = {job.index: np.shape(a[0]) for job, a in zip(jobs, per_job)}
-                    agree(self._comm, agreement.signature(shapes), timeout=timeout)
+                    agree(self.workers.comm, agreement.signature(shapes), timeout=timeout)
                 for (route, _count), members in batches.items():
                     reduced = self._host_reduce(route, [per_job[k] for k in members], op,
                                                 packing_override, timeout)
@@ -267,11 +273,11 @@ class LibraryCrossDeviceOps(Concatenations, tf.distribute.CrossDeviceOps):
     def _host_reduce(self, route: Route, values, op: CoreOp, packing_override, timeout):
         packing = packing_override or route.packing
         if self.num_workers > 1:
-            return host.reduce_batch_across_workers(values, op, list(route.spec), self._comm,
-                                                    packing=packing,
-                                                    workers_sum=self._workers_sum,
+            workers = self.workers
+            return host.reduce_batch_across_workers(values, op, list(route.spec), workers.comm,
+                                                    packing=packing, workers_sum=workers.sum,
                                                     timeout=timeout, empty=convert.POOL.empty,
-                                                    compression=self._compression)
+                                                    compression=workers.compression)
         return host.reduce_batch(values, op, list(route.spec), packing=packing,
                                  groups=route.groups, empty=convert.POOL.empty)
 

@@ -94,7 +94,7 @@ class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
             route = Route((SpecRange("one_device/one_device", 1, -1),), packing, groups=_halves)
         super().__init__(route=route)
 
-    def _route_for(self, value_devices, destinations, matches):
+    def route_for(self, value_devices, destinations, matches):
         if not matches:
             return ONE_DEVICE  # not an all-reduce: TensorFlow reduces to one device
         if self._all_reduce_alg == "nccl":
@@ -102,7 +102,7 @@ class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
             if reason is not None:
                 _log_once(f"NcclAllReduce falls back to ReductionToOneDevice because {reason}.")
                 return ONE_DEVICE
-        return self._route
+        return self.route
 
 
 class NcclAllReduce(AllReduceCrossDeviceOps):

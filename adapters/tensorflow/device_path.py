@@ -115,7 +115,7 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
     def run(arrays: list) -> list:
         per_job = [[arrays[i] for i in ins] for ins, *_ in plans]
         out: list = [None] * len(outputs)
-        with cdo._lock:
+        with cdo.workers.lock:
             if agreement is not None:
                 shapes = {job.index: tuple(a[0].shape) for job, a in zip(jobs, per_job)}
                 agree(cdo.communicator, agreement.signature(shapes), timeout=timeout)
@@ -126,8 +126,8 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
                 if workers > 1:
                     reduced = device_reduce.reduce_batch_across_workers(
                         kit, values, op, spec, cdo.communicator, root=root, packing=packing,
-                        workers_sum=cdo._workers_sum, timeout=timeout, buffer=cdo._pinned,
-                        compression=cdo._compression)
+                        workers_sum=cdo.workers.sum, timeout=timeout,
+                        buffer=cdo.workers.pinned, compression=cdo.workers.compression)
                 elif spread:
                     reduced = device_reduce.all_reduce_batch(
                         kit, values, op, spec, packing=packing,

@@ -1,12 +1,43 @@
-"""Which workers take part: the ``communicator`` argument, and the launcher's world size."""
+"""Which workers take part: the ``communicator`` argument, the launcher's world size, and
+``Workers``, what the paths that reduce across them share."""
 
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 from collectives import Communicator
 
-__all__ = ["launched_world_size", "open_communicator"]
+from .kits import PinnedBuffer
+
+__all__ = ["Workers", "launched_world_size", "open_communicator"]
+
+
+@dataclass
+class Workers:
+    """What a cross-device-ops instance's paths (host, device, concatenations) share to
+    reduce across worker processes: the ``Communicator`` (None: one worker), how the workers'
+    totals combine (``sum``: "mean" or "sum"), the wire ``compression`` (or None), the lock
+    that keeps one batch at a time per process (collectives between processes must not
+    interleave) and the pinned host buffer that stages GPU totals, used under it."""
+
+    comm: Any
+    sum: str = "mean"
+    compression: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pinned: PinnedBuffer = field(default_factory=PinnedBuffer)
+
+    @property
+    def size(self) -> int:
+        """How many worker processes reduce together (1 without a communicator)."""
+        return self.comm.size if self.comm is not None else 1
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank among them, from 0 (0 without a communicator)."""
+        return self.comm.rank if self.comm is not None else 0
 
 # Launchers announce the world size in the environment: MPICH/hydra, Open MPI, PMIx, Slurm.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")

@@ -187,7 +187,7 @@ class Engine(CallOrder):
             if not done:
                 self.inflight.append(op)
         if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
-            self._broke(op.error, op.seq)
+            self.broken_by(op.error, op.seq)
         if async_op:
             work: Work[Any] = Work(op)
             if op.breaking:  # a collective's handle (a message's is counted by inflight)
@@ -213,7 +213,7 @@ class Engine(CallOrder):
                     self.inflight.remove(op)
                     if op.error is not None:
                         if op.breaking and not getattr(op.error, AGREED, False):
-                            self._broke(op.error, op.seq)
+                            self.broken_by(op.error, op.seq)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
 
@@ -308,7 +308,7 @@ class Engine(CallOrder):
                 self.transport.idle(SLOW_WAIT)
         except BaseException as exc:  # noqa: BLE001 - the verdict fails the operation
             op.fail(exc)
-            self._broke(exc, op.seq)
+            self.broken_by(exc, op.seq)
             return
         finally:
             if watched is not None:
@@ -327,7 +327,7 @@ class Engine(CallOrder):
                 return
             op.fail(error)
         if op.breaking:
-            self._broke(error, op.seq)
+            self.broken_by(error, op.seq)
 
     def peer_failed(self, failure: Failure) -> None:
         """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
@@ -356,7 +356,7 @@ class Engine(CallOrder):
                     self.inflight.remove(op)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 
-    def _broke(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
+    def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
         """A failure that may have left messages in flight: broken here, and peers told
         (``notify`` None: unless the failure came from a peer, who knows already)."""
         if self.broken is not None:
@@ -389,4 +389,4 @@ class Engine(CallOrder):
 
     def fail_locally(self, error: BaseException, seq: int) -> None:
         """A rank-local error in a call that skipped the agreement: peers must hear of it."""
-        self._broke(error, seq)
+        self.broken_by(error, seq)

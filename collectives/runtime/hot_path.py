@@ -113,7 +113,7 @@ class FastAllReduce:
                 record_calls.fast_path(self, seq, t0)
             return result
         except BaseException as exc:
-            engine._broke(exc, engine.seq)
+            engine.broken_by(exc, engine.seq)
             raise
         finally:
             self.release()
@@ -150,7 +150,7 @@ class FastAllReduce:
                 self.transport.publish_activity((seq, self.call, False))
             return DONE
         except BaseException as exc:
-            engine._broke(exc, engine.seq)
+            engine.broken_by(exc, engine.seq)
             if not isinstance(exc, Exception):
                 raise
             return exc  # (wait() raises it)
