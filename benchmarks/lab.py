@@ -83,7 +83,9 @@ def _run(*argv: str) -> str:
     return proc.stdout
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
+    """The path of a system tool (``ip``, ``tc``, ...): on ``PATH``, else in the sbin folders
+    a non-login shell's ``PATH`` leaves out."""
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin") or name
 
 
@@ -94,12 +96,12 @@ def available() -> str | None:
         return "the lab needs Linux network namespaces"
     if os.geteuid() != 0:
         return "the lab needs root (it creates network namespaces, veth pairs and a bridge)"
-    missing = [t for t in ("ip", "nsenter", "unshare", "tc") if shutil.which(_tool(t)) is None]
+    missing = [t for t in ("ip", "nsenter", "unshare", "tc") if shutil.which(tool(t)) is None]
     if missing:
         return f"the lab needs {', '.join(missing)} (iproute2, util-linux)"
     probe = ("ip link add name pa type veth peer name pb && ip link add name pbr type bridge && "
              "ip link set pa master pbr && mount -t sysfs none /sys && hostname probe")
-    proc = subprocess.run([_tool("unshare"), "--net", "--uts", "--mount", "--propagation",
+    proc = subprocess.run([tool("unshare"), "--net", "--uts", "--mount", "--propagation",
                            "private", "sh", "-c", probe], capture_output=True, text=True)
     if proc.returncode != 0:
         return f"namespaces, veth or bridges are not usable here: {proc.stderr.strip()}"
@@ -187,7 +189,7 @@ class Lab:
         return self
 
     def _build(self) -> None:
-        ip = _tool("ip")
+        ip = tool("ip")
         _run(ip, "netns", "add", self.head)
         _run(ip, "-n", self.head, "link", "add", IFACE, "type", "bridge")
         _run(ip, "-n", self.head, "addr", "add", f"{HEAD_ADDRESS}/24", "dev", IFACE)
@@ -203,13 +205,13 @@ class Lab:
                 _run(ip, "-n", h.netns, "link", "set", dev, "up")
             uts = self.state / f"{h.name}.uts"
             uts.touch()
-            _run(_tool("unshare"), f"--uts={uts}", "hostname", h.name)
+            _run(tool("unshare"), f"--uts={uts}", "hostname", h.name)
             if self.rate:
                 self.set_rate(h, self.rate)
         cases = "\n".join(f"  {h.name}) ;;" for h in self.hosts)
         self.launcher.write_text(_LAUNCHER.format(
             with_value=_SSH_OPTIONS_WITH_VALUE, cases=cases, name=self.name, state=self.state,
-            nsenter=_tool("nsenter"), ip=_tool("ip")))
+            nsenter=tool("nsenter"), ip=tool("ip")))
         self.launcher.chmod(0o755)
 
     def down(self) -> None:
@@ -256,7 +258,7 @@ class Lab:
         return [str(self.launcher), self.host(which).name, shlex.join(argv)]
 
     def on_head(self, argv: Sequence[str]) -> list[str]:
-        return [_tool("nsenter"), f"--net={NETNS / self.head}", "--", *argv]
+        return [tool("nsenter"), f"--net={NETNS / self.head}", "--", *argv]
 
     def mpiexec(self, argv: Sequence[str], *, hosts: int | None = None, ranks_per_host: int = 1,
                 flags: Sequence[str] = (), env: Mapping[str, str] | None = None,
@@ -312,7 +314,7 @@ class Lab:
 
     def set_link(self, which: int | str | Host, up: bool) -> None:
         """Unplug (``up=False``) or plug back a host's cable at the bridge."""
-        _run(_tool("ip"), "-n", self.head, "link", "set", self.host(which).port,
+        _run(tool("ip"), "-n", self.head, "link", "set", self.host(which).port,
              "up" if up else "down")
 
     def set_rate(self, which: int | str | Host, rate: str | None) -> None:
@@ -320,12 +322,12 @@ class Lab:
         h = self.host(which)
         for netns, dev in ((h.netns, IFACE), (self.head, h.port)):
             if rate is None:
-                subprocess.run([_tool("tc"), "-n", netns, "qdisc", "del", "dev", dev, "root"],
+                subprocess.run([tool("tc"), "-n", netns, "qdisc", "del", "dev", dev, "root"],
                                capture_output=True)
                 continue
             # burst: 1 ms at the rate, and at least one 64 KiB segment of the veth's offloads
             burst = max(int(parse_rate(rate) / 8 / 1000), 128 << 10)
-            _run(_tool("tc"), "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
+            _run(tool("tc"), "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
                  "rate", rate, "burst", str(burst), "latency", "50ms")
 
     def reset(self) -> None:
@@ -336,7 +338,7 @@ class Lab:
 
     def traffic(self, which: int | str | Host) -> tuple[int, int]:
         """(bytes sent, bytes received) by a host over its link so far."""
-        out = _run(_tool("ip"), "-n", self.head, "-j", "-s", "link", "show", self.host(which).port)
+        out = _run(tool("ip"), "-n", self.head, "-j", "-s", "link", "show", self.host(which).port)
         stats = json.loads(out)[0]["stats64"]
         return stats["rx"]["bytes"], stats["tx"]["bytes"]  # the port receives what the host sends
 
@@ -390,7 +392,7 @@ def _remove(name: str, namespaces: Sequence[str]) -> None:
     _kill_all(namespaces)
     for ns in namespaces:
         if (NETNS / ns).exists():
-            subprocess.run([_tool("ip"), "netns", "del", ns], capture_output=True)
+            subprocess.run([tool("ip"), "netns", "del", ns], capture_output=True)
     folder = STATE / name
     for uts in folder.glob("*.uts"):
         subprocess.run(["umount", str(uts)], capture_output=True)

@@ -108,15 +108,15 @@ def test_rate_shapes_both_ends_and_traffic_is_counted(net):
         assert int(listener.communicate(timeout=30)[0]) == 4 << 20
         assert net.traffic(h0)[0] - sent_before >= 4 << 20
         for netns, dev in ((h0.netns, "lab0"), (net.head, h0.port)):
-            shown = subprocess.run(["tc", "-n", netns, "-s", "qdisc", "show", "dev", dev],
+            shown = subprocess.run([lab.tool("tc"), "-n", netns, "-s", "qdisc", "show", "dev", dev],
                                    capture_output=True, text=True).stdout
             assert "tbf" in shown and "rate 100Mbit" in shown, shown
-        host_side = subprocess.run(["tc", "-n", h0.netns, "-s", "qdisc", "show", "dev", "lab0"],
+        host_side = subprocess.run([lab.tool("tc"), "-n", h0.netns, "-s", "qdisc", "show", "dev", "lab0"],
                                    capture_output=True, text=True).stdout
         assert int(re.search(r"overlimits (\d+)", host_side).group(1)) > 0, host_side
     finally:
         net.set_rate(h0, None)
-    assert "tbf" not in subprocess.run(["tc", "-n", h0.netns, "qdisc", "show", "dev", "lab0"],
+    assert "tbf" not in subprocess.run([lab.tool("tc"), "-n", h0.netns, "qdisc", "show", "dev", "lab0"],
                                        capture_output=True, text=True).stdout
 
 

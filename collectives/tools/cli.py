@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 import collectives
@@ -115,6 +116,21 @@ def _stdout_gone() -> int:
     return 141
 
 
+def _interrupted() -> int:
+    """Exit status 130, as after SIGINT. Where other threads still run (the thread ranks of
+    ``bench --mode spmd``, daemons), the process ends here with its streams flushed: at the
+    interpreter's shutdown a daemon frozen in a write to stdout holds its lock, and Python
+    aborts ("could not acquire lock for <stdout> at interpreter shutdown", status -6)."""
+    if threading.active_count() == 1:
+        return 130
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # (a closed pipe, a closed stream: nothing to keep)
+            pass
+    os._exit(130)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``collectives`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -130,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _stdout_gone()
     except KeyboardInterrupt:
         print(f"\ncollectives {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except MemoryError as exc:  # one line, naming what did not fit and how to ask for less
         what = str(exc) or "an allocation failed"
         print(f"collectives {args.command}: out of memory ({what}); ask for less: fewer "
