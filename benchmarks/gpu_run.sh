@@ -23,8 +23,8 @@
 #
 # --cpu runs the same steps on a machine without a GPU, with a NumPy stand-in for CuPy first
 # on the import path (--fakecupy PATH or FAKECUPY=PATH; FAKE_GPUS devices, default 1), tiny
-# benchmark sizes, and the tests that --tests names (default: all of tests/gpu); its numbers
-# mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
+# benchmark sizes, and the tests that --tests names (default: all of tests/gpu and
+# tests/test_call_path.py); its numbers mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
 # BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
 # (the commit to name, where the checkout has no git history), PARTS (the benchmark parts to
@@ -34,7 +34,7 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=gpu
-TESTS="tests/gpu"
+TESTS="tests/gpu tests/test_call_path.py"  # (the path test's CuPy cases run only where CuPy is)
 FAKECUPY=${FAKECUPY:-}
 while [ $# -gt 0 ]; do
   case "$1" in

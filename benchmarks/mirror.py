@@ -40,11 +40,6 @@ class _MirrorChannel:
     def release(self, request) -> None:
         pass
 
-    def begin_round(self) -> None:
-        """Nothing to group."""
-
-    def end_round(self) -> None:
-        """Nothing to group."""
 
     def cancel(self, requests) -> None:
         pass

@@ -264,7 +264,7 @@ def contradiction(label: str, run: dict) -> str:
     contradicts."""
     ratios = {int(size): statistics.median(
         cell["measured"][k] / v for k, v in cell["predicted"].items()
-        if not model_stats._measured_native(k))
+        if not model_stats.measured_native(k))
         for size, cell in run["cells"].items()}
     overall = statistics.median(ratios.values())
     worst = max(max(r, 1 / r) for r in ratios.values())

@@ -51,11 +51,10 @@ def judge(times: dict, predicted: dict, pick: str, seed: int = 0,
     candidates = [n for n in predicted if n in times]
     if pick not in candidates:
         candidates.append(pick)
-    schedules = [n for n in candidates if n in predicted and not _measured_native(n)]
-    names = candidates
-    boot = _draws(times, names, draws, seed)
-    col = {n: i for i, n in enumerate(names)}
-    medians = {n: float(np.median(times[n])) for n in names}
+    schedules = [n for n in candidates if n in predicted and not measured_native(n)]
+    boot = _draws(times, candidates, draws, seed)
+    col = {n: i for i, n in enumerate(candidates)}
+    medians = {n: float(np.median(times[n])) for n in candidates}
     best = boot[:, [col[n] for n in candidates]].min(axis=1)
     ratio = boot[:, col[pick]] / best
     lo, hi = _interval(ratio)
@@ -86,7 +85,7 @@ def versus_native(times: dict, pick: str, seed: int = 0, draws: int = DRAWS) -> 
             "native_interval": (lo, hi), "native_verdict": verdict(lo, hi, WITHIN)}
 
 
-def _measured_native(name: str) -> bool:
+def measured_native(name: str) -> bool:
     """The transport's own methods ("native", "shm"): their prediction is calibration's own
     timing, not the model's."""
     return name in ("native", "shm")

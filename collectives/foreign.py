@@ -173,12 +173,6 @@ def _returner(x: Any, kind: Kind | None = None) -> Back | None:
     return None if make is None else lambda result, _: make(result)
 
 
-def rebuilder(x: Any) -> Callable[[Any], Any] | None:
-    """How to turn a NumPy result back into ``x``'s type (None: leave it NumPy)."""
-    back = _returner(x)
-    return None if back is None else functools.partial(_call_back, back, x)
-
-
 def _call_back(back: Back, like: Any, result: Any) -> Any:
     return back(result, like)
 

@@ -9,7 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from calibration_kit import fake_comm, probe_times
+from calibration_kit import fake_comm, priced, probe_times
 
 import collectives
 from collectives import algorithms
@@ -275,9 +275,7 @@ def test_calibration_solves_the_constants_the_model_prices_its_probes_with(n, tw
     gamma (no round both ways)."""
     link, over = Link(40e-6, 1 / 3e9, two_way), 7e-6
     fabric = Fabric(host=link, gamma=GAMMA, overhead=over, call_overhead=CALL)
-    times = {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, fabric, Placement(n),
-                           shards=shards).seconds
-             for name, (algorithm, shards, nbytes) in calibration_links.probes(n).items()}
+    times = priced(calibration_links.probes(n), fabric, Placement(n))
     got, got_over = calibration_links.solve(times, CALL, GAMMA, n)
     near = lambda a, b: abs(a - b) <= 0.01 * b  # noqa: E731 (the few bytes' cost is neglected)
     assert near(got.alpha, link.alpha) and near(got.beta, link.beta) and near(got_over, over)

@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from calibration_kit import fake_comm, probe_times
+from calibration_kit import fake_comm, priced, probe_times
 
 from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
@@ -66,11 +66,7 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, pe
                    call_overhead=CALL)
     busy = replace(alone, cores=2, crowding=per_round, crowding_message=per_peer)
     pair = {k: v for k, v in probe_times(2, alone).items() if k != "oneway"}
-    crowd = {}
-    plan = {**calibration_links.probes(n), **calibration_links.CHECKS}
-    for name, (algorithm, shards, nbytes) in plan.items():
-        crowd[name] = predict(Collective.ALL_REDUCE, algorithm, n, nbytes, busy, Placement(n),
-                              shards=shards).seconds
+    crowd = probe_times(n, busy)
     got = calibration._fabric(Fabric(), CALL, (("float32", GAMMA),), {"local": [crowd]},
                               (2, pair), (), fake_comm(n), {"local": (tuple(range(n)),)})
     assert got.cores == 2
@@ -134,9 +130,7 @@ def test_a_job_across_hosts_gets_the_wait_per_round_its_small_all_reduces_measur
     placement = Placement.nodes(hosts, per)
     n = placement.size
     busy = replace(FABRIC, round_overhead=wait)
-    times = {name: predict(Collective.ALL_REDUCE, algorithm, n, nbytes, busy, placement,
-                           shards=shards).seconds
-             for name, (algorithm, shards, nbytes) in calibration_crowds.job_probes(n).items()}
+    times = priced(calibration_crowds.job_probes(n), busy, placement)
     assert calibration_crowds.round_wait(times, FABRIC, placement) == pytest.approx(wait, abs=1e-9)
 
 
@@ -153,15 +147,14 @@ def test_calibration_keeps_the_job_wait_and_its_probes():
     comm = fake_comm(4)
     comm.placement = Placement.nodes(2, 2)
     times = probe_times(2, FABRIC)
-    job = {name: predict(Collective.ALL_REDUCE, algorithm, 4, nbytes,
-                         replace(FABRIC, round_overhead=40e-6), comm.placement,
-                         shards=shards).seconds
-           for name, (algorithm, shards, nbytes) in calibration_crowds.job_probes(4).items()}
+    net_times = probe_times(2, replace(FABRIC, host=FABRIC.net))  # (a pair over the net link)
+    job = priced(calibration_crowds.job_probes(4), replace(FABRIC, round_overhead=40e-6),
+                 comm.placement)
     groups = {"local": ((0, 1), (2, 3)), "net": ((0, 2),)}
-    attempts = {"local": [times], "net": [times]}
+    attempts = {"local": [times], "net": [net_times]}
     args = (Fabric(), CALL, (("float32", GAMMA),), attempts, (4, None), (), comm, groups)
     plain = calibration._fabric(*args)
     assert plain.round_overhead == 0.0
     waited = calibration._fabric(*args, job)
-    assert waited.round_overhead > 0.0
+    assert waited.round_overhead == pytest.approx(40e-6, rel=0.05)
     assert dict(waited.raw)["job.ring"] == job["job.ring"]

@@ -32,9 +32,9 @@ from collectives.runtime.validate import check_root
 
 from . import runners
 from .call_parts import gpu_arrays, handle, nccl_request, prepare
+from .devices import own_function
 
 __all__ = ["all_reduce", "batch_all_reduce", "nccl_request", "reduce"]
-from .devices import own_function
 
 
 @own_function

@@ -18,13 +18,18 @@ import numpy as np
 from collectives.arrays import unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.execute.device_calls import (
-    check_rows,
-    gather_axis,
     run_all_gather,
     run_broadcast,
     run_reduce_scatter,
 )
-from collectives.runtime.validate import as_array, check_communicable, check_devices, check_out
+from collectives.runtime.validate import (
+    as_array,
+    check_communicable,
+    check_devices,
+    check_out,
+    check_rows,
+    gather_axis,
+)
 
 from . import group
 from .call_parts import deliver, gpu_arrays, handle, library_devices, nccl_request, outputs, prepare, use_nccl

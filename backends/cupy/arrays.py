@@ -126,7 +126,7 @@ class CupyArrays:
     # --- ArrayBackend -------------------------------------------------------------------
 
     def owns(self, x: object) -> bool:
-        return isinstance(x, _cupy().ndarray)
+        return owns(x)
 
     def dtype_of(self, x: Any) -> np.dtype:
         return x.dtype

@@ -33,6 +33,7 @@ import numpy as np
 
 from collectives.arrays import overlaps, unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
+from collectives.runtime.calls import first_taker
 from collectives.runtime.execute.device_calls import run_all_reduce, run_reduce
 from collectives.runtime.validate import check_root, resolve_groups
 
@@ -227,13 +228,7 @@ RUNNERS: dict[str, tuple[Runner, ...]] = {
 def choose(call: DeviceCall) -> tuple[Runner, tuple[tuple[str, str], ...]]:
     """The first runner of the call's collective that takes it, and why each before it did
     not (``(runner, reason)``, in order)."""
-    skipped: list[tuple[str, str]] = []
-    for runner in RUNNERS[call.collective]:
-        why = runner.skip(call)
-        if why is None:
-            return runner, tuple(skipped)
-        skipped.append((runner.name, why))
-    raise AssertionError(f"no runner runs {call.collective}")  # (library runs every call)
+    return first_taker(RUNNERS[call.collective], lambda r: r.skip(call))  # (library: all)
 
 
 def explain(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,

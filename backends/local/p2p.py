@@ -107,11 +107,6 @@ class ThreadMessages:
     def release(self, request: Any) -> None:
         """Nothing to give back: a receive copies its message in as it pairs."""
 
-    def begin_round(self) -> None:
-        """Nothing to group: a message is issued as it is posted."""
-
-    def end_round(self) -> None:
-        """Nothing to group."""
 
     def cancel(self, requests: list) -> None:
         """Withdraw requests that no peer has paired with; a send a receiver is reading from

@@ -152,11 +152,6 @@ class ThreadChannel:
         assert request.message is not None  # released once it has matched its message
         self._finish(request.src, request.message)
 
-    def begin_round(self) -> None:
-        """Nothing to group: a message is issued as it is posted."""
-
-    def end_round(self) -> None:
-        """Nothing to group."""
 
     def cancel(self, requests: list) -> None:
         for request in requests:  # matched but unread: let the senders go

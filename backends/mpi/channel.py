@@ -169,11 +169,6 @@ class MPIChannel:
             request.scratch = False
             self.arena.give()
 
-    def begin_round(self) -> None:
-        """Nothing to group: MPI issues a message as it is posted."""
-
-    def end_round(self) -> None:
-        """Nothing to group."""
 
     def cancel(self, requests: list) -> None:
         withdrawn = False

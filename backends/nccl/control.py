@@ -87,11 +87,6 @@ class MpiChannel:
     def release(self, request: _Recv) -> None:
         request.data = None
 
-    def begin_round(self) -> None:
-        """Nothing to group: MPI issues a message as it is posted."""
-
-    def end_round(self) -> None:
-        """Nothing to group."""
 
     def cancel(self, requests: list) -> None:
         for r in requests:

@@ -67,12 +67,6 @@ class NcclChannel:
     def release(self, request: _Request) -> None:
         request.data = None  # scratch goes back to CuPy's pool, in stream order
 
-    def begin_round(self) -> None:
-        """Nothing here: a round's first post opens its NCCL group, its first
-        question (``done``) closes it."""
-
-    def end_round(self) -> None:
-        """Nothing here (see ``begin_round``)."""
 
     def cancel(self, requests: list) -> None:
         # NCCL cannot withdraw a posted receive: close the group; the watchdog aborts the

@@ -180,8 +180,7 @@ class NcclTransport:
         this device current, as the hot path gives it)."""
         if caller is None:
             event = self.record()
-            self.lead_caller(event)
-            self.led = None
+            self.lead_caller(event)  # (and led: None)
         else:
             event = self.record_here()
             if caller.ptr != self.stream.ptr:

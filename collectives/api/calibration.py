@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import socket
-import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
@@ -50,15 +49,14 @@ from ..hints import Calibrate
 from .calibration_crowds import crowded_pair, job_times, round_wait
 from .calibration_links import (
     CONTRADICTED,
-    ROUNDS,
     all_reduce_time,
     check,
     coefficients,
     crowding,
     disagreement,
     gamma_time,
+    interleaved,
     link_times,
-    samples,
     solve,
     streams,
     verify,
@@ -130,8 +128,8 @@ def _on(comm: Any, groups, task) -> Any:
 
 def _natives(comm: Any, sizes, repeats: int, which) -> list:
     """The transport's own collectives' ``(method, collective, size, points)``: every method
-    and size timed in ``ROUNDS`` interleaved rounds, the median of all repeats (a bad moment
-    spoils one round of a point, not the point)."""
+    and size timed in interleaved rounds (``calibration_links.interleaved``), the median of
+    all repeats (a bad moment spoils one round of a point, not the point)."""
     native = comm.transport.native
     if native is None or comm.size < 2:
         return []
@@ -157,15 +155,10 @@ def _natives(comm: Any, sizes, repeats: int, which) -> list:
                 y, into = np.ones(count, np.float32), np.empty(count, np.float32)
                 jobs.setdefault((method, "all_reduce"), []).append((count * 4, (
                     lambda y=y, into=into, m=method: comm.all_reduce(y, "sum", m, out=into))))
-    each = max(-(-repeats // ROUNDS), 2)
-    seen: dict[tuple, list[float]] = {}
-    for _ in range(ROUNDS):
-        for key, points in jobs.items():
-            for nbytes, fn in points:
-                seen.setdefault((key, nbytes), []).extend(samples(comm, fn, each))
+    seen = interleaved(comm, {(key, nbytes): fn for key, points in jobs.items()
+                              for nbytes, fn in points}, repeats)
     return [(method, collective, comm.size,
-             tuple((nbytes, float(statistics.median(seen[((method, collective), nbytes)])))
-                   for nbytes, _ in points))
+             tuple((nbytes, seen[((method, collective), nbytes)]) for nbytes, _ in points))
             for (method, collective), points in jobs.items()]
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..algorithms.cost import Fabric, Placement
 from ..algorithms.sampling import predict
 from ..algorithms.schedule import Collective
-from .calibration_links import interleaved, link_times
+from .calibration_links import all_reduce_call, interleaved, link_times
 
 
 def cores() -> int:
@@ -69,7 +69,8 @@ def job_probes(n: int) -> dict[str, tuple[str, int, int]]:
 def job_times(comm: Any, repeats: int) -> dict[str, float]:
     """Each job probe's median seconds on every rank of ``comm`` at once, in interleaved
     rounds (collective)."""
-    return interleaved(comm, job_probes(comm.size), repeats)
+    return interleaved(comm, {name: all_reduce_call(comm, *spec)
+                              for name, spec in job_probes(comm.size).items()}, repeats)
 
 
 def round_wait(times: dict[str, float], fabric: Fabric, placement: Placement) -> float:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,12 +80,6 @@ def probes(n: int, one_way: bool = True) -> dict[str, tuple[str, int, int]]:
     return out
 
 
-def timed(comm: Any, fn, repeats: int) -> float:
-    """The median over ``repeats`` of the slowest rank's seconds per call (collective): what
-    a call typically costs on this job, as the benchmarks report it."""
-    return float(statistics.median(samples(comm, fn, repeats)))
-
-
 def samples(comm: Any, fn, repeats: int) -> list[float]:
     """``repeats`` timings of the slowest rank's seconds per call (collective)."""
     fn()  # agreement, plans, buffers
@@ -102,18 +97,17 @@ def samples(comm: Any, fn, repeats: int) -> list[float]:
     return [float(t) for t in comm.all_reduce(np.array(times), "max")]
 
 
-def all_reduce_time(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
-    """Seconds per float32 all-reduce of ``nbytes`` by ``algorithm`` on ``comm`` (collective)."""
-    return float(statistics.median(all_reduce_samples(comm, algorithm, shards, nbytes, repeats)))
-
-
-def all_reduce_samples(comm: Any, algorithm: str, shards: int, nbytes: int,
-                       repeats: int) -> list[float]:
-    """``repeats`` timings of a float32 all-reduce of ``nbytes`` by ``algorithm``."""
+def all_reduce_call(comm: Any, algorithm: str, shards: int, nbytes: int) -> Callable[[], Any]:
+    """A float32 all-reduce of ``nbytes`` by ``algorithm`` on ``comm``, its buffers made once."""
     x = np.zeros(max(nbytes // 4, 1), np.float32)
     out = np.empty_like(x)
-    return samples(comm, lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out),
-                   repeats)
+    return lambda: comm.all_reduce(x, "sum", algorithm, shards=shards, out=out)
+
+
+def all_reduce_time(comm: Any, algorithm: str, shards: int, nbytes: int, repeats: int) -> float:
+    """Seconds per float32 all-reduce of ``nbytes`` by ``algorithm`` on ``comm`` (collective)."""
+    return float(statistics.median(samples(comm, all_reduce_call(comm, algorithm, shards,
+                                                                  nbytes), repeats)))
 
 
 def link_times(comm: Any, repeats: int, rounds: int = ROUNDS, checks: bool = True,
@@ -123,21 +117,22 @@ def link_times(comm: Any, repeats: int, rounds: int = ROUNDS, checks: bool = Tru
     repeats in all (at least 2 a round), the median of them all (every rank of a busy host
     streaming at once is the probe a burst of noise hits hardest; a burst spoils a round, not
     the median)."""
-    return interleaved(comm, {**probes(comm.size, one_way), **(CHECKS if checks else {})},
+    plan = {**probes(comm.size, one_way), **(CHECKS if checks else {})}
+    return interleaved(comm, {name: all_reduce_call(comm, *spec) for name, spec in plan.items()},
                        repeats, rounds)
 
 
-def interleaved(comm: Any, plan: dict[str, tuple[str, int, int]], repeats: int,
-                rounds: int = ROUNDS) -> dict[str, float]:
-    """Each all-reduce of ``plan`` (name -> (algorithm, sub-chunks, bytes)) timed on
-    ``comm`` in ``rounds`` rounds of each in turn, ``repeats`` repeats in all (at least 2 a
-    round): the median of them all (collective)."""
+def interleaved(comm: Any, calls: dict[Any, Callable[[], Any]], repeats: int,
+                rounds: int = ROUNDS) -> dict[Any, float]:
+    """Each of ``calls`` (key -> a collective call) timed on ``comm`` in ``rounds`` rounds of
+    each in turn, ``repeats`` repeats in all (at least 2 a round): the median of them all, by
+    key (collective; a bad moment spoils one round of a call, not the call)."""
     each = max(-(-repeats // rounds), 2)
-    seen: dict[str, list[float]] = {name: [] for name in plan}
+    seen: dict[Any, list[float]] = {key: [] for key in calls}
     for _ in range(rounds):
-        for name, (algorithm, shards, nbytes) in plan.items():
-            seen[name] += all_reduce_samples(comm, algorithm, shards, nbytes, each)
-    return {name: float(statistics.median(v)) for name, v in seen.items()}
+        for key, fn in calls.items():
+            seen[key] += samples(comm, fn, each)
+    return {key: float(statistics.median(v)) for key, v in seen.items()}
 
 
 def gamma_time(comm: Any, dtype: str, repeats: int) -> float:

@@ -27,6 +27,7 @@ from ..arrays import plain_ndarray
 from ..log import configure, debug_setting
 from ..runtime.call_runner import CallRunner
 from ..runtime.calls import Call
+from ..runtime.results import Ready
 from ..timeline import recorder
 from . import auto, runners
 from .spmd_batch import BatchOps
@@ -199,7 +200,7 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         def build(seq):
             call = self._barrier_call()
             token = np.zeros(1, np.int64)
-            return call, [self.calls.data_stage(call, seq, None, token)], _nothing
+            return call, [self.calls.data_stage(call, seq, None, token)], Ready()
 
         self.calls.start("barrier", build, False, timeout, subject="barrier")
 
@@ -220,6 +221,3 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
 
 _TOKEN = np.zeros(1, np.int64)
 
-
-def _nothing() -> None:
-    return None

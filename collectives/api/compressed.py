@@ -17,9 +17,9 @@ from ..compression import compress, decompress, wire_dtype
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend
+from ..runtime.execute.device_calls import outputs
 from ..runtime.results import Decompressed
 from ..runtime.validate import as_array, check_op, same_layout
-from .multi_device_parts import outputs
 
 
 def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any, *,

@@ -1,7 +1,8 @@
 """The pieces every multi-device function is built from: handing the call to the arrays'
 backend where it runs calls its own way, and checking the arrays. Choosing the algorithm and
 its schedule, the result buffers and delivering results are the runtime's
-(``collectives.runtime.execute.device_calls``), re-exported here for the API's modules."""
+(``collectives.runtime.execute.device_calls``); ``pick_algorithm`` is its choice without the
+groups, for the benchmark's tables."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ..compression import requested
 from ..hints import Op
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
-from ..runtime.execute.device_calls import deliver, outputs, pick, plan, work_buffers
+from ..runtime.execute.device_calls import pick
 from ..runtime.validate import as_array, check_op, same_layout
 from ..runtime.work import Completed
 from ..timeline import record_devices, recorder
@@ -51,8 +52,7 @@ def backend_first(function: Callable) -> Callable:
     return wrapper
 
 
-__all__ = ["backend_first", "deliver", "outputs", "pick", "pick_algorithm", "plan", "prepare",
-           "work_buffers"]
+__all__ = ["backend_first", "pick_algorithm", "prepare"]
 
 
 def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,

@@ -15,13 +15,11 @@ from ..hints import Algorithm, ArrayT, Op
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend
 from ..runtime.execute.device_calls import (
-    check_rows,
-    gather_axis,
     run_all_gather,
     run_broadcast,
     run_reduce_scatter,
 )
-from ..runtime.validate import as_array, check_communicable, check_devices
+from ..runtime.validate import as_array, check_communicable, check_devices, check_rows, gather_axis
 from ..runtime.work import Work
 from .multi_device_parts import backend_first, prepare
 

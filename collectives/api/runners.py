@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..runtime.calls import Call
+from ..runtime.calls import Call, first_taker
 from . import auto
 
 
@@ -111,10 +111,5 @@ RUNNERS: tuple[Runner, ...] = (Native(), Schedule(), Auto())
 
 def choose(comm: Any, call: Call, runners: tuple[Runner, ...] = RUNNERS) -> Choice:
     """The first of ``runners`` that runs ``call``, and why those before it did not."""
-    skipped: list[tuple[str, str]] = []
-    for runner in runners:
-        why = runner.skip(comm, call)
-        if why is None:
-            return Choice(runner.name, runner.run_as(comm, call), tuple(skipped))
-        skipped.append((runner.name, why))
-    raise AssertionError(f"no runner runs {call.describe()}")  # (auto runs every call)
+    runner, skipped = first_taker(runners, lambda r: r.skip(comm, call))  # (auto takes all)
+    return Choice(runner.name, runner.run_as(comm, call), skipped)

@@ -15,6 +15,7 @@ from ..arrays import overlaps
 from ..foreign import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..runtime.results import Block, Gathered
+from ..runtime.validate import gather_axis
 from ..runtime.work import Work
 from .comm_parts import CommParts
 
@@ -132,11 +133,8 @@ class SpreadOps(CommParts):
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
-            ndim = max(len(xa.shape), 1)
-            if not -ndim <= axis < ndim:
-                raise ValueError(f"axis={axis} is out of range for x of {len(xa.shape)} "
-                                 "dimensions")
-            call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm, axis=axis % ndim)
+            call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm,
+                                        axis=gather_axis(axis, tuple(xa.shape), "x"))
             n, count = self.size, call.count
             base = call.shape if call.shape else (1,)
             gathered = list(base)

@@ -41,7 +41,15 @@ from .engine import Engine
 from .execute.spmd import SpmdRun
 from .hot_path import FastAllReduce
 from .native_stage import NativeStage, ScheduleInTurn
-from .validate import check_communicable, check_root, check_shards, check_timeout, resolve_groups
+from .results import Ready
+from .validate import (
+    check_communicable,
+    check_out,
+    check_root,
+    check_shards,
+    check_timeout,
+    resolve_groups,
+)
 from .work import Operation
 
 CALLS = logging.getLogger("collectives.calls")
@@ -119,8 +127,6 @@ class CallRunner:
         if out is None:
             return None, None
         try:
-            from .validate import check_out
-
             check_out(out, shape, dtype, argument, self.comm.arrays)
         except (TypeError, ValueError) as exc:
             return None, agreed(exc)
@@ -142,8 +148,7 @@ class CallRunner:
             call = data = finish = error = None
             try:
                 check_timeout(timeout)
-                if error is None:
-                    call, data, finish = build(seq)
+                call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default
@@ -179,7 +184,7 @@ class CallRunner:
             phase = "agreeing" if agreement is not None or own else "moving"
             self.comm.transport.publish_activity((seq, subject, phase))
             stages = [agreement, *(data or [])]
-            op = Operation(engine, seq, subject, stages, finish or _nothing,
+            op = Operation(engine, seq, subject, stages, finish or Ready(),
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
                            skipped_agreement=agreement is None and not own, phase=phase)
@@ -216,6 +221,3 @@ class CallRunner:
                       src=src if src is not None and src is not work else None)
         return ScheduleInTurn(self.engine, run, turn) if in_order else run
 
-
-def _nothing() -> None:
-    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,3 +130,17 @@ def check_op_for(op: Any, dtype: np.dtype, argument: str) -> ReduceOp:
     parsed = ReduceOp.parse(op)
     check_dtype(parsed, dtype, argument)
     return parsed
+
+
+def first_taker(runners: Sequence[Any], why_not: Callable[[Any], str | None]
+                ) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """The first of ``runners`` that takes a call (``why_not(runner)`` None), and why each
+    before it did not: ``(runner.name, reason)``, in order. Every list of runners (the
+    Communicator's, a backend's) ends with one that takes every call."""
+    skipped: list[tuple[str, str]] = []
+    for runner in runners:
+        why = why_not(runner)
+        if why is None:
+            return runner, tuple(skipped)
+        skipped.append((runner.name, why))
+    raise AssertionError(f"no runner of {[r.name for r in runners]} takes the call")

@@ -183,3 +183,19 @@ def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | N
         raise ValueError(f"groups={groups!r} must split the participants 0..{size - 1} into "
                          "non-empty groups, each participant in exactly one")
     return out
+
+
+def gather_axis(axis: int, shape: tuple[int, ...], argument: str = "arrays") -> int:
+    """All-gather's ``axis`` for ``argument`` of ``shape`` (a scalar gathers as one element),
+    checked and made non-negative."""
+    base = shape if shape else (1,)
+    if not -len(base) <= axis < len(base):
+        raise ValueError(f"axis={axis} is out of range for {argument} of {len(shape)} "
+                         "dimensions")
+    return axis % len(base)
+
+
+def check_rows(shape: tuple[int, ...]) -> None:
+    """Reduce-scatter splits axis 0 into blocks: arrays of ``shape`` must have one."""
+    if not shape:
+        raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")

@@ -53,7 +53,7 @@ def align(comm: Any, probes: list | None = None) -> float:
             offset, rtt = 0, 0
     finally:
         recorder.ON = was_on
-    place = getattr(comm, "_trace_place", (comm.rank, 0))
+    place = comm.trace_place  # (its row: a dup or split records on its world's)
     if recorder.ON:
         recorder.set_clock(offset, rtt, place[0])
     return offset / 1e3

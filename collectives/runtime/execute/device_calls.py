@@ -5,9 +5,9 @@ The multi-device API (``collectives.api.multi_device``, ``multi_device_spread``)
 that validated a call itself (the CuPy backend, where NCCL does not run it) both come here
 once the arrays are checked: ``run_all_reduce``, ``run_reduce``, ``run_broadcast``,
 ``run_all_gather`` and ``run_reduce_scatter`` take the call's validated pieces and run it over
-the backend's devices, without checking the arrays again. ``gather_axis`` and ``check_rows``
-are the checks of all-gather's axis and reduce-scatter's rows that both callers make, once,
-before them.
+the backend's devices, without checking the arrays again (``validate.gather_axis`` and ``check_rows`` are the
+checks of all-gather's axis and reduce-scatter's rows that both callers make, once, before
+them).
 """
 
 from __future__ import annotations
@@ -129,21 +129,6 @@ def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
     run_multi_device(schedule, inputs, work, op.wire_op, backend, accumulation_fn=accumulation_fn)
     deliver(arrays, op, [total], [result], n)
     return result
-
-
-def gather_axis(axis: int, shape: tuple[int, ...]) -> int:
-    """All-gather's ``axis`` for arrays of ``shape`` (a scalar gathers as one element),
-    checked and made non-negative: the axis ``run_all_gather`` takes."""
-    base = shape if shape else (1,)
-    if not -len(base) <= axis < len(base):
-        raise ValueError(f"axis={axis} is out of range for arrays of {len(shape)} dimensions")
-    return axis % len(base)
-
-
-def check_rows(shape: tuple[int, ...]) -> None:
-    """Reduce-scatter splits axis 0 into blocks: arrays of ``shape`` must have one."""
-    if not shape:
-        raise ValueError("values are scalars; reduce_scatter splits axis 0, so pass arrays")
 
 
 def run_broadcast(backend: DeviceBackend, value: Any, n: int, shape: tuple[int, ...],

@@ -60,16 +60,6 @@ class PointToPoint(Protocol):
         """Withdraw receives of a run that failed, so nothing lands in its buffer later."""
         ...
 
-    def begin_round(self) -> None:
-        """Before the posting of a round's receives and sends: a transport that must issue a
-        round's calls together (a ring of blocking sends deadlocks) opens its group here;
-        the others do nothing."""
-        ...
-
-    def end_round(self) -> None:
-        """After them (closes what ``begin_round`` opened; the others do nothing)."""
-        ...
-
 
 class SpmdRun:
     """This rank's part of ``plan`` on its flat working buffer ``buf``, in place."""
@@ -103,7 +93,7 @@ class SpmdRun:
             if self.posted is None:
                 if self.trace is not None:
                     self.trace.posted(self)
-                self._post(rounds[self.k])
+                self._post_round(rounds[self.k])
             if not self._finish_round():
                 if self.trace is not None:
                     self.trace.blocked(self)
@@ -122,18 +112,10 @@ class SpmdRun:
         for a, b in ranges:
             copy(buf[a:b], src[a:b])
 
-    def _post(self, rnd) -> None:
+    def _post_round(self, rnd) -> None:
         index, sends, recvs, fills = rnd
         if fills and self.src is not None:
             self._fill(fills)
-        transport = self.transport
-        transport.begin_round()
-        try:
-            self._post_round(index, sends, recvs)
-        finally:
-            transport.end_round()
-
-    def _post_round(self, index, sends, recvs) -> None:
         transport, buf, seq, check = self.transport, self.buf, self.seq, self.check
         src = self.src if self.src is not None else buf
         posted = []
@@ -152,7 +134,7 @@ class SpmdRun:
     def _finish_round(self) -> bool:
         transport, arrays = self.transport, self.arrays
         complete = True
-        assert self.posted is not None  # _post posted this round
+        assert self.posted is not None  # _post_round posted this round
         for entry in self.posted:
             srcs, a, b, reduce, requests, nxt, first = entry
             if nxt == len(requests):
