@@ -52,16 +52,22 @@ def _gpu():
     return load_backend("cupy").foreign
 
 
-def _adopt(x: Any, argument: str) -> Any:
-    """``x`` as an array the library works on: NumPy, or CuPy for GPU memory."""
-    return _gpu().adopt(x, argument) if on_gpu(x) else as_numpy(x, argument)
+def _adopt(x: Any, argument: str, kind: Kind | None = None) -> Any:
+    """``x`` as an array the library works on: NumPy, or CuPy for GPU memory; ``kind``:
+    ``x``'s array kind, where the caller has looked it up."""
+    if on_gpu(x):
+        return _gpu().adopt(x, argument)
+    kind = kind_of(x) if kind is None else kind
+    return as_numpy(x, argument, None if kind is None else kind.as_numpy)
 
 
-def as_numpy(x: Any, argument: str) -> np.ndarray:
-    """A NumPy view of ``x`` (a copy only where its producer cannot share memory)."""
+def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = None) -> np.ndarray:
+    """A NumPy view of ``x`` (a copy only where its producer cannot share memory); ``view``:
+    its array kind's own way to one (``as_numpy``: PyTorch's bfloat16, which NumPy's DLPack
+    import refuses), else ``np.from_dlpack``."""
     if hasattr(x, "__dlpack__"):
         try:
-            return np.from_dlpack(x)
+            return np.from_dlpack(x) if view is None else view(x)
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
             device = getattr(x, "device", None)
             if device is not None and "cpu" not in str(device).lower():
@@ -84,17 +90,48 @@ Back = Callable[[Any, Any], Any]  # (a NumPy or CuPy result, the caller's array)
 class Kind(NamedTuple):
     """What the library uses of an array kind, read from it once: ``kind`` itself, whether it
     ``packs`` batches in its own library, how results go ``back`` to its type (None: through
-    its package's ``from_dlpack``), and why it refuses an ``out=`` (None: it takes one)."""
+    its package's ``from_dlpack``), why it refuses an ``out=`` (None: it takes one), and how
+    one of its CPU arrays is viewed as NumPy (``as_numpy``; None: ``np.from_dlpack``)."""
 
     kind: Any
     packs: bool
     back: Back | None
     out_refusal: str | None
+    as_numpy: Callable[[Any], np.ndarray] | None
 
 
 def _declared(kind: Any) -> Kind:
     return Kind(kind, hasattr(kind, "concatenate"), getattr(kind, "back", None),
-                getattr(kind, "out_refusal", None))
+                getattr(kind, "out_refusal", None), getattr(kind, "as_numpy", None))
+
+
+# what a kind that packs batches in its own library provides (``ArrayBackend``'s names)
+PACKING = ("owns", "dtype_of", "alone_bytes", "flat", "concatenate", "fuse", "split", "empty",
+           "copy")
+
+
+def check_kind(kind: Any, argument: str = "kind") -> None:
+    """Raise TypeError, naming what is missing, where ``kind`` is not an array kind (see
+    ``register_array_kind``): checked when it is given, not at a later call's first array."""
+    need = ("an array kind is an object with a method detect(x) (whether x is one of its "
+            "arrays), and optionally back(result, like), as_numpy(x), out_refusal (a str) "
+            "and, to pack batches in its own library, all of " + ", ".join(PACKING))
+    if isinstance(kind, type):
+        raise TypeError(f"{argument} is the class {kind.__name__}, not an array kind; pass an "
+                        f"instance ({kind.__name__}()): {need}")
+    if not callable(getattr(kind, "detect", None)):
+        raise TypeError(f"{argument} ({type(kind).__name__}) has no method detect(x); {need}")
+    packing = [name for name in PACKING if callable(getattr(kind, name, None))]
+    if packing and len(packing) < len(PACKING):
+        missing = [name for name in PACKING if name not in packing]
+        raise TypeError(f"{argument} ({type(kind).__name__}) packs batches ({', '.join(packing)})"
+                        f" but lacks {', '.join(missing)}; {need}")
+    for name in ("back", "as_numpy"):
+        if getattr(kind, name, None) is not None and not callable(getattr(kind, name)):
+            raise TypeError(f"{argument}.{name} is not callable; {need}")
+    refusal = getattr(kind, "out_refusal", None)
+    if refusal is not None and not isinstance(refusal, str):
+        raise TypeError(f"{argument}.out_refusal is a {type(refusal).__name__}, not a str; {need}")
 
 
 @functools.cache
@@ -120,16 +157,25 @@ def register_array_kind(kind: Any) -> None:
     and, each optional:
 
     * the array operations packing needs on its arrays (``owns``, ``dtype_of``,
-      ``alone_bytes``, ``flat``, ``concatenate``, ``empty``, ``copy``, as
-      ``collectives.arrays.ArrayBackend``): a batch of them is then packed in their own
+      ``alone_bytes``, ``flat``, ``concatenate``, ``fuse``, ``split``, ``empty``, ``copy``,
+      as ``collectives.arrays.ArrayBackend``), all of them: a batch of them is then packed in their own
       library, and only the buckets cross over (through DLPack). Without them each array
       crosses over on its own and the library packs;
     * ``back(result, like)``: ``result`` (a NumPy or CuPy array) as one of its arrays, placed
       as ``like`` (the caller's array) is; without it, its package's ``from_dlpack(result)``;
     * ``out_refusal``: a reason its arrays cannot be an ``out=`` (``"JAX arrays are
-      immutable"``); such an ``out=`` raises TypeError before any data moves.
+      immutable"``); such an ``out=`` raises TypeError before any data moves;
+    * ``as_numpy(x)``: a NumPy view of one of its CPU arrays (without it,
+      ``np.from_dlpack(x)``): PyTorch's views its bfloat16 tensors, which NumPy cannot import.
 
-    Installed packages register under the ``collectives.array_kinds`` entry points instead."""
+    Installed packages register under the ``collectives.array_kinds`` entry points instead.
+
+    Raises
+    ------
+    TypeError
+        ``kind`` has no ``detect``, is a class rather than an instance, or has some of the
+        packing operations but not all of them."""
+    check_kind(kind)
     if kind not in _REGISTERED:
         _REGISTERED.append(kind)
         _kinds.cache_clear()
@@ -199,13 +245,12 @@ class Edge:
 
     def __init__(self, x: Any):
         kind = kind_of(x)
-        self.like, self.gpu = x, on_gpu(x)
+        self.like, self.gpu, self.kind = x, on_gpu(x), kind
         self.arrays = kind.kind if kind is not None and kind.packs else None
         self.returner = _returner(x, kind)
 
-    @staticmethod
-    def adopt(x: Any, argument: str) -> Any:
-        return _adopt(x, argument)
+    def adopt(self, x: Any, argument: str) -> Any:
+        return _adopt(x, argument, self.kind if x is self.like else None)
 
     def back(self, result: Any, like: Any = None) -> Any:
         """``result`` (an array, a list of them, or None) as the caller's type, placed as

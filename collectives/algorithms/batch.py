@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..ops import ReduceOp, result_dtype
-from .packing import DEFAULT_BUCKET_BYTES, PackPlan, make_plan
+from .packing import DEFAULT_BUCKET_BYTES, PackPlan, check_bucket_bytes, make_plan
 from .spec import SpecRange, assign_ranges, parse_spec
 
 
@@ -51,6 +51,7 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
     algorithm names (e.g. MPI's "native"). With none of TensorFlow's packing knobs, tensors
     are fused into buckets of ``bucket_bytes`` (0: each alone), those of ``alone_bytes`` or
     more alone (the array backend's ``alone_bytes``: where a copy costs more than a call)."""
+    check_bucket_bytes(bucket_bytes)  # (before the cache: "64M" would be a key)
     key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
            tuple(extra_names), bucket_bytes, alone_bytes)

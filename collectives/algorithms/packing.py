@@ -209,6 +209,15 @@ def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
     return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
 
 
+def check_bucket_bytes(bucket_bytes: object) -> None:
+    """``bucket_bytes`` is a whole number of bytes, 0 or more, or raise naming it."""
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)):
+        raise TypeError(f"bucket_bytes={bucket_bytes!r} must be a whole number of bytes (for "
+                        "64 MiB: 64 << 20), or 0 for no fusion")
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be 0 (no fusion) or more bytes")
+
+
 def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
          bucket_bytes: int, alone_bytes: int | None = None) -> PackPlan:
     """Fusion buckets: each dtype's tensors, in input order, fill buckets of at most
@@ -217,8 +226,7 @@ def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
     no copy). Buckets of different dtypes never mix; buckets are ordered by their first
     tensor. ``bucket_bytes=0``: every tensor alone (``no_packing``).
     """
-    if bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be 0 (no fusion) or more, not {bucket_bytes}")
+    check_bucket_bytes(bucket_bytes)
     shp, dts = _normalise(shapes, dtypes)
     if bucket_bytes == 0:
         return no_packing(shp, dts)
@@ -248,8 +256,7 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
     ``alone_bytes`` or more alone (see ``fuse``)."""
     if num_packs < 0:
         raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
-    if bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be 0 (no fusion) or more, not {bucket_bytes}")
+    check_bucket_bytes(bucket_bytes)
     if num_packs > 0:
         return concat_and_split(shapes, dtypes, num_packs)
     if agg_small_grads_max_bytes > 0 and agg_small_grads_max_group > 0:

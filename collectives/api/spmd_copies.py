@@ -20,6 +20,7 @@ from .. import algorithms
 from ..algorithms.schedule import Collective
 from ..foreign import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
+from ..runtime.call_runner import refusing
 from ..runtime.execute.exchange import ExchangeRun
 from ..runtime.native_stage import ScheduleInTurn
 from ..runtime.results import Ready, Stacked
@@ -36,6 +37,7 @@ class CopyOps(CommParts):
     @overload
     def gather(self, x: ArrayT, root: int = ..., algorithm: SpmdAlgorithm = ..., *,
                timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT | None]: ...
+    @refusing("gather")
     @accepts_foreign
     def gather(self, x: ArrayT, root: int = 0, algorithm: SpmdAlgorithm = "auto", *,
                timeout: float | None = None, async_op: bool = False) -> Any:
@@ -91,6 +93,7 @@ class CopyOps(CommParts):
     def scatter(self, x: ArrayT | None = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
                 *, out: ArrayT | None = ..., timeout: float | None = ...,
                 async_op: Literal[True]) -> Work[ArrayT]: ...
+    @refusing("scatter")
     @accepts_foreign
     def scatter(self, x: ArrayT | None = None, root: int = 0, algorithm: SpmdAlgorithm = "auto",
                 *, out: ArrayT | None = None, timeout: float | None = None,
@@ -140,6 +143,7 @@ class CopyOps(CommParts):
     def all_to_all(self, x: ArrayT, splits: Sequence[int] | None = ...,
                    algorithm: SpmdAlgorithm = ..., *, timeout: float | None = ...,
                    async_op: Literal[True]) -> Work[ArrayT]: ...
+    @refusing("all_to_all")
     @accepts_foreign
     def all_to_all(self, x: ArrayT, splits: Sequence[int] | None = None,
                    algorithm: SpmdAlgorithm = "auto", *, timeout: float | None = None,

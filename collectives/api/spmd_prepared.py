@@ -15,6 +15,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
 from ..hints import Array, Op, SpmdAlgorithm
+from ..runtime.call_runner import refusing
 from ..runtime.prepared import PreparedCall
 from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
@@ -41,6 +42,7 @@ class PreparedOps(CommParts):
                              "array")
         return xa
 
+    @refusing("all_reduce_init")
     def all_reduce_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
                         out: Array, shards: int = 0, groups: Any = None) -> PreparedCall:
         """A prepared all-reduce of ``x`` into ``out``, agreed once and started many times.
@@ -80,6 +82,7 @@ class PreparedOps(CommParts):
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1),
                             Reduced(arrays, call, work, self.size, out))
 
+    @refusing("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
                     algorithm: SpmdAlgorithm = "auto", *, out: Array | None = None,
                     shards: int = 0) -> PreparedCall:
@@ -120,6 +123,7 @@ class PreparedOps(CommParts):
         finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish)
 
+    @refusing("broadcast_init")
     def broadcast_init(self, x: Array, root: int = 0,
                        algorithm: SpmdAlgorithm = "auto") -> PreparedCall:
         """A prepared broadcast of root's ``x`` into every rank's ``x``.
@@ -149,6 +153,7 @@ class PreparedOps(CommParts):
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
 
+    @refusing("all_gather_init")
     def all_gather_init(self, x: Array, algorithm: SpmdAlgorithm = "auto", *,
                         out: Array) -> PreparedCall:
         """A prepared all-gather along the leading axis into ``out``.
@@ -185,6 +190,7 @@ class PreparedOps(CommParts):
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,
                             granule=count if count else 1, place=lambda: arrays.copy(mine, src))
 
+    @refusing("reduce_scatter_init")
     def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
                             *, out: Array, shards: int = 0) -> PreparedCall:
         """A prepared reduce-scatter: ``out`` takes this rank's rows of the total.

@@ -18,6 +18,7 @@ from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
 from ..foreign import accepts_foreign, array_kind, call_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
+from ..runtime.call_runner import refusing
 from ..runtime.hot_path import FastAllReduce
 from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
@@ -102,6 +103,7 @@ class ReductionOps(CommParts):
         return self._all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op,
                                 compression)
 
+    @refusing("all_reduce")
     def _all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int, groups: Any,
                     timeout: float | None, async_op: bool, compression: str | None) -> Any:
         """``all_reduce`` beyond the hot path (kept apart: its closures would make every
@@ -121,13 +123,15 @@ class ReductionOps(CommParts):
         # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
         if (not shards and groups is None and self.arrays.owns(x)
                 and valid_timeout(timeout)):
-            fast_key = (x.shape, x.dtype, op, algorithm)
+            batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
+            fast_key = (x.shape, x.dtype, op, algorithm, batch) if batch else (
+                x.shape, x.dtype, op, algorithm)
             try:
                 fast = self.calls.hot_paths.get(fast_key)
             except TypeError:  # an unhashable spec (a list of ranges): no hot path
                 fast_key = fast = None
             if fast is not None and not async_op and (out is None or self._fits(out, x)):
-                self.calls.last_hot = fast
+                self.calls.last_hot = fast if not batch else None
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
@@ -155,7 +159,7 @@ class ReductionOps(CommParts):
             if len(self.calls.hot_paths) > 1024:  # programs use few distinct calls; bound it anyway
                 self.calls.hot_paths.clear()
             fast = self.calls.hot_paths[fast_key] = FastAllReduce.build(self, seen[0], x, op, algorithm)
-            if fast is not None:
+            if fast is not None and len(fast_key) == 4:
                 self.calls.last_hot = fast
         return result
 
@@ -245,6 +249,7 @@ class ReductionOps(CommParts):
     def reduce(self, x: ArrayT, op: Op = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
                *, out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
                async_op: Literal[True]) -> Work[ArrayT | None]: ...
+    @refusing("reduce")
     @accepts_foreign
     def reduce(self, x: ArrayT, op: Op = "sum", root: int = 0, algorithm: SpmdAlgorithm = "auto",
                *, out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,

@@ -14,6 +14,7 @@ from ..algorithms.schedule import Collective
 from ..arrays import overlaps
 from ..foreign import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
+from ..runtime.call_runner import refusing
 from ..runtime.results import Block, Gathered
 from ..runtime.validate import gather_axis
 from ..runtime.work import Work
@@ -43,6 +44,7 @@ class SpreadOps(CommParts):
     def broadcast(self, x: None = ..., root: int = ..., algorithm: SpmdAlgorithm = ..., *,
                   out: Any = ..., timeout: float | None = ...,
                   async_op: Literal[True]) -> Work[Any]: ...
+    @refusing("broadcast")
     @accepts_foreign
     def broadcast(self, x: ArrayT | None = None, root: int = 0,
                   algorithm: SpmdAlgorithm = "auto", *, out: ArrayT | None = None,
@@ -94,6 +96,7 @@ class SpreadOps(CommParts):
     def all_gather(self, x: ArrayT, axis: int = ..., algorithm: SpmdAlgorithm = ..., *,
                    out: ArrayT | None = ..., timeout: float | None = ...,
                    async_op: Literal[True]) -> Work[ArrayT]: ...
+    @refusing("all_gather")
     @accepts_foreign
     def all_gather(self, x: ArrayT, axis: int = 0, algorithm: SpmdAlgorithm = "auto", *,
                    out: ArrayT | None = None, timeout: float | None = None,
@@ -160,6 +163,7 @@ class SpreadOps(CommParts):
     def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
                        out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
                        async_op: Literal[True]) -> Work[ArrayT]: ...
+    @refusing("reduce_scatter")
     @accepts_foreign
     def reduce_scatter(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
                        out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,

@@ -25,9 +25,12 @@ runs as (``Communicator.choose_algorithm``, the runner list of ``collectives.api
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -53,6 +56,8 @@ from .validate import (
 from .work import Operation
 
 CALLS = logging.getLogger("collectives.calls")
+BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks raise
+F = TypeVar("F", bound=Callable[..., Any])
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 
@@ -68,7 +73,9 @@ class CallRunner:
         self.cache: dict[Any, Call] = {}  # call arguments (or "barrier") -> validated call
         self.hot_paths: dict[Any, FastAllReduce | None] = {}  # all-reduce args -> hot path
         self.last_hot: FastAllReduce | None = None  # the one the latest hot all-reduce took
-        self.agreed_batches: set[tuple] = set()  # batch layouts every rank agreed on
+        # the batch whose bucket the calls now validated carry (``part_of``): its tensor list
+        # joins their signatures, so ranks with different lists never pair their buckets
+        self.batch: str | None = None
         native = transport.native
         self.native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
@@ -81,11 +88,36 @@ class CallRunner:
         self.hot_paths.clear()
         self.last_hot = None
 
+    @contextmanager
+    def part_of(self, batch: str) -> Iterator[None]:
+        """The calls made inside are buckets of ``batch`` (a batch's description and digest,
+        ``collectives.api.batch_checks.batch_tag``): it joins each call's signature and so the
+        check value that rides with its data, and ranks that pass different tensor lists fail
+        with ``CollectiveMismatchError`` on every call, not only the first."""
+        outer, self.batch = self.batch, batch
+        self.last_hot = None  # (a plain call's hot path must not take a bucket)
+        try:
+            yield
+        finally:
+            self.batch = outer
+
+    def refuse(self, what: str, error: BaseException) -> None:
+        """Raise ``error``, a bad argument this rank found before its call was issued, the way
+        a call raises one: through the agreement of the call its peers make at this point, so
+        that they raise ``PeerFailedError`` naming this rank at once (where they took their
+        call as agreed, a rejection notice makes them join) instead of waiting their timeout."""
+        def build(seq: int) -> Any:
+            raise error
+
+        self.start(what, build, False, None)
+        raise error  # (start raised it already; this line is for the type checker)
+
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
               shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
         """The validated call of these arguments, from the cache when they were seen before."""
+        batch = self.batch
         try:
-            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis)
+            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis, batch)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None
@@ -115,7 +147,7 @@ class CallRunner:
         if "/" in name or groups is not None:
             layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
                       else self.comm.transport.layout)
-        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis)
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch)
         call.run_as = self.comm.choose_algorithm(call)
         CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)
         return call
@@ -187,7 +219,8 @@ class CallRunner:
             op = Operation(engine, seq, subject, stages, finish or Ready(),
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
-                           skipped_agreement=agreement is None and not own, phase=phase)
+                           skipped_agreement=agreement is None and not own, phase=phase,
+                           timeout=timeout)
             if recorder.ON:
                 record_calls.issued(self.comm, op, async_op, t0)
             result = engine.run(op, async_op, timeout)
@@ -221,3 +254,23 @@ class CallRunner:
                       src=src if src is not None and src is not work else None)
         return ScheduleInTurn(self.engine, run, turn) if in_order else run
 
+
+
+def refusing(what: str) -> Callable[[F], F]:
+    """A Communicator method whose bad arguments its peers hear of at once: a ``TypeError``,
+    ``ValueError`` or ``IndexError`` raised before the method issued any call goes through
+    ``CallRunner.refuse`` (one raised after, from a call already issued, was reported by it)."""
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            engine = self.calls.engine
+            issued = engine.seq
+            try:
+                return method(self, *args, **kwargs)
+            except BAD_INPUT as exc:
+                if engine.seq != issued or engine.busy.locked() or self.size == 1:
+                    raise  # (issued, or raised inside a call: the pipeline told its peers)
+                self.calls.refuse(what, exc)
+                raise
+        return checked  # type: ignore[return-value]
+    return wrap

@@ -40,6 +40,7 @@ class Call:
     shards: int
     layout: Layout | None
     axis: int | None = None
+    batch: str | None = None  # the batch whose bucket this is (CallRunner.part_of)
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -57,7 +58,7 @@ class Call:
         self.signature = (self.collective.value, self.shape, str(self.dtype),
                           self.op.value if self.op else None, self.root, self.algorithm,
                           self.shards, None if self.layout is None else self.layout.groups,
-                          self.axis)
+                          self.axis, self.batch)
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << CHECK_BITS) - 1)
 
     def describe(self) -> str:
@@ -80,7 +81,8 @@ class Call:
         return f"{self.collective.value}({', '.join(parts)})"
 
 
-FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis")
+FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis",
+          "batch")
 
 
 def differences(signatures: list[tuple], collective: str) -> str:
@@ -90,6 +92,11 @@ def differences(signatures: list[tuple], collective: str) -> str:
         seen = [s[i] if s is not None else None for s in signatures]
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
         if len(set(map(repr, known))) > 1:
+            if name == "batch":  # (the bucket of a batch: the lists differ)
+                by_rank = ", ".join(f"rank {r}: {v or 'no batch'}" for r, v in enumerate(seen))
+                return (f"ranks called batch_all_reduce (or buckets) with different tensor lists "
+                        f"({by_rank}); every rank must pass the same shapes and dtypes in the "
+                        "same order")
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
                     f"must pass the same {name}")

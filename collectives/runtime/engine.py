@@ -116,13 +116,15 @@ class Engine(CallOrder):
                 f"{self.broken}; messages of the failed call may still be in flight. Create a "
                 "new communicator (or end the job)")
 
-    def crowded(self, collective: bool = True) -> CollectiveError | None:
-        """The error refusing one more asynchronous call at the limit: ``MAX_IN_FLIGHT``
+    def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
+        """The error refusing ``count`` more asynchronous calls at the limit: ``MAX_IN_FLIGHT``
         collective handles not yet waited on (counted in program order: every rank refuses
         the same call, before anything is issued), or, for a message, operations running."""
-        if (self.outstanding if collective else len(self.inflight)) < MAX_IN_FLIGHT:
+        if (self.outstanding if collective else len(self.inflight)) + count <= MAX_IN_FLIGHT:
             return None
         what = "collective handles would be unwaited" if collective else "calls would be in flight"
+        if count > 1:
+            what += f" ({count} buckets asked for, {self.outstanding} unwaited)"
         return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
                                "communicator; wait() for some first (this call was not issued)")
 

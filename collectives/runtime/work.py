@@ -13,6 +13,7 @@ much later), so a wait never burns a core for long.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -28,16 +29,19 @@ PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread
 class Operation:
     """One collective in flight on one communicator."""
 
-    __slots__ = ("breaking", "check", "counted", "engine", "error", "finish", "finished", "handle",
-                 "result",
+    __slots__ = ("breaking", "callbacks", "check", "counted", "engine", "error", "finish",
+                 "finished", "handle", "result", "timeout",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
                  "subject", "trace", "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
-                 skipped_agreement: bool = False, breaking: bool = True, phase: Any = True):
+                 skipped_agreement: bool = False, breaking: bool = True, phase: Any = True,
+                 timeout: float | None = None):
         # ``subject``: what the call is, a Call (described only when an error needs it) or text
         self.engine, self.seq, self.subject = engine, seq, subject
+        self.timeout = timeout  # the call's own (None: the communicator's): bounds its wait()
+        self.callbacks: list[Callable[[], None]] | None = None  # Work.add_done_callback's
         self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
         self.finished = False
         self.result: Any = None
@@ -68,8 +72,16 @@ class Operation:
             self.result = self.finish()
         except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
             self.fail(exc)
-        self.finished = True
+        if not self.finished:
+            self.finished = True
+            self.ended()
         return True
+
+    def ended(self) -> None:
+        """Run the callbacks ``Work.add_done_callback`` registered (once, as it finishes)."""
+        callbacks, self.callbacks = self.callbacks, None
+        for callback in callbacks or ():
+            callback()
 
     def fail(self, exc: BaseException) -> None:
         if not self.finished:
@@ -81,6 +93,7 @@ class Operation:
                 abort = getattr(stage, "abort", None)
                 if abort is not None:
                     abort()
+            self.ended()
 
     @property
     def description(self) -> str:
@@ -127,7 +140,8 @@ class Work(Generic[T]):
         Parameters
         ----------
         timeout
-            Seconds to wait; None: the communicator's timeout.
+            Seconds to wait; None: the call's own ``timeout=`` (or, where it gave none, the
+            communicator's).
 
         Returns
         -------
@@ -145,9 +159,26 @@ class Work(Generic[T]):
         op = self._op
         op.waited_by = True
         if not op.finished:
-            op.engine.wait(op, timeout)
+            op.engine.wait(op, op.timeout if timeout is None else timeout)
         op.engine.reported(op)
         return op.outcome()
+
+    def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
+        """Call ``callback(handle)`` once the collective has finished (or failed), on the
+        thread that finishes it: the communicator's progress thread, a ``wait()``, or this
+        one at once where it has finished already. ``wait()`` in the callback returns at once.
+
+        The callback must be quick and must not call the communicator (it may run while the
+        communicator drives other calls): hand the result on, e.g. to a future.
+        """
+        op = self._op
+        with op.engine.state:  # (the progress thread finishes calls under this lock)
+            if not op.finished:
+                if op.callbacks is None:
+                    op.callbacks = []
+                op.callbacks.append(lambda: callback(self))
+                return
+        callback(self)
 
     def is_completed(self) -> bool:
         """Whether it has finished (successfully or not); never waits, never raises."""
@@ -188,6 +219,9 @@ class Completed(Work[T]):
 
     def is_completed(self) -> bool:
         return True
+
+    def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
+        callback(self)
 
     def exception(self) -> BaseException | None:
         return None
@@ -238,6 +272,24 @@ class BatchWork(Work[T]):
 
     def is_completed(self) -> bool:
         return all(not hasattr(h, "wait") or h.is_completed() for h in self._handles)
+
+    def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
+        """Call ``callback(handle)`` once every call has finished (see `Work.add_done_callback`)."""
+        handles = [h for h in self._handles if hasattr(h, "add_done_callback")]
+        left = [len(handles)]
+        lock = threading.Lock()
+
+        def one_done(_handle: Any) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                callback(self)
+
+        if not handles:
+            callback(self)
+        for handle in handles:
+            handle.add_done_callback(one_done)
 
     def exception(self) -> BaseException | None:
         for handle in self._handles:

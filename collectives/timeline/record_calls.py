@@ -204,6 +204,7 @@ def advance(op: Any) -> bool:
         _current.op = before
     op.finished = True
     _close(op, None)
+    op.ended()
     return True
 
 

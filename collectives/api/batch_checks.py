@@ -1,0 +1,66 @@
+"""The checks of a rank's tensor list, shared by ``batch_all_reduce`` and ``buckets``.
+
+A list is taken only as a sequence of arrays of one library (NumPy with JAX, say, is refused
+with the rule: one batch, one library), none of them requiring grad (named by its index, with
+the fix). ``batch_tag`` is what the list's buckets carry in their signatures
+(``CallRunner.part_of``): the list's description and digest, so that ranks that pass
+different lists fail with ``CollectiveMismatchError`` on every call, not only the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+
+def checked_list(xs: Any, argument: str) -> list:
+    """``xs`` as a list of arrays of one library, or raise naming the item and the fix."""
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
+        raise TypeError(f"{argument} must be a list of arrays, not {type(xs).__name__}")
+    items = list(xs)
+    first = None
+    for k, x in enumerate(items):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(f"{argument}[{k}] is a {_name(x)}, not an array; pass a list of "
+                            "arrays (NumPy, or one other library's)")
+        if getattr(x, "requires_grad", False):
+            raise TypeError(f"{argument}[{k}] requires grad; pass {argument}[{k}].detach()")
+        if first is None:
+            first = x
+        elif _library(x) != _library(first):
+            raise TypeError(f"{argument}[{k}] is a {_name(x)} but {argument}[0] is a "
+                            f"{_name(first)}; one batch takes arrays of one library: convert "
+                            "them to one first (np.asarray, torch.as_tensor, jnp.asarray)")
+    return items
+
+
+def _library(x: Any) -> str:
+    return type(x).__module__.partition(".")[0]
+
+
+def _name(x: Any) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def brief(layout: tuple) -> str:
+    """A tensor list for an error message: ``[float32(3, 5), ...]``, cut short."""
+    items = [f"{dtype}{tuple(shape)}" for shape, dtype in layout]
+    return "[" + ", ".join(items[:6]) + (f", ... {len(items)} in all" if len(items) > 6 else "") + "]"
+
+
+@functools.lru_cache(maxsize=256)
+def batch_tag(layout: tuple) -> str:
+    """What every bucket of a list of ``layout`` (``((shape, dtype), ...)``) carries in its
+    signature: the list's brief description (for the mismatch error) and a digest of all of
+    it (lists that differ past the description's cut differ here)."""
+    digest = zlib.crc32(repr([(tuple(s), str(d)) for s, d in layout]).encode())
+    return f"{brief(layout)} #{digest:08x}"
+
+
+def own_copy(arrays: Any, result: Any) -> Any:
+    """``result`` (a view of its bucket) as an array of its own, in ``arrays``' library."""
+    mine = arrays.empty(tuple(result.shape), arrays.dtype_of(result), like=result)
+    arrays.copy(mine, result)
+    return mine

@@ -1,0 +1,118 @@
+"""``Buckets`` (``Communicator.buckets``): a gradient list all-reduced bucket by bucket as its
+tensors become ready, as DDP's reducer and Horovod's fusion buffer do.
+
+Each bucket is an asynchronous ``all_reduce`` made inside ``CallRunner.part_of`` with the
+list's tag, so a bucket keeps every promise of a plain call: ranks whose lists differ fail
+with ``CollectiveMismatchError`` on every step, a bad ``ready(k, x)`` or an early ``wait()``
+on one rank reaches its peers through the pipeline (``refusing``: they raise
+``PeerFailedError`` naming it at once), and every wait is bounded by the ``timeout`` the
+buckets were made with.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Generic
+
+from ..hints import ArrayT
+from ..runtime.call_runner import refusing
+from ..runtime.work import BatchWork
+from .batch_checks import batch_tag
+
+
+class Buckets(Generic[ArrayT]):
+    """A gradient list all-reduced bucket by bucket as its tensors become ready (DDP's
+    reducer, Horovod's fusion buffer): see `Communicator.buckets`.
+
+    Buckets start in one fixed order on every rank (a bucket waits for those before it), so
+    ranks whose tensors become ready in different orders still pair the same buckets.
+    """
+
+    def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
+                 timeout: float | None, alone_bytes: int | None = None, edge: Any = None):
+        from ..algorithms.batch import plan_batch
+
+        self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
+        self.calls = comm.calls  # (``refusing`` reaches the communicator's calls here)
+        self.size = comm.size
+        self.tag = batch_tag(layout)
+        # tensors of another library (PyTorch) are packed there; only buckets cross over
+        self.edge = edge
+        self.arrays = comm.arrays if edge is None else edge.arrays
+        self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
+                                bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
+                                alone_bytes=alone_bytes)
+        self.order = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
+        self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
+                          for i in (part.indices[m] for m in part.plan.packs[j].indices)}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tensors: list = [None] * len(self.layout)
+        self.missing = [len(part.plan.packs[j].indices) for part, j in self.order]
+        self.pending: list = []  # the started buckets' handles, in order
+
+    @property
+    def started(self) -> int:
+        """How many buckets are in flight (or done) this step."""
+        return len(self.pending)
+
+    @refusing("buckets.ready")
+    def ready(self, k: int, x: ArrayT) -> None:
+        """Tensor ``k`` (of the list's order) is ``x``; start every bucket now complete.
+
+        ``x`` must not change until ``wait()`` returns: a fused bucket holds a copy of it, but
+        a tensor alone in its bucket travels as it is (no copy), so changing it before then
+        changes the result, as with MPI's non-blocking calls."""
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"k={k!r} must be the tensor's index in the list (an int from 0 to "
+                            f"{len(self.layout) - 1})")
+        if not 0 <= k < len(self.layout):
+            raise IndexError(f"k={k} is out of range for a list of {len(self.layout)} tensors")
+        if getattr(x, "requires_grad", False):
+            raise TypeError(f"tensor {k} requires grad; pass it as x.detach()")
+        if self.edge is None:
+            x = self.comm.adapt(x, f"tensor {k}")
+        elif not self.arrays.owns(x):
+            raise TypeError(f"tensor {k} is a {type(x).__module__}.{type(x).__name__}; the "
+                            "buckets were made for another library's tensors")
+        shape, dtype = self.layout[k]
+        if tuple(x.shape) != tuple(shape) or self.arrays.dtype_of(x) != dtype:
+            raise ValueError(f"tensor {k} is {x.dtype}{tuple(x.shape)}; the buckets were made "
+                             f"for {dtype}{tuple(shape)}")
+        if self.tensors[k] is not None:
+            raise ValueError(f"tensor {k} was already marked ready this step")
+        self.tensors[k] = x
+        self.missing[self.bucket_of[k]] -= 1
+        while self.started < len(self.order) and self.missing[self.started] == 0:
+            part, j = self.order[self.started]
+            buf = part.plan.pack_one(j, [self.tensors[i] for i in part.indices],
+                                     arrays=self.arrays)
+            if self.edge is not None:
+                buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
+            with self.calls.part_of(self.tag):
+                self.pending.append(self.comm.all_reduce(
+                    buf, self.op, part.spec.algorithm, shards=part.spec.shards,
+                    timeout=self.timeout, async_op=True))
+
+    @refusing("buckets.wait")
+    def wait(self, timeout: float | None = None) -> list[ArrayT]:
+        """The reduced tensors in the list's order, once every bucket has finished; the
+        buckets then take the next step's tensors. ``timeout``: seconds for all of them
+        together (None: each bucket's own, the ``timeout`` the buckets were made with)."""
+        from ..algorithms.batch import StartedBatch
+
+        if self.started < len(self.order):
+            missing = [k for k, t in enumerate(self.tensors) if t is None]
+            raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} "
+                             "were never passed to ready(k, x); their buckets (and the later "
+                             "ones) have not started")
+        try:
+            reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
+        finally:
+            self._reset()
+        if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
+            reduced = [self.edge.back(buf) for buf in reduced]
+        batch = StartedBatch(self.parts, reduced, len(self.layout), self.arrays,
+                             lambda _: nullcontext())
+        return [r[0] for r in batch.finish([[buf] for buf in reduced])]
