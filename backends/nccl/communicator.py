@@ -3,15 +3,22 @@ event, and the watchdog's verdicts.
 
 A blocking call returns once its work is enqueued on the transport's stream (as NCCL's own
 calls do): the result is ready for later work on the caller's current stream.
-``async_op=True`` returns a ``GpuWork`` whose ``wait()`` is stream-ordered, as
-torch.distributed's NCCL work is: it returns the result once the caller's current stream
-waits for the call, without waiting on the host; ``wait(timeout=...)`` also waits on the
-host until the GPU has finished the call (querying an event: spinning briefly, then
-napping), raising ``CollectiveTimeoutError`` past the deadline. A call that never finishes is
-the watchdog's: past the communicator's timeout it fails the communicator, and the next call
-raises. An asynchronous all-reduce whose signature is agreed takes the hot path as a blocking
-one does (it only enqueues), so issuing it costs what a blocking call costs. A call made after
-the watchdog found a failure raises ``CommunicatorBrokenError`` naming it.
+
+``async_op=True`` returns a ``GpuWork`` and leaves the caller's stream free, as
+torch.distributed's NCCL work does: at issue the transport's stream waits for the caller's
+current stream (an event recorded there), the call runs on the transport's stream beside
+whatever the caller enqueues next, and an event recorded after it is the handle's. ``wait()``
+makes the current stream *of the result's library* wait for that event (PyTorch's current
+stream for tensors, CuPy's for CuPy arrays; the stream current when ``wait()`` is called, not
+the one current at issue) and returns without waiting on the host. ``wait(timeout=...)`` and
+``synchronize()`` wait on the host until the GPU has finished the call (querying the event:
+spinning briefly, then napping), raising ``CollectiveTimeoutError`` past the deadline. The
+call's arrays stay referenced until its event is done (by the watchdog), so no allocator
+reuses their memory while the transport's stream still uses it. A call that never finishes
+is the watchdog's: past the communicator's timeout it fails the communicator, and the next
+call raises. An asynchronous all-reduce whose signature is agreed takes the hot path (it only
+enqueues), so issuing it costs what a blocking call costs. A call made after the watchdog
+found a failure raises ``CommunicatorBrokenError`` naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ from typing import Any, Literal
 
 from collectives import Communicator
 from collectives.errors import CollectiveTimeoutError
-from collectives.runtime.work import Completed
 
 SPIN_SECONDS = 100e-6  # a wait queries the event this long before it sleeps
 POLL_SECONDS = 20e-6  # its first nap; each next one doubles, up to MAX_NAP
@@ -32,54 +38,81 @@ MAX_NAP = 1e-3
 Async = Literal[False, True]
 
 
+def host_wait(transport: Any, event: Any, limit: float, description: str) -> None:
+    """Until ``event`` is done: spinning briefly, then napping, up to ``limit`` seconds; past
+    it the watchdog fails the transport with ``CollectiveTimeoutError``, which this raises."""
+    t = transport
+    start = time.monotonic()
+    deadline, nap = start + limit, 0.0
+    while not event.done:
+        if t.failed is not None:
+            raise t.failed
+        now = time.monotonic()
+        if now >= deadline:
+            error = CollectiveTimeoutError(description, [], limit, t.rank,
+                                           detail="its work on the GPU did not finish")
+            t.watchdog.fail(error, None)
+            raise error
+        if now - start > SPIN_SECONDS:  # long: check the watchdog's findings, and nap
+            t.watchdog.check()
+            nap = min(max(nap * 2, POLL_SECONDS), MAX_NAP)
+            time.sleep(nap)
+    if t.failed is not None:
+        raise t.failed
+
+
 class GpuWork:
     """The handle of an asynchronous call on the NCCL transport (see the module's docstring).
-    ``led``: the stream (raw handle) that already waits for the call (the hot path's)."""
 
-    __slots__ = ("_comm", "_led", "_work")
+    ``work``: the core's handle (or a finished one, for a hot call); ``done``: the event after
+    the call's work on the transport's stream, where it was recorded at issue (else it is
+    recorded once ``work`` has enqueued everything); ``keep``: the call's arrays, held until
+    that event is done."""
 
-    def __init__(self, comm: NcclCommunicator, work: Any, led: int | None = None):
-        self._comm, self._work, self._led = comm, work, led
+    __slots__ = ("_comm", "_done", "_keep", "_work")
+
+    def __init__(self, comm: NcclCommunicator, work: Any, done: Any = None,
+                 keep: list | None = None):
+        self._comm, self._work, self._done = comm, work, done
+        self._keep = keep if keep is not None else []
 
     def wait(self, timeout: float | None = None) -> Any:
-        """The result, ordered before later work on the caller's current stream; with a
+        """The result, ordered before later work on the current stream of its library (in
+        the calling thread, on the communicator's GPU), without waiting on the host; with a
         ``timeout``, once the GPU has finished the call (or its error)."""
         t = self._comm.transport
         result = self._work.wait(timeout)
         if t.failed is not None:
             raise t.failed
+        done = self._ended(result)
         if timeout is None:
-            if self._led is None or self._led != t.current_stream_handle():
-                t.lead_caller()
-            return result
-        event = t.record()  # after everything the call enqueued
-        if not event.done:
-            self._host_wait(event, float(timeout))
+            t.lead_library(done, result)
+        elif not done.done:
+            host_wait(t, done, float(timeout), self.description)
         return result
 
-    def _host_wait(self, event: Any, limit: float) -> None:
-        """Until ``event`` is done: spinning briefly, then napping, up to ``limit`` seconds."""
-        t = self._comm.transport
-        start = time.monotonic()
-        deadline, nap = start + limit, 0.0
-        while not event.done:
-            if t.failed is not None:
-                raise t.failed
-            now = time.monotonic()
-            if now >= deadline:
-                error = CollectiveTimeoutError(self._work.description, [], limit, t.rank,
-                                               detail="its work on the GPU did not finish")
-                t.watchdog.fail(error, None)
-                raise error
-            if now - start > SPIN_SECONDS:  # long: check the watchdog's findings, and nap
-                t.watchdog.check()
-                nap = min(max(nap * 2, POLL_SECONDS), MAX_NAP)
-                time.sleep(nap)
-        if t.failed is not None:
-            raise t.failed
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait on the host until the GPU has finished the call (``timeout``: seconds, None:
+        the communicator's)."""
+        self.wait(self._comm.timeout if timeout is None else timeout)
+
+    def _ended(self, result: Any = None) -> Any:
+        """The event after the call's work, recorded now where it was not at issue (the
+        core's handle has enqueued everything once its ``wait()`` returned)."""
+        if self._done is None:
+            t = self._comm.transport
+            self._keep.append(result)
+            self._done = t.record()
+            t.keep_until_done(self.description, self._done, self._keep)
+        return self._done
 
     def is_completed(self) -> bool:
-        return self._work.is_completed() and self._comm.transport.record().done
+        """Whether the GPU has finished the call; never waits."""
+        if not self._work.is_completed():
+            return False
+        if self._done is None:
+            return self._comm.transport.record().done  # (everything so far, this call's too)
+        return bool(self._done.done)
 
     def exception(self) -> BaseException | None:
         return self._work.exception() or self._comm.transport.failed
@@ -90,6 +123,24 @@ class GpuWork:
 
     def __repr__(self) -> str:
         return f"<GpuWork {self._work.description}>"
+
+
+class Issued:
+    """The core's side of an asynchronous call the hot path ran: enqueued at issue."""
+
+    __slots__ = ("description", "result")
+
+    def __init__(self, result: Any, description: str):
+        self.result, self.description = result, description
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
 
 
 class NcclCommunicator(Communicator):
@@ -128,40 +179,72 @@ class NcclCommunicator(Communicator):
         if failed is not None:
             self.calls.engine.break_for(f"the watchdog found {type(failed).__name__}: {failed}")
 
-    def _wrap(self, result: Any, async_op: bool) -> Any:
-        return GpuWork(self, result) if async_op else result
+    def _wrap(self, result: Any, async_op: bool, *arrays: Any) -> Any:
+        """An asynchronous call's handle over the core's (``arrays``: the call's inputs and
+        ``out``, kept alive until its work is done)."""
+        return GpuWork(self, result, keep=[*arrays]) if async_op else result
 
     def all_reduce(self, x, op="sum", algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("all_reduce")
         if async_op and kw.keys() <= {"out"} and self.hot_ready(x, op, algorithm):
-            # an agreed call only enqueues: the hot path's blocking call is the asynchronous
-            # call's issue, and the handle waits on the device
-            result = super().all_reduce(x, op, algorithm, **kw)
-            return GpuWork(self, Completed(result), self.transport.led)
+            # an agreed call only enqueues: the hot path's blocking call, issued as an
+            # asynchronous one (the caller's stream is left free), is the call's issue
+            t = self.transport
+            keep = [x, kw.get("out")]
+            description = f"all_reduce({getattr(x, 'dtype', '?')}{tuple(x.shape)}, op={op})"
+            t.issuing(keep)
+            try:
+                result = super().all_reduce(x, op, algorithm, **kw)
+            finally:
+                done = t.issued(description)
+            keep.append(result)
+            return GpuWork(self, Issued(result, description), done, keep)
         return self._wrap(super().all_reduce(x, op, algorithm, async_op=async_op, **kw),
-                          async_op)
+                          async_op, x, kw.get("out"))
+
+    def batch_all_reduce(self, xs, op="sum", algorithm="auto", *, async_op: Async = False,
+                         **kw):
+        self._guard("batch_all_reduce")
+        return self._wrap(super().batch_all_reduce(xs, op, algorithm, async_op=async_op, **kw),
+                          async_op, list(xs))
 
     def reduce(self, x, op="sum", root: int = 0, algorithm="auto", *, async_op: Async = False,
                **kw):
         self._guard("reduce")
         return self._wrap(super().reduce(x, op, root, algorithm, async_op=async_op, **kw),
-                          async_op)
+                          async_op, x, kw.get("out"))
 
     def broadcast(self, x=None, root: int = 0, algorithm="auto", *, async_op: Async = False,
                   **kw):
         self._guard("broadcast")
         return self._wrap(super().broadcast(x, root, algorithm, async_op=async_op, **kw),
-                          async_op)
+                          async_op, x, kw.get("out"))
 
     def all_gather(self, x, axis: int = 0, algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("all_gather")
         return self._wrap(super().all_gather(x, axis, algorithm, async_op=async_op, **kw),
-                          async_op)
+                          async_op, x, kw.get("out"))
 
     def reduce_scatter(self, x, op="sum", algorithm="auto", *, async_op: Async = False, **kw):
         self._guard("reduce_scatter")
         return self._wrap(super().reduce_scatter(x, op, algorithm, async_op=async_op, **kw),
-                          async_op)
+                          async_op, x, kw.get("out"))
+
+    def gather(self, x, root: int = 0, algorithm="auto", *, async_op: Async = False, **kw):
+        self._guard("gather")
+        return self._wrap(super().gather(x, root, algorithm, async_op=async_op, **kw),
+                          async_op, x)
+
+    def scatter(self, x=None, root: int = 0, algorithm="auto", *, async_op: Async = False,
+                **kw):
+        self._guard("scatter")
+        return self._wrap(super().scatter(x, root, algorithm, async_op=async_op, **kw),
+                          async_op, x, kw.get("out"))
+
+    def all_to_all(self, x, splits=None, algorithm="auto", *, async_op: Async = False, **kw):
+        self._guard("all_to_all")
+        return self._wrap(super().all_to_all(x, splits, algorithm, async_op=async_op, **kw),
+                          async_op, x)
 
     def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> list:
         """Every rank's ``obj`` (anything picklable), in rank order: over MPI on the host (the
@@ -209,17 +292,9 @@ class NcclCommunicator(Communicator):
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait on the host until this rank's stream has finished every call so far."""
-        GpuWork(self, _Done()).wait(self.timeout if timeout is None else timeout)
-
-
-class _Done:
-    description = "synchronize"
-
-    def wait(self, timeout=None):
-        return None
-
-    def is_completed(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
+        self._guard("synchronize")
+        t = self.transport
+        if t.failed is not None:
+            raise t.failed
+        host_wait(t, t.record(), self.timeout if timeout is None else float(timeout),
+                  "synchronize")

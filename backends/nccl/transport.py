@@ -6,7 +6,8 @@ serialize with the legacy stream's work); every array operation of a call, the c
 and divisions included, is enqueued on it, in call order. Each call hands over between the
 caller's current stream and this one with events: the communicator's stream first waits for
 the caller's (where the inputs were made), and a blocking call ends with the caller's stream
-waiting for the communicator's, so the results are ready for the caller's next work. Every
+waiting for the communicator's, so the results are ready for the caller's next work; an
+asynchronous call leaves the caller's stream free until its handle's ``wait()`` (``.streams``). Every
 handle and allocation names the transport's device, whatever device the calling thread (or
 the progress thread of asynchronous calls) is on. Agreements, failure notices and activity go
 over MPI (``.control``); the watchdog (``.watchdog``) turns stuck, failed or mismatched
@@ -32,6 +33,7 @@ from .bootstrap import Communicators, choose_device, device_identity, node_of_ra
 from .control import MpiChannel, Notices
 from .native_collectives import NcclNative
 from .p2p import NcclChannel
+from .streams import StreamOrder
 from .watchdog import Watchdog
 
 # Schedules over NCCL send/recv cost a group launch per round (~20 us from Python); bytes
@@ -40,7 +42,7 @@ COST_MODEL = CostModel(latency=30e-6, seconds_per_byte=1 / 50e9,
                        reduce_seconds_per_byte=1 / 500e9, message_overhead=10e-6)
 
 
-class NcclTransport:
+class NcclTransport(StreamOrder):
     """The ``Transport`` of one rank (one GPU) of an MPI launch."""
 
     name = "nccl"
@@ -89,111 +91,15 @@ class NcclTransport:
         self.watchdog = Watchdog(self)
         self._pinned: list = []
         self._last_digest = 0
-        self._followed: int | None = None  # the call whose input made this stream wait
-        self._following = threading.local()  # each thread's event for follow_caller
-        self.spare: deque = deque()  # events the watchdog saw complete, for record() again
-        self._external: dict[int, Any] = {}  # other libraries' streams, by raw handle
-        self.led: int | None = None  # the stream the last hot call's caller waits on
+        self.init_streams()
 
-    # --- streams and the watchdog ------------------------------------------------------
+    # --- the watchdog ----------------------------------------------------------------------
 
-    def on_stream(self):
-        """Context for CuPy calls that enqueue on the current stream: this device, its
-        stream."""
-        import cupy
-
-        return _Both(cupy.cuda.Device(self.device), self.stream)
-
-    def record(self):
-        """An event recorded on this stream now (see ``record_here``)."""
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            return self.record_here()
-
-    def record_here(self):
-        """``record`` with this device already current: an event the watchdog saw complete
-        (``spare``), else a new one (creating and destroying one per call costs
-        microseconds)."""
-        try:
-            event = self.spare.pop()
-        except IndexError:
-            import cupy
-
-            event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(self.stream)
-        return event
-
-    def caller_stream(self, handle: int | None = None) -> Any:
-        """The stream the caller's work is ordered by, with this device current: CuPy's
-        current stream, or another library's current stream given as its raw
-        ``cudaStream_t`` (``handle``; PyTorch's, say), wrapped once per handle."""
-        import cupy
-
-        if handle is None:
-            return cupy.cuda.get_current_stream()
-        stream = self._external.get(handle)
-        if stream is None:  # (0: the legacy default stream, CuPy's own null stream)
-            stream = cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(
-                handle, self.device)
-            self._external[handle] = stream
-        return stream
-
-    def follow_caller(self, seq: int | None = None) -> None:
-        """This stream waits for the calling thread's current stream on this device (the
-        producers of a call's inputs). ``seq``: the call the caller is in, as its input is
-        adapted; a call's start then need not wait again."""
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            self.follow(cupy.cuda.get_current_stream(), seq)
-
-    def follow(self, caller: Any, seq: int | None = None) -> None:
-        """``follow_caller`` for the stream ``caller``, with this device current."""
-        self._followed = seq
-        if caller.ptr != self.stream.ptr:
-            # one event per thread, recorded again at every call: a wait takes the event's
-            # state when it is enqueued, so a later record cannot change it
-            event = getattr(self._following, "event", None)
-            if event is None:
-                import cupy
-
-                event = self._following.event = cupy.cuda.Event(block=False,
-                                                                disable_timing=True)
-            event.record(caller)
-            self.stream.wait_event(event)
-
-    def lead_caller(self, event: Any = None) -> None:
-        """The calling thread's current stream waits for this one (a blocking call's end),
-        through ``event`` where one was just recorded on it."""
-        import cupy
-
-        self.led = None  # (the stream is the caller's current one, not a hot call's)
-        with cupy.cuda.Device(self.device):  # (the legacy stream, handle 0, is the current
-            caller = cupy.cuda.get_current_stream()  # device's: this one must be current)
-            if caller.ptr != self.stream.ptr:
-                caller.wait_event(event if event is not None else self.record_here())
-
-    def hand_back(self, description: str, seq: int, caller: Any = None) -> None:
-        """A blocking call's end in one event: the watchdog watches it (as ``watch``), and
-        the caller's stream waits for it (as ``lead_caller``; ``caller``: that stream, with
-        this device current, as the hot path gives it)."""
-        if caller is None:
-            event = self.record()
-            self.lead_caller(event)  # (and led: None)
-        else:
-            event = self.record_here()
-            if caller.ptr != self.stream.ptr:
-                caller.wait_event(event)
-            self.led = caller.ptr
-        self.watchdog.watch(description, seq, event, self.timeout)
-
-    def current_stream_handle(self) -> int:
-        """The raw handle of CuPy's current stream on this device."""
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            return cupy.cuda.get_current_stream().ptr
+    def keep_until_done(self, description: str, event: Any, keep: list) -> None:
+        """The watchdog watches ``event`` (a handle's: never recycled) and holds ``keep`` (a
+        call's arrays) until it is done, so no allocator reuses their memory while this
+        stream still reads or writes it."""
+        self.watchdog.watch(description, self._last_digest, event, self.timeout, keep)
 
     def watch(self, description: str, seq: int | None = None) -> None:
         """Hand what was just enqueued to the watchdog."""
@@ -265,7 +171,7 @@ class NcclTransport:
         seq, subject, phase = activity[:3]
         if len(activity) == 3:
             if phase:
-                if self._followed != seq:  # (else done where the call adapted its input)
+                if self.followed != seq:  # (else done where the call adapted its input)
                     self.follow_caller()
             else:
                 self.lead_caller()
@@ -292,17 +198,3 @@ class NcclTransport:
         for comm in (self.control.comm, self.notices.comm, self._digests, self.objects,
                      self.world):
             comm.Free()
-
-
-class _Both:
-    def __init__(self, device, stream):
-        self.device, self.stream = device, stream
-
-    def __enter__(self):
-        self.device.__enter__()
-        self.stream.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.stream.__exit__(*exc)
-        self.device.__exit__(*exc)

@@ -55,13 +55,19 @@ class Watchdog:
     def __init__(self, transport: Any):
         self.t = transport
         self.lock = threading.Lock()
-        self.events: deque = deque()  # (seq, description, event, deadline)
+        # (seq, description, event, deadline, keep): ``keep`` None for an event of the
+        # transport's own (recycled once done), else a handle's event and the arrays of its
+        # call, held until the event is done
+        self.events: deque = deque()
         self.digests: deque = deque()  # (seq, buffer, request)
         self._thread: threading.Thread | None = None
 
-    def watch(self, description: str, seq: int, event: Any, timeout: float) -> None:
+    def watch(self, description: str, seq: int, event: Any, timeout: float,
+              keep: Any = None) -> None:
+        """Watch call ``seq``'s ``event`` until it is done, for ``timeout`` seconds; ``keep``
+        (a handle's event: not recycled) stays referenced until then."""
         with self.lock:
-            self.events.append((seq, description, event, time.monotonic() + timeout))
+            self.events.append((seq, description, event, time.monotonic() + timeout, keep))
             self._start()
 
     def digest(self, seq: int, check: int, comm: Any) -> None:
@@ -134,13 +140,15 @@ class Watchdog:
             else:
                 error = None
             while self.events and self.events[0][2].done:
-                t.spare.append(self.events.popleft()[2])  # (recorded again by a later call)
+                _, _, event, _, keep = self.events.popleft()
+                if keep is None:  # (a handle's event stays the handle's)
+                    t.spare.append(event)  # (recorded again by a later call)
             late = self.events[0] if self.events and time.monotonic() > self.events[0][3] \
                 else None
         if error is not None:
             self.fail(error, None)
         elif late is not None:
-            seq, description, _, _ = late
+            seq, description = late[:2]
             missing, doing = late_ranks(t.notices_ask(0.5), seq)
             self.fail(CollectiveTimeoutError(description, missing, t.timeout, t.rank,
                                              detail=doing, call=seq), seq)
