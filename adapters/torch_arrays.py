@@ -12,6 +12,11 @@ through DLPack: the kind gives the transport each tensor's device, pointer and t
 current stream (``device_index``, ``pointer``, ``stream_handle``; see
 ``collectives.backends.nccl.hot_path``), read once per call from the tensor itself.
 
+A tensor crosses into the library as a NumPy view of its memory (``as_numpy``; DLPack), and
+results come back as tensors on the same memory (``back``). NumPy has no bfloat16, so a
+bfloat16 tensor crosses as its bits (an int16 view, viewed as ``ml_dtypes.bfloat16``, which
+the library reduces) and comes back the same way: zero-copy both ways.
+
 Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
 imports PyTorch only from the tensors it is given.
 """
@@ -27,6 +32,7 @@ import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
 from collectives.arrays import HOST_ALONE_BYTES
+from collectives.extras import require
 from collectives.ops import BFLOAT16
 
 
@@ -51,6 +57,31 @@ class TorchArrays:
 
     def owns(self, x: object) -> bool:
         return self.detect(x)
+
+    # --- crossing into the library and back (``collectives.foreign``) ----------------------
+
+    @staticmethod
+    def as_numpy(x: Any) -> np.ndarray:
+        """A NumPy view of the CPU tensor ``x``, sharing its memory: through DLPack, and a
+        bfloat16 tensor (which NumPy's DLPack import refuses) as its bits, an int16 view,
+        viewed as ``ml_dtypes.bfloat16``."""
+        torch = _torch()
+        if x.dtype is not torch.bfloat16:
+            return np.from_dlpack(x)
+        if x.requires_grad:  # (its int16 view would not: refused as DLPack refuses it)
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+        # (without ml_dtypes: MissingDependencyError, naming the install)
+        bfloat16 = BFLOAT16 or np.dtype(require("ml_dtypes", "bfloat16", "a bfloat16 tensor").bfloat16)
+        return np.from_dlpack(x.view(torch.int16)).view(bfloat16)
+
+    @staticmethod
+    def back(result: Any, like: Any = None) -> Any:
+        """``result`` (a NumPy or CuPy array) as a tensor on the same memory: through DLPack,
+        and a NumPy bfloat16 array (which NumPy's DLPack export refuses) through its bits."""
+        torch = _torch()
+        if BFLOAT16 is not None and isinstance(result, np.ndarray) and result.dtype == BFLOAT16:
+            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+        return torch.from_dlpack(result)
 
     def dtype_of(self, x: Any) -> np.dtype:
         dtype = self._dtypes.get(x.dtype)

@@ -106,8 +106,7 @@ def _declared(kind: Any) -> Kind:
 
 
 # what a kind that packs batches in its own library provides (``ArrayBackend``'s names)
-PACKING = ("owns", "dtype_of", "alone_bytes", "flat", "concatenate", "fuse", "split", "empty",
-           "copy")
+PACKING = ("owns", "dtype_of", "alone_bytes", "flat", "concatenate", "fuse", "split", "empty", "copy")
 
 
 def check_kind(kind: Any, argument: str = "kind") -> None:
@@ -156,9 +155,9 @@ def register_array_kind(kind: Any) -> None:
     """Add an array kind: an object with ``detect(x)`` (whether ``x`` is one of its arrays)
     and, each optional:
 
-    * the array operations packing needs on its arrays (``owns``, ``dtype_of``,
+    * all of the array operations packing needs on its arrays (``owns``, ``dtype_of``,
       ``alone_bytes``, ``flat``, ``concatenate``, ``fuse``, ``split``, ``empty``, ``copy``,
-      as ``collectives.arrays.ArrayBackend``), all of them: a batch of them is then packed in their own
+      as ``collectives.arrays.ArrayBackend``): a batch of them is then packed in their own
       library, and only the buckets cross over (through DLPack). Without them each array
       crosses over on its own and the library packs;
     * ``back(result, like)``: ``result`` (a NumPy or CuPy array) as one of its arrays, placed
@@ -170,11 +169,17 @@ def register_array_kind(kind: Any) -> None:
 
     Installed packages register under the ``collectives.array_kinds`` entry points instead.
 
+    Parameters
+    ----------
+    kind
+        The array kind (an instance, not its class).
+
     Raises
     ------
     TypeError
-        ``kind`` has no ``detect``, is a class rather than an instance, or has some of the
-        packing operations but not all of them."""
+        ``kind`` is a class, or lacks ``detect``, or has some packing operations but not all,
+        or a ``back``, ``as_numpy`` or ``out_refusal`` of the wrong type (checked here: no
+        later call fails inside the library)."""
     check_kind(kind)
     if kind not in _REGISTERED:
         _REGISTERED.append(kind)

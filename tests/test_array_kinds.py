@@ -107,3 +107,74 @@ def test_the_core_routes_arrays_by_their_owners_not_by_module_names():
     found = [f"{p.relative_to(core)}: {m.group(0)}" for p in core.rglob("*.py")
              for m in compare.finditer(p.read_text())]
     assert not found, found
+
+
+class _DetectsOnly:
+    @staticmethod
+    def detect(x: object) -> bool:
+        return False
+
+
+class _PacksHalfway(_DetectsOnly):
+    def concatenate(self, arrays, axis):  # (packing without the rest of it)
+        return arrays
+
+
+def _with(**attributes):
+    kind = _DetectsOnly()
+    kind.__dict__.update(attributes)
+    return kind
+
+
+@pytest.mark.parametrize("bad, says", [
+    (object(), "has no method detect(x)"),
+    (None, "has no method detect(x)"),
+    (type(KIND), "is the class ToyKind, not an array kind; pass an instance (ToyKind())"),
+    (_with(detect=True), "has no method detect(x)"),
+    (_PacksHalfway(), "packs batches (concatenate) but lacks owns, dtype_of"),
+    (_with(back="numpy"), "kind.back is not callable"),
+    (_with(out_refusal=True), "kind.out_refusal is a bool, not a str"),
+])
+def test_register_array_kind_refuses_what_is_not_one(bad, says):
+    with pytest.raises(TypeError, match="kind") as raised:
+        register_array_kind(bad)
+    message = str(raised.value)
+    assert says in message, message
+    assert "an array kind is an object with a method detect(x)" in message  # what one provides
+    # nothing was registered: toy arrays still cross as before
+    got = collectives.run(lambda comm: comm.all_reduce(ToyArray(np.arange(3.0))), 2)
+    assert all(isinstance(g, ToyArray) and np.array_equal(g.data, [0.0, 2.0, 4.0]) for g in got)
+
+
+class _Wrapped:
+    """Arrays whose module has no ``from_dlpack``: only their kind's ``back`` makes one."""
+
+    def __init__(self, data):
+        self.data = np.asarray(data)
+        self.shape, self.dtype = self.data.shape, self.data.dtype
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+
+class _WrappedKind(_DetectsOnly):
+    @staticmethod
+    def detect(x: object) -> bool:
+        return isinstance(x, _Wrapped)
+
+    @staticmethod
+    def back(result, like):
+        return _Wrapped(result)
+
+
+def test_register_array_kind_takes_a_kind_that_does_not_pack():
+    register_array_kind(_WrappedKind())  # detect and back: its arrays cross one by one
+    got = collectives.run(lambda comm: comm.batch_all_reduce(
+        [_Wrapped(np.arange(3.0)), _Wrapped(np.ones(2))]), 2)
+    for results in got:
+        assert all(isinstance(r, _Wrapped) for r in results), results
+        assert np.array_equal(results[0].data, [0.0, 2.0, 4.0])
+        assert np.array_equal(results[1].data, [2.0, 2.0])

@@ -1,0 +1,72 @@
+"""PyTorch CPU tensors through every collective, for real: the same calls on the same inputs
+as NumPy arrays and as tensors must give bitwise the same results, as tensors, and leave the
+inputs as they were (``mpi_scenarios/torch_body.py``).
+
+Thread ranks (``collectives.run``) on 1 to 3 ranks for float32, float64, int32, int64,
+float16 and bfloat16 (NumPy has no bfloat16: a tensor crosses as its bits, viewed as
+``ml_dtypes.bfloat16``); one ``mpiexec`` launch (``mpi_scenarios/torch_tensors.py``) runs the
+same checks on MPI ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed "
+                                            "(pip install -e '.[torch]')")
+
+import collectives  # noqa: E402
+
+SCENARIOS = Path(__file__).parent / "mpi_scenarios"
+sys.path.insert(0, str(SCENARIOS))
+import torch_body  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype_name", torch_body.DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_collective_gives_tensors_bitwise_equal_to_numpy(n, dtype_name):
+    dtype = torch_body.numpy_dtype(dtype_name)
+    if dtype is None:
+        pytest.skip("bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+    inputs = torch_body.inputs_of(n, dtype)
+    tensors = [{name: torch_body.as_tensor(v[r]) for name, v in inputs.items()} for r in range(n)]
+    before = [{name: t.clone() for name, t in mine.items()} for mine in tensors]
+    got = collectives.run(lambda comm: torch_body.run_both(comm, inputs, tensors[comm.rank]), n)
+    for r, (by_numpy, by_torch) in enumerate(got):
+        wrong = torch_body.compare(by_numpy, by_torch, inputs, tensors[r], before[r], n, r)
+        assert not wrong, f"rank {r} of {n}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_that_requires_grad_is_refused_with_the_fix(dtype):
+    """A bfloat16 tensor crosses as an int16 view, which never requires grad: still refused."""
+    def body(comm):
+        with pytest.raises(TypeError, match=r"^x requires grad; pass x\.detach\(\)$"):
+            comm.all_reduce(torch.ones(3, dtype=dtype, requires_grad=True))
+        return comm.all_reduce(torch.ones(3, dtype=dtype, requires_grad=True).detach())
+
+    for got in collectives.run(body, 2):
+        assert got.dtype is dtype and got.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.slow  # an MPI launch
+def test_tensors_on_mpi_ranks():
+    """Every dtype's checks above, on three MPI ranks, in one launch."""
+    beside = Path(sys.executable).parent / "mpiexec"  # (a venv's MPICH wheel), else PATH's
+    mpiexec = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpi]' installs both)")
+    env = {**os.environ, "PYTHONPATH": str(SCENARIOS.parent.parent), "OMP_NUM_THREADS": "1"}
+    env.pop("COLLECTIVES_RANKS_PER_NODE", None)  # (one node: what the launch is)
+    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, str(SCENARIOS / "torch_tensors.py")],
+                          capture_output=True, text=True, timeout=180, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
+    assert "SUMMARY torch_tensors PASS" in out, out[-6000:]
