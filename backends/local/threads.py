@@ -299,7 +299,8 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
             results[rank] = fn(comm, *args)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
-            transport.tell_exit(comm.calls.engine.seq, f"{type(exc).__name__}: {exc}")
+            transport.tell_exit(comm.calls.engine.finished_through(),
+                                f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
                for r in range(size)]

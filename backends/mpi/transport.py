@@ -120,6 +120,9 @@ class MPITransport:
         activity = self.notices.activity
         # (the hot path publishes no activity: its bound calls know their latest number)
         seq = max(activity[0] if activity else 0, self.native.latest_seq())
+        engine = self.engine() if self.engine is not None else None
+        if engine is not None:  # (calls still in flight here are lost: peers must not wait)
+            seq = min(seq, engine.finished_through())
         self.notify_failure(Failure(self.rank, seq, "exited",
                                     f"it exited (status 0) after its call {seq}, and joins no later "
                                     "call"))

@@ -22,7 +22,7 @@ Rounds of equal shape are priced once (a ring of 65,536 has 131,070 rounds of tw
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -47,11 +47,18 @@ def symmetry(collective: Collective, name: str, size: int, shards: int,
              layout: Layout | None) -> str | None:
     """``"add"`` when participant ``i``'s plan is participant 0's with every peer ``q`` read as
     ``q + i`` (mod n), ``"xor"`` when as ``q ^ i``; None when the plans have no such symmetry."""
+    return symmetry_of(collective, name, size, shards, layout.runs if layout is not None else 0)
+
+
+def symmetry_of(collective: Collective, name: str, size: int, shards: int,
+                runs: int) -> str | None:
+    """``symmetry`` for a layout of ``runs`` consecutive participants per group (0: none, or
+    groups of other shapes)."""
     C = Collective
     if name == "ring":
         if collective in (C.ALL_GATHER, C.ALL_TO_ALL):
             return "add"
-        rotated = shards > 1 and layout is not None and layout.runs
+        rotated = shards > 1 and bool(runs)
         if collective in (C.ALL_REDUCE, C.REDUCE_SCATTER) and not rotated:
             return "add"
     if name == "rechd" and size & (size - 1) == 0 and collective in (C.ALL_REDUCE, C.ALL_GATHER):
@@ -77,17 +84,33 @@ def _periodic(name: str, collective: Collective, shards: int, layout: Layout | N
               placement: Placement) -> bool:
     """Whether every group of ``layout`` does what group 0 does: two-level plans whose outer
     algorithm is symmetric over the groups, and rings whose sub-chunks rotate inside them."""
-    if layout is None or not layout.uniform or collective not in (
-            Collective.ALL_REDUCE, Collective.REDUCE_SCATTER):
+    if layout is None:
         return False
-    if placement.hosts is not None and placement.hosts != layout:
+    return periodic_of(name, collective, shards, layout.uniform, layout.runs, len(layout.groups),
+                       placement.hosts is None or placement.hosts == layout)
+
+
+def periodic_of(name: str, collective: Collective, shards: int, uniform: int, runs: int,
+                groups: int, hosts_match: bool) -> bool:
+    """``_periodic`` for ``groups`` groups of ``uniform`` participants each (0: unequal),
+    ``runs`` of them consecutive (0: not), ``hosts_match``: the hosts are one host or these
+    groups."""
+    if not uniform or collective not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER):
+        return False
+    if not hosts_match:
         return False
     if name == "ring":
-        return bool(shards > 1 and layout.runs)
+        return bool(shards > 1 and runs)
     if "/" not in name:
         return False
-    outer, groups = name.split("/")[1], len(layout.groups)
+    outer = name.split("/")[1]
     return outer in ("ring", "shuffle") or (outer == "rechd" and groups & (groups - 1) == 0)
+
+
+def rotates_in_groups(name: str, periodic: bool, runs: int) -> bool:
+    """Whether member ``i`` of "A/B" prices as member 0 with peers moved ``i`` places in their
+    groups: periodic plans over consecutive groups whose A is the ring or the shuffle."""
+    return periodic and bool(runs) and "/" in name and name.split("/")[0] in ("ring", "shuffle")
 
 
 def _plan(collective, name, size, rank, root, shards, layout):
@@ -111,20 +134,26 @@ def _big_plan(collective, name, size, rank, root, shards, layout):
                                  layout=layout)
 
 
+def special(size: int, root: int) -> set[int]:
+    """The participants a sample always holds: the root, the ends, the middle, the power-of-two
+    boundaries and an evenly spread few (more than ``EXACT`` participants)."""
+    m = 1 << (size.bit_length() - 1)
+    x = size - m
+    chosen = {0, 1, 2, size // 2 - 1, size // 2, size // 2 + 1, size - 2, size - 1,
+              root - 3, root - 2, root - 1, root, root + 1, m - 1, m, m + 1, x - 1, x, x + 1}
+    chosen |= {int(k * 0.6180339887498949 % 1 * size) for k in range(1, SPREAD + 1)}
+    return {p % size for p in chosen}
+
+
 def sample(size: int, root: int, placement: Placement) -> list[int]:
     """The participants priced when no symmetry helps (whole hosts where hosts matter)."""
     if size <= EXACT:
         return list(range(size))
-    m = 1 << (size.bit_length() - 1)
-    x = size - m
-    special = {0, 1, 2, size // 2 - 1, size // 2, size // 2 + 1, size - 2, size - 1,
-               root - 3, root - 2, root - 1, root, root + 1, m - 1, m, m + 1, x - 1, x, x + 1}
-    special |= {int(k * 0.6180339887498949 % 1 * size) for k in range(1, SPREAD + 1)}
-    special = {p % size for p in special}
+    chosen = special(size, root)
     hosts = placement.hosts
     if hosts is None:
-        return sorted(special)
-    whole = {hosts.group_of[p] for p in special}
+        return sorted(chosen)
+    whole = {hosts.group_of[p] for p in chosen}
     return sorted(p for g in whole for p in hosts.groups[g])
 
 
@@ -205,13 +234,8 @@ def _two_level_maps(name: str, collective: Collective, layout: Layout | None,
     """Member ``i`` of group ``g`` of "A/B" over consecutive groups of ``L`` is member 0's plan
     with every peer's place in its group moved by ``i`` (A's own symmetry inside groups), when
     B is symmetric over the groups and A over the members (its reduce-scatter and all-gather)."""
-    if not _periodic(name, collective, 0, layout, placement):
-        return None
-    assert layout is not None  # periodic plans have groups
-    if not layout.runs:
-        return None
-    inner = name.split("/")[0]
-    if inner not in ("ring", "shuffle"):
+    if layout is None or not rotates_in_groups(
+            name, _periodic(name, collective, 0, layout, placement), layout.runs):
         return None
     L = layout.runs
     return [None if i == 0 else (lambda q, i=i: q - q % L + (q % L + i) % L) for i in range(L)]
@@ -276,11 +300,14 @@ NATIVE_AS = {Collective.ALL_REDUCE: "rechd", Collective.REDUCE: "tree",
 
 def predict_native(method: str, collective: Collective, size: int, nbytes: int, fabric: Fabric,
                    placement: Placement | None = None, *, dtype: str = "float32",
-                   payload: int | None = None) -> Prediction | None:
+                   payload: int | None = None,
+                   pricing: Callable[[str, Fabric], Prediction] | None = None
+                   ) -> Prediction | None:
     """A transport's own collective (``method``: "native", "shm"): its measured times where
     the fabric has them (interpolated at ``payload``, the call's own bytes), else, for
     "native", the plan MPI libraries run (Rabenseifner's halving-doubling, a binomial tree)
-    at C's overheads; None for a method never measured."""
+    at C's overheads; None for a method never measured. ``pricing(name, fabric)`` prices that
+    plan instead of ``predict`` (the closed forms, for counts without a placement)."""
     points = fabric.timings(method, collective, size)
     if points:
         seconds = interpolate(points, payload if payload is not None else nbytes)
@@ -288,8 +315,11 @@ def predict_native(method: str, collective: Collective, size: int, nbytes: int, 
     if method != "native" or collective not in NATIVE_AS:
         return None
     name = NATIVE_AS[collective]
-    guess = predict(collective, name, size, nbytes, native_fallback(fabric), placement,
-                    dtype=dtype)
+    if pricing is not None:
+        guess = pricing(name, native_fallback(fabric))
+    else:
+        guess = predict(collective, name, size, nbytes, native_fallback(fabric), placement,
+                        dtype=dtype)
     guess.algorithm, guess.note = method, f"modelled as {name} at native overheads"
     return guess
 

@@ -76,6 +76,15 @@ class Engine(CallOrder):
         self.entered = 0
         self.beat = 0.0  # when the progress thread last began a round
         self.guarded = hang_guard.watch(self)
+        transport.engine = weakref.ref(self)  # (a leaving rank asks it: finished_through)
+
+    def finished_through(self) -> int:
+        """The latest call before which every call of this rank has finished: what a rank
+        that leaves tells its peers (its calls still in flight are lost with it, and peers
+        waiting in them must fail at once, not at their timeout)."""
+        with self.state:
+            pending = [op.seq for op in self.inflight if op.breaking and not op.finished]
+        return min(pending) - 1 if pending else self.seq
 
     # --- entering a call ----------------------------------------------------------------
 
@@ -212,7 +221,8 @@ class Engine(CallOrder):
                 return
             for op in list(self.inflight):
                 if op.advance():
-                    self.inflight.remove(op)
+                    if op in self.inflight:  # (an earlier one that broke the communicator
+                        self.inflight.remove(op)  # cleared the list)
                     if op.error is not None:
                         if op.breaking and not getattr(op.error, AGREED, False):
                             self.broken_by(op.error, op.seq)

@@ -184,6 +184,7 @@ class Transport(Protocol):
     # the cost model's constants, where the transport knows them whole (else ``cost_model``
     # within a host and ``link`` across hosts)
     fabric: Fabric | None = None
+    engine: Any = None  # a weak reference to the Engine running its calls (set by the engine)
     link: Any = None  # a collectives.algorithms.select.LinkModel, or None: the default
 
     def idle(self, waited: float) -> None:

@@ -5,8 +5,11 @@
 
 prints, per size, the predicted time, algbw and busbw (nccl-tests' bus factors) and the
 critical path round by round (equal rounds merged); ``auto`` prints every candidate's price
-instead. Nothing runs: one rank's plan and the plans' symmetry give the answer, in seconds
-for 65,536 participants.
+instead. Nothing runs and no plan of O(n) rounds is built: the plans' closed forms
+(``collectives.algorithms.closed_form``) price every algorithm at any participant count,
+equal to the per-participant pricing and in under a second up to 10**9 participants on hosts
+of a few. ``auto`` compares its candidates by that per-participant pricing, so it takes at
+most ``AUTO_LIMIT`` (131,072) participants.
 """
 
 from __future__ import annotations
@@ -20,19 +23,24 @@ from typing import Any
 
 from .. import algorithms
 from ..algorithms import select
+from ..algorithms.closed_form import price
 from ..algorithms.cost import CLASSES, Fabric, Link, Placement, human_time
-from ..algorithms.sampling import NATIVE_AS, predict, predict_native
+from ..algorithms.sampling import NATIVE_AS, predict_native
 from ..algorithms.schedule import Collective
 from . import arguments
 
 DESCRIPTION = """\
 Predict an algorithm's time at any scale from the cost model, per size: the time, algbw and
 busbw (nccl-tests' bus factors) and the critical path round by round; 'auto' prints every
-candidate's price instead. Nothing runs: one participant's plan and the plans' symmetry give
-the answer, in seconds for 65,536 participants.
+candidate's price instead. Nothing runs: the plans' closed forms (runs of equal rounds priced
+once) price every algorithm and 'native' at any participant count, the same as pricing the
+participants' plans, in under a second up to 10^9 participants on hosts of a few (the time
+grows with the participants of a host). 'auto' compares its candidates by their plans, so it
+takes at most 131,072 participants.
 
 examples:
   collectives simulate ring -n 65536 --nodes 8192x8 --link host=3us:150GB/s,net=5us:400Gbit/s
+  collectives simulate ring -n 1000000000 --nodes 125000000x8
   collectives simulate auto -n 4096 --cluster cpu -b 1M
 """
 
@@ -50,9 +58,9 @@ CLUSTERS: dict[str, tuple[int, Fabric]] = {
                        source="16-rank CPU nodes: shared memory 5 GB/s, one 25 Gbit/s link "
                               "per node")),
 }
-# One participant's plan holds O(n) rounds (ring: 2(n - 1)), so pricing is linear in n: past
-# this count an answer takes minutes and gigabytes, and simulate says so at once instead.
-MAX_PARTICIPANTS = 1 << 17
+# 'auto' prices its candidates through their plans (O(n) rounds for the ring: linear in n):
+# past this count a decision takes minutes and gigabytes, and simulate says so at once instead.
+AUTO_LIMIT = 1 << 17
 
 BUS = {Collective.ALL_REDUCE: lambda n: 2 * (n - 1) / n,
        Collective.REDUCE_SCATTER: lambda n: (n - 1) / n,
@@ -98,11 +106,12 @@ def parse_links(text: str, fabric: Fabric) -> Fabric:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``simulate`` among the subcommands ``sub``."""
-    p = sub.add_parser("simulate", help="predict an algorithm's time at any scale",
+    p = sub.add_parser("simulate", help="predict an algorithm's time at any participant count",
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("algorithm", help="a name ('ring', 'rechd/ring', ...), 'native' (MPI's, "
-                                     "modelled) or 'auto' (every candidate's price)")
+                                     "modelled) or 'auto' (every candidate's price; at "
+                                     "most 131,072 participants)")
     p.add_argument("-c", "--collective", default="all_reduce",
                    choices=[c.value for c in Collective], help="default: all_reduce")
     p.add_argument("-n", "--participants", type=arguments.positive, default=64,
@@ -134,9 +143,9 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
-def setup(args: argparse.Namespace) -> tuple[Fabric, Placement]:
-    """The constants and the placement the arguments describe; ValueError naming the
-    argument where one is wrong."""
+def setup(args: argparse.Namespace) -> tuple[Fabric, int]:
+    """The constants and the participants per host the arguments describe (hosts of
+    consecutive participants); ValueError naming the argument where one is wrong."""
     per, fabric = CLUSTERS[args.cluster]
     if args.fabric:
         try:
@@ -156,10 +165,6 @@ def setup(args: argparse.Namespace) -> tuple[Fabric, Placement]:
             raise ValueError(f"--gamma {args.gamma}: a reduction speed is above zero")
         fabric = replace(fabric, gamma=1 / gamma, gammas=())
     n = args.participants
-    if n > MAX_PARTICIPANTS:
-        raise ValueError(f"-n {n}: simulate prices at most {MAX_PARTICIPANTS:,} participants (one "
-                         "participant's plan holds a round per step, 2(n - 1) for ring, so "
-                         "larger counts would take minutes and gigabytes); ask for fewer")
     if args.nodes:
         count, _, each = args.nodes.lower().partition("x")
         if not (count.isdigit() and each.isdigit() and int(count) and int(each)):
@@ -169,7 +174,7 @@ def setup(args: argparse.Namespace) -> tuple[Fabric, Placement]:
             raise ValueError(f"--nodes {args.nodes}: {count} x {per} is not -n {n}")
     elif n % per:
         per = 1
-    return fabric, Placement.nodes(n // per, per, processes=not args.threads)
+    return fabric, per
 
 
 def _line(p, n: int, nbytes: int) -> str:
@@ -192,7 +197,7 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run ``collectives simulate``; returns the exit status."""
     n = args.participants
     try:  # every argument checked before the first line of output
-        fabric, placement = setup(args)
+        fabric, per = setup(args)
         collective = Collective(args.collective)
         name = args.algorithm.strip().lower()
         if name == "native" and collective not in NATIVE_AS:
@@ -204,34 +209,49 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise ValueError(f"{name} has no {collective.value}")
         if args.root >= n:
             raise ValueError(f"--root {args.root} is not a participant of -n {n}")
-        layout = placement.hosts
+        if name == "auto" and n > AUTO_LIMIT:
+            raise ValueError(f"-n {n}: auto compares its candidates by their plans, at most "
+                             f"{AUTO_LIMIT:,} participants; name an algorithm (ring, "
+                             "rechd/ring, native, ...) to price any count")
+        group = per if n // per > 1 else 0  # the hosts are the groups by default
         if args.group_size:
             if n % args.group_size:
                 raise ValueError(f"--group-size {args.group_size} does not divide -n {n}")
-            layout = Placement.nodes(n // args.group_size, args.group_size).hosts
-        if "/" in name and layout is None:
+            group = args.group_size if n // args.group_size > 1 else 0
+        if "/" in name and not group:
             raise ValueError(f"{name} is two-level: pass --group-size G or --nodes COUNTxPER")
     except ValueError as exc:
         args.parser.error(str(exc))
-    print(f"# {n} participants, {_where(placement)}; {fabric.source}")
+    print(f"# {n} participants, {_where(n, per)}; {fabric.source}")
     for nbytes in args.bytes:
         if name == "auto":
+            placement = Placement.nodes(n // per, per, processes=not args.threads)
+            groups = Placement.nodes(n // group, group).hosts if args.group_size and group else None
             print(select.explain(select.decide(collective, n, nbytes, fabric, placement,
-                                               groups=layout if args.group_size else None)))
+                                               groups=groups)))
             continue
-        if name == "native":
-            p = predict_native("native", collective, n, nbytes, fabric, placement)
-        else:
-            p = predict(collective, name, n, nbytes, fabric, placement, root=args.root,
-                        shards=args.shards, layout=layout if "/" in name or args.shards else None)
+        p = _priced(args, name, collective, nbytes, fabric, per, group)
         assert p is not None  # (native: a modelled collective, checked above)
         print(_line(p, n, nbytes))
         print(p.critical_path(args.rounds))
     return 0
 
 
-def _where(placement: Placement) -> str:
-    hosts = placement.hosts
-    if hosts is None:
-        return "one host"
-    return f"{len(hosts.groups)} hosts x {hosts.uniform or 'uneven'}"
+def _priced(args: argparse.Namespace, name: str, collective: Collective, nbytes: int,
+            fabric: Fabric, per: int, group: int):
+    """One algorithm's prediction (or the transport's own, 'native') in closed form."""
+    n = args.participants
+    hosts = per if n // per > 1 else 0
+
+    def pricing(algorithm: str, on: Fabric, root: int = 0, shards: int = 0, layout: int = 0):
+        return price(collective, algorithm, n, nbytes, on, per=hosts, processes=not args.threads,
+                     root=root, shards=shards, group=layout)
+
+    if name == "native":
+        return predict_native("native", collective, n, nbytes, fabric, pricing=pricing)
+    return pricing(name, fabric, args.root, args.shards,
+                   group if "/" in name or args.shards else 0)
+
+
+def _where(n: int, per: int) -> str:
+    return "one host" if n // per <= 1 else f"{n // per} hosts x {per}"
