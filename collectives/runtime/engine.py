@@ -68,20 +68,18 @@ class Engine(CallOrder):
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
         self.progress_thread: threading.Thread | None = None  # (progress_thread.py)
-        self._asked = 0.0  # when a slow wait last asked peers what they do
-        self._told = 0.0  # when a slow wait last published whom it waits for
+        # when a slow wait last asked peers what they do, and last published whom it waits for
+        self._asked = self._told = 0.0
         # what the hang guard looks at (collectives.runtime.hang_guard): each thread's wait as
         # (deadline, timeout, operation), how many calls entered, and ``claim_timeout``
         self.waits: dict[int, tuple[float, float, Operation]] = {}
-        self.entered = 0
-        self.beat = 0.0  # when the progress thread last began a round
+        self.entered, self.beat = 0, 0.0  # (beat: when the progress thread began a round)
         self.guarded = hang_guard.watch(self)
         transport.engine = weakref.ref(self)  # (a leaving rank asks it: finished_through)
 
     def finished_through(self) -> int:
-        """The latest call before which every call of this rank has finished: what a rank
-        that leaves tells its peers (its calls still in flight are lost with it, and peers
-        waiting in them must fail at once, not at their timeout)."""
+        """The latest call before which every call here has finished: what a rank that leaves
+        tells its peers (its calls in flight are lost with it: peers must not wait for them)."""
         with self.state:
             pending = [op.seq for op in self.inflight if op.breaking and not op.finished]
         return min(pending) - 1 if pending else self.seq
@@ -132,8 +130,6 @@ class Engine(CallOrder):
         if (self.outstanding if collective else len(self.inflight)) + count <= MAX_IN_FLIGHT:
             return None
         what = "collective handles would be unwaited" if collective else "calls would be in flight"
-        if count > 1:
-            what += f" ({count} buckets asked for, {self.outstanding} unwaited)"
         return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
                                "communicator; wait() for some first (this call was not issued)")
 
@@ -221,8 +217,8 @@ class Engine(CallOrder):
                 return
             for op in list(self.inflight):
                 if op.advance():
-                    if op in self.inflight:  # (an earlier one that broke the communicator
-                        self.inflight.remove(op)  # cleared the list)
+                    if op in self.inflight:  # (one that broke the communicator cleared it)
+                        self.inflight.remove(op)
                     if op.error is not None:
                         if op.breaking and not getattr(op.error, AGREED, False):
                             self.broken_by(op.error, op.seq)
