@@ -45,7 +45,7 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
                agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
                shards: int = 0, extra_names: Sequence[str] = (),
                bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-               alone_bytes: int | None = None) -> list[BatchPart]:
+               alone_bytes: int | None = None, in_order: bool = False) -> list[BatchPart]:
     """The parts of a batch; the same inputs give the same (cached) plan, since training
     loops reduce the same gradient list every step. ``extra_names``: a transport's own
     algorithm names (e.g. MPI's "native"). With none of TensorFlow's packing knobs, tensors
@@ -54,7 +54,7 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
     check_bucket_bytes(bucket_bytes)  # (before the cache: "64M" would be a key)
     key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
-           tuple(extra_names), bucket_bytes, alone_bytes)
+           tuple(extra_names), bucket_bytes, alone_bytes, in_order)
     try:
         return _plan_cached(key, algorithm)
     except TypeError:  # an unhashable part of a spec: plan without the cache
@@ -63,7 +63,7 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
 
 # plan_batch's cache key: _plan's arguments but the algorithm, which comes frozen instead
 _Key = tuple[tuple[tuple[int, ...], ...], tuple[np.dtype, ...], tuple[str, Any], int, int, int,
-             int | None, int, tuple[str, ...], int, int | None]
+             int | None, int, tuple[str, ...], int, int | None, bool]
 
 
 def _plan_cached(key: _Key, algorithm) -> list[BatchPart]:
@@ -80,7 +80,7 @@ _CACHE: dict = {}
 
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
           agg_small_grads_max_group, bytes_per_pack, shards, extra_names=(),
-          bucket_bytes=DEFAULT_BUCKET_BYTES, alone_bytes=None) -> list[BatchPart]:
+          bucket_bytes=DEFAULT_BUCKET_BYTES, alone_bytes=None, in_order=False) -> list[BatchPart]:
     ranges = parse_spec(algorithm, extra_names=extra_names)
     plain = isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm
     if plain:
@@ -98,7 +98,7 @@ def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
                          num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                          agg_small_grads_max_group=agg_small_grads_max_group,
                          bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes,
-                         alone_bytes=alone_bytes)
+                         alone_bytes=alone_bytes, in_order=in_order)
         parts.append(BatchPart(spec, tuple(indices), plan))
     return parts
 

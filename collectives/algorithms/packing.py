@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "extract_ranges",
     "fuse",
+    "runs",
     "group_by_size",
     "make_plan",
     "no_packing",
@@ -58,6 +59,10 @@ __all__ = [
 # DDP's bucket_cap_mb is 25 MiB. Larger buckets mean fewer calls; smaller ones start earlier
 # when buckets are started as their tensors become ready (``Communicator.buckets``).
 DEFAULT_BUCKET_BYTES = 64 << 20
+# Buckets started as their tensors become ready (``Communicator.buckets``) are sized as DDP's:
+# 25 MiB (its bucket_cap_mb), the first 1 MiB (so that communication starts early)
+OVERLAP_BUCKET_BYTES = 25 << 20
+FIRST_BUCKET_BYTES = 1 << 20
 
 
 def _normalise(shapes: Sequence[Sequence[int]],
@@ -247,13 +252,50 @@ def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
     return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
 
 
+def runs(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], bucket_bytes: int,
+         alone_bytes: int | None = None, first_bytes: int | None = None) -> PackPlan:
+    """Buckets of consecutive tensors, as DDP's reducer makes them for a list in the order its
+    tensors become ready: a bucket closes when the next tensor would overflow it
+    (``first_bytes`` for the first bucket, small so that communication starts early;
+    ``bucket_bytes`` for the others) or has another dtype; a tensor of ``alone_bytes`` or more
+    closes the open bucket and travels alone. Every bucket holds a contiguous run of the list,
+    so buckets complete in list order and none waits behind a later tensor.
+    ``bucket_bytes=0``: every tensor alone.
+    """
+    check_bucket_bytes(bucket_bytes)
+    shp, dts = _normalise(shapes, dtypes)
+    if bucket_bytes == 0:
+        return no_packing(shp, dts)
+    alone = bucket_bytes if alone_bytes is None else min(alone_bytes, bucket_bytes)
+    first = bucket_bytes if first_bytes is None else first_bytes
+    groups: list[list[int]] = []
+    members: list[int] | None = None
+    filled = 0
+    for i, (shape, dt) in enumerate(zip(shp, dts, strict=True)):
+        nbytes = prod(shape) * dt.itemsize
+        # (the open bucket's cap: the first bucket's is first_bytes)
+        cap = first if members is not None and members is groups[0] else bucket_bytes
+        if nbytes >= alone:
+            groups.append([i])
+            members = None
+            continue
+        if members is None or filled + nbytes > cap or dts[members[0]] != dt:
+            members, filled = [], 0
+            groups.append(members)
+        members.append(i)
+        filled += nbytes
+    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+
+
 def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
               num_packs: int = 0, agg_small_grads_max_bytes: int = 0,
               agg_small_grads_max_group: int = 10, bytes_per_pack: int | None = None,
-              bucket_bytes: int = 0, alone_bytes: int | None = None) -> PackPlan:
+              bucket_bytes: int = 0, alone_bytes: int | None = None,
+              in_order: bool = False) -> PackPlan:
     """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size;
     with none of those, fusion buckets of ``bucket_bytes`` (0: every tensor alone), tensors of
-    ``alone_bytes`` or more alone (see ``fuse``)."""
+    ``alone_bytes`` or more alone (see ``fuse``); ``in_order``: runs of consecutive tensors
+    with a small first bucket instead (``runs``, for buckets started as they become ready)."""
     if num_packs < 0:
         raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
     check_bucket_bytes(bucket_bytes)
@@ -264,4 +306,7 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
                                agg_small_grads_max_group)
     if bytes_per_pack is not None:
         return group_by_size(shapes, dtypes, bytes_per_pack)
+    if in_order:
+        return runs(shapes, dtypes, bucket_bytes, alone_bytes,
+                    min(FIRST_BUCKET_BYTES, bucket_bytes))
     return fuse(shapes, dtypes, bucket_bytes, alone_bytes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-from ..algorithms.packing import DEFAULT_BUCKET_BYTES, check_bucket_bytes
+from ..algorithms.packing import DEFAULT_BUCKET_BYTES, OVERLAP_BUCKET_BYTES, check_bucket_bytes
 from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
@@ -169,7 +169,7 @@ class BatchOps(CommParts):
 
     @refusing("buckets")
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
-                *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                *, bucket_bytes: int = OVERLAP_BUCKET_BYTES,
                 timeout: float | None = None) -> Buckets[ArrayT]:
         """Buckets that all-reduce a gradient list while it is still being computed.
 
@@ -182,8 +182,11 @@ class BatchOps(CommParts):
         op, algorithm
             As in `all_reduce`.
         bucket_bytes
-            Fuse consecutive tensors of a dtype into buckets of at most this many bytes
-            (smaller buckets start sooner; 0: every tensor alone).
+            Fuse runs of consecutive tensors of a dtype into buckets of at most this many
+            bytes, as DDP does (25 MiB by default, the first bucket at most 1 MiB so that
+            communication starts early; smaller buckets start sooner; 0: every tensor alone).
+            Tensors the array library copies slower than it reduces travel alone, closing
+            the open bucket (a bucket never waits behind a later tensor).
         timeout
             Seconds each bucket may wait for its peers (None: the communicator's).
 

@@ -39,10 +39,15 @@ class Buckets(Generic[ArrayT]):
         # tensors of another library (PyTorch) are packed there; only buckets cross over
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
+        # runs of consecutive tensors (a small first one), started in the order of their
+        # first tensor: a bucket never waits behind a tensor later in the list
         self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
                                 bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
-                                alone_bytes=alone_bytes)
-        self.order = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
+                                alone_bytes=alone_bytes, in_order=True)
+        by_parts = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
+        self.order = sorted(by_parts, key=lambda pj: pj[0].indices[pj[0].plan.packs[pj[1]].indices[0]])
+        # where each bucket's result goes among the parts' (what StartedBatch.finish reads)
+        self.place = [self.order.index(pj) for pj in by_parts]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
                           for i in (part.indices[m] for m in part.plan.packs[j].indices)}
         self._reset()
@@ -113,6 +118,7 @@ class Buckets(Generic[ArrayT]):
             self._reset()
         if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
             reduced = [self.edge.back(buf) for buf in reduced]
+        reduced = [reduced[b] for b in self.place]
         batch = StartedBatch(self.parts, reduced, len(self.layout), self.arrays,
                              lambda _: nullcontext())
         return [r[0] for r in batch.finish([[buf] for buf in reduced])]

@@ -1,0 +1,61 @@
+"""Buckets started as their tensors become ready: runs of consecutive tensors, a small first
+bucket, and every bucket started as soon as its run is ready (``Communicator.buckets``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives.algorithms.packing import FIRST_BUCKET_BYTES, runs
+
+MIB = 1 << 20
+
+
+def _groups(plan):
+    return [list(p.indices) for p in plan.packs]
+
+
+def test_runs_are_consecutive_with_a_small_first_bucket():
+    shapes = [(MIB // 8,)] * 6 + [(4 * MIB,)] + [(MIB // 8,)] * 3  # float32: 0.5 MiB, 16 MiB
+    plan = runs(shapes, [np.float32] * len(shapes), 2 * MIB, alone_bytes=8 * MIB,
+                first_bytes=FIRST_BUCKET_BYTES)
+    groups = _groups(plan)
+    assert [i for g in groups for i in g] == list(range(len(shapes)))  # contiguous, in order
+    assert groups[0] == [0, 1]  # the first bucket holds at most 1 MiB
+    assert groups[1] == [2, 3, 4, 5]  # the others 2 MiB
+    assert groups[2] == [6]  # large: alone, and the open bucket closes before it
+    assert groups[3] == [7, 8, 9]
+
+
+def test_runs_split_at_a_dtype_change_and_take_zero():
+    plan = runs([(4,), (4,), (4,)], [np.float32, np.float64, np.float64], 1 << 10)
+    assert _groups(plan) == [[0], [1, 2]]
+    assert _groups(runs([(4,), (4,)], [np.float32] * 2, 0)) == [[0], [1]]
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_each_bucket_starts_once_its_run_is_ready(size):
+    """ResNet-like: many small tensors, a few large ones; after each ready(k), every bucket
+    whose tensors are all ready has started (none waits behind a later tensor)."""
+    rng = np.random.default_rng(0)
+    shapes = [(int(n),) for n in rng.integers(1, 200_000, 40)]
+
+    def body(comm):
+        like = [np.zeros(s, np.float32) for s in shapes]
+        buckets = comm.buckets(like, bucket_bytes=256 << 10)
+        plan_runs = sorted((min(p.indices), max(p.indices)) for part in buckets.parts
+                           for p in part.plan.packs)
+        late = []
+        for k, x in enumerate(like):
+            buckets.ready(k, np.full(x.shape, float(comm.rank + 1), np.float32))
+            complete = sum(1 for _, last in plan_runs if last <= k)
+            if buckets.started != complete:
+                late.append((k, buckets.started, complete))
+        results = buckets.wait()
+        total = float(sum(range(1, comm.size + 1)))
+        return late, len(plan_runs), all(bool((r == total).all()) for r in results)
+
+    for late, count, right in collectives.run(body, size):
+        assert not late, f"buckets started late: (k, started, complete) {late[:5]}"
+        assert count > 3 and right
