@@ -3,7 +3,7 @@
 # CuPy 14, NCCL, NumPy, pytest and pytest-timeout, PyTorch and mpi4py without an MPI library;
 # the MPICH and mpi4py wheels (and ml_dtypes and pytest-xdist, used where the machine lacks
 # them) travel with the checkout in .whl/, which is git-ignored: a run must carry it
-# (benchmarks/gpu_wheels.sh fetches them). In about 7 minutes at most:
+# (benchmarks/gpu_wheels.sh fetches them). In about 8 minutes at most:
 #
 #   1. setup: a venv over python3's packages (--system-site-packages), the carried wheels
 #      (pip --no-index --no-deps), and the checkout on its path as if installed (no build:
@@ -11,8 +11,10 @@
 #   2. probe: CuPy, the GPU, NCCL's version, NcclCommunicator.initAll([0]), mpiexec -n 2;
 #   3. tests: pytest tests/gpu, each test under a time limit, the JUnit file written even
 #      when a test hangs (a worker that hangs is replaced, or a stub names the step's timeout);
-#   4. the peer benchmark (benchmarks/gpu_peers.py: beside torch.distributed), first, then
-#      the benchmarks of benchmarks/gpu_compare.py: copy, devices, one-rank, two-level, torch.
+#   4. the peer benchmark (benchmarks/gpu_peers.py: beside torch.distributed and bare CuPy,
+#      each way doing the same work, in interleaved repeats with bootstrap intervals: per-call,
+#      resnet50, multi-device, overlap), first, then the benchmarks of
+#      benchmarks/gpu_compare.py: copy, devices, one-rank, two-level, torch.
 #
 # Every step has its own time limit, cut to what is left of the whole run's; a failing step
 # does not stop the next. Everything lands in at most 4 files in OUT: summary.txt,
@@ -23,10 +25,10 @@
 #
 # --cpu runs the same steps on a machine without a GPU, with a NumPy stand-in for CuPy first
 # on the import path (--fakecupy PATH or FAKECUPY=PATH; FAKE_GPUS devices, default 1), tiny
-# benchmark sizes, and the tests that --tests names (default: all of tests/gpu and
-# tests/test_call_path.py); its numbers mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
+# benchmark sizes, and the tests that --tests names (default: all of tests/gpu,
+# tests/test_call_path.py and tests/test_gpu_streams.py); its numbers mean nothing, and it says so. Other settings: PYTHON (the interpreter whose packages the
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
-# BUDGET (seconds for the whole run, default 420), WORKERS (pytest-xdist workers), COMMIT
+# BUDGET (seconds for the whole run, default 480), WORKERS (pytest-xdist workers), COMMIT
 # (the commit to name, where the checkout has no git history), PARTS (the benchmark parts to
 # run, default "peers copy devices one-rank two-level torch"), STEPS (the steps before the
 # benchmarks, default "tests": "none" leaves the tests out).
@@ -34,7 +36,9 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 MODE=gpu
-TESTS="tests/gpu tests/test_call_path.py"  # (the path test's CuPy cases run only where CuPy is)
+# (the path test's CuPy cases run only where CuPy is; the stream-order record only under the
+# stand-in)
+TESTS="tests/gpu tests/test_call_path.py tests/test_gpu_streams.py"
 FAKECUPY=${FAKECUPY:-}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,7 +52,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 OUT=${OUT:-./gpu-results}
-BUDGET=${BUDGET:-420}
+BUDGET=${BUDGET:-480}
 WHEELS=${WHEELS:-.whl}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_run.XXXXXX")
@@ -229,8 +233,9 @@ COMPARE=("$PY" benchmarks/gpu_compare.py)
 PARTS=" ${PARTS:-peers copy devices one-rank two-level torch} "
 wanted() { [[ "$PARTS" == *" $1 "* ]]; }
 if wanted peers; then
-  for part in per-call resnet50 multi-device; do
-    step "peers-$part" 70 "$PY" benchmarks/gpu_peers.py "$part" --out "$WORK" "${QUICK[@]}"
+  for part in per-call:60 resnet50:60 multi-device:80 overlap:40; do
+    step "peers-${part%%:*}" "${part##*:}" "$PY" benchmarks/gpu_peers.py "${part%%:*}" \
+      --out "$WORK" "${QUICK[@]}"
   done
 fi
 if [ "${STEPS:-tests}" != none ]; then  # (none: no JUnit file; the summary says so)

@@ -102,9 +102,23 @@ def junit_from_log(log: Path, out: Path) -> dict[str, str]:
     return outcomes
 
 
+def peer_ratios(parts: dict) -> list[str]:
+    """The peer benchmark's ratios with their intervals (``gpu_peers.py``), one line a row."""
+    lines = []
+    for part in ("per-call", "resnet50", "multi-device", "overlap"):
+        for r in (parts.get(part) or {}).get("rows", []):
+            ratios = [f"{k} {v['ratio']:.2f} [{v['interval'][0]:.2f}, {v['interval'][1]:.2f}]"
+                      for k, v in r.items() if isinstance(v, dict) and "interval" in v]
+            if ratios:
+                what = r.get("kind") or r.get("arrays", "")
+                size = f" {r['size'] >> 10} KiB" if "size" in r else ""
+                lines.append(f"{part} ({what}{size}): " + "; ".join(ratios))
+    return lines
+
+
 def headline(parts: dict) -> list[str]:
     """The numbers of the GPU targets, from the parts that ran."""
-    lines = []
+    lines = peer_ratios(parts)
     copy = parts.get("copy")
     if copy and copy.get("copy_GBps"):
         lines.append(f"copy rate (device to device): {copy['copy_GBps']:.1f} GB/s")

@@ -67,17 +67,23 @@ def test_cpu_dry_run_of_the_gpu_run(tmp_path):
     assert results["mode"] == "cpu" and results["command"].endswith("--cpu")
     steps = {s["step"]: s["status"] for s in results["steps"]}
     assert steps == dict.fromkeys(["setup", "probe", "peers-per-call", "peers-resnet50",
-                                   "peers-multi-device", "tests", "copy", "devices", "one-rank",
-                                   "two-level", "torch"], "ok"), (steps, summary)
+                                   "peers-multi-device", "peers-overlap", "tests", "copy",
+                                   "devices", "one-rank", "two-level", "torch"], "ok"), (
+        steps, summary)
     tests = results["tests"]
     assert tests["tests"] == 2 and not tests["failed"] and not tests["skip_reasons"], tests
     parts = results["parts"]
-    for part in ("per-call", "resnet50", "multi-device", "copy", "devices", "one-rank",
-                 "two-level"):
+    for part in ("per-call", "resnet50", "multi-device", "overlap", "copy", "devices",
+                 "one-rank", "two-level"):
         assert parts[part]["rows"], part
-    # the peer benchmark measured the library (torch is not here: its columns are left out)
-    assert parts["resnet50"]["rows"][0]["library_batch_cupy_us"] > 0
+    # the peer benchmark measured the library (torch is not here: its columns are left out),
+    # every row in at least 7 interleaved repeats, each kept
+    first = parts["resnet50"]["rows"][0]
+    assert first["library_cupy_us"] > 0 and len(first["repeats_us"]["library_cupy"]) >= 7
     assert parts["resnet50"]["tensors"] == 12 and parts["per-call"]["in_flight"]["calls"] == 64
+    auto = parts["multi-device"]["rows"][0]["library_auto/library_ring"]
+    assert auto["interval"][0] <= auto["ratio"] <= auto["interval"][1]
+    assert "step/longer" in parts["overlap"]["rows"][0]
     checked = [r["wrong"] for r in parts["devices"]["rows"] if r["wrong"] is not None]
     assert checked and not any(checked)  # (the largest sizes are timed, not checked)
     assert parts["devices"]["rows"][0]["copy_fraction"] > 0
