@@ -25,23 +25,7 @@ import warnings
 from pathlib import Path
 
 from gpu_compare import Record
-from gpu_peers import fence_for, library, measure, torch_dist
-
-
-def resnet50_shapes() -> list[tuple[int, ...]]:
-    """The parameters of torchvision's ResNet-50 in order: 161 tensors, 25,557,032 floats."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for block in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
-                       (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
-            if block == 0:
-                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
-            inplanes = planes * 4
-    shapes += [(1000, 2048), (1000,)]
-    return shapes
+from gpu_peers import fence_for, library, measure, resnet50_shapes, torch_dist
 
 
 def _torch_ways(torch, dist, comm, shapes) -> dict:

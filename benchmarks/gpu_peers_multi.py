@@ -16,8 +16,7 @@ import math
 from pathlib import Path
 
 from gpu_compare import Record, _device_fence
-from gpu_peers import measure
-from gpu_peers_grads import resnet50_shapes
+from gpu_peers import measure, resnet50_shapes
 
 ALGORITHMS = ("one_device", "ring", "rechd", "tree", "shuffle")
 DEVICES = 4
