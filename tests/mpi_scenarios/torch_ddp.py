@@ -1,0 +1,194 @@
+"""DDP over real MPI ranks: the library's communication hook against DDP's own gloo all-reduce.
+
+First, exactness: a small model trains a few SGD steps four ways, on every rank: DDP with the library's
+hook (mean, and sum) over the library's process group, and DDP over a gloo group (its built-in
+mean, and a gloo hook that sums). Weights, inputs and the learning rate are small dyadic
+numbers, so every sum is exact: the parameters must match gloo's bit for bit and a float64
+reference computed on one rank from every rank's data. With ``compression="fp16"`` they stay
+within float16's rounding of the reference.
+
+Then errors: a failure inside the hook reaches DDP on every rank as the future's exception
+(``RuntimeError`` naming the library's error), within about a second, with no hang: a rank with
+a bad argument (the others hear ``PeerFailedError``), ranks that disagree (compression on one:
+``CollectiveMismatchError`` everywhere), and a rank that never arrives (``CollectiveTimeoutError``
+after the hook's one-second timeout), and a communicator broken by an earlier failure
+(``CommunicatorBrokenError`` at once, on every rank).
+
+Run as ``mpiexec -n 2 python tests/mpi_scenarios/torch_ddp.py <scratch folder>`` (the gloo
+group's file store goes there).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from _common import Report, meet
+from collectives.adapters import torch_ddp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import collectives
+
+SCRATCH = sys.argv[1]
+STEPS, LR, BATCH, SIZES = 3, 2.0 ** -5, 4, (8, 16, 4)
+report = Report("torch_ddp")
+comm = collectives.init(timeout=20)
+rank, size = comm.rank, comm.size
+torch.set_num_threads(1)
+
+
+def model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Two linear layers with weights in quarters, the same on every rank."""
+    layers = [torch.nn.Linear(a, b) for a, b in zip(SIZES, SIZES[1:])]
+    net = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1]).to(dtype)
+    with torch.no_grad():
+        for k, p in enumerate(net.parameters()):
+            values = (torch.arange(p.numel(), dtype=torch.float64) * 7 + 3 * k) % 9 - 4
+            p.copy_((values / 4).reshape(p.shape))
+    return net
+
+
+def batch(step: int, who: int, dtype: torch.dtype = torch.float32) -> tuple:
+    """Small integers, different on every rank and step."""
+    g = torch.Generator().manual_seed(1000 * step + who)
+    x = torch.randint(-2, 3, (BATCH, SIZES[0]), generator=g).to(dtype)
+    target = torch.randint(-2, 3, (BATCH, SIZES[-1]), generator=g).to(dtype)
+    return x, target
+
+
+def train(net: torch.nn.Module, ddp: torch.nn.Module, steps: int = STEPS) -> list:
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        x, target = batch(step, rank, next(net.parameters()).dtype)
+        opt.zero_grad()
+        (ddp(x) * target).sum().backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def reference(mean: bool) -> list:
+    """The same training in float64 on this rank alone, from every rank's batch."""
+    net = model(torch.float64)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for who in range(size):
+            x, target = batch(step, who, torch.float64)
+            (net(x) * target).sum().backward()
+        if mean:
+            for p in net.parameters():
+                assert p.grad is not None
+                p.grad /= size
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def sum_hook(group, bucket):  # (no annotations: DDP compares them with its types, not text)
+    """DDP's own all-reduce over gloo, without its division: the sum."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0])
+
+
+def with_library(**options) -> list:
+    net = model()
+    ddp = DDP(net, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0002)
+    state = torch_ddp.register(ddp, comm, **options)
+    params = train(net, ddp)
+    report.check(state.buckets > STEPS, f"{options}: {state.buckets} buckets in {STEPS} steps")
+    return params
+
+
+def with_gloo(hook=None) -> list:
+    net = model()
+    ddp = DDP(net, bucket_cap_mb=0.0002)
+    if hook is not None:
+        ddp.register_comm_hook(dist.group.WORLD, hook)
+    return train(net, ddp)
+
+
+def same(a: list, b: list) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def exact() -> None:
+    dist.init_process_group("gloo", init_method=f"file://{SCRATCH}/store", rank=rank,
+                            world_size=size)
+    for mean in (True, False):
+        ours = with_library(mean=mean)
+        theirs = with_gloo(None if mean else sum_hook)
+        truth = reference(mean)
+        report.check(same(ours, theirs), f"mean={mean}: differs from DDP over gloo")
+        report.check(same(ours, [t.float() for t in truth]), f"mean={mean}: differs from float64")
+        report.check(all(torch.equal(t, t.float().double()) for t in truth),
+                     f"mean={mean}: the reference is not exact in float32")
+    ours = with_library(compression="fp16")
+    theirs = with_gloo(default_hooks.fp16_compress_hook)
+    truth = [t.float() for t in reference(True)]
+    for o, g, t in zip(ours, theirs, truth, strict=True):
+        scale = t.abs().max().item()
+        report.check((o - t).abs().max().item() <= 2e-3 * scale, "fp16: far from float64")
+        report.check((o - g).abs().max().item() <= 2e-3 * scale, "fp16: far from gloo's fp16 hook")
+    dist.destroy_process_group()
+
+
+def fails(ddp: torch.nn.Module, state, expected: str, step: int = 0) -> None:
+    """One step whose backward must raise, naming ``expected``, within about a second."""
+    x, target = batch(step, rank)
+    start = time.monotonic()
+    try:
+        (ddp(x) * target).sum().backward()
+        report.check(False, f"{expected}: backward did not raise")
+    except RuntimeError as exc:
+        took = time.monotonic() - start
+        report.check(expected in str(exc), f"{expected}: backward raised {exc}")
+        report.check(type(state.last_error).__name__ == expected,
+                     f"{expected}: last_error is {state.last_error!r}")
+        report.check(took < 3.0, f"{expected}: took {took:.2f} s")
+        print(f"ERROR rank {rank} {expected} after {took:.2f} s", flush=True)
+
+
+def library_ddp(on: object, **options) -> tuple:
+    """A model under DDP over the library's process group, its hook on ``on``, buckets built."""
+    net = model()
+    ddp = DDP(net, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0002)
+    state = torch_ddp.register(ddp, on, **options)
+    train(net, ddp, 2)  # buckets rebuilt: the steps below see the final buckets
+    return net, ddp, state
+
+
+def errors() -> None:
+    # Every failure after the first step breaks the communicator it happens on (the calls'
+    # signatures were agreed, so data moved), so each case has a communicator of its own,
+    # made while all still work; the model has no buffers, so its forward calls nothing on
+    # the process group's communicator.
+    cases = {name: library_ddp(on, timeout=1.0)
+             for name, on in (("argument", comm), ("mismatch", comm.dup()), ("late", comm.dup()))}
+    _, ddp, state = cases["argument"]
+    if rank == 1:  # a bad argument on one rank: its own error there, PeerFailedError elsewhere
+        state.algorithm = "no such algorithm"
+    fails(ddp, state, "ValueError" if rank == 1 else "PeerFailedError")
+    meet()
+    state.algorithm = "auto"
+    fails(ddp, state, "CommunicatorBrokenError")  # and the communicator is broken, at once
+    meet()
+    _, ddp, state = cases["mismatch"]
+    if rank == 1:  # ranks that disagree about compressing: found when their data meets
+        state.compression = "fp16"
+    fails(ddp, state, "CollectiveMismatchError")
+    meet()
+    if rank == 0:  # rank 1 never joins: rank 0 times out, as its hook's timeout says
+        _, ddp, state = cases["late"]
+        fails(ddp, state, "CollectiveTimeoutError")
+
+
+if __name__ == "__main__":
+    if size < 2:
+        report.finish("skipped: needs 2 or more ranks")
+        sys.exit(0)
+    exact()
+    errors()
+    meet()
+    report.finish()

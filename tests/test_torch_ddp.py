@@ -1,0 +1,259 @@
+"""PyTorch DDP over the library (``collectives.adapters.torch_ddp``): real DDP, real torch CPU.
+
+Thread ranks (``collectives.run``) train small models with DDP, the library's hook and its
+process group, against a float64 reference computed from every rank's data; weights, inputs
+and the learning rate are small dyadic numbers, so sums are exact and the checks bitwise. The
+slow test runs ``tests/mpi_scenarios/torch_ddp.py`` on 2 MPI ranks, against DDP over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs PyTorch: pip install torch (the CPU build)")
+import torch.distributed as dist  # noqa: E402
+from collectives.adapters import torch_ddp  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import collectives  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+SIZES, BATCH, LR, STEPS = (6, 10, 3), 4, 2.0 ** -4, 2
+
+
+def model(dtype=torch.float32):
+    """Two linear layers, weights in quarters, the same on every rank (no global seed: thread
+    ranks share torch's generator)."""
+    net = torch.nn.Sequential(torch.nn.Linear(SIZES[0], SIZES[1]), torch.nn.ReLU(),
+                              torch.nn.Linear(SIZES[1], SIZES[2])).to(dtype)
+    with torch.no_grad():
+        for k, p in enumerate(net.parameters()):
+            values = (torch.arange(p.numel(), dtype=torch.float64) * 5 + k) % 7 - 3
+            p.copy_((values / 4).reshape(p.shape))
+    return net
+
+
+def batch(step, who, dtype=torch.float32):
+    g = torch.Generator().manual_seed(100 * step + who)
+    x = torch.randint(-2, 3, (BATCH, SIZES[0]), generator=g)
+    target = torch.randint(-2, 3, (BATCH, SIZES[-1]), generator=g)
+    return x.to(dtype), target.to(dtype)
+
+
+def train(net, ddp, rank, steps=STEPS):
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        x, target = batch(step, rank, next(net.parameters()).dtype)
+        opt.zero_grad()
+        (ddp(x) * target).sum().backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def reference(size, mean, steps=STEPS):
+    """The same training in float64, in one process, from every rank's batch."""
+    net = model(torch.float64)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        opt.zero_grad()
+        for who in range(size):
+            x, target = batch(step, who, torch.float64)
+            (net(x) * target).sum().backward()
+        for p in net.parameters():
+            p.grad /= size if mean else 1
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def ddp_over(comm, dtype=torch.float32, **options):
+    net = model(dtype)
+    ddp = DDP(net, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0001)
+    return net, ddp, torch_ddp.register(ddp, comm, **options)
+
+
+@pytest.mark.parametrize("mean", [True, False])
+def test_ddp_with_the_hook_gives_the_exact_mean_or_sum(mean):
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, mean=mean)
+        return train(net, ddp, comm.rank), state.buckets
+
+    size = 2
+    results = collectives.run(rank_fn, size)
+    truth = reference(size, mean)
+    assert all(torch.equal(t, t.float().double()) for t in truth)  # exact in float32
+    for params, buckets in results:
+        assert buckets >= 1 + 2 * (STEPS - 1)  # one bucket at first, then several per step
+        for got, want in zip(params, truth, strict=True):
+            assert torch.equal(got, want.float()), (got - want.float()).abs().max()
+
+
+def test_fp16_compression_stays_within_float16_rounding():
+    def rank_fn(comm):
+        net, ddp, _ = ddp_over(comm, compression="fp16")
+        return train(net, ddp, comm.rank)
+
+    results = collectives.run(rank_fn, 2)
+    truth = reference(2, True)
+    for got, other, want in zip(*results, truth, strict=True):
+        assert torch.equal(got, other)  # the same bits on every rank
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= 2e-3 * scale
+
+
+def test_a_bfloat16_model_is_reduced_in_float32():
+    def rank_fn(comm):
+        net, ddp, _ = ddp_over(comm, torch.bfloat16)
+        x, target = batch(0, comm.rank, torch.bfloat16)
+        (ddp(x) * target).sum().backward()
+        return [p.grad.clone() for p in net.parameters()]
+
+    results = collectives.run(rank_fn, 2)
+    net = model(torch.bfloat16)  # each rank's own gradient, summed in float64, then halved
+    local = []
+    for who in range(2):
+        net.zero_grad()
+        x, target = batch(0, who, torch.bfloat16)
+        (net(x) * target).sum().backward()
+        local.append([p.grad.double() for p in net.parameters()])
+    for got, mine, theirs in zip(results[0], *local, strict=True):
+        assert got.dtype is torch.bfloat16
+        assert torch.equal(got, ((mine + theirs) / 2).to(torch.bfloat16))
+
+
+def test_the_hook_works_with_a_gloo_group_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        def rank_fn(comm):
+            net = model()
+            ddp = DDP(net)  # the default (gloo) group builds it; the hook carries the grads
+            ddp.register_comm_hook(torch_ddp.CommHookState(comm), torch_ddp.allreduce_hook)
+            return train(net, ddp, 0)
+
+        params = collectives.run(rank_fn, 1)[0]
+    finally:
+        dist.destroy_process_group()
+    for got, want in zip(params, reference(1, True), strict=True):
+        assert torch.equal(got, want.float())
+
+
+def test_the_process_group_carries_buffers_and_the_unused_parameters_map():
+    # BatchNorm's buffers go out from rank 0 before each forward; find_unused_parameters
+    # all-reduces a map of used parameters every backward (both through process_group)
+    def rank_fn(comm):
+        net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
+        unused = torch.nn.Linear(2, 2)
+        holder = torch.nn.ModuleList([net, unused])
+        with torch.no_grad():
+            for p in holder.parameters():
+                p.fill_(0.5)
+        ddp = DDP(holder, process_group=torch_ddp.process_group(comm), find_unused_parameters=True)
+        torch_ddp.register(ddp, comm)
+        for step in range(2):
+            x = torch.full((3, 4), float(comm.rank + step)) + torch.arange(3.0)[:, None]
+            ddp.module[0](x).sum().backward()
+        before = net[1].running_mean.clone()
+        ddp.module[0](torch.ones(3, 4))  # (rank 0's buffers arrive first)
+        return before, [p.grad.clone() for p in net.parameters()], unused.weight.grad
+
+    (before0, grads0, unused0), (before1, grads1, unused1) = collectives.run(rank_fn, 2)
+    assert not torch.equal(before0, before1)  # each rank updated its own after the broadcast
+    assert all(torch.equal(a, b) for a, b in zip(grads0, grads1, strict=True))
+    assert unused0 is None and unused1 is None
+
+
+def _failing_step(ddp, state, rank):
+    x, target = batch(0, rank)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        (ddp(x) * target).sum().backward()
+    return time.monotonic() - start, str(raised.value), state.last_error
+
+
+def test_an_error_in_one_ranks_hook_reaches_ddp_on_every_rank():
+    finished = threading.Barrier(2, timeout=20)
+
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, timeout=5.0)
+        train(net, ddp, comm.rank)  # signatures agreed, buckets rebuilt
+        if comm.rank == 1:
+            state.algorithm = "no such algorithm"
+        outcome = _failing_step(ddp, state, comm.rank)
+        finished.wait()  # (a rank whose thread has ended answers no peer's question)
+        return outcome
+
+    (took0, text0, error0), (took1, text1, error1) = collectives.run(rank_fn, 2, timeout=10)
+    assert isinstance(error1, ValueError) and "no such algorithm" in text1
+    assert isinstance(error0, collectives.PeerFailedError) and "PeerFailedError" in text0
+    assert max(took0, took1) < 2.0  # told, not timed out
+
+
+def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():
+    done = threading.Event()
+
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, timeout=0.5)
+        train(net, ddp, comm.rank)
+        if comm.rank == 1:  # skips the step; waits for rank 0 to give up
+            done.wait(20)
+            return None
+        try:
+            return _failing_step(ddp, state, 0)
+        finally:
+            done.set()
+
+    took, text, error = collectives.run(rank_fn, 2, timeout=10)[0]
+    assert isinstance(error, collectives.CollectiveTimeoutError), error
+    assert "CollectiveTimeoutError" in text
+    assert took < 3.0
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(comm=object()), TypeError, "Communicator"),
+    (dict(mean="yes"), TypeError, "mean"),
+    (dict(compression="fp8"), ValueError, "compression"),
+    (dict(timeout=-1), ValueError, "timeout"),
+])
+def test_bad_state_arguments_are_named(kwargs, error, words):
+    def rank_fn(comm):
+        options = {"comm": comm, **kwargs}
+        with pytest.raises(error, match=words):
+            torch_ddp.CommHookState(options.pop("comm"), **options)
+
+    collectives.run(rank_fn, 1)
+
+
+def test_register_wants_a_ddp_model_and_the_hook_meets_ddps_contract():
+    import inspect
+
+    def rank_fn(comm):
+        with pytest.raises(TypeError, match="DistributedDataParallel"):
+            torch_ddp.register(torch.nn.Linear(2, 2), comm)
+
+    collectives.run(rank_fn, 1)
+    signature = inspect.signature(torch_ddp.allreduce_hook)
+    assert list(signature.parameters)[1] == "bucket"
+    assert signature.parameters["bucket"].annotation is dist.GradBucket
+    assert signature.return_annotation == torch.futures.Future[torch.Tensor]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the mpich wheel's mpiexec beside this "
+                    "Python: pip install -e '.[mpi]'")
+def test_two_mpi_ranks_match_ddp_over_gloo_and_fail_cleanly(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable,
+                           str(ROOT / "tests" / "mpi_scenarios" / "torch_ddp.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "SUMMARY torch_ddp PASS" in out, out[-6000:]
+    for error in ("PeerFailedError", "CollectiveMismatchError", "CollectiveTimeoutError"):
+        assert f"rank 0 {error}" in out, out[-3000:]
