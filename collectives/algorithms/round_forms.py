@@ -32,7 +32,7 @@ class Form(NamedTuple):
     """``count`` rounds over positions out of ``den``; ``runs``: the participant's, in order."""
 
     den: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count, as base.Phase
     runs: tuple[Run, ...]
 
 
