@@ -37,7 +37,7 @@ def cases(n: int, names=SINGLE + TWO_LEVEL):
 
 
 def assert_equal_pricing(n: int, per: int, fabric, *, threads: bool = False, names=None,
-                         shards_too: bool = True, nbytes: int = 3 << 20) -> int:
+                         shards_too: bool = True, nbytes: int = 3 << 20, skip=()) -> int:
     """The closed form equals the per-participant pricing for every case over ``n``
     participants on hosts of ``per`` (0: one host): each round's part exactly, the totals to
     the rounding of their sums. Returns how many cases were compared."""
@@ -45,7 +45,7 @@ def assert_equal_pricing(n: int, per: int, fabric, *, threads: bool = False, nam
                                                                                not threads)
     compared = 0
     for name, collective, shards, root in cases(n, names or SINGLE + TWO_LEVEL):
-        if shards and not shards_too:
+        if shards and not shards_too or (name, collective) in skip:
             continue
         group = per if per and n // per > 1 else (4 if n % 4 == 0 and n > 4 else 0)
         if "/" in name and not group:
@@ -91,11 +91,15 @@ def test_every_two_level_name_and_count_equal_the_plans(n, per):
 @pytest.mark.slow
 @pytest.mark.parametrize("n,per", [(1024, 8), (4099, 0), (8192, 8), (131072, 8)])
 def test_closed_forms_equal_the_plans_at_large_counts(n, per):
-    # the ring's chain broadcast and reduce price every participant (or a sample) round by
-    # round today: minutes at 131,072, so the largest count compares the other cases
+    # the largest count compares the cases whose plans price in minutes, not hours
     names = SINGLE + TWO_LEVEL if n <= 8192 else ("ring", "rechd", "tree", "shuffle",
                                                   "one_device", "ring/ring", "rechd/ring")
-    compared = assert_equal_pricing(n, per, GPU, names=names, shards_too=n <= 8192)
+    # sampled plans of n rounds or messages each: hours per case at 131,072 by the plans
+    slow = {("ring", Collective.REDUCE), ("ring", Collective.BROADCAST),
+            ("shuffle", Collective.REDUCE), ("shuffle", Collective.GATHER),
+            ("shuffle", Collective.SCATTER), ("shuffle", Collective.BROADCAST)}
+    compared = assert_equal_pricing(n, per, GPU, names=names, shards_too=n <= 8192,
+                                    skip=slow if n > 8192 else ())
     assert compared > 0
 
 
