@@ -80,3 +80,18 @@ def test_an_exit_after_the_last_call_leaves_the_peers_alone():
     assert proc.returncode == 0, output[-3000:]
     assert sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK")) == [
         "RANK 0 GOT 3.0", "RANK 2 GOT 3.0"], output[-3000:]
+
+
+def test_an_exit_with_a_bucket_in_flight_fails_the_peers_at_once():
+    """Rank 1 leaves (``sys.exit(0)``) with a bucket of ``comm.buckets`` in flight: the calls
+    it left in flight are lost with it, so the others' ``wait()`` raises naming rank 1 at once
+    instead of waiting out its 60 s timeout."""
+    proc, took = launch("exit0-inflight", 3)
+    output = proc.stdout + proc.stderr
+    said = sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK"))
+    assert [line.split(":")[0] for line in said] in [
+        [f"RANK {r} {error}" for r in (0, 2)]
+        for error in ("PeerFailedError", "CommunicatorBrokenError")], output[-3000:]
+    assert all("rank 1 failed after call" in line and "exited (status 0)" in line
+               for line in said), output[-3000:]
+    assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"

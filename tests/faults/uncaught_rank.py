@@ -13,6 +13,9 @@ then rank 1 calls ``sys.exit(0)``; the others' next all-reduce raises ``PeerFail
 naming rank 1 and its last call, 11, at once (they print it and leave).
 ``exit0-last``: rank 1 leaves with ``sys.exit(0)`` after the last all-reduce, which the others
 join late: they get their results, and the job ends with status 0.
+``exit0-inflight``: a step of ``comm.buckets`` (two buckets, agreed on a first step); rank 1
+marks the first tensor ready (its bucket goes out) and leaves with ``sys.exit(0)``, that bucket
+in flight; the others' ``wait()`` (timeout 60 s) raises naming rank 1 at once.
 """
 
 from __future__ import annotations
@@ -51,6 +54,26 @@ def main() -> None:
         got = comm.all_reduce(np.ones(4), algorithm="tree", timeout=60)
         time.sleep(0.5)  # (rank 1's goodbye arrives while the others are still here)
         sys.stdout.write(f"RANK {comm.rank} GOT {float(got[0])}\n")
+        return
+    if mode == "exit0-inflight":
+        xs = [np.ones(1000, np.float32), np.ones(10, np.float32)]
+        buckets = comm.buckets(xs, bucket_bytes=0, timeout=60)
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        buckets.wait()
+        if comm.rank == 1:
+            buckets.ready(0, xs[0])  # in flight as it leaves
+            sys.exit(0)
+        time.sleep(0.3)
+        try:
+            for k, x in enumerate(xs):
+                buckets.ready(k, x)
+            buckets.wait()
+        except Exception as exc:  # noqa: BLE001 - what it says is the outcome
+            sys.stdout.write(f"RANK {comm.rank} {type(exc).__name__}: {exc}\n")
+        else:
+            sys.stdout.write(f"RANK {comm.rank} GOT RESULTS\n")
+        sys.stdout.flush()
         return
     if mode == "exit0":  # ten more of the same call: the hot path from the second on
         for _ in range(10):
