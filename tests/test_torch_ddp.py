@@ -9,6 +9,7 @@ slow test runs ``tests/mpi_scenarios/torch_ddp.py`` on 2 MPI ranks, against DDP 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -257,3 +258,23 @@ def test_two_mpi_ranks_match_ddp_over_gloo_and_fail_cleanly(tmp_path):
     assert "SUMMARY torch_ddp PASS" in out, out[-6000:]
     for error in ("PeerFailedError", "CollectiveMismatchError", "CollectiveTimeoutError"):
         assert f"rank 0 {error}" in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the mpich wheel's mpiexec beside this "
+                    "Python: pip install -e '.[mpi]'")
+def test_doc_examples_run_as_written(tmp_path):
+    """docs/torch.md's Python blocks (marked skip for tests/test_docs.py, which may run where
+    PyTorch is missing): the one on MPI ranks under ``mpiexec -n 2``, the other (thread
+    ranks) in this process, as a script."""
+    page = (ROOT / "docs" / "torch.md").read_text()
+    blocks = re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", page, re.S | re.M)
+    assert len(blocks) == 2 and "collectives.init()" in blocks[0]
+    script = tmp_path / "example.py"
+    script.write_text(blocks[0])
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert proc.stdout.count("loss ") == 1, proc.stdout  # rank 0 alone prints
+    exec(compile(blocks[1], "docs/torch.md (thread ranks)", "exec"), {"__name__": "__main__"})
