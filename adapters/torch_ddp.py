@@ -125,6 +125,8 @@ def allreduce_hook(state: CommHookState,
                                        async_op=True)
     except Exception as exc:  # noqa: BLE001 - DDP must get it through the future
         _fail(state, future, exc)
+        if bucket.is_last():
+            _drain(state)  # (the earlier buckets' calls still need their wait)
         return future
 
     def finished(done: Any) -> None:
