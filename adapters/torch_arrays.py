@@ -61,26 +61,36 @@ class TorchArrays:
     # --- crossing into the library and back (``collectives.foreign``) ----------------------
 
     @staticmethod
+    def on_gpu(x: Any) -> bool:
+        """Whether ``x``'s memory is a GPU's (CUDA or ROCm): what its DLPack device says,
+        without ``__dlpack_device__``'s microseconds."""
+        return x.is_cuda
+
+    @staticmethod
     def as_numpy(x: Any) -> np.ndarray:
-        """A NumPy view of the CPU tensor ``x``, sharing its memory: through DLPack, and a
-        bfloat16 tensor (which NumPy's DLPack import refuses) as its bits, an int16 view,
-        viewed as ``ml_dtypes.bfloat16``."""
+        """A NumPy view of the CPU tensor ``x``, sharing its memory (``Tensor.numpy``: what
+        DLPack gives, in a fifth of the time); a bfloat16 tensor, which NumPy cannot hold, as
+        its bits: an int16 view, viewed as ``ml_dtypes.bfloat16``. Raises as DLPack would
+        where ``x`` requires grad (the edge names the fix)."""
         torch = _torch()
         if x.dtype is not torch.bfloat16:
-            return np.from_dlpack(x)
-        if x.requires_grad:  # (its int16 view would not: refused as DLPack refuses it)
+            return x.numpy()
+        if x.requires_grad:  # (its int16 view would not)
             raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
         # (without ml_dtypes: MissingDependencyError, naming the install)
         bfloat16 = BFLOAT16 or np.dtype(require("ml_dtypes", "bfloat16", "a bfloat16 tensor").bfloat16)
-        return np.from_dlpack(x.view(torch.int16)).view(bfloat16)
+        return x.view(torch.int16).numpy().view(bfloat16)
 
     @staticmethod
     def back(result: Any, like: Any = None) -> Any:
-        """``result`` (a NumPy or CuPy array) as a tensor on the same memory: through DLPack,
-        and a NumPy bfloat16 array (which NumPy's DLPack export refuses) through its bits."""
+        """``result`` (a NumPy or CuPy array) as a tensor on the same memory: a writable NumPy
+        array through ``torch.from_numpy`` (half DLPack's time), a NumPy bfloat16 array as its
+        bits, anything else through DLPack."""
         torch = _torch()
-        if BFLOAT16 is not None and isinstance(result, np.ndarray) and result.dtype == BFLOAT16:
-            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+        if isinstance(result, np.ndarray) and result.flags.writeable:
+            if BFLOAT16 is not None and result.dtype == BFLOAT16:
+                return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(result)
         return torch.from_dlpack(result)
 
     def dtype_of(self, x: Any) -> np.dtype:

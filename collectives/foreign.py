@@ -35,8 +35,11 @@ def is_foreign(x: Any) -> bool:
 _GPU_DEVICES = (2, 10, 13)  # DLPack's CUDA, ROCm and CUDA managed memory
 
 
-def on_gpu(x: Any) -> bool:
-    """Whether a foreign array's memory is on a GPU (its DLPack device says so)."""
+def on_gpu(x: Any, kind: Kind | None = None) -> bool:
+    """Whether a foreign array's memory is on a GPU: ``kind``'s ``on_gpu`` says, where it has
+    one (PyTorch's ``__dlpack_device__`` costs microseconds), else its DLPack device."""
+    if kind is not None and kind.on_gpu is not None:
+        return kind.on_gpu(x)
     device = getattr(x, "__dlpack_device__", None)
     if device is None:
         return False
@@ -55,9 +58,9 @@ def _gpu():
 def _adopt(x: Any, argument: str, kind: Kind | None = None) -> Any:
     """``x`` as an array the library works on: NumPy, or CuPy for GPU memory; ``kind``:
     ``x``'s array kind, where the caller has looked it up."""
-    if on_gpu(x):
-        return _gpu().adopt(x, argument)
     kind = kind_of(x) if kind is None else kind
+    if on_gpu(x, kind):
+        return _gpu().adopt(x, argument)
     return as_numpy(x, argument, None if kind is None else kind.as_numpy)
 
 
@@ -90,19 +93,21 @@ Back = Callable[[Any, Any], Any]  # (a NumPy or CuPy result, the caller's array)
 class Kind(NamedTuple):
     """What the library uses of an array kind, read from it once: ``kind`` itself, whether it
     ``packs`` batches in its own library, how results go ``back`` to its type (None: through
-    its package's ``from_dlpack``), why it refuses an ``out=`` (None: it takes one), and how
-    one of its CPU arrays is viewed as NumPy (``as_numpy``; None: ``np.from_dlpack``)."""
+    its package's ``from_dlpack``), why it refuses an ``out=`` (None: it takes one), how one
+    of its CPU arrays is viewed as NumPy (``as_numpy``; None: ``np.from_dlpack``) and whether
+    one is on a GPU (``on_gpu``; None: its DLPack device says)."""
 
     kind: Any
     packs: bool
     back: Back | None
     out_refusal: str | None
     as_numpy: Callable[[Any], np.ndarray] | None
+    on_gpu: Callable[[Any], bool] | None
 
 
 def _declared(kind: Any) -> Kind:
-    return Kind(kind, hasattr(kind, "concatenate"), getattr(kind, "back", None),
-                getattr(kind, "out_refusal", None), getattr(kind, "as_numpy", None))
+    return Kind(kind, hasattr(kind, "concatenate"), *(
+        getattr(kind, name, None) for name in ("back", "out_refusal", "as_numpy", "on_gpu")))
 
 
 # what a kind that packs batches in its own library provides (``ArrayBackend``'s names)
@@ -112,9 +117,9 @@ PACKING = ("owns", "dtype_of", "alone_bytes", "flat", "concatenate", "fuse", "sp
 def check_kind(kind: Any, argument: str = "kind") -> None:
     """Raise TypeError, naming what is missing, where ``kind`` is not an array kind (see
     ``register_array_kind``): checked when it is given, not at a later call's first array."""
-    need = ("an array kind is an object with a method detect(x) (whether x is one of its "
-            "arrays), and optionally back(result, like), as_numpy(x), out_refusal (a str) "
-            "and, to pack batches in its own library, all of " + ", ".join(PACKING))
+    need = ("an array kind is an object with a method detect(x) (whether x is one of its arrays), "
+            "and optionally back(result, like), as_numpy(x), on_gpu(x), out_refusal (a str) and, "
+            "to pack batches in its own library, all of " + ", ".join(PACKING))
     if isinstance(kind, type):
         raise TypeError(f"{argument} is the class {kind.__name__}, not an array kind; pass an "
                         f"instance ({kind.__name__}()): {need}")
@@ -125,12 +130,11 @@ def check_kind(kind: Any, argument: str = "kind") -> None:
         missing = [name for name in PACKING if name not in packing]
         raise TypeError(f"{argument} ({type(kind).__name__}) packs batches ({', '.join(packing)})"
                         f" but lacks {', '.join(missing)}; {need}")
-    for name in ("back", "as_numpy"):
-        if getattr(kind, name, None) is not None and not callable(getattr(kind, name)):
-            raise TypeError(f"{argument}.{name} is not callable; {need}")
-    refusal = getattr(kind, "out_refusal", None)
-    if refusal is not None and not isinstance(refusal, str):
-        raise TypeError(f"{argument}.out_refusal is a {type(refusal).__name__}, not a str; {need}")
+    for name in ("back", "as_numpy", "on_gpu", "out_refusal"):
+        value, text = getattr(kind, name, None), name == "out_refusal"
+        if value is not None and not (isinstance(value, str) if text else callable(value)):
+            raise TypeError(f"{argument}.{name} is a {type(value).__name__}, not a "
+                            f"{'str' if text else 'method'}; {need}")
 
 
 @functools.cache
@@ -165,21 +169,16 @@ def register_array_kind(kind: Any) -> None:
     * ``out_refusal``: a reason its arrays cannot be an ``out=`` (``"JAX arrays are
       immutable"``); such an ``out=`` raises TypeError before any data moves;
     * ``as_numpy(x)``: a NumPy view of one of its CPU arrays (without it,
-      ``np.from_dlpack(x)``): PyTorch's views its bfloat16 tensors, which NumPy cannot import.
+      ``np.from_dlpack(x)``): PyTorch's views its bfloat16 tensors, which NumPy cannot import;
+    * ``on_gpu(x)``: whether ``x``'s memory is on a GPU (without it, its DLPack device says).
 
     Installed packages register under the ``collectives.array_kinds`` entry points instead.
-
-    Parameters
-    ----------
-    kind
-        The array kind (an instance, not its class).
 
     Raises
     ------
     TypeError
-        ``kind`` is a class, or lacks ``detect``, or has some packing operations but not all,
-        or a ``back``, ``as_numpy`` or ``out_refusal`` of the wrong type (checked here: no
-        later call fails inside the library)."""
+        ``kind`` is a class, lacks ``detect``, has some packing operations but not all, or
+        an optional attribute of the wrong type (checked here, not inside a later call)."""
     check_kind(kind)
     if kind not in _REGISTERED:
         _REGISTERED.append(kind)
@@ -234,8 +233,7 @@ def refuse_out(out: Any, argument: str) -> None:
     if kind is not None and kind.out_refusal is not None:
         name = getattr(kind.kind, "name", type(out).__module__.partition(".")[0])
         raise TypeError(f"{argument} is a {name} array ({type(out).__name__}), which cannot be "
-                        f"filled in place: "
-                        f"{kind.out_refusal}; drop out= and use the returned "
+                        f"filled in place: {kind.out_refusal}; drop out= and use the returned "
                         f"{'arrays' if argument.startswith('out[') else 'array'} instead")
 
 
@@ -250,7 +248,7 @@ class Edge:
 
     def __init__(self, x: Any):
         kind = kind_of(x)
-        self.like, self.gpu, self.kind = x, on_gpu(x), kind
+        self.like, self.gpu, self.kind = x, on_gpu(x, kind), kind
         self.arrays = kind.kind if kind is not None and kind.packs else None
         self.returner = _returner(x, kind)
 
@@ -333,13 +331,14 @@ def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict)
     """``method(self, x, *args, **kwargs)`` with ``x`` and ``out`` adopted at the edge, and the
     result (or the handle's) back as ``x``'s type; an ``out`` its kind refuses raises first."""
     out = kwargs.get("out")
-    if is_foreign(out):
+    foreign_out = out is not None and is_foreign(out)
+    if foreign_out:
         refuse_out(out, "out")
     edge = None
     if is_foreign(x):
         edge = Edge(x)
         x = edge.adopt(x, "x")
-    if is_foreign(out):
+    if foreign_out:
         kwargs = {**kwargs, "out": _adopt(out, "out")}
         result = method(self, x, *args, **kwargs)  # filled in place: the caller's own
         return None if result is None else _handed(result, lambda r: None if r is None else out)

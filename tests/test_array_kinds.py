@@ -132,7 +132,7 @@ def _with(**attributes):
     (type(KIND), "is the class ToyKind, not an array kind; pass an instance (ToyKind())"),
     (_with(detect=True), "has no method detect(x)"),
     (_PacksHalfway(), "packs batches (concatenate) but lacks owns, dtype_of"),
-    (_with(back="numpy"), "kind.back is not callable"),
+    (_with(back="numpy"), "kind.back is a str, not a method"),
     (_with(out_refusal=True), "kind.out_refusal is a bool, not a str"),
 ])
 def test_register_array_kind_refuses_what_is_not_one(bad, says):
