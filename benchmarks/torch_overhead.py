@@ -19,7 +19,10 @@ machine's cores disturb less than the wall time.
 ``--edge`` adds a third way per size: NumPy's call with the edge's own work around it (the
 tensor adopted, the result handed back, without the Communicator's routing of a tensor), and
 prints what each step of the edge costs alone (one thread, no collective, 4 KiB, in CPU time),
-which says where a missed target's time goes.
+which says where a missed target's time goes. ``--core`` times the same ways on one rank of a
+*mirror* transport (``mirror.py``: every peer already there, nothing waits), in one thread's
+CPU time: the core's own work per call, which waiting and other processes disturb least, and
+the Python function calls each way makes per call (a count, which noise cannot move).
 """
 
 from __future__ import annotations
@@ -121,6 +124,26 @@ def edge_parts(repeats: int, calls: int = 20000) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
+def core_alone(p: int, sizes: list[int], repeats: int) -> list[dict]:
+    """Each way's CPU time per call on rank 0 of a mirror transport, and its function calls."""
+    import cProfile
+    import pstats
+
+    from mirror import MirrorTransport
+
+    from collectives.api.communicator import Communicator
+
+    comm = Communicator(MirrorTransport(0, p))
+    comm.barrier = lambda *args, **kwargs: None  # (one rank: nobody to wait for)
+    rows = measure(comm, sizes, repeats, True, lambda seconds: seconds)
+    for row, nbytes in zip(rows, sizes):
+        for name, way in ways(comm, nbytes, True).items():
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [way() for _ in range(100)])  # noqa: B023 (run at once)
+            row[f"{name} calls"] = round(pstats.Stats(profile).total_calls / 100 - 2, 1)
+    return rows
+
+
 def on_threads(p: int, sizes: list[int], repeats: int, edge: bool) -> list[dict]:
     import collectives
 
@@ -185,6 +208,8 @@ def main() -> None:
     parser.add_argument("-r", type=int, default=15, help="interleaved repeats (default 15)")
     parser.add_argument("--mpi", action="store_true", help="also on MPI ranks (mpiexec)")
     parser.add_argument("--edge", action="store_true", help="also time NumPy plus the edge alone")
+    parser.add_argument("--core", action="store_true",
+                        help="also on one rank of a mirror transport (the core alone)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # (an MPI rank of --mpi)
     args = parser.parse_args()
@@ -202,6 +227,8 @@ def main() -> None:
         print("\nthe edge's steps alone, CPU µs per call (4 KiB float32):")
         for name, us in steps.items():
             print(f"  {name:20s} {us:6.2f}")
+    if args.core:
+        results["core alone"] = core_alone(args.p, sizes, args.r)
     results["threads"] = on_threads(args.p, sizes, args.r, args.edge)
     if args.mpi:
         results["mpi"] = on_mpi(args.p, sizes, args.r, args.edge)
