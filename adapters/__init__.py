@@ -1,1 +1,1 @@
-"""Framework adapters (TensorFlow's cross-device ops)."""
+"""Framework adapters (TensorFlow's cross-device ops, PyTorch's DDP)."""
