@@ -14,12 +14,14 @@ slowest rank's): what a call costs the caller, which other processes' turns on a
 machine's cores disturb less than the wall time.
 
     python benchmarks/torch_overhead.py [-p 2] [-s 4K 64K 1M 16M 64M] [-r 15] [--mpi]
-                                        [--json out.json]
+                                        [--edge] [--core] [--json out.json]
 
-``--edge`` adds a third way per size: NumPy's call with the edge's own work around it (the
-tensor adopted, the result handed back, without the Communicator's routing of a tensor), and
-prints what each step of the edge costs alone (one thread, no collective, 4 KiB, in CPU time),
-which says where a missed target's time goes. ``--core`` times the same ways on one rank of a
+``--edge`` adds two ways per size: NumPy's call on a NumPy view of the tensor's own memory
+(PyTorch's allocator places it, not NumPy's: at the largest sizes that alone can move the
+time), and NumPy's call with the edge's own work around it (the tensor adopted, the result
+handed back, without the Communicator's routing of a tensor); and it prints what each step
+of the edge costs alone (one thread, no collective, 4 KiB, in CPU time): together they say
+where a missed target's time goes. ``--core`` times the same ways on one rank of a
 *mirror* transport (``mirror.py``: every peer already there, nothing waits), in one thread's
 CPU time: the core's own work per call, which waiting and other processes disturb least, and
 the Python function calls each way makes per call (a count, which noise cannot move).
@@ -61,6 +63,8 @@ def ways(comm, nbytes: int, edge: bool) -> dict:
     t = torch.ones(nbytes // 4, dtype=torch.float32)
     found = {"numpy": lambda: comm.all_reduce(x), "torch": lambda: comm.all_reduce(t)}
     if edge:
+        on_tensor = t.numpy()  # NumPy's call on the tensor's own memory: where it lives, apart
+        found["numpy, tensor's memory"] = lambda: comm.all_reduce(on_tensor)
         def numpy_and_edge():
             crossing = Edge(t)
             crossing.back(comm.all_reduce(crossing.adopt(t, "x")))
@@ -68,9 +72,11 @@ def ways(comm, nbytes: int, edge: bool) -> dict:
     return found
 
 
-def measure(comm, sizes: list[int], repeats: int, edge: bool, slowest) -> list[dict]:
+def measure(comm, sizes: list[int], repeats: int, edge: bool, slowest, meet=None) -> list[dict]:
     """Every rank runs this; rank 0's list holds the rows. ``slowest(seconds)``: the largest
-    of every rank's value."""
+    of every rank's value; ``meet()``: what lines the ranks up before each timing (default
+    ``comm.barrier``)."""
+    meet = comm.barrier if meet is None else meet
     rows = []
     for nbytes in sizes:
         calls = ITERS.get(nbytes, 2)
@@ -83,16 +89,18 @@ def measure(comm, sizes: list[int], repeats: int, edge: bool, slowest) -> list[d
         times.update({f"{name} cpu": [] for name in names})
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                comm.barrier()
+                meet()
                 start, cpu = time.perf_counter(), time.thread_time()
                 for _ in range(calls):
                     timed[name]()
                 cpu, wall = time.thread_time() - cpu, time.perf_counter() - start
                 times[name].append(slowest(wall / calls))
                 times[f"{name} cpu"].append(slowest(cpu / calls))
+        pairs = [(name, "numpy") for name in names if name != "numpy"]
+        if "numpy, tensor's memory" in names:  # the library's own cost, memory aside
+            pairs.append(("torch", "numpy, tensor's memory"))
         row = gpu_stats.row({"bytes": nbytes, "calls": calls}, times,
-                            [(f"{name}{cpu}", f"numpy{cpu}") for cpu in ("", " cpu")
-                             for name in names if name != "numpy"])
+                            [(f"{a}{cpu}", f"{b}{cpu}") for cpu in ("", " cpu") for a, b in pairs])
         rows.append(row)
         if comm.rank == 0:
             print(gpu_stats.brief(row), flush=True)
@@ -134,13 +142,16 @@ def core_alone(p: int, sizes: list[int], repeats: int) -> list[dict]:
     from collectives.api.communicator import Communicator
 
     comm = Communicator(MirrorTransport(0, p))
-    comm.barrier = lambda *args, **kwargs: None  # (one rank: nobody to wait for)
-    rows = measure(comm, sizes, repeats, True, lambda seconds: seconds)
+    rows = measure(comm, sizes, repeats, True, lambda seconds: seconds, meet=lambda: None)
+    def count(way) -> int:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [way() for _ in range(100)])  # noqa: B023 (run at once)
+        return pstats.Stats(profile).total_calls  # type: ignore[attr-defined]  # (untyped)
+
+    nothing = count(lambda: None)  # (the loop's own calls)
     for row, nbytes in zip(rows, sizes):
         for name, way in ways(comm, nbytes, True).items():
-            profile = cProfile.Profile()
-            profile.runcall(lambda: [way() for _ in range(100)])  # noqa: B023 (run at once)
-            row[f"{name} calls"] = round(pstats.Stats(profile).total_calls / 100 - 2, 1)
+            row[f"{name} calls"] = (count(way) - nothing) / 100
     return rows
 
 
@@ -184,18 +195,24 @@ def table(title: str, rows: list[dict]) -> str:
     """A Markdown table: per size, each way's median per call and its ratio to NumPy's (with
     the interval), in wall time, then in the calling thread's CPU time."""
     others = [k[:-len("/numpy")] for k in rows[0] if k.endswith("/numpy")]
+    extra = "torch/numpy, tensor's memory"
     head = ["size", "calls/repeat"]
     for cpu in ("", " cpu"):
         head += [f"numpy{cpu} µs", *[f"{o}{cpu} µs" for o in others],
                  *[f"{o}{cpu} / numpy{cpu} [90%]" for o in others]]
+        if extra in rows[0]:
+            head.append(f"torch{cpu} / numpy{cpu} on the tensor's memory [90%]")
     lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         size = row["bytes"]
         cells = [f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB", str(row["calls"])]
         for cpu in ("", " cpu"):
             cells += [f"{row[f'{w}{cpu}_us']:.1f}" for w in ("numpy", *others)]
-            for o in others:
-                got = row[f"{o}{cpu}/numpy{cpu}"]
+            ratios = [f"{o}{cpu}/numpy{cpu}" for o in others]
+            if extra in row:
+                ratios.append(f"torch{cpu}/numpy, tensor's memory{cpu}")
+            for key in ratios:
+                got = row[key]
                 cells.append(f"{got['ratio']:.2f} [{got['interval'][0]:.2f}, {got['interval'][1]:.2f}]")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -229,6 +246,9 @@ def main() -> None:
             print(f"  {name:20s} {us:6.2f}")
     if args.core:
         results["core alone"] = core_alone(args.p, sizes, args.r)
+        for row in results["core alone"]:
+            print(f"{row['bytes']} bytes: Python function calls per call: " + ", ".join(
+                f"{k[:-6]} {v:g}" for k, v in row.items() if k.endswith(" calls")))
     results["threads"] = on_threads(args.p, sizes, args.r, args.edge)
     if args.mpi:
         results["mpi"] = on_mpi(args.p, sizes, args.r, args.edge)
