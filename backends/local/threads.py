@@ -297,6 +297,10 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
         comm = Communicator(transport, timeout=timeout, check=check, name="local")
         try:
             results[rank] = fn(comm, *args)
+            through = comm.calls.engine.finished_through()
+            if through < comm.calls.engine.seq:  # it returned with calls in flight: they
+                transport.tell_exit(through, "it returned from its function with calls in "
+                                    "flight, and joins no later call")  # are lost with it
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
             transport.tell_exit(comm.calls.engine.finished_through(),

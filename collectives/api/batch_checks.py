@@ -27,8 +27,9 @@ def checked_list(xs: Any, argument: str) -> list:
     first = None
     for k, x in enumerate(items):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            raise TypeError(f"{argument}[{k}] is a {_name(x)}, not an array; pass a list of "
-                            "arrays (NumPy, or one other library's)")
+            what = "None" if x is None else f"a {_name(x)}"
+            raise TypeError(f"{argument}[{k}] is {what}, not an array; pass a list of arrays "
+                            "(NumPy, or one other library's)")
         if getattr(x, "requires_grad", False):
             raise TypeError(f"{argument}[{k}] requires grad; pass {argument}[{k}].detach()")
         if first is None:

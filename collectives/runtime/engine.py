@@ -244,7 +244,7 @@ class Engine(CallOrder):
                     if op.finished:
                         break
                 if now >= deadline:
-                    self._time_out(op, timeout)
+                    self.time_out(op, timeout)
                     break
                 transport.idle(waited)
         finally:
@@ -322,7 +322,7 @@ class Engine(CallOrder):
             if watched is not None:
                 hang_guard.done_waiting(self, watched)
 
-    def _time_out(self, op: Operation, timeout: float) -> None:
+    def time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
         waited = op.pending_peers()
         missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)

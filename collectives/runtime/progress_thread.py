@@ -4,7 +4,9 @@ An asynchronous call that did not finish at once is left in the engine's ``infli
 this daemon thread (one per communicator, started by the first such call) advances them, in
 call order, and hears peers' failure notices, so a call completes while its caller computes.
 It never spins (a user thread may be computing beside it): between rounds it idles through the
-transport, which also answers peers' questions. Once nothing is in flight for
+transport, which also answers peers' questions. A call that nobody waits for yet times out at
+its deadline here, as a waited one would in ``Engine.wait`` (a handle's callbacks, see
+``Work.add_done_callback``, then hear of it). Once nothing is in flight for
 ``THREAD_LINGER`` seconds it ends; a loop of ``start()``/``wait()`` reuses it meanwhile.
 """
 
@@ -48,6 +50,7 @@ def _drive(engine: Any) -> None:
                 idle_since = None
         try:
             engine.progress()
+            _expire(engine)
             if time.monotonic() - start_time > SLOW_WAIT:
                 failure = transport.poll_failure()
                 if failure is not None:
@@ -59,3 +62,11 @@ def _drive(engine: Any) -> None:
             transport.idle(max(time.monotonic() - start_time, SLOW_WAIT))
         except BaseException:  # noqa: BLE001 - as above
             time.sleep(SLOW_WAIT)
+
+
+def _expire(engine: Any) -> None:
+    """Time out the oldest call in flight once past its deadline, unless a ``wait()`` watches
+    it (a wait applies its own deadline; the calls after it wait behind it)."""
+    oldest = next((op for op in list(engine.inflight) if op.breaking and not op.finished), None)
+    if oldest is not None and not oldest.waited_by and time.monotonic() > oldest.deadline:
+        engine.time_out(oldest, engine.timeout if oldest.timeout is None else oldest.timeout)

@@ -185,7 +185,7 @@ MISMATCHES = {  # name: (field in the message, this rank's call)
                                                       (X,), {})),
     "collective-barrier": ("collective", lambda c: ("barrier", (), {}) if odd(c) else
                            ("all_reduce", (X,), {})),
-    "batch-tensor-lists": ("shape", lambda c: ("batch_all_reduce", ([np.ones(8)] if odd(c) else
+    "batch-tensor-lists": ("(shape|tensor lists)", lambda c: ("batch_all_reduce", ([np.ones(8)] if odd(c) else
                                                                     [np.ones(4), np.ones(4)],),
                                                {})),
 }
