@@ -1,25 +1,40 @@
 """All-reduce through MPI-3 shared memory, for ranks that all share one node (``"shm"``).
 
-Every rank copies the parts of its input that other ranks reduce into its own segment of a
-shared window (``Win.Allocate_shared``), then reduces its ``1/n`` slice from its own input and
-every other rank's segment into its segment's free slot (publishing it) and its result, a
-cache-sized block at a time, then copies the other slices out of their owners' segments. At
-two ranks each rank moves 4.5 times the payload through memory (half in, the reduce reading a
-whole and writing half, half published from cache, half out), where point-to-point schedules
-move about 7.5 (a copy of the input into the result, two copies per message through MPI's
-shared cells, the reduce). Each slice is reduced once, by its owner, in rank order (with
-NumPy: NaN propagates, every dtype works), so every rank holds the same bits.
+The payload goes in rounds of at most ``tuning.SHM_ROUND_BYTES``, through a shared window
+(``Win.Allocate_shared``) of two buffers per rank, used by alternate rounds; a buffer holds
+one slot per rank, at the same bytes for every call, so a slot's role never changes. In round
+k every rank copies the parts of its input that other ranks reduce into their slots of its
+buffer; after a barrier each rank reduces its ``1/n`` slice of the round from its own input
+and every other rank's buffer, in rank order, into its own slot (publishing it) and its
+result, a cache-sized block at a time; after the next barrier it copies the other slices out
+of their owners' slots. One barrier serves two rounds: after barrier k a rank copies round
+k-1's slices out, reduces round k and copies round k+1 in, so a call of r rounds takes r + 1
+barriers. Where ranks may read each other's memory (``shm_direct``), large payloads skip the
+copy-in: the reduction reads the peers' inputs where they lie. Each slice is reduced once, by
+its owner, in rank order (with NumPy: NaN propagates, every dtype works), so every rank holds
+the same bits.
 
-Two ``Ibarrier`` calls on the node's communicator order the phases; they go through the lane
-like every native collective, so concurrent calls keep their order. Each segment starts with
-a header holding the call's check value: ranks that disagree about the call all see it after
-the first barrier and raise. The window holds two buffers used by alternate calls (a rank
-may start the next call while a slow peer still reads the previous one); it grows, at a
-barrier every rank has passed, to twice the largest payload, and stays until ``free()``.
+Why the buffers never clash: round k's copy-in writes the slots others reduce, of buffer
+k % 2, after barrier k-1; the others are then past round k-2's reduce (before barrier k-1)
+and read only the owners' slots of buffer k % 2 (round k-2's copy-out), which round k's
+copy-in leaves alone; the owner overwrites its slot in round k's reduce, after barrier k,
+when every rank has copied round k-2 out. A call's last barrier orders its last copy-out
+before the next call's first reduce the same way (rounds are numbered across calls).
+
+The first barrier is an ``Ibarrier`` on the node's communicator, issued through the lane like
+every native collective, so concurrent calls keep their order; each buffer starts with a
+header holding the call's check value, so ranks that disagree about the call all see it
+there and raise. Past it every rank is in the same call, and the later barriers are flags in
+the window (each rank's latest round number): MPICH may deliver a completed barrier's message
+only at the sender's next MPI call, which a rank busy reducing does not make. A wait between
+rounds spins (``tuning.SHM_SPIN_SECONDS``, none on an oversubscribed node) before the
+transport's waiting policy may yield. The window is made, at a barrier every rank has passed,
+by the first call, and stays until ``free()``.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -30,10 +45,13 @@ from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
-from . import tuning
+from . import shm_cma, shm_direct, tuning
+from .waiting import node_oversubscribed
 
 ALIGN = 4096
 HEADER = 64  # bytes before each buffer: the call's check value
+FLAG = 64  # bytes before the buffers of each segment: the last round this rank arrived at
+SLOT_ALIGN = 64  # a slot's bytes: a multiple of every dtype's size (and of a cache line)
 
 
 class SharedWindow:
@@ -46,38 +64,78 @@ class SharedWindow:
         self.win: Any = None
         self.half = 0
         self.segments: list[np.ndarray] = []
-        self.calls = 0
+        self.flags: list[np.ndarray] = []
+        self._scratch = np.empty(0, np.uint8)
+        self.calls = 0  # rounds numbered so far (their parity picks the buffer)
+        self.slot = 0  # bytes of each rank's slot in a buffer, fixed by the first call
+        # every rank can read the others' memory (asked here, where every rank constructs
+        # the window at once: later, a collective could cross a call's barriers)
+        self.direct = self.n > 1 and shm_cma.usable(node)
+        self.spin = 0.0  # seconds a wait between rounds spins (0 on an oversubscribed node)
 
-    def fits(self, nbytes: int) -> bool:
-        return HEADER + nbytes <= self.half
+    def slot_bytes(self) -> int:
+        """Each buffer holds one slot per rank, at the same bytes for every call (whatever
+        its dtype or length), so that a slot's role never changes: see the module docstring."""
+        if not self.slot:
+            per_rank = -(-max(tuning.SHM_ROUND_BYTES, 1) // self.n)
+            self.slot = -(-per_rank // SLOT_ALIGN) * SLOT_ALIGN
+        return self.slot
 
-    def grow(self, nbytes: int) -> None:
-        """A window for ``nbytes`` payloads (collective: every rank is past a barrier)."""
-        half = -(-(HEADER + max(nbytes, 1)) // ALIGN) * ALIGN
-        half = max(half, 2 * self.half)  # at least double: few regrowths
+    def fits(self) -> bool:
+        return HEADER + self.n * self.slot_bytes() <= self.half
+
+    def grow(self) -> None:
+        """A window of two buffers of n slots (collective: every rank is past a barrier)."""
+        half = -(-(HEADER + self.n * self.slot_bytes()) // ALIGN) * ALIGN
         self.free()
-        win = MPI.Win.Allocate_shared(2 * half, 1, comm=self.node)
+        self.spin = 0.0 if node_oversubscribed(self.node) else tuning.SHM_SPIN_SECONDS
+        win = MPI.Win.Allocate_shared(FLAG + 2 * half, 1, comm=self.node)
         win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's life; Sync() fences
         self.win, self.half = win, half
         # (mpi4py's stubs make its buffer a Buffer from Python 3.12 on only)
         self.segments = [np.frombuffer(win.Shared_query(r)[0], np.uint8)  # type: ignore[call-overload]
                          for r in range(self.n)]
+        self.flags = [segment[:8].view(np.int64) for segment in self.segments]
+        self.flags[self.me][0] = 0
+
+    def arrive(self, number: int) -> None:
+        """Tell the others this rank is at round ``number`` (its earlier stores visible)."""
+        self.win.Sync()
+        self.flags[self.me][0] = number
+
+    def arrived(self, number: int) -> bool:
+        """Whether every rank is at round ``number`` or later (else MPI progresses: a peer
+        may still wait for this rank's part of the first barrier)."""
+        if all(int(flag[0]) >= number for flag in self.flags):
+            return True
+        self.node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        return False
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of this rank's private memory, kept from call to call (fresh pages would
+        fault in every time)."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
 
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int, lane: Any) -> ShmRun:
         return ShmRun(self, call, src, dst, op, seq, lane)
 
+
     def free(self) -> None:
         if self.win is not None:
-            self.segments = []
+            self.segments, self.flags = [], []
             self.win.Unlock_all()
             self.win.Free()
             self.win, self.half = None, 0
 
 
 class ShmRun:
-    """One shared-memory all-reduce: [grow,] copy in, barrier, reduce, barrier, copy out."""
+    """One shared-memory all-reduce: [grow,] copy in, then per barrier: copy the previous
+    round out, reduce this one, copy the next one in (module docstring)."""
 
-    __slots__ = ("barrier", "call", "dst", "lane", "op", "phase", "seq", "shm", "src", "views")
+    __slots__ = ("barrier", "call", "direct", "dst", "lane", "op", "phase", "reads", "round",
+                 "rounds", "seq", "shm", "slot", "span", "src", "start_round")
     holds_turn = False  # (``collectives.runtime.transport.NativeRun``)
 
     def __init__(self, shm: SharedWindow, call: Call, src: Any, dst: Any, op: ReduceOp,
@@ -85,37 +143,45 @@ class ShmRun:
         self.shm, self.call, self.op, self.seq, self.lane = shm, call, op, seq, lane
         self.src = dst if src is None else src
         self.dst = dst
-        self.phase = "in"  # or "grow", decided when this run reaches the head of the lane
+        self.phase = "in"  # or "growing", decided when this run reaches the head of the lane
         self.barrier: Any = None
-        self.views: list[np.ndarray] = []
-        lane.join(self)
+        self.slot = shm.slot_bytes() // dst.itemsize  # elements of a rank's slice of a round
+        self.span = self.slot * shm.n  # elements per round
+        self.rounds = max(1, -(-len(dst) // self.span))
+        # peers' inputs read where they lie (shm_direct), a choice every rank makes alike
+        least = tuning.SHM_DIRECT_BYTES
+        self.direct = shm.direct and least is not None and dst.nbytes >= least
+        self.reads: shm_direct.PeerInputs | None = None
+        self.round = 0  # the round reduced after the next barrier
+        self.start_round = 0  # the window's round number of this call's round 0
+        lane.join(self)  # (may issue at once: every field is set before)
+
 
     def _barrier(self) -> None:
         self.shm.win.Sync()  # our stores are visible before the peers pass the barrier
         self.barrier = self.shm.node.Ibarrier()
 
     def issue(self) -> bool:
-        """The lane's side: issue this phase's barrier, if this phase's work is done."""
+        """The lane's side: issue the first barrier, once this call's first round is in."""
         shm = self.shm
-        if self.phase == "in" and not shm.fits(self.dst.nbytes):
+        if self.phase == "in" and not shm.fits():
             self.barrier = shm.node.Ibarrier()  # every rank is done with the old window
             self.phase = "growing"
             return False
         if self.phase == "in":
-            offset = (shm.calls % 2) * shm.half
-            shm.calls += 1
-            nbytes = self.dst.nbytes
-            header = shm.segments[shm.me][offset:offset + HEADER].view(np.int64)
+            self.start_round = shm.calls
+            shm.calls += self.rounds + 1  # (the last barrier counts as a round: parity moves on)
+            header = self._header(shm.me, 0)
             header[0], header[1] = self.call.check, self.seq
-            self.views = [s[offset:offset + HEADER + nbytes] for s in shm.segments]
-            self._copy_in()
+            self._first()
             self._barrier()
-            self.phase = "reduce"
-            return False
-        if self.phase == "published":
-            self._barrier()
-            self.phase = "out"
+            self.phase = "rounds"
         return False  # the lane moves on once the result is copied out (``_advance``)
+
+    def _first(self) -> None:
+        if self.direct:
+            self.src = shm_direct.publish(self._header(self.shm.me, 0), self.src)
+        self._copy_in(0)
 
     def advance(self) -> bool:
         try:
@@ -127,66 +193,126 @@ class ShmRun:
     def _advance(self) -> bool:
         if self.lane.runs:
             self.lane.pump()
-        if self.barrier is None or not self.barrier.Test():
-            return False
-        self.barrier = None
-        shm = self.shm
-        if self.phase == "growing":
-            shm.grow(self.dst.nbytes)
-            self.phase = "in"
-        elif self.phase == "reduce":
-            shm.win.Sync()
-            self._reduce()
-            self.phase = "published"
-        elif self.phase == "out":
-            shm.win.Sync()
-            self._copy_out()
+        # round after round while the others keep up: back in the engine a wait may sleep
+        while self.barrier is not None and self._passed():
+            self.barrier = None
+            if self.phase == "growing":
+                self.shm.grow()
+                self.phase = "in"
+                self.lane.pump()
+                return False
+            if self._step():
+                return True
+        return False
+
+    def _step(self) -> bool:
+        """After a barrier: the previous round out, this one reduced, the next one in;
+        True once the last round is out."""
+        self.shm.win.Sync()
+        k = self.round
+        if k == 0:
+            self._check()
+            if self.direct:
+                shm = self.shm
+                step = max(tuning.SHM_BLOCK_BYTES // self.dst.itemsize, 1)
+                self.reads = shm_direct.PeerInputs(
+                    [self._header(r, 0) for r in range(shm.n)], shm.me, self.dst.dtype, step,
+                    shm.scratch(shm.n * step * self.dst.itemsize))
+        else:
+            self._copy_out(k - 1)
+        if k == self.rounds:
             self.phase = "done"
             self.lane.leave(self)  # the next run may write its input now
             return True
-        self.lane.pump()
+        self._reduce(k)
+        self.round = k + 1
+        if k + 1 < self.rounds:
+            self._copy_in(k + 1)
+        # past the first barrier every rank is in this call (its check passed): the others
+        # wait on flags in the window, not on MPI messages (MPICH may deliver a finished
+        # barrier's message only at the sender's next MPI call)
+        self.barrier = self.start_round + k + 1
+        self.shm.arrive(self.barrier)
         return False
 
-    def _slices(self) -> list[tuple[int, int]]:
-        count, n = len(self.dst), self.shm.n
-        return [(p * count // n, (p + 1) * count // n) for p in range(n)]
+    def _passed(self) -> bool:
+        """Whether the barrier is complete, spinning on it for up to ``shm.spin`` seconds:
+        between rounds a peer is a round's work away at most, and a wait that yields the core
+        on a busy host loses a time slice per round."""
+        barrier = self.barrier
+        test = barrier.Test if not isinstance(barrier, int) else lambda: self.shm.arrived(barrier)
+        if test():
+            return True
+        if self.phase != "rounds" or not self.shm.spin:
+            return False
+        until = time.perf_counter() + self.shm.spin
+        while time.perf_counter() < until:
+            if test():
+                return True
+        return False
 
-    def _copy_in(self) -> None:
-        """The slices other ranks reduce go into this rank's segment; its own slice stays
-        where it is (the reduction reads it from the input)."""
+    def _offset(self, k: int) -> int:
+        return FLAG + ((self.start_round + k) % 2) * self.shm.half
+
+    def _header(self, rank: int, k: int) -> np.ndarray:
+        offset = self._offset(k)
+        return self.shm.segments[rank][offset:offset + HEADER].view(np.int64)
+
+    def _slot(self, rank: int, k: int, owner: int, length: int) -> np.ndarray:
+        """The first ``length`` elements of slot ``owner`` (what rank ``owner`` reduces) in
+        rank ``rank``'s buffer of this call's round ``k``."""
+        start = self._offset(k) + HEADER + owner * self.shm.slot
+        return self.shm.segments[rank][start:start + length * self.dst.itemsize].view(self.dst.dtype)
+
+    def _slices(self, k: int) -> list[tuple[int, int]]:
+        """Every rank's slice of round ``k``, as positions in the payload."""
+        base = k * self.span
+        count, n = min(self.span, len(self.dst) - base), self.shm.n
+        return [(base + p * count // n, base + (p + 1) * count // n) for p in range(n)]
+
+    def _check(self) -> None:
         shm = self.shm
-        mine = self.views[shm.me][HEADER:].view(self.dst.dtype)
-        for p, (lo, hi) in enumerate(self._slices()):
-            if p != shm.me and hi > lo:
-                mine[lo:hi] = self.src[lo:hi]
-
-    def _reduce(self) -> None:
-        """This rank's slice, from every rank's data in rank order (its own from its input),
-        into its segment (for the others) and its result, a cache-sized block at a time."""
-        shm, dst = self.shm, self.dst
-        checks = {int(v[:HEADER].view(np.int64)[0]) for v in self.views}
+        checks = {int(self._header(r, 0)[0]) for r in range(shm.n)}
         if checks != {self.call.check}:
             raise CollectiveMismatchError(
                 f"rank {shm.me}: call {self.seq}: ranks called different collectives, or the same "
                 f"one with different arguments, at this point (this rank: {self.call.describe()});"
                 " every rank must make the same calls in the same order")
-        data = [v[HEADER:].view(dst.dtype) for v in self.views]
-        published = data[shm.me]
-        data[shm.me] = self.src
-        lo, hi = self._slices()[shm.me]
-        step = max(tuning.SHM_BLOCK_BYTES // dst.itemsize, 1)
-        for a in range(lo, hi, step):
-            b = min(a + step, hi)
-            block = published[a:b]
-            NUMPY.combine_into(self.op, block, data[0][a:b], [d[a:b] for d in data[1:]])
-            dst[a:b] = block  # (still in cache; when dst is the input, block a:b is read)
 
-    def _copy_out(self) -> None:
-        shm, dst = self.shm, self.dst
-        data = [v[HEADER:].view(dst.dtype) for v in self.views]
-        for p, (lo, hi) in enumerate(self._slices()):
-            if p != shm.me and hi > lo:
-                dst[lo:hi] = data[p][lo:hi]
+    def _copy_in(self, k: int) -> None:
+        """The slices of round ``k`` other ranks reduce go into this rank's buffer; its own
+        stays where it is (the reduction reads it from the input)."""
+        me = self.shm.me
+        if self.direct:
+            return  # the others read it where it lies
+        for p, (lo, hi) in enumerate(self._slices(k)):
+            if p != me and hi > lo:
+                self._slot(me, k, p, hi - lo)[:] = self.src[lo:hi]
+
+    def _reduce(self, k: int) -> None:
+        """This rank's slice of round ``k``, from every rank's data in rank order (its own
+        from its input), into its buffer (for the others) and its result, a cache-sized
+        block at a time."""
+        me, dst, reads = self.shm.me, self.dst, self.reads
+        lo, hi = self._slices(k)[me]
+        slots = [self._slot(r, k, me, hi - lo) for r in range(self.shm.n)]
+        published = slots[me]
+        step = max(tuning.SHM_BLOCK_BYTES // dst.itemsize, 1)
+        for a in range(0, hi - lo, step):
+            b = min(a + step, hi - lo)
+            if reads is not None:
+                data = reads.blocks(lo + a, lo + b, self.src)
+            else:
+                data = [self.src[lo + a:lo + b] if r == me else slot[a:b] for r, slot in enumerate(slots)]
+            block = published[a:b]
+            NUMPY.combine_into(self.op, block, data[0], data[1:])
+            dst[lo + a:lo + b] = block  # (still in cache; in place, src block a:b is read)
+
+    def _copy_out(self, k: int) -> None:
+        me, dst = self.shm.me, self.dst
+        for p, (lo, hi) in enumerate(self._slices(k)):
+            if p != me and hi > lo:
+                dst[lo:hi] = self._slot(p, k, p, hi - lo)
 
     def pending_peers(self) -> list[int]:
         return [r for r in range(self.shm.n) if r != self.shm.me]

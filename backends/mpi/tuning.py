@@ -30,8 +30,25 @@ MAX_COUNT = 2**31 - 1
 RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 256 << 10, 4: 1 << 20}
 
 # All-reduces from this many bytes up run through shared memory under "auto" when every rank
-# shares one node; None: only on request (algorithm="shm"), where the measurements put it.
-SHM_FROM_BYTES: int | None = None
+# shares one node and the communicator's constants never timed it (a calibrated job prices it
+# from its own times); keyed by rank count, the last entry serving larger counts; None: only
+# on request (algorithm="shm"). Measured with benchmarks/mpi_compare.py on the 2-vCPU machine
+# (docs/performance.md): three and four ranks ran it faster than every other method from
+# 256 KiB to 16 MiB (0.6-0.8x the best schedule's time at 1 to 16 MiB, three ranks); two ranks
+# ran the schedules as fast or faster (ring and rechd 0.7-0.9x its time from 4 MiB up).
+SHM_FROM_BYTES: dict[int, int | None] = {2: None, 3: 256 << 10}
+
+# The shared-memory all-reduce moves its payload in rounds of at most this many bytes: its
+# window (two round buffers per rank) then stays in the last-level cache.
+SHM_ROUND_BYTES = 16 << 20
+
+# From this many bytes up the shared-memory all-reduce reads peers' inputs and results where
+# they lie (``process_vm_readv``, where the kernel allows it): no copy through the window.
+SHM_DIRECT_BYTES: int | None = 16 << 20
+
+# A wait between two rounds of the shared-memory all-reduce spins this long before it lets the
+# transport's waiting policy yield the core (never on an oversubscribed node).
+SHM_SPIN_SECONDS = 5e-3
 
 # The shared-memory all-reduce reduces its slice this many bytes at a time, so that what it
 # publishes for the other ranks is copied out of the cache.
@@ -84,17 +101,27 @@ def prefer_native(collective: Collective, size: int, nbytes: int, single_node: b
     hosts, everything: MPI's all-reduce, in pieces, sent the minimum over each host's link
     and beat every flat and two-level schedule at 1, 16 and 64 MiB (docs/multi-host.md)."""
     if collective is Collective.ALL_REDUCE and single_node:
-        return nbytes < ring_from(size) or (SHM_FROM_BYTES is not None and nbytes >= SHM_FROM_BYTES)
+        return nbytes < ring_from(size)
     return True
 
 
-def use_shm(algorithm: str, collective: Collective, nbytes: int, single_node: bool) -> bool:
-    """Whether a native all-reduce goes through the shared window rather than MPI."""
+def shm_from(size: int) -> int | None:
+    """Where ``auto`` starts running the shared-memory all-reduce at ``size`` ranks (None:
+    never)."""
+    return SHM_FROM_BYTES.get(size, SHM_FROM_BYTES[max(SHM_FROM_BYTES)])
+
+
+def use_shm(algorithm: str, collective: Collective, nbytes: int, single_node: bool,
+            size: int | None = None) -> bool:
+    """Whether a native all-reduce goes through the shared window rather than MPI: on
+    request, or under ``auto`` where ``shm_from(size)`` says (``size``: the rank count; None
+    runs it on request only)."""
     if collective is not Collective.ALL_REDUCE or not single_node:
         return False
     if algorithm in SHM_NAMES:
         return True
-    return algorithm == "auto" and SHM_FROM_BYTES is not None and nbytes >= SHM_FROM_BYTES
+    least = shm_from(size) if size is not None and size > 1 else None
+    return algorithm == "auto" and least is not None and nbytes >= least
 
 
 def persistent(collective: Collective, nbytes: int) -> bool:

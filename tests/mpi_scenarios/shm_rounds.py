@@ -1,0 +1,134 @@
+"""The shared-memory all-reduce in many rounds and blocks (limits lowered), through the window
+and reading peers' memory directly: every rank holds the same bits, those of the rank-order
+reduction, or every rank raises.
+
+* float32 inputs whose sums round (random values): the result equals, bit for bit on every
+  rank, ``((x_0 + x_1) + x_2) + ...`` in float32, each rank's input rebuilt from its seed;
+* out=, in place and a new result, counts that split unevenly over rounds and ranks, float64,
+  int32 and MAX with a NaN;
+* several calls in flight at once (``async_op=True``), waited in reverse order, each spanning
+  rounds whose buffers alternate, then a small call behind them;
+* ranks that disagree about the length: ``CollectiveMismatchError`` on every rank, also where
+  that puts one rank on the direct path and the others on the window's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from _common import WORLD, Report, meet
+from collectives.backends import mpi
+from collectives.backends.mpi import tuning
+
+from collectives.errors import CollectiveMismatchError
+
+report = Report("shm_rounds")
+n, rank = WORLD.size, WORLD.rank
+
+
+def inputs(count: int, dtype, seed: int) -> list[np.ndarray]:
+    """Every rank's input (rebuilt on each rank from the seeds)."""
+    return [np.random.default_rng([seed, r]).standard_normal(count).astype(dtype) for r in range(n)]
+
+
+def rank_order(xs: list[np.ndarray], op=np.add) -> np.ndarray:
+    total = xs[0].copy()
+    for x in xs[1:]:
+        op(total, x, out=total)
+    return total
+
+
+def same_bits_everywhere(got: np.ndarray, what: str) -> None:
+    first = WORLD.bcast(got.tobytes() if rank == 0 else None, root=0)
+    report.check(first == got.tobytes(), f"{what}: ranks hold different bits")
+
+
+def rounding(comm) -> None:
+    for count in (1, 5, 97, 1000, 4099):
+        xs = inputs(count, np.float32, count)
+        want = rank_order(xs)
+        for how in ("out", "in place", "new"):
+            x = xs[rank].copy()
+            if how == "out":
+                got = comm.all_reduce(x, algorithm="shm", out=np.empty_like(x))
+            elif how == "in place":
+                got = comm.all_reduce(x, algorithm="shm", out=x)
+            else:
+                got = comm.all_reduce(x, algorithm="shm")
+            report.check(got.tobytes() == want.tobytes(), f"float32 {count} {how}: not rank order")
+            if how != "in place":
+                report.check(np.array_equal(x, xs[rank]), f"float32 {count} {how}: x changed")
+            same_bits_everywhere(got, f"float32 {count} {how}")
+
+
+def dtypes(comm) -> None:
+    count = 2001
+    x64 = np.arange(count, dtype=np.float64) * (rank + 1)
+    report.check(np.array_equal(comm.all_reduce(x64, algorithm="shm"),
+                                np.arange(count, dtype=np.float64) * (n * (n + 1) // 2)), "float64")
+    xi = np.arange(count, dtype=np.int32) - rank
+    report.check(np.array_equal(comm.all_reduce(xi, algorithm="shm"),
+                                n * np.arange(count, dtype=np.int32) - n * (n - 1) // 2), "int32")
+    xm = np.arange(count, dtype=np.float32) + rank
+    if rank == n - 1:
+        xm[777] = np.nan
+    got = comm.all_reduce(xm, "max", "shm")
+    want = np.arange(count, dtype=np.float32) + (n - 1)
+    want[777] = np.nan
+    report.check(np.array_equal(got, want, equal_nan=True), "max with a NaN")
+
+
+def in_flight(comm) -> None:
+    counts = (3001, 17, 2500, 999)
+    xs = [inputs(c, np.float32, 100 + c) for c in counts]
+    works = [comm.all_reduce(x[rank], algorithm="shm", async_op=True) for x in xs]
+    small = comm.all_reduce(np.ones(2, np.float32), algorithm="shm")
+    for k in reversed(range(len(works))):
+        got = works[k].wait()
+        report.check(got.tobytes() == rank_order(xs[k]).tobytes(), f"async call {k}: wrong bits")
+        same_bits_everywhere(got, f"async call {k}")
+    report.check(np.array_equal(small, np.full(2, n, np.float32)), "a small call behind them")
+
+
+def mismatch(comm) -> None:
+    count = 1000 + (rank == n - 1)
+    try:
+        comm.all_reduce(np.ones(count, np.float32), algorithm="shm")
+    except CollectiveMismatchError:
+        report.check(True, "mismatch raised")
+        return
+    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
+        report.check(False, f"mismatch: raised {type(exc).__name__}: {exc}")
+        return
+    report.check(False, "ranks with different lengths got an answer")
+
+
+def main() -> None:
+    saved = tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES
+    tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES = 4000, 40  # 1000 float32 a round, 10 a block
+    direct_ran = False
+    try:
+        for direct in (None, 0):  # through the window; reading peers directly, every size
+            tuning.SHM_DIRECT_BYTES = direct
+            comm = mpi.init(timeout=20)
+            rounding(comm)
+            meet()
+            dtypes(comm)
+            meet()
+            in_flight(comm)
+            meet()
+            direct_ran = direct_ran or (direct == 0 and comm.transport.native.shm.direct)
+            comm.free()
+            comm = mpi.init(timeout=20)
+            mismatch(comm)
+            meet()
+        tuning.SHM_DIRECT_BYTES = 4004  # the longer call reads directly, the others do not
+        comm = mpi.init(timeout=20)
+        mismatch(comm)
+        meet()
+    finally:
+        tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES = saved
+    report.finish(f"direct={'read' if direct_ran else 'unavailable here'}")
+
+
+if __name__ == "__main__":
+    main()
