@@ -74,11 +74,11 @@ class MPINatives:
 
     def preferred(self, call: Call) -> bool:
         return (tuning.prefer_native(call.collective, self.size, call.nbytes, self.single_node)
-                or tuning.use_shm("auto", call.collective, call.nbytes, self.single_node))
+                or tuning.use_shm("auto", call.collective, call.nbytes, self.single_node, self.size))
 
     def start(self, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq: int) -> Any:
         collective = call.collective
-        if tuning.use_shm(call.algorithm, collective, call.nbytes, self.single_node):
+        if tuning.use_shm(call.algorithm, collective, call.nbytes, self.single_node, self.size):
             self.last = "shm"
             return self.shm.start(call, src, dst, op, seq, self.lane)
         self.last = "mpi"

@@ -92,8 +92,10 @@ def choose(comm: Any, call: Any) -> str:
     decision = decide(comm, call)
     if isinstance(decision, str):
         return decision
-    if decision.name != "native" and decision.name in comm.calls.native_names:
-        call.algorithm = decision.name  # (the transport's own method, by its name)
+    if decision.name in comm.calls.native_names:
+        # the transport's own method, by its name: the model priced MPI's own apart from the
+        # shared-memory one, so "native" runs MPI's, not what the transport's rule would pick
+        call.algorithm = decision.name
         return "native"
     if decision.layout is not None:
         call.layout = decision.layout
