@@ -24,14 +24,27 @@ itself stays on one thread there, so the same copy on 1 thread is also measured
 data movement only: the library's per-call Python overhead is not in it, so small sizes are
 expected to sit well above it.
 
-    python benchmarks/ceiling.py [-p 4] [-b 4K] [-e 64M] [-r 5] [--json ceiling.json]
+The SPMD bound (``SpmdShare``, ``spmd_rows``). Across p processes of one host, each rank's
+least share of an all-reduce of S bytes is: reduce its S/p slice (read the p ranks' slices,
+S bytes, write S/p), then copy the p - 1 other reduced slices into its output (read and write
+(p-1)/p*S). Every rank runs that at once, on private arrays, as the ranks of an all-reduce
+do (they share the memory bus and, oversubscribed, the cores); a repeat lasts as long as
+the slowest rank. It takes the peers' slices as readable in place, which processes with
+private inputs cannot do without a copy: ``copy-in`` adds one copy of the (p-1)/p*S bytes
+the others reduce (what a shared-memory all-reduce moves to expose them), as a second
+reference. The mpi_compare benchmark times the same kernel under MPI, beside every method.
+
+    python benchmarks/ceiling.py [-p 4] [-b 4K] [-e 64M] [-r 5] [--spmd 2 3 4] [--json ceiling.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shlex
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -140,6 +153,76 @@ def bound_rows(kernels: Kernels, p: int, lo: int, hi: int, repeats: int) -> list
     return [bound_row(kernels, p, s, repeats) for s in sizes(lo, hi)]
 
 
+class SpmdShare:
+    """One rank's least work in a p-rank all-reduce of ``nbytes`` float32 (module docstring):
+    a call does it once; ``moved`` is the bytes it reads plus writes."""
+
+    def __init__(self, p: int, nbytes: int, copy_in: bool = False, block_bytes: int = 256 << 10):
+        n = max(p, nbytes // DTYPE.itemsize)
+        self.p, self.copy_in = p, copy_in
+        self.cuts = [(q * n // p, (q + 1) * n // p) for q in range(p)]
+        lo, hi = self.cuts[0]  # (this rank's slice: any one of the same length will do)
+        self.x, self.out = np.ones(n, DTYPE), np.zeros(n, DTYPE)
+        self.peers = [np.ones(hi - lo, DTYPE) for _ in range(p - 1)]  # its slice, at the others
+        self.results = [np.ones(b - a, DTYPE) for a, b in self.cuts[1:]]  # their reduced slices
+        self.exposed = np.zeros(n - (hi - lo), DTYPE)  # copy_in: what the others reduce
+        self.step = max(1, block_bytes // DTYPE.itemsize)
+        mine, others = (hi - lo) * DTYPE.itemsize, (n - hi + lo) * DTYPE.itemsize
+        self.moved = p * mine + mine + 2 * others + (2 * others if copy_in else 0)
+
+    def __call__(self) -> None:
+        lo, hi = self.cuts[0]
+        x, out = self.x, self.out
+        if self.copy_in:
+            np.copyto(self.exposed, x[hi:])
+        if self.p == 2:  # one pass, whole
+            np.add(x[lo:hi], self.peers[0], out=out[lo:hi])
+        else:  # a cache-sized block at a time, so that the partial sums stay in cache
+            for a in range(lo, hi, self.step):
+                b = min(a + self.step, hi)
+                np.add(x[a:b], self.peers[0][a - lo:b - lo], out=out[a:b])
+                for peer in self.peers[1:]:
+                    np.add(out[a:b], peer[a - lo:b - lo], out=out[a:b])
+        for (a, b), result in zip(self.cuts[1:], self.results):
+            np.copyto(out[a:b], result)
+
+
+def _spmd_rank(p: int, nbytes: int, copy_in: bool, repeats: int, barrier, times) -> None:
+    """One rank of ``spmd_row``: per repeat, a barrier, then calls for about 20 ms."""
+    share = SpmdShare(p, nbytes, copy_in)
+    share()
+    barrier.wait()
+    start = time.perf_counter()
+    share()
+    iters = max(1, min(1000, int(bench.TARGET_SECONDS / max(time.perf_counter() - start, 1e-7))))
+    for rep in range(repeats):
+        barrier.wait()
+        start = time.perf_counter()
+        for _ in range(iters):
+            share()
+        times.append((rep, (time.perf_counter() - start) / iters))
+
+
+def spmd_row(p: int, nbytes: int, repeats: int) -> dict:
+    """The SPMD bound of p processes x ``nbytes``, without and with the copy-in: per repeat
+    the slowest rank's time per call (the ranks start together), the median over repeats."""
+    ctx = multiprocessing.get_context("fork")
+    row: dict = {"size": nbytes, "participants": p}
+    for copy_in in (False, True):
+        barrier, times = ctx.Barrier(p), ctx.Manager().list()
+        ranks = [ctx.Process(target=_spmd_rank, args=(p, nbytes, copy_in, repeats, barrier, times))
+                 for _ in range(p)]
+        for rank in ranks:
+            rank.start()
+        for rank in ranks:
+            rank.join()
+        slowest = [max(t for r, t in times if r == rep) for rep in range(repeats)]
+        key = "spmd_copy_in_us" if copy_in else "spmd_us"
+        row[key] = statistics.median(slowest) * 1e6
+        row[key.replace("_us", "_moved")] = SpmdShare(p, nbytes, copy_in).moved
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the bandwidth and bound tables; ``--json`` also writes them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -147,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-b", "--minbytes", type=bench.parse_size, default="4K")
     parser.add_argument("-e", "--maxbytes", type=bench.parse_size, default="64M")
     parser.add_argument("-r", "--repeats", type=int, default=5)
+    parser.add_argument("--spmd", type=int, nargs="*", default=[], metavar="P",
+                        help="also the SPMD bound of P processes (each size)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "benchmarks/ceiling.py", *(sys.argv[1:] if argv is None else argv)])
@@ -171,12 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     for r in bound:
         print(f"{r['size']:>12} {r['bytes_moved']:>12} {r['bound_2t_us']:>10.2f} {r['bound_1t_us']:>10.2f} "
               f"{r['bound_us']:>10.2f} {r['bound_algbw']:>8.3f} {r['bound_busbw']:>8.3f}")
+    spmd = [spmd_row(q, s, args.repeats) for q in args.spmd for s in sizes(args.minbytes, args.maxbytes)]
+    if spmd:
+        print("# SPMD all-reduce bound, p processes x S bytes at once: each rank reduces its slice "
+              "and copies the others' (copy-in: plus a copy of what the others reduce)")
+        print(f"#{'p':>2} {'S(B)':>11} {'moved(B)':>12} {'bound(us)':>10} {'GB/s':>7} "
+              f"{'copy-in(us)':>12}")
+    for r in spmd:
+        print(f"{r['participants']:>3} {r['size']:>11} {r['spmd_moved']:>12} {r['spmd_us']:>10.2f} "
+              f"{r['spmd_moved'] / r['spmd_us'] / 1e3:>7.2f} {r['spmd_copy_in_us']:>12.2f}")
     if args.json:
         import json
 
         with open(args.json, "w") as f:
-            json.dump({**bench.metadata(command), "bandwidth": table, "allreduce_bound": bound}, f,
-                      indent=1)
+            json.dump({**bench.metadata(command), "bandwidth": table, "allreduce_bound": bound,
+                       "spmd_bound": spmd}, f, indent=1)
             f.write("\n")
     return 0
 

@@ -16,7 +16,10 @@ For each rank count it runs, float32, per size, in one launch:
 * with ``--overlap``: a 64 MiB ``async_op=True`` all-reduce issued before a NumPy compute loop
   of about the same length, then waited on, against the two back to back;
 * torch.distributed gloo ``all_reduce`` (a separate ``mpiexec`` launch that uses MPI only to
-  start the processes; rendezvous over 127.0.0.1), when torch is installed.
+  start the processes; rendezvous over 127.0.0.1), when torch is installed;
+* the SPMD bound of ``ceiling.py`` (``ceiling.SpmdShare``: each rank reduces its slice and
+  copies the others', every rank at once), and that bound plus the copy-in that exposes private
+  inputs through shared memory, timed like a method; every cell says its time over the bound.
 
 Protocol: each repeat starts with a barrier, times ``ITERS[size]`` back-to-back calls, takes
 the max over ranks of the per-call time; every method runs once per repeat, in an order
@@ -45,6 +48,8 @@ ROOT = os.path.dirname(HERE)
 SCHEDULES = ("ring", "rechd", "tree", "shuffle", "one_device")
 ITERS = {4 << 10: 1000, 64 << 10: 300, 1 << 20: 40, 16 << 20: 5, 64 << 20: 3}
 BASE = "mpi4py Allreduce"
+BOUND = "bound (SPMD share)"
+BOUND_COPY_IN = "bound + copy-in"
 
 
 def iters_for(nbytes: int) -> int:
@@ -106,6 +111,14 @@ def mpi_calls(world, checked, unchecked, x, out, calibrated=None) -> dict:
     return calls
 
 
+def bound_calls(p: int, nbytes: int) -> dict:
+    """The SPMD bound's kernels (``ceiling.SpmdShare``) as methods without a communicator."""
+    sys.path.insert(0, HERE)
+    import ceiling
+
+    return {BOUND: ceiling.SpmdShare(p, nbytes), BOUND_COPY_IN: ceiling.SpmdShare(p, nbytes, True)}
+
+
 def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
     sys.path.insert(0, ROOT)
     from collectives.backends import mpi
@@ -134,7 +147,8 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
         calls = {k: v for k, v in mpi_calls(world, checked, unchecked, x, out,
                                             calibrated).items()
                  if not methods or k == BASE or any(m in k for m in methods)}
-        ran = {}
+        bounds = bound_calls(p, nbytes)
+        ran: dict = {}
         for name, (comm, fn) in calls.items():
             out.fill(0)
             if comm is not None:
@@ -144,9 +158,10 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
             if not world.allreduce(ok, op=MPI.LAND):
                 raise AssertionError(f"{name} at {nbytes} B gave a wrong result")
             ran[name] = (comm.last_algorithm or "native") if comm is not None else None
-        times = interleaved({k: fn for k, (_, fn) in calls.items()}, iters_for(nbytes), repeats,
-                            world.Barrier, reduce_max)
-        for name in calls:
+        ran.update(dict.fromkeys(bounds))
+        times = interleaved({**{k: fn for k, (_, fn) in calls.items()}, **bounds},
+                            iters_for(nbytes), repeats, world.Barrier, reduce_max)
+        for name in ran:
             results.setdefault(name, {})[str(nbytes)] = {"times": times[name], "ran": ran[name]}
             if rank == 0:
                 print(f"  p={p} {human(nbytes):>7} {name:<32} "
@@ -244,6 +259,7 @@ def launch(p: int, args: list[str]) -> dict:
 def table(p: int, sizes: list[int], data: dict) -> str:
     base = data.get(BASE, {})
     gloo = data.get("torch gloo", {})
+    bound = data.get(BOUND, {})
     head = f"| method (p={p}) | " + " | ".join(human(s) for s in sizes) + " |"
     lines = [head, "|---" * (len(sizes) + 1) + "|"]
     for name, cells in data.items():
@@ -260,6 +276,8 @@ def table(p: int, sizes: list[int], data: dict) -> str:
                 text += f" ({statistics.median(base[str(s)]['times']) / t:.2f}× MPI"
                 if str(s) in gloo and name != "torch gloo":
                     text += f", {statistics.median(gloo[str(s)]['times']) / t:.1f}× gloo"
+                if str(s) in bound and name != BOUND:
+                    text += f", {t / statistics.median(bound[str(s)]['times']):.2f}× bound"
                 text += ")"
             if cell.get("ran") and name.startswith("collectives auto"):
                 text += f" [{cell['ran']}]"
@@ -325,7 +343,7 @@ def main() -> None:
             if overlap:
                 tables.append(overlap_table(p, overlap))
     print("\nCells: median µs per call / busbw GB/s (speed-up over mpi4py's Allreduce, "
-          "over gloo) [what auto ran]\n")
+          "over gloo; time over the SPMD bound's) [what auto ran]\n")
     print("\n\n".join(tables))
     if args.json:
         with open(args.json, "w") as f:
