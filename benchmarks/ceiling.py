@@ -61,7 +61,7 @@ class Kernels:
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ceiling")
 
-    def _split(self, fn: Callable[[slice], None], length: int, threads: int) -> Callable[[], None]:
+    def _split(self, fn: Callable[[slice], object], length: int, threads: int) -> Callable[[], object]:
         if threads == 1:
             whole = slice(0, length)
             return lambda: fn(whole)
@@ -74,20 +74,20 @@ class Kernels:
 
         return run
 
-    def copy(self, nbytes: int, threads: int) -> tuple[Callable[[], None], int]:
+    def copy(self, nbytes: int, threads: int) -> tuple[Callable[[], object], int]:
         """A call copying ``nbytes`` and the bytes it reads plus writes."""
         n = max(1, nbytes // DTYPE.itemsize)
         src, dst = np.ones(n, DTYPE), np.zeros(n, DTYPE)
         return self._split(lambda s: np.copyto(dst[s], src[s]), n, threads), 2 * n * DTYPE.itemsize
 
-    def add(self, nbytes: int, threads: int) -> tuple[Callable[[], None], int]:
+    def add(self, nbytes: int, threads: int) -> tuple[Callable[[], object], int]:
         """A call adding two ``nbytes`` arrays into a third, and the bytes it moves."""
         n = max(1, nbytes // DTYPE.itemsize)
         a, b, c = np.ones(n, DTYPE), np.ones(n, DTYPE), np.zeros(n, DTYPE)
         return (self._split(lambda s: np.add(a[s], b[s], out=c[s]), n, threads),
                 3 * n * DTYPE.itemsize)
 
-    def copy_many(self, p: int, nbytes: int, threads: int) -> tuple[Callable[[], None], int]:
+    def copy_many(self, p: int, nbytes: int, threads: int) -> tuple[Callable[[], object], int]:
         """A call copying p arrays of ``nbytes`` into p others (an all-reduce's footprint)."""
         n = max(1, nbytes // DTYPE.itemsize)
         srcs = [np.ones(n, DTYPE) for _ in range(p)]

@@ -40,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -97,13 +99,15 @@ def interleaved(calls: dict, iters: int, repeats: int, barrier, reduce_max) -> d
 
 def mpi_calls(world, checked, unchecked, x, out, calibrated=None) -> dict:
     """name -> (communicator or None, call) for one size."""
-    calls = {BASE: (None, lambda: world.Allreduce(x, out))}
+    calls: dict[str, tuple[Any, Callable[[], Any]]] = {BASE: (None, lambda: world.Allreduce(x, out))}
     if calibrated is not None:
         calls["collectives auto, calibrated"] = (calibrated, lambda: calibrated.all_reduce(
             x, out=out))
+    def named(name: str) -> Callable[[], Any]:
+        return lambda: checked.all_reduce(x, "sum", name, out=out)
+
     for name in ("auto", "native", "shm", *SCHEDULES):
-        calls[f"collectives {name}"] = (checked, lambda name=name: checked.all_reduce(
-            x, "sum", name, out=out))
+        calls[f"collectives {name}"] = (checked, named(name))
     calls["collectives auto, check=False"] = (unchecked, lambda: unchecked.all_reduce(x, out=out))
     calls["collectives auto, no out="] = (checked, lambda: checked.all_reduce(x))
     prepared = checked.all_reduce_init(x, out=out)
@@ -327,7 +331,7 @@ def main() -> None:
         have_torch = False
         print("(torch is not installed: no gloo rows)", file=sys.stderr)
     common = ["-s", *args.sizes, "-r", str(args.repeats)]
-    everything = {"when": datetime.datetime.now().isoformat(timespec="seconds"),
+    everything: dict[str, Any] = {"when": datetime.datetime.now().isoformat(timespec="seconds"),
                   "machine": f"{platform.node()} {os.cpu_count()} CPUs {platform.processor()}",
                   "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "runs": {}}
     tables = []
