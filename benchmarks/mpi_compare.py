@@ -123,6 +123,16 @@ def bound_calls(p: int, nbytes: int) -> dict:
     return {BOUND: ceiling.SpmdShare(p, nbytes), BOUND_COPY_IN: ceiling.SpmdShare(p, nbytes, True)}
 
 
+def ran_by(comm: Any) -> str | None:
+    """What the latest call ran: a schedule, or "native" and which of the transport's own
+    ("native mpi", "native shm")."""
+    if comm is None:
+        return None
+    name = comm.last_algorithm or "native"
+    own = getattr(comm.transport.native, "last", None)
+    return f"{name} {own}" if name == "native" and own else name
+
+
 def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
     sys.path.insert(0, ROOT)
     from collectives.backends import mpi
@@ -161,7 +171,7 @@ def mpi_worker(sizes: list[int], repeats: int, methods: list[str]) -> dict:
             ok = np.array_equal(got if got is not None else out, want)
             if not world.allreduce(ok, op=MPI.LAND):
                 raise AssertionError(f"{name} at {nbytes} B gave a wrong result")
-            ran[name] = (comm.last_algorithm or "native") if comm is not None else None
+            ran[name] = ran_by(comm)
         ran.update(dict.fromkeys(bounds))
         times = interleaved({**{k: fn for k, (_, fn) in calls.items()}, **bounds},
                             iters_for(nbytes), repeats, world.Barrier, reduce_max)
