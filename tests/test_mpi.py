@@ -326,7 +326,7 @@ def test_what_auto_runs():
     assert tuning.prefer_native(Collective.ALL_REDUCE, 4, big, single_node=False)  # across hosts
     assert tuning.use_shm("shm", Collective.ALL_REDUCE, small, True)
     assert not tuning.use_shm("shm", Collective.ALL_REDUCE, small, False)
-    assert not tuning.use_shm("auto", Collective.ALL_REDUCE, big, True)  # only on request
+    assert not tuning.use_shm("auto", Collective.ALL_REDUCE, big, True)  # no rank count: never
     assert tuning.persistent(Collective.ALL_REDUCE, 4096)
     assert not tuning.persistent(Collective.ALL_REDUCE, big)
 

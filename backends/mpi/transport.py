@@ -69,6 +69,7 @@ class MPITransport:
     def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None):
         check_thread_level()
         _LIVE.add(self)
+        self.engine: Any = None  # (a weak reference to the engine, set by it)
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self._groups = groups

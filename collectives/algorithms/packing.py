@@ -257,10 +257,10 @@ def runs(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], bucket_by
     """Buckets of consecutive tensors, as DDP's reducer makes them for a list in the order its
     tensors become ready: a bucket closes when the next tensor would overflow it
     (``first_bytes`` for the first bucket, small so that communication starts early;
-    ``bucket_bytes`` for the others) or has another dtype; a tensor of ``alone_bytes`` or more
-    closes the open bucket and travels alone. Every bucket holds a contiguous run of the list,
-    so buckets complete in list order and none waits behind a later tensor.
-    ``bucket_bytes=0``: every tensor alone.
+    ``bucket_bytes`` for the others) or has another dtype; a tensor of ``alone_bytes`` (default
+    and at most ``bucket_bytes``) or more closes the open bucket and travels alone. Every
+    bucket holds a contiguous run of the list, so buckets complete in list order and none waits
+    behind a later tensor. ``bucket_bytes=0``: every tensor alone.
     """
     check_bucket_bytes(bucket_bytes)
     shp, dts = _normalise(shapes, dtypes)
@@ -306,7 +306,7 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
                                agg_small_grads_max_group)
     if bytes_per_pack is not None:
         return group_by_size(shapes, dtypes, bytes_per_pack)
-    if in_order:
-        return runs(shapes, dtypes, bucket_bytes, alone_bytes,
-                    min(FIRST_BUCKET_BYTES, bucket_bytes))
+    if in_order:  # (as DDP: a tensor is copied into its bucket unless it fills one, since
+        # each tensor sent alone between runs costs a call, and a small run of its own)
+        return runs(shapes, dtypes, bucket_bytes, None, min(FIRST_BUCKET_BYTES, bucket_bytes))
     return fuse(shapes, dtypes, bucket_bytes, alone_bytes)

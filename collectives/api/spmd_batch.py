@@ -185,8 +185,8 @@ class BatchOps(CommParts):
             Fuse runs of consecutive tensors of a dtype into buckets of at most this many
             bytes, as DDP does (25 MiB by default, the first bucket at most 1 MiB so that
             communication starts early; smaller buckets start sooner; 0: every tensor alone).
-            Tensors the array library copies slower than it reduces travel alone, closing
-            the open bucket (a bucket never waits behind a later tensor).
+            A tensor is copied into its bucket unless it fills one alone (a bucket never
+            waits behind a later tensor).
         timeout
             Seconds each bucket may wait for its peers (None: the communicator's).
 

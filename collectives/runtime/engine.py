@@ -5,17 +5,15 @@ the signatures already agreed (the same on every rank, since every rank sees the
 drives operations in flight (``collectives.runtime.work``), waits with deadlines, and turns every
 failure into an error on every rank:
 
-* a timeout raises ``CollectiveTimeoutError`` naming the missing ranks and
-  what each rank says it is doing, marks the communicator broken, and tells the peers;
-* a peer's failure notice fails every operation in flight with
-  ``PeerFailedError`` naming that rank and its error (or
-  ``CollectiveMismatchError`` when the peer found a mismatch);
+* a timeout raises ``CollectiveTimeoutError`` naming the missing ranks and what each rank
+  says it is doing, marks the communicator broken, and tells the peers;
+* a peer's failure notice fails every operation in flight with ``PeerFailedError`` naming
+  that rank and its error (``CollectiveMismatchError`` where the peer found a mismatch);
 * after either, every call raises ``CommunicatorBrokenError`` at once.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -24,7 +22,6 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import (
-    CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     CommunicatorBrokenError,
@@ -34,20 +31,20 @@ from ..errors import (
 from . import hang_guard, progress_thread
 from .agreement import AGREED, Agreement
 from .call_order import CallOrder
+from .in_flight import InFlight
 from .missing import missing_ranks
 from .transport import Failure, Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 FAILURES = logging.getLogger("collectives.failures")
-MAX_IN_FLIGHT = 1024  # collective handles not waited on (and messages in flight) at once
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
 
-class Engine(CallOrder):
+class Engine(CallOrder, InFlight):
     """Call numbering, agreement, progress and waiting for one communicator. Its counters
     change only through its methods (call numbers and native turns: ``CallOrder``'s)."""
 
@@ -63,6 +60,7 @@ class Engine(CallOrder):
         # counted in program order, so every rank refuses the same call at the limit
         self.outstanding = 0
         self.unreported: list[tuple[weakref.ref, Operation]] = []
+        self.agree_at: set[int] = set()  # calls peers disputed before this rank issued them
         self.broken: str | None = None
         self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
@@ -76,13 +74,6 @@ class Engine(CallOrder):
         self.entered, self.beat = 0, 0.0  # (beat: when the progress thread began a round)
         self.guarded = hang_guard.watch(self)
         transport.engine = weakref.ref(self)  # (a leaving rank asks it: finished_through)
-
-    def finished_through(self) -> int:
-        """The latest call before which every call here has finished: what a rank that leaves
-        tells its peers (its calls in flight are lost with it: peers must not wait for them)."""
-        with self.state:
-            pending = [op.seq for op in self.inflight if op.breaking and not op.finished]
-        return min(pending) - 1 if pending else self.seq
 
     # --- entering a call ----------------------------------------------------------------
 
@@ -123,27 +114,6 @@ class Engine(CallOrder):
                 f"{self.broken}; messages of the failed call may still be in flight. Create a "
                 "new communicator (or end the job)")
 
-    def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
-        """The error refusing ``count`` more asynchronous calls at the limit: ``MAX_IN_FLIGHT``
-        collective handles not yet waited on (counted in program order: every rank refuses
-        the same call, before anything is issued), or, for a message, operations running."""
-        if (self.outstanding if collective else len(self.inflight)) + count <= MAX_IN_FLIGHT:
-            return None
-        what = "collective handles would be unwaited" if collective else "calls would be in flight"
-        return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
-                               "communicator; wait() for some first (this call was not issued)")
-
-    def handed_out(self, op: Operation, work: Work) -> None:
-        self.outstanding += 1  # (``work``, op's handle, counts until waited on or dropped)
-        op.counted = True
-        op.handle = weakref.ref(work, functools.partial(self.settle, op))
-
-    def settle(self, op: Operation, _dropped: Any = None) -> None:
-        """``op``'s handle no longer counts (waited on; or dropped: ``_dropped``, its ref)."""
-        if op.counted:
-            op.counted = False
-            self.outstanding -= 1
-
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
         and nothing here holds it (or its buffers) any more."""
@@ -154,12 +124,15 @@ class Engine(CallOrder):
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
-        """The agreement stage a call needs, or None when its signature was agreed before.
-
-        A signature counts as agreed from the moment its agreement is *issued*: every rank
-        issues calls in the same order, so every rank decides alike even while asynchronous
-        agreements are still in flight (should one fail, every rank forgets it alike, and calls
-        issued meanwhile are caught by the check value that rides with their data)."""
+        """The agreement stage a call needs, or None when its signature was agreed before (and
+        no peer disputed the call before it was issued here: ``agree_at``). A signature counts
+        as agreed from the moment its agreement is *issued*: every rank issues calls in the
+        same order, so every rank decides alike even while asynchronous agreements are in
+        flight (should one fail, every rank forgets it alike; calls issued meanwhile are
+        caught by the check value that rides with their data)."""
+        if self.agree_at:
+            always = always or seq in self.agree_at
+            self.agree_at.discard(seq)
         if error is None and not always and not self.detail and check in self.agreed:
             self.agreed.move_to_end(check)
             return None
@@ -346,6 +319,8 @@ class Engine(CallOrder):
             with self.state:
                 ops = [op for op in self.inflight if op.seq == failure.seq and
                        op.skipped_agreement and not op.finished]
+                if failure.seq > self.seq:  # not issued here yet: it will agree at issue
+                    self.agree_at.add(failure.seq)
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self._join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
@@ -386,7 +361,7 @@ class Engine(CallOrder):
     def close(self) -> None:  # the communicator was freed: every later call raises at once
         self.freed, self.broken = True, self.broken or "it was freed"
 
-    def break_for(self, reason: str) -> None:
+    def break_for(self, reason: str) -> None:  # (no one to tell: every rank breaks alike)
         self.broken = self.broken or reason
 
     def reject(self, error: BaseException, seq: int) -> None:

@@ -4,9 +4,10 @@ An asynchronous call that did not finish at once is left in the engine's ``infli
 this daemon thread (one per communicator, started by the first such call) advances them, in
 call order, and hears peers' failure notices, so a call completes while its caller computes.
 It never spins (a user thread may be computing beside it): between rounds it idles through the
-transport, which also answers peers' questions. A call that nobody waits for yet times out at
-its deadline here, as a waited one would in ``Engine.wait`` (a handle's callbacks, see
-``Work.add_done_callback``, then hear of it). Once nothing is in flight for
+transport, which also answers peers' questions. The oldest call in flight, when nobody waits for
+it, times out here once it has been the oldest for its timeout, as a waited one would in
+``Engine.wait`` (a handle's callbacks, see ``Work.add_done_callback``, then hear of it): a
+long queue of calls moving along is not a stuck one. Once nothing is in flight for
 ``THREAD_LINGER`` seconds it ends; a loop of ``start()``/``wait()`` reuses it meanwhile.
 """
 
@@ -37,6 +38,8 @@ def start(engine: Any) -> None:
 def _drive(engine: Any) -> None:
     start_time = time.monotonic()
     idle_since = None
+    oldest: list = [None, 0.0]  # the oldest call in flight, and since when it is
+    in_flight, changed_at = -1, start_time  # calls in flight, and when that count changed
     transport = engine.transport
     while True:
         engine.heartbeat()  # (a round that never ends: the hang guard looks)
@@ -50,23 +53,34 @@ def _drive(engine: Any) -> None:
                 idle_since = None
         try:
             engine.progress()
-            _expire(engine)
+            _expire(engine, oldest)
             if time.monotonic() - start_time > SLOW_WAIT:
                 failure = transport.poll_failure()
                 if failure is not None:
                     engine.peer_failed(failure)
         except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
             pass
-        # the idle answers peers' questions and may fail: the calls in flight need this thread
+        # the idle answers peers' questions and may fail: the calls in flight need this thread.
+        # It pauses by how long nothing changed (a call issued or finished), not by how long
+        # this thread has run: a long-lived thread still polls briskly behind a new call
+        now = time.monotonic()
+        if len(engine.inflight) != in_flight:
+            in_flight, changed_at = len(engine.inflight), now
         try:
-            transport.idle(max(time.monotonic() - start_time, SLOW_WAIT))
+            transport.idle(max(now - changed_at, SLOW_WAIT))
         except BaseException:  # noqa: BLE001 - as above
             time.sleep(SLOW_WAIT)
 
 
-def _expire(engine: Any) -> None:
-    """Time out the oldest call in flight once past its deadline, unless a ``wait()`` watches
-    it (a wait applies its own deadline; the calls after it wait behind it)."""
-    oldest = next((op for op in list(engine.inflight) if op.breaking and not op.finished), None)
-    if oldest is not None and not oldest.waited_by and time.monotonic() > oldest.deadline:
-        engine.time_out(oldest, engine.timeout if oldest.timeout is None else oldest.timeout)
+def _expire(engine: Any, seen: list) -> None:
+    """Time out the oldest call in flight once it has been the oldest for its timeout, unless a
+    ``wait()`` watches it (a wait applies its own deadline; the calls after it wait behind
+    it). ``seen``: ``[that call, since when]``, kept between rounds."""
+    op = next((op for op in list(engine.inflight) if op.breaking and not op.finished), None)
+    now = time.monotonic()
+    if op is not seen[0]:
+        seen[0], seen[1] = op, now
+        return
+    timeout = engine.timeout if op is None or op.timeout is None else op.timeout
+    if op is not None and not op.waited_by and now - seen[1] > timeout:
+        engine.time_out(op, timeout)

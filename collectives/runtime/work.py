@@ -29,8 +29,8 @@ PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread
 class Operation:
     """One collective in flight on one communicator."""
 
-    __slots__ = ("breaking", "callbacks", "check", "counted", "deadline", "engine", "error",
-                 "finish", "finished", "handle", "result", "timeout",
+    __slots__ = ("breaking", "callbacks", "check", "counted", "engine", "error", "finish",
+                 "finished", "handle", "result", "timeout",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
                  "subject", "trace", "waited_by")
 
@@ -41,8 +41,6 @@ class Operation:
         # ``subject``: what the call is, a Call (described only when an error needs it) or text
         self.engine, self.seq, self.subject = engine, seq, subject
         self.timeout = timeout  # the call's own (None: the communicator's): bounds its wait()
-        # an asynchronous call nobody waits for times out here (the progress thread looks)
-        self.deadline = time.monotonic() + (engine.timeout if timeout is None else timeout)
         self.callbacks: list[Callable[[], None]] | None = None  # Work.add_done_callback's
         self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
         self.finished = False

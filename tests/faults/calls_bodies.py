@@ -215,7 +215,7 @@ def async_limit(ctx: Ctx) -> Call:
     collective is not held back by them (its limit counts collective handles, alike on every
     rank), but rank 0's next receive is refused there alone, when it is issued; then every
     message pairs up and the communicator works."""
-    from collectives.runtime.engine import MAX_IN_FLIGHT
+    from collectives.runtime.in_flight import MAX_IN_FLIGHT
 
     def body(comm):
         receives = ([comm.irecv(np.zeros(1), 1, tag=9) for _ in range(MAX_IN_FLIGHT)]

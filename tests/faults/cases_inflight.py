@@ -104,9 +104,9 @@ def over_the_limit(ctx: Ctx) -> Call:
     communicator stays usable. Rank 1 waits for nothing before the limit is reached and is
     slow to wait: what counts is handles not waited on, not calls still running."""
     def body(comm):
-        from collectives.runtime import engine
+        from collectives.runtime import in_flight
 
-        n, limit = comm.size, engine.MAX_IN_FLIGHT
+        n, limit = comm.size, in_flight.MAX_IN_FLIGHT
         summary: dict = {"wrong": [], "errors": []}
         handles = [comm.all_reduce(np.full(3, float(i)), async_op=True) for i in range(limit)]
         try:

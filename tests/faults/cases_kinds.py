@@ -282,7 +282,7 @@ CASES.append(Case("buckets-one-rank-bad-ready-index", (run("buckets", XS), bad_r
 def too_many_buckets(ctx: Ctx) -> Call:
     """An asynchronous batch of more buckets than the in-flight limit: refused on every rank
     before any bucket is issued, and the communicator still works."""
-    from collectives.runtime.engine import MAX_IN_FLIGHT
+    from collectives.runtime.in_flight import MAX_IN_FLIGHT
 
     xs = [np.full(2, float(ctx.rank + 1), np.float32) for _ in range(MAX_IN_FLIGHT + 1)]
 

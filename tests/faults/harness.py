@@ -48,8 +48,13 @@ class Report:
     lost: str | None = None  # the batch hung or crashed in this case
 
 
+# The environment as the suite started, read once here: batches launch from threads, and
+# reading os.environ there races pytest, which sets PYTEST_CURRENT_TEST for every test
+_STARTED_WITH = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
 def environment(transport: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_RANKS_PER_NODE"}
+    env = {k: v for k, v in _STARTED_WITH.items() if k != "COLLECTIVES_RANKS_PER_NODE"}
     env.update({"PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]), "OMP_NUM_THREADS": "1"})
     if transport == "mpi-nodes":
         env["COLLECTIVES_RANKS_PER_NODE"] = "2"

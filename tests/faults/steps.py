@@ -86,9 +86,10 @@ def absent(step: Step, who) -> Step:
 
 def bad(method: str, *args, error: str | tuple, match: str, **kwargs) -> Step:
     """A call with a bad argument on every rank: each raises ``error`` (or one of several) at
-    once, before any exchange; the program catches it and goes on."""
+    once, before any data moves (after one agreement with its peers, which is how a rank's
+    bad argument reaches them); the program catches it and goes on."""
     errors = (error,) if isinstance(error, str) else tuple(error)
-    return lambda ctx: Call(method, args, dict(kwargs), raises(*errors, match=match, within=0.5),
+    return lambda ctx: Call(method, args, dict(kwargs), raises(*errors, match=match, within=1.0),
                             caught=True)
 
 

@@ -25,11 +25,23 @@ def run(args: list[str], *, memory: int | None = None, wall: float = 60.0):
 
 
 @pytest.mark.parametrize("n", ["100000000000", "16777216"])
-def test_simulate_refuses_absurd_participant_counts_at_once(n):
+def test_simulate_prices_absurd_participant_counts_at_once(n):
+    """A named algorithm at any count: closed forms, an answer in seconds."""
     proc, took = run(["simulate", "ring", "-n", n])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"all_reduce of 64 MiB over {n}:" in proc.stdout, proc.stdout[-2000:]
+    assert took < 30, f"{took:.0f} s for an answer"
+
+
+@pytest.mark.parametrize("n", ["100000000000", "16777216"])
+def test_simulate_auto_refuses_counts_it_cannot_compare_at_once(n):
+    """``auto`` compares candidates by their plans: past 131,072 a one-line error naming the
+    way out (name an algorithm), never a traceback or minutes of allocating."""
+    proc, took = run(["simulate", "auto", "-n", n])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert f"-n {n}: simulate prices at most 131,072 participants" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert f"-n {n}: auto compares its candidates by their plans, at most 131,072" in \
+        proc.stderr, proc.stderr
+    assert "name an algorithm" in proc.stderr and "Traceback" not in proc.stderr
     assert took < 30, f"{took:.0f} s for an error"
 
 
