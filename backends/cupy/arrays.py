@@ -89,7 +89,7 @@ class CupyArrays:
         stream = stream if stream is not None else self.fixed_stream
         if stream is None:
             return cp.cuda.Device(device)
-        return _Both(cp.cuda.Device(device), stream)
+        return DeviceAndStream(cp.cuda.Device(device), stream)
 
     def order(self, device: int, after: int) -> None:
         """Make ``device``'s stream wait for what ``after``'s stream holds now."""
@@ -332,8 +332,8 @@ class CupyArrays:
         return x.device.id, start, end
 
 
-class _Both:
-    """``with device, stream:`` as one context manager."""
+class DeviceAndStream:
+    """``with device, stream:`` as one context manager (the NCCL transport's too)."""
 
     def __init__(self, device, stream):
         self.device, self.stream = device, stream

@@ -17,6 +17,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from collectives.backends.cupy.arrays import DeviceAndStream
+
 
 class StreamOrder:
     """The stream hand-over of ``NcclTransport`` (a base class of it)."""
@@ -44,7 +46,7 @@ class StreamOrder:
         stream."""
         import cupy
 
-        return _Both(cupy.cuda.Device(self.device), self.stream)
+        return DeviceAndStream(cupy.cuda.Device(self.device), self.stream)
 
     def record(self):
         """An event recorded on this stream now (see ``record_here``)."""
@@ -193,17 +195,3 @@ class Issue:
 
     def __init__(self, keep: list):
         self.keep, self.event = keep, None
-
-
-class _Both:
-    def __init__(self, device, stream):
-        self.device, self.stream = device, stream
-
-    def __enter__(self):
-        self.device.__enter__()
-        self.stream.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.stream.__exit__(*exc)
-        self.device.__exit__(*exc)
