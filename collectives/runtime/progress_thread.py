@@ -39,7 +39,6 @@ def _drive(engine: Any) -> None:
     start_time = time.monotonic()
     idle_since = None
     oldest: list = [None, 0.0]  # the oldest call in flight, and since when it is
-    in_flight, changed_at = -1, start_time  # calls in flight, and when that count changed
     transport = engine.transport
     while True:
         engine.heartbeat()  # (a round that never ends: the hang guard looks)
@@ -60,14 +59,9 @@ def _drive(engine: Any) -> None:
                     engine.peer_failed(failure)
         except BaseException:  # noqa: BLE001 - errors reach the operations' waiters
             pass
-        # the idle answers peers' questions and may fail: the calls in flight need this thread.
-        # It pauses by how long nothing changed (a call issued or finished), not by how long
-        # this thread has run: a long-lived thread still polls briskly behind a new call
-        now = time.monotonic()
-        if len(engine.inflight) != in_flight:
-            in_flight, changed_at = len(engine.inflight), now
+        # the idle answers peers' questions and may fail: the calls in flight need this thread
         try:
-            transport.idle(max(now - changed_at, SLOW_WAIT))
+            transport.idle(max(time.monotonic() - start_time, SLOW_WAIT))
         except BaseException:  # noqa: BLE001 - as above
             time.sleep(SLOW_WAIT)
 
