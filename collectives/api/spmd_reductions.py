@@ -159,7 +159,7 @@ class ReductionOps(CommParts):
             if len(self.calls.hot_paths) > 1024:  # programs use few distinct calls; bound it anyway
                 self.calls.hot_paths.clear()
             fast = self.calls.hot_paths[fast_key] = FastAllReduce.build(self, seen[0], x, op, algorithm)
-            if fast is not None and len(fast_key) == 4:
+            if fast is not None and not self.calls.batch:  # (a bucket's is never last)
                 self.calls.last_hot = fast
         return result
 

@@ -255,7 +255,6 @@ class CallRunner:
         return ScheduleInTurn(self.engine, run, turn) if in_order else run
 
 
-
 def refusing(what: str) -> Callable[[F], F]:
     """A Communicator method whose bad arguments its peers hear of at once: a ``TypeError``,
     ``ValueError`` or ``IndexError`` raised before the method issued any call goes through

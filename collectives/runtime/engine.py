@@ -60,7 +60,6 @@ class Engine(CallOrder, InFlight):
         # counted in program order, so every rank refuses the same call at the limit
         self.outstanding = 0
         self.unreported: list[tuple[weakref.ref, Operation]] = []
-        self.agree_at: set[int] = set()  # calls peers disputed before this rank issued them
         self.broken: str | None = None
         self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
@@ -124,15 +123,11 @@ class Engine(CallOrder, InFlight):
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False) -> Agreement | None:
-        """The agreement stage a call needs, or None when its signature was agreed before (and
-        no peer disputed the call before it was issued here: ``agree_at``). A signature counts
-        as agreed from the moment its agreement is *issued*: every rank issues calls in the
+        """The agreement stage a call needs, or None when its signature was agreed before. A
+        signature counts as agreed from the moment its agreement is *issued*: every rank issues calls in the
         same order, so every rank decides alike even while asynchronous agreements are in
         flight (should one fail, every rank forgets it alike; calls issued meanwhile are
         caught by the check value that rides with their data)."""
-        if self.agree_at:
-            always = always or seq in self.agree_at
-            self.agree_at.discard(seq)
         if error is None and not always and not self.detail and check in self.agreed:
             self.agreed.move_to_end(check)
             return None
@@ -319,8 +314,6 @@ class Engine(CallOrder, InFlight):
             with self.state:
                 ops = [op for op in self.inflight if op.seq == failure.seq and
                        op.skipped_agreement and not op.finished]
-                if failure.seq > self.seq:  # not issued here yet: it will agree at issue
-                    self.agree_at.add(failure.seq)
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self._join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
