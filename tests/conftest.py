@@ -41,15 +41,18 @@ def assert_reduced(result: np.ndarray, expected: np.ndarray, op: ReduceOp) -> No
         tol = 1e-2 if expected.dtype.itemsize <= 2 else 1e-6
         np.testing.assert_allclose(result.astype(np.complex128), expected.astype(np.complex128),
                                    rtol=tol, atol=0)
-    else:
-        np.testing.assert_array_equal(result, expected)
+    elif not np.array_equal(result, expected):  # (the quick test first: most calls pass)
+        np.testing.assert_array_equal(result, expected)  # NaN equals NaN here; else it says where
 
 
 def assert_identical(results: list[np.ndarray]) -> None:
-    """Bitwise identical across participants."""
-    first = np.ascontiguousarray(results[0]).view(np.uint8)
+    """Bitwise identical across participants: the same dtype, shape and bits."""
+    first = results[0]
+    first_bits = np.ascontiguousarray(first).view(np.uint8)
     for r in results[1:]:
-        assert np.array_equal(np.ascontiguousarray(r).view(np.uint8), first)
+        assert (r.dtype, r.shape) == (first.dtype, first.shape), (r.dtype, r.shape, first.dtype,
+                                                                  first.shape)
+        assert np.array_equal(np.ascontiguousarray(r).view(np.uint8), first_bits)
 
 
 @pytest.fixture

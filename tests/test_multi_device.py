@@ -35,9 +35,8 @@ def _check_all_reduce(n, algorithm, pairs, sizes, **kw):
             results = collectives.all_reduce(values, op, algorithm, **kw)
             expected = reference(values, op)
             assert len(results) == n
-            for r in results:
-                assert_reduced(r, expected, op)
-            assert_identical(results)
+            assert_identical(results)  # so the first is right only if every one is
+            assert_reduced(results[0], expected, op)
             for v, b in zip(values, before):
                 np.testing.assert_array_equal(v, b)  # inputs untouched
 

@@ -230,6 +230,8 @@ def _jax(x):
     import jax.numpy as jnp  # (imported here: only these cases pay JAX's start)
 
     return jnp.asarray(x)
+
+
 def jax_loaded(ctx: Ctx) -> Call:
     """Every rank imports JAX first (its start takes seconds: not part of what is timed)."""
     return Call(lambda comm: _jax(np.zeros(1)).shape, expect=ok(check=lambda _: None))
@@ -253,7 +255,8 @@ def masked_plain(ctx: Ctx) -> Call:
 def jax_out(ctx: Ctx) -> Call:
     x = np.full(5, float(ctx.rank + 1))
     if ctx.rank == 0:
-        return Call(lambda comm: comm.all_reduce(x, out=_jax(x)),
+        out = _jax(x)  # made before the call: only the call is timed
+        return Call(lambda comm: comm.all_reduce(x, out=out),
                     expect=raises("TypeError", match="out", within=1.0))
     return Call("all_reduce", (x,), expect=peer_failed(0, "out"))
 

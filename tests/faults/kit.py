@@ -25,6 +25,13 @@ import numpy as np
 
 ANY = object()  # a result outcome that accepts any value
 
+# Added to every ``within`` bound when a record is judged. A loaded machine (two test workers,
+# each running ranks that poll, on two cores) can stretch a step by a second with no fault of
+# the library's; every bound in the cases stays below the timeout it tells apart with this
+# slack (a prompt error against one that waited a timeout of 3 s or more; a call's own 1 s
+# timeout against the communicator's 5 s).
+LOAD_SLACK = 1.0
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -232,8 +239,9 @@ def unchanged(a: np.ndarray, before: np.ndarray) -> bool:
 
 def judge_outcome(expect: Expect, record: dict, result) -> str | None:
     """None when the record is one of the acceptable outcomes, else what went wrong."""
-    if expect.within is not None and record["seconds"] > expect.within:
+    if expect.within is not None and record["seconds"] > expect.within + LOAD_SLACK:
         return (f"took {record['seconds']:.2f} s, more than {expect.within:g} s "
+                f"(+{LOAD_SLACK:g} s for load) "
                 f"({_describe(record)})")
     reasons = []
     for o in expect.outcomes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -104,14 +105,18 @@ class Report:
     def __init__(self):
         self.passed: list[str] = []
         self.failed: list[dict] = []
+        self.seconds: dict[str, float] = {}  # each check's time: what makes a suite slow
 
     def check(self, name: str, fn, *args, **kwargs):
+        start = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # a scenario reports every failure, then exits non-zero
             self.failed.append({"name": name, "error": f"{type(exc).__name__}: {exc}",
                                 "traceback": traceback.format_exc(limit=6)})
             return None
+        finally:
+            self.seconds[name] = round(time.perf_counter() - start, 3)
         self.passed.append(name)
         return result
 
@@ -119,7 +124,7 @@ class Report:
         for f in self.failed:
             print(f"FAILED {f['name']}: {f['error']}\n{f['traceback']}", file=sys.stderr)
         sys.stdout.flush()
-        print(json.dumps({"passed": self.passed, "failed": self.failed}))
+        print(json.dumps({"passed": self.passed, "failed": self.failed, "seconds": self.seconds}))
         sys.stdout.flush()
         sys.exit(1 if self.failed else 0)
 
