@@ -33,7 +33,7 @@ def digest(x) -> str | None:
                         ).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs_and_reference(n: int, count: int, dtype: np.dtype, op: ReduceOp):
     """Every rank's inputs and their float64 reference, made once per case for a whole matrix
     (every rank and every algorithm of a process reads the same arrays, and each case checks
