@@ -178,12 +178,15 @@ class Engine(CallOrder, InFlight):
             self.wait(op, timeout)
         return op.outcome()
 
-    def progress(self) -> None:
-        """Advance every operation in flight, in call order."""
+    def progress(self, through: Operation | None = None) -> None:
+        """Advance every operation in flight, in call order; with ``through``, only those up
+        to it (a wait needs no later call to move: ``through`` depends on the calls before it
+        alone, and the progress thread moves the rest; sweeping all of them on every poll made
+        waiting on each of N calls in flight cost N advances: N squared over N waits)."""
         with self.state:
             if not self.inflight:
                 return
-            for op in list(self.inflight):
+            for op in self._through(through):
                 if op.advance():
                     if op in self.inflight:  # (one that broke the communicator cleared it)
                         self.inflight.remove(op)
@@ -192,6 +195,14 @@ class Engine(CallOrder, InFlight):
                             self.broken_by(op.error, op.seq)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
+
+    def _through(self, op: Operation | None) -> list[Operation]:
+        """The operations in flight up to ``op`` (all of them: None, or ``op`` not in flight);
+        a copy, so that they may leave the list meanwhile. Found near the front when calls are
+        waited on in the order they were issued."""
+        if op is not None and op in self.inflight:
+            return self.inflight[:self.inflight.index(op) + 1]
+        return list(self.inflight)
 
     def wait(self, op: Operation, timeout: float | None) -> None:
         """Drive progress until ``op`` finishes; raise on timeout or a peer's failure."""
@@ -202,7 +213,7 @@ class Engine(CallOrder, InFlight):
         watched = hang_guard.waiting(self, deadline, timeout, op) if self.guarded else None
         try:
             while not op.finished:
-                self.progress()
+                self.progress(op)
                 if op.finished:
                     break
                 now = time.monotonic()
@@ -231,7 +242,7 @@ class Engine(CallOrder, InFlight):
         if failure is not None:
             self.peer_failed(failure)
             return
-        for other in list(self.inflight):
+        for other in self._through(op):  # (a later call's late agreement: at its own wait)
             if (other.skipped_agreement and not other.finished
                     and self.transport.agreement_waiting(other.seq)):
                 self._join_late(other)
