@@ -1,5 +1,5 @@
-"""Start every selected batch of fault cases as soon as collection ends, so they run in the
-background (two at a time) while pytest reports the first ones."""
+"""Every selected batch of fault cases starts with the first case's report, in the background
+(two at a time), while pytest reports the first ones."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(session, config, items):
         key = (params["transport"], params["size"])
         if harness.HAVE_MPI or not key[0].startswith("mpi"):
             selected.setdefault(key, []).append(params["case"].name)
-    harness.start(selected)
+    harness.select(selected)
 
 
 def pytest_sessionfinish(session, exitstatus):

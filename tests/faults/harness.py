@@ -160,6 +160,7 @@ def run_batch(transport: str, size: int, cases: list[Case]) -> dict[str, Report]
 
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fault-batch")
 _BATCHES: dict[tuple[str, int], Future] = {}
+_SELECTED: dict[tuple[str, int], list[str]] = {}
 
 
 def start(selected: dict[tuple[str, int], list[str]]) -> None:
@@ -172,9 +173,18 @@ def start(selected: dict[tuple[str, int], list[str]]) -> None:
 
 
 def report(transport: str, size: int, name: str) -> Report:
-    """The case's report, waiting for its batch (launched now, whole, if nobody started it)."""
+    """The case's report, waiting for its batch. The first report a process asks for starts
+    every batch selected (``select``); a batch nobody selected is launched now, whole."""
+    start(_SELECTED)
     start({(transport, size): [c.name for c in cases_for(transport, size)]})
     return _BATCHES[(transport, size)].result()[name]
+
+
+def select(selected: dict[tuple[str, int], list[str]]) -> None:
+    """The cases pytest selected, by batch: started at the first report, in the one process
+    that runs them (under pytest-xdist every worker collects them all, and only one of them
+    runs a module's tests)."""
+    _SELECTED.update(selected)
 
 
 def judge(case: Case, rep: Report) -> list[str]:
