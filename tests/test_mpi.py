@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,29 +70,155 @@ def assert_passed(proc: subprocess.CompletedProcess, name: str) -> str:
     return out
 
 
+# --- scenarios that share a job ------------------------------------------------------------------
+# Each launch pays for a job of its own on every rank (Python with NumPy, mpi4py and the library
+# imported, MPI started: about 0.7 s of CPU per rank, more where ranks outnumber the cores), so
+# the scenarios that need nothing of a fresh process run one after another in one job per rank
+# count (``several.py``); each test still judges its own scenario's output (its own SUMMARY, the
+# lines it prints). Left in jobs of their own: those that end their job (killed ranks, the hang
+# guard), pin cores before MPI starts, or switch off the compiled hot path on some rank (that
+# would change what the scenarios after them run).
+
+
+@dataclass(frozen=True)
+class Scenario:
+    test: str  # the test that judges it (pytest's name, with its parameters)
+    script: str
+    args: tuple[str, ...] = ()
+    ranks_per_node: int | None = None
+    cache_dir: bool = False  # a fresh COLLECTIVES_CACHE_DIR of its own
+
+
+JOBS: dict[str, tuple[int, tuple[Scenario, ...]]] = {
+    # (hot.py first: it checks which hot path its ranks found before any other scenario ran)
+    "two": (2, (
+        Scenario("test_hot_path_compiled_and_in_python[2-none]", "hot.py", ("none",)),
+        Scenario("test_matrix[2-None]", "matrix.py"),
+        Scenario("test_natives[2]", "natives.py"),
+        Scenario("test_async_prepared_and_new_communicators[2]", "async_calls.py"),
+        Scenario("test_calibration_times_mpi_and_auto_weighs_it[2-None]", "calibrated.py",
+                 cache_dir=True),
+        Scenario("test_mismatch_same_error_everywhere[2]", "mismatch.py"),
+        Scenario("test_oversubscribed_node_waits_without_spinning[2-False]", "oversubscribed.py"),
+        Scenario("test_timeouts_and_failure_notices[2]", "timeouts.py"),  # (breaks communicators)
+    )),
+    "three": (3, (
+        Scenario("test_matrix[3-None]", "matrix.py"),
+        Scenario("test_natives[3]", "natives.py"),
+        Scenario("test_calibration_times_mpi_and_auto_weighs_it[3-None]", "calibrated.py",
+                 cache_dir=True),
+        Scenario("test_mismatch_same_error_everywhere[3]", "mismatch.py"),
+        Scenario("test_oversubscribed_node_waits_without_spinning[3-False]", "oversubscribed.py"),
+        Scenario("test_timeouts_and_failure_notices[3]", "timeouts.py"),
+    )),
+    "four": (4, (
+        Scenario("test_matrix[4-None]", "matrix.py"),
+        Scenario("test_matrix[4-2]", "matrix.py", ranks_per_node=2),
+        Scenario("test_async_prepared_and_new_communicators[4]", "async_calls.py"),
+        Scenario("test_calibration_times_mpi_and_auto_weighs_it[4-2]", "calibrated.py",
+                 ranks_per_node=2, cache_dir=True),
+    )),
+    "one": (1, (Scenario("test_matrix[1-None]", "matrix.py"),)),
+    "hot three, rank 1 in Python": (3, (
+        Scenario("test_hot_path_compiled_and_in_python[3-1]", "hot.py", ("1",)),)),
+    "hot two in Python": (2, (
+        Scenario("test_hot_path_compiled_and_in_python[2-all]", "hot.py", ("all",)),)),
+}
+SHARED_TIMEOUT = 600  # a job runs up to 8 scenarios; the first test to need it waits for all
+
+
+@dataclass
+class Job:
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def section(self, label: str) -> tuple[int | None, str]:
+        """The exit code and rank 0's output of one scenario (None: it never finished)."""
+        found = re.search(rf"^BEGIN {re.escape(label)}\n(.*?)^END {re.escape(label)} "
+                          r"exit=(-?\d+)$", self.stdout, re.S | re.M)
+        return (int(found[2]), found[1]) if found else (None, "")
+
+
+class SharedJobs:
+    """The jobs of ``JOBS``, each launched once, when the first of its tests asks, with the
+    scenarios whose tests this session runs."""
+
+    def __init__(self, selected: set[str], tmp_path_factory):
+        self.selected, self.tmp = selected, tmp_path_factory
+        self.done: dict[str, Job] = {}
+
+    def passed(self, test: str, summary: str) -> tuple[str, str]:
+        """Run (or look up) the job of ``test``'s scenario; assert it passed; return its own
+        output (rank 0's, between its markers) and the whole job's."""
+        name = next(k for k, (_, items) in JOBS.items() if any(s.test == test for s in items))
+        if name not in self.done:
+            self.done[name] = self.launch(*JOBS[name], also=test)
+        job = self.done[name]
+        code, mine = job.section(test)
+        tail = job.output[-6000:]
+        assert code is not None, f"never finished (job exit {job.returncode})\n{tail}"
+        assert code == 0, f"exit {code}\n{mine[-6000:]}\n--- the job's end ---\n{tail}"
+        assert f"SUMMARY {summary} PASS" in mine, f"{mine[-6000:]}\n--- the job's end ---\n{tail}"
+        return mine, job.output
+
+    def launch(self, n: int, scenarios: tuple[Scenario, ...], also: str) -> Job:
+        plan = []
+        for s in scenarios:
+            if s.test not in self.selected and s.test != also:
+                continue
+            env: dict[str, str | None] = {mpi.ENV_RANKS_PER_NODE: None if s.ranks_per_node is None
+                                          else str(s.ranks_per_node)}
+            if s.cache_dir:
+                env["COLLECTIVES_CACHE_DIR"] = str(self.tmp.mktemp("calibration"))
+            plan.append({"label": s.test, "script": s.script, "args": list(s.args), "env": env})
+        try:
+            proc = launch("several.py", n, json.dumps(plan), timeout=SHARED_TIMEOUT - 60)
+        except subprocess.TimeoutExpired as exc:
+            text = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                    for x in (exc.stdout, exc.stderr)]
+            return Job(None, text[0], text[1] + f"\n(killed after {exc.timeout:.0f} s)")
+        return Job(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory) -> SharedJobs:
+    return SharedJobs({item.name for item in request.session.items}, tmp_path_factory)
+
+
+shared = pytest.mark.timeout(SHARED_TIMEOUT)
+
+
 # --- real ranks ----------------------------------------------------------------------------------
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n, ranks_per_node", [(1, None), (2, None), (3, None), (4, None), (4, 2)])
-def test_matrix(n, ranks_per_node):
-    env = {mpi.ENV_RANKS_PER_NODE: str(ranks_per_node)} if ranks_per_node else None
-    out = assert_passed(launch("matrix.py", n, env=env), "matrix")
+def test_matrix(n, ranks_per_node, jobs, request):
+    out, _ = jobs.passed(request.node.name, "matrix")
     if ranks_per_node:  # the two-level schedules really crossed the simulated nodes
         assert "groups=((0, 1), (2, 3))" in out, out[-2000:]
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n", [2, 3])
-def test_natives(n):
-    assert_passed(launch("natives.py", n), "natives")
+def test_natives(n, jobs, request):
+    jobs.passed(request.node.name, "natives")
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n, pure", [(2, "none"), (3, "1"), (2, "all")])
-def test_hot_path_compiled_and_in_python(n, pure):
+def test_hot_path_compiled_and_in_python(n, pure, jobs, request):
     """The compiled hot path, Python's, and the two mixed across ranks (``pure``: the ranks
     that set COLLECTIVES_PURE_PYTHON=1) give the oracle's result, the same bits everywhere."""
-    assert_passed(launch("hot.py", n, pure), "hot")
+    out, _ = jobs.passed(request.node.name, "hot")
+    assert f"pure={pure} " in out, out[-3000:]
 
 
 def test_compiled_hot_path_is_built_here():
@@ -106,33 +233,35 @@ def test_compiled_hot_path_is_built_here():
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n, ranks_per_node", [(2, None), (3, None), (4, 2)])
-def test_calibration_times_mpi_and_auto_weighs_it(tmp_path, n, ranks_per_node):
+def test_calibration_times_mpi_and_auto_weighs_it(n, ranks_per_node, jobs, request):
     # 3 ranks on a machine of 2 cores: oversubscribed; 4 in 2 simulated hosts: the net class
-    env = {"COLLECTIVES_CACHE_DIR": str(tmp_path)}
-    if ranks_per_node:
-        env[mpi.ENV_RANKS_PER_NODE] = str(ranks_per_node)
-    assert_passed(launch("calibrated.py", n, env=env), "calibrated")
+    # (each run with a fresh COLLECTIVES_CACHE_DIR of its own)
+    jobs.passed(request.node.name, "calibrated")
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n", [2, 4])
-def test_async_prepared_and_new_communicators(n):
-    assert_passed(launch("async_calls.py", n), "async")
+def test_async_prepared_and_new_communicators(n, jobs, request):
+    jobs.passed(request.node.name, "async")
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n", [2, 3])
-def test_timeouts_and_failure_notices(n):
-    out = assert_passed(launch("timeouts.py", n), "timeouts")
+def test_timeouts_and_failure_notices(n, jobs, request):
+    out, _ = jobs.passed(request.node.name, "timeouts")
     assert re.search(r"EXAMPLE rank 0: all_reduce\(float32\[1000\], op=sum\) \(call \d+\) timed "
                      rf"out after 0.5 s waiting for rank\(s\) {n - 1}, which never arrived", out), out
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n", [2, 3])
-def test_mismatch_same_error_everywhere(n):
-    out = assert_passed(launch("mismatch.py", n), "mismatch")
+def test_mismatch_same_error_everywhere(n, jobs, request):
+    out, _ = jobs.passed(request.node.name, "mismatch")
     assert "ranks called all_reduce with different dtype" in out
 
 
@@ -218,19 +347,23 @@ def test_hang_guard_leaves_a_long_wait_within_its_own_timeout_alone():
 
 
 @needs_mpi
+@shared
 @pytest.mark.parametrize("n, one_core", [(2, False), (3, False), (2, True)])
-def test_oversubscribed_node_waits_without_spinning(n, one_core):
+def test_oversubscribed_node_waits_without_spinning(n, one_core, jobs, request):
     # more ranks than the cores they may run on (here: all of this machine's, or one): every
     # wait yields at once; otherwise a fresh wait spins first
     cores = sorted(os.sched_getaffinity(0))
     expected = n > (1 if one_core else len(cores))
-    pin = (lambda: os.sched_setaffinity(0, cores[:1])) if one_core else None
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    full_env.pop(mpi.ENV_RANKS_PER_NODE, None)
-    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable,
-                           str(SCENARIOS / "oversubscribed.py")], capture_output=True, text=True,
-                          timeout=120, env=full_env, cwd=ROOT, preexec_fn=pin)
-    out = assert_passed(proc, "oversubscribed")
+    if one_core:  # a job of its own: its ranks start on one core
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        full_env.pop(mpi.ENV_RANKS_PER_NODE, None)
+        proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable,
+                               str(SCENARIOS / "oversubscribed.py")], capture_output=True,
+                              text=True, timeout=120, env=full_env, cwd=ROOT,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cores[:1]))
+        out = assert_passed(proc, "oversubscribed")
+    else:  # every rank prints its line: the whole job's output (one such scenario in it)
+        _, out = jobs.passed(request.node.name, "oversubscribed")
     found = re.findall(r"OVERSUBSCRIBED rank \d+ (\w+) idle_spin=(\S+) hot_spin=(\S+) dup=(\w+)",
                        out)
     assert len(found) == n, out[-3000:]
