@@ -33,12 +33,22 @@ def digest(x) -> str | None:
                         ).hexdigest()[:16]
 
 
-@functools.cache
+_INPUTS_LOCK = threading.Lock()
+
+
 def inputs_and_reference(n: int, count: int, dtype: np.dtype, op: ReduceOp):
     """Every rank's inputs and their float64 reference, made once per case for a whole matrix
     (every rank and every algorithm of a process reads the same arrays, and each case checks
     that its call left its input unchanged): at 16 ranks, making them anew on each rank for
-    each algorithm was most of the matrix's time."""
+    each algorithm was most of the matrix's time. Thread ranks ask for a case at the same
+    moment: the lock lets the first make it and the others read it (without it, most of them
+    missed the cache together and each made the case again)."""
+    with _INPUTS_LOCK:
+        return _inputs_and_reference(n, count, dtype, op)
+
+
+@functools.cache
+def _inputs_and_reference(n: int, count: int, dtype: np.dtype, op: ReduceOp):
     xs = exact_inputs(n, count, dtype, op)
     return xs, reference(xs, op)
 
