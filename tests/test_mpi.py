@@ -266,10 +266,10 @@ def test_mismatch_same_error_everywhere(n, jobs, request):
 
 
 @needs_mpi
-def test_killed_rank_tears_down_the_job():
+def test_killed_rank_tears_down_the_job(tmp_path):
     # hydra's default: a rank killed by a signal ends the whole job at once, with a report.
     start = time.monotonic()
-    proc = launch("killed.py", 3, timeout=60)
+    proc = launch("killed.py", 3, "auto", str(tmp_path), timeout=60)
     out = proc.stdout + proc.stderr
     assert time.monotonic() - start < 30, "the job hung after a rank was killed"
     assert proc.returncode != 0
@@ -278,14 +278,17 @@ def test_killed_rank_tears_down_the_job():
 
 @needs_mpi
 @pytest.mark.parametrize("algorithm", ["native", "ring"])
-def test_killed_rank_survivors_raise(algorithm):
+def test_killed_rank_survivors_raise(algorithm, tmp_path):
     # -disable-auto-cleanup keeps the survivors alive: each raises an error naming the dead
     # rank. hydra still kills the job now and then (a launcher race that also happens with no
     # library calls at all), so several launches; every report seen must be right.
     reports: list[str] = []
-    for _ in range(5):
+    for attempt in range(5):
         start = time.monotonic()
-        proc = launch("killed.py", 3, algorithm, flags=("-disable-auto-cleanup",), timeout=60)
+        folder = tmp_path / str(attempt)  # where the survivors say they reported
+        folder.mkdir()
+        proc = launch("killed.py", 3, algorithm, str(folder), flags=("-disable-auto-cleanup",),
+                      timeout=60)
         assert time.monotonic() - start < 30, "the job hung after a rank was killed"
         found = re.findall(r"SURVIVOR rank (\d) after ([\d.]+) s: (.*)", proc.stdout)
         for _, took, line in found:

@@ -1,19 +1,23 @@
 """A rank killed with SIGKILL mid-job: the others fail with an error or are torn down, never hang.
 
-Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm]``. The last rank
+Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm [folder]]``. The last rank
 kills itself while the others wait in the next all-reduce. Under hydra's default the launcher
 tears the whole job down at once ("BAD TERMINATION ... Killed (signal 9)"). With
 ``-disable-auto-cleanup`` the survivors keep running and each prints one ``SURVIVOR`` line
 with the error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout (or
 ``PeerFailedError`` where MPI noticed the dead peer first, or a peer's notice of either).
 Survivors then leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead rank forever.
+A survivor leaves once every survivor has printed its line (a file each in a folder rank 0
+made, told to all while all were alive), or after ``2 * TIMEOUT`` at most.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -26,6 +30,10 @@ TIMEOUT = 1.0
 algorithm = sys.argv[1] if len(sys.argv) > 1 else "auto"
 comm = mpi.init(timeout=30)
 victim = comm.size - 1
+if len(sys.argv) > 2:  # an empty folder of the caller's
+    reported = sys.argv[2]
+else:
+    reported = WORLD.bcast(tempfile.mkdtemp(prefix="killed-") if WORLD.rank == 0 else None)
 x = np.ones(1000, np.float32)
 for _ in range(3):
     comm.all_reduce(x, algorithm=algorithm)
@@ -40,5 +48,17 @@ try:
 except CollectiveError as exc:
     line = f"{type(exc).__name__}: {exc}"
 print(f"SURVIVOR rank {WORLD.rank} after {time.monotonic() - start:.2f} s: {line}", flush=True)
-time.sleep(2 * TIMEOUT)  # let the other survivors report before the launcher reacts
+# let the other survivors report before the launcher reacts to this one's leaving
+open(os.path.join(reported, str(WORLD.rank)), "w").close()
+until = time.monotonic() + 2 * TIMEOUT
+while time.monotonic() < until:
+    try:
+        if len(os.listdir(reported)) >= WORLD.size - 1:
+            break
+    except FileNotFoundError:  # rank 0 saw them all and removed the folder
+        break
+    time.sleep(0.01)
+time.sleep(0.1)  # (the launcher forwards the last lines)
+if WORLD.rank == 0 and len(sys.argv) <= 2:
+    shutil.rmtree(reported, ignore_errors=True)
 os._exit(0)

@@ -76,7 +76,8 @@ elif case == "stopped":
         os.kill(pids[0], signal.SIGSTOP)
         time.sleep(4.0)
         os.kill(pids[0], signal.SIGCONT)
-        time.sleep(2.0)  # (rank 1 never joins the call)
+        # (rank 1 never joins the call: it waits for rank 0 in COMM_WORLD's barrier, which
+        # is no call of the library's)
     WORLD.Barrier()
     report.finish()
 else:
