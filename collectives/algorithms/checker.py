@@ -60,17 +60,18 @@ def check(schedule: Schedule) -> None:
 
     # state[p][a] = (contributions as a sorted tuple, value id), or None where undefined
     state: list[list[tuple | None]] = []
+    if kind is Collective.ALL_TO_ALL:
+        owner = [pair_of(lo)[0] for lo, _ in atoms]
+    elif kind in (Collective.ALL_GATHER, Collective.GATHER):
+        owner = [block_of(lo) for lo, _ in atoms]
     for p in range(n):
-        row: list[tuple | None] = []
-        for lo, _ in atoms:
-            if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
-                row.append(((p,), ("input", p)))
-            elif kind in (Collective.BROADCAST, Collective.SCATTER):
-                row.append(((root,), ("input", root)) if p == root else None)
-            elif kind is Collective.ALL_TO_ALL:  # participant p brings blocks (p, j)
-                row.append(((p,), ("input", p)) if pair_of(lo)[0] == p else None)
-            else:  # ALL_GATHER, GATHER: participant p brings block p
-                row.append(((p,), ("input", p)) if block_of(lo) == p else None)
+        mine = ((p,), ("input", p))
+        if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
+            row = [mine] * len(atoms)
+        elif kind in (Collective.BROADCAST, Collective.SCATTER):
+            row = [((root,), ("input", root)) if p == root else None] * len(atoms)
+        else:
+            row = [mine if o == p else None for o in owner]
         state.append(row)
 
     def span(step: Step) -> range:
@@ -133,14 +134,15 @@ def check(schedule: Schedule) -> None:
         else:
             holders, want = range(n), (block_of(lo),)
         values = {v[1] if (v := state[p][a]) else None for p in holders}
-        where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
         for p in holders:
             got = state[p][a]
             if got is None or got[0] != want:
+                where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
                 raise ScheduleError(
                     f"{schedule.name}: participant {p} ends with contributions "
                     f"{got[0] if got else None} in {where}, expected {want}")
         if len(values) != 1:
+            where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
             raise ScheduleError(f"{schedule.name}: participants hold different values in "
                                 f"{where}, so results would not be bitwise identical")
 
