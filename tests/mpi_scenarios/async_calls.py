@@ -2,7 +2,8 @@
 
 * many calls in flight (every collective, natives and schedules, small and large), waited in
   an order that differs from rank to rank, mixed with blocking calls;
-* 10,000 back-to-back small all-reduces (the hot path), every result checked;
+* back-to-back small all-reduces (the hot path), every result checked, past two wraps of
+  the calls' sequence numbers;
 * prepared calls of every collective, started again and again on refilled inputs;
 * ``dup`` and ``split`` of the transport, each a communicator of its own;
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from _common import WORLD, Report, meet
 from collectives.backends import mpi
+from collectives.backends.mpi import tags
 
 from collectives import Communicator
 
@@ -81,7 +83,13 @@ def many_in_flight() -> None:
         report.check(same(work.wait(), want), f"async call {k} ({CALLS[k % len(CALLS)]})")
 
 
-def back_to_back(calls: int = 10_000) -> None:
+# Every call of the hot path runs the same steps (restart the persistent request, check the
+# rider); what changes from call to call is the sequence number, whose low SEQ_BITS bits (the
+# tags') wrap every 2,048 calls: twice round them and some, as 10,000 calls did.
+BACK_TO_BACK = 2 * 2**tags.SEQ_BITS + 100
+
+
+def back_to_back(calls: int = BACK_TO_BACK) -> None:
     x = np.zeros(4, np.int64)
     out = np.empty_like(x)
     wrong = 0
