@@ -60,12 +60,15 @@ def check(schedule: Schedule) -> None:
 
     # state[p][a] = (contributions as a sorted tuple, value id), or None where undefined
     state: list[list[tuple | None]] = []
+    # who brings each atom: all-to-all, participant p brings blocks (p, j); all-gather and
+    # gather, participant p brings block p (found once per atom, not per participant)
     if kind is Collective.ALL_TO_ALL:
         owner = [pair_of(lo)[0] for lo, _ in atoms]
     elif kind in (Collective.ALL_GATHER, Collective.GATHER):
         owner = [block_of(lo) for lo, _ in atoms]
     for p in range(n):
-        mine = ((p,), ("input", p))
+        mine: tuple | None = ((p,), ("input", p))
+        row: list[tuple | None]
         if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
             row = [mine] * len(atoms)
         elif kind in (Collective.BROADCAST, Collective.SCATTER):
