@@ -122,10 +122,14 @@ class Counters:
             setattr(cls, attr, original)
 
 
-def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> dict:
+WARMUP_CALLS = 20  # before a thread-rank cell is measured: plans cached, signature agreed
+
+
+def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters,
+             warmup: int = WARMUP_CALLS) -> dict:
     def body(comm):
         x = np.zeros(COUNT, np.float32)
-        for _ in range(20):
+        for _ in range(warmup):
             comm.all_reduce(x, "sum", alg)
         mine = comm.rank == probe
         cpu, wall = [], []
@@ -149,14 +153,15 @@ def threaded(alg: str, probe: int, p: int, calls: int, counters: Counters) -> di
     return row
 
 
-def call_counts(alg: str, probe: int, p: int, calls: int) -> dict[str, float]:
+def call_counts(alg: str, probe: int, p: int, calls: int,
+                warmup: int = WARMUP_CALLS) -> dict[str, float]:
     """Calls per all-reduce of every function the probe rank runs (cProfile; counts only)."""
     import cProfile
     import pstats
 
     def body(comm):
         x = np.zeros(COUNT, np.float32)
-        for _ in range(20):
+        for _ in range(warmup):
             comm.all_reduce(x, "sum", alg)
         profile = cProfile.Profile() if comm.rank == probe else None
         if profile is not None:
@@ -265,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000, help="calls per core-alone cell")
     parser.add_argument("--thread-calls", type=int, default=200,
                         help="calls per thread-rank cell (a tenth of that for the ring at 64)")
+    parser.add_argument("--warmup", type=int, default=WARMUP_CALLS,
+                        help="unmeasured calls before each thread-rank cell (at least 1: the "
+                             "first call agrees the signature)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -285,12 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         def on_threads(config):
             alg, rank, p = config
             calls = args.thread_calls // 10 if (alg == "ring" and p > 2) else args.thread_calls
-            return threaded(alg, rank % p, p, calls, counters)
+            return threaded(alg, rank % p, p, calls, counters, args.warmup)
 
         thr = interleaved(THREADED, on_threads, args.repeats)
     finally:
         counters.close()
-    counts = {p: call_counts("auto", p - 1, p, args.thread_calls) for p in (2, 64)}
+    counts = {p: call_counts("auto", p - 1, p, args.thread_calls, args.warmup) for p in (2, 64)}
     load_after = os.getloadavg()
     print(f"Command: `{command}`; load average (1/5/15 min) before "
           f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
