@@ -113,10 +113,8 @@ def replica_context(kit, devices) -> None:
 
 def keras(kit, devices) -> None:
     """``model.fit`` ends within 1e-5 of TensorFlow's ``ReductionToOneDevice`` (keras_fit)."""
-    keras_fit.DEVICES[:] = devices
-    keras_fit.BATCH = 16 * len(devices)
-    keras_fit.SAMPLES = 8 * keras_fit.BATCH
-    initial, reference = keras_fit.fit(tf.distribute.ReductionToOneDevice())
+    keras_fit.use(devices)
+    initial, reference = keras_fit.reference()  # the keras suite's, where it ran on these devices
     for make in (ctf.HierarchicalCopyAllReduce, ctf.NcclAllReduce):
         keras_fit.close(keras_fit.fit(with_kit(make(), kit), initial)[1], reference)
 

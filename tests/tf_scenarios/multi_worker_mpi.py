@@ -7,7 +7,8 @@
 Each worker builds the same model under ``MirroredStrategy`` over its own two devices with
 ``MultiWorkerAllReduce()`` (MPI found from the launcher's environment), takes worker 0's
 initial weights through ``broadcast_variables`` (worker 1 starts from perturbed ones), and fits
-its shard of every global batch of 64 rows (rows 32w..32w+31). Every worker writes its final
+its shard of every global batch of 64 rows (rows 32w..32w+31), 2 passes over the data as one
+epoch (as keras_fit.py: the batches of epochs=2, one distributed iterator). Every worker writes its final
 weights to ``OUT_PREFIX.<rank>.npz``; the test checks they are bitwise identical and within
 float32 rounding of the reference. Eager and tf.function batch reductions are checked first,
 then batches that differ between the workers, and ``CrossDeviceOps(communicator="mpi")``.
@@ -98,7 +99,8 @@ def train(ops, reference, out_prefix) -> None:
     x, y = data()
     share = GLOBAL_BATCH // size
     rows = np.arange(SAMPLES).reshape(-1, GLOBAL_BATCH)[:, rank * share:(rank + 1) * share].ravel()
-    model.fit(x[rows], y[rows], batch_size=share, epochs=EPOCHS, shuffle=False, verbose=0)
+    x, y = np.concatenate([x[rows]] * EPOCHS), np.concatenate([y[rows]] * EPOCHS)
+    model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)
     np.savez(f"{out_prefix}.{rank}.npz", *model.get_weights())
 
 
