@@ -1,9 +1,10 @@
 """The TensorFlow adapter: host-side reductions in process, TensorFlow checks in subprocesses
 (the GPU path's own tests, which need a GPU, are ``tests/gpu/test_tensorflow_gpu.py``).
 
-TensorFlow can split the CPU into logical devices only once per process, so every
-TensorFlow configuration runs as a script of ``tests/tf_scenarios/`` in its own process (the
-multi-worker one under ``mpiexec -n 2``); each prints a JSON report as its last line. The
+TensorFlow can split the CPU into logical devices only once per process, so the TensorFlow
+checks run as scripts of ``tests/tf_scenarios/`` in processes of their own (one for 1 to 4
+devices, the multi-worker one under ``mpiexec -n 2``); each prints a JSON report as its last
+line. The
 NumPy side of the adapter (``collectives.adapters.tensorflow.host``) needs no TensorFlow and is
 tested here directly against the core.
 """
@@ -311,24 +312,18 @@ def run_scenario(args: list[str], timeout: float = 280, launcher: list[str] | No
     return reports[0]
 
 
-# One process per device count; several suites share it (TensorFlow imports once).
-
-@pytest.fixture(scope="module")
-def two_devices():
-    return run_scenario(["run.py", "2", "fixtures"])
-
-
-@pytest.fixture(scope="module")
-def three_devices():
-    return run_scenario(["run.py", "3", "fixtures", "keras-quick"])
-
+# One process for every device count: it splits the CPU into 4 logical devices and runs the
+# 2- and 3-device suites on the first 2 and 3 of them (the checks use only the devices they
+# are given), so TensorFlow and Keras start once (about 9 s of CPU each time) instead of three
+# times, and the checks that do not depend on the device count run once.
 
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     """Also saves TensorFlow's 4-device Keras weights, which the MPI test must reproduce."""
     path = tmp_path_factory.mktemp("tf") / "reference.npz"
-    report = run_scenario(["run.py", "4", "fixtures", "threads", "keras", "device",
-                           "--save-reference", str(path)])
+    report = run_scenario(["run.py", "4", "fixtures", "fixtures@2", "fixtures@3", "keras-quick@3",
+                           "threads", "keras", "device", "--save-reference", str(path)],
+                          timeout=600)
     return report, path
 
 
@@ -338,21 +333,26 @@ def _names(report, prefix: str) -> list[str]:
 
 @needs_tf
 @pytest.mark.slow
-def test_fixtures_one_and_two_devices(two_devices):
-    assert _names(two_devices, "NcclAllReduce k=1 ") and _names(two_devices, "NcclAllReduce k=2 ")
-    assert "errors and edges" in two_devices["passed"]
+def test_fixtures_one_and_two_devices(four_devices):
+    report, _ = four_devices
+    assert _names(report, "NcclAllReduce k=1 ") and _names(report, "NcclAllReduce k=2 ")
+    assert "results stay valid k=2" in report["passed"]
 
 
 @needs_tf
 @pytest.mark.slow
-def test_fixtures_three_devices(three_devices):
-    assert _names(three_devices, "HierarchicalCopyAllReduce k=3 ")
+def test_fixtures_three_devices(four_devices):
+    report, _ = four_devices
+    assert _names(report, "HierarchicalCopyAllReduce k=3 ")
+    assert "strategy paths k=3" in report["passed"]
 
 
 @needs_tf
 @pytest.mark.slow
-def test_keras_fit_three_devices(three_devices):
-    assert "fit HierarchicalCopyAllReduce" in three_devices["passed"]
+def test_keras_fit_three_devices(four_devices):
+    report, _ = four_devices
+    assert "k=3 fit HierarchicalCopyAllReduce" in report["passed"]
+    assert "k=3 custom loop HierarchicalCopyAllReduce" in report["passed"]
 
 
 @needs_tf
@@ -360,6 +360,9 @@ def test_keras_fit_three_devices(three_devices):
 def test_fixtures_four_devices(four_devices):
     report, _ = four_devices
     assert _names(report, "MultiWorkerAllReduce k=4 tf.function")
+    for name in ("errors and edges", "memory over 200 varying sizes", "replicas that disagree",
+                 "hierarchical copy, odd counts"):  # once in the process
+        assert report["passed"].count(name) == 1, name
 
 
 @needs_tf
@@ -425,7 +428,15 @@ def test_doc_examples_run_as_written(tmp_path):
     loss that the plain run printed."""
     blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
     assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # TensorFlow's import pulls in JAX and matplotlib where they are installed (optional there,
+    # unused by the examples): a sitecustomize hides them, as tf_scenarios/common.py does, which
+    # saves about 2.3 s of CPU in each of the examples' processes.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('jax', 'matplotlib'):\n    sys.modules.setdefault(name, None)\n")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     can_launch = importlib.util.find_spec("mpi4py") is not None and _mpiexec() is not None
     for i, block in enumerate(blocks):
         path = tmp_path / f"example{i}.py"
