@@ -36,7 +36,7 @@ RUN_MPI = re.compile(r"^mpiexec -n (\d+)$")
 
 # Pages whose examples another test runs, with more checks than "it exits 0".
 RUN_ELSEWHERE = {
-    "docs/tensorflow.md": ("tests/test_tensorflow.py", "test_doc_examples_run_as_written"),
+    "docs/tensorflow.md": ("tests/test_tensorflow_docs.py", "test_doc_examples_run_as_written"),
 }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -415,42 +414,3 @@ def test_multi_worker_mpi(four_devices, tmp_path):
         assert a.tobytes() == b.tobytes()  # identical on every worker
     for got, ref in zip(workers[0], want):
         assert np.max(np.abs(got - ref)) <= 1e-5 * np.max(np.abs(ref))
-
-
-DOCS = Path(__file__).parent.parent / "docs" / "tensorflow.md"
-
-
-@needs_tf
-@pytest.mark.slow
-def test_doc_examples_run_as_written(tmp_path):
-    """Every Python block of docs/tensorflow.md runs under plain python; the multi-worker one
-    (its first line names mpiexec) also under ``mpiexec -n 2``, where both workers print the
-    loss that the plain run printed."""
-    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
-    assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
-    # TensorFlow's import pulls in JAX and matplotlib where they are installed (optional there,
-    # unused by the examples): a sitecustomize hides them, as tf_scenarios/common.py does, which
-    # saves about 2.3 s of CPU in each of the examples' processes.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\nfor name in ('jax', 'matplotlib'):\n    sys.modules.setdefault(name, None)\n")
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
-    can_launch = importlib.util.find_spec("mpi4py") is not None and _mpiexec() is not None
-    for i, block in enumerate(blocks):
-        path = tmp_path / f"example{i}.py"
-        path.write_text(block)
-        proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"example {i} failed:\n{block}\n{proc.stderr[-3000:]}"
-        if "mpiexec" not in block.splitlines()[0] or not can_launch:
-            continue
-        alone = proc.stdout.strip()
-        assert alone.startswith("worker 0 of 1: loss "), alone
-        proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(path)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"example {i} under mpiexec failed:\n{proc.stderr[-3000:]}"
-        loss = alone.split("loss ")[1]
-        assert sorted(proc.stdout.split("\n")[:-1]) == [f"worker 0 of 2: loss {loss}",
-                                                         f"worker 1 of 2: loss {loss}"], proc.stdout
