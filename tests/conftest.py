@@ -78,9 +78,9 @@ def record(tmp_path):
 # module last keeps the run going after the other worker has finished. These start first, in
 # this order (their share of the suite's time, most first); the rest follow in collection order.
 LONG_MODULES = ("test_tensorflow.py", "test_mpi.py", "test_tensorflow_docs.py",
-                "test_benchmark_scripts.py", "test_multi_device.py", "test_suite_threads.py", "test_fault_cases.py",
-                "test_plans.py", "test_docs.py", "test_multihost.py", "test_simulate_scale.py",
-                "test_cli.py", "test_torch_ddp.py")
+                "test_benchmark_scripts.py", "test_multi_device.py", "test_suite_threads.py",
+                "test_fault_cases.py", "test_plans.py", "test_docs.py", "test_multihost.py",
+                "test_simulate_scale.py", "test_cli.py", "test_torch_ddp.py")
 
 
 def pytest_collection_modifyitems(config, items):
