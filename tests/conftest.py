@@ -3,6 +3,10 @@ reference come from ``collectives.tools.reference`` (re-exported here for the te
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +22,12 @@ RANKS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16]
 OPS = list(ReduceOp)
 DTYPES = supported_dtypes()
 SIZES = [0, 1, 7, 1000]
+
+
+def find_mpiexec() -> str | None:
+    """``mpiexec`` next to this Python (a venv's MPICH wheel), else on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def combos(dtypes=DTYPES, ops=OPS):

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from collectives.backends import mpi
 from collectives.backends.mpi import rider, tags, tuning
+from conftest import find_mpiexec
 
 import collectives
 from collectives import timeline as tl
@@ -36,14 +37,6 @@ sys.path.insert(0, str(SCENARIOS))
 import body  # noqa: E402
 
 pytestmark = pytest.mark.slow  # MPI launches: left out of the quick subset
-
-
-def find_mpiexec() -> str | None:
-    """``mpiexec`` next to this Python (a venv's MPICH wheel), else on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("mpiexec")
 
 
 MPIEXEC = find_mpiexec()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tracemalloc
@@ -27,6 +26,7 @@ from collectives.adapters.tensorflow import host
 from collectives.adapters.tensorflow.agreement import BatchAgreement, Signature, agree
 from collectives.adapters.tensorflow.pool import ALIGNMENT, BufferPool
 from collectives.adapters.tensorflow.world import launched_world_size, open_communicator
+from conftest import find_mpiexec
 
 import collectives
 from collectives.algorithms.spec import parse_spec
@@ -389,22 +389,15 @@ def test_device_path_on_logical_cpus(four_devices):
     assert "device path: workers" in names and "device path: keras" in names
 
 
-def _mpiexec() -> str | None:
-    found = Path(sys.executable).parent / "mpiexec"
-    if found.exists():
-        return str(found)
-    return shutil.which("mpiexec")
-
-
 @needs_tf
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or _mpiexec() is None,
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None,
                     reason="needs mpi4py and mpiexec")
 def test_multi_worker_mpi(four_devices, tmp_path):
     _, reference = four_devices
     prefix = tmp_path / "weights"
     run_scenario(["multi_worker_mpi.py", str(reference), str(prefix)],
-                 launcher=[_mpiexec(), "-n", "2"])
+                 launcher=[find_mpiexec(), "-n", "2"])
     data = np.load(reference)
     count = int(data["count"])
     want = [data[f"arr_{i}"] for i in range(count, 2 * count)]

@@ -6,20 +6,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import find_mpiexec
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                               reason="tensorflow is not installed")
-
-
-def _mpiexec() -> str | None:
-    found = Path(sys.executable).parent / "mpiexec"
-    return str(found) if found.exists() else shutil.which("mpiexec")
 
 
 DOCS = Path(__file__).parent.parent / "docs" / "tensorflow.md"
@@ -42,7 +37,7 @@ def test_doc_examples_run_as_written(tmp_path):
         "import sys\nfor name in ('jax', 'matplotlib'):\n    sys.modules.setdefault(name, None)\n")
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
-    can_launch = importlib.util.find_spec("mpi4py") is not None and _mpiexec() is not None
+    can_launch = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
     for i, block in enumerate(blocks):
         path = tmp_path / f"example{i}.py"
         path.write_text(block)
@@ -53,7 +48,7 @@ def test_doc_examples_run_as_written(tmp_path):
             continue
         alone = proc.stdout.strip()
         assert alone.startswith("worker 0 of 1: loss "), alone
-        proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(path)],
+        proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(path)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, f"example {i} under mpiexec failed:\n{proc.stderr[-3000:]}"
         loss = alone.split("loss ")[1]
