@@ -124,10 +124,14 @@ class Agreement:
         return self.signature, error, self.late
 
     def _verdict(self, details: list[tuple]) -> BaseException:
+        verdict = self._diagnosis(details)
+        if any(late for _, _, late in details):  # (every later call says why it cannot run)
+            self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
+                                f"moved its data ({type(verdict).__name__}: {verdict})")
+        return verdict
+
+    def _diagnosis(self, details: list[tuple]) -> BaseException:
         comm = self.comm
-        if any(late for _, _, late in details):
-            comm.break_for(f"ranks disagreed about call {self.seq} after some had already moved "
-                           "its data")
         failed = [(r, error) for r, (_, error, _) in enumerate(details) if error is not None]
         if failed:
             if self.error is not None:
@@ -160,3 +164,26 @@ class Agreement:
 
     def abort(self) -> None:
         self.run.abort()
+
+
+class LateAgreement:
+    """The agreement of a call this rank took as agreed and a peer disputes, run as the call's
+    next stage (the data stage it interrupts resumes after it). Its verdict fails the call
+    and breaks the communicator: this rank may have moved the call's data already."""
+
+    __slots__ = ("agreement", "engine", "op")
+
+    def __init__(self, engine, op) -> None:
+        self.engine, self.op = engine, op
+        self.agreement = Agreement(engine, op.seq, op.signature, op.check, None, late=True)
+
+    def advance(self) -> bool:
+        try:
+            return self.agreement.advance()
+        except BaseException as exc:
+            self.op.fail(exc)  # (the verdict is this call's error)
+            self.engine.broken_by(exc, self.op.seq)  # (where the verdict did not break it)
+            raise
+
+    def pending_peers(self) -> list[int]:
+        return self.agreement.pending_peers()

@@ -29,7 +29,7 @@ from ..errors import (
     PeerFailedError,
 )
 from . import hang_guard, progress_thread
-from .agreement import AGREED, Agreement
+from .agreement import AGREED, Agreement, LateAgreement
 from .call_order import CallOrder
 from .in_flight import InFlight
 from .missing import missing_ranks
@@ -55,6 +55,9 @@ class Engine(CallOrder, InFlight):
         self.timeout, self.check, self.detail = timeout, check, detail
         self.agreed: OrderedDict[int, bool] = OrderedDict()
         self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
+        # calls a peer rejected or disputed before this rank had them in flight (the notice
+        # came early: the progress thread hears notices between calls): they run their agreement
+        self.ahead: set[int] = set()
         self.inflight: list[Operation] = []
         # handles of asynchronous collectives issued and not yet waited on (nor dropped):
         # counted in program order, so every rank refuses the same call at the limit
@@ -128,6 +131,10 @@ class Engine(CallOrder, InFlight):
         same order, so every rank decides alike even while asynchronous agreements are in
         flight (should one fail, every rank forgets it alike; calls issued meanwhile are
         caught by the check value that rides with their data)."""
+        if self.ahead:
+            with self.state:  # (a notice that came before this call: it agrees after all)
+                always = always or seq in self.ahead
+                self.ahead = {s for s in self.ahead if s > seq}
         if error is None and not always and not self.detail and check in self.agreed:
             self.agreed.move_to_end(check)
             return None
@@ -161,8 +168,14 @@ class Engine(CallOrder, InFlight):
             done = op.advance()
             if not done:
                 self.inflight.append(op)
-        if op.error is not None and op.breaking and not getattr(op.error, AGREED, False):
-            self.broken_by(op.error, op.seq)
+            # a peer's notice about this call came between its agreement's skipping and now
+            early = not done and op.skipped_agreement and op.seq in self.ahead
+            if early:
+                self.ahead.discard(op.seq)
+        if early:
+            self._join_late(op)
+        if op.error is not None:
+            self.failed(op)
         if async_op:
             work: Work[Any] = Work(op)
             if op.breaking:  # a collective's handle (a message's is counted by inflight)
@@ -191,8 +204,7 @@ class Engine(CallOrder, InFlight):
                     if op in self.inflight:  # (one that broke the communicator cleared it)
                         self.inflight.remove(op)
                     if op.error is not None:
-                        if op.breaking and not getattr(op.error, AGREED, False):
-                            self.broken_by(op.error, op.seq)
+                        self.failed(op)
                         if op.handle is not None and not op.waited_by:
                             self.unreported.append((op.handle, op))
 
@@ -273,33 +285,15 @@ class Engine(CallOrder, InFlight):
 
     def _join_late(self, op: Operation) -> None:
         """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
-        every rank (those that also took it as agreed join too), then join it, within the
-        communicator's timeout and hearing notices, to learn how."""
+        every rank (those that also took it as agreed join too), then run it as the call's
+        next stage, to learn how. A stage, not a wait here: the calls after it (their late
+        agreements too) keep moving, so that ranks joining several late agreements in other
+        orders never wait on each other; the call's wait bounds it."""
         op.skipped_agreement = False
         self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
-        agreement = Agreement(self, op.seq, op.signature, op.check, None, late=True)
-        deadline = time.monotonic() + self.timeout
-        # (this wait may outlast the one that found the dispute: the hang guard follows it)
-        watched = (hang_guard.waiting(self, deadline, self.timeout, op) if self.guarded
-                   else None)
-        try:
-            while not agreement.advance():
-                failure = self.transport.poll_failure()
-                if failure is not None:
-                    self.peer_failed(failure)
-                    if op.finished:
-                        return
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(op.description, agreement.pending_peers(),
-                                                 self.timeout, self.rank, call=op.seq)
-                self.transport.idle(SLOW_WAIT)
-        except BaseException as exc:  # noqa: BLE001 - the verdict fails the operation
-            op.fail(exc)
-            self.broken_by(exc, op.seq)
-            return
-        finally:
-            if watched is not None:
-                hang_guard.done_waiting(self, watched)
+        with self.state:
+            if not op.finished:
+                op.stages.insert(op.stage, LateAgreement(self, op))
 
     def time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
@@ -325,6 +319,11 @@ class Engine(CallOrder, InFlight):
             with self.state:
                 ops = [op for op in self.inflight if op.seq == failure.seq and
                        op.skipped_agreement and not op.finished]
+                if not ops and not any(op.seq == failure.seq for op in self.inflight):
+                    # not in flight here yet (or run in its agreement): the call, once issued,
+                    # agrees (``agreement``) or joins late (``run``); hot paths look again
+                    self.ahead.add(failure.seq)
+                    self.forgotten += 1
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self._join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
@@ -361,6 +360,28 @@ class Engine(CallOrder, InFlight):
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
             self.inflight.clear()
+
+    def failed(self, op: Operation) -> None:
+        """``op`` failed. A failure that may have left messages in flight breaks the
+        communicator; an agreed one (every rank raised it together) does not, unless its
+        verdict broke it (ranks had moved its data: ``Agreement``), and then the calls after
+        it are lost (failed only now, so that the first error reported is the cause)."""
+        if op.breaking and not getattr(op.error, AGREED, False):
+            self.broken_by(op.error, op.seq)
+        elif self.broken is not None:
+            self.abandon_after(op.seq)
+
+    def abandon_after(self, seq: int) -> None:
+        """Fail every call in flight after ``seq``: the communicator broke at call ``seq`` on
+        every rank alike (a late agreement's verdict), so no later call can finish; those
+        before it still may."""
+        with self.state:
+            for other in list(self.inflight):
+                if other.seq > seq and not other.finished:
+                    other.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {other.description} was abandoned: this "
+                        f"communicator is broken since {self.broken}"))
+                    self.inflight.remove(other)
 
     def close(self) -> None:  # the communicator was freed: every later call raises at once
         self.freed, self.broken = True, self.broken or "it was freed"
