@@ -10,7 +10,7 @@ from typing import Any
 
 from collectives import Communicator
 
-from .kits import PinnedBuffer
+from .pinned import PinnedBuffer
 
 __all__ = ["Workers", "launched_world_size", "open_communicator"]
 

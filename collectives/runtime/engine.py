@@ -366,8 +366,10 @@ class Engine(CallOrder, InFlight):
         communicator; an agreed one (every rank raised it together) does not, unless its
         verdict broke it (ranks had moved its data: ``Agreement``), and then the calls after
         it are lost (failed only now, so that the first error reported is the cause)."""
-        if op.breaking and not getattr(op.error, AGREED, False):
-            self.broken_by(op.error, op.seq)
+        error = op.error
+        assert error is not None
+        if op.breaking and not getattr(error, AGREED, False):
+            self.broken_by(error, op.seq)
         elif self.broken is not None:
             self.abandon_after(op.seq)
 
