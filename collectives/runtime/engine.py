@@ -364,22 +364,16 @@ class Engine(CallOrder, InFlight):
     def failed(self, op: Operation) -> None:
         """``op`` failed. A failure that may have left messages in flight breaks the
         communicator; an agreed one (every rank raised it together) does not, unless its
-        verdict broke it (ranks had moved its data: ``Agreement``), and then the calls after
-        it are lost (failed only now, so that the first error reported is the cause)."""
+        verdict broke it (ranks had moved its data: ``Agreement``): then no call after it can
+        finish, and they fail now, after it (so that the first error reported is the cause)."""
         error = op.error
         assert error is not None
         if op.breaking and not getattr(error, AGREED, False):
             self.broken_by(error, op.seq)
-        elif self.broken is not None:
-            self.abandon_after(op.seq)
-
-    def abandon_after(self, seq: int) -> None:
-        """Fail every call in flight after ``seq``: the communicator broke at call ``seq`` on
-        every rank alike (a late agreement's verdict), so no later call can finish; those
-        before it still may."""
+            return
         with self.state:
-            for other in list(self.inflight):
-                if other.seq > seq and not other.finished:
+            for other in list(self.inflight) if self.broken is not None else ():
+                if other.seq > op.seq and not other.finished:
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: this "
                         f"communicator is broken since {self.broken}"))
