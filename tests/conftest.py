@@ -85,7 +85,7 @@ def record(tmp_path):
 
 # --- scheduling: the longest modules start first ------------------------------------------------
 # A module's tests stay on one worker (``--dist loadscope``), and a worker that starts a long
-# module last keeps the run going after the other worker has finished. These start first, in
+# module last keeps the run going after the others have finished. These start first, in
 # this order (their share of the suite's time, most first); the rest follow in collection order.
 LONG_MODULES = ("test_tensorflow.py", "test_mpi.py", "test_tensorflow_docs.py",
                 "test_benchmark_scripts.py", "test_multi_device.py", "test_suite_threads.py",
