@@ -31,7 +31,10 @@ from conftest import find_mpiexec
 import collectives
 from collectives.algorithms.spec import parse_spec
 
-pytestmark = pytest.mark.slow  # real MirroredStrategy runs: left out of the quick subset
+# real MirroredStrategy runs: left out of the quick subset; the scenario process of every device
+# count takes about 100 s of CPU, 200-250 s on a busy 2-core machine, within its own 600 s
+# (``four_devices``): the test that starts it may take that long
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 SCENARIOS = Path(__file__).parent / "tf_scenarios"
 HAVE_TF = importlib.util.find_spec("tensorflow") is not None
