@@ -30,7 +30,7 @@ def test_doc_examples_run_as_written(tmp_path):
     assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
     # TensorFlow's import pulls in JAX and matplotlib where they are installed (optional there,
     # unused by the examples): a sitecustomize hides them, as tf_scenarios/common.py does, which
-    # saves about 2.3 s of CPU in each of the examples' processes.
+    # saves CPU in each of the examples' processes (TensorFlow's import: 6.9 s -> 6.2 s).
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(

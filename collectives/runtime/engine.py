@@ -371,8 +371,10 @@ class Engine(CallOrder, InFlight):
         if op.breaking and not getattr(error, AGREED, False):
             self.broken_by(error, op.seq)
             return
+        if self.broken is None:
+            return
         with self.state:
-            for other in list(self.inflight) if self.broken is not None else ():
+            for other in list(self.inflight):
                 if other.seq > op.seq and not other.finished:
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: this "
