@@ -18,6 +18,7 @@ needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
 
 
 DOCS = Path(__file__).parent.parent / "docs" / "tensorflow.md"
+TF_LEAN = Path(__file__).parent / "tf_lean"  # its sitecustomize hides JAX and matplotlib
 
 
 @needs_tf
@@ -28,14 +29,8 @@ def test_doc_examples_run_as_written(tmp_path):
     loss that the plain run printed."""
     blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
     assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
-    # TensorFlow's import pulls in JAX and matplotlib where they are installed (optional there,
-    # unused by the examples): a sitecustomize hides them, as tf_scenarios/common.py does, which
-    # saves CPU in each of the examples' processes (TensorFlow's import: 6.9 s -> 6.2 s).
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\nfor name in ('jax', 'matplotlib'):\n    sys.modules.setdefault(name, None)\n")
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    # the examples use neither JAX nor matplotlib, which TensorFlow's import pulls in (tf_lean)
+    path = os.pathsep.join(p for p in (str(TF_LEAN), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     can_launch = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
     for i, block in enumerate(blocks):

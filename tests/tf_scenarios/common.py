@@ -16,8 +16,8 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's import pulls in JAX (tf.lite looks for jax.jit) and matplotlib (Keras's image
 # gallery) where they are installed, both optional there (ImportError is caught) and unused by
-# every scenario: hidden, a scenario process starts with less CPU (measured again: TensorFlow's
-# import 6.9 s -> 6.2 s of CPU).
+# every scenario: hidden, a scenario process starts with less CPU (TensorFlow's import: 11 s ->
+# 8 s of CPU on a 2-core machine). tests/tf_lean does the same for other processes.
 for _unused in ("jax", "matplotlib"):
     sys.modules.setdefault(_unused, None)  # type: ignore[assignment]
 
