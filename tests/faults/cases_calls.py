@@ -38,7 +38,7 @@ X = np.arange(COUNT, dtype=np.float64)
 
 # --- point-to-point: withdrawn receives and sends, a receiver that raised, bad timeouts --------
 
-add("p2p-withdrawn-recv-loses-nothing", cb.p2p_after_withdrawn_recv, timeout=2.0, limit=8)
+add("p2p-withdrawn-recv-loses-nothing", cb.p2p_after_withdrawn_recv, timeout=2.0, limit=14)
 add("p2p-withdrawn-send", cb.p2p_send_withdrawn, timeout=2.0, limit=8, **THREADS)
 add("p2p-send-to-raising-rank", cb.p2p_send_to_raising_rank, timeout=5.0, **THREADS)
 add("p2p-recv-bad-timeout", cb.p2p_bad_timeout, timeout=2.0, limit=8)
