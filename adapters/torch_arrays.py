@@ -10,7 +10,9 @@ transport's stream.
 A CUDA tensor's all-reduce on the NCCL transport also takes the hot path without crossing
 through DLPack: the kind gives the transport each tensor's device, pointer and the caller's
 current stream (``device_index``, ``pointer``, ``stream_handle``; see
-``collectives.backends.nccl.hot_path``), read once per call from the tensor itself.
+``collectives.backends.nccl.hot_path``), read once per call from the tensor itself. A CPU
+tensor's repeated small all-reduce on MPI does the same by address (``host_address``;
+``collectives.backends.mpi.kind_path``).
 
 A tensor crosses into the library as a NumPy view of its memory (``as_numpy``; DLPack), and
 results come back as tensors on the same memory (``back``). NumPy has no bfloat16, so a
@@ -159,8 +161,20 @@ class TorchArrays:
         return x.is_contiguous()
 
     @staticmethod
+    def host_address(x: Any) -> int | None:
+        """The address of CPU tensor ``x``'s first element where it may be read and written
+        by address: contiguous, untracked by autograd, no lazy conjugate or negation (the
+        edge refuses those, naming the fix); else None."""
+        if x.is_cuda or x.requires_grad or not x.is_contiguous() or x.is_conj() or x.is_neg():
+            return None
+        return x.data_ptr()
+
+    @staticmethod
     def empty_like(x: Any) -> Any:
-        return _torch().empty_like(x, memory_format=_torch().contiguous_format)
+        torch = _torch()
+        if x.is_contiguous():  # (the layout empty_like preserves: a fifth cheaper to ask)
+            return torch.empty_like(x)
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @staticmethod
     def stream_handle(device: int) -> int:

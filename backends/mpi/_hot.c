@@ -5,9 +5,11 @@
    then this rank's check trailer), the reduced trailer every rank expects, and the request.
    run(x, out) copies x in, writes the trailer, starts the request, tests it (spinning, then
    yielding the core between tests, the GIL released) and, once complete, compares the
-   reduced trailer and copies the result into out. MPI's MPI_Start and MPI_Test come as
-   function pointers from the library mpi4py loaded and the request as the address of its
-   handle, so nothing here depends on an MPI implementation's headers or ABI. */
+   reduced trailer and copies the result into out; run_at(x_address, out_address) does the
+   same between the addresses of another library's arrays (PyTorch CPU tensors). MPI's
+   MPI_Start and MPI_Test come as function pointers from the library mpi4py loaded and the
+   request as the address of its handle, so nothing here depends on an MPI implementation's
+   headers or ABI. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -72,33 +74,12 @@ static void Hot_dealloc(Hot *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* run(x, out) -> 0: done, the result in out; 1: started and still running after the hold
-   (the caller tests the request from now on); 2: done, but the reduced trailer differs;
-   3: refused, nothing started (x or out not C-contiguous, out read-only, a size differs);
-   a negative number: MPI's error code, negated. */
-static PyObject *Hot_run(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_buffer x, out;
+/* One run from src (nbytes): copy it in, write the trailer, start, test (spinning, then
+   yielding the core between tests, the GIL released). Returns DONE with the result in the
+   request's buffer (not yet copied out), PENDING, MISMATCH or MPI's error code, negated. */
+static long start_and_test(Hot *self, const char *src) {
     int rc, flag = 0;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "run(x, out) takes two arrays");
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        return PyLong_FromLong(REFUSED);
-    }
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&x);
-        return PyLong_FromLong(REFUSED);
-    }
-    if (x.len != self->nbytes || out.len != self->nbytes) {
-        PyBuffer_Release(&x);
-        PyBuffer_Release(&out);
-        return PyLong_FromLong(REFUSED);
-    }
-    memcpy(self->head, x.buf, (size_t)self->nbytes);
-    PyBuffer_Release(&x);
+    memcpy(self->head, src, (size_t)self->nbytes);
     memcpy(self->tail, self->mine, (size_t)self->tail_bytes);
     /* MPI's calls run without the GIL, the first ones too: one that never returns (MPICH's
        MPI_Test may not, once a peer died) must leave the hang guard's thread able to run */
@@ -119,27 +100,77 @@ static PyObject *Hot_run(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
         }
     }
     Py_END_ALLOW_THREADS
-    if (rc) {
-        PyBuffer_Release(&out);
-        return PyLong_FromLong(-(long)rc);
+    if (rc)
+        return -(long)rc;
+    if (!flag)
+        return PENDING;
+    if (memcmp(self->trailer, self->expected, (size_t)self->trailer_bytes))
+        return MISMATCH;
+    return DONE;
+}
+
+/* run(x, out) -> 0: done, the result in out; 1: started and still running after the hold
+   (the caller tests the request from now on); 2: done, but the reduced trailer differs;
+   3: refused, nothing started (x or out not C-contiguous, out read-only, a size differs);
+   a negative number: MPI's error code, negated. */
+static PyObject *Hot_run(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer x, out;
+    long code;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "run(x, out) takes two arrays");
+        return NULL;
     }
-    if (!flag) {
-        PyBuffer_Release(&out);
-        return PyLong_FromLong(PENDING);
+    if (PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(REFUSED);
     }
-    if (memcmp(self->trailer, self->expected, (size_t)self->trailer_bytes)) {
-        PyBuffer_Release(&out);
-        return PyLong_FromLong(MISMATCH);
+    if (PyObject_GetBuffer(args[1], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&x);
+        return PyLong_FromLong(REFUSED);
     }
-    memcpy(out.buf, self->head, (size_t)self->nbytes);
+    if (x.len != self->nbytes || out.len != self->nbytes) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&out);
+        return PyLong_FromLong(REFUSED);
+    }
+    code = start_and_test(self, (const char *)x.buf);
+    PyBuffer_Release(&x);
+    if (code == DONE) {
+        memcpy(out.buf, self->head, (size_t)self->nbytes);
+        self->ran++;
+    }
     PyBuffer_Release(&out);
-    self->ran++;
-    return PyLong_FromLong(DONE);
+    return PyLong_FromLong(code);
+}
+
+/* run_at(x_address, out_address): run() between the addresses of another library's arrays
+   (PyTorch CPU tensors: no buffer protocol), which the caller has checked are C-contiguous,
+   writable where written and nbytes long, and keeps alive. The same codes; never refused. */
+static PyObject *Hot_run_at(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long src, dst;
+    long code;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "run_at(x_address, out_address) takes two addresses");
+        return NULL;
+    }
+    src = PyLong_AsUnsignedLongLong(args[0]);
+    dst = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    code = start_and_test(self, (const char *)(uintptr_t)src);
+    if (code == DONE) {
+        memcpy((char *)(uintptr_t)dst, self->head, (size_t)self->nbytes);
+        self->ran++;
+    }
+    return PyLong_FromLong(code);
 }
 
 static PyMethodDef Hot_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Hot_run, METH_FASTCALL,
      "run(x, out): one all-reduce of x into out (see the module's source for the codes)"},
+    {"run_at", (PyCFunction)(void (*)(void))Hot_run_at, METH_FASTCALL,
+     "run_at(x_address, out_address): run() between two arrays' addresses"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,3 +12,6 @@ class Hot:
     def run(self, x: object, out: object, /) -> int:
         """One all-reduce of ``x`` into ``out``: 0 done, 1 still running, 2 the reduced
         trailer differs, 3 refused (nothing started), negative: MPI's error code, negated."""
+    def run_at(self, x_address: int, out_address: int, /) -> int:
+        """``run`` between two C-contiguous arrays' addresses (``nbytes`` each, checked by
+        the caller): the same codes, never 3."""

@@ -30,6 +30,7 @@ from collectives.runtime.transport import PENDING
 
 from . import compiled
 from .compiled import MISMATCH, RAN, REFUSED, RUNNING
+from .kind_path import HostPointers, KindBound
 from .persistent import Entry, PersistentRun
 from .runs import STALL_POLLS, mpi_error, note_stall
 
@@ -71,11 +72,30 @@ class Bound:
 
     # --- the hot way ------------------------------------------------------------------------
 
-    @staticmethod
-    def for_kind(kind: Any) -> None:
-        """Another library's arrays take the hot path only through their NumPy views (the
-        core adopts them first): nothing to bind."""
-        return None
+    def for_kind(self, kind: Any) -> KindBound | None:
+        """This call's hot path on another library's host arrays (PyTorch CPU tensors),
+        through their addresses (``kind_path``), where the kind tells them (``HostPointers``);
+        a MEAN's division stays with the engine's way (it divides NumPy arrays)."""
+        if self.call.op is ReduceOp.MEAN or not isinstance(kind, HostPointers):
+            return None
+        return KindBound(self, kind)
+
+    def quick_at(self, src: int, dst: int, landing: Any, seq: int) -> Any:
+        """``quick`` from address ``src`` into address ``dst`` (the call's bytes each,
+        C-contiguous: the caller checked) through the compiled path: True once done,
+        ``PENDING`` (``landing()``: a NumPy view of ``dst``, where ``deliver`` writes), or
+        None where the hot path is closed or not compiled (nothing started)."""
+        entry = self.entry
+        if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
+            return self._closed()
+        compiled = self.compiled
+        if compiled is None:
+            return None
+        self.seq = seq
+        code = compiled.run_at(src, dst)
+        if code == RAN:
+            return True
+        return self._landed(code, landing())
 
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         """Run call ``seq`` on ``x`` (an array of the call's shape and dtype) into ``out`` (the

@@ -1,15 +1,18 @@
 """PyTorch CPU tensors through every collective on MPI ranks (``py``): for each
 dtype, every call on NumPy arrays and on tensors of the same values, compared on every rank:
 tensors come back, bitwise NumPy's results, which equal the float64 reference (so every rank
-holds the same bits), and the inputs are untouched.
+holds the same bits), and the inputs are untouched; then the hot path by address
+(``hot_path_by_address``).
 
 Run as ``.venv/bin/mpiexec -n 3 .venv/bin/python tests/mpi_scenarios/torch_tensors.py``.
 """
 
 from __future__ import annotations
 
+import torch
 from _common import Report
 from collectives.backends import mpi
+from collectives.backends.mpi.kind_path import KindBound
 from torch_body import DTYPES, as_tensor, compare, inputs_of, numpy_dtype, run_both
 
 report = Report("torch_tensors")
@@ -25,5 +28,48 @@ for name in DTYPES:
     by_numpy, by_torch = run_both(comm, inputs, tensors)
     wrong = compare(by_numpy, by_torch, inputs, tensors, before, n, rank)
     report.check(not wrong, f"{name}: " + "; ".join(wrong[:5]))
+
+
+def hot_path_by_address() -> list[str]:
+    """A repeated small all-reduce of one signature on tensors runs the MPI hot path on the
+    tensors' addresses (``backends/mpi/kind_path.py``), compiled where it is built: NumPy's
+    bits, the inputs untouched, ``out=`` (another tensor, the input itself) honoured; a MEAN
+    takes the engine's way; a tensor that requires grad is still refused, naming the fix."""
+    wrong = []
+    x = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    before = x.clone()
+    want = comm.all_reduce(x.numpy().copy())  # NumPy's call of the same signature
+    for i in range(6):
+        got = comm.all_reduce(x)
+        if not (isinstance(got, torch.Tensor) and got.numpy().tobytes() == want.tobytes()):
+            wrong.append(f"call {i}: {got!r}")
+        # (from the third call on: the first agrees the signature, the second binds the kind)
+        bound = comm.calls.last_hot.bound if comm.calls.last_hot is not None else None
+        if i >= 2 and not isinstance(bound, KindBound):
+            wrong.append(f"call {i} did not take the hot path by address: {bound!r}")
+    out = torch.empty_like(x)
+    if comm.all_reduce(x, out=out) is not out or out.numpy().tobytes() != want.tobytes():
+        wrong.append("out= another tensor")
+    y = x.clone()
+    if comm.all_reduce(y, out=y) is not y or y.numpy().tobytes() != want.tobytes():
+        wrong.append("out= the input itself")
+    mean = comm.all_reduce(x, "mean")
+    if mean.numpy().tobytes() != comm.all_reduce(x.numpy().copy(), "mean").tobytes():
+        wrong.append("mean")
+    try:
+        comm.all_reduce(x.clone().requires_grad_(True))
+        wrong.append("a tensor that requires grad was reduced")
+    except TypeError as exc:
+        if "detach()" not in str(exc):
+            wrong.append(f"requires grad: {exc}")
+    if comm.all_reduce(x).numpy().tobytes() != want.tobytes():
+        wrong.append("the call after the refused one")
+    if not torch.equal(x, before):
+        wrong.append("the input changed")
+    return wrong
+
+
+wrong = hot_path_by_address()
+report.check(not wrong, "hot path by address: " + "; ".join(wrong[:5]))
 comm.free()
 report.finish(f"dtypes={len(DTYPES)}")
