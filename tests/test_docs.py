@@ -10,11 +10,14 @@ fence changes how its block runs:
   of hosts (skipped with its reason elsewhere);
 * ``<!-- skip: why -->``: not run (for blocks that cannot run standalone; use sparingly).
 
+A block that imports PyTorch is skipped, saying so, where PyTorch is not installed.
+
 PYPI.md, the package's page on PyPI, counts as a page too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -95,6 +98,8 @@ def _run(example: Example, workdir: Path) -> tuple[int | None, str]:
     command = example.command(script)
     if command is None:
         return None, ""
+    if re.search(r"^import torch\b", example.code, re.M) and importlib.util.find_spec("torch") is None:
+        return None, "needs PyTorch (pip install -e '.[torch]', as the README's test command does)"
     if command[0] == str(MPIEXEC) and not MPIEXEC.exists():
         return None, "no mpiexec beside this Python (pip install -e '.[mpi]')"
     cwd = workdir
