@@ -172,7 +172,7 @@ class TorchArrays:
     @staticmethod
     def empty_like(x: Any) -> Any:
         torch = _torch()
-        if x.is_contiguous():  # (the layout empty_like preserves: a fifth cheaper to ask)
+        if x.is_contiguous():  # (the layout empty_like preserves: about 0.5 µs cheaper to ask)
             return torch.empty_like(x)
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
