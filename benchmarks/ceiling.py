@@ -206,7 +206,9 @@ def _spmd_rank(p: int, nbytes: int, copy_in: bool, repeats: int, barrier, times)
 def spmd_row(p: int, nbytes: int, repeats: int) -> dict:
     """The SPMD bound of p processes x ``nbytes``, without and with the copy-in: per repeat
     the slowest rank's time per call (the ranks start together), the median over repeats."""
-    ctx = multiprocessing.get_context("fork")
+    # (forkserver, not fork: the caller may run threads, a progress thread or JAX's, and a
+    # child forked while one holds a lock can deadlock)
+    ctx = multiprocessing.get_context("forkserver")
     row: dict = {"size": nbytes, "participants": p}
     for copy_in in (False, True):
         barrier, times = ctx.Barrier(p), ctx.Manager().list()
