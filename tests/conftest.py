@@ -3,6 +3,7 @@ reference come from ``collectives.tools.reference`` (re-exported here for the te
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -28,6 +29,14 @@ def find_mpiexec() -> str | None:
     """``mpiexec`` next to this Python (a venv's MPICH wheel), else on PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def tf_lean(env: dict) -> dict:
+    """``env`` with ``tests/tf_lean`` first on ``PYTHONPATH``: its sitecustomize hides JAX and
+    matplotlib from a process that imports TensorFlow and uses neither."""
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent / "tf_lean"),
+                                       env.get("PYTHONPATH")) if p)
+    return {**env, "PYTHONPATH": path}
 
 
 def combos(dtypes=DTYPES, ops=OPS):

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import tf_lean
 
 pytestmark = pytest.mark.slow  # every benchmark script end to end: left out of the quick subset
 
 ROOT = Path(__file__).resolve().parent.parent
 # mpi_compare.py launches the mpiexec beside this Python and no other.
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
-TF_LEAN = ROOT / "tests" / "tf_lean"  # its sitecustomize hides JAX and matplotlib from TensorFlow
 
 # mirror.py is a module with no entry point (overhead.py imports it): the smallest real use is
 # a communicator over it, one call per algorithm.
@@ -154,8 +154,8 @@ def test_benchmark_script_runs(case: Case, tmp_path: Path) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
     # TensorFlow's C++ logging would drown the output in the failure message.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    if "tensorflow" in case.needs:  # the scripts use neither JAX nor matplotlib (tf_lean)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TF_LEAN), env.get("PYTHONPATH")) if p)
+    if "tensorflow" in case.needs:  # the scripts use neither JAX nor matplotlib
+        env = tf_lean(env)
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=case.timeout)
     output = proc.stdout + proc.stderr

@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import find_mpiexec
+from conftest import find_mpiexec, tf_lean
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                               reason="tensorflow is not installed")
 
 
 DOCS = Path(__file__).parent.parent / "docs" / "tensorflow.md"
-TF_LEAN = Path(__file__).parent / "tf_lean"  # its sitecustomize hides JAX and matplotlib
 
 
 @needs_tf
@@ -29,9 +28,8 @@ def test_doc_examples_run_as_written(tmp_path):
     loss that the plain run printed."""
     blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
     assert len(blocks) >= 3, "docs/tensorflow.md lost its examples"
-    # the examples use neither JAX nor matplotlib, which TensorFlow's import pulls in (tf_lean)
-    path = os.pathsep.join(p for p in (str(TF_LEAN), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
+    # the examples use neither JAX nor matplotlib, which TensorFlow's import pulls in
+    env = tf_lean(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     can_launch = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
     for i, block in enumerate(blocks):
         path = tmp_path / f"example{i}.py"

@@ -1,4 +1,4 @@
-"""Put this folder on ``PYTHONPATH`` of a process that imports TensorFlow and uses neither JAX
+"""On ``PYTHONPATH`` (``conftest.tf_lean``) of a process that imports TensorFlow and uses neither JAX
 nor matplotlib: TensorFlow's import pulls both in where they are installed (tf.lite looks for
 ``jax.jit``, Keras's image gallery imports ``matplotlib.pyplot``), both optional there (the
 ImportError is caught). Hidden, the import takes about 8 s of CPU instead of 11 on a 2-core
