@@ -1,5 +1,6 @@
 """When ranks disagree about a call only some of them agreed before: no hang, every rank told,
-and a bad ``out`` after agreement costs nobody else their result."""
+and a bad ``out`` after agreement costs nobody else their result; after a failed agreement,
+every rank remembers alike which calls were agreed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 import collectives
 from collectives import CollectiveMismatchError, PeerFailedError
+
+BAD_ALGORITHM = "no such algorithm"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
@@ -83,3 +86,59 @@ def test_a_specs_shard_count_is_taken_as_given():
     assert np.array_equal(collectives.all_reduce(values, "sum", ("pscpu", 1))[0], one_gatherer[0])
     batch = collectives.batch_all_reduce([values], "sum", "pscpu")  # a plain name: the default
     assert np.array_equal(batch[0][0], collectives.all_reduce(values, "sum", "shuffle")[0])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_after_a_bad_argument_heard_in_time_the_agreed_call_still_works(n):
+    # the failing rank has no check value for its call; the others' must be forgotten on
+    # every rank, or the failing rank alone would still take x's call as agreed
+    x = np.ones(6)
+
+    def body(comm):
+        comm.all_reduce(x)  # agreed on every rank
+        if comm.rank == 1:
+            with pytest.raises(ValueError, match="algorithm"):
+                comm.all_reduce(x, algorithm=BAD_ALGORITHM)
+            for dst in range(n):
+                if dst != 1:
+                    comm.send(np.ones(1), dst)
+        else:
+            # a receive in flight keeps the progress thread hearing notices: rank 1's arrives
+            # before this rank starts the call, which then agrees instead of moving data
+            message = comm.irecv(np.empty(1), 1)
+            time.sleep(0.3)
+            with pytest.raises(PeerFailedError, match="rank 1"):
+                comm.all_reduce(x)
+            message.wait()
+        return comm.all_reduce(x).tolist()  # nothing moved: it works, on every rank
+
+    assert collectives.run(body, n, timeout=10) == [[float(n)] * 6] * n
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_that_remember_an_agreed_call_differently_for_a_moment_still_get_its_result(n):
+    # a failed agreement's forgetting reaches ranks at different points: a rank that moves
+    # x's data while its peers agree on it joins their agreement late, and the call goes on
+    x = np.ones(6)
+
+    def body(comm):
+        comm.all_reduce(x)  # agreed on every rank
+        if comm.rank == 1:
+            # its bad call's verdict comes later: meanwhile it still takes x's call as agreed
+            bad = comm.all_reduce(x, algorithm=BAD_ALGORITHM, async_op=True)
+            got = comm.all_reduce(x)
+            with pytest.raises(ValueError, match="algorithm"):
+                bad.wait()
+            for dst in range(n):
+                if dst != 1:
+                    comm.send(np.ones(1), dst)
+        else:  # hear of it before starting it (see above), then agree on x's call again
+            message = comm.irecv(np.empty(1), 1)
+            time.sleep(0.3)
+            with pytest.raises(PeerFailedError, match="rank 1"):
+                comm.all_reduce(x)
+            got = comm.all_reduce(x)
+            message.wait()
+        return got.tolist(), comm.all_reduce(x).tolist()
+
+    assert collectives.run(body, n, timeout=10) == [([float(n)] * 6, [float(n)] * 6)] * n

@@ -13,7 +13,8 @@ runs over the control channel with the library's own schedules:
 
 Errors the agreement raises leave the communicator usable: every rank saw the same outcome and
 no data moved. (A rank that had already moved data, because it took the call for agreed and
-joined the agreement late, reports so, and everyone then marks the communicator broken.)
+joined the agreement late, reports so, and on an error everyone then marks the communicator
+broken; where the ranks agree after all, the call goes on, its moved data its own.)
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ class Agreement:
             shapes_agree = known == known_neg == unknown or known == -known_neg
             if status == 0 and high == -low == self.check and shapes_agree:
                 return True
-            self.comm.forget(self.check)  # every rank reaches this verdict alike
             # disagreement, or a rank failed: everyone exchanges the details
             self._blob = pickle.dumps(self._details(), protocol=pickle.HIGHEST_PROTOCOL)
             self._lengths = np.array([len(self._blob)], np.int64)
@@ -115,24 +115,37 @@ class Agreement:
             return self.advance()
         details = [pickle.loads(self._buf[r * self._width:(r + 1) * self._width].tobytes())
                    for r in range(self.comm.size)]
-        raise self._verdict(details)
+        verdict = self._verdict(details)
+        if verdict is None:  # a late agreement that every rank agrees on: the call goes on
+            return True
+        raise verdict
 
     def _details(self) -> tuple:
         error = None
         if self.error is not None:
             error = f"{type(self.error).__name__}: {self.error}"
-        return self.signature, error, self.late
+        return self.signature, error, self.late, self.check
 
-    def _verdict(self, details: list[tuple]) -> BaseException:
-        verdict = self._diagnosis(details)
-        if any(late for _, _, late in details):  # (every later call says why it cannot run)
+    def _verdict(self, details: list[tuple]) -> BaseException | None:
+        """The error every rank raises (None: none). Every rank forgets every rank's check
+        value, not only its own: a rank that failed has none (0), and the signatures the
+        others had agreed must be agreed again on every rank alike."""
+        for *_, check in details:
+            self.comm.forget(check)
+        late = any(d[2] for d in details)
+        verdict = self._diagnosis(details, late)
+        if verdict is not None and late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")
         return verdict
 
-    def _diagnosis(self, details: list[tuple]) -> BaseException:
+    def _diagnosis(self, details: list[tuple], late: bool) -> BaseException | None:
+        """``late``: a rank had taken the call as agreed and a peer disputed it. Where every
+        rank's signature is the same after all (their memories of agreed signatures differed
+        for a moment: a failed agreement's forgetting reaches ranks at different points), the
+        call is right on every rank, and its data, moved or not, is the call's: None."""
         comm = self.comm
-        failed = [(r, error) for r, (_, error, _) in enumerate(details) if error is not None]
+        failed = [(r, d[1]) for r, d in enumerate(details) if d[1] is not None]
         if failed:
             if self.error is not None:
                 return agreed(self.error)
@@ -144,7 +157,7 @@ class Agreement:
                 f"failed to start it: {what}"))
         from .calls import differences
 
-        signatures = [sig for sig, _, _ in details]
+        signatures = [d[0] for d in details]
         if any(s is None for s in signatures):  # a rank failed after the digest: say who
             silent = [r for r, s in enumerate(signatures) if s is None]
             return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {silent} "
@@ -156,7 +169,10 @@ class Agreement:
             text = (f"ranks called different collectives at the same point ({by_rank}); every "
                     "rank must call the same collectives in the same order")
         else:
-            text = differences(signatures, name)
+            found = differences(signatures, name)
+            if found is None and late:
+                return None
+            text = found or "ranks called collectives with different arguments"
         return agreed(CollectiveMismatchError(f"rank {comm.rank}: {text}"))
 
     def pending_peers(self) -> list[int]:
@@ -168,8 +184,9 @@ class Agreement:
 
 class LateAgreement:
     """The agreement of a call this rank took as agreed and a peer disputes, run as the call's
-    next stage (the data stage it interrupts resumes after it). Its verdict fails the call
-    and breaks the communicator: this rank may have moved the call's data already."""
+    next stage (the data stage it interrupts resumes after it). An error verdict fails the
+    call and breaks the communicator: this rank may have moved the call's data already. Where
+    every rank's signature is the same after all, the call goes on."""
 
     __slots__ = ("agreement", "engine", "op")
 

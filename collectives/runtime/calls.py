@@ -85,9 +85,10 @@ FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "
           "batch")
 
 
-def differences(signatures: list[tuple], collective: str) -> str:
-    """The first field on which ranks' signatures differ, by rank (for mismatch errors).
-    A broadcast's non-roots may not know the shape and dtype (None): only known ones count."""
+def differences(signatures: list[tuple], collective: str) -> str | None:
+    """The first field on which ranks' signatures differ, by rank (for mismatch errors), or
+    None where none does. A broadcast's non-roots may not know the shape and dtype (None):
+    only known ones count."""
     for i, name in enumerate(FIELDS):
         seen = [s[i] if s is not None else None for s in signatures]
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
@@ -100,7 +101,7 @@ def differences(signatures: list[tuple], collective: str) -> str:
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
                     f"must pass the same {name}")
-    return "ranks called collectives with different arguments"
+    return None
 
 
 def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -> tuple[str, int]:

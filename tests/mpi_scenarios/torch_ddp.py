@@ -12,7 +12,9 @@ Then errors: a failure inside the hook reaches DDP on every rank as the future's
 a bad argument (the others hear ``PeerFailedError``), ranks that disagree (compression on one:
 ``CollectiveMismatchError`` everywhere), and a rank that never arrives (``CollectiveTimeoutError``
 after the hook's one-second timeout), and a communicator broken by an earlier failure
-(``CommunicatorBrokenError`` at once, on every rank).
+(``CommunicatorBrokenError`` at once, on every rank). After the bad argument the next step
+works, or finds the communicator broken (where a rank had moved data before it heard), alike
+on every rank.
 
 Run as ``mpiexec -n 2 python tests/mpi_scenarios/torch_ddp.py <scratch folder>`` (the gloo
 group's file store goes there).
@@ -25,7 +27,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from _common import Report, meet
+from _common import WORLD, Report, meet
 from collectives.adapters import torch_ddp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -134,20 +136,27 @@ def exact() -> None:
     dist.destroy_process_group()
 
 
-def fails(ddp: torch.nn.Module, state, expected: str, step: int = 0) -> None:
-    """One step whose backward must raise, naming ``expected``, within about a second."""
-    x, target = batch(step, rank)
+def step(ddp: torch.nn.Module, state) -> str:
+    """One step, within about a second: "ok", or the name of the error its backward raised
+    (which must name it, and be ``state.last_error``)."""
+    x, target = batch(0, rank)
     start = time.monotonic()
     try:
         (ddp(x) * target).sum().backward()
-        report.check(False, f"{expected}: backward did not raise")
+        outcome = "ok"
     except RuntimeError as exc:
-        took = time.monotonic() - start
-        report.check(expected in str(exc), f"{expected}: backward raised {exc}")
-        report.check(type(state.last_error).__name__ == expected,
-                     f"{expected}: last_error is {state.last_error!r}")
-        report.check(took < 3.0, f"{expected}: took {took:.2f} s")
-        print(f"ERROR rank {rank} {expected} after {took:.2f} s", flush=True)
+        outcome = type(state.last_error).__name__
+        report.check(outcome in str(exc), f"backward raised {exc}, last_error {state.last_error!r}")
+    took = time.monotonic() - start
+    report.check(took < 3.0, f"{outcome}: took {took:.2f} s")
+    print(f"STEP rank {rank} {outcome} after {took:.2f} s", flush=True)
+    return outcome
+
+
+def fails(ddp: torch.nn.Module, state, expected: str) -> None:
+    """One step whose backward must raise ``expected``, within about a second."""
+    outcome = step(ddp, state)
+    report.check(outcome == expected, f"expected {expected}, got {outcome}")
 
 
 def library_ddp(on: object, **options) -> tuple:
@@ -166,18 +175,28 @@ def errors() -> None:
     # the process group's communicator.
     cases = {name: library_ddp(on, timeout=1.0)
              for name, on in (("argument", comm), ("mismatch", comm.dup()), ("late", comm.dup()))}
-    _, ddp, state = cases["argument"]
+    net, ddp, state = cases["argument"]
     if rank == 1:  # a bad argument on one rank: its own error there, PeerFailedError elsewhere
         state.algorithm = "no such algorithm"
     fails(ddp, state, "ValueError" if rank == 1 else "PeerFailedError")
     meet()
+    # Broken where a rank had moved data before it heard of the bad argument; usable where
+    # every rank heard first (a matter of timing): either way, alike on every rank.
     state.algorithm = "auto"
-    fails(ddp, state, "CommunicatorBrokenError")  # and the communicator is broken, at once
+    outcomes = WORLD.allgather(step(ddp, state))
+    report.check(len(set(outcomes)) == 1 and outcomes[0] in ("ok", "CommunicatorBrokenError"),
+                 f"the step after a bad argument: {outcomes}")
+    if outcomes[0] == "ok":  # DDP's mean gradient, the same on every rank
+        grads = WORLD.allgather(torch.cat([p.grad.flatten() for p in net.parameters()]))
+        report.check(all(torch.equal(g, grads[0]) for g in grads), "gradients differ")
     meet()
     _, ddp, state = cases["mismatch"]
     if rank == 1:  # ranks that disagree about compressing: found when their data meets
         state.compression = "fp16"
     fails(ddp, state, "CollectiveMismatchError")
+    meet()
+    state.compression = None  # (data had moved: the communicator is broken, at once)
+    fails(ddp, state, "CommunicatorBrokenError")
     meet()
     if rank == 0:  # rank 1 never joins: rank 0 times out, as its hook's timeout says
         _, ddp, state = cases["late"]

@@ -1,0 +1,157 @@
+"""How failures spread on a communicator: timeouts, peers' notices, late agreements, and the
+broken state (a mixin of ``Engine``, over its ``transport``, ``state``, ``inflight``,
+``ahead``, ``forgotten`` and ``broken``).
+
+A failure that may have left messages in flight (a timeout, an error after data moved, a
+peer's failure) breaks the communicator: every operation in flight fails, the peers are told
+(``notify_failure``) unless the failure came from them, and every later call raises
+``CommunicatorBrokenError``. A failure every rank raised together in an agreement breaks
+nothing, unless its verdict did (a rank had moved the call's data). A peer that disputes a
+call this rank took as agreed makes it join that call's agreement late (``LateAgreement``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    PeerFailedError,
+)
+from .agreement import AGREED, LateAgreement
+from .missing import missing_ranks
+from .transport import Failure, Transport
+from .work import Operation
+
+FAILURES = logging.getLogger("collectives.failures")
+
+
+class Failures:
+    """The engine's failure handling (see the module's docstring)."""
+
+    rank: int
+    size: int
+    transport: Transport
+    state: Any
+    inflight: list[Operation]
+    ahead: set[int]
+    forgotten: int
+    broken: str | None
+    freed: bool
+
+    def join_late(self, op: Operation) -> None:
+        """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
+        every rank (those that also took it as agreed join too), then run it as the call's
+        next stage, to learn how. A stage, not a wait here: the calls after it (their late
+        agreements too) keep moving, so that ranks joining several late agreements in other
+        orders never wait on each other; the call's wait bounds it."""
+        op.skipped_agreement = False
+        self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+        with self.state:
+            if not op.finished:
+                op.stages.insert(op.stage, LateAgreement(self, op))
+
+    def time_out(self, op: Operation, timeout: float) -> None:
+        activity = self.transport.peer_activity(0.5)
+        waited = op.pending_peers()
+        missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
+        doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
+                          if r in missing or r in waited)
+        error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
+                                       detail=doing, call=op.seq if op.breaking else None)
+        with self.state:
+            if op.finished:  # it finished while the peers were asked: nothing timed out
+                return
+            op.fail(error)
+        if op.breaking:
+            self.broken_by(error, op.seq)
+
+    def peer_failed(self, failure: Failure) -> None:
+        """A peer failed in call ``failure.seq`` (every later call is lost, and that one too
+        unless the peer merely left after finishing it: kind "exited"). Kind "rejected": the
+        peer could not start call ``seq`` and runs its agreement; only a rank that skipped that
+        agreement (it had agreed the call before) is affected, and its data may have moved."""
+        if failure.kind in ("rejected", "disputed"):
+            with self.state:
+                ops = [op for op in self.inflight if op.seq == failure.seq and
+                       op.skipped_agreement and not op.finished]
+                if not ops and not any(op.seq == failure.seq for op in self.inflight):
+                    # not in flight here yet (or run in its agreement): the call, once issued,
+                    # agrees (``agreement``) or joins late (``run``); hot paths look again
+                    self.ahead.add(failure.seq)
+                    self.forgotten += 1
+            for op in ops:  # this rank took the call as agreed: it joins the agreement late
+                self.join_late(op)
+            return  # (a rank in the agreement already hears the verdict there)
+        lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
+        where = ("failed after call" if failure.kind == "exited" else "failed in call")
+        with self.state:
+            for op in list(self.inflight):
+                # a message to or from the failed rank is lost too, whatever call it follows
+                if op.seq >= lost or (not op.breaking and failure.rank in op.pending_peers()):
+                    own = getattr(op.stages[op.stage], "error", None) if (
+                        op.stage < len(op.stages)) else None
+                    # a rank that could not start the call raises its own error
+                    op.fail(own if isinstance(own, Exception) else failure.error(
+                        f"rank {self.rank}: {op.description} cannot finish because rank "
+                        f"{failure.rank} {where} {failure.seq}: {failure.message}"))
+                    self.inflight.remove(op)
+        self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
+
+    def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
+        """A failure that may have left messages in flight: broken here, and peers told
+        (``notify`` None: unless the failure came from a peer, who knows already)."""
+        if self.broken is not None:
+            return
+        self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
+        FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
+        kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
+                "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+        if notify or (notify is None and not isinstance(error, PeerFailedError)):
+            self.transport.notify_failure(Failure(self.rank, seq, kind,
+                                                  f"{type(error).__name__}: {error}"))
+        with self.state:
+            for other in list(self.inflight):
+                if not other.finished:
+                    other.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {other.description} was abandoned: {self.broken}"))
+            self.inflight.clear()
+
+    def failed(self, op: Operation) -> None:
+        """``op`` failed. A failure that may have left messages in flight breaks the
+        communicator; an agreed one (every rank raised it together) does not, unless its
+        verdict broke it (ranks had moved its data: ``Agreement``): then no call after it can
+        finish, and they fail now, after it (so that the first error reported is the cause)."""
+        error = op.error
+        assert error is not None
+        if op.breaking and not getattr(error, AGREED, False):
+            self.broken_by(error, op.seq)
+            return
+        if self.broken is None:
+            return
+        with self.state:
+            for other in list(self.inflight):
+                if other.seq > op.seq and not other.finished:
+                    other.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {other.description} was abandoned: this "
+                        f"communicator is broken since {self.broken}"))
+                    self.inflight.remove(other)
+
+    def close(self) -> None:  # the communicator was freed: every later call raises at once
+        self.freed, self.broken = True, self.broken or "it was freed"
+
+    def break_for(self, reason: str) -> None:  # (no one to tell: every rank breaks alike)
+        self.broken = self.broken or reason
+
+    def reject(self, error: BaseException, seq: int) -> None:
+        """This rank could not start call ``seq`` and will agree on it; peers that took the
+        call as agreed (and skipped the agreement) must hear it."""
+        self.transport.notify_failure(Failure(self.rank, seq, "rejected",
+                                              f"{type(error).__name__}: {error}"))
+
+    def fail_locally(self, error: BaseException, seq: int) -> None:
+        """A rank-local error in a call that skipped the agreement: peers must hear of it."""
+        self.broken_by(error, seq)
