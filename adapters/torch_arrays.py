@@ -157,8 +157,11 @@ class TorchArrays:
         return x.data_ptr()
 
     @staticmethod
-    def contiguous(x: Any) -> bool:
-        return x.is_contiguous()
+    def by_pointer(x: Any) -> bool:
+        """Contiguous, untracked by autograd, no lazy conjugate or negation (as
+        ``host_address``: the edge refuses a tensor that requires grad, naming the fix)."""
+        return (x.is_contiguous() and not x.requires_grad and not x.is_conj()
+                and not x.is_neg())
 
     @staticmethod
     def host_address(x: Any) -> int | None:

@@ -282,7 +282,7 @@ class OtherKind:
         return x.inner.data.ptr
 
     @staticmethod
-    def contiguous(x) -> bool:
+    def by_pointer(x) -> bool:
         return x.inner.flags.c_contiguous
 
     @staticmethod

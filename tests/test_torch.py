@@ -56,6 +56,22 @@ def test_a_tensor_that_requires_grad_is_refused_with_the_fix(dtype):
         assert got.dtype is dtype and got.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_the_hot_paths_take_by_pointer_only_what_the_edge_would_take():
+    """The MPI hot path (``host_address``) and NCCL's (``by_pointer``, CUDA tensors) read
+    and write a tensor by address only where the edge would take it as it is: never one that
+    requires grad, a lazy conjugate or negation, or a strided view."""
+    from collectives.adapters.torch_arrays import TorchArrays
+
+    z = torch.ones(4, dtype=torch.complex64)
+    cases = {"plain": torch.ones(4), "requires grad": torch.ones(4, requires_grad=True),
+             "strided": torch.ones(8)[::2], "conjugate": z.conj(),
+             "negative": torch._neg_view(torch.ones(4)),  # (contiguous, lazily negated)
+             "detached": torch.ones(4, requires_grad=True).detach()}
+    taken = {name for name, x in cases.items() if TorchArrays.by_pointer(x)}
+    assert taken == {"plain", "detached"}
+    assert taken == {name for name, x in cases.items() if TorchArrays.host_address(x) is not None}
+
+
 @pytest.mark.slow  # an MPI launch
 def test_tensors_on_mpi_ranks():
     """Every dtype's checks above, on three MPI ranks, in one launch."""

@@ -46,7 +46,11 @@ class DevicePointers(Protocol):
         """The address of ``x``'s first element."""
         ...
 
-    def contiguous(self, x: Any) -> bool: ...
+    def by_pointer(self, x: Any) -> bool:
+        """Whether ``x`` may be read and written through its pointer: contiguous, holding its
+        values as they are, untracked (where not, the call takes the edge's way, which
+        refuses what it must, naming the fix)."""
+        ...
 
     def empty_like(self, x: Any) -> Any:
         """A new contiguous array of ``x``'s shape, dtype and device."""
@@ -125,11 +129,11 @@ class KindAllReduce:
         hot, kind = self.hot, self.kind
         t = hot.t
         device = t.device
-        if t.failed is not None or kind.device_index(x) != device or not kind.contiguous(x):
+        if t.failed is not None or kind.device_index(x) != device or not kind.by_pointer(x):
             return None
         if out is None:
             out = kind.empty_like(x)
-        elif kind.device_index(out) != device or not kind.contiguous(out):
+        elif kind.device_index(out) != device or not kind.by_pointer(out):
             return None
         with hot.cupy.cuda.Device(device):
             done = hot.enqueue(kind.pointer(x), kind.pointer(out), seq,
