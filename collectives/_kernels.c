@@ -31,7 +31,7 @@
 #define MAX_OPERANDS 64
 
 /* Each kernel is compiled for AVX-512, AVX2 and the baseline, chosen at load time. The integer
- * kernels leave out the AVX-512 clone: they are most of the compile (-O3: 44 of 55 s), and the
+ * kernels leave out the AVX-512 clone: they were most of the compile (-O3: 44 of 55 s), and the
  * reductions that training runs at scale are of floats. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
 #if __has_attribute(target_clones) && defined(__GLIBC__)
@@ -153,6 +153,12 @@ KERNEL(prod_f32, float, float, F_PROD)
 KERNEL(sum_f64, double, double, F_SUM)
 KERNEL(prod_f64, double, double, F_PROD)
 
+/* The integer kernels compile at -O2 with vectorization: as fast as at -O3 here (sums, products,
+ * MAX and MIN of int8 to int64, 16 KiB to 4 MiB an operand), in half the compile time. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O2", "tree-vectorize")
+#endif
 #define INT_KERNEL(NAME, T, W, F) KERNEL_WITH(INT_CLONES, NAME, T, W, F)
 
 /* SUM and PROD wrap in unsigned arithmetic, so a signed type and the unsigned type of its width
@@ -179,6 +185,10 @@ ORDER_KERNELS(u8, uint8_t)
 ORDER_KERNELS(u16, uint16_t)
 ORDER_KERNELS(u32, uint32_t)
 ORDER_KERNELS(u64, uint64_t)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
 KERNEL(sum_bf16, uint16_t, float, BF_SUM)
 KERNEL(prod_bf16, uint16_t, float, BF_PROD)
 

@@ -60,9 +60,10 @@ def test_simulate_still_prices_its_largest_count():
 
 @pytest.mark.slow
 def test_bench_out_of_memory_is_one_line():
-    """``bench`` with more participants than memory allows (1.5 GiB of address space): one
-    line naming what could not be allocated and how to ask for less, exit status 1."""
-    proc, _ = run(["bench", "-n", "100000", "-b", "8", "-e", "8"], memory=3 << 29)
+    """``bench`` with more participants than memory allows (768 MiB of address space, five
+    times what the command needs to start): one line naming what could not be allocated and
+    how to ask for less, exit status 1."""
+    proc, _ = run(["bench", "-n", "100000", "-b", "8", "-e", "8"], memory=3 << 28)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
