@@ -5,15 +5,29 @@ data moves (JAX arrays are immutable); asynchronous handles hand back JAX arrays
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Any
+
 import numpy as np
 import pytest
 
 import collectives
 from collectives.foreign import kind_of
 
-jax = pytest.importorskip("jax", reason="JAX is not installed (pip install jax; the test extra "
-                                        "brings it)")
-jnp = jax.numpy
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not "
+                                "installed (pip install jax; the test extra brings it)")
+jax: Any = None
+jnp: Any = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _jax() -> None:
+    """JAX, imported when this module's first test runs, not when pytest collects it (every
+    xdist worker collects every module; importing JAX costs over a second of CPU)."""
+    global jax, jnp
+    import jax as module
+
+    jax, jnp = module, module.numpy
 
 RANKS = [1, 2, 3, 4]
 DTYPES = ["float32", "int32"]

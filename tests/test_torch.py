@@ -16,20 +16,34 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed "
-                                            "(pip install -e '.[torch]')")
+import collectives
 
-import collectives  # noqa: E402
-
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="PyTorch is not installed (pip install -e '.[torch]')")
 SCENARIOS = Path(__file__).parent / "mpi_scenarios"
 sys.path.insert(0, str(SCENARIOS))
-import torch_body  # noqa: E402
+DTYPES = ["float32", "float64", "int32", "int64", "float16", "bfloat16"]  # torch_body.DTYPES
+torch: Any = None
+torch_body: Any = None
 
 
-@pytest.mark.parametrize("dtype_name", torch_body.DTYPES)
+@pytest.fixture(autouse=True, scope="module")
+def _torch() -> None:
+    """PyTorch, imported when this module's first test runs, not when pytest collects it (every
+    xdist worker collects every module; importing PyTorch costs seconds of CPU)."""
+    global torch, torch_body
+    import torch as module
+    import torch_body as body
+
+    torch, torch_body = module, body
+    assert body.DTYPES == DTYPES, "torch_body.DTYPES changed: change DTYPES here alike"
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_collective_gives_tensors_bitwise_equal_to_numpy(n, dtype_name):
     dtype = torch_body.numpy_dtype(dtype_name)
@@ -44,9 +58,11 @@ def test_every_collective_gives_tensors_bitwise_equal_to_numpy(n, dtype_name):
         assert not wrong, f"rank {r} of {n}:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_tensor_that_requires_grad_is_refused_with_the_fix(dtype):
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_a_tensor_that_requires_grad_is_refused_with_the_fix(dtype_name):
     """A bfloat16 tensor crosses as an int16 view, which never requires grad: still refused."""
+    dtype = getattr(torch, dtype_name)
+
     def body(comm):
         with pytest.raises(TypeError, match=r"^x requires grad; pass x\.detach\(\)$"):
             comm.all_reduce(torch.ones(3, dtype=dtype, requires_grad=True))

@@ -8,6 +8,7 @@ slow test runs ``tests/mpi_scenarios/torch_ddp.py`` on 2 MPI ranks, against DDP 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -15,24 +16,41 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch: pip install torch (the CPU build)")
-import torch.distributed as dist  # noqa: E402
-from collectives.adapters import torch_ddp  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import collectives
 
-import collectives  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="needs PyTorch: pip install torch (the CPU build)")
+torch: Any = None
+dist: Any = None
+DDP: Any = None
+torch_ddp: Any = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch() -> None:
+    """PyTorch, imported when this module's first test runs, not when pytest collects it (every
+    xdist worker collects every module; importing PyTorch costs seconds of CPU)."""
+    global torch, dist, DDP, torch_ddp
+    import torch as module
+    import torch.distributed
+    from collectives.adapters import torch_ddp as adapter
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch, dist, DDP, torch_ddp = module, torch.distributed, DistributedDataParallel, adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SIZES, BATCH, LR, STEPS = (6, 10, 3), 4, 2.0 ** -4, 2
 
 
-def model(dtype=torch.float32):
+def model(dtype=None):
     """Two linear layers, weights in quarters, the same on every rank (no global seed: thread
-    ranks share torch's generator)."""
+    ranks share torch's generator); float32 unless ``dtype`` says."""
+    dtype = torch.float32 if dtype is None else dtype
     net = torch.nn.Sequential(torch.nn.Linear(SIZES[0], SIZES[1]), torch.nn.ReLU(),
                               torch.nn.Linear(SIZES[1], SIZES[2])).to(dtype)
     with torch.no_grad():
@@ -42,7 +60,8 @@ def model(dtype=torch.float32):
     return net
 
 
-def batch(step, who, dtype=torch.float32):
+def batch(step, who, dtype=None):
+    dtype = torch.float32 if dtype is None else dtype
     g = torch.Generator().manual_seed(100 * step + who)
     x = torch.randint(-2, 3, (BATCH, SIZES[0]), generator=g)
     target = torch.randint(-2, 3, (BATCH, SIZES[-1]), generator=g)
@@ -74,7 +93,7 @@ def reference(size, mean, steps=STEPS):
     return [p.detach().clone() for p in net.parameters()]
 
 
-def ddp_over(comm, dtype=torch.float32, **options):
+def ddp_over(comm, dtype=None, **options):
     net = model(dtype)
     ddp = DDP(net, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0001)
     return net, ddp, torch_ddp.register(ddp, comm, **options)

@@ -6,7 +6,7 @@ NCCL, a GPU or MPI is missing (the host side runs for real in test_gpu_host_side
 from __future__ import annotations
 
 import pytest
-from gpukit import gpu_count, launch, nccl_reason, needs_gpu, needs_mpi, passed
+from gpukit import GPU, gpu_count, launch, nccl_reason, needs_gpu, needs_mpi, passed
 
 pytestmark = [*needs_gpu, needs_mpi,
               pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or "")]
@@ -66,6 +66,8 @@ def _torch_reason() -> str | None:
 
     if importlib.util.find_spec("torch") is None:
         return "PyTorch is not installed (the GPU machine's own torch runs this)"
+    if GPU is not None:  # (no card: nothing to ask PyTorch, whose import costs seconds)
+        return GPU
     import torch
 
     return None if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no GPU"
