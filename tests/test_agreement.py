@@ -88,6 +88,24 @@ def test_a_specs_shard_count_is_taken_as_given():
     assert np.array_equal(batch[0][0], collectives.all_reduce(values, "sum", "shuffle")[0])
 
 
+def _let_the_others_go(comm) -> None:
+    """On rank 1, once its bad call is over: the message each other rank waits for."""
+    for dst in range(comm.size):
+        if dst != 1:
+            comm.send(np.ones(1), dst)
+
+
+def _hear_rank_1_fail_first(comm, x):
+    """On the other ranks: a receive in flight keeps the progress thread hearing notices, so
+    rank 1's arrives before this rank starts x's call, which then agrees (PeerFailedError)
+    instead of moving data. Returns the receive, to wait on once rank 1 lets it go."""
+    message = comm.irecv(np.empty(1), 1)
+    time.sleep(0.3)
+    with pytest.raises(PeerFailedError, match="rank 1"):
+        comm.all_reduce(x)
+    return message
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_after_a_bad_argument_heard_in_time_the_agreed_call_still_works(n):
     # the failing rank has no check value for its call; the others' must be forgotten on
@@ -99,17 +117,9 @@ def test_after_a_bad_argument_heard_in_time_the_agreed_call_still_works(n):
         if comm.rank == 1:
             with pytest.raises(ValueError, match="algorithm"):
                 comm.all_reduce(x, algorithm=BAD_ALGORITHM)
-            for dst in range(n):
-                if dst != 1:
-                    comm.send(np.ones(1), dst)
+            _let_the_others_go(comm)
         else:
-            # a receive in flight keeps the progress thread hearing notices: rank 1's arrives
-            # before this rank starts the call, which then agrees instead of moving data
-            message = comm.irecv(np.empty(1), 1)
-            time.sleep(0.3)
-            with pytest.raises(PeerFailedError, match="rank 1"):
-                comm.all_reduce(x)
-            message.wait()
+            _hear_rank_1_fail_first(comm, x).wait()
         return comm.all_reduce(x).tolist()  # nothing moved: it works, on every rank
 
     assert collectives.run(body, n, timeout=10) == [[float(n)] * 6] * n
@@ -129,14 +139,9 @@ def test_ranks_that_remember_an_agreed_call_differently_for_a_moment_still_get_i
             got = comm.all_reduce(x)
             with pytest.raises(ValueError, match="algorithm"):
                 bad.wait()
-            for dst in range(n):
-                if dst != 1:
-                    comm.send(np.ones(1), dst)
-        else:  # hear of it before starting it (see above), then agree on x's call again
-            message = comm.irecv(np.empty(1), 1)
-            time.sleep(0.3)
-            with pytest.raises(PeerFailedError, match="rank 1"):
-                comm.all_reduce(x)
+            _let_the_others_go(comm)
+        else:  # then agree on x's call again
+            message = _hear_rank_1_fail_first(comm, x)
             got = comm.all_reduce(x)
             message.wait()
         return got.tolist(), comm.all_reduce(x).tolist()
