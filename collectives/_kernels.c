@@ -153,8 +153,9 @@ KERNEL(prod_f32, float, float, F_PROD)
 KERNEL(sum_f64, double, double, F_SUM)
 KERNEL(prod_f64, double, double, F_PROD)
 
-/* The integer kernels compile at -O2 with vectorization: as fast as at -O3 here (sums, products,
- * MAX and MIN of int8 to int64, 16 KiB to 4 MiB an operand), in half the compile time. */
+/* The integer kernels compile at -O2 with vectorization: as fast as at -O3 here (sums and MAX of
+ * int8 to int64, 16 KiB and 4 MiB an operand, within 5%), and the file compiles in 22-26 s
+ * instead of 28 s (GCC 12, Python's flags, measured interleaved). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("O2", "tree-vectorize")
