@@ -120,9 +120,12 @@ def test_after_a_bad_argument_heard_in_time_the_agreed_call_still_works(n):
             _let_the_others_go(comm)
         else:
             _hear_rank_1_fail_first(comm, x).wait()
-        return comm.all_reduce(x).tolist()  # nothing moved: it works, on every rank
+        remembered = sorted(comm.calls.engine.agreed)  # what each rank takes as agreed
+        return remembered, comm.all_reduce(x).tolist()  # nothing moved: it works everywhere
 
-    assert collectives.run(body, n, timeout=10) == [[float(n)] * 6] * n
+    got = collectives.run(body, n, timeout=10)
+    assert all(remembered == got[0][0] for remembered, _ in got), "ranks remember unlike"
+    assert [result for _, result in got] == [[float(n)] * 6] * n
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
