@@ -118,6 +118,8 @@ def plain_ndarray(x: np.ndarray, argument: str) -> np.ndarray:
 
 def overlaps(backend: ArrayBackend, a: Array, b: Array) -> bool:
     """Whether two arrays' memory extents intersect (a conservative overlap test)."""
+    if type(a) is np.ndarray and type(b) is np.ndarray:  # (NumPy's test of the same bounds:
+        return bool(np.may_share_memory(a, b))  # 0.6 µs, where two byte_bounds take 7)
     da, sa, ea = backend.extent(a)
     db, sb, eb = backend.extent(b)
     return da == db and sa < eb and sb < ea
