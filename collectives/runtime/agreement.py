@@ -20,6 +20,7 @@ broken; where the ranks agree after all, the call goes on, its moved data its ow
 from __future__ import annotations
 
 import pickle
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,15 @@ from .execute.spmd import SpmdRun
 AGREED = "__collectives_agreed__"  # set on errors that every rank raised together
 PAYLOAD_BYTES = 252  # what a broadcast's root tells every rank (its shape and dtype)
 _WORDS = PAYLOAD_BYTES // 7  # packed 7 bytes to an int64, so every word stays non-negative
+
+
+class Details(NamedTuple):
+    """What one rank tells the others once the digests disagree."""
+
+    signature: Any  # the call's signature tuple, or None where this rank could not build it
+    error: str | None  # why this rank could not start the call ("Type: message"), or None
+    late: bool  # this rank had taken the call as agreed (it may have moved its data)
+    check: int  # its check value (0: it could not build the call)
 
 
 def agreed(exc: BaseException) -> BaseException:
@@ -120,32 +130,32 @@ class Agreement:
             return True
         raise verdict
 
-    def _details(self) -> tuple:
+    def _details(self) -> Details:
         error = None
         if self.error is not None:
             error = f"{type(self.error).__name__}: {self.error}"
-        return self.signature, error, self.late, self.check
+        return Details(self.signature, error, self.late, self.check)
 
-    def _verdict(self, details: list[tuple]) -> BaseException | None:
+    def _verdict(self, details: list[Details]) -> BaseException | None:
         """The error every rank raises (None: none). Every rank forgets every rank's check
         value, not only its own: a rank that failed has none (0), and the signatures the
         others had agreed must be agreed again on every rank alike."""
-        for *_, check in details:
-            self.comm.forget(check)
-        late = any(d[2] for d in details)
+        for d in details:
+            self.comm.forget(d.check)
+        late = any(d.late for d in details)
         verdict = self._diagnosis(details, late)
         if verdict is not None and late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")
         return verdict
 
-    def _diagnosis(self, details: list[tuple], late: bool) -> BaseException | None:
+    def _diagnosis(self, details: list[Details], late: bool) -> BaseException | None:
         """``late``: a rank had taken the call as agreed and a peer disputed it. Where every
         rank's signature is the same after all (their memories of agreed signatures differed
         for a moment: a failed agreement's forgetting reaches ranks at different points), the
         call is right on every rank, and its data, moved or not, is the call's: None."""
         comm = self.comm
-        failed = [(r, d[1]) for r, d in enumerate(details) if d[1] is not None]
+        failed = [(r, d.error) for r, d in enumerate(details) if d.error is not None]
         if failed:
             if self.error is not None:
                 return agreed(self.error)
@@ -157,7 +167,7 @@ class Agreement:
                 f"failed to start it: {what}"))
         from .calls import differences
 
-        signatures = [d[0] for d in details]
+        signatures = [d.signature for d in details]
         if any(s is None for s in signatures):  # a rank failed after the digest: say who
             silent = [r for r, s in enumerate(signatures) if s is None]
             return agreed(PeerFailedError(f"rank {comm.rank}: call {self.seq}: rank(s) {silent} "
