@@ -208,6 +208,16 @@ def rank_main(args: argparse.Namespace) -> None:
 
     # (a)'s communication alone sets the compute time unless given
     total = args.compute_ms / 1e3 if args.compute_ms else timed(partial(comm_only, a_ready, a_wait))
+    # ... and its CPU time on each rank (every thread, user and system): what the communication
+    # can take from a compute beside it where no core is idle (at most: MPI's waits spin, so
+    # part of it is waiting, which a rank that computes does not do)
+    cpu = []
+    for _ in range(5):
+        world.Barrier()
+        start = time.process_time()
+        comm_only(a_ready, a_wait)
+        cpu.append(time.process_time() - start)
+    comm_cpu_ms = 1e3 * max(world.allgather(float(np.median(cpu))))
     block = world.allreduce(block_seconds(), op=MPI.MAX)
     for _ in range(2):  # a block's time with every rank computing, as in the step
         block *= timed(Backward(fw, total, "matmul", block).run) / total
@@ -223,7 +233,7 @@ def rank_main(args: argparse.Namespace) -> None:
                     "width": args.width, "scale": args.scale, "bucket_bytes": bucket_bytes,
                     "bytes": sum(g.nbytes for g in grads), "compute_ms": total * 1e3,
                     "lab": args.lab_rate, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "loadavg": os.getloadavg()[0], "modes": {}}
+                    "loadavg": os.getloadavg()[0], "comm_cpu_ms": comm_cpu_ms, "modes": {}}
     for mode in args.modes:
         backward = Backward(fw, total, mode, block)
         items: dict[tuple[str, str], Callable[[], object]] = {("numpy", "compute"): backward.run}
@@ -281,6 +291,8 @@ def report(mode: str, result: dict, rows: list, ratios: dict, errors: dict, trac
         print(f"| {r['way']} | {r['compute_ms']:.1f} | {r['comm_ms']:.1f} | "
               f"{r['sequential_ms']:.1f} | {r['overlapped_ms']:.1f} | {ratio['ratio']:.2f} "
               f"{iv(ratio)} | {r['efficiency']:.2f} {iv(r)} |")
+    print(f"\nway (a), communication alone: {result['comm_cpu_ms']:.1f} ms of CPU time on the "
+          "busiest rank (all its threads, user and system)")
     for name, x in ratios.items():
         if x:
             print(f"\nDDP step, library hook / gloo ({name}): {x['ratio']:.2f}x {iv(x)}")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives.algorithms.packing import FIRST_BUCKET_BYTES, runs
+from collectives.algorithms.packing import FIRST_BUCKET_BYTES, TAIL_BUCKET_BYTES, make_plan, runs
 
 MIB = 1 << 20
 
@@ -26,6 +26,25 @@ def test_runs_are_consecutive_with_a_small_first_bucket():
     assert groups[1] == [2, 3, 4, 5]  # the others 2 MiB
     assert groups[2] == [6]  # large: alone, and the open bucket closes before it
     assert groups[3] == [7, 8, 9]
+
+
+def test_the_last_buckets_shrink_to_the_tail_size():
+    """Each bucket holds at most half the bytes from its first tensor to the end (or the tail
+    size): the tensors ready last wait behind a small bucket, not a full one still filling."""
+    shapes = [(MIB // 8,)] * 40  # 40 tensors of 0.5 MiB (float32): 20 MiB
+    sizes = [MIB // 2] * 40
+    plain = _groups(runs(shapes, [np.float32] * 40, 4 * MIB, first_bytes=FIRST_BUCKET_BYTES))
+    tapered = _groups(runs(shapes, [np.float32] * 40, 4 * MIB, first_bytes=FIRST_BUCKET_BYTES,
+                           tail_bytes=MIB // 2))
+    assert [len(g) for g in plain] == [2, 8, 8, 8, 8, 6]  # the last bucket: 3 MiB
+    assert [i for g in tapered for i in g] == list(range(40))  # still contiguous, in order
+    for g in tapered:
+        assert sum(sizes[i] for i in g) <= max(MIB // 2, sum(sizes[g[0]:]) // 2), g
+    assert [len(g) for g in tapered] == [2, 8, 8, 8, 7, 3, 2, 1, 1]  # the last: 0.5 MiB
+    # what Communicator.buckets plans: the first bucket 1 MiB, the tail down to 256 KiB
+    in_order = _groups(make_plan(shapes, [np.float32] * 40, bucket_bytes=4 * MIB, in_order=True))
+    assert in_order == _groups(runs(shapes, [np.float32] * 40, 4 * MIB, first_bytes=MIB,
+                                    tail_bytes=TAIL_BUCKET_BYTES)) == tapered
 
 
 def test_runs_split_at_a_dtype_change_and_take_zero():

@@ -185,8 +185,10 @@ class BatchOps(CommParts):
             Fuse runs of consecutive tensors of a dtype into buckets of at most this many
             bytes, as DDP does (25 MiB by default, the first bucket at most 1 MiB so that
             communication starts early; smaller buckets start sooner; 0: every tensor alone).
-            A tensor is copied into its bucket unless it fills one alone (a bucket never
-            waits behind a later tensor).
+            The last buckets shrink: each holds at most half the bytes from its first tensor
+            to the list's end (down to 256 KiB), so the tensors ready last wait behind
+            little. A tensor is copied into its bucket unless it fills one alone (a bucket
+            never waits behind a later tensor).
         timeout
             Seconds each bucket may wait for its peers (None: the communicator's).
 

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from typing import Any, Generic
 
 from ..hints import ArrayT
+from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import refusing
 from ..runtime.work import BatchWork
 from .batch_checks import batch_tag
@@ -33,6 +34,7 @@ class Buckets(Generic[ArrayT]):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
+        self.reduce_op = ReduceOp.parse(op)  # (checked by the caller)
         self.calls = comm.calls  # (``refusing`` reaches the communicator's calls here)
         self.size = comm.size
         self.tag = batch_tag(layout)
@@ -95,10 +97,14 @@ class Buckets(Generic[ArrayT]):
                                      arrays=self.arrays)
             if self.edge is not None:
                 buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
+            # a fused bucket is the buckets' own copy: reduced in place, it needs no result
+            # buffer (a tensor alone travels as itself, and its input is never written)
+            fused = (len(part.plan.packs[j].indices) > 1
+                     and result_dtype(self.reduce_op, buf.dtype) == buf.dtype)
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
-                    buf, self.op, part.spec.algorithm, shards=part.spec.shards,
-                    timeout=self.timeout, async_op=True))
+                    buf, self.op, part.spec.algorithm, out=buf if fused else None,
+                    shards=part.spec.shards, timeout=self.timeout, async_op=True))
 
     @refusing("buckets.wait")
     def wait(self, timeout: float | None = None) -> list[ArrayT]:

@@ -261,7 +261,7 @@ def sub_communicators(comm) -> Report:
 # A gradient list in miniature: mixed dtypes interleaved, empty, single-element, prime and
 # larger tensors, one of them larger than the small bucket below (it travels alone).
 BATCH_TENSORS = ((np.float32, (3, 5)), (np.float64, (7,)), (np.float32, (0,)), (np.float32, (1,)),
-                 (np.int32, (4, 4)), (np.float32, (1009,)), (np.float64, (2, 3)),
+                 (np.int32, (4, 4)), (np.int32, (2,)), (np.float32, (1009,)), (np.float64, (2, 3)),
                  (np.float16, (11,)), (np.float32, (13,)))
 
 
@@ -298,29 +298,33 @@ def batch_fusion(comm, algorithms=("auto", "ring")) -> Report:
 
 def buckets_overlap(comm, steps: int = 3) -> Report:
     """``comm.buckets``: tensors marked ready one by one, in an order that differs from rank
-    to rank, over several steps; every result the per-tensor all-reduce's bits; buckets
-    start as soon as they can (the first before the last tensor is ready); misuse raises."""
+    to rank, over several steps; every result the per-tensor all-reduce's bits, inputs
+    untouched (fused buckets are reduced in place, in their own copy); MEAN too (integers
+    to float64); buckets start as soon as they can (the first before the last tensor is
+    ready); misuse raises."""
     n, r = comm.size, comm.rank
     report: Report = {}
     tensors = [(np.dtype(d), s) for d, s in BATCH_TENSORS]
     like = [np.zeros(s, d) for d, s in tensors]
-    buckets = comm.buckets(like, "sum", bucket_bytes=64)
-    for step in range(steps):
-        xs = [exact_inputs(n, int(np.prod(s)), d, "sum", seed=step * 31 + k, shape=s)
-              for k, (d, s) in enumerate(tensors)]
-        order = list(range(len(tensors)))
-        if r % 2:  # odd ranks: ready in another order (buckets still start in one order)
-            order = order[1::2] + order[::2]
-        started_early = False
-        for k in order:
-            buckets.ready(k, xs[k][r])
-            started_early |= k != order[-1] and buckets.started > 0
-        got = buckets.wait()
-        for k, x in enumerate(xs):
-            _case(report, f"buckets/{step}/{k}", got[k], reference(x, "sum"))
-        report[f"buckets/{step}/started-early"] = (None if started_early else
-                                                   "no bucket started before the last tensor",
-                                                   None)
+    for op, bucket_bytes, op_steps in (("sum", 64, steps), ("mean", 256, 1)):
+        buckets = comm.buckets(like, op, bucket_bytes=bucket_bytes)
+        for step in range(op_steps):
+            xs = [exact_inputs(n, int(np.prod(s)), d, op, seed=step * 31 + k, shape=s)
+                  for k, (d, s) in enumerate(tensors)]
+            order = list(range(len(tensors)))
+            if r % 2:  # odd ranks: ready in another order (buckets still start in one order)
+                order = order[1::2] + order[::2]
+            before = [x[r].copy() for x in xs]
+            started_early = False
+            for k in order:
+                buckets.ready(k, xs[k][r])
+                started_early |= k != order[-1] and buckets.started > 0
+            got = buckets.wait()
+            for k, x in enumerate(xs):
+                _case(report, f"buckets/{op}/{step}/{k}", got[k], reference(x, op), op,
+                      [(x[r], before[k])])
+            report[f"buckets/{op}/{step}/started-early"] = (
+                None if started_early else "no bucket started before the last tensor", None)
     problems = []
     try:
         buckets.wait()
