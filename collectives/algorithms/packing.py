@@ -311,7 +311,8 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
     """Choose a plan as TensorFlow did: num_packs, else small-tensor aggregation, else size;
     with none of those, fusion buckets of ``bucket_bytes`` (0: every tensor alone), tensors of
     ``alone_bytes`` or more alone (see ``fuse``); ``in_order``: runs of consecutive tensors
-    with a small first bucket instead (``runs``, for buckets started as they become ready)."""
+    with a small first bucket and shrinking last ones instead (``runs``, for buckets started
+    as they become ready)."""
     if num_packs < 0:
         raise ValueError(f"num_packs must be 0 (no concat-and-split) or more, not {num_packs}")
     check_bucket_bytes(bucket_bytes)

@@ -41,8 +41,8 @@ class Buckets(Generic[ArrayT]):
         # tensors of another library (PyTorch) are packed there; only buckets cross over
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
-        # runs of consecutive tensors (a small first one), started in the order of their
-        # first tensor: a bucket never waits behind a tensor later in the list
+        # runs of consecutive tensors (a small first one, shrinking last ones), started in
+        # the order of their first tensor: a bucket never waits behind a later tensor
         self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
                                 bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
                                 alone_bytes=alone_bytes, in_order=True)
