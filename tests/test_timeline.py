@@ -169,8 +169,8 @@ def test_a_late_rank_is_the_one_everybody_waited_for(record, algorithm):
     def body(comm):
         x = np.ones(4096, np.float32)
         for _ in range(3):
-            if comm.rank == late:
-                time.sleep(0.03)
+            if comm.rank == late:  # (well above what a loaded machine delays a thread rank:
+                time.sleep(0.1)    # at 30 ms, a descheduled rank 3 once outweighed it)
             comm.all_reduce(x, algorithm=algorithm)
 
     collectives.run(body, 4)
