@@ -34,7 +34,6 @@ class Buckets(Generic[ArrayT]):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
-        self.reduce_op = ReduceOp.parse(op)  # (checked by the caller)
         self.calls = comm.calls  # (``refusing`` reaches the communicator's calls here)
         self.size = comm.size
         self.tag = batch_tag(layout)
@@ -52,6 +51,12 @@ class Buckets(Generic[ArrayT]):
         self.place = [self.order.index(pj) for pj in by_parts]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
                           for i in (part.indices[m] for m in part.plan.packs[j].indices)}
+        # a fused bucket is the buckets' own copy: reduced in place, it needs no result buffer
+        # (a tensor alone travels as itself, and its input is never written; integer MEAN
+        # gives float64, which its bucket cannot hold)
+        reduce_op = ReduceOp.parse(op)  # (checked by the caller)
+        self.in_place = [len(pack.indices) > 1 and result_dtype(reduce_op, pack.dtype) == pack.dtype
+                         for pack in (part.plan.packs[j] for part, j in self.order)]
         self._reset()
 
     def _reset(self) -> None:
@@ -97,13 +102,10 @@ class Buckets(Generic[ArrayT]):
                                      arrays=self.arrays)
             if self.edge is not None:
                 buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
-            # a fused bucket is the buckets' own copy: reduced in place, it needs no result
-            # buffer (a tensor alone travels as itself, and its input is never written)
-            fused = (len(part.plan.packs[j].indices) > 1
-                     and result_dtype(self.reduce_op, buf.dtype) == buf.dtype)
+            in_place = self.in_place[self.started]
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
-                    buf, self.op, part.spec.algorithm, out=buf if fused else None,
+                    buf, self.op, part.spec.algorithm, out=buf if in_place else None,
                     shards=part.spec.shards, timeout=self.timeout, async_op=True))
 
     @refusing("buckets.wait")

@@ -84,6 +84,18 @@ needs_gpus = pytest.mark.skipif(gpu_count() < 2, reason=GPU or "needs two GPUs; 
                                 "machine shows one")
 
 
+def torch_reason() -> str | None:
+    """Why PyTorch cannot run a CUDA test here (None: it can). Without a card, the card's
+    reason, without asking PyTorch (whose import costs seconds)."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed (the GPU machine's own torch runs these)"
+    if GPU is not None:
+        return GPU
+    import torch
+
+    return None if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no CUDA GPU"
+
+
 def find_mpiexec() -> str | None:
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.exists() else shutil.which("mpiexec")

@@ -7,10 +7,8 @@ once, so no race can show: tests/test_gpu_streams.py checks the order there)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from gpukit import GPU, STAND_IN, launch, nccl_reason, needs_gpu, needs_mpi, passed
+from gpukit import STAND_IN, launch, nccl_reason, needs_gpu, needs_mpi, passed, torch_reason
 
 pytestmark = [*needs_gpu, needs_mpi,
               pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or ""),
@@ -18,17 +16,10 @@ pytestmark = [*needs_gpu, needs_mpi,
                                  "at once: a stream race needs a card")]
 
 
-def _torch_reason() -> str | None:
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed (the GPU machine's own torch runs this)"
-    if GPU is not None:  # (no card: nothing to ask PyTorch, whose import costs seconds)
-        return GPU
-    import torch
-
-    return None if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no GPU"
+TORCH = torch_reason()
 
 
-@pytest.mark.skipif(_torch_reason() is not None, reason=_torch_reason() or "")
+@pytest.mark.skipif(TORCH is not None, reason=TORCH or "")
 def test_torch_tensor_waited_on_under_a_side_stream_is_read_there_after_the_all_reduce():
     out = passed(launch("nccl_side_streams.py", 1, "torch", timeout=240), "torch")
     assert "checked=6" in out

@@ -6,7 +6,7 @@ NCCL, a GPU or MPI is missing (the host side runs for real in test_gpu_host_side
 from __future__ import annotations
 
 import pytest
-from gpukit import GPU, gpu_count, launch, nccl_reason, needs_gpu, needs_mpi, passed
+from gpukit import gpu_count, launch, nccl_reason, needs_gpu, needs_mpi, passed, torch_reason
 
 pytestmark = [*needs_gpu, needs_mpi,
               pytest.mark.skipif(nccl_reason() is not None, reason=nccl_reason() or "")]
@@ -61,25 +61,16 @@ def test_schedules_over_send_recv_in_flight_with_nccl_collectives():
     assert "ranks=2" in out
 
 
-def _torch_reason() -> str | None:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed (the GPU machine's own torch runs this)"
-    if GPU is not None:  # (no card: nothing to ask PyTorch, whose import costs seconds)
-        return GPU
-    import torch
-
-    return None if torch.cuda.is_available() else f"PyTorch {torch.__version__} sees no GPU"
+TORCH = torch_reason()
 
 
-@pytest.mark.skipif(_torch_reason() is not None, reason=_torch_reason() or "")
+@pytest.mark.skipif(TORCH is not None, reason=TORCH or "")
 def test_torch_tensors_take_the_hot_path_and_come_back_as_tensors():
     out = passed(launch("nccl_torch.py", 1, "hot", timeout=300), "hot")
     assert "ranks=1" in out
 
 
-@pytest.mark.skipif(_torch_reason() is not None, reason=_torch_reason() or "")
+@pytest.mark.skipif(TORCH is not None, reason=TORCH or "")
 def test_docs_torch_training_step_all_reduces_buckets_during_backward():
     out = passed(launch("nccl_torch.py", 1, "buckets", timeout=300), "buckets")
     assert "checked=3" in out

@@ -5,29 +5,14 @@ CuPy with a GPU is missing."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
-from gpukit import GPU, gpu_reason, same_bits
+from gpukit import gpu_reason, same_bits, torch_reason
 
 import collectives
 from collectives.tools.reference import exact_inputs
 
-
-def _reason() -> str | None:
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed (the GPU machine's own torch runs these)"
-    if GPU is not None:  # (no card: nothing to ask PyTorch, whose import costs seconds)
-        return GPU
-    import torch
-
-    if not torch.cuda.is_available():
-        return f"PyTorch {torch.__version__} sees no CUDA GPU"
-    return gpu_reason()
-
-
-REASON = _reason()
+REASON = torch_reason() or gpu_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
