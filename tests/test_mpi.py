@@ -410,6 +410,25 @@ def test_matrix_body_on_thread_ranks(n):
 
 # --- pure parts (no launch) -----------------------------------------------------------------------
 
+def test_a_long_wait_gives_the_core_back():
+    """A wait older than the engine's slow mark sleeps between polls instead of yielding (a
+    yield still counts as running and takes a busy machine's cores from processes with work),
+    each sleep a small share of the wait so far."""
+    from collectives.backends.mpi import waiting
+
+    from collectives.runtime import progress_thread
+
+    idler = waiting.Idler()
+    waited = 2 * progress_thread.SLOW_WAIT
+    polls = 40
+    cpu, wall = time.thread_time(), time.perf_counter()
+    for _ in range(polls):
+        idler.idle(waited)
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    assert wall >= polls * min(waiting.SLEEP_SECONDS, waited * waiting.SLEEP_SHARE), wall
+    assert cpu < wall / 4, (cpu, wall)  # asleep, not polling
+
+
 def test_chunks_cover_large_counts():
     count = 3 * 2**31 + 5  # more than 2**31 elements: several MPI calls, none too large
     pieces = mpi.chunks(count, tuning.MAX_COUNT)

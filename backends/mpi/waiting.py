@@ -2,8 +2,13 @@
 
 A wait that ends within microseconds (a peer slightly late, a small message in flight) is
 fastest spinning on ``Test``; a ``sched_yield`` costs a few microseconds but lets another
-rank on the same core run (4 ranks on 2 cores must let their peers progress); once a wait is
-clearly long (a late peer, not a transfer), sleeping gives the core back entirely.
+rank on the same core run (4 ranks on 2 cores must let their peers progress); once a wait
+has lasted 2 ms, sleeping gives the core back entirely. A yield still counts as running: a
+rank that yields through a long wait takes its share of a busy machine's cores from the
+processes that have work (on a 2-core machine running three jobs of ranks, yielding until
+20 ms cost about a tenth of all the CPU time). Each sleep is at most a fiftieth of how long
+the wait has lasted (and at most 1 ms), so it ends at most about 2 % after its message came,
+plus the kernel's timer slack (about 50 µs).
 
 The engine calls ``Idler.idle`` between polls with how long the wait has lasted, or 0
 while it is younger than the engine's "slow" mark (2 ms): then the idler times the spin
@@ -27,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 SPIN_SECONDS = 50e-6  # spin this long on a fresh wait
-YIELD_SECONDS = 20e-3  # then yield until the wait is this old
+YIELD_SECONDS = 2e-3  # then yield until the wait is this old (the engine's slow mark)
 SLEEP_SECONDS = 1e-3  # then sleep this long between polls (at most: shorter early on)
+SLEEP_SHARE = 1 / 50  # a sleep is at most this share of how long the wait has lasted
 GAP = 10e-6  # a pause this long between idle calls ends one wait and starts another
 
 
@@ -86,6 +92,6 @@ class Idler(threading.local):
             os.sched_yield()
             now = time.perf_counter()
         else:
-            time.sleep(min(SLEEP_SECONDS, waited / 20))
+            time.sleep(min(SLEEP_SECONDS, waited * SLEEP_SHARE))
             now = time.perf_counter()
         self.last = now
