@@ -10,11 +10,14 @@ processes that have work (on a 2-core machine running three jobs of ranks, yield
 the wait has lasted (and at most 1 ms), so it ends at most about 2 % after its message came,
 plus the kernel's timer slack (about 50 µs).
 
-The engine calls ``Idler.idle`` between polls with how long the wait has lasted, or 0
-while it is younger than the engine's "slow" mark (2 ms): then the idler times the spin
-itself, taking a pause of more than ``GAP`` since its last call as the start of a new wait
-(polls of one wait follow each other within microseconds), and yields, never sleeps. Each
-thread that waits (a blocking call, the engine's progress thread) has its own timing.
+The engine calls ``Idler.idle`` between polls with how long the wait has lasted (its
+progress thread with its own age, at least the engine's "slow" mark, so it never spins), so
+the engine's waits yield from their first poll; the spin is the hot path's own (``hot_path``:
+20 µs, then yields until 1 ms, then the engine's wait). A caller that does not time its wait
+passes 0: then the idler times the spin itself, taking a pause of more than ``GAP`` since
+its last call as the start of a new wait (polls of one wait follow each other within
+microseconds), and spins, then yields, never sleeps. Each thread that waits has its own
+timing.
 
 On an oversubscribed node (more ranks than the cores they may run on, ``node_oversubscribed``) a
 spin only delays the peer that shares this rank's core, the one whose message the spin waits
