@@ -186,6 +186,18 @@ def test_auto_for_2000_devices_is_cheap(monkeypatch):
     assert peak < 200 << 20
 
 
+def test_thread_ranks_that_ask_at_once_decide_once():
+    """Sixteen thread ranks' first call of a size misses the cache at the same moment: one
+    prices the candidates, the others wait for its decision instead of pricing them again."""
+    select._decide.cache_clear()
+
+    def first_call(comm):
+        return comm.all_reduce(np.ones(12_345, np.float32))[0]
+
+    assert collectives.run(first_call, 16) == [16.0] * 16
+    assert select._decide.cache_info().misses == 1
+
+
 # --- the choice ------------------------------------------------------------------------------
 
 def test_measured_native_wins_where_it_is_faster():

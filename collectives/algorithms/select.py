@@ -16,6 +16,7 @@ still give; they become a fabric (``fabric_of``).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -170,8 +171,9 @@ def decide(collective: Collective, size: int, nbytes: int, model, placement: Pla
     placement = placement or Placement(size, None, not fabric.serial)
     rep = _representative(nbytes)
     scale = _representative(payload) if payload is not None else None
-    decision = _decide(collective, size, rep, fabric, placement, str(dtype), tuple(natives),
-                       scale, groups)
+    with _DECIDING:
+        decision = _decide(collective, size, rep, fabric, placement, str(dtype), tuple(natives),
+                           scale, groups)
     shown = payload if payload is not None else nbytes
     if _representative(shown) != shown:  # say the call's own size, and the one priced
         context = decision.context.replace(f"{human_bytes(scale or rep)} (",
@@ -179,6 +181,12 @@ def decide(collective: Collective, size: int, nbytes: int, model, placement: Pla
                                            1)
         decision = replace(decision, context=context)
     return decision
+
+
+# Thread ranks make their first call of a size at the same moment and all miss the cache at
+# once: one decides, the others wait for its answer (16 thread ranks each pricing every
+# candidate again was a fifth of a 16-rank all-reduce matrix's CPU time).
+_DECIDING = threading.Lock()
 
 
 @lru_cache(maxsize=4096)
