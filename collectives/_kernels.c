@@ -21,30 +21,9 @@
  * bfloat16 through float32, as ml_dtypes does). Which NaN comes out is not promised.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-#define BLOCK 512 /* elements per accumulator block: 4 KiB of float64 */
-#define MAX_OPERANDS 64
-
-/* Each kernel is compiled for AVX-512, AVX2 and the baseline, chosen at load time. The integer
- * kernels leave out the AVX-512 clone: they were most of the compile (-O3: 44 of 55 s), and the
- * reductions that training runs at scale are of floats. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && defined(__GLIBC__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#define INT_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef CLONES
-#define CLONES
-#define INT_CLONES
-#endif
-
-enum { OP_SUM = 0, OP_PROD = 1, OP_MAX = 2, OP_MIN = 3 };
+#include "_kernels.h"
 
 /* Type codes, in this order: f32 f64 i8 i16 i32 i64 u8 u16 u32 u64 f16 bf16 (kernels.py
  * mirrors it). */
@@ -58,72 +37,6 @@ static int half_ok = 0; /* the CPU converts halves (set when the module loads) *
 
 #define F_SUM(T, W, a, b) ((a) + (b))
 #define F_PROD(T, W, a, b) ((a) * (b))
-#define I_SUM(T, W, a, b) ((T)((W)(a) + (W)(b)))
-#define I_PROD(T, W, a, b) ((T)((W)(a) * (W)(b)))
-#define I_MAX(T, W, a, b) ((a) > (b) ? (a) : (b))
-#define I_MIN(T, W, a, b) ((a) < (b) ? (a) : (b))
-
-/* One block of one kernel: OUT[0..m) = F(first, srcs...) for the elements lo..lo+m. The first
- * group folds `first` with up to three sources; later groups fold three more sources into
- * OUT each, so each source is read once and OUT stays in L1 between the groups. */
-#define BLOCK_BODY(T, W, F, OUT)                                                            \
-    do {                                                                                    \
-        const T *restrict a = (const T *)first + lo;                                        \
-        Py_ssize_t j = k < 3 ? k : 3;                                                       \
-        if (j == 1) {                                                                       \
-            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
-            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, a[i], s0[i]);               \
-        } else if (j == 2) {                                                                \
-            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
-            const T *restrict s1 = (const T *)srcs[1] + lo;                                 \
-            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, F(T, W, a[i], s0[i]), s1[i]); \
-        } else {                                                                            \
-            const T *restrict s0 = (const T *)srcs[0] + lo;                                 \
-            const T *restrict s1 = (const T *)srcs[1] + lo;                                 \
-            const T *restrict s2 = (const T *)srcs[2] + lo;                                 \
-            for (Py_ssize_t i = 0; i < m; i++)                                              \
-                OUT[i] = F(T, W, F(T, W, F(T, W, a[i], s0[i]), s1[i]), s2[i]);              \
-        }                                                                                   \
-        for (; j + 3 <= k; j += 3) {                                                        \
-            const T *restrict s0 = (const T *)srcs[j] + lo;                                 \
-            const T *restrict s1 = (const T *)srcs[j + 1] + lo;                             \
-            const T *restrict s2 = (const T *)srcs[j + 2] + lo;                             \
-            for (Py_ssize_t i = 0; i < m; i++)                                              \
-                OUT[i] = F(T, W, F(T, W, F(T, W, OUT[i], s0[i]), s1[i]), s2[i]);            \
-        }                                                                                   \
-        for (; j < k; j++) {                                                                \
-            const T *restrict s0 = (const T *)srcs[j] + lo;                                 \
-            for (Py_ssize_t i = 0; i < m; i++) OUT[i] = F(T, W, OUT[i], s0[i]);             \
-        }                                                                                   \
-    } while (0)
-
-/* Two kernels per type and op: NAME writes straight into dst, which must share no memory
- * with any operand; NAME_acc folds each block in a local accumulator and copies it out, so
- * dst may be `first` itself or any operand (combining in place). */
-#define KERNEL_WITH(ATTR, NAME, T, W, F)                                                   \
-    ATTR static void NAME(char *dst, const char *first, const char *const *srcs,          \
-                            Py_ssize_t k, Py_ssize_t n)                                     \
-    {                                                                                       \
-        /* up to three sources: one pass over everything; more: blocks kept in L1 */        \
-        Py_ssize_t step = k <= 3 ? (n > 0 ? n : 1) : BLOCK;                                 \
-        for (Py_ssize_t lo = 0; lo < n; lo += step) {                                       \
-            Py_ssize_t m = n - lo < step ? n - lo : step;                                   \
-            T *restrict out = (T *)dst + lo;                                                \
-            BLOCK_BODY(T, W, F, out);                                                       \
-        }                                                                                   \
-    }                                                                                       \
-    ATTR static void NAME##_acc(char *dst, const char *first, const char *const *srcs,    \
-                                  Py_ssize_t k, Py_ssize_t n)                               \
-    {                                                                                       \
-        T acc[BLOCK];                                                                       \
-        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                      \
-            Py_ssize_t m = n - lo < BLOCK ? n - lo : BLOCK;                                 \
-            BLOCK_BODY(T, W, F, acc);                                                       \
-            memcpy((T *)dst + lo, acc, (size_t)m * sizeof(T));                              \
-        }                                                                                   \
-    }
-
-typedef void (*kernel_fn)(char *, const char *, const char *const *, Py_ssize_t, Py_ssize_t);
 
 /* bfloat16: the upper half of a float32; rounding to nearest-even by adding 0x7fff plus the
  * lowest kept bit (NaNs stay NaNs, quiet). Plain integer C, which compilers vectorize. */
@@ -152,43 +65,6 @@ KERNEL(sum_f32, float, float, F_SUM)
 KERNEL(prod_f32, float, float, F_PROD)
 KERNEL(sum_f64, double, double, F_SUM)
 KERNEL(prod_f64, double, double, F_PROD)
-
-/* The integer kernels compile at -O2 with vectorization: as fast as at -O3 here (sums and MAX of
- * int8 to int64, 16 KiB and 4 MiB an operand, within 5%), and the file compiles in 22-26 s
- * instead of 28 s (GCC 12, Python's flags, measured interleaved). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("O2", "tree-vectorize")
-#endif
-#define INT_KERNEL(NAME, T, W, F) KERNEL_WITH(INT_CLONES, NAME, T, W, F)
-
-/* SUM and PROD wrap in unsigned arithmetic, so a signed type and the unsigned type of its width
- * give the same bits: one kernel per width serves both (the table below points i8 at u8's).
- * 8- and 16-bit values compute in uint32_t: uint8_t and uint16_t would promote to int, whose
- * overflow is undefined; the low bits of the wrapped uint32_t are NumPy's result. */
-#define WRAPPING_KERNELS(S, T, W)             \
-    INT_KERNEL(sum_##S, T, W, I_SUM)          \
-    INT_KERNEL(prod_##S, T, W, I_PROD)
-WRAPPING_KERNELS(u8, uint8_t, uint32_t)
-WRAPPING_KERNELS(u16, uint16_t, uint32_t)
-WRAPPING_KERNELS(u32, uint32_t, uint32_t)
-WRAPPING_KERNELS(u64, uint64_t, uint64_t)
-
-/* MAX and MIN compare, so signed and unsigned types each have their own. */
-#define ORDER_KERNELS(S, T)                   \
-    INT_KERNEL(max_##S, T, T, I_MAX)          \
-    INT_KERNEL(min_##S, T, T, I_MIN)
-ORDER_KERNELS(i8, int8_t)
-ORDER_KERNELS(i16, int16_t)
-ORDER_KERNELS(i32, int32_t)
-ORDER_KERNELS(i64, int64_t)
-ORDER_KERNELS(u8, uint8_t)
-ORDER_KERNELS(u16, uint16_t)
-ORDER_KERNELS(u32, uint32_t)
-ORDER_KERNELS(u64, uint64_t)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 
 KERNEL(sum_bf16, uint16_t, float, BF_SUM)
 KERNEL(prod_bf16, uint16_t, float, BF_PROD)
@@ -370,17 +246,33 @@ static int cast_index(int type)
 #define HALF(OP) NULL
 #endif
 #define ROW(OP, SUFFIX)                                                                   \
-    {OP##_f32##SUFFIX, OP##_f64##SUFFIX, OP##_u8##SUFFIX, OP##_u16##SUFFIX, OP##_u32##SUFFIX, \
-     OP##_u64##SUFFIX, OP##_u8##SUFFIX, OP##_u16##SUFFIX, OP##_u32##SUFFIX, OP##_u64##SUFFIX, \
+    {OP##_f32##SUFFIX, OP##_f64##SUFFIX, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,    \
      HALF(OP), OP##_bf16##SUFFIX}
-#define INTEGER_ROW(OP, SUFFIX)                                                           \
-    {NULL, NULL, OP##_i8##SUFFIX, OP##_i16##SUFFIX, OP##_i32##SUFFIX, OP##_i64##SUFFIX,    \
-     OP##_u8##SUFFIX, OP##_u16##SUFFIX, OP##_u32##SUFFIX, OP##_u64##SUFFIX, NULL, NULL}
-/* [in place?][op][type] */
-static const kernel_fn KERNELS[2][4][TYPES] = {
-    {ROW(sum, ), ROW(prod, ), INTEGER_ROW(max, ), INTEGER_ROW(min, )},
-    {ROW(sum, _acc), ROW(prod, _acc), INTEGER_ROW(max, _acc), INTEGER_ROW(min, _acc)},
+/* [in place?][op][type]; the integer types' entries come from _integer_kernels as the module
+ * loads (NULL where that module is not built: NumPy combines integers then) */
+static kernel_fn KERNELS[2][4][TYPES] = {
+    {ROW(sum, ), ROW(prod, ), {NULL}, {NULL}},
+    {ROW(sum, _acc), ROW(prod, _acc), {NULL}, {NULL}},
 };
+
+/* Fill the integer types' entries from _integer_kernels; 1 if it is there, 0 if not. */
+static int load_integer_kernels(void)
+{
+    PyObject *module = PyImport_ImportModule("collectives._integer_kernels");
+    PyObject *capsule = module ? PyObject_GetAttrString(module, "TABLE") : NULL;
+    integer_table *table = capsule ? PyCapsule_GetPointer(capsule, INTEGER_CAPSULE) : NULL;
+    Py_XDECREF(capsule);
+    Py_XDECREF(module);
+    if (table == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    for (int shared = 0; shared < 2; shared++)
+        for (int op = 0; op < 4; op++)
+            for (int t = 0; t < INTEGER_TYPES; t++)
+                KERNELS[shared][op][t + 2] = (*table)[shared][op][t];
+    return 1;
+}
 
 static void release(Py_buffer *views, int count)
 {
@@ -534,8 +426,10 @@ PyMODINIT_FUNC PyInit__kernels(void)
 #ifdef HAVE_F16C
     half_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #endif
+    int integers = load_integer_kernels();
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "HALF", half_ok) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "HALF", half_ok) < 0 ||
+                      PyModule_AddIntConstant(m, "INTEGERS", integers) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -52,6 +52,8 @@ def compiled_covers(op: ReduceOp, dtype: np.dtype) -> bool:
     code = _TYPES.get(np.dtype(dtype))
     if code == 10 and not (_compiled is not None and _compiled.HALF):
         return False
+    if code in _INTEGERS and not (_compiled is not None and _compiled.INTEGERS):
+        return False  # _integer_kernels, an extension of its own, was not built
     return code is not None and (_OPS[op] < 2 or code in _INTEGERS)
 
 

@@ -169,7 +169,9 @@ def test_the_sdist_holds_the_package_and_not_the_tests(tmp_path):
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
     assert {"LICENSE", "PYPI.md", "pyproject.toml", "collectives/__init__.py",
-            "backends/mpi/__init__.py", "adapters/tensorflow/__init__.py"} <= set(names)
+            "backends/mpi/__init__.py", "adapters/tensorflow/__init__.py",
+            "collectives/_kernels.c", "collectives/_integer_kernels.c", "collectives/_kernels.h",
+            "backends/mpi/_hot.c"} <= set(names)  # what the extensions compile from
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "docs/"))]
 
 

@@ -104,6 +104,15 @@ def test_compiled_kernels_are_built_here():
     assert kernels.compiled_covers(ReduceOp.SUM, np.dtype(np.float32))
     assert not kernels.compiled_covers(ReduceOp.MAX, np.dtype(np.float32))
     assert kernels.compiled_covers(ReduceOp.MAX, np.dtype(np.int16))
+    # the integer kernels are a module of their own: built, and their table loaded
+    from collectives import _kernels
+
+    assert _kernels.INTEGERS == 1, "collectives._integer_kernels is not built: reinstall"
+    for dtype in (np.int8, np.uint64):
+        x, y = np.arange(9, dtype=dtype), np.full(9, 3, dtype)
+        out = np.empty_like(x)
+        assert _kernels.combine(2, kernels._TYPES[np.dtype(dtype)], out, x, (y,))  # MAX, in C
+        assert np.array_equal(out, np.maximum(x, y))
 
 
 def test_declined_operands_fall_back_to_numpy():
