@@ -17,7 +17,7 @@ from mpi4py import MPI
 from collectives.arrays import NUMPY
 from collectives.runtime.transport import Failure
 
-from . import tuning
+from . import tuning, waiting
 from .channel import MPIChannel
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
 from .messages import MessageChannel
@@ -25,7 +25,7 @@ from .native_collectives import MPINatives
 from .notices import Notices
 from .shm import SharedWindow
 from .tags import control_tags, data_tags, user_tags
-from .waiting import SPIN_SECONDS, Idler, node_oversubscribed
+from .waiting import node_oversubscribed
 
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
@@ -94,9 +94,8 @@ class MPITransport:
         # parent's finding holds for it)
         self.oversubscribed = (node_oversubscribed(self._node) if oversubscribed is None
                                else oversubscribed)
-        if self.oversubscribed:  # more ranks than cores here: every wait yields at once
+        if self.oversubscribed:  # more ranks than cores here: the hot path does not spin either
             self.native.spin = 0.0
-        self._idler = Idler(spin=0.0 if self.oversubscribed else SPIN_SECONDS)
         self._served = 0.0
         self._troubled = False  # a failure may have left messages in flight
 
@@ -106,7 +105,7 @@ class MPITransport:
     # --- waiting and failures -----------------------------------------------------------
 
     def idle(self, waited: float) -> None:
-        self._idler.idle(waited)
+        waiting.idle(waited)
         if waited > SERVE_AFTER:
             now = time.monotonic()
             if now - self._served > SERVE_EVERY:

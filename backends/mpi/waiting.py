@@ -1,46 +1,35 @@
-"""How a rank waits: spin first, then yield the core, then sleep.
+"""How a rank waits between polls: yield the core while a wait is young, then sleep.
 
-A wait that ends within microseconds (a peer slightly late, a small message in flight) is
-fastest spinning on ``Test``; a ``sched_yield`` costs a few microseconds but lets another
-rank on the same core run (4 ranks on 2 cores must let their peers progress); once a wait
-has lasted 2 ms, sleeping gives the core back entirely. A yield still counts as running: a
-rank that yields through a long wait takes its share of a busy machine's cores from the
-processes that have work (this package's test suite on 2 cores took 1,163 s of CPU time
-yielding until 20 ms, 1,029 s sleeping from 2 ms). Each sleep is at most a fiftieth of how long
-the wait has lasted (and at most 1 ms), so it ends at most about 2 % after its message came,
-plus the kernel's timer slack (about 50 µs).
+The engine calls ``idle`` between polls with how long the wait has lasted (its progress
+thread with its own age, at least the engine's "slow" mark). A ``sched_yield`` costs a
+microsecond or so and lets another rank on the same core run (4 ranks on 2 cores must let
+their peers progress); once a wait has lasted 2 ms, sleeping gives the core back entirely. A
+yield still counts as running: a rank that yields through a long wait takes its share of a
+busy machine's cores from the processes that have work (this package's test suite on 2 cores
+took 1,163 s of CPU time yielding until 20 ms, 1,029 s sleeping from 2 ms). Each sleep is at
+most a fiftieth of how long the wait has lasted (and at most 1 ms), so it ends at most about
+2 % after its message came, plus the kernel's timer slack (about 50 µs).
 
-The engine calls ``Idler.idle`` between polls with how long the wait has lasted (its
-progress thread with its own age, at least the engine's "slow" mark, so it never spins), so
-the engine's waits yield from their first poll; the spin is the hot path's own (``hot_path``:
-20 µs, then yields until 1 ms, then the engine's wait). A caller that does not time its wait
-passes 0: then the idler times the spin itself, taking a pause of more than ``GAP`` since
-its last call as the start of a new wait (polls of one wait follow each other within
-microseconds), and spins, then yields, never sleeps. Each thread that waits has its own
-timing.
-
-On an oversubscribed node (more ranks than the cores they may run on, ``node_oversubscribed``) a
-spin only delays the peer that shares this rank's core, the one whose message the spin waits
-for: there every wait yields from its first poll on (the transport makes its ``Idler`` and
-its hot path spin 0 s), as Open MPI's ``mpi_yield_when_idle`` does on such a node.
+The only spin is the hot path's own (``hot_path``: 20 µs, then yields until 1 ms, then the
+engine's wait). On an oversubscribed node (more ranks than the cores they may run on,
+``node_oversubscribed``) a spin only delays the peer that shares this rank's core, the one
+whose message the spin waits for: there the transport makes the hot path spin 0 s, so every
+wait yields from its first poll, as Open MPI's ``mpi_yield_when_idle`` does on such a node.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from collectives.runtime.progress_thread import SLOW_WAIT
 
-SPIN_SECONDS = 50e-6  # spin this long on a fresh wait
-YIELD_SECONDS = SLOW_WAIT  # then yield until the wait is this old: the engine's slow mark
+YIELD_SECONDS = SLOW_WAIT  # yield until the wait is this old: the engine's slow mark
 SLEEP_SECONDS = 1e-3  # then sleep this long between polls (at most: shorter early on)
 SLEEP_SHARE = 1 / 50  # a sleep is at most this share of how long the wait has lasted
-GAP = 10e-6  # a pause this long between idle calls ends one wait and starts another
 
 
 def usable_cores() -> set[int]:
@@ -76,27 +65,9 @@ def node_oversubscribed(node: Any) -> bool:
     return len(sharing) > cores
 
 
-class Idler(threading.local):
-    """The waiting policy of one transport: when this thread's current wait began, and how
-    long a fresh wait spins (``spin`` seconds)."""
-
-    def __init__(self, spin: float = SPIN_SECONDS) -> None:
-        self.first = self.last = 0.0
-        self.spin = spin
-
-    def idle(self, waited: float) -> None:
-        """Pause according to how long the wait has lasted."""
-        now = time.perf_counter()
-        if not waited:
-            if now - self.last > GAP:
-                self.first = now
-            if now - self.first >= self.spin:
-                os.sched_yield()
-                now = time.perf_counter()
-        elif waited < YIELD_SECONDS:
-            os.sched_yield()
-            now = time.perf_counter()
-        else:
-            time.sleep(min(SLEEP_SECONDS, waited * SLEEP_SHARE))
-            now = time.perf_counter()
-        self.last = now
+def idle(waited: float) -> None:
+    """Pause between two polls of a wait that has lasted ``waited`` seconds."""
+    if waited < YIELD_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(min(SLEEP_SECONDS, waited * SLEEP_SHARE))

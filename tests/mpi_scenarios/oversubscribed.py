@@ -2,8 +2,8 @@
 
 Usage: ``mpiexec -n N python oversubscribed.py [PINS]``; ``PINS``, as ``0,0,1``, binds each
 rank to one core of this process's (rank r to the PINS[r]-th) before MPI starts. Each rank
-prints ``OVERSUBSCRIBED rank R FLAG idle_spin=S hot_spin=S dup=FLAG``: the transport's
-finding, the spin of its waits and of its hot path, and a duplicate's finding (inherited),
+prints ``OVERSUBSCRIBED rank R FLAG hot_spin=S dup=FLAG``: the transport's finding, the spin
+of its hot path (its only spin), and a duplicate's finding (inherited),
 after a checked all-reduce.
 """
 
@@ -30,6 +30,6 @@ transport = comm.transport
 with comm.dup() as twin:
     inherited = twin.transport.oversubscribed
 line = (f"OVERSUBSCRIBED rank {comm.rank} {transport.oversubscribed} "
-        f"idle_spin={transport._idler.spin:g} hot_spin={transport.native.spin:g} dup={inherited}")
+        f"hot_spin={transport.native.spin:g} dup={inherited}")
 os.write(1, (line + "\n").encode())  # (one write: ranks' lines do not mix)
 report.finish()
