@@ -9,7 +9,8 @@
  *
  * Covered: SUM and PROD on float32, float64 and every integer type, MAX and MIN on integers,
  * and SUM and PROD on the narrow floats of wire compression: bfloat16 (ml_dtypes') and, where
- * the CPU converts halves (x86 F16C), float16. Integers use unsigned arithmetic, which wraps
+ * the CPU converts halves (x86 F16C), float16. The integer kernels are _integer_kernels.c's,
+ * whose table this module loads (load_integer_kernels); they use unsigned arithmetic, which wraps
  * exactly as NumPy's integer ufuncs do (signed overflow would be undefined in C). Floating MAX
  * and MIN stay with NumPy: the choice between +0.0 and -0.0 and between two NaNs is NumPy's
  * own. Narrow floats compute each operation in float32 and round it back to nearest-even, as
