@@ -432,9 +432,11 @@ def test_a_stalled_native_call_looks_at_the_clock_often_enough():
     after STALL_SECONDS; polls of a slow wait are up to SLEEP_SECONDS apart, so the looks must
     come a few times within STALL_SECONDS (at 64 polls a disagreement after agreement was
     found after about 0.1 s instead of 20 ms, and after 2.35 s on a loaded machine)."""
-    from collectives.backends.mpi import runs, waiting
+    from collectives.backends.mpi import channel, runs, waiting
 
     assert runs.STALL_POLLS * waiting.SLEEP_SECONDS <= tuning.STALL_SECONDS / 4
+    # likewise a slow receive's look for a message of another call (PROBE_AFTER: 2 ms)
+    assert channel.PROBE_EVERY * waiting.SLEEP_SECONDS <= 2 * channel.PROBE_AFTER
 
 
 def test_chunks_cover_large_counts():

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collectives.runtime.execute.spmd import Request
 
 PROBE_AFTER = 2e-3  # a receive waiting this long looks for a mismatched message
-PROBE_EVERY = 32  # polls between two such looks
+PROBE_EVERY = 4  # polls between two such looks (few: a wait older than 2 ms sleeps between polls)
 
 
 class Arena:
