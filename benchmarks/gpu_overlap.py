@@ -36,7 +36,7 @@ def _spin_kernel():
 extern "C" __global__ void spin(long long cycles) {
     long long start = clock64();
     while (clock64() - start < cycles) {}
-}''', "gpu_overlap_spin")
+}''', "spin")
     return lambda cycles: kernel((1,), (1,), (cupy.int64(cycles),))
 
 
