@@ -30,7 +30,8 @@
 # venv sees; default python3, or .venv/bin/python in --cpu mode), WHEELS (default .whl),
 # BUDGET (seconds for the whole run, default 480), WORKERS (pytest-xdist workers), COMMIT
 # (the commit to name, where the checkout has no git history), PARTS (the benchmark parts to
-# run, default "peers copy devices one-rank two-level torch"), STEPS (the steps before the
+# run, default "peers copy devices one-rank two-level torch"; "profile" adds a host-time
+# profile of each compared call), STEPS (the steps before the
 # benchmarks, default "tests": "none" leaves the tests out).
 set -u
 cd "$(dirname "$0")/.."
@@ -261,6 +262,9 @@ wanted one-rank && step one-rank 35 "${COMPARE[@]}" one-rank --out "$WORK" "${QU
 wanted two-level && step two-level 45 env COLLECTIVES_RANKS_PER_NODE=1 "$MPIEXEC" -n 2 \
   "${COMPARE[@]}" two-level --out "$WORK" "${QUICK[@]}"
 wanted torch && step torch 25 "${COMPARE[@]}" torch --out "$WORK" "${QUICK[@]}"
+# (not among the default parts: where the host time of each compared call goes, as text in
+# logs/profile.log)
+wanted profile && step profile 90 "$PY" benchmarks/gpu_profile.py "${QUICK[@]}"
 
 # --- packing: at most 4 files ---------------------------------------------------------------
 "$PY" - "$WORK/run.json" "$MODE" "$DEVICE" <<'EOF'
