@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.algorithms.reuse import held_by_one
 from collectives.arrays import HOST_ALONE_BYTES
 from collectives.extras import require
 from collectives.ops import BFLOAT16
@@ -124,13 +125,49 @@ class TorchArrays:
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
         return _torch().cat(list(arrays), dim=axis)
 
-    def fuse(self, arrays: Sequence[Any]) -> Any:
-        """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one."""
+    def fuse(self, arrays: Sequence[Any], out: Any = None) -> Any:
+        """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one;
+        ``out``: a kept bucket to fill (one ``cat``)."""
         torch = _torch()
+        if out is not None:
+            return torch.cat([self.flat(a) for a in arrays], out=out)
         flatten = getattr(torch._C._nn, "flatten_dense_tensors", None)
         if flatten is not None:
             return flatten(list(arrays))
         return torch.cat([self.flat(a) for a in arrays])
+
+    # --- buckets kept from call to call (collectives.algorithms.reuse) ----------------------
+
+    @staticmethod
+    def address(x: Any) -> int:
+        return x.data_ptr()
+
+    def keep(self, bucket: Any, views: tuple) -> Any:
+        """The stream the bucket is packed on and how many tensors share the bucket's memory
+        and the views' (a bucket that came back through DLPack has views on memory of its
+        own) now; None where PyTorch does not count them."""
+        count = getattr(_torch()._C, "_storage_Use_Count", None)
+        if count is None:
+            return None
+        return self._stream(bucket), self._users(bucket, views)
+
+    def unshared(self, bucket: Any, views: tuple, record: Any) -> bool:
+        """Whether only the keeper refers to ``bucket`` and ``views``: no tensor made from
+        them since (a view of a result shares its memory), no reference to a view (a kept
+        result), and packing goes on the same stream."""
+        stream, users = record
+        return (self._stream(bucket) == stream and self._users(bucket, views) == users
+                and held_by_one(views))
+
+    @staticmethod
+    def _users(bucket: Any, views: tuple) -> tuple[int, int]:
+        count = _torch()._C._storage_Use_Count
+        shared = views[0] if views else bucket
+        return (count(bucket.untyped_storage()._cdata), count(shared.untyped_storage()._cdata))
+
+    @staticmethod
+    def _stream(x: Any) -> int | None:
+        return _torch().cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
 
     def split(self, buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list:
         """A bucket's views in one call (``split_with_sizes``), each reshaped beyond 1-D."""

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.algorithms.reuse import held_by_one
 from collectives.arrays import split_by_slicing
 from collectives.ops import ReduceOp
 
@@ -247,6 +248,26 @@ class CupyArrays:
                 elif part:
                     kernels.combine_kernel(op.wire_op, len(part), False)(*part, dst)
 
+    def spread(self, op: ReduceOp, dsts: Sequence, srcs: Sequence) -> bool:
+        """Every ``dsts[i] = op(srcs[0], srcs[1], ...)``, left to right, in one launch: True
+        where it ran (every array on one GPU, as many outputs as inputs, at most
+        ``kernels.MAX_ARITY``), False where the caller must combine and copy instead. An
+        output may be its own input (each element is read before it is written)."""
+        n = len(srcs)
+        if not 1 < n <= kernels.MAX_ARITY or len(dsts) != n or op is ReduceOp.MEAN:
+            return False
+        device = dsts[0].device.id
+        if not gather.available() or any(a.device.id != device for a in (*dsts, *srcs)):
+            return False  # (a stand-in for CuPy compiles no kernels of its own)
+        # ordered after everything it reads and writes; the other outputs' streams (one
+        # stream, unless the owner gives logical devices streams of their own) after it
+        stream = self._enter(dsts[0], [*srcs, *dsts[1:]])
+        with self._context(device, stream):
+            kernels.spread_kernel(op.wire_op, n)(*srcs, *dsts)
+        for dst in dsts[1:]:
+            self._enter(dst, [dsts[0]])
+        return True
+
     def combine(self, op, dst, srcs) -> None:
         if dst.size and len(srcs):
             self._launch(op, dst, None, srcs)
@@ -280,14 +301,42 @@ class CupyArrays:
         with self._context(arrays[0].device.id):
             return _cupy().concatenate(arrays, axis=axis)
 
-    def fuse(self, arrays):
+    def fuse(self, arrays, out=None):
         # (the arrays were checked: contiguous ones flatten as views, others are copied)
         flats = [a if a.ndim == 1 and a.flags.c_contiguous else self.flat(a) for a in arrays]
         if len(flats) < 2 or not gather.available():
-            return self.concatenate(flats, 0)
+            fused = self.concatenate(flats, 0)
+            if out is not None:
+                self.copy(out, fused)
+                return out
+            return fused
         with self._context(flats[0].device.id):  # one launch, and little host time per array
-            out = _cupy().empty((sum(f.size for f in flats),), flats[0].dtype)
+            if out is None:
+                out = _cupy().empty((sum(f.size for f in flats),), flats[0].dtype)
             return gather.gather(flats, out)
+
+    # --- buckets kept from call to call (collectives.algorithms.reuse) ----------------------
+
+    def address(self, x) -> int:
+        return x.data.ptr
+
+    def keep(self, bucket, views):
+        """What tells later whether anything else refers to ``bucket``'s memory: the stream
+        it is packed on and the number of pointers to that memory now (the bucket's and each
+        view's own); None where there is no such count (a stand-in for CuPy)."""
+        memory = getattr(bucket.data, "mem", None)
+        if memory is None or not gather.available():
+            return None
+        return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem)
+
+    def unshared(self, bucket, views, record) -> bool:
+        """Whether only the keeper refers to ``bucket`` and ``views``: no new pointer into the
+        memory (a view of a view, ``x.data + k``), no reference to a view or its pointer (a
+        kept result, a DLPack export), and packing goes on the same stream."""
+        stream, pointers = record
+        return (self.stream(bucket.device.id).ptr == stream
+                and sys.getrefcount(bucket.data.mem) == pointers and held_by_one(views)
+                and held_by_one(tuple(v.data for v in views), holders=2))
 
     def split(self, buffer, shapes):
         """One array constructor per view, on the bucket's memory (a slice then a reshape

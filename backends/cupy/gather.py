@@ -16,6 +16,7 @@ words), so one kernel per word size serves every dtype. The sources must be C-co
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -62,7 +63,6 @@ def _kernel(word_bytes: int) -> Any:
 def gather(flats: Sequence[Any], out: Any) -> Any:
     """``out`` (1-D, C-contiguous, of the arrays' dtype, on their GPU, the current device)
     filled with ``flats`` (C-contiguous, one after another), on the current stream."""
-    import cupy
 
     itemsize = out.dtype.itemsize
     word = min(itemsize, 8)
@@ -77,5 +77,26 @@ def gather(flats: Sequence[Any], out: Any) -> Any:
     if total:
         blocks = min((total + THREADS - 1) // THREADS, MAX_BLOCKS)
         _kernel(word)((blocks,), (THREADS,),
-                      (cupy.asarray(table), np.int32(n), out, np.int64(total)))
+                      (_on_device(table, out.device.id), np.int32(n), out, np.int64(total)))
     return out
+
+
+_TABLES: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
+KEPT_TABLES = 16  # (a training loop gathers the same few lists, from the same addresses)
+
+
+def _on_device(table: np.ndarray, device: int) -> Any:
+    """The table on the GPU: the copy made for the same table last time, if it is among the
+    last ``KEPT_TABLES`` (a copy to the device costs the host tens of µs; the kernel only
+    reads it), else a new one."""
+    import cupy
+
+    key = (device, table.tobytes())
+    copy = _TABLES.get(key)
+    if copy is None:
+        copy = _TABLES[key] = cupy.asarray(table)
+        if len(_TABLES) > KEPT_TABLES:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    return copy

@@ -1,4 +1,5 @@
-"""The GPU kernels: fused n-ary combines, MEAN's division, and order-preserving float keys.
+"""The GPU kernels: fused n-ary combines (into one output, or into every one of ``n``),
+MEAN's division, and order-preserving float keys.
 
 Each kernel is a CuPy ``ElementwiseKernel`` built once per op, dtype and arity and cached
 (CuPy compiles it on first use per device and keeps the binary on disk).
@@ -86,6 +87,17 @@ def combine_operation(op: ReduceOp, arity: int, into: bool) -> tuple[str, str, s
     return ", ".join(f"T {p}" for p in inputs), "T d", " ".join(body)
 
 
+def spread_operation(op: ReduceOp, arity: int) -> tuple[str, str, str]:
+    """``(in_params, out_params, operation)`` of ``d_i = op(s0, s1, ...)`` for every one of
+    ``arity`` outputs: the combine of ``combine_operation(op, arity - 1, into=True)``, written
+    to every output by the thread that read the element (an output may be its own input)."""
+    fn = _FUNCTIONS[op]
+    body = ["T acc = s0;"] + [f"acc = {fn}(acc, s{i});" for i in range(1, arity)]
+    body += [f"d{i} = acc;" for i in range(arity)]
+    return (", ".join(f"T s{i}" for i in range(arity)), ", ".join(f"T d{i}" for i in range(arity)),
+            " ".join(body))
+
+
 def divide_operation(dtype: np.dtype) -> tuple[str, str, str]:
     """``(in_params, out_params, operation)`` of MEAN's ``out = total / n``."""
     kind = dtype.kind
@@ -145,6 +157,15 @@ def combine_kernel(op: ReduceOp, arity: int, into: bool):
     in_params, out_params, operation = combine_operation(op, arity, into)
     name = f"collectives_{op.wire_op.value}_{'into' if into else 'acc'}_{arity}"
     return _cupy().ElementwiseKernel(in_params, out_params, operation, name,
+                                     preamble=PREAMBLE, no_return=True)
+
+
+@cache
+def spread_kernel(op: ReduceOp, arity: int):
+    """The cached ``ElementwiseKernel`` of ``spread_operation``."""
+    in_params, out_params, operation = spread_operation(op, arity)
+    return _cupy().ElementwiseKernel(in_params, out_params, operation,
+                                     f"collectives_{op.wire_op.value}_spread_{arity}",
                                      preamble=PREAMBLE, no_return=True)
 
 

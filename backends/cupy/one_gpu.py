@@ -3,16 +3,16 @@
 Arrays of several logical devices on one GPU (``collectives.all_reduce([a0, a1, a2, a3])``
 with every ``a_i`` on GPU 0) live in one memory, so no schedule needs to move them first:
 
-1. one kernel reads the ``n`` inputs and writes their reduction, left to right
-   (``x0 op x1 op ... op x{n-1}``, the order ``one_device`` reduces in), into the first result;
-2. MEAN: one division of it by ``n`` (as every path divides);
-3. ``n - 1`` device-to-device copies of it into the other results.
+* SUM, PROD, MAX and MIN (up to ``kernels.MAX_ARITY`` arrays): one kernel reads the ``n``
+  inputs and writes their reduction, left to right (``x0 op x1 op ... op x{n-1}``, the order
+  ``one_device`` reduces in), into every result. Memory traffic: ``2n`` units of the array's
+  size (``n`` reads, ``n`` writes); one launch, whatever the size.
+* MEAN (and more arrays): one kernel reduces into the first result; MEAN divides it by ``n``
+  (as every path divides); ``n - 1`` device-to-device copies of it go into the other
+  results: ``3n - 1`` units, one kernel and ``n - 1`` copies.
 
-Memory traffic: ``n`` reads and one write, then ``n - 1`` reads and writes: ``3n - 1`` units
-of the array's size (a kernel that wrote every output itself would move ``2n``; the library's
-schedules, which copy inputs to one device first, move about ``3n + 1``). Launches: one
-kernel and ``n - 1`` copies, whatever the size. ``algorithm="auto"`` takes it wherever every
-array is on one GPU.
+(The library's schedules, which copy inputs to one device first, move about ``3n + 1``.)
+``algorithm="auto"`` takes this wherever every array is on one GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def all_reduce(arrays: Any, values: Sequence, results: Sequence, op: ReduceOp) -
     flats = [arrays.flat(v) for v in values]
     outs = [r.reshape(-1) for r in results]
     dtype = flats[0].dtype
+    if result_dtype(op, dtype) == dtype and arrays.spread(op, outs, flats):
+        return  # (one kernel wrote every result)
     # the reduction goes into the first result (an input it is its own, at most: each
     # element is read before it is written), unless the result has another dtype
     same = result_dtype(op, dtype) == dtype

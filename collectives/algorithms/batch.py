@@ -23,6 +23,7 @@ import numpy as np
 
 from ..ops import ReduceOp, result_dtype
 from .packing import DEFAULT_BUCKET_BYTES, PackPlan, check_bucket_bytes, make_plan
+from .reuse import BucketKeeper
 from .spec import SpecRange, assign_ranges, parse_spec
 
 
@@ -113,6 +114,7 @@ class StartedBatch:
     tensors: int
     arrays: Any
     home: Callable[[Any], Any]
+    keeper: BucketKeeper | None = None
 
     def finish(self, reduced: Sequence[Sequence[Any]]) -> list[list]:
         """``results[k][m]`` from ``reduced[p]``, the reduced buffers of pending pack ``p`` (one
@@ -125,16 +127,41 @@ class StartedBatch:
             start += len(packs)
             for m in range(len(packs[0])):
                 with self.home(packs[0][m]):
-                    unpacked = part.plan.unpack([p[m] for p in packs], arrays=self.arrays)
+                    unpacked = self._unpack(part.plan, [p[m] for p in packs], m)
                 for i, result in zip(part.indices, unpacked, strict=True):
                     results[i].append(result)
         return results
+
+    def _unpack(self, plan: PackPlan, buffers: list, member: int) -> list:
+        """``plan.unpack``, with the keeper's views where every fused pack was reduced in
+        its kept bucket; else fresh views, whose fused buckets the keeper keeps."""
+        keeper = self.keeper
+        if keeper is None or not keeper.enabled or not plan.whole:
+            return plan.unpack(buffers, arrays=self.arrays)
+        fused = [j for j, pack in enumerate(plan.packs) if len(pack.indices) > 1]
+        kept = [keeper.views(plan, j, member, buffers[j]) for j in fused]
+        if fused and all(views is not None for views in kept):
+            # (tensors alone in their pack: their results as plan.unpack gives them)
+            out = (plan.unpack(buffers, arrays=self.arrays) if len(fused) < len(plan.packs)
+                   else [None] * len(plan.shapes))
+            for j, views in zip(fused, kept):
+                assert views is not None
+                for i, view in zip(plan.packs[j].indices, views):
+                    out[i] = view
+            return out
+        out = plan.unpack(buffers, arrays=self.arrays)
+        dtype_of = self.arrays.dtype_of
+        for j in fused:
+            pack, buf = plan.packs[j], buffers[j]
+            if dtype_of(buf) == pack.dtype and tuple(buf.shape) == (pack.size,):
+                keeper.keep(plan, j, member, buf, [out[i] for i in pack.indices])
+        return out
 
 
 def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
                 reduce_pack: Callable[[BatchPart, list, bool], Any], *, arrays: Any,
                 home: Callable[[Any], Any] | None = None,
-                validated: bool = False) -> StartedBatch:
+                validated: bool = False, keeper: BucketKeeper | None = None) -> StartedBatch:
     """The batch loop's first half: pack every part and start each pack's reduction.
 
     ``tensors[m][k]`` is tensor ``k`` of member ``m`` (a device of a multi-device call, or a
@@ -146,19 +173,29 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
     GPU). The caller turns each pending result into the reduced buffers and calls ``finish``.
     ``validated``: every member's tensors are ``arrays``' arrays of the plans' shapes and
     dtypes (the caller checked them), so packing need not check them again.
+    ``keeper``: where fused buckets are kept from one call to the next (``reuse.py``; the
+    caller's, for validated tensors only).
     """
     place = home or _nowhere
+    keeping = keeper is not None and keeper.enabled and validated
     pending = []
     for part in parts:
+        plan = part.plan
         packed = []
-        for member in tensors:
+        for m, member in enumerate(tensors):
+            into = None
+            if keeping and plan.whole:
+                assert keeper is not None
+                into = [keeper.bucket(plan, j, m) if len(pack.indices) > 1 else None
+                        for j, pack in enumerate(plan.packs)]
             with place(member[part.indices[0]]):
-                packed.append(part.plan.pack([member[i] for i in part.indices], arrays=arrays,
-                                             validated=validated))
+                packed.append(plan.pack([member[i] for i in part.indices], arrays=arrays,
+                                        validated=validated, into=into))
         pending += [reduce_pack(part, [buffers[j] for buffers in packed],
-                                len(part.plan.packs[j].indices) != 1)
-                    for j in range(len(part.plan.packs))]
-    return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place)
+                                len(plan.packs[j].indices) != 1)
+                    for j in range(len(plan.packs))]
+    return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place,
+                        keeper if keeping else None)
 
 
 def in_place(fresh: bool, op: Any, dtype: Any) -> bool:

@@ -86,29 +86,34 @@ class PackPlan:
         return all(len(p) == 1 for p in self.places)
 
     def pack(self, tensors: Sequence[ArrayLike], *, copy: bool = False, arrays: Any = None,
-             validated: bool = False) -> list:
+             validated: bool = False, into: Sequence[Any] | None = None) -> list:
         """One contiguous 1-D buffer per pack; inputs are never modified.
 
         A buffer made of a single piece of a contiguous input is a view of it (the
         collectives never write their inputs); pass ``copy=True`` for fresh buffers
         throughout. ``arrays``: the array backend of the tensors (NumPy by default).
         ``validated``: the tensors are that backend's arrays of the plan's shapes and dtypes.
+        ``into``: per pack, a bucket of its dtype and size to fill instead of a new one (or
+        None), for validated tensors of a whole plan (``reuse.BucketKeeper``'s).
         """
         if len(tensors) != len(self.shapes):
             raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(tensors)}")
         flats: dict[int, Any] = {}
         return [self.pack_one(k, tensors, copy=copy, arrays=arrays, flats=flats,
-                              validated=validated) for k in range(len(self.packs))]
+                              validated=validated, into=None if into is None else into[k])
+                for k in range(len(self.packs))]
 
     def pack_one(self, k: int, tensors: Sequence[Any], *, copy: bool = False,
                  arrays: Any = None, flats: dict[int, Any] | None = None,
-                 validated: bool = False) -> Any:
+                 validated: bool = False, into: Any = None) -> Any:
         """Pack ``k``'s buffer, from ``tensors`` (every tensor of the plan, by index; only
-        pack ``k``'s members are read). ``flats``: 1-D views already made, by index."""
+        pack ``k``'s members are read). ``flats``: 1-D views already made, by index.
+        ``into``: the bucket to fill (see ``pack``)."""
         arrays = arrays or _numpy()
         pack = self.packs[k]
         if validated and self.whole and (copy or len(pack.indices) > 1):
-            return arrays.fuse([tensors[i] for i in pack.indices])  # (one pass, or launch)
+            members = [tensors[i] for i in pack.indices]  # (one pass, or launch)
+            return arrays.fuse(members) if into is None else arrays.fuse(members, out=into)
         flats = {} if flats is None else flats
         pieces = []
         for i, (start, stop) in zip(pack.indices, pack.spans, strict=True):

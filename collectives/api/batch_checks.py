@@ -22,8 +22,13 @@ def checked_list(xs: Any, argument: str) -> list:
     if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
         raise TypeError(f"{argument} must be a list of arrays, not {type(xs).__name__}")
     items = list(xs)
-    if set(map(type, items)) <= {np.ndarray}:  # (the common case, checked in microseconds)
+    kinds = set(map(type, items))
+    if kinds <= {np.ndarray}:  # (the common case, checked in microseconds)
         return items
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    if kind is not None and _array_type(kind) and not (
+            _tracks_grad(kind) and any(x.requires_grad for x in items)):
+        return items  # (arrays of one type, none requiring grad: nothing to name)
     first = None
     for k, x in enumerate(items):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
@@ -39,6 +44,17 @@ def checked_list(xs: Any, argument: str) -> list:
                             f"{_name(first)}; one batch takes arrays of one library: convert "
                             "them to one first (np.asarray, torch.as_tensor, jnp.asarray)")
     return items
+
+
+@functools.cache
+def _array_type(kind: Any) -> bool:
+    """Whether instances of ``kind`` are arrays: ``shape`` and ``dtype`` on the class."""
+    return hasattr(kind, "shape") and hasattr(kind, "dtype")
+
+
+@functools.cache
+def _tracks_grad(kind: Any) -> bool:
+    return hasattr(kind, "requires_grad")
 
 
 def _library(x: Any) -> str:

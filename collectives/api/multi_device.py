@@ -10,12 +10,14 @@ buffers of the library's own, so aliasing never gives a wrong answer.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast, overload
 
 import numpy as np
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES
+from ..algorithms.reuse import BucketKeeper
 from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
@@ -33,6 +35,7 @@ from .multi_device_parts import (
     backend_first,
     pick_algorithm,
     prepare,
+    prepare_batch,
 )
 
 __all__ = ["all_reduce", "batch_all_reduce", "pick_algorithm", "reduce"]
@@ -258,7 +261,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
     if len(value_lists) == 0:
         return []
-    tensors = [prepare(v, op, f"value_lists[{k}]") for k, v in enumerate(value_lists)]
+    tensors = prepare_batch(value_lists, op)
     n = len(tensors[0][0])
     for k, (values, *_rest) in enumerate(tensors):
         if len(values) != n:
@@ -278,8 +281,12 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                           groups=groups, compression=squeeze,
                           out=buffers if in_place(fresh, op, buffers[0].dtype) else None)
 
+    first = tensors[0][0][0]
+    owned = type(first) if arrays.owns(first) else None  # (its other arrays: one type check)
     for k, (values, *_rest) in enumerate(tensors):  # (one library: packing trusts it)
         for d, value in enumerate(values):
+            if type(value) is owned:
+                continue
             if isinstance(value, np.generic) and arrays.owns(np.asarray(value)):
                 values[d] = np.asarray(value)  # (a NumPy scalar: a 0-d array)
             elif not arrays.owns(value):
@@ -288,5 +295,19 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                                 f"{type(tensors[0][0][0]).__name__}; one batch takes arrays "
                                 "of one library")
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
-    batch = start_batch(per_device, parts, reduce_pack, arrays=arrays, validated=True)
+    batch = start_batch(per_device, parts, reduce_pack, arrays=arrays, validated=True,
+                        keeper=_bucket_keeper(arrays))
     return batch.finish(batch.pending)
+
+
+_KEEPERS = threading.local()  # each thread's keepers of fused buckets, by array library
+
+
+def _bucket_keeper(arrays: Any) -> BucketKeeper:
+    """The calling thread's keeper of multi-device batches' buckets in ``arrays``' library
+    (``algorithms/reuse.py``)."""
+    keepers = _KEEPERS.__dict__.setdefault("by_library", {})
+    keeper = keepers.get(arrays.name)
+    if keeper is None or keeper.arrays is not arrays:
+        keeper = keepers[arrays.name] = BucketKeeper(arrays)
+    return keeper

@@ -52,7 +52,7 @@ def backend_first(function: Callable) -> Callable:
     return wrapper
 
 
-__all__ = ["backend_first", "pick_algorithm", "prepare"]
+__all__ = ["backend_first", "pick_algorithm", "prepare", "prepare_batch"]
 
 
 def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: int,
@@ -61,6 +61,40 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
     spec forms by the element ``count``."""
     name, shards, _ = pick(collective, algorithm, size, nbytes, model, count, shards)
     return name, shards
+
+
+def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[int, ...],
+                                                                 np.dtype, ReduceOp]]:
+    """``prepare`` of every tensor of a batch (``value_lists[k]``: tensor ``k`` on every
+    device), with the same checks and messages, the op parsed once and checked once per
+    dtype (a gradient list has hundreds of tensors and one or two dtypes)."""
+    checked: dict[np.dtype, ReduceOp] = {}
+    prepared = []
+    for k, values in enumerate(value_lists):
+        argument = f"value_lists[{k}]"
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise TypeError(f"{argument} must be a list with one array per device, "
+                            f"not {type(values).__name__}")
+        kind: Any = type(values[0]) if len(values) else None
+        if kind is not None and _plain_array_type(kind) and all(
+                type(v) is kind for v in values):
+            values = list(values)  # (arrays of one plain type: as_array would return each)
+        else:
+            values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
+        shape, dtype = same_layout(values, argument)
+        parsed = checked.get(dtype)
+        if parsed is None:
+            parsed = checked[dtype] = check_op(op, dtype, argument)
+        prepared.append((values, shape, dtype, parsed))
+    return prepared
+
+
+@functools.cache
+def _plain_array_type(kind: Any) -> bool:
+    """Whether ``as_array`` returns instances of ``kind`` as they are: a class with ``shape``
+    and ``dtype`` of its own, NumPy's ndarray itself but none of its subclasses."""
+    return (hasattr(kind, "shape") and hasattr(kind, "dtype")
+            and (kind is np.ndarray or not issubclass(kind, np.ndarray)))
 
 
 @overload

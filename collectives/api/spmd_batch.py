@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES, OVERLAP_BUCKET_BYTES, check_bucket_bytes
+from ..algorithms.reuse import BucketKeeper
 from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
@@ -152,7 +153,8 @@ class BatchOps(CommParts):
                                    async_op=async_op)
 
         with self.calls.part_of(batch_tag(layout)):
-            batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True)
+            batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True,
+                                keeper=self._bucket_keeper(arrays))
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side
@@ -166,6 +168,14 @@ class BatchOps(CommParts):
         if async_op:
             return BatchWork(batch.pending, finish, f"batch_all_reduce of {len(xs)} tensors")
         return finish(batch.pending)
+
+    def _bucket_keeper(self, arrays: Any) -> BucketKeeper:
+        """This communicator's keeper of fused buckets in ``arrays``' library (reuse.py)."""
+        keepers = self.__dict__.setdefault("_bucket_keepers", {})
+        keeper = keepers.get(arrays.name)
+        if keeper is None or keeper.arrays is not arrays:
+            keeper = keepers[arrays.name] = BucketKeeper(arrays)
+        return keeper
 
     @refusing("buckets")
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
