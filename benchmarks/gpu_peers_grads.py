@@ -2,7 +2,10 @@
 the same work (``gpu_peers.py`` runs it as the ``resnet50`` part).
 
 The library's ``batch_all_reduce`` packs the list into buckets, all-reduces them and returns
-the results as views of the reduced buckets. Beside it:
+the results as views of the reduced buckets; where the last step's results are gone, it packs
+into the same buckets and hands back the same views (``collectives/algorithms/reuse.py``).
+``library_*_kept`` holds each step's results until the next step's, so nothing is reused
+(every bucket and view made anew, as torch's reference makes them). Beside it:
 
 * ``torch_flat_views``: torch with the same semantics: ``_flatten_dense_tensors``, one
   ``dist.all_reduce``, ``_unflatten_dense_tensors`` (views);
@@ -46,7 +49,13 @@ def _torch_ways(torch, dist, comm, shapes) -> dict:
     def library_copy_back():
         torch._foreach_copy_(grads, comm.batch_all_reduce(grads))
 
+    held: list = []
+
+    def library_kept():  # each step's results held until the next step's: no bucket reused
+        held[:] = [comm.batch_all_reduce(grads)]
+
     ways = {"library_torch": lambda: comm.batch_all_reduce(grads),
+            "library_torch_kept": library_kept,
             "torch_flat_views": flat_views,
             "library_torch_copy_back": library_copy_back,
             "torch_flat_copy_back": flat_copy_back,
@@ -105,7 +114,13 @@ def resnet50_part(out: Path, args) -> None:
         for g, r in zip(grads, comm.batch_all_reduce(grads)):
             cupy.copyto(g, r)
 
+    held: list = []
+
+    def cupy_kept():  # each step's results held until the next step's: no bucket reused
+        held[:] = [comm.batch_all_reduce(grads)]
+
     ways: dict = {"library_cupy": lambda: comm.batch_all_reduce(grads),
+                  "library_cupy_kept": cupy_kept,
                   "library_cupy_copy_back": cupy_copy_back,
                   "library_cupy_async": lambda: comm.batch_all_reduce(grads,
                                                                       async_op=True).wait()}
@@ -114,6 +129,7 @@ def resnet50_part(out: Path, args) -> None:
         ways.update(_torch_ways(torch, dist, comm, shapes))
     calls = max(args.calls // 4, 1)
     ratios = [("library_torch", "torch_flat_views"), ("library_cupy", "torch_flat_views"),
+              ("library_torch_kept", "torch_flat_views"), ("library_cupy_kept", "torch_flat_views"),
               ("library_torch_copy_back", "torch_flat_copy_back"),
               ("library_cupy_copy_back", "torch_flat_copy_back"),
               ("library_torch", "torch_coalesced"), ("library_torch", "torch_per_tensor")]

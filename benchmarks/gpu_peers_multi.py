@@ -7,7 +7,9 @@
   inputs and writes the 4 outputs (the bound: 8 units of traffic);
 * the gradient list (ResNet-50's shapes, 4 arrays per tensor, each device's tensors views of
   one buffer): ``collectives.batch_all_reduce`` beside the naive loop, a loop of the fused
-  kernel per tensor, and one fused kernel over each device's whole buffer.
+  kernel per tensor, and one fused kernel over each device's whole buffer
+  (``library_batch_kept`` holds each step's results until the next step's, so no bucket is
+  reused: see ``gpu_peers_grads.py``).
 """
 
 from __future__ import annotations
@@ -79,13 +81,20 @@ def _gradient_list(record: Record, fence, args) -> None:
         for values, targets in zip(value_lists, out_lists):
             fused(*values, *targets)
 
+    held: list = []
+
+    def batch_kept():  # each step's results held until the next step's: no bucket reused
+        held[:] = [collectives.batch_all_reduce(value_lists)]
+
     ways = {"library_batch": lambda: collectives.batch_all_reduce(value_lists),
+            "library_batch_kept": batch_kept,
             "naive_per_tensor": lambda: [_naive(v) for v in value_lists],
             "fused_per_tensor": fused_per_tensor,
             "fused_whole_list": lambda: fused(*flats, *outs)}
     steps = type(args)(**{**vars(args), "calls": max(args.calls // 4, 1)})
     measure(record, {"kind": "gradient list", "tensors": len(shapes)}, ways, fence, steps,
             [("library_batch", "naive_per_tensor"), ("library_batch", "fused_per_tensor"),
+             ("library_batch_kept", "fused_per_tensor"),
              ("library_batch", "fused_whole_list")])
 
 
