@@ -4,7 +4,10 @@ Nothing else imports these scripts, so a renamed or removed attribute in the lib
 without any other test noticing. Each case runs one script as a real subprocess
 (``sys.executable``, from the repository root) with the smallest arguments that still take its
 real code path (2 devices or ranks, 4-8 KiB, one repeat), and checks that it exits with 0 and
-prints the table or rows a working run prints.
+prints the table or rows a working run prints. The TensorFlow scripts that split the CPU into
+the same logical devices run one after another in one such process (``tests/run_scripts.py``:
+each as ``__main__``, in a fresh namespace, its own output and exit status), so that
+TensorFlow starts once for them, not once each (about 6 s of CPU a start).
 
 Left out: ``lab.py``, ``multihost_compare.py``, ``gpu_compare.py``, ``gpu_run.sh`` and
 ``tf_gpu_compare.py`` (a GPU, root or a lab of hosts: tests/gpu and tests/multihost cover them),
@@ -14,6 +17,7 @@ and ``plans.py --old`` (it needs an old commit in the git history).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.slow  # every benchmark script end to end: left out of 
 ROOT = Path(__file__).resolve().parent.parent
 # mpi_compare.py launches the mpiexec beside this Python and no other.
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+RUN_SCRIPTS = ROOT / "tests" / "run_scripts.py"
 
 # mirror.py is a module with no entry point (overhead.py imports it): the smallest real use is
 # a communicator over it, one call per algorithm.
@@ -53,6 +58,7 @@ class Case:
     expect: tuple[str, ...]  # regular expressions that must all match stdout + stderr
     needs: tuple[str, ...] = ()  # optional modules; the case skips where one is missing
     timeout: float = 60
+    together: str = ""  # cases with the same value share one process (the same TF devices)
 
 
 CASES = [
@@ -114,17 +120,17 @@ CASES = [
                        "-r", "1"),
          (r"2 logical CPU devices", r"sum +tf_r2od +tf_r2od ", r"sum +tf_r2od_batch ",
           r"sum +tf_add_n "),
-         needs=("tensorflow",), timeout=120),
+         needs=("tensorflow",), timeout=120, together="tf, 2 devices"),
     # The 64 MiB workload is the smaller of the two; three methods (TF's own, a schedule and
     # auto) in both modes keep it to a few seconds. The script exits 1 on a wrong result.
     Case("tf_compare", ("benchmarks/tf_compare.py", "-p", "2", "-r", "1", "-w", "1",
                         "--workloads", "64MiB", "--methods", "tf_rtod,ring,auto"),
          (r"\*\*64MiB\*\*", r"\| tf_rtod \| [0-9.]+ \|", r"\| ring \| [0-9.]+ \|",
           r"\| auto \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|"),
-         needs=("tensorflow",), timeout=120),
+         needs=("tensorflow",), timeout=120, together="tf, 2 devices"),
     Case("tf_kernels", ("benchmarks/tf_kernels.py", "-p", "2", "-r", "1"),
          (r"\| eager \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", r"\| function \| [0-9.]+ \|"),
-         needs=("tensorflow",), timeout=120),
+         needs=("tensorflow",), timeout=120, together="tf, 2 devices"),
     # tf_worker.py answers compare_multidevice.py over a pipe; run it the way it is used. The TF
     # columns hold numbers (the target verdict is met or missed, not n/a) only if it answered.
     Case("tf_worker", ("benchmarks/compare_multidevice.py", "-p", "2", "-b", "4K", "-e", "4K",
@@ -146,19 +152,62 @@ def missing(needs: tuple[str, ...]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_benchmark_script_runs(case: Case, tmp_path: Path) -> None:
-    lacking = missing(case.needs)
-    if lacking:
-        pytest.skip(f"{case.id} needs {', '.join(lacking)}")
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
+def environment(case: Case) -> dict:
     # TensorFlow's C++ logging would drown the output in the failure message.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if "tensorflow" in case.needs:  # the scripts use neither JAX nor matplotlib
         env = tf_lean(env)
-    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=case.timeout)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{output[-4000:]}"
+    return env
+
+
+def argv_of(case: Case, tmp: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)) for a in case.argv]
+
+
+@pytest.fixture(scope="module")
+def together(request, tmp_path_factory):
+    """The output of each case that shares a process, by case id: every selected case of its
+    group run in one process when the first of them asks."""
+    selected = {item.name for item in request.session.items}
+    done: dict[str, tuple[int, str]] = {}
+
+    def output(case: Case) -> tuple[int, str]:
+        if case.id not in done:
+            group = [c for c in CASES if c.together == case.together and
+                     (f"test_benchmark_script_runs[{c.id}]" in selected or c is case)]
+            folder = tmp_path_factory.mktemp("together")
+            plan = [{"label": c.id, "script": str(ROOT / c.argv[0]),
+                     "argv": argv_of(c, folder / c.id)[1:], "cwd": str(ROOT)} for c in group]
+            for c in group:
+                (folder / c.id).mkdir()
+            (folder / "plan.json").write_text(json.dumps(plan))
+            proc = subprocess.run([sys.executable, str(RUN_SCRIPTS), str(folder / "plan.json"),
+                                   str(folder)], cwd=ROOT, env=environment(case),
+                                  capture_output=True, text=True,
+                                  timeout=sum(c.timeout for c in group))
+            for c in group:
+                status = folder / f"{c.id}.status"
+                done[c.id] = ((int(status.read_text()), (folder / f"{c.id}.out").read_text() +
+                               (folder / f"{c.id}.err").read_text()) if status.exists() else
+                              (-1, f"the shared process ended (exit {proc.returncode}) before "
+                                   f"this case finished:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"))
+        return done[case.id]
+
+    return output
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_benchmark_script_runs(case: Case, tmp_path: Path, together) -> None:
+    lacking = missing(case.needs)
+    if lacking:
+        pytest.skip(f"{case.id} needs {', '.join(lacking)}")
+    if case.together:
+        returncode, output = together(case)
+    else:
+        proc = subprocess.run([sys.executable, *argv_of(case, tmp_path)], cwd=ROOT,
+                              env=environment(case), capture_output=True, text=True,
+                              timeout=case.timeout)
+        returncode, output = proc.returncode, proc.stdout + proc.stderr
+    assert returncode == 0, f"exit status {returncode}\n{output[-4000:]}"
     for pattern in case.expect:
         assert re.search(pattern, output), f"{pattern!r} not in the output:\n{output[-4000:]}"
