@@ -302,10 +302,11 @@ class CupyArrays:
             return _cupy().concatenate(arrays, axis=axis)
 
     def fuse(self, arrays, out=None):
-        # (the arrays were checked: contiguous ones flatten as views, others are copied)
-        flats = [a if a.ndim == 1 and a.flags.c_contiguous else self.flat(a) for a in arrays]
+        # (the arrays were checked; the gather reads contiguous ones as they are, whatever
+        # their shape, and needs copies of the others)
+        flats = [a if a.flags.c_contiguous else self.flat(a) for a in arrays]
         if len(flats) < 2 or not gather.available():
-            fused = self.concatenate(flats, 0)
+            fused = self.concatenate([f if f.ndim == 1 else f.reshape(-1) for f in flats], 0)
             if out is not None:
                 self.copy(out, fused)
                 return out
@@ -324,9 +325,8 @@ class CupyArrays:
         """What tells later whether anything else refers to ``bucket``'s memory: the stream
         it is packed on and the number of pointers to that memory now (the bucket's and each
         view's own); None where there is no such count (a stand-in for CuPy)."""
-        memory = getattr(bucket.data, "mem", None)
-        if memory is None or not gather.available():
-            return None
+        if not gather.available() or not hasattr(bucket.data, "mem"):
+            return None  # (no local may hold the memory: it would count as a pointer)
         return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem)
 
     def unshared(self, bucket, views, record) -> bool:

@@ -62,7 +62,8 @@ def _kernel(word_bytes: int) -> Any:
 
 def gather(flats: Sequence[Any], out: Any) -> Any:
     """``out`` (1-D, C-contiguous, of the arrays' dtype, on their GPU, the current device)
-    filled with ``flats`` (C-contiguous, one after another), on the current stream."""
+    filled with ``flats`` (C-contiguous, of any shape, one after another), on the current
+    stream."""
 
     itemsize = out.dtype.itemsize
     word = min(itemsize, 8)

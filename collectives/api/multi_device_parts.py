@@ -81,7 +81,13 @@ def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[
             values = list(values)  # (arrays of one plain type: as_array would return each)
         else:
             values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
-        shape, dtype = same_layout(values, argument)
+        first = values[0] if values else None
+        shape, dtype = (first.shape, first.dtype) if first is not None else ((), None)
+        if first is not None and isinstance(dtype, np.dtype) and not dtype.hasobject and all(
+                v.shape == shape and v.dtype == dtype for v in values):
+            shape = tuple(shape)  # (one layout: what same_layout returns, without its walk)
+        else:
+            shape, dtype = same_layout(values, argument)
         parsed = checked.get(dtype)
         if parsed is None:
             parsed = checked[dtype] = check_op(op, dtype, argument)

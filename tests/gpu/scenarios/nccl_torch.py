@@ -4,6 +4,7 @@
 of their own takes the hot path through the tensors' pointers (``KindAllReduce``, no DLPack),
 into a new tensor, into ``out=`` and in place; asynchronous calls too; MEAN (not hot) and a
 batch of tensors give tensors as well. Every result is checked bitwise against the reference.
+A tensor that requires grad is refused, naming ``detach()``, on every kind of call.
 ``buckets`` (any -n): docs/gpu.md's training step, each parameter's gradient hooked into
 ``comm.buckets`` during the backward pass; the waited buckets hold the mean of every rank's
 gradients (each rank scales its loss by its rank + 1).
@@ -94,6 +95,22 @@ if mode == "hot":
             assert isinstance(g, torch.Tensor)
             assert same(g, expected_outputs("all_reduce", v, ReduceOp.SUM)[rank])
         checked += 1
+    # a CUDA tensor that requires grad: refused on every rank before any data moves, on the
+    # hot path's calls as on the others, naming the tensor and detach()
+    leaf = torch.ones(1009, device=device, requires_grad=True)
+    plain = torch.ones(1009, device=device)
+    for name, call in (("x", lambda: comm.all_reduce(leaf, "sum", "nccl")),
+                       ("x", lambda: comm.all_reduce(leaf, "sum", "nccl", async_op=True)),
+                       ("x", lambda: comm.all_reduce(leaf, "sum", "nccl", out=plain)),
+                       ("xs[1]", lambda: comm.batch_all_reduce([plain, leaf]))):
+        try:
+            call()
+        except TypeError as exc:
+            assert name in str(exc) and "detach()" in str(exc), exc
+        else:
+            raise AssertionError(f"a tensor that requires grad was reduced ({name})")
+        checked += 1
+    assert same(comm.all_reduce(plain, "sum", "nccl"), np.full(1009, size, np.float32))
 if mode == "buckets":
     torch.manual_seed(0)  # the same model on every rank
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).to(device)
