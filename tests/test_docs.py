@@ -2,8 +2,10 @@
 builds in strict mode (so a broken API reference fails here), every page is in the nav, every
 relative link resolves, and install and launch lines work from the checkout.
 
-Examples run one per subprocess, several at a time. An HTML comment on the line before a
-fence changes how its block runs:
+Examples run one per subprocess, several at a time; the plain ones (no directive, no
+environment variables of their own) each in a process forked from one that has imported NumPy
+and the library (``tests/run_scripts.py --fork``), which spares each the 0.5 s of CPU those
+imports take. An HTML comment on the line before a fence changes how its block runs:
 
 * ``<!-- run: mpiexec -n 2 -->``: under the venv's ``mpiexec`` with that many ranks;
 * ``<!-- run: lab -->``: from the repository root, where ``benchmarks/lab.py`` can make a lab
@@ -18,6 +20,7 @@ PYPI.md, the package's page on PyPI, counts as a page too.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -91,7 +94,8 @@ def examples() -> list[Example]:
 EXAMPLES = examples()
 
 
-def _run(example: Example, workdir: Path) -> tuple[int | None, str]:
+def _prepare(example: Example, workdir: Path) -> tuple[list[str] | None, Path | str]:
+    """The example's command and folder to run it from, or (None, why it is skipped)."""
     workdir.mkdir(parents=True)
     script = workdir / "example.py"
     script.write_text(example.code)
@@ -102,20 +106,51 @@ def _run(example: Example, workdir: Path) -> tuple[int | None, str]:
         return None, "needs PyTorch (pip install -e '.[torch]', as the README's test command does)"
     if command[0] == str(MPIEXEC) and not MPIEXEC.exists():
         return None, "no mpiexec beside this Python (pip install -e '.[mpi]')"
-    cwd = workdir
     if example.directive == ("run", "lab"):
         reason = _why_no_lab()
         if reason is not None:
             return None, reason
-        cwd = ROOT
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONUNBUFFERED": "1"}
+        return command, ROOT
+    return command, workdir
+
+
+def forkable(example: Example) -> bool:
+    """Plain python from its own folder, and nothing it must set before importing the library
+    (``os.environ``: the preloaded library would not see it)."""
+    return example.directive is None and "environ" not in example.code
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def _run(command: list[str], cwd: Path) -> tuple[int | None, str]:
     try:
         proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                              timeout=BLOCK_TIMEOUT, env=env)
+                              timeout=BLOCK_TIMEOUT, env=ENV)
     except subprocess.TimeoutExpired as exc:
         return -1, f"timed out after {BLOCK_TIMEOUT} s\n{exc.stdout or ''}{exc.stderr or ''}"
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def _run_forked(scripts: dict[str, Path], folder: Path) -> dict[str, tuple[int | None, str]]:
+    """Each script in a process forked from one that imported NumPy and the library (two at a
+    time), by id."""
+    labels = {key: f"example{i}" for i, key in enumerate(scripts)}
+    plan = folder / "forked.json"
+    plan.write_text(json.dumps([{"label": labels[key], "script": str(path),
+                                 "timeout": BLOCK_TIMEOUT} for key, path in scripts.items()]))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "run_scripts.py"), str(plan),
+                           str(folder), "--fork", "2", "--preload", "numpy,collectives"],
+                          cwd=folder, capture_output=True, text=True, env=ENV,
+                          timeout=BLOCK_TIMEOUT * len(scripts))
+    out = {}
+    for key, label in labels.items():
+        status = folder / f"{label}.status"
+        out[key] = ((int(status.read_text()), (folder / f"{label}.out").read_text() +
+                     (folder / f"{label}.err").read_text()) if status.exists() else
+                    (-1, f"the process that forks the examples ended (exit {proc.returncode}) "
+                         f"before this one finished:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"))
+    return out
 
 
 def _why_no_lab() -> str | None:
@@ -135,10 +170,23 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[int | None, str]]:
     """Every example run once, a few at a time (the machine has few cores; most examples are
     short, the TensorFlow ones are not)."""
     base = tmp_path_factory.mktemp("examples")
+    results: dict[str, tuple[int | None, str]] = {}
+    forked, others = {}, {}
+    for e in EXAMPLES:
+        command, where = _prepare(e, base / e.id.replace("/", "_").replace("#", "_"))
+        if command is None:
+            results[e.id] = (None, str(where))
+        elif forkable(e):
+            forked[e.id] = Path(command[-1])
+        else:
+            others[e.id] = (command, where)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {e.id: pool.submit(_run, e, base / e.id.replace("/", "_").replace("#", "_"))
-                   for e in EXAMPLES}
-        return {key: future.result() for key, future in futures.items()}
+        batch = pool.submit(_run_forked, forked, base) if forked else None
+        futures = {key: pool.submit(_run, *how) for key, how in others.items()}
+        results.update({key: future.result() for key, future in futures.items()})
+        if batch is not None:
+            results.update(batch.result())
+    return {e.id: results[e.id] for e in EXAMPLES}
 
 
 @pytest.mark.parametrize("example", [pytest.param(e, id=e.id) for e in EXAMPLES])
