@@ -125,11 +125,15 @@ class TorchArrays:
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
         return _torch().cat(list(arrays), dim=axis)
 
-    def fuse(self, arrays: Sequence[Any], out: Any = None) -> Any:
+    def fuse(self, arrays: Sequence[Any], out: Any = None, views: Any = None) -> Any:
         """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one;
-        ``out``: a kept bucket to fill (one ``cat``)."""
+        ``out``: a kept bucket to fill, through its ``views`` (one ``_foreach_copy_``, as
+        DDP copies gradients into its buckets) where they are given, else one ``cat``."""
         torch = _torch()
         if out is not None:
+            if views is not None and hasattr(torch, "_foreach_copy_"):
+                torch._foreach_copy_(list(views), list(arrays))
+                return out
             return torch.cat([self.flat(a) for a in arrays], out=out)
         flatten = getattr(torch._C._nn, "flatten_dense_tensors", None)
         if flatten is not None:
@@ -166,8 +170,16 @@ class TorchArrays:
         return (count(bucket.untyped_storage()._cdata), count(shared.untyped_storage()._cdata))
 
     @staticmethod
-    def _stream(x: Any) -> int | None:
-        return _torch().cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
+    def _stream(x: Any) -> Any:
+        """Which stream of ``x``'s GPU is current (None on the CPU): PyTorch's own record of
+        it, where it has one (``torch.cuda.current_stream`` costs microseconds)."""
+        if not x.is_cuda:
+            return None
+        torch = _torch()
+        current = getattr(torch._C, "_cuda_getCurrentStream", None)
+        if current is None:
+            return torch.cuda.current_stream(x.device).cuda_stream
+        return current(x.get_device())
 
     def split(self, buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list:
         """A bucket's views in one call (``split_with_sizes``), each reshaped beyond 1-D."""

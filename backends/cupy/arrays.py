@@ -301,7 +301,8 @@ class CupyArrays:
         with self._context(arrays[0].device.id):
             return _cupy().concatenate(arrays, axis=axis)
 
-    def fuse(self, arrays, out=None):
+    def fuse(self, arrays, out=None, views=None):
+        # (``views`` of ``out``, where it is a kept bucket: the gather needs none)
         # (the arrays were checked; the gather reads contiguous ones as they are, whatever
         # their shape, and needs copies of the others)
         flats = [a if a.flags.c_contiguous else self.flat(a) for a in arrays]
@@ -327,16 +328,17 @@ class CupyArrays:
         view's own); None where there is no such count (a stand-in for CuPy)."""
         if not gather.available() or not hasattr(bucket.data, "mem"):
             return None  # (no local may hold the memory: it would count as a pointer)
-        return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem)
+        pointers = tuple(v.data for v in views)
+        return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem), pointers
 
     def unshared(self, bucket, views, record) -> bool:
         """Whether only the keeper refers to ``bucket`` and ``views``: no new pointer into the
         memory (a view of a view, ``x.data + k``), no reference to a view or its pointer (a
         kept result, a DLPack export), and packing goes on the same stream."""
-        stream, pointers = record
+        stream, count, pointers = record  # (the views' pointers: each view's, and ours)
         return (self.stream(bucket.device.id).ptr == stream
-                and sys.getrefcount(bucket.data.mem) == pointers and held_by_one(views)
-                and held_by_one(tuple(v.data for v in views), holders=2))
+                and sys.getrefcount(bucket.data.mem) == count and held_by_one(views)
+                and held_by_one(pointers, holders=2))
 
     def split(self, buffer, shapes):
         """One array constructor per view, on the bucket's memory (a slice then a reshape

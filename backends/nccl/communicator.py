@@ -168,9 +168,13 @@ class NcclCommunicator(Communicator):
         """Every array of a batch checked as ``adapt`` checks one, and the communicator's
         stream made to wait for the caller's once (not once per tensor)."""
         arrays, device = self.arrays, self.transport.device
-        for k, x in enumerate(xs):
-            if not arrays.owns(x) or x.device.id != device:
-                self.adapt(x, f"{argument}[{k}]")  # (raises, saying why)
+        kinds = set(map(type, xs))
+        # (CuPy arrays all on this rank's GPU, by their pointers' device: no Device per array)
+        if not (len(kinds) == 1 and arrays.owns(xs[0]) and all(
+                x.data.device_id == device for x in xs)):
+            for k, x in enumerate(xs):
+                if not arrays.owns(x) or x.device.id != device:
+                    self.adapt(x, f"{argument}[{k}]")  # (raises, saying why)
         self.transport.follow_caller(self.calls.engine.seq)
         return list(xs)
 

@@ -93,8 +93,9 @@ class PackPlan:
         collectives never write their inputs); pass ``copy=True`` for fresh buffers
         throughout. ``arrays``: the array backend of the tensors (NumPy by default).
         ``validated``: the tensors are that backend's arrays of the plan's shapes and dtypes.
-        ``into``: per pack, a bucket of its dtype and size to fill instead of a new one (or
-        None), for validated tensors of a whole plan (``reuse.BucketKeeper``'s).
+        ``into``: per pack, ``(bucket, views)`` to fill instead of a new bucket (or None): a
+        bucket of the pack's dtype and size and its views shaped as the pack's tensors, for
+        validated tensors of a whole plan (``reuse.BucketKeeper``'s).
         """
         if len(tensors) != len(self.shapes):
             raise ValueError(f"the plan is for {len(self.shapes)} tensors, got {len(tensors)}")
@@ -113,7 +114,10 @@ class PackPlan:
         pack = self.packs[k]
         if validated and self.whole and (copy or len(pack.indices) > 1):
             members = [tensors[i] for i in pack.indices]  # (one pass, or launch)
-            return arrays.fuse(members) if into is None else arrays.fuse(members, out=into)
+            if into is None:
+                return arrays.fuse(members)
+            bucket, views = into
+            return arrays.fuse(members, out=bucket, views=views)
         flats = {} if flats is None else flats
         pieces = []
         for i, (start, stop) in zip(pack.indices, pack.spans, strict=True):

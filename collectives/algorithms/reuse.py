@@ -59,10 +59,10 @@ class BucketKeeper:
         self._plans[id(plan)] = (plan, entries)
         return entries
 
-    def bucket(self, plan: Any, pack: int, member: int) -> Any:
-        """The kept bucket to pack into, where no call is packing into it (an asynchronous
-        one still in flight) and nothing else refers to its views or their memory; else None
-        (and a bucket something else refers to is let go)."""
+    def bucket(self, plan: Any, pack: int, member: int) -> tuple[Any, tuple] | None:
+        """The kept bucket to pack into and its views, where no call is packing into it (an
+        asynchronous one still in flight) and nothing else refers to its views or their
+        memory; else None (and a bucket something else refers to is let go)."""
         if not self.enabled:
             return None
         entries = self._entries(plan, create=False)
@@ -71,7 +71,7 @@ class BucketKeeper:
             return None
         if self.arrays.unshared(kept.bucket, kept.views, kept.record):
             kept.taken = True
-            return kept.bucket
+            return kept.bucket, kept.views
         del entries[(pack, member)]
         return None
 
@@ -106,14 +106,13 @@ def held_by_one(items: tuple, holders: int = 1) -> bool:
     """Whether each object of ``items`` is referenced by ``holders`` places only, counting
     ``items`` itself as one of them (CPython's reference counts; the count this function sees
     for such an object is measured once, on this interpreter, by ``_calibrate``)."""
-    limit = _SOLE + holders - 1
-    return all(sys.getrefcount(item) <= limit for item in items)
+    return not items or max(map(sys.getrefcount, items)) <= _SOLE + holders - 1
 
 
 def _calibrate() -> int:
-    # an object held by one tuple alone, seen through the loop above's own expression
+    # an object held by one tuple alone, seen through the expression above
     probe = (object(),)
-    return max(sys.getrefcount(item) for item in probe)
+    return max(map(sys.getrefcount, probe))
 
 
 _SOLE = _calibrate()
