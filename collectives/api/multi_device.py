@@ -238,7 +238,9 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         With none of the knobs above: fuse each dtype's tensors, in order, into buckets of at
         most this many bytes (64 MiB by default, Horovod's fusion threshold; DDP uses 25 MiB),
         a tensor of this size or more alone and not copied; 0: every tensor alone. Fused
-        results are views of their bucket.
+        results are views of their bucket (on CuPy arrays, kept for the calling thread's
+        next call of the same list, which reuses them where nothing refers to them any
+        more: ``algorithms/reuse.py``).
     async_op
         Return a `Work` handle whose ``wait()`` returns the result(s) instead.
 
