@@ -53,7 +53,7 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
     are fused into buckets of ``bucket_bytes`` (0: each alone), those of ``alone_bytes`` or
     more alone (the array backend's ``alone_bytes``: where a copy costs more than a call)."""
     check_bucket_bytes(bucket_bytes)  # (before the cache: "64M" would be a key)
-    key = (tuple(tuple(s) for s in shapes), tuple(np.dtype(d) for d in dtypes), _freeze(algorithm),
+    key = (tuple(map(tuple, shapes)), tuple(map(np.dtype, dtypes)), _freeze(algorithm),
            num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
            tuple(extra_names), bucket_bytes, alone_bytes, in_order)
     try:

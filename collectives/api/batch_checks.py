@@ -57,6 +57,23 @@ def _tracks_grad(kind: Any) -> bool:
     return hasattr(kind, "requires_grad")
 
 
+def dtypes_of(arrays: Any, xs: list) -> list:
+    """Each array's dtype as ``arrays.dtype_of`` gives it, asked once per distinct
+    ``(type, dtype)`` (a gradient list has hundreds of tensors and one or two dtypes)."""
+    seen: dict = {}
+    out = []
+    try:
+        for x in xs:
+            key = (type(x), x.dtype)
+            dtype = seen.get(key)
+            if dtype is None:
+                dtype = seen[key] = arrays.dtype_of(x)
+            out.append(dtype)
+    except TypeError:  # (a dtype that is no dict key: each asked on its own)
+        return [arrays.dtype_of(x) for x in xs]
+    return out
+
+
 def _library(x: Any) -> str:
     return type(x).__module__.partition(".")[0]
 

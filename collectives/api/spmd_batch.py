@@ -25,7 +25,7 @@ from ..runtime.call_runner import refusing
 from ..runtime.calls import check_op_for
 from ..runtime.validate import check_shards, check_timeout
 from ..runtime.work import BatchWork, Work
-from .batch_checks import batch_tag, checked_list, own_copy
+from .batch_checks import batch_tag, checked_list, dtypes_of, own_copy
 from .comm_parts import CommParts
 from .spmd_buckets import Buckets
 
@@ -124,11 +124,12 @@ class BatchOps(CommParts):
             if edge is not None:
                 xs = [edge.adopt(x, f"xs[{k}]") for k, x in enumerate(xs)]
             xs = self.adapt_batch(xs, "xs")
-        dtypes = [arrays.dtype_of(x) for x in xs]
+        dtypes = dtypes_of(arrays, xs)
         for dtype in set(dtypes):  # (per dtype, naming its first tensor)
             check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
-        layout = tuple(zip([tuple(x.shape) for x in xs], dtypes))
-        parts = plan_batch([shape for shape, _ in layout], dtypes,
+        shapes = list(map(tuple, (x.shape for x in xs)))
+        layout = tuple(zip(shapes, dtypes))
+        parts = plan_batch(shapes, dtypes,
                            algorithm, num_packs=num_packs,
                            agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                            agg_small_grads_max_group=agg_small_grads_max_group,
