@@ -76,10 +76,15 @@ def test_calls_in_flight_at_once_each_get_their_own_bucket():
         handles = [c.batch_all_reduce(grads(c, step), async_op=True) for step in (2, 3, 4)]
         results = [h.wait() for h in handles]
         again = c.batch_all_reduce(grads(c, 5))
-        return [holds(r, step) for r, step in zip(results, (2, 3, 4))], holds(again, 5)
+        # waited last to first: the call that took the kept bucket finishes last
+        handles = [c.batch_all_reduce(grads(c, step), async_op=True) for step in (6, 7)]
+        late = [h.wait() for h in handles[::-1]][::-1]
+        after = c.batch_all_reduce(grads(c, 8))
+        return ([holds(r, step) for r, step in zip(results + late, (2, 3, 4, 6, 7))],
+                holds(again, 5) and holds(after, 8))
 
     for in_flight, again in collectives.run(body, RANKS):
-        assert in_flight == [True, True, True] and again
+        assert in_flight == [True] * 5 and again
 
 
 def test_own_copies_and_every_op_stay_right_when_buckets_are_reused():

@@ -115,6 +115,7 @@ class StartedBatch:
     arrays: Any
     home: Callable[[Any], Any]
     keeper: BucketKeeper | None = None
+    took: frozenset = frozenset()  # (id(plan), pack, member) of every kept bucket it took
 
     def finish(self, reduced: Sequence[Sequence[Any]]) -> list[list]:
         """``results[k][m]`` from ``reduced[p]``, the reduced buffers of pending pack ``p`` (one
@@ -139,7 +140,8 @@ class StartedBatch:
         if keeper is None or not keeper.enabled or not plan.whole:
             return plan.unpack(buffers, arrays=self.arrays)
         fused = [j for j, pack in enumerate(plan.packs) if len(pack.indices) > 1]
-        kept = [keeper.views(plan, j, member, buffers[j]) for j in fused]
+        kept = [keeper.views(plan, j, member, buffers[j])
+                if (id(plan), j, member) in self.took else None for j in fused]
         if fused and all(views is not None for views in kept):
             # (tensors alone in their pack: their results as plan.unpack gives them)
             out = (plan.unpack(buffers, arrays=self.arrays) if len(fused) < len(plan.packs)
@@ -178,6 +180,7 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
     """
     place = home or _nowhere
     keeping = keeper is not None and keeper.enabled and validated
+    took: set[tuple[int, int, int]] = set()
     pending = []
     for part in parts:
         plan = part.plan
@@ -188,6 +191,7 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
                 assert keeper is not None
                 into = [keeper.bucket(plan, j, m) if len(pack.indices) > 1 else None
                         for j, pack in enumerate(plan.packs)]
+                took.update((id(plan), j, m) for j, bucket in enumerate(into) if bucket)
             with place(member[part.indices[0]]):
                 packed.append(plan.pack([member[i] for i in part.indices], arrays=arrays,
                                         validated=validated, into=into))
@@ -195,7 +199,7 @@ def start_batch(tensors: Sequence[Sequence[Any]], parts: Sequence[BatchPart],
                                 len(plan.packs[j].indices) != 1)
                     for j in range(len(plan.packs))]
     return StartedBatch(parts, pending, len(tensors[0]) if tensors else 0, arrays, place,
-                        keeper if keeping else None)
+                        keeper if keeping else None, frozenset(took))
 
 
 def in_place(fresh: bool, op: Any, dtype: Any) -> bool:

@@ -76,8 +76,9 @@ class BucketKeeper:
         return None
 
     def views(self, plan: Any, pack: int, member: int, reduced: Any) -> tuple | None:
-        """The kept views of ``reduced`` where it is the bucket this call took (reduced in
-        place); the bucket is free again either way."""
+        """For the call that took this bucket (``bucket``), now done with it: the kept views,
+        where ``reduced`` is the bucket (reduced in place), else None; the bucket is free
+        again either way."""
         entries = self._entries(plan, create=False) if self.enabled else None
         kept = None if entries is None else entries.get((pack, member))
         if kept is None or not kept.taken:
