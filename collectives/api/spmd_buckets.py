@@ -57,12 +57,15 @@ class Buckets(Generic[ArrayT]):
         reduce_op = ReduceOp.parse(op)  # (checked by the caller)
         self.in_place = [len(pack.indices) > 1 and result_dtype(reduce_op, pack.dtype) == pack.dtype
                          for pack in (part.plan.packs[j] for part, j in self.order)]
+        # each step's fused buckets and views, kept for the next step (algorithms/reuse.py)
+        self.keeper = comm._bucket_keeper(self.arrays)
         self._reset()
 
     def _reset(self) -> None:
         self.tensors: list = [None] * len(self.layout)
         self.missing = [len(part.plan.packs[j].indices) for part, j in self.order]
         self.pending: list = []  # the started buckets' handles, in order
+        self.took: set = set()  # the kept buckets this step packs into
 
     @property
     def started(self) -> int:
@@ -98,8 +101,14 @@ class Buckets(Generic[ArrayT]):
         self.missing[self.bucket_of[k]] -= 1
         while self.started < len(self.order) and self.missing[self.started] == 0:
             part, j = self.order[self.started]
+            into = None
+            if self.keeper.enabled and part.plan.whole and len(part.plan.packs[j].indices) > 1:
+                into = self.keeper.bucket(part.plan, j, 0)
+            if into is not None:
+                self.took.add((id(part.plan), j, 0))
+            # (ready checked each tensor's library, shape and dtype: validated for a kept one)
             buf = part.plan.pack_one(j, [self.tensors[i] for i in part.indices],
-                                     arrays=self.arrays)
+                                     arrays=self.arrays, validated=into is not None, into=into)
             if self.edge is not None:
                 buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
             in_place = self.in_place[self.started]
@@ -120,6 +129,7 @@ class Buckets(Generic[ArrayT]):
             raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} "
                              "were never passed to ready(k, x); their buckets (and the later "
                              "ones) have not started")
+        took = frozenset(self.took)
         try:
             reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
         finally:
@@ -128,5 +138,5 @@ class Buckets(Generic[ArrayT]):
             reduced = [self.edge.back(buf) for buf in reduced]
         reduced = [reduced[b] for b in self.place]
         batch = StartedBatch(self.parts, reduced, len(self.layout), self.arrays,
-                             lambda _: nullcontext())
+                             lambda _: nullcontext(), self.keeper, took)
         return [r[0] for r in batch.finish([[buf] for buf in reduced])]
