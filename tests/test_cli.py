@@ -7,19 +7,19 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.metadata
+import io
 import os
-import pty
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
+from run_scripts import Forks
 
 import collectives
 
@@ -30,53 +30,74 @@ FAST = ["-b", "64", "-e", "128", "-w", "1", "-i", "2", "-r", "2"]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
-def cli(*args: str, blocked: tuple[str, ...] = (), stderr=subprocess.PIPE, cwd=None,
-        timeout: float = 60) -> subprocess.CompletedProcess:
-    """``collectives ARGS`` in a fresh interpreter, where importing ``blocked`` modules fails
-    as if they were not installed."""
-    code = ("import sys\n"
+PRELOAD = ("numpy,collectives,collectives.tools.bench,collectives.tools.probe,"
+           "collectives.tools.simulate,collectives.timeline.command")  # all cli.py imports
+
+
+def as_text(data: bytes) -> str:
+    """Bytes a process wrote, as ``subprocess.run(..., text=True)`` gives them."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    """A process that has imported NumPy and what ``collectives.tools.cli`` imports, forking
+    one child per command (``tests/run_scripts.py --serve``): each command's process spares
+    the 0.5 s of CPU those imports take. (Checks of what a fresh interpreter imports, of
+    signals and pipes, run in fresh processes all the same.)"""
+    with Forks(tmp_path_factory.mktemp("forks"), PRELOAD) as forks:
+        yield forks
+
+
+@pytest.fixture
+def python(forks):
+    """``subprocess.run([sys.executable, "-c" or "-m", ...], capture_output=True, text=True)``,
+    in a process forked from ``forks``; ``blocked``: modules the command makes fail to import
+    (it must not find them imported: forked from a bare process where ``forks`` has them)."""
+    def run(*argv: str, blocked: tuple[str, ...] = (), cwd=None, env=None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        status, out, err = forks.run(argv, cwd=cwd, env=env, timeout=timeout, unloaded=blocked)
+        return subprocess.CompletedProcess([sys.executable, *argv], status, as_text(out), as_text(err))
+    return run
+
+
+def cli_code(blocked: tuple[str, ...]) -> str:
+    """``collectives ARGS``, where importing ``blocked`` modules fails as if they were not
+    installed."""
+    return ("import sys\n"
             f"for name in {list(blocked)!r}:\n"
             "    sys.modules[name] = None  # import raises ModuleNotFoundError\n"
             "from collectives.tools.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
-    return subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                          stderr=stderr, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def cli(python):
+    """``collectives ARGS`` (``python -c``, see ``cli_code``) as ``python`` runs it."""
+    def run(*args: str, blocked: tuple[str, ...] = (), cwd=None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        return python("-c", cli_code(blocked), *args, blocked=blocked, cwd=cwd, timeout=timeout)
+    return run
 
 
 def rows(stdout: str) -> list[list[str]]:
     return [line.split() for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def in_terminal(*args: str, blocked: tuple[str, ...] = ()) -> tuple[int, str, str]:
-    """Run with stderr on a pseudo-terminal (as in an interactive shell); returns the exit
-    status, stdout and what the terminal showed."""
-    master, slave = pty.openpty()
-    shown: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                return
-            if not chunk:
-                return
-            shown.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        proc = cli(*args, blocked=blocked, stderr=slave)
-    finally:
-        os.close(slave)
-    reader.join(timeout=10)
-    os.close(master)
-    return proc.returncode, proc.stdout, b"".join(shown).decode(errors="replace")
+@pytest.fixture
+def in_terminal(forks):
+    """``collectives ARGS`` with stderr on a pseudo-terminal (as in an interactive shell);
+    returns the exit status, stdout and what the terminal showed."""
+    def run(*args: str, blocked: tuple[str, ...] = ()) -> tuple[int, str, str]:
+        status, out, shown = forks.run(("-c", cli_code(blocked), *args), timeout=60, tty=True,
+                                       unloaded=blocked)
+        return status, as_text(out), shown.decode(errors="replace")
+    return run
 
 
 # --- version and packaging ------------------------------------------------------------------------
 
-def test_version_is_defined_once():
+def test_version_is_defined_once(cli):
     proc = cli("--version")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"collectives {collectives.__version__}"
@@ -179,7 +200,7 @@ def test_the_sdist_holds_the_package_and_not_the_tests(tmp_path):
 
 @pytest.mark.parametrize("args", [("--help",), ("bench", "--help"), ("draw", "--help"),
                                   ("probe", "--help"), ("simulate", "--help")])
-def test_help_is_plain_text(args):
+def test_help_is_plain_text(args, cli):
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
@@ -231,10 +252,9 @@ LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM
 
 
 @pytest.mark.parametrize("args", BAD_INVOCATIONS.values(), ids=BAD_INVOCATIONS.keys())
-def test_bad_invocations_fail_in_one_line_before_any_work(args):
+def test_bad_invocations_fail_in_one_line_before_any_work(args, python):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
-    proc = subprocess.run([sys.executable, "-m", "collectives.tools.cli", *args],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = python("-m", "collectives.tools.cli", *args, timeout=60, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -243,7 +263,7 @@ def test_bad_invocations_fail_in_one_line_before_any_work(args):
     assert lines[0].endswith(f"(see 'collectives {args[0]} --help')")
 
 
-def test_unknown_option_names_the_subcommand():
+def test_unknown_option_names_the_subcommand(cli):
     proc = cli("bench", "--bogus")
     assert "collectives bench: error: unrecognized arguments: --bogus" in proc.stderr
 
@@ -279,7 +299,7 @@ def test_ctrl_c_ends_the_bench_in_one_line(mode):
 
 @pytest.mark.parametrize("command", ["draw ring", "bench"])
 @pytest.mark.parametrize("count", ["0", "-2", "two"])
-def test_participant_count_errors_are_one_argparse_line(command, count):
+def test_participant_count_errors_are_one_argparse_line(command, count, cli):
     proc = cli(*command.split(), "-n", count)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
@@ -288,7 +308,7 @@ def test_participant_count_errors_are_one_argparse_line(command, count):
     assert ("must be at least 1" in error) if count != "two" else ("not an integer" in error)
 
 
-def test_draw_still_draws_and_proves():
+def test_draw_still_draws_and_proves(cli):
     proc = cli("draw", "ring", "-n", "3")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -299,7 +319,7 @@ def test_draw_still_draws_and_proves():
 
 # --- progress -------------------------------------------------------------------------------------
 
-def test_plain_progress_in_a_terminal_without_rich():
+def test_plain_progress_in_a_terminal_without_rich(in_terminal):
     status, stdout, shown = in_terminal("bench", *FAST, blocked=("rich",))
     assert status == 0, shown
     assert "Traceback" not in shown
@@ -307,7 +327,7 @@ def test_plain_progress_in_a_terminal_without_rich():
     assert len(rows(stdout)) == 2  # the table still goes to stdout
 
 
-def test_rich_progress_in_a_terminal():
+def test_rich_progress_in_a_terminal(in_terminal):
     pytest.importorskip("rich")
     status, stdout, shown = in_terminal("bench", *FAST)
     assert status == 0, shown
@@ -316,7 +336,7 @@ def test_rich_progress_in_a_terminal():
 
 # --- --plot ---------------------------------------------------------------------------------------
 
-def test_plot_alone_writes_a_default_file(tmp_path):
+def test_plot_alone_writes_a_default_file(tmp_path, cli):
     pytest.importorskip("matplotlib")
     proc = cli("bench", "-c", "all_gather", *FAST, "--plot", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -360,7 +380,7 @@ def test_plot_reads_sizes_as_4K_1M_64M_and_says_what_auto_ran():
     real_close(fig)
 
 
-def test_plot_without_matplotlib_fails_before_the_sweep(tmp_path):
+def test_plot_without_matplotlib_fails_before_the_sweep(tmp_path, cli):
     proc = cli("bench", *FAST, "--plot", "out.png", blocked=("matplotlib",), cwd=tmp_path)
     assert proc.returncode == 2
     assert "--plot needs matplotlib" in proc.stderr and "Traceback" not in proc.stderr
@@ -384,7 +404,7 @@ def test_the_core_imports_no_transport():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
 
 
-def test_mpi_mode_without_mpi4py_says_what_to_install():
+def test_mpi_mode_without_mpi4py_says_what_to_install(cli):
     proc = cli("bench", "--mode", "mpi", *FAST, blocked=("mpi4py",))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--mode mpi needs mpi4py" in proc.stderr
@@ -414,10 +434,9 @@ def test_mpi_mode_prints_what_ran_from_rank_0():
     ("from collectives.adapters import tensorflow as ctf\nctf.NcclAllReduce()", "tensorflow",
      "tensorflow"),
 ])
-def test_a_missing_optional_package_says_the_install_in_one_line(code, missing, extra):
+def test_a_missing_optional_package_says_the_install_in_one_line(code, missing, extra, python):
     blocked = f"import sys\nsys.modules[{missing!r}] = None\n"
-    proc = subprocess.run([sys.executable, "-c", blocked + code], capture_output=True, text=True,
-                          timeout=60)
+    proc = python("-c", blocked + code, blocked=(missing,), timeout=60)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("collectives.extras.MissingDependencyError: ")
