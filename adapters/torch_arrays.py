@@ -131,7 +131,7 @@ class TorchArrays:
         DDP copies gradients into its buckets) where they are given, else one ``cat``."""
         torch = _torch()
         if out is not None:
-            if views is not None and hasattr(torch, "_foreach_copy_"):
+            if views is not None and out.is_cuda and hasattr(torch, "_foreach_copy_"):
                 torch._foreach_copy_(list(views), list(arrays))
                 return out
             return torch.cat([self.flat(a) for a in arrays], out=out)

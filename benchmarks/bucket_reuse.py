@@ -61,8 +61,7 @@ def main() -> None:
 
         def holding(name, step):
             def way():
-                held[name] = None  # (the last step's results go once this step's come)
-                held[name] = step()
+                held[name] = step()  # (the last step's results go once this step's come)
             return way
 
         ways = {"batch": dropping(batch(comm)), "batch_held": holding("batch", batch(other)),
