@@ -127,8 +127,9 @@ class TorchArrays:
 
     def fuse(self, arrays: Sequence[Any], out: Any = None, views: Any = None) -> Any:
         """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one;
-        ``out``: a kept bucket to fill, through its ``views`` (one ``_foreach_copy_``, as
-        DDP copies gradients into its buckets) where they are given, else one ``cat``."""
+        ``out``: a kept bucket to fill, on a GPU through its ``views`` (one
+        ``_foreach_copy_``, as DDP copies gradients into its buckets) where they are given,
+        else with one ``cat`` into it."""
         torch = _torch()
         if out is not None:
             if views is not None and out.is_cuda and hasattr(torch, "_foreach_copy_"):
