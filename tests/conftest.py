@@ -3,13 +3,16 @@ reference come from ``collectives.tools.reference`` (re-exported here for the te
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from run_scripts import Forks
 
 from collectives.ops import ReduceOp, check_dtype, supported_dtypes
 from collectives.tools.reference import exact_inputs, reference
@@ -90,6 +93,42 @@ def record(tmp_path):
         yield folder
     finally:
         timeline.stop()
+
+
+# --- commands in processes forked from one that has imported the library ---------------------
+# Many tests run ``collectives ...`` as a user would, each in a process of its own; most of such
+# a process's CPU (0.5 s) is its imports. ``python`` runs them forked from one process that has
+# imported those (tests/run_scripts.py --serve), with everything each one's checks read (exit
+# status, stdout, stderr, files) as before. Checks of what a fresh interpreter imports, of
+# signals, pipes and resource limits, of packaging, keep a fresh process of their own.
+CLI_IMPORTS = ("numpy,collectives,collectives.tools.bench,collectives.tools.probe,"
+               "collectives.tools.simulate,collectives.timeline.command")  # all cli.py imports
+
+
+def as_text(data: bytes) -> str:
+    """Bytes a process wrote, as ``subprocess.run(..., text=True)`` gives them."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    """A process that has imported NumPy and what ``collectives.tools.cli`` imports, forking
+    one child per command."""
+    with Forks(tmp_path_factory.mktemp("forks"), CLI_IMPORTS) as forks:
+        yield forks
+
+
+@pytest.fixture
+def python(forks):
+    """``subprocess.run([sys.executable, "-c" or "-m", ...], capture_output=True, text=True)``,
+    in a process forked from ``forks``; ``blocked``: modules the command makes fail to import
+    (it must not find them imported: forked from a bare process where ``forks`` has them)."""
+    def run(*argv: str, blocked: tuple[str, ...] = (), cwd=None, env=None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        status, out, err = forks.run(argv, cwd=cwd, env=env, timeout=timeout, unloaded=blocked)
+        return subprocess.CompletedProcess([sys.executable, *argv], status, as_text(out),
+                                           as_text(err))
+    return run
 
 
 # --- scheduling: the longest modules start first ------------------------------------------------

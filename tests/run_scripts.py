@@ -32,8 +32,8 @@ pseudo-terminal, whose output (as a terminal shows it) goes to ``LABEL.err``.
 line, ``{"modules": [...]}`` (every module it holds), then reads items from stdin, one JSON
 line each, runs each in a process forked from it and, once that process has ended, writes
 ``{"label": ..., "status": ..., "killed": ...}``; it ends at the end of its stdin. ``Forks``
-(below) is its client, for tests that would start many short ``python -c`` or ``python -m``
-processes, each importing the library.
+(below) is its client, for tests that would start many short Python processes, each importing
+the library.
 """
 
 from __future__ import annotations
@@ -220,16 +220,18 @@ def main() -> int | None:
 
 
 class Forks:
-    """The client of ``--serve``: runs ``python -c CODE ...`` and ``python -m MODULE ...``
-    commands each in a process forked from a server that has imported ``preload`` (a comma-
-    separated list), started on first use. A command that must not find some modules already
-    imported (``unloaded``: it blocks them, say) where that server holds one runs in a process
-    forked from a bare server instead, which holds only what this file imports (the standard
-    library's)."""
+    """The client of ``--serve``: runs ``python -c CODE ...``, ``python -m MODULE ...`` and
+    ``python SCRIPT ...`` commands each in a process forked from a server that has imported
+    ``preload`` (a comma-separated list), started on first use. A command that must not find
+    some modules already imported (``unloaded``: it blocks them, say) where that server holds
+    one runs in a process forked from a bare server instead, which holds only what this file
+    imports (the standard library's). What a server wrote to stderr importing its modules
+    (warnings, say) comes first in each command's stderr, as a fresh process would write it."""
 
     def __init__(self, folder: Path, preload: str):
         self.folder, self.preload = Path(folder), preload
         self.servers: dict[str, tuple[subprocess.Popen, Path, set]] = {}
+        self.startup: dict[str, bytes] = {}  # what each wrote to stderr importing its modules
         self.count = 0
 
     def server(self, preload: str) -> tuple[subprocess.Popen, Path, set]:
@@ -241,7 +243,9 @@ class Forks:
                                          *(["--preload", preload] if preload else [])],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=log, text=True)
-            self.servers[preload] = (proc, folder, set(self.answer(proc, folder)["modules"]))
+            modules = set(self.answer(proc, folder)["modules"])
+            self.servers[preload] = (proc, folder, modules)
+            self.startup[preload] = (folder / "server.log").read_bytes()
         return self.servers[preload]
 
     @staticmethod
@@ -256,19 +260,24 @@ class Forks:
             unloaded=()) -> tuple[int, bytes, bytes]:
         """``[sys.executable, *argv]``'s exit status, stdout and stderr (with ``tty``, what
         its terminal showed); ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
-        flag, target, *rest = argv
-        proc, folder, modules = self.server(self.preload)
-        if any(m == name or m.startswith(f"{name}.") for name in unloaded for m in modules):
-            proc, folder, modules = self.server("")
+        flag, *rest = argv
+        kind, target = ({"-c": "code", "-m": "module"}[flag], rest.pop(0)) if flag in ("-c", "-m") \
+            else ("script", flag)
+        preload = self.preload
+        if any(m == name or m.startswith(f"{name}.") for name in unloaded
+               for m in self.server(preload)[2]):
+            preload = ""
+        proc, folder, _ = self.server(preload)
         self.count += 1
         label = f"run{self.count}"
-        item = {"label": label, {"-c": "code", "-m": "module"}[flag]: target, "argv": rest,
+        item = {"label": label, kind: target, "argv": rest,
                 "cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env),
                 "timeout": timeout, "tty": tty}
         proc.stdin.write(json.dumps(item) + "\n")
         proc.stdin.flush()
         answer = self.answer(proc, folder)
         out, err = ((folder / f"{label}.{suffix}").read_bytes() for suffix in ("out", "err"))
+        err = self.startup[preload] + err  # (a fresh process would write it, importing them)
         if answer["killed"]:
             raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, out, err)
         return answer["status"], out, err

@@ -30,8 +30,12 @@ INPLACE = ({("devices", c) for c in ("all_reduce", "reduce", "broadcast", "all_g
 BLOCKED = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def run_cli(python):
+    """``collectives bench ARGS`` (``python -m``, forked: conftest's ``python``)."""
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return python(*CLI[1:], *args, timeout=timeout)
+    return run
 
 
 def parse_table(stdout: str) -> list[dict]:
@@ -83,7 +87,7 @@ SLOW = pytest.mark.slow  # one per collective and mode stays in the quick subset
     pytest.param("batch_all_reduce", "devices", 3, 8, marks=SLOW),
     ("batch_all_reduce", "spmd", 3, 64),
 ])
-def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
+def test_sweep_table_and_json(tmp_path, collective, mode, n, lo, run_cli):
     out = tmp_path / "rows.json"
     names = {"gather": ("tree", "shuffle"), "scatter": ("tree", "shuffle"),
              "all_to_all": ("ring", "shuffle")}.get(collective, ("ring", "tree"))
@@ -137,7 +141,7 @@ def test_sweep_table_and_json(tmp_path, collective, mode, n, lo):
             assert half["time_us"] == pytest.approx(float(np.median(half["repeats_us"])), rel=1e-12)
 
 
-def test_defaults_adapt_iterations_and_plot(tmp_path):
+def test_defaults_adapt_iterations_and_plot(tmp_path, run_cli):
     png = tmp_path / "busbw.png"
     proc = run_cli("-b", "1K", "-e", "4K", "-a", "auto,one_device", "--plot", str(png),
                    "--json", str(tmp_path / "r.json"))
@@ -155,7 +159,7 @@ def test_defaults_adapt_iterations_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_auto_prints_what_the_cost_model_picks():
+def test_auto_prints_what_the_cost_model_picks(run_cli):
     """The algorithm column of an auto row is what collectives.api.multi_device.pick_algorithm resolves."""
     from collectives.api.multi_device import pick_algorithm
     from collectives.registry import backend_for_arrays
@@ -172,7 +176,7 @@ def test_auto_prints_what_the_cost_model_picks():
         assert r["wrong"] is None and r["ip_wrong"] is None  # --no-check
 
 
-def test_other_dtype_and_op():
+def test_other_dtype_and_op(run_cli):
     proc = run_cli("-d", "bfloat16", "-o", "max", "-n", "5", "-b", "64", "-e", "256",
                    "-a", "rechd,pscpu", *FAST)
     assert proc.returncode == 0, proc.stderr
@@ -183,7 +187,7 @@ def test_other_dtype_and_op():
 
 
 @pytest.mark.parametrize("mode", ["devices", "spmd"])
-def test_in_place_timing_does_not_overflow(mode):
+def test_in_place_timing_does_not_overflow(mode, run_cli):
     """Repeated in-place sums of real data would overflow float16 within a few calls (and warn);
     the timed in-place calls run on zeros, the checked one on the exact inputs."""
     proc = run_cli("--mode", mode, "-d", "float16", "-n", "4", "-b", "64", "-e", "64", "-w", "2",
@@ -194,14 +198,14 @@ def test_in_place_timing_does_not_overflow(mode):
     assert (row["wrong"], row["ip_wrong"]) == (0, 0)
 
 
-def test_bad_algorithm_exits_nonzero_naming_it():
+def test_bad_algorithm_exits_nonzero_naming_it(run_cli):
     proc = run_cli("-a", "ring,warp_drive", "-e", "1K")
     assert proc.returncode != 0
     assert "warp_drive" in proc.stderr
     assert not parse_table(proc.stdout)
 
 
-def test_algorithm_without_that_collective_is_refused():
+def test_algorithm_without_that_collective_is_refused(run_cli):
     proc = run_cli("-c", "broadcast", "-a", "rechd", "-e", "1K")
     assert proc.returncode != 0 and "rechd" in proc.stderr and "broadcast" in proc.stderr
 
@@ -437,7 +441,7 @@ def test_expected_outputs_per_collective():
 
 
 @pytest.mark.parametrize("collective", bench.COPIES)
-def test_multi_device_copies_are_timed_and_checked(collective):
+def test_multi_device_copies_are_timed_and_checked(collective, run_cli):
     proc = run_cli("-c", collective, "-n", "3", "-b", "64", "-e", "1K", *FAST)
     assert proc.returncode == 0, proc.stderr
     rows = parse_table(proc.stdout)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.metadata
-import io
 import os
 import re
 import shutil
@@ -19,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from run_scripts import Forks
+from conftest import as_text
 
 import collectives
 
@@ -28,37 +27,6 @@ DIST = "collective-schedules"
 PACKAGING = ("pyproject.toml", "README.md", "PYPI.md", "LICENSE", "MANIFEST.in")
 FAST = ["-b", "64", "-e", "128", "-w", "1", "-i", "2", "-r", "2"]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
-
-
-PRELOAD = ("numpy,collectives,collectives.tools.bench,collectives.tools.probe,"
-           "collectives.tools.simulate,collectives.timeline.command")  # all cli.py imports
-
-
-def as_text(data: bytes) -> str:
-    """Bytes a process wrote, as ``subprocess.run(..., text=True)`` gives them."""
-    return io.TextIOWrapper(io.BytesIO(data)).read()
-
-
-@pytest.fixture(scope="module")
-def forks(tmp_path_factory):
-    """A process that has imported NumPy and what ``collectives.tools.cli`` imports, forking
-    one child per command (``tests/run_scripts.py --serve``): each command's process spares
-    the 0.5 s of CPU those imports take. (Checks of what a fresh interpreter imports, of
-    signals and pipes, run in fresh processes all the same.)"""
-    with Forks(tmp_path_factory.mktemp("forks"), PRELOAD) as forks:
-        yield forks
-
-
-@pytest.fixture
-def python(forks):
-    """``subprocess.run([sys.executable, "-c" or "-m", ...], capture_output=True, text=True)``,
-    in a process forked from ``forks``; ``blocked``: modules the command makes fail to import
-    (it must not find them imported: forked from a bare process where ``forks`` has them)."""
-    def run(*argv: str, blocked: tuple[str, ...] = (), cwd=None, env=None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-        status, out, err = forks.run(argv, cwd=cwd, env=env, timeout=timeout, unloaded=blocked)
-        return subprocess.CompletedProcess([sys.executable, *argv], status, as_text(out), as_text(err))
-    return run
 
 
 def cli_code(blocked: tuple[str, ...]) -> str:
