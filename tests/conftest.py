@@ -110,10 +110,10 @@ def as_text(data: bytes) -> str:
     return io.TextIOWrapper(io.BytesIO(data)).read()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def forks(tmp_path_factory):
     """A process that has imported NumPy and what ``collectives.tools.cli`` imports, forking
-    one child per command."""
+    one child per command (one for all the modules a worker runs)."""
     with Forks(tmp_path_factory.mktemp("forks"), CLI_IMPORTS) as forks:
         yield forks
 
