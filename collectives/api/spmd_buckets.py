@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any, Generic
 
+from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import refusing
@@ -58,7 +59,7 @@ class Buckets(Generic[ArrayT]):
         self.in_place = [len(pack.indices) > 1 and result_dtype(reduce_op, pack.dtype) == pack.dtype
                          for pack in (part.plan.packs[j] for part, j in self.order)]
         # each step's fused buckets and views, kept for the next step (algorithms/reuse.py)
-        self.keeper = comm._bucket_keeper(self.arrays)
+        self.keeper = BucketKeeper(self.arrays)
         self._reset()
 
     def _reset(self) -> None:
