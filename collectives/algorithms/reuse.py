@@ -103,6 +103,15 @@ class BucketKeeper:
             entries[(pack, member)] = Kept(bucket, views_kept, record)
 
 
+def keeper_in(keepers: dict, arrays: Any) -> BucketKeeper:
+    """The keeper of ``arrays``' library in ``keepers`` (a communicator's, or a thread's),
+    made on first use."""
+    keeper = keepers.get(arrays.name)
+    if keeper is None or keeper.arrays is not arrays:
+        keeper = keepers[arrays.name] = BucketKeeper(arrays)
+    return keeper
+
+
 def held_by_one(items: tuple, holders: int = 1) -> bool:
     """Whether each object of ``items`` is referenced by ``holders`` places only, counting
     ``items`` itself as one of them (CPython's reference counts; the count this function sees

@@ -17,7 +17,7 @@ from typing import Any, Literal, cast, overload
 import numpy as np
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES
-from ..algorithms.reuse import BucketKeeper
+from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
@@ -308,8 +308,4 @@ _KEEPERS = threading.local()  # each thread's keepers of fused buckets, by array
 def _bucket_keeper(arrays: Any) -> BucketKeeper:
     """The calling thread's keeper of multi-device batches' buckets in ``arrays``' library
     (``algorithms/reuse.py``)."""
-    keepers = _KEEPERS.__dict__.setdefault("by_library", {})
-    keeper = keepers.get(arrays.name)
-    if keeper is None or keeper.arrays is not arrays:
-        keeper = keepers[arrays.name] = BucketKeeper(arrays)
-    return keeper
+    return keeper_in(_KEEPERS.__dict__.setdefault("by_library", {}), arrays)

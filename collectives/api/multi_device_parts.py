@@ -66,33 +66,40 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
 def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[int, ...],
                                                                  np.dtype, ReduceOp]]:
     """``prepare`` of every tensor of a batch (``value_lists[k]``: tensor ``k`` on every
-    device), with the same checks and messages, the op parsed once and checked once per
-    dtype (a gradient list has hundreds of tensors and one or two dtypes)."""
+    device): arrays of one plain type and one layout are taken as they are, the op checked
+    once per dtype (a gradient list has hundreds of tensors and one or two dtypes); any other
+    tensor goes through ``prepare`` itself, its checks and messages."""
     checked: dict[np.dtype, ReduceOp] = {}
     prepared = []
     for k, values in enumerate(value_lists):
         argument = f"value_lists[{k}]"
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise TypeError(f"{argument} must be a list with one array per device, "
-                            f"not {type(values).__name__}")
-        kind: Any = type(values[0]) if len(values) else None
-        if kind is not None and _plain_array_type(kind) and all(
-                type(v) is kind for v in values):
-            values = list(values)  # (arrays of one plain type: as_array would return each)
-        else:
-            values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
-        first = values[0] if values else None
-        shape, dtype = (first.shape, first.dtype) if first is not None else ((), None)
-        if first is not None and isinstance(dtype, np.dtype) and not dtype.hasobject and all(
-                v.shape == shape and v.dtype == dtype for v in values):
-            shape = tuple(shape)  # (one layout: what same_layout returns, without its walk)
-        else:
-            shape, dtype = same_layout(values, argument)
+        layout = _one_layout(values)
+        if layout is None:
+            prepared.append(prepare(values, op, argument))
+            continue
+        shape, dtype = layout
         parsed = checked.get(dtype)
         if parsed is None:
             parsed = checked[dtype] = check_op(op, dtype, argument)
-        prepared.append((values, shape, dtype, parsed))
+        prepared.append((list(values), shape, dtype, parsed))
     return prepared
+
+
+def _one_layout(values: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """``(shape, dtype)`` where ``values`` is a non-empty list of arrays of one plain type
+    (``as_array`` would return each as it is) sharing one shape and a communicable NumPy
+    dtype; else None."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        return None
+    first = values[0]
+    kind: Any = type(first)
+    if not _plain_array_type(kind):
+        return None
+    shape, dtype = first.shape, first.dtype
+    if not isinstance(dtype, np.dtype) or dtype.hasobject or not all(
+            type(v) is kind and v.shape == shape and v.dtype == dtype for v in values):
+        return None
+    return tuple(shape), dtype
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 from ..algorithms.packing import DEFAULT_BUCKET_BYTES, OVERLAP_BUCKET_BYTES, check_bucket_bytes
-from ..algorithms.reuse import BucketKeeper
+from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
@@ -175,11 +175,7 @@ class BatchOps(CommParts):
 
     def _bucket_keeper(self, arrays: Any) -> BucketKeeper:
         """This communicator's keeper of fused buckets in ``arrays``' library (reuse.py)."""
-        keepers = self.__dict__.setdefault("_bucket_keepers", {})
-        keeper = keepers.get(arrays.name)
-        if keeper is None or keeper.arrays is not arrays:
-            keeper = keepers[arrays.name] = BucketKeeper(arrays)
-        return keeper
+        return keeper_in(self.__dict__.setdefault("_bucket_keepers", {}), arrays)
 
     @refusing("buckets")
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
