@@ -124,3 +124,23 @@ def test_buckets_keep_theirs_from_step_to_step():
 
     for reused, kept, third in collectives.run(body, RANKS):
         assert reused and kept and third
+
+
+def test_a_list_with_tensors_alone_reuses_its_fused_bucket():
+    big = (512, 1024)  # 2 MiB of float32: travels alone in host memory, not in a bucket
+    shapes = SHAPES[:2] + [big] + SHAPES[2:]
+
+    def body(c):
+        def step(s):
+            return c.batch_all_reduce([torch.full(x, float((c.rank + 1) * s)) for x in shapes])
+
+        first = step(1)
+        fused_ids = [id(r) for i, r in enumerate(first) if i != 2]
+        del first
+        gc.collect()
+        second = step(2)
+        return ([id(r) for i, r in enumerate(second) if i != 2] == fused_ids,
+                holds(second, 2), tuple(second[2].shape) == big)
+
+    for reused, values, shape in collectives.run(body, RANKS):
+        assert reused and values and shape

@@ -134,28 +134,23 @@ class StartedBatch:
         return results
 
     def _unpack(self, plan: PackPlan, buffers: list, member: int) -> list:
-        """``plan.unpack``, with the keeper's views where every fused pack was reduced in
-        its kept bucket; else fresh views, whose fused buckets the keeper keeps."""
+        """``plan.unpack``, with the keeper's views of each kept bucket this call took and
+        reduced in place; the other fused buckets and their new views are kept."""
         keeper = self.keeper
         if keeper is None or not keeper.enabled or not plan.whole:
             return plan.unpack(buffers, arrays=self.arrays)
         fused = [j for j, pack in enumerate(plan.packs) if len(pack.indices) > 1]
-        kept = [keeper.views(plan, j, member, buffers[j])
-                if (id(plan), j, member) in self.took else None for j in fused]
-        if fused and all(views is not None for views in kept):
-            # (tensors alone in their pack: their results as plan.unpack gives them)
-            out = (plan.unpack(buffers, arrays=self.arrays) if len(fused) < len(plan.packs)
-                   else [None] * len(plan.shapes))
-            for j, views in zip(fused, kept):
-                assert views is not None
-                for i, view in zip(plan.packs[j].indices, views):
-                    out[i] = view
-            return out
-        out = plan.unpack(buffers, arrays=self.arrays)
+        kept: dict[int, Sequence[Any]] = {}
+        for j in fused:  # (each bucket taken is given back, reused or not)
+            if (id(plan), j, member) in self.took:
+                views = keeper.views(plan, j, member, buffers[j])
+                if views is not None:
+                    kept[j] = views
+        out = plan.unpack(buffers, arrays=self.arrays, views=kept)
         dtype_of = self.arrays.dtype_of
         for j in fused:
             pack, buf = plan.packs[j], buffers[j]
-            if dtype_of(buf) == pack.dtype and tuple(buf.shape) == (pack.size,):
+            if j not in kept and dtype_of(buf) == pack.dtype and tuple(buf.shape) == (pack.size,):
                 keeper.keep(plan, j, member, buf, [out[i] for i in pack.indices])
         return out
 

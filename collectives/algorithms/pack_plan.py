@@ -141,10 +141,12 @@ class PackPlan:
             like = tensors[0]
         return arrays.empty((0,), pack.dtype, like=like)
 
-    def unpack(self, buffers: Sequence[ArrayLike], *, arrays: Any = None) -> list:
+    def unpack(self, buffers: Sequence[ArrayLike], *, arrays: Any = None,
+               views: dict[int, Sequence[Any]] | None = None) -> list:
         """The tensors in input order and shapes; each takes the dtype of its (first) buffer.
 
-        A tensor that lies within one buffer is returned as a view of that buffer.
+        A tensor that lies within one buffer is returned as a view of that buffer. ``views``:
+        for a whole plan, pack ``k``'s views already made (a kept bucket's), used as they are.
         """
         arrays = arrays or _numpy()
         if len(buffers) != len(self.packs):
@@ -161,9 +163,12 @@ class PackPlan:
             flat_bufs.append(buf)
         out: list = [None] * len(self.shapes)
         if self.whole:  # every pack's views at once
-            for pack, buf in zip(self.packs, flat_bufs):
-                views = arrays.split(buf, [self.shapes[i] for i in pack.indices])
-                for i, view in zip(pack.indices, views):
+            given = views or {}
+            for k, (pack, buf) in enumerate(zip(self.packs, flat_bufs)):
+                made = given.get(k)
+                if made is None:
+                    made = arrays.split(buf, [self.shapes[i] for i in pack.indices])
+                for i, view in zip(pack.indices, made):
                     out[i] = view
             return out
         for i, shape in enumerate(self.shapes):
