@@ -70,8 +70,9 @@ def network_bound(nbytes: int, hosts: int, rate_bits: float) -> float:
 
 # What a call sends is counted over this many calls and the middle count taken: a
 # retransmission on the shaped link, or a packet of something else, adds to one call's count,
-# and bytes the interface counts only after the closing barrier move from one call's count to
-# the next (the least of three once read 1.26 S for the ring's 1.5 S); the median is neither.
+# and a call's count can also come out short (the least of three once read 1.26 S for the
+# ring's 1.5 S; not traced: bytes counted after the closing barrier would do it); the middle
+# count is moved by neither one high nor one low call.
 COUNTED_CALLS = 3
 
 
