@@ -49,7 +49,7 @@ class MirrorTransport:
     """Every peer is this rank's mirror image, and already there."""
 
     name, native, layout, local_rank, arrays = "mirror", None, None, 0, NUMPY
-    processes, nodes, fabric, link = True, None, None, None
+    processes, nodes, fabric, link, shared_memory = True, None, None, None, None
     schedules_in_native_order = calls_may_not_return = False
     cost_model = CostModel(latency=30e-6, seconds_per_byte=1 / 8e9, message_overhead=20e-6)
 

@@ -10,9 +10,11 @@ result, a cache-sized block at a time; after the next barrier it copies the othe
 of their owners' slots. One barrier serves two rounds: after barrier k a rank copies round
 k-1's slices out, reduces round k and copies round k+1 in, so a call of r rounds takes r + 1
 barriers. Where ranks may read each other's memory (``shm_direct``), large payloads skip the
-copy-in: the reduction reads the peers' inputs where they lie. Each slice is reduced once, by
-its owner, in rank order (with NumPy: NaN propagates, every dtype works), so every rank holds
-the same bits.
+copy-in: the reduction reads the peers' inputs where they lie. Where every rank's input and
+result lie in arrays every rank maps (``shm_shared``: ``Communicator.shared_empty``), the call
+is one round through them, with no copy in or out of the buffers. Each slice is reduced once,
+by its owner, in rank order (with NumPy: NaN propagates, every dtype works), so every rank
+holds the same bits.
 
 Why the buffers never clash: round k's copy-in writes the slots others reduce, of buffer
 k % 2, after barrier k-1; the others are then past round k-2's reduce (before barrier k-1)
@@ -45,7 +47,7 @@ from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
-from . import shm_cma, shm_direct, tuning
+from . import shm_cma, shm_direct, shm_shared, tuning
 from .waiting import node_oversubscribed
 
 ALIGN = 4096
@@ -72,6 +74,7 @@ class SharedWindow:
         # the window at once: later, a collective could cross a call's barriers)
         self.direct = self.n > 1 and shm_cma.usable(node)
         self.spin = 0.0  # seconds a wait between rounds spins (0 on an oversubscribed node)
+        self.shared = shm_shared.SharedArrays(node)  # arrays every rank maps (shared_empty)
 
     def slot_bytes(self) -> int:
         """Each buffer holds one slot per rank, at the same bytes for every call (whatever
@@ -134,8 +137,8 @@ class ShmRun:
     """One shared-memory all-reduce: [grow,] copy in, then per barrier: copy the previous
     round out, reduce this one, copy the next one in (module docstring)."""
 
-    __slots__ = ("barrier", "call", "direct", "dst", "lane", "op", "phase", "reads", "round",
-                 "rounds", "seq", "shm", "slot", "span", "src", "start_round")
+    __slots__ = ("barrier", "call", "direct", "dst", "lane", "op", "phase", "places", "reads",
+                 "round", "rounds", "seq", "shm", "slot", "span", "src", "start_round", "views")
     holds_turn = False  # (``collectives.runtime.transport.NativeRun``)
 
     def __init__(self, shm: SharedWindow, call: Call, src: Any, dst: Any, op: ReduceOp,
@@ -152,6 +155,11 @@ class ShmRun:
         least = tuning.SHM_DIRECT_BYTES
         self.direct = shm.direct and least is not None and dst.nbytes >= least
         self.reads: shm_direct.PeerInputs | None = None
+        # input and result in shared arrays: one round through them (module docstring)
+        self.places = shm_shared.place_of(shm.shared, self.src, dst)
+        self.views: shm_shared.SharedRun | None = None
+        if self.places is not None:
+            self.direct, self.span, self.rounds = False, len(dst), 1
         self.round = 0  # the round reduced after the next barrier
         self.start_round = 0  # the window's round number of this call's round 0
         lane.join(self)  # (may issue at once: every field is set before)
@@ -170,9 +178,12 @@ class ShmRun:
             return False
         if self.phase == "in":
             self.start_round = shm.calls
-            shm.calls += self.rounds + 1  # (the last barrier counts as a round: parity moves on)
+            # (the last barrier counts as a round: parity moves on; shared arrays add one
+            # after the copies out)
+            shm.calls += self.rounds + 1 + (self.places is not None)
             header = self._header(shm.me, 0)
             header[0], header[1] = self.call.check, self.seq
+            shm_shared.publish(header, self.places)
             self._first()
             self._barrier()
             self.phase = "rounds"
@@ -201,6 +212,10 @@ class ShmRun:
                 self.phase = "in"
                 self.lane.pump()
                 return False
+            if self.phase == "draining":  # every peer has copied out of this rank's result
+                self.phase = "done"
+                self.lane.leave(self)
+                return True
             if self._step():
                 return True
         return False
@@ -218,9 +233,15 @@ class ShmRun:
                 self.reads = shm_direct.PeerInputs(
                     [self._header(r, 0) for r in range(shm.n)], shm.me, self.dst.dtype, step,
                     shm.scratch(shm.n * step * self.dst.itemsize))
+            if self.places is not None:
+                self.views = shm_shared.SharedRun(self.shm.shared, self._headers(), self.dst)
         else:
             self._copy_out(k - 1)
         if k == self.rounds:
+            if self.views is not None:  # peers may still read this rank's result: wait for them
+                self.phase, self.barrier = "draining", self.start_round + k + 1
+                self.shm.arrive(self.barrier)
+                return False
             self.phase = "done"
             self.lane.leave(self)  # the next run may write its input now
             return True
@@ -243,7 +264,7 @@ class ShmRun:
         test = barrier.Test if not isinstance(barrier, int) else lambda: self.shm.arrived(barrier)
         if test():
             return True
-        if self.phase != "rounds" or not self.shm.spin:
+        if self.phase not in ("rounds", "draining") or not self.shm.spin:
             return False
         until = time.perf_counter() + self.shm.spin
         while time.perf_counter() < until:
@@ -270,6 +291,9 @@ class ShmRun:
         count, n = min(self.span, len(self.dst) - base), self.shm.n
         return [(base + p * count // n, base + (p + 1) * count // n) for p in range(n)]
 
+    def _headers(self) -> list[np.ndarray]:
+        return [self._header(r, 0) for r in range(self.shm.n)]
+
     def _check(self) -> None:
         shm = self.shm
         checks = {int(self._header(r, 0)[0]) for r in range(shm.n)}
@@ -278,12 +302,16 @@ class ShmRun:
                 f"rank {shm.me}: call {self.seq}: ranks called different collectives, or the same "
                 f"one with different arguments, at this point (this rank: {self.call.describe()});"
                 " every rank must make the same calls in the same order")
+        why = shm_shared.disagreement(self._headers())
+        if why is not None:
+            raise CollectiveMismatchError(f"rank {shm.me}: call {self.seq} "
+                                          f"({self.call.describe()}): {why}")
 
     def _copy_in(self, k: int) -> None:
         """The slices of round ``k`` other ranks reduce go into this rank's buffer; its own
         stays where it is (the reduction reads it from the input)."""
         me = self.shm.me
-        if self.direct:
+        if self.direct or self.places is not None:
             return  # the others read it where it lies
         for p, (lo, hi) in enumerate(self._slices(k)):
             if p != me and hi > lo:
@@ -295,6 +323,10 @@ class ShmRun:
         block at a time."""
         me, dst, reads = self.shm.me, self.dst, self.reads
         lo, hi = self._slices(k)[me]
+        if self.views is not None:
+            step = max(tuning.SHM_BLOCK_BYTES // dst.itemsize, 1)
+            self.views.reduce(self.op, dst, lo, hi, self.shm.scratch(step * dst.itemsize))
+            return
         slots = [self._slot(r, k, me, hi - lo) for r in range(self.shm.n)]
         published = slots[me]
         step = max(tuning.SHM_BLOCK_BYTES // dst.itemsize, 1)
@@ -309,10 +341,10 @@ class ShmRun:
             dst[lo + a:lo + b] = block  # (still in cache; in place, src block a:b is read)
 
     def _copy_out(self, k: int) -> None:
-        me, dst = self.shm.me, self.dst
+        me, dst, views = self.shm.me, self.dst, self.views
         for p, (lo, hi) in enumerate(self._slices(k)):
             if p != me and hi > lo:
-                dst[lo:hi] = self._slot(p, k, p, hi - lo)
+                dst[lo:hi] = self._slot(p, k, p, hi - lo) if views is None else views.results[p][lo:hi]
 
     def pending_peers(self) -> list[int]:
         return [r for r in range(self.shm.n) if r != self.shm.me]

@@ -90,6 +90,7 @@ class MPITransport:
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
         self.notices.calls = self.native.inflight
+        self.shared_memory = self.native.shm.shared  # (Communicator.shared_empty)
         # (a new communicator's ranks share their cores with the rest of the job: its
         # parent's finding holds for it)
         self.oversubscribed = (node_oversubscribed(self._node) if oversubscribed is None

@@ -55,7 +55,7 @@ class NcclTransport(StreamOrder):
     calls_may_not_return = True
     # the other optional hooks (``collectives.runtime.transport``), as their defaults
     processes = True
-    nodes = fabric = link = None
+    nodes = fabric = link = shared_memory = None
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):

@@ -1,23 +1,25 @@
-"""New communicators from an existing one: ``dup`` and ``split`` (mixed into
-``Communicator``).
+"""What a communicator makes collectively: new communicators (``dup``, ``split``) and arrays
+its ranks share (``shared_empty``), mixed into ``Communicator``.
 
-Both are collective, and agreed like any call before the transport makes anything: every rank
+All are collective, and agreed like any call before the transport makes anything: every rank
 takes part in one small agreement (with the communicator's timeout, hearing failure notices)
 that carries whether its arguments were good. So a bad ``color`` on one rank raises there and
 a ``PeerFailedError`` naming it everywhere else, ranks calling ``split`` against ``dup`` or
 another collective raise ``CollectiveMismatchError``, and a rank that calls alone times out,
 instead of leaving its peers inside ``MPI_Comm_split`` forever. The agreement runs whatever
-``check=`` says: a transport's own split or dup cannot be left half-done.
+``check=`` says: a transport's own split, dup or shared window cannot be left half-done.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ..runtime.agreement import Agreement
+from ..runtime.validate import check_communicable
 from .comm_parts import CommParts
 
 C = TypeVar("C", bound="SubcommOps")  # the communicator's own class
@@ -96,6 +98,54 @@ class SubcommOps(CommParts):
             return None
         return self._child(child)
 
+    def shared_empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A zeroed NumPy array in memory every rank of this host maps (MPI: a shared window),
+        so that an all-reduce of it reads the peers' parts where they lie. Collective.
+
+        An all-reduce through shared memory (``algorithm="shm"``; ``auto`` where it picks it)
+        whose input and ``out=`` are such arrays on every rank, in place or one into another,
+        copies nothing in or out of the library's buffers: each rank reduces its slice from
+        every rank's array and writes it once, then copies the others' slices from their
+        owners' arrays, the least a rank's share of an all-reduce reads and writes. Every
+        rank passes shared arrays, or none does (else `CollectiveMismatchError`). The memory
+        stays until the process ends (a shared window is freed collectively, an array by its
+        last reference): allocate once, as a training loop allocates its buckets. Where the
+        transport has no shared memory of its own (thread ranks, which share one process's
+        memory; NCCL), it is an ordinary array.
+
+        Parameters
+        ----------
+        shape
+            An int or a tuple of non-negative ints; ranks may pass different shapes.
+        dtype
+            Any fixed-size NumPy dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            C-contiguous, zeroed, writable.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``shape`` or ``dtype`` is not one (every other rank raises `PeerFailedError`).
+        CollectiveTimeoutError
+            A rank did not call it in time.
+        """
+        try:
+            shape, dtype = _check_shape(shape), np.dtype(dtype)
+            check_communicable(dtype, "dtype")
+            error = None
+        except (TypeError, ValueError) as exc:
+            error = exc
+        shared = self.transport.shared_memory
+        if shared is None:
+            self._agree_then("shared_empty", error, lambda: None)
+            return np.zeros(shape, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        memory = self._agree_then("shared_empty", error, lambda: shared.allocate(nbytes))
+        return memory.view(dtype).reshape(shape)
+
     def _child(self, transport: Any) -> Any:
         """A communicator over ``transport`` with this one's options and cost model's
         constants (the same links; measured natives are kept per size)."""
@@ -113,6 +163,19 @@ class SubcommOps(CommParts):
             return making, [agreement], make
 
         return self.calls.start(what, build, False, None)
+
+
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise TypeError(f"shape={shape!r} is not a shape; pass an int or a tuple of ints") from None
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise TypeError(f"shape={shape!r} holds a non-integer; pass an int or a tuple of ints")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape={shape!r} has a negative dimension; dimensions are 0 or more")
+    return tuple(int(d) for d in dims)
 
 
 def _check_color(color: Any) -> int | None:

@@ -152,6 +152,16 @@ class PersistentNative(Protocol):
     def free(self) -> None: ...
 
 
+class SharedMemory(Protocol):
+    """Memory every rank of a host maps (``Communicator.shared_empty``), where a transport's
+    ranks are processes that can share it (MPI's shared windows)."""
+
+    def allocate(self, nbytes: int) -> Any:
+        """``nbytes`` of this rank's part of a new shared segment, zeroed, as a NumPy
+        ``uint8`` array (collective among the ranks of each host)."""
+        ...
+
+
 class Transport(Protocol):
     """Everything a Communicator needs from the ranks it spans."""
 
@@ -186,6 +196,8 @@ class Transport(Protocol):
     fabric: Fabric | None = None
     engine: Any = None  # a weak reference to the Engine running its calls (set by the engine)
     link: Any = None  # a collectives.algorithms.select.LinkModel, or None: the default
+    # memory the ranks of a host share (``SharedMemory``); None: the transport has none
+    shared_memory: SharedMemory | None = None
 
     def idle(self, waited: float) -> None:
         """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""
