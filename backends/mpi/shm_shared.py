@@ -118,8 +118,9 @@ def disagreement(headers: list[np.ndarray]) -> str | None:
                 "arrays on every rank or on none")
     blocks = [int(h[BLOCK]) for h in headers]
     if len(set(blocks)) > 1:
-        return (f"the ranks' shared arrays come from different shared_empty calls ({blocks}, by "
-                "rank); pass arrays of the same call on every rank")
+        return (f"the ranks' shared arrays come from different shared_empty calls (by rank, "
+                f"the number of each one's call: {blocks}); pass arrays of the same call on "
+                "every rank")
     return None
 
 

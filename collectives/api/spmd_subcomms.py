@@ -133,8 +133,7 @@ class SubcommOps(CommParts):
             A rank did not call it in time.
         """
         try:
-            shape, dtype = _check_shape(shape), np.dtype(dtype)
-            check_communicable(dtype, "dtype")
+            shape, dtype = _check_shape(shape), _check_dtype(dtype)
             error = None
         except (TypeError, ValueError) as exc:
             error = exc
@@ -176,6 +175,16 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise ValueError(f"shape={shape!r} has a negative dimension; dimensions are 0 or more")
     return tuple(int(d) for d in dims)
+
+
+def _check_dtype(dtype: Any) -> np.dtype:
+    try:
+        parsed = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype={dtype!r} is not a NumPy dtype ({exc}); pass one such as "
+                        "numpy.float32") from None
+    check_communicable(parsed, "dtype")
+    return parsed
 
 
 def _check_color(color: Any) -> int | None:

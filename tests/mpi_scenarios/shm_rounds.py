@@ -9,7 +9,11 @@ reduction, or every rank raises.
 * several calls in flight at once (``async_op=True``), waited in reverse order, each spanning
   rounds whose buffers alternate, then a small call behind them;
 * ranks that disagree about the length: ``CollectiveMismatchError`` on every rank, also where
-  that puts one rank on the direct path and the others on the window's.
+  that puts one rank on the direct path and the others on the window's;
+* shared arrays (``Communicator.shared_empty``): in place and one into another, the same bits
+  as the rank-order sum, a rank that overwrites its array the moment its call returns (its
+  peers still get theirs right), calls in flight, and ranks where some pass shared arrays and
+  some not, or arrays of different ``shared_empty`` calls: ``CollectiveMismatchError``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,67 @@ def mismatch(comm) -> None:
     report.check(False, "ranks with different lengths got an answer")
 
 
+def shared(comm) -> None:
+    counts = (0, 1, 5, 97, 4099)
+    for count in counts:
+        xs = inputs(count, np.float32, 7 + count)
+        want = rank_order(xs)
+        a = comm.shared_empty((2, count), np.float32)
+        report.check(a.shape == (2, count) and not a.any(), f"shared {count}: not zeroed")
+        a[0] = xs[rank]
+        got = comm.all_reduce(a[0], algorithm="shm", out=a[1])
+        report.check(got.tobytes() == want.tobytes(), f"shared {count} into another: not rank order")
+        report.check(np.array_equal(a[0], xs[rank]), f"shared {count}: input changed")
+        got = comm.all_reduce(a[0], algorithm="shm", out=a[0])
+        report.check(count == 0 or np.shares_memory(got, a[0]),
+                     f"shared {count} in place: result elsewhere")
+        report.check(got.tobytes() == want.tobytes(), f"shared {count} in place: not rank order")
+        same_bits_everywhere(got, f"shared {count}")
+    # a rank overwrites its array as soon as its call returns: peers still read the sum
+    x = comm.shared_empty(4099, np.float32)
+    for k in range(60):
+        x[:] = rank + k
+        got = comm.all_reduce(x, algorithm="shm", out=x).copy()
+        x[:] = -1e9
+        report.check(np.array_equal(got, np.full(4099, n * k + n * (n - 1) / 2, np.float32)),
+                     f"overwritten at return, call {k}: a peer read it too early")
+    # in flight, waited in reverse, then a call on ordinary arrays behind them
+    bufs = [comm.shared_empty(c, np.float32) for c in (3001, 17, 2500)]
+    for k, b in enumerate(bufs):
+        b[:] = inputs(len(b), np.float32, 300 + k)[rank]
+    works = [comm.all_reduce(b, algorithm="shm", out=b, async_op=True) for b in bufs]
+    small = comm.all_reduce(np.ones(2, np.float32), algorithm="shm")
+    for k in reversed(range(len(works))):
+        got = works[k].wait()
+        report.check(got.tobytes() == rank_order(inputs(len(got), np.float32, 300 + k)).tobytes(),
+                     f"shared async call {k}: wrong bits")
+    report.check(np.array_equal(small, np.full(2, n, np.float32)), "a plain call behind them")
+
+
+def shared_mismatch(make) -> None:
+    comm = mpi.init(timeout=20)
+    x = make(comm)
+    try:
+        comm.all_reduce(x, algorithm="shm", out=x)
+    except CollectiveMismatchError as exc:
+        report.check("shared" in str(exc), f"shared mismatch: the error does not say why: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
+        report.check(False, f"shared mismatch: raised {type(exc).__name__}: {exc}")
+        return
+    report.check(False, "ranks with shared and private arrays got an answer")
+
+
+def one_private(comm):
+    x = comm.shared_empty(1000, np.float32)
+    return np.zeros(1000, np.float32) if rank == n - 1 else x
+
+
+def other_blocks(comm):
+    a, b = comm.shared_empty(1000, np.float32), comm.shared_empty(1000, np.float32)
+    return b if rank == 0 else a
+
+
 def main() -> None:
     saved = tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES
     tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES = 4000, 40  # 1000 float32 a round, 10 a block
@@ -125,6 +190,14 @@ def main() -> None:
         comm = mpi.init(timeout=20)
         mismatch(comm)
         meet()
+        tuning.SHM_DIRECT_BYTES = None
+        comm = mpi.init(timeout=20)
+        shared(comm)
+        meet()
+        comm.free()
+        for make in (one_private, other_blocks):
+            shared_mismatch(make)
+            meet()
     finally:
         tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES = saved
     report.finish(f"direct={'read' if direct_ran else 'unavailable here'}")
