@@ -10,7 +10,10 @@ For each rank count it runs, float32, per size, in one launch:
 * this library's ``comm.all_reduce(x, "sum", algorithm, out=out)`` for ``auto``, ``native``
   and every schedule, with the default cross-rank check; ``auto`` also with ``check=False``,
   without ``out=`` (results from the pool of mapped memory), and as a prepared call
-  (``comm.all_reduce_init(x, out=out)``, then ``start().wait()``); ``auto`` again on a
+  (``comm.all_reduce_init(x, out=out)``, then ``start().wait()``); ``shm`` and ``auto`` in
+  place on an array every rank maps (``comm.shared_empty``: each rank reads the others'
+  slices where they lie, the bound's own traffic; its values grow from call to call, which
+  costs the additions nothing); ``auto`` again on a
   communicator whose cost model was calibrated by this very launch (links, overheads and
   MPICH's all-reduce at these sizes: ``collectives.api.calibration.measure``);
 * with ``--overlap``: a 64 MiB ``async_op=True`` all-reduce issued before a NumPy compute loop
@@ -112,6 +115,11 @@ def mpi_calls(world, checked, unchecked, x, out, calibrated=None) -> dict:
     calls["collectives auto, no out="] = (checked, lambda: checked.all_reduce(x))
     prepared = checked.all_reduce_init(x, out=out)
     calls["collectives prepared"] = (checked, lambda: prepared.start().wait())
+    for name in ("shm", "auto"):  # (one array each: the check is each one's first call)
+        shared = checked.shared_empty(x.shape, x.dtype)  # (collective: every rank, every size)
+        shared[:] = x
+        calls[f"collectives {name}, shared in place"] = (
+            checked, lambda name=name, shared=shared: checked.all_reduce(shared, "sum", name, out=shared))
     return calls
 
 

@@ -12,7 +12,8 @@ k-1's slices out, reduces round k and copies round k+1 in, so a call of r rounds
 barriers. Where ranks may read each other's memory (``shm_direct``), large payloads skip the
 copy-in: the reduction reads the peers' inputs where they lie. Where every rank's input and
 result lie in arrays every rank maps (``shm_shared``: ``Communicator.shared_empty``), the call
-is one round through them, with no copy in or out of the buffers. Each slice is reduced once,
+is one round through them: each rank reduces its slice from the inputs where they lie and
+writes it into every rank's result, and the barrier after it ends the call. Each slice is reduced once,
 by its owner, in rank order (with NumPy: NaN propagates, every dtype works), so every rank
 holds the same bits.
 
@@ -178,9 +179,7 @@ class ShmRun:
             return False
         if self.phase == "in":
             self.start_round = shm.calls
-            # (the last barrier counts as a round: parity moves on; shared arrays add one
-            # after the copies out)
-            shm.calls += self.rounds + 1 + (self.places is not None)
+            shm.calls += self.rounds + 1  # (the last barrier counts as a round: parity moves on)
             header = self._header(shm.me, 0)
             header[0], header[1] = self.call.check, self.seq
             shm_shared.publish(header, self.places)
@@ -212,10 +211,6 @@ class ShmRun:
                 self.phase = "in"
                 self.lane.pump()
                 return False
-            if self.phase == "draining":  # every peer has copied out of this rank's result
-                self.phase = "done"
-                self.lane.leave(self)
-                return True
             if self._step():
                 return True
         return False
@@ -238,10 +233,6 @@ class ShmRun:
         else:
             self._copy_out(k - 1)
         if k == self.rounds:
-            if self.views is not None:  # peers may still read this rank's result: wait for them
-                self.phase, self.barrier = "draining", self.start_round + k + 1
-                self.shm.arrive(self.barrier)
-                return False
             self.phase = "done"
             self.lane.leave(self)  # the next run may write its input now
             return True
@@ -264,7 +255,7 @@ class ShmRun:
         test = barrier.Test if not isinstance(barrier, int) else lambda: self.shm.arrived(barrier)
         if test():
             return True
-        if self.phase not in ("rounds", "draining") or not self.shm.spin:
+        if self.phase != "rounds" or not self.shm.spin:
             return False
         until = time.perf_counter() + self.shm.spin
         while time.perf_counter() < until:
@@ -341,10 +332,12 @@ class ShmRun:
             dst[lo + a:lo + b] = block  # (still in cache; in place, src block a:b is read)
 
     def _copy_out(self, k: int) -> None:
-        me, dst, views = self.shm.me, self.dst, self.views
+        me, dst = self.shm.me, self.dst
+        if self.views is not None:
+            return  # each owner wrote its slice into every rank's result
         for p, (lo, hi) in enumerate(self._slices(k)):
             if p != me and hi > lo:
-                dst[lo:hi] = self._slot(p, k, p, hi - lo) if views is None else views.results[p][lo:hi]
+                dst[lo:hi] = self._slot(p, k, p, hi - lo)
 
     def pending_peers(self) -> list[int]:
         return [r for r in range(self.shm.n) if r != self.shm.me]

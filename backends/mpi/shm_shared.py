@@ -5,12 +5,13 @@ shared-memory all-reduce's way through them.
 the node's communicator: collective there), one segment per rank, and keeps every rank's
 segment mapped. An all-reduce through the shared window (``"shm"``) whose input and result
 both lie in such segments on every rank copies nothing in and publishes nothing: each rank
-reduces its slice reading every rank's input where it lies, in rank order, writes it once
-into its own result, and after a barrier copies the other slices straight out of their
-owners' results; one more barrier, after the copies, keeps a rank from returning (and its
-caller from writing the array again) while a peer still reads it. Bytes per rank for S bytes
-over n ranks: reads S, writes S/n (the reduction), reads and writes (n-1)/n·S (the copies):
-the SPMD bound of ``benchmarks/ceiling.py``.
+reduces its slice, a cache-sized block at a time, reading every rank's input where it lies,
+in rank order, and writes the block into every rank's result while it is still in cache;
+one barrier after that ends the call (every result is whole, and no rank touches another's
+memory again). Only a slice's owner reads that slice of any input, and it writes the slice's
+results after reading it, so the call is right in place too. Bytes per rank for S bytes over
+n ranks: reads S, writes S, less than the SPMD bound of ``benchmarks/ceiling.py`` counts
+(which reads the reduced slices back: (n-1)/n·S more).
 
 The windows are never freed: an array may outlive its communicator, and freeing a window is
 collective while whether a rank still holds the array is not. Allocate them once, as a
@@ -127,25 +128,32 @@ def disagreement(headers: list[np.ndarray]) -> str | None:
 class SharedRun:
     """One all-reduce whose every rank's input and result are shared: views of them all."""
 
-    __slots__ = ("in_place", "inputs", "results")
+    __slots__ = ("inputs", "me", "results", "through_scratch")
 
     def __init__(self, shared: SharedArrays, headers: list[np.ndarray], dst: np.ndarray):
         block, dtype, count = int(headers[0][BLOCK]), dst.dtype, len(dst)
         self.inputs = [shared.peer(block, r, int(h[SRC]), dtype, count) for r, h in enumerate(headers)]
         self.results = [shared.peer(block, r, int(h[DST]), dtype, count) for r, h in enumerate(headers)]
+        self.me = shared.me
         me = headers[shared.me]
-        self.in_place = int(me[SRC]) == int(me[DST])
+        # in place, the result is this rank's input, which the rank-order reduction reads:
+        # writing it in passing is safe where the first step reads it (ranks 0 and 1)
+        self.through_scratch = int(me[SRC]) == int(me[DST]) and shared.me > 1
 
     def reduce(self, op: ReduceOp, dst: np.ndarray, lo: int, hi: int, scratch: np.ndarray) -> None:
-        """Elements ``lo:hi`` of the result, from every rank's input in rank order, written
-        once into ``dst``, a block of ``scratch``'s bytes at a time; in place through
-        ``scratch`` (the result is also this rank's input, which the reduction still reads)."""
-        inputs = self.inputs
+        """Elements ``lo:hi`` of the result, from every rank's input in rank order, into
+        ``dst`` and every other rank's result, a block of ``scratch``'s bytes at a time;
+        through ``scratch`` where the result would overwrite input the reduction still
+        reads."""
+        inputs, me = self.inputs, self.me
+        others = [r for r in range(len(self.results)) if r != me]
         step = max(scratch.nbytes // dst.itemsize, 1)
-        block_of = scratch.view(dst.dtype) if self.in_place else None
+        block_of = scratch.view(dst.dtype) if self.through_scratch else None
         for a in range(lo, hi, step):
             b = min(a + step, hi)
             block = dst[a:b] if block_of is None else block_of[:b - a]
             NUMPY.combine_into(op, block, inputs[0][a:b], [x[a:b] for x in inputs[1:]])
             if block_of is not None:
                 dst[a:b] = block
+            for r in others:
+                self.results[r][a:b] = block
