@@ -32,7 +32,11 @@ do (they share the memory bus and, oversubscribed, the cores); a repeat lasts as
 the slowest rank. It takes the peers' slices as readable in place, which processes with
 private inputs cannot do without a copy: ``copy-in`` adds one copy of the (p-1)/p*S bytes
 the others reduce (what a shared-memory all-reduce moves to expose them), as a second
-reference. The mpi_compare benchmark times the same kernel under MPI, beside every method.
+reference. ``push`` is the least of all, where every rank can write into every other's
+output (arrays in memory they all map): reduce the slice a cache-sized block at a time and
+write each block into every rank's output while it is in cache (read S, write S: no reduced
+slice is read back). The mpi_compare benchmark times these kernels under MPI, beside every
+method.
 
     python benchmarks/ceiling.py [-p 4] [-b 4K] [-e 64M] [-r 5] [--spmd 2 3 4] [--json ceiling.json]
 """
@@ -157,9 +161,10 @@ class SpmdShare:
     """One rank's least work in a p-rank all-reduce of ``nbytes`` float32 (module docstring):
     a call does it once; ``moved`` is the bytes it reads plus writes."""
 
-    def __init__(self, p: int, nbytes: int, copy_in: bool = False, block_bytes: int = 256 << 10):
+    def __init__(self, p: int, nbytes: int, copy_in: bool = False, block_bytes: int = 256 << 10,
+                 push: bool = False):
         n = max(p, nbytes // DTYPE.itemsize)
-        self.p, self.copy_in = p, copy_in
+        self.p, self.copy_in, self.push = p, copy_in, push
         self.cuts = [(q * n // p, (q + 1) * n // p) for q in range(p)]
         lo, hi = self.cuts[0]  # (this rank's slice: any one of the same length will do)
         self.x, self.out = np.ones(n, DTYPE), np.zeros(n, DTYPE)
@@ -169,10 +174,22 @@ class SpmdShare:
         self.step = max(1, block_bytes // DTYPE.itemsize)
         mine, others = (hi - lo) * DTYPE.itemsize, (n - hi + lo) * DTYPE.itemsize
         self.moved = p * mine + mine + 2 * others + (2 * others if copy_in else 0)
+        self.pushed = [np.zeros(hi - lo, DTYPE) for _ in range(p - 1)] if push else []
+        if push:  # the slices read, the reduced slice written into every output
+            self.moved = 2 * p * mine
 
     def __call__(self) -> None:
         lo, hi = self.cuts[0]
         x, out = self.x, self.out
+        if self.push:
+            for a in range(lo, hi, self.step):
+                b = min(a + self.step, hi)
+                np.add(x[a:b], self.peers[0][a - lo:b - lo], out=out[a:b])
+                for peer in self.peers[1:]:
+                    np.add(out[a:b], peer[a - lo:b - lo], out=out[a:b])
+                for output in self.pushed:
+                    np.copyto(output[a - lo:b - lo], out[a:b])
+            return
         if self.copy_in:
             np.copyto(self.exposed, x[hi:])
         if self.p == 2:  # one pass, whole

@@ -22,7 +22,9 @@ For each rank count it runs, float32, per size, in one launch:
   start the processes; rendezvous over 127.0.0.1), when torch is installed;
 * the SPMD bound of ``ceiling.py`` (``ceiling.SpmdShare``: each rank reduces its slice and
   copies the others', every rank at once), and that bound plus the copy-in that exposes private
-  inputs through shared memory, timed like a method; every cell says its time over the bound.
+  inputs through shared memory, and the pushed bound (each rank writes its reduced blocks into
+  every rank's output: reads S, writes S), timed like methods; every cell says its time over
+  the bound and over the pushed bound.
 
 Protocol: each repeat starts with a barrier, times ``ITERS[size]`` back-to-back calls, takes
 the max over ranks of the per-call time; every method runs once per repeat, in an order
@@ -55,6 +57,7 @@ ITERS = {4 << 10: 1000, 64 << 10: 300, 1 << 20: 40, 16 << 20: 5, 64 << 20: 3}
 BASE = "mpi4py Allreduce"
 BOUND = "bound (SPMD share)"
 BOUND_COPY_IN = "bound + copy-in"
+BOUND_PUSH = "bound, pushed (reads S, writes S)"
 
 
 def iters_for(nbytes: int) -> int:
@@ -128,7 +131,8 @@ def bound_calls(p: int, nbytes: int) -> dict:
     sys.path.insert(0, HERE)
     import ceiling
 
-    return {BOUND: ceiling.SpmdShare(p, nbytes), BOUND_COPY_IN: ceiling.SpmdShare(p, nbytes, True)}
+    return {BOUND: ceiling.SpmdShare(p, nbytes), BOUND_COPY_IN: ceiling.SpmdShare(p, nbytes, True),
+            BOUND_PUSH: ceiling.SpmdShare(p, nbytes, push=True)}
 
 
 def ran_by(comm: Any) -> str | None:
@@ -282,6 +286,7 @@ def table(p: int, sizes: list[int], data: dict) -> str:
     base = data.get(BASE, {})
     gloo = data.get("torch gloo", {})
     bound = data.get(BOUND, {})
+    pushed = data.get(BOUND_PUSH, {})
     head = f"| method (p={p}) | " + " | ".join(human(s) for s in sizes) + " |"
     lines = [head, "|---" * (len(sizes) + 1) + "|"]
     for name, cells in data.items():
@@ -300,6 +305,8 @@ def table(p: int, sizes: list[int], data: dict) -> str:
                     text += f", {statistics.median(gloo[str(s)]['times']) / t:.1f}× gloo"
                 if str(s) in bound and name != BOUND:
                     text += f", {t / statistics.median(bound[str(s)]['times']):.2f}× bound"
+                if str(s) in pushed and name not in (BOUND, BOUND_PUSH):
+                    text += f", {t / statistics.median(pushed[str(s)]['times']):.2f}× pushed"
                 text += ")"
             if cell.get("ran") and name.startswith("collectives auto"):
                 text += f" [{cell['ran']}]"

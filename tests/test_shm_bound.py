@@ -36,6 +36,12 @@ def test_spmd_share_does_one_ranks_share(p):
     mine, others = (hi - lo) * 4, (n - (hi - lo)) * 4
     assert share.moved == (p + 1) * mine + 2 * others  # p slices read, 1 written, gather
     assert ceiling.SpmdShare(p, nbytes, copy_in=True).moved == share.moved + 2 * others
+    pushed = ceiling.SpmdShare(p, nbytes, block_bytes=64, push=True)
+    pushed.peers = [np.full_like(peer, q + 2.0) for q, peer in enumerate(pushed.peers)]
+    pushed()
+    for output in (pushed.out[lo:hi], *pushed.pushed):  # its slice, in every rank's output
+        assert np.array_equal(output, np.full(hi - lo, want_own, np.float32))
+    assert pushed.moved == 2 * p * mine < share.moved  # nothing reduced is read back
 
 
 def test_spmd_row_times_every_rank_at_once():

@@ -80,7 +80,7 @@ class MPINatives:
         collective = call.collective
         if tuning.use_shm(call.algorithm, collective, call.nbytes, self.single_node, self.size):
             self.last = "shm"
-            return self.shm.start(call, src, dst, op, seq, self.lane)
+            return self.shm.start(call, src, dst, op, seq, self)
         self.last = "mpi"
         total = call.nbytes * self.size if collective is Collective.ALL_GATHER else call.nbytes
         if tuning.persistent(collective, total):

@@ -49,6 +49,7 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
 from . import shm_cma, shm_direct, shm_shared, tuning
+from .runs import STALL_POLLS, note_stall
 from .waiting import node_oversubscribed
 
 ALIGN = 4096
@@ -75,7 +76,7 @@ class SharedWindow:
         # the window at once: later, a collective could cross a call's barriers)
         self.direct = self.n > 1 and shm_cma.usable(node)
         self.spin = 0.0  # seconds a wait between rounds spins (0 on an oversubscribed node)
-        self.shared = shm_shared.SharedArrays(node)  # arrays every rank maps (shared_empty)
+        self.shared = shm_shared.SharedArrays(node, self.single_node)  # (shared_empty)
 
     def slot_bytes(self) -> int:
         """Each buffer holds one slot per rank, at the same bytes for every call (whatever
@@ -122,8 +123,8 @@ class SharedWindow:
             self._scratch = np.empty(nbytes, np.uint8)
         return self._scratch[:nbytes]
 
-    def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int, lane: Any) -> ShmRun:
-        return ShmRun(self, call, src, dst, op, seq, lane)
+    def start(self, call: Call, src: Any, dst: Any, op: ReduceOp, seq: int, natives: Any) -> ShmRun:
+        return ShmRun(self, call, src, dst, op, seq, natives)
 
 
     def free(self) -> None:
@@ -138,13 +139,19 @@ class ShmRun:
     """One shared-memory all-reduce: [grow,] copy in, then per barrier: copy the previous
     round out, reduce this one, copy the next one in (module docstring)."""
 
-    __slots__ = ("barrier", "call", "direct", "dst", "lane", "op", "phase", "places", "reads",
-                 "round", "rounds", "seq", "shm", "slot", "span", "src", "start_round", "views")
+    __slots__ = ("barrier", "call", "direct", "dst", "lane", "natives", "op", "phase", "places",
+                 "polls", "reads", "round", "rounds", "seq", "shm", "since", "slot", "span", "src",
+                 "start_round", "views")
     holds_turn = False  # (``collectives.runtime.transport.NativeRun``)
 
     def __init__(self, shm: SharedWindow, call: Call, src: Any, dst: Any, op: ReduceOp,
-                 seq: int, lane: Any):
-        self.shm, self.call, self.op, self.seq, self.lane = shm, call, op, seq, lane
+                 seq: int, natives: Any):
+        self.shm, self.call, self.op, self.seq = shm, call, op, seq
+        self.natives, self.lane = natives, natives.lane
+        # in flight: peers asking what this rank runs hear of it, and a stall asks them
+        # (``runs.note_stall``), as the other native runs do
+        natives.inflight[seq] = call
+        self.polls, self.since = 0, 0.0
         self.src = dst if src is None else src
         self.dst = dst
         self.phase = "in"  # or "growing", decided when this run reaches the head of the lane
@@ -163,7 +170,7 @@ class ShmRun:
             self.direct, self.span, self.rounds = False, len(dst), 1
         self.round = 0  # the round reduced after the next barrier
         self.start_round = 0  # the window's round number of this call's round 0
-        lane.join(self)  # (may issue at once: every field is set before)
+        self.lane.join(self)  # (may issue at once: every field is set before)
 
 
     def _barrier(self) -> None:
@@ -195,10 +202,18 @@ class ShmRun:
 
     def advance(self) -> bool:
         try:
-            return self._advance()
+            done = self._advance()
         except BaseException:
             self.lane.leave(self)
+            self.natives.inflight.pop(self.seq, None)
             raise
+        if done:
+            self.natives.inflight.pop(self.seq, None)
+            return True
+        self.polls += 1
+        if self.polls % STALL_POLLS == 0:
+            note_stall(self)
+        return False
 
     def _advance(self) -> bool:
         if self.lane.runs:

@@ -28,6 +28,8 @@ from mpi4py import MPI
 from collectives.arrays import NUMPY
 from collectives.ops import ReduceOp
 
+from . import tuning
+
 ALIGN = 64  # every segment starts on a cache line (MPICH aligns more; asked, not assumed)
 SHARED = 1  # header word MODE: this rank's input and result lie in shared segments
 BLOCK, SRC, DST, MODE = 4, 5, 6, 7  # header words after the direct path's (check, seq, pid, address)
@@ -46,9 +48,10 @@ class SharedArrays:
     """The node's shared segments made for one transport's communicator, in order of
     allocation (the same order on every rank, so a window's index names it everywhere)."""
 
-    def __init__(self, node: Any):
+    def __init__(self, node: Any, single_node: bool):
         self.node = node
         self.me = node.Get_rank()
+        self.single_node = single_node  # (the shared-memory all-reduce runs on one node only)
         self.segments: list[list[np.ndarray]] = []  # per window: every rank's segment
         self.spans: list[tuple[int, int]] = []  # per window: this rank's (first, end) address
 
@@ -67,6 +70,15 @@ class SharedArrays:
         self.spans.append((first, first + nbytes))
         self.node.Barrier()  # every rank's zeros are in before any rank writes its data
         return own
+
+    def algorithm_for(self, x: Any, out: Any) -> str | None:
+        """What ``auto`` runs for an all-reduce of ``x`` into ``out`` (``tuning.SHARED_AUTO``:
+        the shared-memory all-reduce) where both lie in shared arrays, on one node, from
+        ``tuning.SHM_SHARED_FROM_BYTES``; else None (``auto``'s usual choice)."""
+        if (not self.spans or not self.single_node or not isinstance(x, np.ndarray)
+                or not isinstance(out, np.ndarray) or x.nbytes < tuning.SHM_SHARED_FROM_BYTES):
+            return None
+        return tuning.SHARED_AUTO if place_of(self, x, out) is not None else None
 
     def locate(self, x: Any) -> Place | None:
         """Where the contiguous ``x`` lies in this rank's segments, or None."""

@@ -14,7 +14,11 @@ from collectives.algorithms.schedule import Collective
 from collectives.algorithms.select import CostModel
 
 NATIVE_NAMES = ("native", "mpi")  # MPI's own collectives
-SHM_NAMES = ("shm", "shared_memory")  # the one-pass all-reduce through a shared window
+# what ``auto`` runs where input and result lie in shared arrays (Communicator.shared_empty):
+# the shared-memory all-reduce, under a name of its own so that a rank whose arrays are not
+# shared is told the ranks disagree
+SHARED_AUTO = "auto (shared arrays)"
+SHM_NAMES = ("shm", "shared_memory", SHARED_AUTO)  # the one-pass all-reduce through a shared window
 NAMES = NATIVE_NAMES + SHM_NAMES
 
 # MPI counts are C ints before MPI-4; every MPI call of this transport moves at most this many
@@ -37,6 +41,12 @@ RING_FROM_BYTES: dict[int, int] = {2: 256 << 10, 3: 256 << 10, 4: 1 << 20}
 # 256 KiB to 16 MiB (0.6-0.8x the best schedule's time at 1 to 16 MiB, three ranks); two ranks
 # ran the schedules as fast or faster (ring and rechd 0.7-0.9x its time from 4 MiB up).
 SHM_FROM_BYTES: dict[int, int | None] = {2: None, 3: 256 << 10}
+
+# All-reduces whose input and result lie in shared arrays run through them under "auto" from
+# this many bytes up, at any rank count on one node: at two ranks 190 against MPI's 190 and the
+# schedules' 258 µs at 256 KiB, 243 against 528 µs at 1 MiB; at three 585 against 618 µs and
+# 708 against 1325 µs (benchmarks/mpi_compare.py, docs/performance.md).
+SHM_SHARED_FROM_BYTES = 256 << 10
 
 # The shared-memory all-reduce moves its payload in rounds of at most this many bytes: its
 # window (two round buffers per rank) then stays in the last-level cache.

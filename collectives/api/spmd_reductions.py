@@ -116,6 +116,10 @@ class ReductionOps(CommParts):
         if requested(compression):
             return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
                                    groups=groups, timeout=timeout, async_op=async_op)
+        shared = self.transport.shared_memory
+        if shared is not None and out is not None and algorithm == "auto":
+            # arrays every rank maps (shared_empty): the transport's way through them
+            algorithm = shared.algorithm_for(x, out) or algorithm
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
         # timeout= takes the checked path, which raises naming it). An asynchronous call

@@ -161,6 +161,13 @@ class SharedMemory(Protocol):
         ``uint8`` array (collective among the ranks of each host)."""
         ...
 
+    def algorithm_for(self, x: Any, out: Any) -> str | None:
+        """What ``auto`` runs for an all-reduce of ``x`` into ``out`` where both lie in this
+        memory and that pays (a name of the transport's own, in the call's signature, so
+        that ranks whose arrays are not shared are told they disagree); None: ``auto``'s
+        usual choice."""
+        ...
+
 
 class Transport(Protocol):
     """Everything a Communicator needs from the ranks it spans."""

@@ -13,7 +13,10 @@ reduction, or every rank raises.
 * shared arrays (``Communicator.shared_empty``): in place and one into another, the same bits
   as the rank-order sum, a rank that overwrites its array the moment its call returns (its
   peers still get theirs right), calls in flight, and ranks where some pass shared arrays and
-  some not, or arrays of different ``shared_empty`` calls: ``CollectiveMismatchError``.
+  some not, or arrays of different ``shared_empty`` calls: ``CollectiveMismatchError``;
+* ``auto`` on shared arrays runs the shared-memory all-reduce from its threshold up (and not
+  below it, nor out of place into a new result); a rank whose arrays are not shared makes
+  every rank raise ``CollectiveMismatchError`` naming the algorithm each ran.
 """
 
 from __future__ import annotations
@@ -143,6 +146,32 @@ def shared(comm) -> None:
     report.check(np.array_equal(small, np.full(2, n, np.float32)), "a plain call behind them")
 
 
+def auto_shared(comm) -> None:
+    native = comm.transport.native
+    big = comm.shared_empty(1500, np.float32)  # (6000 bytes: SHM_SHARED_FROM_BYTES is 4000 here)
+    small = comm.shared_empty(900, np.float32)
+    for x, runs in ((big, "shm"), (small, "mpi")):
+        x[:] = rank + 1
+        native.last = None
+        got = comm.all_reduce(x, out=x)
+        report.check(np.array_equal(got, np.full(len(x), n * (n + 1) / 2, np.float32)),
+                     f"auto, shared {len(x)}: wrong sum")
+        report.check(native.last == runs, f"auto, shared {len(x)}: ran {native.last}, not {runs}")
+    native.last = None
+    comm.all_reduce(big)  # a new result: not shared
+    report.check(native.last != "shm", "auto, shared input into a new result: ran shm")
+    x = big if rank != n - 1 else np.zeros(1500, np.float32)
+    try:
+        comm.all_reduce(x, out=x)
+    except CollectiveMismatchError as exc:
+        report.check("auto (shared arrays)" in str(exc), f"auto mismatch: does not say why: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
+        report.check(False, f"auto mismatch: raised {type(exc).__name__}: {exc}")
+        return
+    report.check(False, "auto: ranks with shared and private arrays got an answer")
+
+
 def shared_mismatch(make) -> None:
     comm = mpi.init(timeout=20)
     x = make(comm)
@@ -169,6 +198,7 @@ def other_blocks(comm):
 
 def main() -> None:
     saved = tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES
+    tuning.SHM_SHARED_FROM_BYTES = 4000
     tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES = 4000, 40  # 1000 float32 a round, 10 a block
     direct_ran = False
     try:
@@ -198,6 +228,8 @@ def main() -> None:
         for make in (one_private, other_blocks):
             shared_mismatch(make)
             meet()
+        auto_shared(mpi.init(timeout=20))
+        meet()
     finally:
         tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES = saved
     report.finish(f"direct={'read' if direct_ran else 'unavailable here'}")
