@@ -183,6 +183,7 @@ def register_array_kind(kind: Any) -> None:
     if kind not in _REGISTERED:
         _REGISTERED.append(kind)
         _kinds.cache_clear()
+        _VIEWED.clear()
 
 
 def kind_of(x: Any) -> Kind | None:
@@ -191,6 +192,34 @@ def kind_of(x: Any) -> Kind | None:
         if kind.kind.detect(x):
             return kind
     return None
+
+
+class HostView(NamedTuple):
+    """An array kind's own way across for its host arrays (``host_view``)."""
+
+    kind: Any
+    on_gpu: Callable[[Any], bool]
+    as_numpy: Callable[[Any], np.ndarray]
+    back: Back
+
+
+_VIEWED: dict[type, HostView | None] = {}  # host_view's answers, by type
+
+
+def host_view(x: Any) -> HostView | None:
+    """How ``x`` crosses where its array kind declares its own way for host arrays
+    (``as_numpy``, ``back`` and ``on_gpu``: PyTorch's): a call may view ``x`` and hand its
+    result back without the edge's general steps; None: the edge's way (``call_foreign``)."""
+    way = _VIEWED.get(x.__class__, _UNSEEN)
+    if way is _UNSEEN:
+        kind = kind_of(x)
+        way = _VIEWED[x.__class__] = (
+            HostView(kind.kind, kind.on_gpu, kind.as_numpy, kind.back)
+            if kind is not None and kind.as_numpy and kind.back and kind.on_gpu else None)
+    return way if way is not None and way.kind.detect(x) else None
+
+
+_UNSEEN: Any = object()
 
 
 def array_kind(x: Any) -> Any:
