@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"collectives": ROOT / "collectives", "collectives.backends": ROOT / "backends",
            "collectives.adapters": ROOT / "adapters"}
 BASE = {"collectives.errors", "collectives.ops", "collectives.arrays", "collectives.kernels",
-        "collectives.compression", "collectives.foreign", "collectives.log",
+        "collectives.compression", "collectives.foreign", "collectives.array_kinds", "collectives.log",
         "collectives.registry", "collectives.version", "collectives.extras", "collectives.hints",
         "collectives.timeline"}
 ORDER = ["base", "algorithms", "runtime", "api", "public", "tools"]

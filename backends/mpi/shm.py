@@ -13,9 +13,9 @@ barriers. Where ranks may read each other's memory (``shm_direct``), large paylo
 copy-in: the reduction reads the peers' inputs where they lie. Where every rank's input and
 result lie in arrays every rank maps (``shm_shared``: ``Communicator.shared_empty``), the call
 is one round through them: each rank reduces its slice from the inputs where they lie and
-writes it into every rank's result, and the barrier after it ends the call. Each slice is reduced once,
-by its owner, in rank order (with NumPy: NaN propagates, every dtype works), so every rank
-holds the same bits.
+writes it into every rank's result, and the barrier after that ends the call. Each slice is
+reduced once, by its owner, in rank order (with NumPy: NaN propagates, every dtype works), so
+every rank holds the same bits.
 
 Why the buffers never clash: round k's copy-in writes the slots others reduce, of buffer
 k % 2, after barrier k-1; the others are then past round k-2's reduce (before barrier k-1)
@@ -241,7 +241,7 @@ class ShmRun:
                 shm = self.shm
                 step = max(tuning.SHM_BLOCK_BYTES // self.dst.itemsize, 1)
                 self.reads = shm_direct.PeerInputs(
-                    [self._header(r, 0) for r in range(shm.n)], shm.me, self.dst.dtype, step,
+                    self._headers(), shm.me, self.dst.dtype, step,
                     shm.scratch(shm.n * step * self.dst.itemsize))
             if self.places is not None:
                 self.views = shm_shared.SharedRun(self.shm.shared, self._headers(), self.dst)

@@ -30,7 +30,6 @@ from collectives.ops import ReduceOp
 
 from . import tuning
 
-ALIGN = 64  # every segment starts on a cache line (MPICH aligns more; asked, not assumed)
 SHARED = 1  # header word MODE: this rank's input and result lie in shared segments
 BLOCK, SRC, DST, MODE = 4, 5, 6, 7  # header words after the direct path's (check, seq, pid, address)
 
@@ -64,11 +63,10 @@ class SharedArrays:
         segments = [np.frombuffer(win.Shared_query(r)[0], np.uint8)  # type: ignore[call-overload]
                     for r in range(self.node.Get_size())]
         own = segments[self.me][:nbytes]
-        own[:] = 0
+        own[:] = 0  # (no peer writes it outside an all-reduce, which starts with a barrier)
         first = own.ctypes.data
         self.segments.append(segments)
         self.spans.append((first, first + nbytes))
-        self.node.Barrier()  # every rank's zeros are in before any rank writes its data
         return own
 
     def algorithm_for(self, x: Any, out: Any) -> str | None:

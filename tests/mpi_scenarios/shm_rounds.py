@@ -125,6 +125,15 @@ def shared(comm) -> None:
                      f"shared {count} in place: result elsewhere")
         report.check(got.tobytes() == want.tobytes(), f"shared {count} in place: not rank order")
         same_bits_everywhere(got, f"shared {count}")
+    # other ops and dtypes (MEAN divides each rank's own result after the call)
+    m = comm.shared_empty(2001, np.float64)
+    m[:] = np.arange(2001) * (rank + 1)
+    got = comm.all_reduce(m, "mean", "shm", out=m)
+    report.check(np.array_equal(got, np.arange(2001) * (n * (n + 1) // 2) / n), "shared mean")
+    i = comm.shared_empty(2001, np.int32)
+    i[:] = np.arange(2001, dtype=np.int32) - rank
+    got = comm.all_reduce(i, "max", "shm", out=i)
+    report.check(np.array_equal(got, np.arange(2001, dtype=np.int32)), "shared int32 max")
     # a rank overwrites its array as soon as its call returns: peers still read the sum
     x = comm.shared_empty(4099, np.float32)
     for k in range(60):
