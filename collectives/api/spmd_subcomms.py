@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..runtime.validate import check_communicable
 from .comm_parts import CommParts
 
 C = TypeVar("C", bound="SubcommOps")  # the communicator's own class
+T = TypeVar("T")
 
 INT_LIMIT = 2 ** 31  # colors and keys are C ints in MPI
 
@@ -88,11 +90,9 @@ class SubcommOps(CommParts):
         CollectiveTimeoutError
             A rank did not call it in time.
         """
-        try:
-            color, key = _check_color(color), _check_key(key)
-            error = None
-        except (TypeError, ValueError) as exc:
-            error = exc
+        checked, error = _attempt(lambda: (_check_color(color), _check_key(key)))
+        if checked is not None:
+            color, key = checked
         child = self._agree_then("split", error, lambda: self.transport.split(color, key))
         if child is None:
             return None
@@ -132,11 +132,9 @@ class SubcommOps(CommParts):
         CollectiveTimeoutError
             A rank did not call it in time.
         """
-        try:
-            shape, dtype = _check_shape(shape), _check_dtype(dtype)
-            error = None
-        except (TypeError, ValueError) as exc:
-            error = exc
+        checked, error = _attempt(lambda: (_check_shape(shape), _check_dtype(dtype)))
+        if checked is not None:
+            shape, dtype = checked
         shared = self.transport.shared_memory
         if shared is None:
             self._agree_then("shared_empty", error, lambda: None)
@@ -162,6 +160,15 @@ class SubcommOps(CommParts):
             return making, [agreement], make
 
         return self.calls.start(what, build, False, None)
+
+
+def _attempt(check: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """What ``check()`` returns, or the TypeError or ValueError it raised (which the agreement
+    raises on this rank, and as ``PeerFailedError`` on the others)."""
+    try:
+        return check(), None
+    except (TypeError, ValueError) as exc:
+        return None, exc
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:

@@ -96,17 +96,23 @@ def in_flight(comm) -> None:
     report.check(np.array_equal(small, np.full(2, n, np.float32)), "a small call behind them")
 
 
-def mismatch(comm) -> None:
-    count = 1000 + (rank == n - 1)
+def raises_mismatch(call, says: str, what: str) -> None:
+    """``call()`` raises CollectiveMismatchError whose text holds ``says``."""
     try:
-        comm.all_reduce(np.ones(count, np.float32), algorithm="shm")
-    except CollectiveMismatchError:
-        report.check(True, "mismatch raised")
+        call()
+    except CollectiveMismatchError as exc:
+        report.check(says in str(exc), f"{what}: the error does not say why: {exc}")
         return
     except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
-        report.check(False, f"mismatch: raised {type(exc).__name__}: {exc}")
+        report.check(False, f"{what}: raised {type(exc).__name__}: {exc}")
         return
-    report.check(False, "ranks with different lengths got an answer")
+    report.check(False, f"{what}: the ranks got an answer")
+
+
+def mismatch(comm) -> None:
+    count = 1000 + (rank == n - 1)
+    raises_mismatch(lambda: comm.all_reduce(np.ones(count, np.float32), algorithm="shm"), "",
+                    "different lengths")
 
 
 def shared(comm) -> None:
@@ -170,29 +176,15 @@ def auto_shared(comm) -> None:
     comm.all_reduce(big)  # a new result: not shared
     report.check(native.last != "shm", "auto, shared input into a new result: ran shm")
     x = big if rank != n - 1 else np.zeros(1500, np.float32)
-    try:
-        comm.all_reduce(x, out=x)
-    except CollectiveMismatchError as exc:
-        report.check("auto (shared arrays)" in str(exc), f"auto mismatch: does not say why: {exc}")
-        return
-    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
-        report.check(False, f"auto mismatch: raised {type(exc).__name__}: {exc}")
-        return
-    report.check(False, "auto: ranks with shared and private arrays got an answer")
+    raises_mismatch(lambda: comm.all_reduce(x, out=x), "auto (shared arrays)",
+                    "auto, shared and private arrays")
 
 
 def shared_mismatch(make) -> None:
     comm = mpi.init(timeout=20)
     x = make(comm)
-    try:
-        comm.all_reduce(x, algorithm="shm", out=x)
-    except CollectiveMismatchError as exc:
-        report.check("shared" in str(exc), f"shared mismatch: the error does not say why: {exc}")
-        return
-    except Exception as exc:  # noqa: BLE001 - the wrong error is a failure to report
-        report.check(False, f"shared mismatch: raised {type(exc).__name__}: {exc}")
-        return
-    report.check(False, "ranks with shared and private arrays got an answer")
+    raises_mismatch(lambda: comm.all_reduce(x, algorithm="shm", out=x), "shared",
+                    f"shared arrays, {make.__name__}")
 
 
 def one_private(comm):
