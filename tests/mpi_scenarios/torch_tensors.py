@@ -2,7 +2,7 @@
 dtype, every call on NumPy arrays and on tensors of the same values, compared on every rank:
 tensors come back, bitwise NumPy's results, which equal the float64 reference (so every rank
 holds the same bits), and the inputs are untouched; then the hot path by address
-(``hot_path_by_address``).
+(``hot_path_by_address``), and a tensor on shared memory (``Communicator.shared_empty``).
 
 Run as ``.venv/bin/mpiexec -n 3 .venv/bin/python tests/mpi_scenarios/torch_tensors.py``.
 """
@@ -71,5 +71,14 @@ def hot_path_by_address() -> list[str]:
 
 wrong = hot_path_by_address()
 report.check(not wrong, "hot path by address: " + "; ".join(wrong[:5]))
+
+# a tensor on shared memory (shared_empty): auto runs the shared-memory all-reduce through it
+shared = torch.from_numpy(comm.shared_empty(1 << 16, "float32"))  # (256 KiB: auto's threshold)
+shared.fill_(rank + 1)
+comm.transport.native.last = None
+got = comm.all_reduce(shared, out=shared)
+report.check(got is shared and bool((shared == n * (n + 1) / 2).all()), "shared tensor: wrong sum")
+report.check(comm.transport.native.last == "shm",
+             f"shared tensor: ran {comm.transport.native.last}, not the shared-memory all-reduce")
 comm.free()
 report.finish(f"dtypes={len(DTYPES)}")
