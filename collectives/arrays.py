@@ -277,6 +277,12 @@ class NumpyArrays:
         return np.concatenate(arrays, axis=axis)
 
     def fuse(self, arrays):
+        arrays = list(arrays)
+        dtype = arrays[0].dtype if arrays else None
+        if dtype is not None and all(a.dtype == dtype for a in arrays):
+            # NumPy flattens each itself (axis=None, C order, as ``flat``): no view per tensor
+            out = self.result((sum(a.size for a in arrays),), dtype)
+            return np.concatenate(arrays, axis=None, out=out)
         return self.concatenate([self.flat(a) for a in arrays], 0)
 
     def split(self, buffer, shapes):

@@ -60,6 +60,10 @@ def _tracks_grad(kind: Any) -> bool:
 def dtypes_of(arrays: Any, xs: list) -> list:
     """Each array's dtype as ``arrays.dtype_of`` gives it, asked once per distinct
     ``(type, dtype)`` (a gradient list has hundreds of tensors and one or two dtypes)."""
+    if xs:  # (the common case: one type, one dtype object)
+        kind, dtype = xs[0].__class__, xs[0].dtype
+        if all(x.__class__ is kind and x.dtype is dtype for x in xs):
+            return [arrays.dtype_of(xs[0])] * len(xs)
     seen: dict = {}
     out = []
     try:

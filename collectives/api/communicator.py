@@ -161,6 +161,10 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         list
             One array of the transport's array backend per item.
         """
+        kind = xs[0].__class__ if xs else None
+        if (kind is not None and (kind is np.ndarray or not issubclass(kind, np.ndarray))
+                and self.arrays.owns(xs[0]) and all(x.__class__ is kind for x in xs)):
+            return list(xs)  # (arrays of one type the backend takes as they are: adapt's answer)
         return [self.adapt(x, f"{argument}[{k}]") for k, x in enumerate(xs)]
 
     def choose_algorithm(self, call: Call) -> str:
