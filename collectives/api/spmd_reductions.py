@@ -212,15 +212,19 @@ class ReductionOps(CommParts):
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
-        view, way = None, host_view(x) if out is None and not async_op else None
-        if way is not None and not way.on_gpu(x):
-            try:  # a host tensor into a new result: viewed, and the result handed back
+        view = out_view = None
+        way = host_view(x) if not async_op else None
+        if way is not None and not way.on_gpu(x) and (out is None or (
+                out.__class__ is x.__class__ and not way.on_gpu(out))):
+            try:  # host tensors: viewed, and a new result handed back (or out= filled)
                 view = way.as_numpy(x)
+                out_view = None if out is None else view if out is x else way.as_numpy(out)
             except Exception:  # noqa: BLE001 - the edge's way raises, naming the fix
                 view = None
         if view is not None and way is not None:
-            result = way.back(self._all_reduce(view, op, algorithm, None, shards, groups, timeout,
-                                               False, compression), x)
+            result = self._all_reduce(view, op, algorithm, out_view, shards, groups, timeout,
+                                      False, compression)
+            result = way.back(result, x) if out is None else out
         else:
             result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
                                   dict(out=out, shards=shards, groups=groups, timeout=timeout,
