@@ -197,7 +197,8 @@ class ReductionOps(CommParts):
         transport's hot path reads them as they are (``for_kind``: PyTorch CUDA tensors over
         NCCL), which it learns at the first agreed call of a signature."""
         key = None
-        if (not shards and groups is None and valid_timeout(timeout)
+        if (self.transport.native is not None  # (a hot path is a native one: none without)
+                and not shards and groups is None and valid_timeout(timeout)
                 and not requested(compression) and hasattr(x, "shape")
                 and hasattr(x, "dtype")):
             try:
