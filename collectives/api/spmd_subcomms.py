@@ -102,12 +102,12 @@ class SubcommOps(CommParts):
         """A zeroed NumPy array in memory every rank of this host maps (MPI: a shared window),
         so that an all-reduce of it reads the peers' parts where they lie. Collective.
 
-        An all-reduce through shared memory (``algorithm="shm"``; ``auto`` where it picks it)
+        An all-reduce through shared memory (``algorithm="shm"``; ``auto`` from 256 KiB)
         whose input and ``out=`` are such arrays on every rank, in place or one into another,
         copies nothing in or out of the library's buffers: each rank reduces its slice from
-        every rank's array and writes it once, then copies the others' slices from their
-        owners' arrays, the least a rank's share of an all-reduce reads and writes. Every
-        rank passes shared arrays, or none does (else `CollectiveMismatchError`). The memory
+        every rank's array and writes it into every rank's result (S bytes read and S written
+        per rank, the least a rank's share of an all-reduce moves). Every rank passes
+        shared arrays, or none does (else `CollectiveMismatchError`). The memory
         stays until the process ends (a shared window is freed collectively, an array by its
         last reference): allocate once, as a training loop allocates its buckets. Where the
         transport has no shared memory of its own (thread ranks, which share one process's
