@@ -40,12 +40,14 @@ def p2p_after_withdrawn_recv(ctx: Ctx) -> Call:
                 first = "returned"
             except CollectiveTimeoutError:
                 first = "timed out"
-            # (rank 1 sends 0.6 s in: a generous timeout, for a loaded machine (4 s was once
-            # too short there); the step still takes 0.6 s when it passes)
+            # rank 1 sends once told the receive was withdrawn (a message that came before
+            # the withdrawal is the withdrawn receive's, by design: on a loaded machine a
+            # fixed delay could not tell the two apart)
+            comm.send(np.zeros(1), 1, tag=6)
             got = [float(comm.recv(np.zeros(4), 1, tag=5, timeout=10.0)[0]) for _ in range(2)]
             return [first, *got]
         if comm.rank == 1:
-            time.sleep(0.6)
+            comm.recv(np.zeros(1), 0, tag=6, timeout=10.0)
             comm.send(np.full(4, 1.0), 0, tag=5)
             comm.send(np.full(4, 2.0), 0, tag=5)
         return None
