@@ -103,7 +103,8 @@ class SubcommOps(CommParts):
         so that an all-reduce of it reads the peers' parts where they lie. Collective.
 
         An all-reduce through shared memory (``algorithm="shm"``; ``auto`` from 256 KiB)
-        whose input and ``out=`` are such arrays on every rank, in place or one into another,
+        whose input and ``out=`` are such arrays (of this communicator) on every rank, in
+        place or one into another,
         copies nothing in or out of the library's buffers: each rank reduces its slice from
         every rank's array and writes it into every rank's result (S bytes read and S written
         per rank, the least a rank's share of an all-reduce moves). Every rank passes
