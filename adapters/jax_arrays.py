@@ -8,7 +8,7 @@ the library packs. Results go back with ``back``: a NumPy result becomes a JAX a
 as ``jax.numpy.asarray`` makes; on the caller's device where its array was committed to one),
 a CuPy result one on the same GPU memory (``jax.numpy.from_dlpack``).
 
-Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
+Found through the ``collectives.array_kinds`` entry points (the module of that name); it
 imports JAX only from the arrays it is given.
 """
 

@@ -19,7 +19,7 @@ results come back as tensors on the same memory (``back``). NumPy has no bfloat1
 bfloat16 tensor crosses as its bits (an int16 view, viewed as ``ml_dtypes.bfloat16``, which
 the library reduces) and comes back the same way: zero-copy both ways.
 
-Found through the ``collectives.array_kinds`` entry points (``collectives.foreign``); it
+Found through the ``collectives.array_kinds`` entry points (the module of that name); it
 imports PyTorch only from the tensors it is given.
 """
 
