@@ -11,8 +11,9 @@ scratch, raising
 ``CollectiveMismatchError`` naming both dtypes and lengths. So a mismatch
 or a withdrawn receive never pairs a later message with the wrong receive: a receive
 withdrawn (its timeout) before its header came took nothing, and the next receive gets that
-message; one withdrawn after its header came takes the rest of its message into scratch,
-ahead of the next receive.
+message; one whose header came as it was withdrawn (the rank was not running when the message
+arrived) hands the header to the next receive of that source and tag, so nothing is lost; one
+withdrawn while taking its data takes the rest into scratch, ahead of the next receive.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class MessageChannel(MPIChannel):
     def __init__(self, comm: Any, tags: Any):
         super().__init__(comm, tags, "p2p", probe=False)
         self.queues: dict[tuple[int, int], deque] = {}  # receives waiting, by (source, tag)
+        # headers that came as their receives were withdrawn, for the next receives, in order
+        self.held: dict[tuple[int, int], deque] = {}
 
     def send(self, data: np.ndarray, dst: int, tag: tuple) -> _Send:
         seq = tag[0]
@@ -119,14 +122,21 @@ class _Take:
 
     def _step(self) -> bool:
         if self.pieces is None:
-            if self.head_req is None:  # up to SMALL bytes of data may ride with the header
-                nbytes = self.data.nbytes if not self.withdrawn else 0
-                self.head = np.empty(typed.HEADER + min(nbytes, typed.SMALL), np.uint8)
-                self.head_req = self.channel.comm.Irecv([self.head, MPI.BYTE], self.src,
-                                                        self.key[1])
-            if not self.head_req.Test(self.status):
-                return False
-            self._read_header(self.status.Get_count(MPI.BYTE))
+            held = self.channel.held.get(self.key) if self.head_req is None else None
+            if held:  # a header a withdrawn receive handed on: this receive's message
+                self.head = held.popleft()
+                if not held:
+                    del self.channel.held[self.key]
+                self._read_header(len(self.head))
+            else:
+                if self.head_req is None:  # up to SMALL bytes of data may ride with the header
+                    nbytes = self.data.nbytes if not self.withdrawn else 0
+                    self.head = np.empty(typed.HEADER + min(nbytes, typed.SMALL), np.uint8)
+                    self.head_req = self.channel.comm.Irecv([self.head, MPI.BYTE], self.src,
+                                                            self.key[1])
+                if not self.head_req.Test(self.status):
+                    return False
+                self._read_header(self.status.Get_count(MPI.BYTE))
         status = self.status
         while self.pieces:
             if self.req is not None:
@@ -173,7 +183,9 @@ class _Take:
 
     def withdraw(self) -> None:
         """This receive gives up (its timeout): before its header came it takes nothing and
-        leaves the queue; after, the rest of its message still goes, to scratch."""
+        leaves the queue; if the header came as it gave up, the next receive of its source
+        and tag gets it (and the data behind it); once it was taking the data, the rest of
+        its message still goes, to scratch."""
         if self.done_:
             return
         if self.pieces is None and self.head_req is not None:
@@ -183,10 +195,13 @@ class _Take:
                 taken = not self.status.Is_cancelled()
             except MPI.Exception:
                 taken = False  # a truncated header: taken whole, nothing follows
-            if taken:
-                self.withdrawn = self.discard = True
-                self._read_header(self.status.Get_count(MPI.BYTE))
             self.head_req = None
+            if taken and self.head is not None:
+                head = self.head[:self.status.Get_count(MPI.BYTE)]
+                self.channel.held.setdefault(self.key, deque()).append(head)
+                self.head = None
+                self._finish()
+                return
         if self.pieces is None or (not self.pieces and self.req is None):
             self._finish()  # nothing of a message is left to take
             return

@@ -56,6 +56,37 @@ def p2p_after_withdrawn_recv(ctx: Ctx) -> Call:
                 same=False)
 
 
+def p2p_header_came_as_withdrawn(count: int):
+    """Rank 0's receive is withdrawn after its message's header came (as when a rank that was
+    not running finds both its deadline passed and the message there; forced here through
+    the MPI channel: the header's receive posted, the message sent and matched, then the
+    withdrawal): its next two receives get both messages of ``count`` float64, in order
+    (none is lost; a large one's data follows its header in messages of their own)."""
+    def step(ctx: Ctx) -> Call:
+        def body(comm):
+            if comm.rank == 0:
+                channel = comm.transport.p2p
+                take = channel.recv(np.zeros(count), 1, (5, 0, 0, 0), in_place=True)
+                take.done()  # (the header's receive is posted; nothing has come yet)
+            comm.barrier()
+            # (sent before rank 0 receives them: a send that waits for its receive must not
+            # block the barrier)
+            sends = [comm.isend(np.full(count, value), 0, tag=5) for value in (1.0, 2.0)
+                     ] if comm.rank == 1 else []
+            comm.barrier()  # (the first message's header matched the posted receive)
+            for send in sends:
+                send.wait(10.0)
+            if comm.rank != 0:
+                return None
+            channel.cancel([take])
+            got = [comm.recv(np.zeros(count), 1, tag=5, timeout=10.0) for _ in range(2)]
+            return [sorted(set(g.tolist())) for g in got]
+
+        return Call(body, expect=expecting_value([[1.0], [2.0]] if ctx.rank == 0 else None),
+                    same=False)
+    return step
+
+
 def p2p_send_withdrawn(ctx: Ctx) -> Call:
     """Rank 0's send times out (rank 1 has posted no receive yet): a CollectiveTimeoutError
     (not an internal error), and the message is withdrawn: rank 1 receives the next one."""

@@ -39,6 +39,9 @@ X = np.arange(COUNT, dtype=np.float64)
 # --- point-to-point: withdrawn receives and sends, a receiver that raised, bad timeouts --------
 
 add("p2p-withdrawn-recv-loses-nothing", cb.p2p_after_withdrawn_recv, timeout=2.0, limit=14)
+for count, size in ((4, "small"), (100_000, "large")):
+    add(f"p2p-header-came-as-withdrawn-loses-nothing-{size}", cb.p2p_header_came_as_withdrawn(count),
+        where=("mpi",), timeout=2.0, limit=14)
 add("p2p-withdrawn-send", cb.p2p_send_withdrawn, timeout=2.0, limit=8, **THREADS)
 add("p2p-send-to-raising-rank", cb.p2p_send_to_raising_rank, timeout=5.0, **THREADS)
 add("p2p-recv-bad-timeout", cb.p2p_bad_timeout, timeout=2.0, limit=8)
