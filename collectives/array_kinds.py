@@ -131,6 +131,7 @@ class HostView(NamedTuple):
     on_gpu: Callable[[Any], bool]
     as_numpy: Callable[[Any], np.ndarray]
     back: Back
+    takes_out: bool  # whether one of its arrays may be an ``out=`` (no ``out_refusal``)
 
 
 _VIEWED: dict[type, HostView | None] = {}  # host_view's answers, by type
@@ -144,7 +145,7 @@ def host_view(x: Any) -> HostView | None:
     if way is _UNSEEN:
         kind = kind_of(x)
         way = _VIEWED[x.__class__] = (
-            HostView(kind.kind, kind.on_gpu, kind.as_numpy, kind.back)
+            HostView(kind.kind, kind.on_gpu, kind.as_numpy, kind.back, kind.out_refusal is None)
             if kind is not None and kind.as_numpy and kind.back and kind.on_gpu else None)
     return way if way is not None and way.kind.detect(x) else None
 

@@ -178,3 +178,42 @@ def test_register_array_kind_takes_a_kind_that_does_not_pack():
         assert all(isinstance(r, _Wrapped) for r in results), results
         assert np.array_equal(results[0].data, [0.0, 2.0, 4.0])
         assert np.array_equal(results[1].data, [2.0, 2.0])
+
+
+class _Viewed(_Wrapped):
+    """Arrays whose kind crosses them its own way (as_numpy, back, on_gpu) but takes no out=."""
+
+
+class _ViewedKind(_DetectsOnly):
+    out_refusal = "these arrays are immutable"
+
+    @staticmethod
+    def detect(x: object) -> bool:
+        return isinstance(x, _Viewed)
+
+    @staticmethod
+    def as_numpy(x):
+        return x.data
+
+    @staticmethod
+    def on_gpu(x) -> bool:
+        return False
+
+    @staticmethod
+    def back(result, like):
+        return _Viewed(result)
+
+
+def test_a_kind_that_crosses_its_own_way_still_refuses_an_out():
+    """The short way across (``host_view``) keeps the edge's refusal of an ``out=`` its kind
+    cannot fill: the error names ``out`` and the kind's reason."""
+    register_array_kind(_ViewedKind())
+
+    def body(comm):
+        got = comm.all_reduce(_Viewed(np.arange(3.0)))
+        with pytest.raises(TypeError, match="out.*immutable"):
+            comm.all_reduce(_Viewed(np.arange(3.0)), out=_Viewed(np.zeros(3)))
+        return got
+
+    for got in collectives.run(body, 1):
+        assert isinstance(got, _Viewed) and np.array_equal(got.data, [0.0, 1.0, 2.0])

@@ -216,7 +216,7 @@ class ReductionOps(CommParts):
         view = out_view = None
         way = host_view(x) if not async_op else None
         if way is not None and not way.on_gpu(x) and (out is None or (
-                out.__class__ is x.__class__ and not way.on_gpu(out))):
+                way.takes_out and out.__class__ is x.__class__ and not way.on_gpu(out))):
             try:  # host tensors: viewed, and a new result handed back (or out= filled)
                 view = way.as_numpy(x)
                 out_view = None if out is None else view if out is x else way.as_numpy(out)
