@@ -146,8 +146,8 @@ def test_register_array_kind_refuses_what_is_not_one(bad, says):
     assert all(isinstance(g, ToyArray) and np.array_equal(g.data, [0.0, 2.0, 4.0]) for g in got)
 
 
-class _Wrapped:
-    """Arrays whose module has no ``from_dlpack``: only their kind's ``back`` makes one."""
+class _Holder:
+    """An array held inside, crossing through DLPack."""
 
     def __init__(self, data):
         self.data = np.asarray(data)
@@ -158,6 +158,10 @@ class _Wrapped:
 
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
+
+
+class _Wrapped(_Holder):
+    """Arrays whose module has no ``from_dlpack``: only their kind's ``back`` makes one."""
 
 
 class _WrappedKind(_DetectsOnly):
@@ -180,8 +184,9 @@ def test_register_array_kind_takes_a_kind_that_does_not_pack():
         assert np.array_equal(results[1].data, [2.0, 2.0])
 
 
-class _Viewed(_Wrapped):
-    """Arrays whose kind crosses them its own way (as_numpy, back, on_gpu) but takes no out=."""
+class _Viewed(_Holder):
+    """Arrays whose kind crosses them its own way (as_numpy, back, on_gpu) but takes no out=
+    (not a ``_Wrapped``: its kind, registered earlier, would claim them first)."""
 
 
 class _ViewedKind(_DetectsOnly):
