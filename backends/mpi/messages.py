@@ -121,22 +121,8 @@ class _Take:
             raise self.channel.failed("receiving from", self.src, self.seq, exc) from exc
 
     def _step(self) -> bool:
-        if self.pieces is None:
-            held = self.channel.held.get(self.key) if self.head_req is None else None
-            if held:  # a header a withdrawn receive handed on: this receive's message
-                self.head = held.popleft()
-                if not held:
-                    del self.channel.held[self.key]
-                self._read_header(len(self.head))
-            else:
-                if self.head_req is None:  # up to SMALL bytes of data may ride with the header
-                    nbytes = self.data.nbytes if not self.withdrawn else 0
-                    self.head = np.empty(typed.HEADER + min(nbytes, typed.SMALL), np.uint8)
-                    self.head_req = self.channel.comm.Irecv([self.head, MPI.BYTE], self.src,
-                                                            self.key[1])
-                if not self.head_req.Test(self.status):
-                    return False
-                self._read_header(self.status.Get_count(MPI.BYTE))
+        if self.pieces is None and not self._header():
+            return False
         status = self.status
         while self.pieces:
             if self.req is not None:
@@ -156,6 +142,25 @@ class _Take:
         self._finish()
         if self.error is not None and not self.withdrawn:
             raise self.error
+        return True
+
+    def _header(self) -> bool:
+        """Take the next message's header (one a withdrawn receive handed on, else one that
+        came); False while none has."""
+        held = self.channel.held.get(self.key) if self.head_req is None else None
+        if held:
+            self.head = held.popleft()
+            if not held:
+                del self.channel.held[self.key]
+            self._read_header(len(self.head))
+            return True
+        if self.head_req is None:  # up to SMALL bytes of data may ride with the header
+            nbytes = self.data.nbytes if not self.withdrawn else 0
+            self.head = np.empty(typed.HEADER + min(nbytes, typed.SMALL), np.uint8)
+            self.head_req = self.channel.comm.Irecv([self.head, MPI.BYTE], self.src, self.key[1])
+        if not self.head_req.Test(self.status):
+            return False
+        self._read_header(self.status.Get_count(MPI.BYTE))
         return True
 
     def _read_header(self, got: int) -> None:
