@@ -20,6 +20,7 @@ from ..runtime.prepared import PreparedCall
 from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
 from .comm_parts import CommParts
+from .spmd_reductions import through_shared
 
 
 class PreparedOps(CommParts):
@@ -74,6 +75,7 @@ class PreparedOps(CommParts):
             being it).
         """
         xa = self.adapt(x, "x")
+        algorithm = through_shared(self.transport, xa, out, algorithm)
         call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays

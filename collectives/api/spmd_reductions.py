@@ -27,6 +27,16 @@ from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
 
 
+def through_shared(transport: Any, x: Any, out: Any, algorithm: Any) -> Any:
+    """``algorithm``; or, for ``"auto"`` where ``x`` and ``out`` lie in memory the transport's
+    ranks share (``Communicator.shared_empty``), the transport's way through it
+    (``SharedMemory.algorithm_for``: a name of its own, in the call's signature)."""
+    shared = transport.shared_memory
+    if shared is not None and out is not None and algorithm == "auto":
+        return shared.algorithm_for(x, out) or algorithm
+    return algorithm
+
+
 class ReductionOps(CommParts):
     """All-reduce and reduce (mixed into Communicator)."""
 
@@ -116,10 +126,7 @@ class ReductionOps(CommParts):
         if requested(compression):
             return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
                                    groups=groups, timeout=timeout, async_op=async_op)
-        shared = self.transport.shared_memory
-        if shared is not None and out is not None and algorithm == "auto":
-            # arrays every rank maps (shared_empty): the transport's way through them
-            algorithm = shared.algorithm_for(x, out) or algorithm
+        algorithm = through_shared(self.transport, x, out, algorithm)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
         # timeout= takes the checked path, which raises naming it). An asynchronous call

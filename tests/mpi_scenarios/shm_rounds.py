@@ -172,6 +172,14 @@ def auto_shared(comm) -> None:
         report.check(np.array_equal(got, np.full(len(x), n * (n + 1) / 2, np.float32)),
                      f"auto, shared {len(x)}: wrong sum")
         report.check(native.last == runs, f"auto, shared {len(x)}: ran {native.last}, not {runs}")
+    big[:] = rank + 1  # the same, prepared (agreed once, started twice)
+    prepared = comm.all_reduce_init(big, out=big)
+    for k in range(2):
+        native.last = None
+        prepared.start().wait()
+        report.check(native.last == "shm", f"auto, shared, prepared start {k}: ran {native.last}")
+    report.check(np.array_equal(big, np.full(1500, (n * (n + 1) / 2) * n, np.float32)),
+                 "auto, shared, prepared: wrong sums")
     native.last = None
     comm.all_reduce(big)  # a new result: not shared
     report.check(native.last != "shm", "auto, shared input into a new result: ran shm")
