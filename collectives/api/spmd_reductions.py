@@ -117,12 +117,31 @@ class ReductionOps(CommParts):
     def _all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int, groups: Any,
                     timeout: float | None, async_op: bool, compression: str | None) -> Any:
         """``all_reduce`` beyond the hot path (kept apart: its closures would make every
-        argument of ``all_reduce`` a cell, which costs the hot path a few hundred ns)."""
-        if x.__class__ is not np.ndarray and isinstance(x, np.ndarray):
-            x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
-        if is_foreign(x) or is_foreign(out):
+        argument of ``all_reduce`` a cell, which costs the hot path a few hundred ns): another
+        library's arrays cross here, the rest runs as ``_own_all_reduce``."""
+        if x.__class__ is not np.ndarray:
+            if isinstance(x, np.ndarray):
+                x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
+            else:
+                if self.transport.native is None and not async_op:  # (no hot path to learn)
+                    result = self._viewed_all_reduce(x, op, algorithm, out, shards, groups,
+                                                     timeout, compression)
+                    if result is not None:
+                        return result
+                if is_foreign(x):
+                    return self._foreign_all_reduce(x, op, algorithm, out, shards, groups,
+                                                    timeout, async_op, compression)
+        if out is not None and out.__class__ is not np.ndarray and is_foreign(out):
             return self._foreign_all_reduce(x, op, algorithm, out, shards, groups, timeout,
                                             async_op, compression)
+        return self._own_all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op,
+                                    compression)
+
+    def _own_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
+                        groups: Any, timeout: float | None, async_op: bool,
+                        compression: str | None) -> Any:
+        """``all_reduce`` of the transport's own arrays (NumPy's, or a backend's such as
+        CuPy's), called inside ``_all_reduce``'s refusal (no second one)."""
         if requested(compression):
             return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
                                    groups=groups, timeout=timeout, async_op=async_op)
@@ -220,26 +239,35 @@ class ReductionOps(CommParts):
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
-        view = out_view = None
-        way = host_view(x) if not async_op else None
-        if way is not None and not way.on_gpu(x) and (out is None or (
-                way.takes_out and out.__class__ is x.__class__ and not way.on_gpu(out))):
-            try:  # host tensors: viewed, and a new result handed back (or out= filled)
-                view = way.as_numpy(x)
-                out_view = None if out is None else view if out is x else way.as_numpy(out)
-            except Exception:  # noqa: BLE001 - the edge's way raises, naming the fix
-                view = None
-        if view is not None and way is not None:
-            result = self._all_reduce(view, op, algorithm, out_view, shards, groups, timeout,
-                                      False, compression)
-            result = way.back(result, x) if out is None else out
-        else:
+        result = None if async_op else self._viewed_all_reduce(
+            x, op, algorithm, out, shards, groups, timeout, compression)
+        if result is None:
             result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
                                   dict(out=out, shards=shards, groups=groups, timeout=timeout,
                                        async_op=async_op, compression=compression))
         if key is not None and key not in self.calls.hot_paths:
             self._learn_kind(x, key)
         return result
+
+    def _viewed_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
+                           groups: Any, timeout: float | None, compression: str | None) -> Any:
+        """A blocking ``all_reduce`` of a host array whose kind has its own way across
+        (``host_view``: PyTorch CPU tensors): run on a NumPy view of it, the result handed
+        back (or ``out=`` of the same kind filled). None where that way does not apply (a GPU
+        tensor, another kind of ``out=``, a view the kind refuses): the edge's way then runs
+        and names the fix."""
+        way = host_view(x)
+        if way is None or way.on_gpu(x) or not (out is None or (
+                way.takes_out and out.__class__ is x.__class__ and not way.on_gpu(out))):
+            return None
+        try:
+            view = way.as_numpy(x)
+            out_view = None if out is None else view if out is x else way.as_numpy(out)
+        except Exception:  # noqa: BLE001 - the edge's way raises, naming the fix
+            return None
+        result = self._own_all_reduce(view, op, algorithm, out_view, shards, groups, timeout,
+                                      False, compression)
+        return way.back(result, x) if out is None else out
 
     def _learn_kind(self, x: Any, key: tuple) -> None:
         """Bind the hot path of ``x``'s signature (``key``) to its array kind, where the
