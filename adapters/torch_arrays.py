@@ -127,12 +127,14 @@ class TorchArrays:
 
     def fuse(self, arrays: Sequence[Any], out: Any = None, views: Any = None) -> Any:
         """A bucket in one call: PyTorch's own flattening (as DDP's), where it has one;
-        ``out``: a kept bucket to fill, on a GPU through its ``views`` (one
-        ``_foreach_copy_``, as DDP copies gradients into its buckets) where they are given,
-        else with one ``cat`` into it."""
+        ``out``: a kept bucket to fill, through its ``views`` where they are given (one
+        ``_foreach_copy_``, as DDP copies gradients into its buckets), else with one ``cat``
+        into it. (A ``cat`` needs each tensor flattened first: one PyTorch call per tensor,
+        each of which lets go of the interpreter lock; on the CPU, 161 small tensors packed
+        in 0.1 ms by ``_foreach_copy_`` against 0.36 ms by ``cat``.)"""
         torch = _torch()
         if out is not None:
-            if views is not None and out.is_cuda and hasattr(torch, "_foreach_copy_"):
+            if views is not None and hasattr(torch, "_foreach_copy_"):
                 torch._foreach_copy_(list(views), list(arrays))
                 return out
             return torch.cat([self.flat(a) for a in arrays], out=out)

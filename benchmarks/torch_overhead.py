@@ -14,7 +14,7 @@ slowest rank's): what a call costs the caller, which other processes' turns on a
 machine's cores disturb less than the wall time.
 
     python benchmarks/torch_overhead.py [-p 2] [-s 4K 64K 1M 16M 64M] [-r 15] [--mpi]
-                                        [--edge] [--core] [--json out.json]
+                                        [--edge] [--core] [--batch] [--json out.json]
 
 ``--edge`` adds two ways per size: NumPy's call on a NumPy view of the tensor's own memory
 (PyTorch's allocator places it, not NumPy's: at the largest sizes that alone can move the
@@ -25,6 +25,9 @@ where a missed target's time goes. ``--core`` times the same ways on one rank of
 *mirror* transport (``mirror.py``: every peer already there, nothing waits), in one thread's
 CPU time: the core's own work per call, which waiting and other processes disturb least, and
 the Python function calls each way makes per call (a count, which noise cannot move).
+``--batch`` times ``comm.batch_all_reduce`` of a gradient list instead: ResNet-50's 161
+gradient shapes at half width (``train_step.shapes``), each first dimension scaled so that the
+list holds about the size given (27 MiB: the whole list), as NumPy arrays and as tensors.
 """
 
 from __future__ import annotations
@@ -53,12 +56,21 @@ def parse_size(text: str) -> int:
     return int(text[:-1] if scale > 1 else text) * scale
 
 
-def ways(comm, nbytes: int, edge: bool) -> dict:
+def ways(comm, nbytes: int, edge: bool, batch: bool = False) -> dict:
     """The calls timed at ``nbytes``, by name (each returns nothing; results are dropped)."""
     import torch
 
     from collectives.foreign import Edge
 
+    if batch:
+        import train_step
+
+        whole = sum(np.prod(s) for s in train_step.shapes("half", 1.0)) * 4
+        shapes = train_step.shapes("half", min(1.0, nbytes / whole))
+        xs = [np.ones(s, np.float32) for s in shapes]
+        ts = [torch.ones(s, dtype=torch.float32) for s in shapes]
+        return {"numpy": lambda: comm.batch_all_reduce(xs),
+                "torch": lambda: comm.batch_all_reduce(ts)}
     x = np.ones(nbytes // 4, np.float32)
     t = torch.ones(nbytes // 4, dtype=torch.float32)
     found = {"numpy": lambda: comm.all_reduce(x), "torch": lambda: comm.all_reduce(t)}
@@ -72,15 +84,16 @@ def ways(comm, nbytes: int, edge: bool) -> dict:
     return found
 
 
-def measure(comm, sizes: list[int], repeats: int, edge: bool, slowest, meet=None) -> list[dict]:
+def measure(comm, sizes: list[int], repeats: int, edge: bool, slowest, meet=None,
+            batch: bool = False) -> list[dict]:
     """Every rank runs this; rank 0's list holds the rows. ``slowest(seconds)``: the largest
     of every rank's value; ``meet()``: what lines the ranks up before each timing (default
     ``comm.barrier``)."""
     meet = comm.barrier if meet is None else meet
     rows = []
     for nbytes in sizes:
-        calls = ITERS.get(nbytes, 2)
-        timed = ways(comm, nbytes, edge)
+        calls = max(2, (16 << 20) // nbytes) if batch else ITERS.get(nbytes, 2)
+        timed = ways(comm, nbytes, edge and not batch, batch)
         names = list(timed)
         for name in names:  # warm up: plans cached, signatures agreed, hot paths bound
             for _ in range(3):
@@ -132,7 +145,7 @@ def edge_parts(repeats: int, calls: int = 20000) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def core_alone(p: int, sizes: list[int], repeats: int) -> list[dict]:
+def core_alone(p: int, sizes: list[int], repeats: int, batch: bool = False) -> list[dict]:
     """Each way's CPU time per call on rank 0 of a mirror transport, and its function calls."""
     import cProfile
     import pstats
@@ -142,7 +155,8 @@ def core_alone(p: int, sizes: list[int], repeats: int) -> list[dict]:
     from collectives.api.communicator import Communicator
 
     comm = Communicator(MirrorTransport(0, p))
-    rows = measure(comm, sizes, repeats, True, lambda seconds: seconds, meet=lambda: None)
+    rows = measure(comm, sizes, repeats, not batch, lambda seconds: seconds, meet=lambda: None,
+                   batch=batch)
     def count(way) -> int:
         profile = cProfile.Profile()
         profile.runcall(lambda: [way() for _ in range(100)])  # noqa: B023 (run at once)
@@ -150,42 +164,44 @@ def core_alone(p: int, sizes: list[int], repeats: int) -> list[dict]:
 
     nothing = count(lambda: None)  # (the loop's own calls)
     for row, nbytes in zip(rows, sizes):
-        for name, way in ways(comm, nbytes, True).items():
+        for name, way in ways(comm, nbytes, not batch, batch).items():
             row[f"{name} calls"] = (count(way) - nothing) / 100
     return rows
 
 
-def on_threads(p: int, sizes: list[int], repeats: int, edge: bool) -> list[dict]:
+def on_threads(p: int, sizes: list[int], repeats: int, edge: bool, batch: bool) -> list[dict]:
     import collectives
 
-    def body(comm):
-        return measure(comm, sizes, repeats, edge, lambda seconds: seconds)  # (rank 0's clock)
+    def body(comm):  # (rank 0's clock)
+        return measure(comm, sizes, repeats, edge, lambda seconds: seconds, batch=batch)
 
     return collectives.run(body, p)[0]
 
 
-def mpi_worker(sizes: list[int], repeats: int, edge: bool, out: str) -> None:
+def mpi_worker(sizes: list[int], repeats: int, edge: bool, batch: bool, out: str) -> None:
     """One MPI rank of the ``--mpi`` launch; rank 0 writes the rows to ``out``."""
     from collectives.backends import mpi
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     comm = mpi.init()
-    rows = measure(comm, sizes, repeats, edge, lambda s: world.allreduce(s, op=MPI.MAX))
+    rows = measure(comm, sizes, repeats, edge, lambda s: world.allreduce(s, op=MPI.MAX),
+                   batch=batch)
     if comm.rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
     comm.free()
 
 
-def on_mpi(p: int, sizes: list[int], repeats: int, edge: bool) -> list[dict]:
+def on_mpi(p: int, sizes: list[int], repeats: int, edge: bool, batch: bool) -> list[dict]:
     import tempfile
 
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         cmd = [mpiexec, "-n", str(p), sys.executable, os.path.abspath(__file__), "--worker",
-               out, "-r", str(repeats), "-s", *[str(s) for s in sizes]] + (["--edge"] if edge else [])
+               out, "-r", str(repeats), "-s", *[str(s) for s in sizes]] + (["--edge"] if edge else []) + (
+            ["--batch"] if batch else [])
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         with open(out) as f:
             return json.load(f)
@@ -227,12 +243,14 @@ def main() -> None:
     parser.add_argument("--edge", action="store_true", help="also time NumPy plus the edge alone")
     parser.add_argument("--core", action="store_true",
                         help="also on one rank of a mirror transport (the core alone)")
+    parser.add_argument("--batch", action="store_true",
+                        help="time batch_all_reduce of ResNet-50's gradient list of that size")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # (an MPI rank of --mpi)
     args = parser.parse_args()
     sizes = [parse_size(str(s)) for s in args.s]
     if args.worker:
-        mpi_worker(sizes, args.r, args.edge, args.worker)
+        mpi_worker(sizes, args.r, args.edge, args.batch, args.worker)
         return
     import torch
 
@@ -245,21 +263,23 @@ def main() -> None:
         for name, us in steps.items():
             print(f"  {name:20s} {us:6.2f}")
     if args.core:
-        results["core alone"] = core_alone(args.p, sizes, args.r)
+        results["core alone"] = core_alone(args.p, sizes, args.r, args.batch)
         for row in results["core alone"]:
             print(f"{row['bytes']} bytes: Python function calls per call: " + ", ".join(
                 f"{k[:-6]} {v:g}" for k, v in row.items() if k.endswith(" calls")))
-    results["threads"] = on_threads(args.p, sizes, args.r, args.edge)
+    results["threads"] = on_threads(args.p, sizes, args.r, args.edge, args.batch)
     if args.mpi:
-        results["mpi"] = on_mpi(args.p, sizes, args.r, args.edge)
+        results["mpi"] = on_mpi(args.p, sizes, args.r, args.edge, args.batch)
     for where, rows in results.items():
         if not isinstance(rows, list):
             continue
         print()
-        print(table(f"{where}, p={args.p}, float32 all_reduce (sum, auto), {args.r} repeats", rows))
+        what = ("batch_all_reduce of ResNet-50's list" if args.batch else "all_reduce")
+        print(table(f"{where}, p={args.p}, float32 {what} (sum, auto), {args.r} repeats", rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"p": args.p, "repeats": args.r, **results}, f, indent=1)
+            json.dump({"p": args.p, "repeats": args.r, "batch": args.batch, **results}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
