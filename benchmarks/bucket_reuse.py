@@ -1,6 +1,8 @@
 """A training step's gradient list with its buckets kept from step to step, and without.
 
-ResNet-50's 161 gradients (PyTorch CPU tensors, 25.6 M float32) all-reduced on thread ranks,
+ResNet-50's 161 gradients (PyTorch CPU tensors, 25.6 M float32; ``--library numpy``: NumPy
+arrays; ``--scale``: each first dimension scaled, for a list whose host time is most of a
+step) all-reduced on thread ranks,
 each step in two ways of calling (``batch_all_reduce``, and ``comm.buckets`` fed in backward
 order), each way twice: with each step's results dropped before the next step (the library
 packs into the buckets it kept and hands back the same views: ``algorithms/reuse.py``), and
@@ -8,7 +10,8 @@ with each step's results held until the next step's come (every bucket and view 
 ways alternate in interleaved repeats (``gpu_stats.interleaved``); each ratio has a paired
 bootstrap interval. Rank 0's times are printed, and written to ``--out``.
 
-    python benchmarks/bucket_reuse.py [-p 2] [-r 7] [--calls 3] [--bucket-mib 25] [--out F]
+    python benchmarks/bucket_reuse.py [-p 2] [-r 7] [--calls 3] [--bucket-mib 25]
+                                      [--library torch|numpy] [--scale 1] [--out F]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import platform
 
+import numpy as np
 from gpu_peers import resnet50_shapes
 from gpu_stats import brief, interleaved, row
 
@@ -30,15 +34,26 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3, help="steps per timed repeat")
     parser.add_argument("--bucket-mib", type=int, default=25)
     parser.add_argument("--tensors", type=int, default=161, help="the first N of ResNet-50's")
+    parser.add_argument("--library", choices=["torch", "numpy"], default="torch")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="scale every first dimension by this (at least 1 element)")
     parser.add_argument("--out", help="JSON file for the rows")
     args = parser.parse_args()
-    import torch
+    if args.library == "torch":
+        import torch
 
-    shapes = resnet50_shapes()[:args.tensors]
+        def full(shape, value):
+            return torch.full(shape, value)
+    else:
+        def full(shape, value):
+            return np.full(shape, value, np.float32)
+
+    shapes = [(max(1, int(s[0] * args.scale)), *s[1:])
+              for s in resnet50_shapes()[:args.tensors]]
     bucket_bytes = args.bucket_mib << 20
 
     def body(comm):
-        grads = [torch.full(s, float(comm.rank + 1)) for s in shapes]
+        grads = [full(s, float(comm.rank + 1)) for s in shapes]
         # the held ways on a communicator of their own: a communicator keeps one set of
         # buckets per list, which results held by one way would pin for the other
         other = comm.dup()
@@ -69,6 +84,7 @@ def main() -> None:
                 "buckets_held": holding("buckets", by_buckets(other))}
         times = interleaved(ways, lambda: None, args.repeats, args.calls)
         return row({"kind": "step", "ranks": args.p, "tensors": len(shapes),
+                    "library": args.library, "scale": args.scale,
                     "bucket_bytes": bucket_bytes}, times,
                    [("batch", "batch_held"), ("buckets", "buckets_held")])
 
@@ -77,7 +93,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "benchmarks/bucket_reuse.py", "args": vars(args),
-                       "torch": torch.__version__, "machine": platform.platform(),
+                       "numpy": np.__version__, "machine": platform.platform(),
                        "rows": [result]}, f, indent=1)
 
 

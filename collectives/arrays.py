@@ -12,9 +12,6 @@ the steady state and a user never holds a buffer the library will write again.
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -22,7 +19,9 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from . import kernels
+from .algorithms.reuse import held_by_one
 from .ops import ReduceOp
+from .result_pool import ResultPool
 
 Array = Any  # an array of the backend's array module
 
@@ -165,59 +164,6 @@ def unsafe_outputs(backend: ArrayBackend, inputs: Sequence[Array],
     return False
 
 
-class ResultPool:
-    """Mapped memory for results, reused only when nobody else holds it.
-
-    A result is a view of an owner buffer from the pool; every view of it (and every view of
-    those) keeps the owner alive, so the owner's reference count tells exactly whether a user
-    still holds any part of it. Buffers below ``min_bytes`` come from ``malloc``'s heap anyway
-    and are not pooled. The pool keeps at most ``per_size`` buffers of one size, buffers of at
-    most ``sizes`` different sizes and ``max_bytes`` in all, dropping the least recently used:
-    a loop that repeats its sizes is served from the pool, one whose sizes keep changing holds
-    little.
-    """
-
-    def __init__(self, min_bytes: int = 64 << 10, per_size: int = 8, sizes: int = 16,
-                 max_bytes: int = 256 << 20):
-        self.min_bytes, self.per_size, self.max_bytes = min_bytes, per_size, max_bytes
-        self.sizes = sizes
-        self._free: OrderedDict[int, list[np.ndarray]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> np.ndarray:
-        if nbytes < self.min_bytes:
-            return np.empty(nbytes, np.uint8)
-        with self._lock:
-            owners = self._free.get(nbytes)
-            if owners is None:
-                owners = self._free[nbytes] = []
-            self._free.move_to_end(nbytes)
-            for owner in owners:
-                # the list, the loop variable and getrefcount's argument: nobody else
-                if sys.getrefcount(owner) <= 3:
-                    return owner
-            owner = np.empty(nbytes, np.uint8)
-            if len(owners) < self.per_size:
-                owners.append(owner)
-                self._bytes += nbytes
-                self._evict()
-            return owner
-
-    def _evict(self) -> None:
-        while (self._bytes > self.max_bytes or len(self._free) > self.sizes) and self._free:
-            size, owners = next(iter(self._free.items()))
-            if owners:
-                owners.pop(0)
-                self._bytes -= size
-            if not owners:
-                del self._free[size]
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-
 class NumpyArrays:
     """The array backend for NumPy arrays (host memory)."""
 
@@ -276,14 +222,38 @@ class NumpyArrays:
             return np.concatenate(arrays, out=out)
         return np.concatenate(arrays, axis=axis)
 
-    def fuse(self, arrays):
+    def fuse(self, arrays, out=None, views=None):
+        """A bucket of ``arrays`` (``out``: a kept bucket to fill; its ``views`` are not
+        needed: one ``concatenate`` fills it)."""
         arrays = list(arrays)
         dtype = arrays[0].dtype if arrays else None
         if dtype is not None and all(a.dtype == dtype for a in arrays):
             # NumPy flattens each itself (axis=None, C order, as ``flat``): no view per tensor
-            out = self.result((sum(a.size for a in arrays),), dtype)
+            if out is None:
+                out = self.result((sum(a.size for a in arrays),), dtype)
             return np.concatenate(arrays, axis=None, out=out)
+        if out is not None:
+            return np.concatenate([self.flat(a) for a in arrays], out=out)
         return self.concatenate([self.flat(a) for a in arrays], 0)
+
+    # --- buckets kept from call to call (collectives.algorithms.reuse) ----------------------
+
+    @staticmethod
+    def address(x) -> int:
+        return x.__array_interface__["data"][0]
+
+    def keep(self, bucket, views) -> Any:
+        """Whether ``bucket`` can be kept: a view of an owner from ``result`` (so that every
+        array on its memory refers to that owner); None where it owns its memory."""
+        return True if bucket.base is not None and bucket.base.base is None else None
+
+    def unshared(self, bucket, views, record) -> bool:
+        """Whether only the bucket and its kept views refer to their memory: the owner's
+        holders are exactly those (a result kept, a view, reshape or DLPack export of one, a
+        ``memoryview``: each one more) and nothing but the keeper holds a view."""
+        owner = bucket.base
+        # (the holders: this frame's ``owner``, the bucket, each view)
+        return held_by_one(views) and self.pool.holders(owner) == 2 + len(views)
 
     def split(self, buffer, shapes):
         return split_by_slicing(buffer, shapes)

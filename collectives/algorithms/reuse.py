@@ -13,7 +13,9 @@ as it would without this.
 An array backend takes part by having ``keep(bucket, views)``, which returns what it needs to
 tell later (for instance how many references the bucket's memory has now), or None where it
 cannot; ``unshared(bucket, views, kept)``, whether anything but the keeper refers to them
-now; and ``address(x)``, the first byte of ``x``'s memory. Backends without them (NumPy)
+now; and ``address(x)``, the first byte of ``x``'s memory (NumPy's, ``NumpyArrays``: a
+bucket is a view of an owner buffer that every view of it refers to, so the owner's holders
+are counted; PyTorch's and CuPy's count the references to the memory). Backends without them
 never reuse. A keeper holds at most ``KEPT_PLANS`` plans' buckets (the memory of one step's
 buckets each, as DDP holds), and belongs to one communicator, or one thread of multi-device
 calls.

@@ -85,10 +85,10 @@ class BatchOps(CommParts):
         views
             True (the default): each result of a fused bucket is a view of it (no copy; a
             result kept holds its whole bucket alive, as DDP's ``gradient_as_bucket_view``
-            does); False: each result is an array of its own (one copy per tensor). On CuPy
-            arrays and PyTorch tensors the communicator keeps the buckets and views for the
-            next call of the same list, which reuses them only where nothing refers to the
-            last results any more (``algorithms/reuse.py``).
+            does); False: each result is an array of its own (one copy per tensor). The
+            communicator keeps the buckets and views (of NumPy arrays, CuPy arrays and
+            PyTorch tensors) for the next call of the same list, which reuses them only where
+            nothing refers to the last results any more (``algorithms/reuse.py``).
         async_op
             Return one `Work` handle for the whole batch, whose ``wait()`` returns the list.
 
