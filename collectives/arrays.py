@@ -19,9 +19,8 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from . import kernels
-from .algorithms.reuse import held_by_one
 from .ops import ReduceOp
-from .result_pool import ResultPool
+from .result_pool import ResultPool, held_by_one
 
 Array = Any  # an array of the backend's array module
 

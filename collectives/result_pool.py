@@ -2,7 +2,8 @@
 
 Each buffer is an *owner*: a ``uint8`` array that results and buckets view, so its reference
 count says whether anyone still holds any part of it (every view of a view refers to the
-owner: NumPy's ``base`` is always the array that owns the memory).
+owner: NumPy's ``base`` is always the array that owns the memory). ``held_by_one`` counts
+the holders of other objects alike (``algorithms/reuse.py``'s kept views).
 """
 
 from __future__ import annotations
@@ -74,3 +75,19 @@ class ResultPool:
             pooled = any(kept is owner for kept in self._free.get(owner.nbytes, ()))
             # (this frame's parameter and getrefcount's argument are two of them)
             return sys.getrefcount(owner) - 2 - pooled
+
+
+def held_by_one(items: tuple, holders: int = 1) -> bool:
+    """Whether each object of ``items`` is referenced by ``holders`` places only, counting
+    ``items`` itself as one of them (CPython's reference counts; the count this function sees
+    for such an object is measured once, on this interpreter, by ``_calibrate``)."""
+    return not items or max(map(sys.getrefcount, items)) <= _SOLE + holders - 1
+
+
+def _calibrate() -> int:
+    # an object held by one tuple alone, seen through the expression above
+    probe = (object(),)
+    return max(map(sys.getrefcount, probe))
+
+
+_SOLE = _calibrate()

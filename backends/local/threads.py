@@ -140,16 +140,21 @@ class ThreadChannel:
         if request.in_place:
             NUMPY.copy(into, data)
             self._finish(request.src, message)
+            data = into
         request.message, request.data = message, data
         return True
 
     def _finish(self, src: int, message: _Message) -> None:
         with self.world.lock:
             message.done = True
+            # the sender's buffer is the sender's again: nothing of this rank refers to it (a
+            # fused bucket is reused only where nothing else does, algorithms/reuse.py)
+            message.data = None
             self.world.wake(src)
 
     def release(self, request: _Recv) -> None:
         assert request.message is not None  # released once it has matched its message
+        request.data = None
         self._finish(request.src, request.message)
 
 

@@ -23,9 +23,10 @@ calls.
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from typing import Any
+
+from ..result_pool import held_by_one  # noqa: F401  (the backends' keep/unshared use it)
 
 KEPT_PLANS = 4  # tensor lists whose buckets a keeper holds at most (the least recent go)
 
@@ -112,19 +113,3 @@ def keeper_in(keepers: dict, arrays: Any) -> BucketKeeper:
     if keeper is None or keeper.arrays is not arrays:
         keeper = keepers[arrays.name] = BucketKeeper(arrays)
     return keeper
-
-
-def held_by_one(items: tuple, holders: int = 1) -> bool:
-    """Whether each object of ``items`` is referenced by ``holders`` places only, counting
-    ``items`` itself as one of them (CPython's reference counts; the count this function sees
-    for such an object is measured once, on this interpreter, by ``_calibrate``)."""
-    return not items or max(map(sys.getrefcount, items)) <= _SOLE + holders - 1
-
-
-def _calibrate() -> int:
-    # an object held by one tuple alone, seen through the expression above
-    probe = (object(),)
-    return max(map(sys.getrefcount, probe))
-
-
-_SOLE = _calibrate()

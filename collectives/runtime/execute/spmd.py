@@ -105,6 +105,9 @@ class SpmdRun:
         if self.last_fills:  # ranges no step wrote: this rank's input as it is
             self._fill(self.last_fills)
             self.last_fills = ()
+        if self.buf is not None:  # done: the buffers are the caller's again (a fused bucket
+            self.buf = self.src = None  # is reused only where nothing refers to it, reuse.py)
+            self.sends = []
         return True
 
     def _fill(self, ranges) -> None:
