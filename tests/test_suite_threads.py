@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from suite import bodies
+from suite import bodies, kept_bodies
 from suite.runner import judge
 
 import collectives
@@ -53,3 +53,8 @@ def test_batch_fusion(n):
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_buckets_overlap(n):
     run_body(bodies.buckets_overlap, n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_kept_buckets(n):
+    run_body(kept_bodies.kept_buckets, n)

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 class NativeStage:
     """Start a native collective in its turn, then advance it to completion."""
 
-    __slots__ = ("call", "dst", "engine", "holding", "native", "op", "run", "seq", "src",
-                 "turn")
+    __slots__ = ("call", "dst", "done", "engine", "holding", "native", "op", "run", "seq",
+                 "src", "turn")
 
     def __init__(self, engine: Any, native: Any, call: Call, src: Any, dst: Any,
                  op: ReduceOp | None, seq: int, turn: int | None = None):
@@ -44,8 +44,11 @@ class NativeStage:
         self.turn = engine.reserve_turn() if turn is None else turn
         self.run: NativeRun | None = None
         self.holding = False  # started, and keeps the turn until it finishes
+        self.done = False
 
     def advance(self) -> bool:
+        if self.done:
+            return True
         engine = self.engine
         if self.run is None:
             if not engine.in_turn(self.turn):
@@ -58,14 +61,21 @@ class NativeStage:
         if done and self.holding:
             self.holding = False
             engine.pass_turn()  # its last collective is issued: the next may start
+        if done:  # the buffers are the caller's again (a fused bucket is reused only where
+            self.done = True  # nothing refers to it, algorithms/reuse.py)
+            self.run = self.src = self.dst = None
         return done
 
     def abort(self) -> None:
+        if self.done:
+            return
         if self.run is None or self.holding:  # later calls must not wait for it
             self.holding = False
             self.engine.release_turn(self.turn)
 
     def pending_peers(self) -> list[int]:
+        if self.done:
+            return []
         if self.run is not None:
             return self.run.pending_peers()
         return [r for r in range(self.engine.size) if r != self.engine.rank]

@@ -8,8 +8,9 @@
 * ``dup`` and ``split`` of the transport, each a communicator of its own;
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
   receive that times out, after which the communicator still works;
-* the suite's batch bodies (``tests/suite/bodies.py``): fused batches, blocking and async, and
-  buckets started as their tensors become ready, every rank's bits compared.
+* the suite's batch bodies (``tests/suite/bodies.py``, ``kept_bodies.py``): fused batches,
+  blocking and async, buckets started as their tensors become ready, and buckets kept from
+  call to call, every rank's bits compared.
 """
 
 from __future__ import annotations
@@ -186,10 +187,10 @@ def batches() -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from suite import bodies
+    from suite import bodies, kept_bodies
     from suite.runner import judge
 
-    for body in (bodies.batch_fusion, bodies.buckets_overlap):
+    for body in (bodies.batch_fusion, bodies.buckets_overlap, kept_bodies.kept_buckets):
         problems = judge(WORLD.allgather(body(comm)))
         report.check(not problems, f"{body.__name__}: " + "; ".join(problems[:5]))
 
