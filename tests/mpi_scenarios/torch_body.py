@@ -79,6 +79,10 @@ def calls(comm, x: dict, bucket_bytes: int) -> dict:
     out = zeros(x["sum"])
     done = comm.all_reduce(x["sum"], "sum", out=out)
     got["out= all_reduce"] = out if done is out else ("not out", done)
+    mine = zeros(x["sum"])
+    mine[...] = x["sum"]  # (a copy of the input, reduced in place: out= itself)
+    done = comm.all_reduce(mine, "sum", out=mine)
+    got["in place all_reduce"] = mine if done is mine else ("not in place", done)
     batch = [x[name] for name in BATCH]
     for k, t in enumerate(comm.batch_all_reduce(batch)):
         got[f"batch {k}"] = t
@@ -105,7 +109,8 @@ def expected(name: str, inputs: dict, n: int, rank: int) -> np.ndarray | None:
         return reference(inputs[op], op)
     if name.startswith(("batch", "async batch", "buckets")):
         return reference(inputs[BATCH[int(name.split()[-1])]], "sum")
-    if name.startswith(("all_reduce again", "async all_reduce", "out= all_reduce")):
+    if name.startswith(("all_reduce again", "async all_reduce", "out= all_reduce",
+                        "in place all_reduce")):
         return reference(inputs["sum"], "sum")
     source = {"reduce_scatter": "rows", "all_to_all": "rows", "scatter": "table"}.get(name, "sum")
     root = n - 1 if name in ("reduce", "gather") else 0
