@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
-from collectives.algorithms.reuse import held_by_one
 from collectives.arrays import HOST_ALONE_BYTES
 from collectives.extras import require
 from collectives.ops import BFLOAT16
+from collectives.result_pool import held_by_one
 
 
 def _torch() -> Any:

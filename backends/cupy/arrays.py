@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
-from collectives.algorithms.reuse import held_by_one
 from collectives.arrays import split_by_slicing
 from collectives.ops import ReduceOp
+from collectives.result_pool import held_by_one
 
 from . import gather, kernels
 

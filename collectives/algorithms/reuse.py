@@ -15,8 +15,9 @@ tell later (for instance how many references the bucket's memory has now), or No
 cannot; ``unshared(bucket, views, kept)``, whether anything but the keeper refers to them
 now; and ``address(x)``, the first byte of ``x``'s memory (NumPy's, ``NumpyArrays``: a
 bucket is a view of an owner buffer that every view of it refers to, so the owner's holders
-are counted; PyTorch's and CuPy's count the references to the memory). Backends without them
-never reuse. A keeper holds at most ``KEPT_PLANS`` plans' buckets (the memory of one step's
+are counted; PyTorch's and CuPy's count the references to the memory; each counts the
+views' own holders with ``result_pool.held_by_one``). Backends without them never reuse. A
+keeper holds at most ``KEPT_PLANS`` plans' buckets (the memory of one step's
 buckets each, as DDP holds), and belongs to one communicator, or one thread of multi-device
 calls.
 """
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
-
-from ..result_pool import held_by_one  # noqa: F401  (the backends' keep/unshared use it)
 
 KEPT_PLANS = 4  # tensor lists whose buckets a keeper holds at most (the least recent go)
 

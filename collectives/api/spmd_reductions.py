@@ -239,8 +239,10 @@ class ReductionOps(CommParts):
                 result = fast(x, out, timeout)
                 if result is not None:
                     return result
-        result = None if async_op else self._viewed_all_reduce(
-            x, op, algorithm, out, shards, groups, timeout, compression)
+        result = None  # (without a native transport, _all_reduce has tried the host view)
+        if not async_op and self.transport.native is not None:
+            result = self._viewed_all_reduce(x, op, algorithm, out, shards, groups, timeout,
+                                             compression)
         if result is None:
             result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
                                   dict(out=out, shards=shards, groups=groups, timeout=timeout,

@@ -104,11 +104,11 @@ class SubcommOps(CommParts):
 
         An all-reduce through shared memory (``algorithm="shm"``; ``auto`` from 256 KiB)
         whose input and ``out=`` are such arrays (of this communicator) on every rank, in
-        place or one into another,
-        copies nothing in or out of the library's buffers: each rank reduces its slice from
-        every rank's array and writes it into every rank's result (S bytes read and S written
-        per rank, the least a rank's share of an all-reduce moves). Every rank passes
-        shared arrays, or none does (else `CollectiveMismatchError`). The memory
+        place or one into another, copies nothing in or out of the library's buffers: each
+        rank reduces its slice from every rank's array and writes it into every rank's result
+        (S bytes read and S written per rank, the least a rank's share of an all-reduce
+        moves). Every rank passes shared arrays, or none does (else
+        `CollectiveMismatchError`). The memory
         stays until the process ends (a shared window is freed collectively, an array by its
         last reference): allocate once, as a training loop allocates its buckets. Where the
         transport has no shared memory of its own (thread ranks, which share one process's
