@@ -14,10 +14,11 @@ Ways (``B`` = ``--bucket-mb``): (a) ``comm.buckets(grads, bucket_bytes=B)``, ``r
 after each layer, ``wait()`` at the end; (b) the same with ``bucket_bytes=0``; (c) hand-packed
 DDP-style buckets (consecutive tensors, the first at most 1 MiB), each copied into its buffer
 and started with ``all_reduce(out=buf, async_op=True)`` once complete; (d) mpi4py, the same
-buckets by ``Iallreduce``, then ``Waitall``; where PyTorch imports, DDP (``bucket_cap_mb=B``)
-over (e) gloo and (f) the library's hook (``adapters.torch_ddp``), the layers as a chain of
-autograd functions whose backward runs the stand-in (see ``train_step_ddp.py``; ways (a)-(d) in
-``train_step_ways.py``).
+buckets by ``Iallreduce``, then ``Waitall``; (g) the same, tested by a thread of its own every
+``--poll-ms`` (MPI's own cost beside a compute, with the progress a caller could give it); where
+PyTorch imports, DDP (``bucket_cap_mb=B``) over (e) gloo and (f) the library's hook
+(``adapters.torch_ddp``), the layers as a chain of autograd functions whose backward runs the
+stand-in (see ``train_step_ddp.py``; ways (a)-(d) and (g) in ``train_step_ways.py``).
 
 Per way and mode: compute alone, communication alone, sequential (compute, then
 communication), overlapped, and the overlap efficiency (compute + comm - overlapped) /
@@ -176,7 +177,7 @@ def rank_main(args: argparse.Namespace) -> None:
     bucket_bytes = int(args.bucket_mb * 2**20)
     fw = shapes(args.width, args.scale)
     grads = [np.full(s, 0.5, np.float32) for s in fw[::-1]]  # backward order
-    ways = numpy_ways(comm, world, grads, bucket_bytes)
+    ways = numpy_ways(comm, world, grads, bucket_bytes, args.poll_ms / 1e3)
     for name, (ready, wait) in ways.items():  # checked once before timing
         for k, g in enumerate(grads):
             ready(k, g)
@@ -316,6 +317,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["idle", "matmul"], default=["idle", "matmul"])
     parser.add_argument("--compute-ms", type=float, default=0,
                         help="the backward pass's compute (default: way (a)'s communication)")
+    parser.add_argument("--poll-ms", type=float, default=0.2,
+                        help="how often way (g)'s thread tests MPI's requests (ms)")
     parser.add_argument("--no-ddp", action="store_true", help="leave out the DDP ways")
     parser.add_argument("--lab", action="store_true", help="across two hosts of lab.py (root)")
     parser.add_argument("--rate", default="1gbit", help="the lab's links, tc syntax")
@@ -331,6 +334,7 @@ def main() -> None:
         argv = [sys.executable, os.path.abspath(__file__), "--rank", "-r", str(args.repeats),
                 "--width", args.width, "--scale", str(args.scale), "--bucket-mb",
                 str(args.bucket_mb), "--modes", *args.modes, "--compute-ms", str(args.compute_ms),
+                "--poll-ms", str(args.poll_ms),
                 "--store", os.path.join(scratch, "store")]
         argv += ["--no-ddp"] if args.no_ddp else []
         argv += ["--json", os.path.abspath(args.json)] if args.json else []
