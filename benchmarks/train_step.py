@@ -16,9 +16,10 @@ DDP-style buckets (consecutive tensors, the first at most 1 MiB), each copied in
 and started with ``all_reduce(out=buf, async_op=True)`` once complete; (d) mpi4py, the same
 buckets by ``Iallreduce``, then ``Waitall``; (g) the same, tested by a thread of its own every
 ``--poll-ms`` (MPI's own cost beside a compute, with the progress a caller could give it); where
-PyTorch imports, DDP (``bucket_cap_mb=B``) over (e) gloo and (f) the library's hook
-(``adapters.torch_ddp``), the layers as a chain of autograd functions whose backward runs the
-stand-in (see ``train_step_ddp.py``; ways (a)-(d) and (g) in ``train_step_ways.py``).
+PyTorch imports, DDP (``bucket_cap_mb=B``) over (e) gloo, (f) the library's hook
+(``adapters.torch_ddp``) and (h) a hook of mpi4py's ``Iallreduce`` tested as (g), the layers
+as a chain of autograd functions whose backward runs the stand-in (see ``train_step_ddp.py``;
+ways (a)-(d) and (g) in ``train_step_ways.py``).
 
 Per way and mode: compute alone, communication alone, sequential (compute, then
 communication), overlapped, and the overlap efficiency (compute + comm - overlapped) /
@@ -226,7 +227,7 @@ def rank_main(args: argparse.Namespace) -> None:
     if not args.no_ddp:
         try:
             import train_step_ddp
-            ddp = train_step_ddp.DdpWays(comm, fw, bucket_bytes, args.store)
+            ddp = train_step_ddp.DdpWays(comm, fw, bucket_bytes, args.store, args.poll_ms / 1e3)
         except ImportError as exc:
             if comm.rank == 0:
                 print(f"# DDP ways left out: {exc}", flush=True)
@@ -252,7 +253,7 @@ def rank_main(args: argparse.Namespace) -> None:
         errors = {k: t for k, t in times.items() if not isinstance(t, list)}
         rows = []
         for way in dict.fromkeys(w for w, p in keys if p == "overlapped"):
-            base = "torch" if way.startswith(("(e)", "(f)")) else "numpy"
+            base = "torch" if way.startswith(("(e)", "(f)", "(h)")) else "numpy"
             c, m = slowest.get(f"{base}|compute"), slowest.get(f"{way}|comm")
             s, o = slowest.get(f"{way}|sequential"), slowest.get(f"{way}|overlapped")
             if not (c and m and s and o):
@@ -265,8 +266,9 @@ def rank_main(args: argparse.Namespace) -> None:
         ratios = {}
         if ddp is not None:
             for phase in ("comm", "overlapped"):
-                ratios[f"(f)/(e) {phase}"] = gpu_stats.ratio(
-                    slowest, f"{ddp.hook}|{phase}", f"{ddp.gloo}|{phase}")
+                for way, name in ((ddp.hook, "(f)"), (ddp.mpi, "(h)")):
+                    ratios[f"{name}/(e) {phase}"] = gpu_stats.ratio(
+                        slowest, f"{way}|{phase}", f"{ddp.gloo}|{phase}")
         trace = bucket_trace(comm, grads, bucket_bytes, backward)
         result["modes"][mode] = {"rows": rows, "ratios": ratios, "errors": errors,
                                  "bucket_trace": trace, "repeats_s": slowest}
@@ -296,7 +298,7 @@ def report(mode: str, result: dict, rows: list, ratios: dict, errors: dict, trac
           "busiest rank (all its threads, user and system)")
     for name, x in ratios.items():
         if x:
-            print(f"\nDDP step, library hook / gloo ({name}): {x['ratio']:.2f}x {iv(x)}")
+            print(f"\nDDP step, {name}: {x['ratio']:.2f}x {iv(x)}")
     for name, error in errors.items():
         print(f"\n{name}: {error}")
     end = trace[-1]["compute_end_ms"]

@@ -1,4 +1,5 @@
-"""The DDP ways of ``train_step.py``: DDP over gloo, and DDP over the library's hook.
+"""The DDP ways of ``train_step.py``: DDP over gloo, over the library's hook, and over a hook
+of MPI's own.
 
 The model is a chain of ResNet-50's parameter shapes, one autograd function per layer: its
 forward does nothing, its backward runs the layer's share of the stand-in backward pass
@@ -6,14 +7,20 @@ forward does nothing, its backward runs the layer's share of the stand-in backwa
 gradients last layer first, each as soon as its layer is done, as a real backward pass does.
 Both DDPs use the same buckets (``bucket_cap_mb`` = B, DDP's 1 MiB first bucket) and give the
 mean. Built as ``benchmarks/ddp_step.py`` builds its ways (a gloo group through a file store,
-``process_group(comm)`` and ``register(ddp, comm)`` for the hook).
+``process_group(comm)`` and ``register(ddp, comm)`` for the hook). Way (h), `MpiHook`, is
+the hook a user could write on mpi4py alone: each bucket an ``Iallreduce`` in place, tested by
+a thread of its own every ``poll`` seconds (as way (g)), its future completed there: what MPI
+itself does inside DDP, with nothing of the library between.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from collectives.adapters import torch_ddp
@@ -54,13 +61,56 @@ class Chain(torch.nn.Module):
         return x
 
 
+class MpiHook:
+    """Way (h): DDP's buckets all-reduced by MPI's own ``Iallreduce`` (the mean: a sum, then
+    one division), tested every ``poll`` seconds by a thread that runs while any is in flight."""
+
+    def __init__(self, poll: float):
+        from mpi4py import MPI
+
+        self.comm, self.poll = MPI.COMM_WORLD.Dup(), poll
+        self.pending: list = []  # (request, bucket buffer, future)
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def hook(self, _state, bucket):  # (unannotated: DDP checks a hook's annotations)
+        from mpi4py import MPI
+
+        buffer = bucket.buffer()
+        future: torch.futures.Future = torch.futures.Future()
+        request = self.comm.Iallreduce(MPI.IN_PLACE, np.from_dlpack(buffer))
+        with self.lock:
+            self.pending.append((request, buffer, future))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._drive, daemon=True)
+                self.thread.start()
+        return future
+
+    def _drive(self) -> None:
+        size = self.comm.Get_size()
+        while True:
+            with self.lock:
+                done, left = [], []
+                for item in self.pending:
+                    (done if item[0].Test() else left).append(item)
+                self.pending = left
+                if not done and not self.pending:
+                    self.thread = None
+                    return
+            for _, buffer, future in done:
+                future.set_result(buffer.div_(size))
+            time.sleep(self.poll)
+
+
 class DdpWays:
-    """Ways (e) and (f), and the torch compute alone, as ``(way, phase)`` -> step."""
+    """Ways (e), (f) and (h), and the torch compute alone, as ``(way, phase)`` -> step."""
 
     gloo = "(e) DDP gloo"
     hook = "(f) DDP library hook"
+    mpi = "(h) DDP mpi4py hook"
 
-    def __init__(self, comm: Any, shapes: list, bucket_bytes: int, store: str):
+    def __init__(self, comm: Any, shapes: list, bucket_bytes: int, store: str,
+                 poll: float = 2e-4):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=comm.rank,
                                 world_size=comm.size)
@@ -69,8 +119,10 @@ class DdpWays:
         self.plain = Chain(shapes, self.compute)
         self.models = {self.gloo: DDP(Chain(shapes, self.compute), bucket_cap_mb=cap),
                        self.hook: DDP(Chain(shapes, self.compute), bucket_cap_mb=cap,
-                                      process_group=torch_ddp.process_group(comm))}
+                                      process_group=torch_ddp.process_group(comm)),
+                       self.mpi: DDP(Chain(shapes, self.compute), bucket_cap_mb=cap)}
         torch_ddp.register(self.models[self.hook], comm)
+        self.models[self.mpi].register_comm_hook(None, MpiHook(poll).hook)
         self.x = torch.ones(())
         for name in self.models:  # checked once: the mean of every rank's ones
             self.step(self.models[name], None)
