@@ -32,8 +32,9 @@ def test_train_step_runs_at_a_tiny_scale(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     with_torch = importlib.util.find_spec("torch") is not None
-    ways = ["(a) buckets 0.25 MiB", "(b) buckets", "(c) hand-packed", "(d) mpi4py"]
-    ways += ["(e) DDP gloo", "(f) DDP library hook"] if with_torch else []
+    ways = ["(a) buckets 0.25 MiB", "(b) buckets", "(c) hand-packed", "(d) mpi4py",
+            "(g) mpi4py Iallreduce, tested"]
+    ways += ["(e) DDP gloo", "(f) DDP library hook", "(h) DDP mpi4py hook"] if with_torch else []
     for way in ways:
         assert f"| {way}" in proc.stdout, (way, text[-3000:])
     result = json.loads(out.read_text())
@@ -49,3 +50,4 @@ def test_train_step_runs_at_a_tiny_scale(tmp_path):
     assert all(r["done_ms"] >= r["started_ms"] for r in trace[:-1])
     if with_torch:
         assert idle["ratios"]["(f)/(e) overlapped"]["ratio"] > 0
+        assert idle["ratios"]["(h)/(e) overlapped"]["ratio"] > 0
