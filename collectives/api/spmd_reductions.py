@@ -16,7 +16,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
-from ..foreign import accepts_foreign, array_kind, call_foreign, host_view, is_foreign
+from ..foreign import accepts_foreign, is_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.hot_path import FastAllReduce
@@ -25,6 +25,7 @@ from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
 from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
+from .spmd_foreign import foreign_all_reduce, viewed_all_reduce
 
 
 def through_shared(transport: Any, x: Any, out: Any, algorithm: Any) -> Any:
@@ -118,22 +119,23 @@ class ReductionOps(CommParts):
                     timeout: float | None, async_op: bool, compression: str | None) -> Any:
         """``all_reduce`` beyond the hot path (kept apart: its closures would make every
         argument of ``all_reduce`` a cell, which costs the hot path a few hundred ns): another
-        library's arrays cross here, the rest runs as ``_own_all_reduce``."""
+        library's arrays cross here (``spmd_foreign``), the rest runs as ``_own_all_reduce``."""
         if x.__class__ is not np.ndarray:
             if isinstance(x, np.ndarray):
                 x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
             else:
                 if self.transport.native is None and not async_op:  # (no hot path to learn)
-                    result = self._viewed_all_reduce(x, op, algorithm, out, shards, groups,
-                                                     timeout, compression)
+                    result = viewed_all_reduce(self, self._own_all_reduce, x, op, algorithm,
+                                               out, shards, groups, timeout, compression)
                     if result is not None:
                         return result
                 if is_foreign(x):
-                    return self._foreign_all_reduce(x, op, algorithm, out, shards, groups,
-                                                    timeout, async_op, compression)
+                    return foreign_all_reduce(self, self._own_all_reduce, x, op, algorithm,
+                                              out, shards, groups, timeout, async_op,
+                                              compression)
         if out is not None and out.__class__ is not np.ndarray and is_foreign(out):
-            return self._foreign_all_reduce(x, op, algorithm, out, shards, groups, timeout,
-                                            async_op, compression)
+            return foreign_all_reduce(self, self._own_all_reduce, x, op, algorithm, out,
+                                      shards, groups, timeout, async_op, compression)
         return self._own_all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op,
                                     compression)
 
@@ -215,81 +217,6 @@ class ReductionOps(CommParts):
             return False
         engine = self.calls.engine
         return fast is not None and not engine.inflight and engine.broken is None
-
-    def _foreign_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
-                            groups: Any, timeout: float | None, async_op: bool,
-                            compression: str | None) -> Any:
-        """``all_reduce`` of another library's arrays: adopted at the edge (DLPack), unless the
-        transport's hot path reads them as they are (``for_kind``: PyTorch CUDA tensors over
-        NCCL), which it learns at the first agreed call of a signature."""
-        key = None
-        if (self.transport.native is not None  # (a hot path is a native one: none without)
-                and not shards and groups is None and valid_timeout(timeout)
-                and not requested(compression) and hasattr(x, "shape")
-                and hasattr(x, "dtype")):
-            try:
-                key = (x.shape, x.dtype, op, algorithm)
-                fast = self.calls.hot_paths.get(key)
-            except TypeError:  # an unhashable spec: no hot path
-                key = fast = None
-            if (fast is not None and not async_op and x.__class__ is fast.cls
-                    and (out is None or (out.__class__ is fast.cls and out.shape == fast.shape
-                                         and out.dtype == fast.dtype))):
-                self.calls.last_hot = fast
-                result = fast(x, out, timeout)
-                if result is not None:
-                    return result
-        result = None  # (without a native transport, _all_reduce has tried the host view)
-        if not async_op and self.transport.native is not None:
-            result = self._viewed_all_reduce(x, op, algorithm, out, shards, groups, timeout,
-                                             compression)
-        if result is None:
-            result = call_foreign(ReductionOps.all_reduce, self, x, (op, algorithm),
-                                  dict(out=out, shards=shards, groups=groups, timeout=timeout,
-                                       async_op=async_op, compression=compression))
-        if key is not None and key not in self.calls.hot_paths:
-            self._learn_kind(x, key)
-        return result
-
-    def _viewed_all_reduce(self, x: Any, op: Any, algorithm: Any, out: Any, shards: int,
-                           groups: Any, timeout: float | None, compression: str | None) -> Any:
-        """A blocking ``all_reduce`` of a host array whose kind has its own way across
-        (``host_view``: PyTorch CPU tensors): run on a NumPy view of it, the result handed
-        back (or ``out=`` of the same kind filled). None where that way does not apply (a GPU
-        tensor, another kind of ``out=``, a view the kind refuses): the edge's way then runs
-        and names the fix."""
-        way = host_view(x)
-        if way is None or way.on_gpu(x) or not (out is None or (
-                way.takes_out and out.__class__ is x.__class__ and not way.on_gpu(out))):
-            return None
-        try:
-            view = way.as_numpy(x)
-            out_view = None if out is None else view if out is x else way.as_numpy(out)
-        except Exception:  # noqa: BLE001 - the edge's way raises, naming the fix
-            return None
-        result = self._own_all_reduce(view, op, algorithm, out_view, shards, groups, timeout,
-                                      False, compression)
-        return way.back(result, x) if out is None else out
-
-    def _learn_kind(self, x: Any, key: tuple) -> None:
-        """Bind the hot path of ``x``'s signature (``key``) to its array kind, where the
-        adopted call has a hot path and the transport binds it to that kind."""
-        kind = array_kind(x)
-        if kind is None:
-            self.calls.hot_paths[key] = None
-            return
-        _, _, op, algorithm = key
-        adopted = (tuple(x.shape), kind.dtype_of(x), op, algorithm)
-        if adopted == key or adopted not in self.calls.hot_paths:
-            return  # (a kind whose dtypes are NumPy's shares NumPy's signatures; or no agreed
-            # call of that signature yet: the next one tries again)
-        native = self.calls.hot_paths[adopted]
-        bound = native.bound.for_kind(kind) if native is not None else None
-        if native is None or bound is None:
-            self.calls.hot_paths[key] = None
-            return
-        fast = FastAllReduce(self, native.call, bound, x, op, algorithm)
-        self.calls.hot_paths[key] = self.calls.last_hot = fast
 
     def _fits(self, out: Any, x: Any) -> bool:
         """Whether ``out`` can take ``x``'s all-reduce as it is (the fast path's check)."""
