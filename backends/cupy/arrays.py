@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 
 from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
-from collectives.arrays import split_by_slicing
 from collectives.ops import ReduceOp
-from collectives.result_pool import held_by_one
 
 from . import gather, kernels
+from .kept import KeptBuckets
 
 # (the array an operation writes, the arrays it reads) -> the stream it goes on, or None for
 # the destination device's current (or the fixed) stream
@@ -50,7 +49,7 @@ def owns(x: object) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
-class CupyArrays:
+class CupyArrays(KeptBuckets):
     """``collectives.arrays.ArrayBackend`` for ``cupy.ndarray``."""
 
     name = "cupy"
@@ -316,45 +315,6 @@ class CupyArrays:
             if out is None:
                 out = _cupy().empty((sum(f.size for f in flats),), flats[0].dtype)
             return gather.gather(flats, out)
-
-    # --- buckets kept from call to call (collectives.algorithms.reuse) ----------------------
-
-    def address(self, x) -> int:
-        return x.data.ptr
-
-    def keep(self, bucket, views):
-        """What tells later whether anything else refers to ``bucket``'s memory: the stream
-        it is packed on and the number of pointers to that memory now (the bucket's and each
-        view's own); None where there is no such count (a stand-in for CuPy)."""
-        if not gather.available() or not hasattr(bucket.data, "mem"):
-            return None  # (no local may hold the memory: it would count as a pointer)
-        pointers = tuple(v.data for v in views)
-        return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem), pointers
-
-    def unshared(self, bucket, views, record) -> bool:
-        """Whether only the keeper refers to ``bucket`` and ``views``: no new pointer into the
-        memory (a view of a view, ``x.data + k``), no reference to a view or its pointer (a
-        kept result, a DLPack export), and packing goes on the same stream."""
-        stream, count, pointers = record  # (the views' pointers: each view's, and ours)
-        return (self.stream(bucket.device.id).ptr == stream
-                and sys.getrefcount(bucket.data.mem) == count and held_by_one(views)
-                and held_by_one(pointers, holders=2))
-
-    def split(self, buffer, shapes):
-        """One array constructor per view, on the bucket's memory (a slice then a reshape
-        cost CuPy about twice as much); slices where the array module has no pointer
-        arithmetic."""
-        if not buffer.flags.c_contiguous or not hasattr(type(buffer.data), "__add__"):
-            return split_by_slicing(buffer, shapes)
-        ndarray, dtype, base = _cupy().ndarray, buffer.dtype, buffer.data
-        itemsize, views, offset = dtype.itemsize, [], 0
-        for shape in shapes:
-            views.append(ndarray(shape, dtype, memptr=base + offset))
-            count = 1
-            for d in shape:
-                count *= d
-            offset += count * itemsize
-        return views
 
     def contiguous(self, x) -> bool:
         return bool(x.flags.c_contiguous)
