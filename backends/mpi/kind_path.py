@@ -5,8 +5,8 @@ tensor would cross the edge on every call instead (a NumPy view in, a tensor bac
 communicator's routing between them): at 4 KiB that was most of the call. Once the tensor's
 signature has a hot path, ``KindBound`` runs it on the tensors themselves: the kind gives
 each one's address where it may be used by address (``host_address``), the result comes
-from the kind's ``empty_like``, and the compiled hot path takes the two addresses
-(``Hot.run_at``): the same copies, MPI calls and check as a NumPy call's. A tensor the edge
+from the kind's ``empty_like`` (its address: ``pointer``), and the compiled hot path takes
+the two addresses (``Hot.run_at``): the same copies, MPI calls and check as a NumPy call's. A tensor the edge
 would refuse (one that requires grad, a lazy conjugate) or hand over otherwise (a strided
 one) takes the engine's way, which says what to do. Where the hot path is not compiled,
 ``Bound.quick`` runs on NumPy views of the same memory; a call still running after the spin
@@ -34,6 +34,11 @@ class HostPointers(Protocol):
         """A new C-contiguous array of ``x``'s shape, dtype and device."""
         ...
 
+    def pointer(self, x: Any) -> int:
+        """The address of ``x``'s first element, for an array known to be one ``host_address``
+        takes (one ``empty_like`` made from such an array)."""
+        ...
+
     def as_numpy(self, x: Any) -> Any:
         """A NumPy view of host array ``x``'s memory."""
         ...
@@ -57,9 +62,14 @@ class KindBound:
             return None  # (the engine's way takes it, or says what is wrong)
         if out is None:
             out = kind.empty_like(x)
-        dst = kind.host_address(out)
-        if dst is None:
-            return None
+            dst = kind.pointer(out)  # (made here: nothing to look at again)
+        elif out is x:
+            dst = src
+        else:
+            address = kind.host_address(out)
+            if address is None:
+                return None
+            dst = address
         if bound.compiled is not None:
             got = bound.quick_at(src, dst, lambda: kind.as_numpy(out), seq)
         else:  # the Python hot path, on views of the same memory
