@@ -17,9 +17,10 @@ hosts of a few.
 
 from __future__ import annotations
 
-from .cost import HOST, NET, PROC, Fabric, Load, Placement, Prediction, round_part
+from .cost import HOST, NET, PROC, Fabric, Placement, Prediction
 from .module_forms import form
 from .round_forms import Form, Peers, distinct, in_range, size, span
+from .round_price import Load, round_part
 from .sampling import (
     CACHED_UP_TO,
     EXACT,

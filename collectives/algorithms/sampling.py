@@ -28,14 +28,8 @@ from functools import lru_cache
 
 from .. import algorithms
 from .base import Layout
-from .cost import (
-    Fabric,
-    Part,
-    Placement,
-    Prediction,
-    load,
-    round_part,
-)
+from .cost import Fabric, Part, Placement, Prediction
+from .round_price import load, round_part
 from .schedule import Collective
 
 EXACT = 32          # up to this many participants, every plan is priced
