@@ -6,11 +6,12 @@ communicator's routing between them): at 4 KiB that was most of the call. Once t
 signature has a hot path, ``KindBound`` runs it on the tensors themselves: the kind gives
 each one's address where it may be used by address (``host_address``), the result comes
 from the kind's ``empty_like`` (its address: ``pointer``), and the compiled hot path takes
-the two addresses (``Hot.run_at``): the same copies, MPI calls and check as a NumPy call's. A tensor the edge
-would refuse (one that requires grad, a lazy conjugate) or hand over otherwise (a strided
-one) takes the engine's way, which says what to do. Where the hot path is not compiled,
-``Bound.quick`` runs on NumPy views of the same memory; a call still running after the spin
-completes through the engine as any other, its result delivered into the tensor's memory.
+the two addresses (``Hot.run_at``): the same copies, MPI calls and check as a NumPy call's.
+A tensor the edge would refuse (one that requires grad, a lazy conjugate) or hand over
+otherwise (a strided one) takes the engine's way, which says what to do. Where the hot path
+is not compiled, ``Bound.quick`` runs on NumPy views of the same memory; a call still running
+after the spin completes through the engine as any other, its result delivered into the
+tensor's memory.
 """
 
 from __future__ import annotations

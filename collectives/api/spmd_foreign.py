@@ -24,6 +24,7 @@ from ..runtime.validate import valid_timeout
 # groups, timeout, async_op, compression) -> result
 Own = Callable[..., Any]
 
+
 def foreign_all_reduce(comm: Any, own: Own, x: Any, op: Any, algorithm: Any, out: Any,
                        shards: int, groups: Any, timeout: float | None, async_op: bool,
                        compression: str | None) -> Any:
