@@ -93,7 +93,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "benchmarks/bucket_reuse.py", "args": vars(args),
-                       "numpy": np.__version__, "machine": platform.platform(),
+                       "numpy": np.__version__,
+                       "torch": torch.__version__ if args.library == "torch" else None,
+                       "machine": platform.platform(),
                        "rows": [result]}, f, indent=1)
 
 

@@ -200,8 +200,9 @@ def on_mpi(p: int, sizes: list[int], repeats: int, edge: bool, batch: bool) -> l
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         cmd = [mpiexec, "-n", str(p), sys.executable, os.path.abspath(__file__), "--worker",
-               out, "-r", str(repeats), "-s", *[str(s) for s in sizes]] + (["--edge"] if edge else []) + (
-            ["--batch"] if batch else [])
+               out, "-r", str(repeats), "-s", *[str(s) for s in sizes]]
+        cmd += ["--edge"] if edge else []
+        cmd += ["--batch"] if batch else []
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         with open(out) as f:
             return json.load(f)

@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument("--compute-ms", type=float, default=0,
                         help="the backward pass's compute (default: way (a)'s communication)")
     parser.add_argument("--poll-ms", type=float, default=0.2,
-                        help="how often way (g)'s thread tests MPI's requests (ms)")
+                        help="how often the threads of ways (g) and (h) test MPI's requests (ms)")
     parser.add_argument("--no-ddp", action="store_true", help="leave out the DDP ways")
     parser.add_argument("--lab", action="store_true", help="across two hosts of lab.py (root)")
     parser.add_argument("--rate", default="1gbit", help="the lab's links, tc syntax")
