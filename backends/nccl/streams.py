@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from collectives.backends.cupy.arrays import DeviceAndStream
@@ -147,14 +148,15 @@ class StreamOrder:
         self.issue = Issue(keep)
         return self.issue
 
-    def issued(self, description: str) -> Any:
+    def issued(self, describe: Callable[[], str]) -> Any:
         """End the issue ``issuing`` started: the event after the call's work (recorded now
-        where no hot call recorded one, and watched with the call's arrays)."""
+        where no hot call recorded one, and watched with the call's arrays, under the
+        description ``describe()`` gives)."""
         issue, self.issue = self.issue, None
         assert issue is not None
         if issue.event is None:
             issue.event = self.record()
-            self.keep_until_done(description, issue.event, issue.keep)
+            self.keep_until_done(describe(), issue.event, issue.keep)
         return issue.event
 
     def lead_library(self, event: Any, result: Any) -> None:
