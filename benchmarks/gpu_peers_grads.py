@@ -11,14 +11,18 @@ into the same buckets and hands back the same views (``collectives/algorithms/re
   ``dist.all_reduce``, ``_unflatten_dense_tensors`` (views);
 * copying back into the gradients, on both sides: ``torch_flat_copy_back`` (the above, then
   ``torch._foreach_copy_`` into the gradients) beside ``library_torch_copy_back`` (the
-  library's call on the tensors, then the same ``_foreach_copy_``); CuPy's
-  ``library_cupy_copy_back`` copies each result into its array;
+  library's call on the tensors, then the same ``_foreach_copy_``); CuPy, which has no
+  ``_foreach`` copy, copies each result into its array (``library_cupy_copy_back``), beside
+  torch doing the same (``torch_flat_copy_each``: one ``copy_`` per gradient);
 * ``torch_coalesced``: ``dist.all_reduce_coalesced`` where it exists (NCCL: one
-  ``ncclAllReduce`` per tensor inside one group, no flatten), in place;
-* ``torch_per_tensor``: one ``dist.all_reduce`` per tensor, in place;
+  ``ncclAllReduce`` per tensor inside one group, no flatten), in place, and
+  ``torch_per_tensor``: one ``dist.all_reduce`` per tensor, in place: both leave the results
+  in the gradients, so the library's side is ``library_torch_copy_back``;
 * ``ddp_backward`` beside ``plain_backward``: a module whose parameters have these shapes,
   its backward pass with and without DDP's own reducer (world size 1: it still buckets,
-  all-reduces and copies back); the difference is what the reducer costs a step.
+  all-reduces, divides by the world size and copies back); the difference is what the
+  reducer costs a step. ``library_backward`` does the reducer's work after the plain
+  backward pass: the library's mean of the gradients, copied back with ``_foreach_copy_``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ def _torch_ways(torch, dist, comm, shapes) -> dict:
     def flat_copy_back():
         torch._foreach_copy_(grads, flat_views())
 
+    def flat_copy_each():
+        for g, r in zip(grads, flat_views()):
+            g.copy_(r)
+
     def library_copy_back():
         torch._foreach_copy_(grads, comm.batch_all_reduce(grads))
 
@@ -59,19 +67,18 @@ def _torch_ways(torch, dist, comm, shapes) -> dict:
             "torch_flat_views": flat_views,
             "library_torch_copy_back": library_copy_back,
             "torch_flat_copy_back": flat_copy_back,
+            "torch_flat_copy_each": flat_copy_each,
             "torch_per_tensor": lambda: [dist.all_reduce(g) for g in grads]}
     if hasattr(dist, "all_reduce_coalesced"):
-        def coalesced():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                dist.all_reduce_coalesced(grads)
-
-        ways["torch_coalesced"] = coalesced
+        # (deprecated in favour of the above: its FutureWarning silenced once, not per call)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        ways["torch_coalesced"] = lambda: dist.all_reduce_coalesced(grads)
     return ways
 
 
-def _ddp_ways(torch, shapes) -> dict:
-    """A backward pass over parameters of these shapes, plain and under DDP."""
+def _ddp_ways(torch, comm, shapes) -> dict:
+    """A backward pass over parameters of these shapes: plain, under DDP, and plain followed
+    by the library's mean of the gradients, copied back."""
     from torch.nn.parallel import DistributedDataParallel
 
     class Grads(torch.nn.Module):
@@ -92,7 +99,13 @@ def _ddp_ways(torch, shapes) -> dict:
         model.zero_grad(set_to_none=False)
         model(scale).backward()
 
-    return {"plain_backward": lambda: step(plain), "ddp_backward": lambda: step(ddp)}
+    def library_step():
+        step(plain)
+        grads = [p.grad for p in plain.parameters()]
+        torch._foreach_copy_(grads, comm.batch_all_reduce(grads, "mean"))
+
+    return {"plain_backward": lambda: step(plain), "ddp_backward": lambda: step(ddp),
+            "library_backward": library_step}
 
 
 def resnet50_part(out: Path, args) -> None:
@@ -131,12 +144,14 @@ def resnet50_part(out: Path, args) -> None:
     ratios = [("library_torch", "torch_flat_views"), ("library_cupy", "torch_flat_views"),
               ("library_torch_kept", "torch_flat_views"), ("library_cupy_kept", "torch_flat_views"),
               ("library_torch_copy_back", "torch_flat_copy_back"),
-              ("library_cupy_copy_back", "torch_flat_copy_back"),
-              ("library_torch", "torch_coalesced"), ("library_torch", "torch_per_tensor")]
+              ("library_cupy_copy_back", "torch_flat_copy_each"),
+              ("library_torch_copy_back", "torch_coalesced"),
+              ("library_torch_copy_back", "torch_per_tensor")]
     steps = type(args)(**{**vars(args), "calls": calls})
     measure(record, {"kind": "gradient list, one step"}, ways, fence, steps, ratios)
     if peers is not None:
         torch = peers[0]
         measure(record, {"kind": "backward pass, with and without DDP's reducer"},
-                _ddp_ways(torch, shapes), fence, steps, [("ddp_backward", "plain_backward")])
+                _ddp_ways(torch, comm, shapes), fence, steps,
+                [("ddp_backward", "plain_backward"), ("library_backward", "ddp_backward")])
     fence()

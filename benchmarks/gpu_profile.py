@@ -4,8 +4,9 @@ Prints, for this machine:
 
 * the unit costs of the CuPy (and PyTorch) operations the library's calls are made of, in µs
   of host time per operation (median of 5 runs of a loop);
-* for each call the peer benchmark compares (``gpu_peers.py``: the NCCL gradient list, the
-  multi-device gradient list, one multi-device all-reduce of 4 KiB), its host time per call
+* for each call the peer benchmark compares (``gpu_peers.py``: one 4 KiB all-reduce in
+  place, blocking and asynchronous, the NCCL gradient list, the multi-device gradient list,
+  one multi-device all-reduce of 4 KiB), its host time per call
   and a profile of it (``cProfile``, by own time and by cumulative time).
 
 Host time is what these calls are short of: on one GPU at these sizes the device is idle most
@@ -144,10 +145,19 @@ def main() -> None:
     if args.quick:
         shapes = [tuple(min(d, 4) for d in s) for s in shapes]
     comm = library()
+    # one small call in place, blocking and asynchronous: the per-call rows' overhead
+    y = cupy.ones(1024, cupy.float32)
+    profile("NCCL all_reduce, 4 KiB CuPy, in place", lambda: comm.all_reduce(y, out=y), loops)
+    profile("NCCL all_reduce, 4 KiB CuPy, in place, async + wait()",
+            lambda: comm.all_reduce(y, out=y, async_op=True).wait(), loops)
+    peers, _ = torch_dist()
+    if peers is not None:
+        t = peers[0].ones(1024, device="cuda:0")
+        profile("NCCL all_reduce, 4 KiB torch, in place, async + wait()",
+                lambda: comm.all_reduce(t, out=t, async_op=True).wait(), loops)
     grads = [cupy.full(s, 0.5, cupy.float32) for s in shapes]
     profile("NCCL batch_all_reduce, 161 CuPy gradients",
             lambda: comm.batch_all_reduce(grads), loops // 4)
-    peers, _ = torch_dist()
     if peers is not None:
         torch = peers[0]
         tgrads = [torch.full(s, 0.5, device="cuda:0") for s in shapes]

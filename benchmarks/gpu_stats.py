@@ -55,6 +55,15 @@ def interleaved(ways: dict[str, Callable[[], object]], fence: Callable[[], None]
     return out
 
 
+def with_best(times: dict, name: str, ways: list[str]) -> dict:
+    """``times`` with ``name`` added: per repeat, the fastest of ``ways`` (those timed), so
+    that a ratio to it (``auto`` over the best way) is paired repeat by repeat."""
+    timed = [times[w] for w in ways if w in times]
+    if not timed:
+        return times
+    return {**times, name: [min(per_repeat) for per_repeat in zip(*timed)]}
+
+
 def ratio(times: dict, top: str, bottom: str, seed: int = 0) -> dict | None:
     """``top``'s median over ``bottom``'s, with its paired-bootstrap interval (None where
     either was not timed)."""

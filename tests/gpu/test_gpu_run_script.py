@@ -83,6 +83,20 @@ def test_cpu_dry_run_of_the_gpu_run(tmp_path):
     assert parts["resnet50"]["tensors"] == 12 and parts["per-call"]["in_flight"]["calls"] == 64
     auto = parts["multi-device"]["rows"][0]["library_auto/library_ring"]
     assert auto["interval"][0] <= auto["ratio"] <= auto["interval"][1]
+    # every reference ran (the fused kernel as adds and copies under the stand-in), no way
+    # failed, and the summary judges each target of the peer benchmark
+    rows = [r for part in ("per-call", "resnet50", "multi-device", "overlap")
+            for r in parts[part]["rows"]]
+    assert not [k for r in rows for k in r if k.endswith("_error")], summary
+    listed = next(r for r in parts["multi-device"]["rows"] if r["kind"] == "gradient list")
+    assert "library_batch/fused_per_tensor" in listed and "library_batch/fused_whole_list" in listed
+    first_size = parts["multi-device"]["rows"][0]
+    assert "library_auto/best_choice" in first_size and "library_auto_out/fused_kernel" in first_size
+    best = first_size["repeats_us"]["best_choice"]
+    assert best == [min(t) for t in zip(*(first_size["repeats_us"][w] for w in (
+        "library_one_device", "library_ring", "library_rechd", "library_tree",
+        "library_shuffle", "naive")))]
+    assert "targets (like for like" in summary and "auto beside the fastest" in summary
     assert "step/longer" in parts["overlap"]["rows"][0]
     checked = [r["wrong"] for r in parts["devices"]["rows"] if r["wrong"] is not None]
     assert checked and not any(checked)  # (the largest sizes are timed, not checked)
@@ -121,3 +135,42 @@ def test_a_stopped_test_step_still_reports_what_finished(tmp_path):
     assert (totals["tests"], totals["failures"], totals["errors"], totals["skipped"]) == (5, 1, 1, 1)
     assert totals["failed"] == ["tests.gpu.test_a::test_two[own streams]", "gpu_run::tests"]
     assert "did not finish" in ET.parse(junit).getroot().find(".//error").get("message")
+
+
+def test_the_summary_judges_each_target_by_its_interval():
+    """A target is met where its ratio's interval lies at or below the mark, missed where it
+    lies above, unresolved where it straddles the mark, and said to be unmeasured where its
+    row or way is missing; a failed way is named with its error."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_summary",
+                                                  ROOT / "benchmarks" / "gpu_summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def got(ratio, lo, hi):
+        return {"ratio": ratio, "interval": [lo, hi], "repeats": 7}
+
+    parts = {
+        "per-call": {"rows": [{"kind": "overhead, in place", "size": 4096,
+                               "library_cupy_us": 20.0, "torch_dist_us": 40.0,
+                               "library_cupy/torch_dist": got(0.5, 0.45, 0.55),
+                               "library_torch/torch_dist": got(1.2, 1.1, 1.3),
+                               "library_cupy_async/torch_dist_async": got(1.0, 0.9, 1.1),
+                               "library_torch_async_error": "RuntimeError: no"}]},
+        "multi-device": {"rows": [{"kind": "one all-reduce", "size": 4096,
+                                   "library_auto/best_choice": got(1.05, 1.0, 1.09)},
+                                  {"kind": "one all-reduce", "size": 1 << 20,
+                                   "library_auto/best_choice": got(1.3, 1.2, 1.4)}]}}
+    lines = summary.target_lines(parts)
+    text = "\n".join(lines)
+    assert "per call, CuPy at 4 KiB (<= 1.0): yes, 0.50 [0.45, 0.55]" in text, text
+    assert "per call, PyTorch at 4 KiB (<= 1.0): no, 1.20" in text, text
+    assert "per call, async, CuPy at 4 KiB (<= 1.0): unresolved" in text, text
+    assert "per call, async, PyTorch (<= 1.0): not measured" in text, text
+    assert "fastest algorithm or naive sum at 4 KiB (<= 1.1): yes" in text, text
+    assert "fastest algorithm or naive sum at 1024 KiB (<= 1.1): no" in text, text
+    assert "gradient list, views, CuPy arrays (<= 0.8): not measured" in text, text
+    notes = "\n".join(summary.peer_notes(parts))
+    assert "library_cupy 20.0 us, torch_dist 40.0 us" in notes, notes
+    assert "library_torch_async FAILED: RuntimeError: no" in notes, notes
