@@ -4,7 +4,8 @@ A list is taken only as a sequence of arrays of one library (NumPy with JAX, say
 with the rule: one batch, one library), none of them requiring grad (named by its index, with
 the fix). ``batch_tag`` is what the list's buckets carry in their signatures
 (``CallRunner.part_of``): the list's description and digest, so that ranks that pass
-different lists fail with ``CollectiveMismatchError`` on every call, not only the first.
+different lists fail with ``CollectiveMismatchError`` on every call, not only the first;
+an empty list makes its call too (``agree_on_empty``).
 """
 
 from __future__ import annotations
@@ -106,3 +107,16 @@ def own_copy(arrays: Any, result: Any) -> Any:
     mine = arrays.empty(tuple(result.shape), arrays.dtype_of(result), like=result)
     arrays.copy(mine, result)
     return mine
+
+
+def agree_on_empty(comm: Any, op: Any, timeout: float | None, async_op: bool) -> Any:
+    """An empty list's call (``[]``, or a handle of it): a zero-size all-reduce carrying the
+    empty list's tag. Nothing moves, but the ranks agree on it: where a peer's list is not
+    empty, every rank raises ``CollectiveMismatchError`` naming the lists, rather than this
+    rank returning at once and its peers waiting out their timeout."""
+    from ..runtime.work import BatchWork
+
+    nothing = comm.arrays.empty((0,), np.float32)
+    with comm.calls.part_of(batch_tag(())):
+        done = comm.all_reduce(nothing, op, timeout=timeout, async_op=async_op)
+    return BatchWork([done], lambda _: [], "batch_all_reduce of 0 tensors") if async_op else []

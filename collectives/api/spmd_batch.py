@@ -7,8 +7,9 @@ and reduces each bucket with ``all_reduce`` (blocking, or in flight under one ha
 bucket's call carries the list's tag (``batch_checks.batch_tag``) in its signature, so the
 guarantees of a plain call hold for every bucket of every step: a bad argument on one rank
 reaches its peers through the pipeline (``refusing``), and ranks whose lists differ fail with
-``CollectiveMismatchError``. Tensors of a library with an array kind of its own (PyTorch) are
-packed in that library, so that only the buckets cross over.
+``CollectiveMismatchError`` (an empty list too: ``agree_on_empty``). Tensors of a library
+with an array kind of its own (PyTorch) are packed in that library, so that only the buckets
+cross over.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..runtime.call_runner import refusing
 from ..runtime.calls import check_op_for
 from ..runtime.validate import check_shards, check_timeout
 from ..runtime.work import BatchWork, Work
-from .batch_checks import batch_tag, checked_list, dtypes_of, own_copy
+from .batch_checks import agree_on_empty, batch_tag, checked_list, dtypes_of, own_copy
 from .comm_parts import CommParts
 from .spmd_buckets import Buckets
 
@@ -144,6 +145,8 @@ class BatchOps(CommParts):
             crowded = self.calls.engine.crowded(count=sum(len(p.plan.packs) for p in parts))
             if crowded is not None:
                 raise crowded
+        if not xs:
+            return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays
 
         def reduce_pack(part, buffers, fresh):

@@ -6,7 +6,10 @@ list's tag, so a bucket keeps every promise of a plain call: ranks whose lists d
 with ``CollectiveMismatchError`` on every step, a bad ``ready(k, x)`` or an early ``wait()``
 on one rank reaches its peers through the pipeline (``refusing``: they raise
 ``PeerFailedError`` naming it at once), and every wait is bounded by the ``timeout`` the
-buckets were made with.
+buckets were made with. A step that raised (in ``ready`` or ``wait``) is over on every rank:
+the buckets then take the next step's tensors, as after a ``wait()`` that returned. An empty
+list makes its call at ``wait()`` (``agree_on_empty``), so that a peer whose list is not
+empty is told.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import refusing
 from ..runtime.work import BatchWork
-from .batch_checks import batch_tag
+from .batch_checks import agree_on_empty, batch_tag
 
 
 class Buckets(Generic[ArrayT]):
@@ -79,7 +82,15 @@ class Buckets(Generic[ArrayT]):
 
         ``x`` must not change until ``wait()`` returns: a fused bucket holds a copy of it, but
         a tensor alone in its bucket travels as it is (no copy), so changing it before then
-        changes the result, as with MPI's non-blocking calls."""
+        changes the result, as with MPI's non-blocking calls. Where it raises, the step is
+        over (its peers raise too): the buckets take the next step's tensors."""
+        try:
+            self._ready(k, x)
+        except BaseException:
+            self._reset()
+            raise
+
+    def _ready(self, k: int, x: ArrayT) -> None:
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"k={k!r} must be the tensor's index in the list (an int from 0 to "
                             f"{len(self.layout) - 1})")
@@ -118,18 +129,23 @@ class Buckets(Generic[ArrayT]):
                     buf, self.op, part.spec.algorithm, out=buf if in_place else None,
                     shards=part.spec.shards, timeout=self.timeout, async_op=True))
 
-    @refusing("buckets.wait")
     def wait(self, timeout: float | None = None) -> list[ArrayT]:
         """The reduced tensors in the list's order, once every bucket has finished; the
-        buckets then take the next step's tensors. ``timeout``: seconds for all of them
-        together (None: each bucket's own, the ``timeout`` the buckets were made with)."""
+        buckets then take the next step's tensors (also where it raises). ``timeout``:
+        seconds for all of them together (None: each bucket's own, the ``timeout`` the
+        buckets were made with). The buckets' own errors (a peer's different list, a timeout)
+        are raised as their calls raised them; only an early ``wait()`` is this rank's
+        refusal, which its peers hear of at once."""
         from ..algorithms.batch import StartedBatch
 
         if self.started < len(self.order):
-            missing = [k for k, t in enumerate(self.tensors) if t is None]
-            raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} "
-                             "were never passed to ready(k, x); their buckets (and the later "
-                             "ones) have not started")
+            try:
+                self._refuse_early_wait()
+            finally:
+                self._reset()
+        if not self.layout:
+            return agree_on_empty(self.comm, self.op,
+                                  self.timeout if timeout is None else timeout, False)
         took = frozenset(self.took)
         try:
             reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
@@ -141,3 +157,10 @@ class Buckets(Generic[ArrayT]):
         batch = StartedBatch(self.parts, reduced, len(self.layout), self.arrays,
                              lambda _: nullcontext(), self.keeper, took)
         return [r[0] for r in batch.finish([[buf] for buf in reduced])]
+
+    @refusing("buckets.wait")
+    def _refuse_early_wait(self) -> None:
+        missing = [k for k, t in enumerate(self.tensors) if t is None]
+        raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} were "
+                         "never passed to ready(k, x); their buckets (and the later ones) have "
+                         "not started")

@@ -87,10 +87,13 @@ FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "
 
 def differences(signatures: list[tuple], collective: str) -> str | None:
     """The first field on which ranks' signatures differ, by rank (for mismatch errors), or
-    None where none does. A broadcast's non-roots may not know the shape and dtype (None):
-    only known ones count."""
-    for i, name in enumerate(FIELDS):
-        seen = [s[i] if s is not None else None for s in signatures]
+    None where none does. The tensor lists of a batch come first: where they differ, so may
+    a bucket's shape or dtype, but the lists say what the caller passed. A broadcast's
+    non-roots may not know the shape and dtype (None): only known ones count."""
+    batch = FIELDS.index("batch")
+    for i in (batch, *range(batch)):
+        name = FIELDS[i]
+        seen = [s[i] if s is not None and i < len(s) else None for s in signatures]
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
         if len(set(map(repr, known))) > 1:
             if name == "batch":  # (the bucket of a batch: the lists differ)

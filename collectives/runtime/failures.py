@@ -110,8 +110,13 @@ class Failures:
         FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
         kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
                 "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+        with self.state:  # every call in flight here is abandoned, earlier ones too
+            first = min([seq] + [o.seq for o in self.inflight if not o.finished])
         if notify or (notify is None and not isinstance(error, PeerFailedError)):
-            self.transport.notify_failure(Failure(self.rank, seq, kind,
+            # (peers lose every call from the first this rank abandons: one that waits for
+            # this rank in an earlier call than the failed one would otherwise wait its
+            # whole timeout)
+            self.transport.notify_failure(Failure(self.rank, first, kind,
                                                   f"{type(error).__name__}: {error}"))
         with self.state:
             for other in list(self.inflight):

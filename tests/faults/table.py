@@ -8,13 +8,14 @@ from faults import (
     cases_inflight,
     cases_inputs,
     cases_kinds,
+    cases_lists,
     cases_multi,
     cases_ranks,
 )
 from faults.kit import Case
 
 SPMD: list[Case] = (cases_ranks.CASES + cases_inputs.CASES + cases_calls.CASES + cases_comms.CASES
-                    + cases_inflight.CASES + cases_kinds.CASES)
+                    + cases_inflight.CASES + cases_kinds.CASES + cases_lists.CASES)
 MULTI: list[Case] = cases_multi.CASES + cases_calls.MULTI
 
 # (transport, ranks or devices): thread ranks, MPI ranks (COLLECTIVES_RANKS_PER_NODE=2 for

@@ -1,0 +1,143 @@
+"""Tensor lists that differ on one rank, and buckets after a refused step.
+
+* Lists that differ from the first call on, or after the list was agreed: one tensor's dtype,
+  or one rank's list empty. Every kind that reduces a list as one (a fused batch, blocking and
+  asynchronous, unfused, buckets fused and unfused, a sub-communicator's batch) raises an
+  error naming the mismatch on every rank within a second (the blocking kinds:
+  ``CollectiveMismatchError`` naming the lists): never the wrong error, never one rank
+  returning at once while its peers wait out their timeout.
+* Buckets whose step one rank refused (a bad ``ready``, an early ``wait()``) take the next
+  step's tensors on every rank, and reduce them right.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from faults.cases_kinds import BOTH, COMM_TIMEOUT, KINDS, SIZES, run, sums, tensors
+from faults.kit import Call, Case, Ctx, ok, raises
+from faults.steps import peer_failed
+
+CASES: list[Case] = []
+L = [(2, 3), (5,), (3, 2)]
+
+
+def _buckets_fused(comm, xs, op="sum", timeout=None):
+    buckets = comm.buckets(xs, op, timeout=timeout)
+    for k, x in enumerate(xs):
+        buckets.ready(k, x)
+    return buckets.wait()
+
+
+LIST_KINDS = {**{k: KINDS[k] for k in ("batch", "batch-async", "batch-unfused", "buckets",
+                                       "subcomm")},
+              "buckets-fused": _buckets_fused}
+BLOCKING = ("batch", "batch-unfused", "subcomm")
+# one rank's list against its peers': a tensor of another dtype, or nothing at all
+ODD_LISTS = {"dtype": lambda xs: [xs[0], xs[1].astype(np.float64), xs[2]],
+             "empty": lambda xs: []}
+
+
+def one_list_differs(kind: str, odd: str):
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        if ctx.rank == ctx.size - 1:
+            xs = ODD_LISTS[odd](xs)
+        if kind in BLOCKING:  # (naming the lists, whatever bucket differs; a rank whose
+            # peer raised it and left first hears of it from that peer)
+            expect = raises("CollectiveMismatchError", "PeerFailedError",
+                            match="different tensor lists", within=1.0)
+        else:  # (pipelined buckets: a rank may find the mismatch in a later bucket's
+            # message, and its peers then hear of it from that rank)
+            expect = raises("CollectiveMismatchError", within=1.0) | raises(
+                "PeerFailedError", "CommunicatorBrokenError", match="CollectiveMismatchError",
+                within=1.0)
+        return Call(lambda comm: LIST_KINDS[kind](comm, xs), expect=expect, same=False)
+    return step
+
+
+def agreed(kind: str):
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        return Call(lambda comm: LIST_KINDS[kind](comm, xs), expect=ok(sums(ctx, L)))
+    return step
+
+
+for kind in LIST_KINDS:
+    for odd in ODD_LISTS:
+        CASES.append(Case(f"lists-{kind}-one-rank-{odd}-first-call",
+                          (one_list_differs(kind, odd),), where=BOTH, sizes=SIZES,
+                          timeout=COMM_TIMEOUT, limit=20.0))
+        CASES.append(Case(f"lists-{kind}-one-rank-{odd}-after-agreement",
+                          (agreed(kind), one_list_differs(kind, odd)), where=BOTH, sizes=SIZES,
+                          timeout=COMM_TIMEOUT, limit=20.0))
+
+
+def all_empty(ctx: Ctx) -> Call:
+    """Every rank's list empty: every kind returns an empty list (agreed, nothing moves)."""
+    def body(comm):
+        return {kind: LIST_KINDS[kind](comm, []) for kind in LIST_KINDS}
+
+    def empty(got) -> str | None:
+        return None if got == dict.fromkeys(LIST_KINDS, []) else f"got {got!r}"
+    return Call(body, expect=ok(check=empty))
+
+
+CASES.append(Case("lists-every-rank-empty", (all_empty, run("batch", L)), where=BOTH,
+                  sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+# --- buckets after a refused step: the next step runs on every rank ------------------------------
+
+TWO = [(3,), (4,)]  # one fused bucket: tensor 0 is marked ready, the bucket not yet started
+KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _kept(comm, xs):
+    """This communicator's one ``Buckets`` for ``TWO``, made in the first step."""
+    buckets = KEPT.get(comm)
+    if buckets is None:
+        buckets = KEPT[comm] = comm.buckets(xs)
+    return buckets
+
+
+def _run_kept(comm, xs):
+    buckets = _kept(comm, xs)
+    for k, x in enumerate(xs):
+        buckets.ready(k, x)
+    return buckets.wait()
+
+
+def kept_step(ctx: Ctx) -> Call:
+    xs = tensors(ctx, TWO)
+    return Call(lambda comm: _run_kept(comm, xs), expect=ok(sums(ctx, TWO)))
+
+
+def refused_step(how: str):
+    """Rank 0 marks tensor 0 ready, then refuses the step (``ready`` of a tensor of the wrong
+    shape, or ``wait()`` before tensor 1): it raises naming why, its peers hear of it."""
+    why = {"bad-ready": "tensor 1 is", "early-wait": "wait\\(\\) before every tensor"}[how]
+
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, TWO)
+        if ctx.rank != 0:
+            return Call(lambda comm: _run_kept(comm, xs), expect=peer_failed(0, why),
+                        caught=True)
+
+        def body(comm):
+            buckets = _kept(comm, xs)
+            buckets.ready(0, xs[0])
+            if how == "bad-ready":
+                buckets.ready(1, np.zeros(7, np.float32))
+            buckets.wait()
+        return Call(body, expect=raises("ValueError", match=why, within=1.0), caught=True)
+    return step
+
+
+# (the list's first step: its peers' bucket is a call not yet agreed, so it moves no data
+# before it hears of the refusal, and the communicator stays whole)
+for how in ("bad-ready", "early-wait"):
+    CASES.append(Case(f"buckets-next-step-after-one-rank-{how}",
+                      (refused_step(how), kept_step, kept_step), where=BOTH, sizes=SIZES,
+                      timeout=COMM_TIMEOUT, limit=20.0))
