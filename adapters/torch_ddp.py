@@ -43,7 +43,9 @@ from collectives.ops import ReduceOp
 __all__ = ["CommHookState", "allreduce_hook", "process_group", "register"]
 
 _COMPRESSIBLE = (torch.float32, torch.float64)  # what wire compression narrows
-_UPCAST = (torch.bfloat16,)  # dtypes NumPy cannot view: reduced in float32, copied back
+# reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
+# sum may pass its range where the mean does not (DDP's own hook divides first)
+_UPCAST = (torch.bfloat16, torch.float16)
 
 
 class CommHookState:
@@ -116,7 +118,7 @@ def allreduce_hook(state: CommHookState,
         return _on_device(state, buffer)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     try:
-        # the bucket's own memory, reduced in place (bfloat16: a float32 copy)
+        # the bucket's own memory, reduced in place (bfloat16, float16: a float32 copy)
         wire = buffer.float() if buffer.dtype in _UPCAST else buffer
         view = np.from_dlpack(wire)
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None

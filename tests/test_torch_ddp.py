@@ -128,24 +128,42 @@ def test_fp16_compression_stays_within_float16_rounding():
         assert (got.double() - want).abs().max().item() <= 2e-3 * scale
 
 
-def test_a_bfloat16_model_is_reduced_in_float32():
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_a_half_precision_model_is_reduced_in_float32(name):
+    dtype = getattr(torch, name)
+
     def rank_fn(comm):
-        net, ddp, _ = ddp_over(comm, torch.bfloat16)
-        x, target = batch(0, comm.rank, torch.bfloat16)
+        net, ddp, _ = ddp_over(comm, dtype)
+        x, target = batch(0, comm.rank, dtype)
         (ddp(x) * target).sum().backward()
         return [p.grad.clone() for p in net.parameters()]
 
     results = collectives.run(rank_fn, 2)
-    net = model(torch.bfloat16)  # each rank's own gradient, summed in float64, then halved
+    net = model(dtype)  # each rank's own gradient, summed in float64, then halved
     local = []
     for who in range(2):
         net.zero_grad()
-        x, target = batch(0, who, torch.bfloat16)
+        x, target = batch(0, who, dtype)
         (net(x) * target).sum().backward()
         local.append([p.grad.double() for p in net.parameters()])
     for got, mine, theirs in zip(results[0], *local, strict=True):
-        assert got.dtype is torch.bfloat16
-        assert torch.equal(got, ((mine + theirs) / 2).to(torch.bfloat16))
+        assert got.dtype is dtype
+        assert torch.equal(got, ((mine + theirs) / 2).to(dtype))
+
+
+def test_a_float16_mean_whose_sum_passes_float16s_range_stays_finite():
+    """Each rank's bias gradient is 40,000 (float16 holds it; the sum, 80,000, it cannot):
+    the mean is 40,000, as DDP's own hook (which divides first) gives, not infinity."""
+    def rank_fn(comm):
+        net = torch.nn.Linear(1, 1).to(torch.float16)
+        ddp = DDP(net, process_group=torch_ddp.process_group(comm))
+        torch_ddp.register(ddp, comm)
+        x = torch.zeros(1, 1, dtype=torch.float16)
+        (ddp(x) * 40000.0).sum().backward()
+        return net.bias.grad.clone()
+
+    for got in collectives.run(rank_fn, 2):
+        assert got.dtype is torch.float16 and got.item() == 40000.0, got
 
 
 def test_the_hook_works_with_a_gloo_group_of_one():

@@ -3,7 +3,8 @@
 Each validates its call and buffers once and returns a
 ``PreparedCall``. ``x`` must be C-contiguous (it is read in place at
 every ``start()``); ``out`` is required, and is either ``x`` itself (in place) or shares no
-memory with it.
+memory with it. A host array of another library that takes ``out=`` (a PyTorch CPU tensor) is
+bound through its NumPy view, and ``wait()`` hands back the caller's own array.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Collective
+from ..array_kinds import host_view
 from ..arrays import overlaps
 from ..hints import Array, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
@@ -25,6 +27,19 @@ from .spmd_reductions import through_shared
 
 class PreparedOps(CommParts):
     """all_reduce_init, reduce_init, broadcast_init, all_gather_init, reduce_scatter_init."""
+
+    def _viewed(self, given: Any, argument: str) -> Any:
+        """``given`` as an array a prepared call can bind: another library's host array
+        that takes ``out=`` (a PyTorch CPU tensor, bfloat16 too) as its NumPy view, sharing
+        its memory; anything else as it is (``adapt`` and ``_bind`` check it)."""
+        way = host_view(given) if given is not None and not self.arrays.owns(given) else None
+        if way is None or not way.takes_out or way.on_gpu(given):
+            return given
+        try:
+            return way.as_numpy(given)
+        except (BufferError, RuntimeError) as exc:  # (a tensor that requires grad)
+            raise TypeError(f"{argument} cannot be bound to a prepared call ({exc}); pass "
+                            f"{argument}.detach()") from exc
 
     def _bind(self, x: Any, out: Any, shape: tuple, dtype: np.dtype, what: str,
               out_argument: str = "out"):
@@ -74,7 +89,8 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise (an ``out`` that overlaps ``x`` without
             being it).
         """
-        xa = self.adapt(x, "x")
+        given, out = out, self._viewed(out, "out")
+        xa = out if given is x else self.adapt(self._viewed(x, "x"), "x")
         algorithm = through_shared(self.transport, xa, out, algorithm)
         call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
@@ -82,7 +98,7 @@ class PreparedOps(CommParts):
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
         src = None if xa is work else arrays.flat(xa)
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1),
-                            Reduced(arrays, call, work, self.size, out))
+                            Reduced(arrays, call, work, self.size, out), returns=given)
 
     @refusing("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
@@ -115,7 +131,8 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        xa = self.adapt(x, "x")
+        given, out = out, self._viewed(out, "out")
+        xa = out if given is x and out is not None else self.adapt(self._viewed(x, "x"), "x")
         call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
         arrays = self.arrays
         mine = self.rank == call.root
@@ -123,7 +140,8 @@ class PreparedOps(CommParts):
             xa = self._bind(xa, out, call.shape, call.final, "reduce_init")
         work = arrays.empty(call.shape, call.dtype, like=xa)
         finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
-        return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish)
+        return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish,
+                            returns=given if mine else None)
 
     @refusing("broadcast_init")
     def broadcast_init(self, x: Array, root: int = 0,
@@ -150,10 +168,11 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        xa = self.adapt(x, "x")
+        xa = self.adapt(self._viewed(x, "x"), "x")
         call = self.calls.validated(Collective.BROADCAST, xa, None, algorithm, root=root)
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
-        return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa)
+        return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa,
+                            returns=x)
 
     @refusing("all_gather_init")
     def all_gather_init(self, x: Array, algorithm: SpmdAlgorithm = "auto", *,
@@ -179,7 +198,8 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        xa = self.adapt(x, "x")
+        given, out = out, self._viewed(out, "out")
+        xa = self.adapt(self._viewed(x, "x"), "x")
         call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
         base = call.shape if call.shape else (1,)
         gathered = (base[0] * self.size, *base[1:])
@@ -190,7 +210,8 @@ class PreparedOps(CommParts):
         mine = flat_out[self.rank * count:(self.rank + 1) * count]
         src = arrays.flat(xa)
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,
-                            granule=count if count else 1, place=lambda: arrays.copy(mine, src))
+                            granule=count if count else 1, place=lambda: arrays.copy(mine, src),
+                            returns=given)
 
     @refusing("reduce_scatter_init")
     def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
@@ -220,7 +241,8 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        xa = self.adapt(x, "x")
+        given, out = out, self._viewed(out, "out")
+        xa = self.adapt(self._viewed(x, "x"), "x")
         call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
@@ -230,5 +252,5 @@ class PreparedOps(CommParts):
         row = int(np.prod(call.shape[1:], dtype=np.int64))
         finish = Block(arrays, call, work, n, lo, hi, (hi - lo, *call.shape[1:]), out)
         return PreparedCall(self, "reduce_scatter", call, arrays.flat(xa), work.reshape(-1),
-                            finish, granule=row if row else 1)
+                            finish, granule=row if row else 1, returns=given)
 

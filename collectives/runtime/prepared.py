@@ -58,12 +58,15 @@ class PreparedCall:
     """
 
     def __init__(self, comm: Any, what: str, call: Call, src: Any, work: Any, finish: Any, *,
-                 granule: int = 1, place: Any = None):
+                 granule: int = 1, place: Any = None, returns: Any = None):
         # ``src`` None: the input already sits in ``work`` (in place), or ``place()`` puts it
         # there at every start (all-gather's block)
         self.comm, self.what, self.call = comm, what, call
         self.src, self.work, self.finish, self.granule = src, work, finish, granule
         self.place = place
+        # what wait() hands back in place of finish's result, where the call writes a view of
+        # the caller's own array (a PyTorch tensor's NumPy view: the tensor itself)
+        self.returns = returns
         self._persistent = None
         self._work: Any = None  # a Work handle, DONE, or the exception the hot path met
         self._waited = True
@@ -111,12 +114,13 @@ class PreparedCall:
             if timeout is not None:
                 check_timeout(timeout)
             self._waited = True
-            return self.finish()
-        if isinstance(work, BaseException):
+            result = self.finish()
+        else:
             self._waited = True
-            raise work
-        self._waited = True
-        return work.wait(timeout)
+            if isinstance(work, BaseException):
+                raise work
+            result = work.wait(timeout)
+        return result if self.returns is None else self.returns
 
     def is_completed(self) -> bool:
         work = self._work

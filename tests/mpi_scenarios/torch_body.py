@@ -94,6 +94,44 @@ def calls(comm, x: dict, bucket_bytes: int) -> dict:
             buckets.ready(k, batch[k])
         for k, t in enumerate(buckets.wait()):
             got[f"buckets step {step} {k}"] = t
+    got.update(prepared(comm, x))
+    return got
+
+
+def zeros_of(like, shape):
+    if isinstance(like, torch.Tensor):
+        return torch.zeros(shape, dtype=like.dtype)
+    return np.zeros(shape, like.dtype)
+
+
+def prepared(comm, x: dict) -> dict:
+    """The prepared calls, each bound once and started twice: ``wait()`` hands back the array
+    it was bound to (the caller's tensor, where it was given tensors)."""
+    r, n = comm.rank, comm.size
+    rows = x["rows"].shape[0]
+    lo, hi = r * rows // n, (r + 1) * rows // n
+    mine = zeros_of(x["sum"], tuple(x["sum"].shape))
+    mine[...] = x["sum"]  # (a copy of the input: in place, and broadcast's buffer)
+    copy = zeros_of(x["sum"], tuple(x["sum"].shape))
+    copy[...] = x["sum"]
+    bound = {
+        "all_reduce": (comm.all_reduce_init(x["sum"], out=zeros_of(x["sum"], x["sum"].shape))),
+        "in place all_reduce": comm.all_reduce_init(mine, out=mine),
+        "reduce": comm.reduce_init(x["sum"], root=n - 1, out=zeros_of(x["sum"], x["sum"].shape)
+                                   if r == n - 1 else None),
+        "broadcast": comm.broadcast_init(copy, 0),
+        "all_gather": comm.all_gather_init(
+            x["sum"], out=zeros_of(x["sum"], (n * x["sum"].shape[0], *x["sum"].shape[1:]))),
+        "reduce_scatter": comm.reduce_scatter_init(
+            x["rows"], out=zeros_of(x["rows"], (hi - lo, *x["rows"].shape[1:]))),
+    }
+    got = {}
+    for name, call in bound.items():
+        for _ in range(2):
+            if name == "in place all_reduce":  # (the input again: the last run reduced it)
+                mine[...] = x["sum"]
+            result = call.start().wait()
+        got[f"prepared {name}"] = result
     return got
 
 
@@ -110,8 +148,10 @@ def expected(name: str, inputs: dict, n: int, rank: int) -> np.ndarray | None:
     if name.startswith(("batch", "async batch", "buckets")):
         return reference(inputs[BATCH[int(name.split()[-1])]], "sum")
     if name.startswith(("all_reduce again", "async all_reduce", "out= all_reduce",
-                        "in place all_reduce")):
+                        "in place all_reduce", "prepared all_reduce",
+                        "prepared in place all_reduce")):
         return reference(inputs["sum"], "sum")
+    name = name.removeprefix("prepared ")
     source = {"reduce_scatter": "rows", "all_to_all": "rows", "scatter": "table"}.get(name, "sum")
     root = n - 1 if name in ("reduce", "gather") else 0
     return expected_outputs(name, inputs[source], "sum", root=root)[rank]
