@@ -170,7 +170,7 @@ def test_the_summary_judges_each_target_by_its_interval():
     assert "per call, async, PyTorch (<= 1.0): not measured" in text, text
     assert "fastest algorithm or naive sum at 4 KiB (<= 1.1): yes" in text, text
     assert "fastest algorithm or naive sum at 1024 KiB (<= 1.1): no" in text, text
-    assert "gradient list, views, CuPy arrays (<= 0.8): not measured" in text, text
+    assert "gradient list, views, CuPy (<= 0.8): not measured" in text, text
     notes = "\n".join(summary.peer_notes(parts))
     assert "library_cupy 20.0 us, torch_dist 40.0 us" in notes, notes
     assert "library_torch_async FAILED: RuntimeError: no" in notes, notes
