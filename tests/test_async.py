@@ -124,3 +124,28 @@ def test_prepared_calls_are_started_and_waited_in_turn():
         collectives.run(lambda c: c.all_reduce_init(buf[:3], out=buf[1:]), 1)
     with pytest.raises(TypeError, match="out is required"):
         collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
+
+
+def test_a_breaking_rank_loses_its_peers_only_the_calls_it_abandons():
+    """Rank 0 has a receive posted early (never matched) and then times out in a collective:
+    its peers lose that collective, not the point-to-point message rank 1 sends rank 2 (a
+    message's number is the call count when it was posted, not a call it takes part in)."""
+    def body(comm):
+        if comm.rank == 0:
+            comm.irecv(np.zeros(3), 1, tag=7)  # never matched
+        sent = comm.isend(np.arange(3.0), 2, tag=9) if comm.rank == 1 else None
+        for _ in range(3):
+            comm.all_reduce(np.ones(2))
+        if comm.rank == 0:
+            with pytest.raises(CollectiveTimeoutError, match="call 4"):
+                comm.all_reduce(np.ones(2), timeout=0.5)
+            return "timed out"
+        time.sleep(1.5)  # (after rank 0 broke)
+        if comm.rank == 1:
+            sent.wait(2)
+            return "sent"
+        got = np.zeros(3)
+        comm.recv(got, 1, tag=9, timeout=1)
+        return got.tolist()
+
+    assert collectives.run(body, 3, timeout=5) == ["timed out", "sent", [0.0, 1.0, 2.0]]

@@ -4,23 +4,23 @@ tensors become ready, as DDP's reducer and Horovod's fusion buffer do.
 Each bucket is an asynchronous ``all_reduce`` made inside ``CallRunner.part_of`` with the
 list's tag, so a bucket keeps every promise of a plain call: ranks whose lists differ fail
 with ``CollectiveMismatchError`` on every step, a bad ``ready(k, x)`` or an early ``wait()``
-on one rank reaches its peers through the pipeline (``refusing``: they raise
-``PeerFailedError`` naming it at once), and every wait is bounded by the ``timeout`` the
-buckets were made with. A step that raised (in ``ready`` or ``wait``) is over on every rank:
-the buckets then take the next step's tensors, as after a ``wait()`` that returned. An empty
-list makes its call at ``wait()`` (``agree_on_empty``), so that a peer whose list is not
-empty is told.
+on one rank reaches its peers through the pipeline (``CallRunner.refuse``, once for each
+bucket not yet started: they raise ``PeerFailedError`` naming it at once), and every wait is
+bounded by the ``timeout`` the buckets were made with. A step that raised (in ``ready`` or
+``wait``) is over on every rank: the buckets then take the next step's tensors, as after a
+``wait()`` that returned. An empty list makes its call at ``wait()`` (``agree_on_empty``), so
+that a peer whose list is not empty is told.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Generic
+from typing import Any, Generic, NoReturn
 
 from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
-from ..runtime.call_runner import refusing
+from ..runtime.call_runner import BAD_INPUT
 from ..runtime.work import BatchWork
 from .batch_checks import agree_on_empty, batch_tag
 
@@ -38,7 +38,7 @@ class Buckets(Generic[ArrayT]):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
-        self.calls = comm.calls  # (``refusing`` reaches the communicator's calls here)
+        self.calls = comm.calls
         self.size = comm.size
         self.tag = batch_tag(layout)
         # tensors of another library (PyTorch) are packed there; only buckets cross over
@@ -76,21 +76,27 @@ class Buckets(Generic[ArrayT]):
         """How many buckets are in flight (or done) this step."""
         return len(self.pending)
 
-    @refusing("buckets.ready")
     def ready(self, k: int, x: ArrayT) -> None:
         """Tensor ``k`` (of the list's order) is ``x``; start every bucket now complete.
 
         ``x`` must not change until ``wait()`` returns: a fused bucket holds a copy of it, but
         a tensor alone in its bucket travels as it is (no copy), so changing it before then
-        changes the result, as with MPI's non-blocking calls. Where it raises, the step is
-        over (its peers raise too): the buckets take the next step's tensors."""
+        changes the result, as with MPI's non-blocking calls. A bad ``k`` or ``x`` ends the
+        step on every rank (``_refuse_rest``); so does an error of a bucket it starts."""
         try:
-            self._ready(k, x)
+            x = self._checked(k, x)
+        except BAD_INPUT as exc:
+            self._refuse_rest(exc)
+        self.tensors[k] = x
+        self.missing[self.bucket_of[k]] -= 1
+        try:
+            self._start_complete()
         except BaseException:
             self._reset()
             raise
 
-    def _ready(self, k: int, x: ArrayT) -> None:
+    def _checked(self, k: int, x: ArrayT) -> Any:
+        """``x`` as tensor ``k`` travels, or raise naming what is wrong and the fix."""
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"k={k!r} must be the tensor's index in the list (an int from 0 to "
                             f"{len(self.layout) - 1})")
@@ -109,8 +115,10 @@ class Buckets(Generic[ArrayT]):
                              f"for {dtype}{tuple(shape)}")
         if self.tensors[k] is not None:
             raise ValueError(f"tensor {k} was already marked ready this step")
-        self.tensors[k] = x
-        self.missing[self.bucket_of[k]] -= 1
+        return x
+
+    def _start_complete(self) -> None:
+        """Start every complete bucket whose predecessors have all started."""
         while self.started < len(self.order) and self.missing[self.started] == 0:
             part, j = self.order[self.started]
             into = None
@@ -139,10 +147,10 @@ class Buckets(Generic[ArrayT]):
         from ..algorithms.batch import StartedBatch
 
         if self.started < len(self.order):
-            try:
-                self._refuse_early_wait()
-            finally:
-                self._reset()
+            missing = [k for k, t in enumerate(self.tensors) if t is None]
+            self._refuse_rest(ValueError(
+                f"wait() before every tensor was ready: tensors {missing[:10]} were never "
+                "passed to ready(k, x); their buckets (and the later ones) have not started"))
         if not self.layout:
             return agree_on_empty(self.comm, self.op,
                                   self.timeout if timeout is None else timeout, False)
@@ -158,9 +166,22 @@ class Buckets(Generic[ArrayT]):
                              lambda _: nullcontext(), self.keeper, took)
         return [r[0] for r in batch.finish([[buf] for buf in reduced])]
 
-    @refusing("buckets.wait")
-    def _refuse_early_wait(self) -> None:
-        missing = [k for k, t in enumerate(self.tensors) if t is None]
-        raise ValueError(f"wait() before every tensor was ready: tensors {missing[:10]} were "
-                         "never passed to ready(k, x); their buckets (and the later ones) have "
-                         "not started")
+    def _refuse_rest(self, error: Exception) -> NoReturn:
+        """Raise ``error``, this rank's refusal of the rest of the step: refused once for each
+        bucket not yet started (``CallRunner.refuse``). Its peers issue every bucket, so each
+        of theirs meets a refusal (they raise ``PeerFailedError`` naming it at once) and the
+        ranks' calls still pair; the buckets then take the next step's tensors. Where every
+        bucket has started, the error is this rank's alone, and ``wait()`` ends the step."""
+        remaining = len(self.order) - self.started
+        if remaining == 0:
+            raise error
+        try:
+            for _ in range(remaining if self.size > 1 else 0):
+                try:
+                    self.calls.refuse("buckets", error)
+                except Exception as got:  # noqa: BLE001 - refuse raises the error it carries
+                    if got is not error:  # (broken: no later call pairs, and every rank
+                        break             # hears of that; this rank's error is still its own)
+        finally:
+            self._reset()
+        raise error

@@ -110,8 +110,10 @@ class Failures:
         FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
         kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
                 "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
-        with self.state:  # every call in flight here is abandoned, earlier ones too
-            first = min([seq] + [o.seq for o in self.inflight if not o.finished])
+        with self.state:  # every collective in flight here is abandoned, earlier ones too
+            # (point-to-point messages carry the call count at their post, not a call's
+            # number: they say nothing of which calls are lost)
+            first = min([seq] + [o.seq for o in self.inflight if o.breaking and not o.finished])
         if notify or (notify is None and not isinstance(error, PeerFailedError)):
             # (peers lose every call from the first this rank abandons: one that waits for
             # this rank in an earlier call than the failed one would otherwise wait its

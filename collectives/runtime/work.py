@@ -163,6 +163,11 @@ class Work(Generic[T]):
         op.engine.reported(op)
         return op.outcome()
 
+    def reported_elsewhere(self) -> None:
+        """Its outcome is another wait's to report (a batch's ``wait()``, which raised a
+        sibling call's error first): its own failure does not surface again at a later call."""
+        self._op.waited_by = True
+
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
         """Call ``callback(handle)`` once the collective has finished (or failed), on the
         thread that finishes it: the communicator's progress thread, a ``wait()``, or this
@@ -261,12 +266,20 @@ class BatchWork(Work[T]):
         if self._outcome is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             results = []
-            for handle in self._handles:
-                if not hasattr(handle, "wait"):  # (finished when issued)
-                    results.append(handle)
-                    continue
-                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                results.append(handle.wait(left))
+            try:
+                for handle in self._handles:
+                    if not hasattr(handle, "wait"):  # (finished when issued)
+                        results.append(handle)
+                        continue
+                    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    results.append(handle.wait(left))
+            except BaseException:
+                # this error is the batch's: the later calls' failures (the same cause, as a
+                # rest of the step refused) must not surface again at a later call
+                for handle in self._handles:
+                    if hasattr(handle, "reported_elsewhere"):
+                        handle.reported_elsewhere()
+                raise
             self._outcome = (self._finish(results),)
         return self._outcome[0]
 

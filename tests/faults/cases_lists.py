@@ -90,15 +90,17 @@ CASES.append(Case("lists-every-rank-empty", (all_empty, run("batch", L)), where=
 
 # --- buckets after a refused step: the next step runs on every rank ------------------------------
 
-TWO = [(3,), (4,)]  # one fused bucket: tensor 0 is marked ready, the bucket not yet started
+# three buckets, each tensor alone: tensor 0's starts, then the step is refused (the peers
+# issue all three); and two tensors fused in one bucket (tensor 0 marked, nothing started)
+SHAPES = {"three": [(3,), (4,), (5,)], "fused": [(3,), (4,)]}
 KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _kept(comm, xs):
-    """This communicator's one ``Buckets`` for ``TWO``, made in the first step."""
+    """This communicator's one ``Buckets`` for ``xs``'s shapes, made in the first step."""
     buckets = KEPT.get(comm)
     if buckets is None:
-        buckets = KEPT[comm] = comm.buckets(xs)
+        buckets = KEPT[comm] = comm.buckets(xs, bucket_bytes=0 if len(xs) == 3 else 1 << 20)
     return buckets
 
 
@@ -109,18 +111,20 @@ def _run_kept(comm, xs):
     return buckets.wait()
 
 
-def kept_step(ctx: Ctx) -> Call:
-    xs = tensors(ctx, TWO)
-    return Call(lambda comm: _run_kept(comm, xs), expect=ok(sums(ctx, TWO)))
+def kept_step(layout: str):
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, SHAPES[layout])
+        return Call(lambda comm: _run_kept(comm, xs), expect=ok(sums(ctx, SHAPES[layout])))
+    return step
 
 
-def refused_step(how: str):
+def refused_step(how: str, layout: str):
     """Rank 0 marks tensor 0 ready, then refuses the step (``ready`` of a tensor of the wrong
     shape, or ``wait()`` before tensor 1): it raises naming why, its peers hear of it."""
     why = {"bad-ready": "tensor 1 is", "early-wait": "wait\\(\\) before every tensor"}[how]
 
     def step(ctx: Ctx) -> Call:
-        xs = tensors(ctx, TWO)
+        xs = tensors(ctx, SHAPES[layout])
         if ctx.rank != 0:
             return Call(lambda comm: _run_kept(comm, xs), expect=peer_failed(0, why),
                         caught=True)
@@ -129,15 +133,17 @@ def refused_step(how: str):
             buckets = _kept(comm, xs)
             buckets.ready(0, xs[0])
             if how == "bad-ready":
-                buckets.ready(1, np.zeros(7, np.float32))
+                buckets.ready(1, np.zeros(7, np.float32))  # (tensor 1 is 4 long)
             buckets.wait()
         return Call(body, expect=raises("ValueError", match=why, within=1.0), caught=True)
     return step
 
 
-# (the list's first step: its peers' bucket is a call not yet agreed, so it moves no data
-# before it hears of the refusal, and the communicator stays whole)
+# (the list's first step: its peers' buckets are calls not yet agreed, so they move no data
+# before they hear of the refusal, and the communicator stays whole; once the list was agreed
+# they move a bucket's data first, and a refusal breaks the communicator, as documented)
 for how in ("bad-ready", "early-wait"):
-    CASES.append(Case(f"buckets-next-step-after-one-rank-{how}",
-                      (refused_step(how), kept_step, kept_step), where=BOTH, sizes=SIZES,
-                      timeout=COMM_TIMEOUT, limit=20.0))
+    for layout in SHAPES:
+        CASES.append(Case(f"buckets-next-step-after-one-rank-{how}-{layout}",
+                          (refused_step(how, layout), kept_step(layout), kept_step(layout)),
+                          where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
