@@ -28,6 +28,15 @@ from .spmd_reductions import through_shared
 class PreparedOps(CommParts):
     """all_reduce_init, reduce_init, broadcast_init, all_gather_init, reduce_scatter_init."""
 
+    def _bound(self, x: Any, out: Any) -> tuple[Any, Any, Any]:
+        """``(x, out, returns)``: ``out`` as the array the call writes (``_viewed``), ``x`` as
+        the array it reads (that same array where the caller passed ``out=x``), and what
+        ``wait()`` hands back: the caller's ``out`` where a view of it is bound, else None
+        (the bound array itself)."""
+        viewed = self._viewed(out, "out")
+        xa = viewed if out is x and out is not None else self.adapt(self._viewed(x, "x"), "x")
+        return xa, viewed, (out if viewed is not out else None)
+
     def _viewed(self, given: Any, argument: str) -> Any:
         """``given`` as an array a prepared call can bind: another library's host array
         that takes ``out=`` (a PyTorch CPU tensor, bfloat16 too) as its NumPy view, sharing
@@ -89,8 +98,7 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise (an ``out`` that overlaps ``x`` without
             being it).
         """
-        given, out = out, self._viewed(out, "out")
-        xa = out if given is x else self.adapt(self._viewed(x, "x"), "x")
+        xa, out, returns = self._bound(x, out)
         algorithm = through_shared(self.transport, xa, out, algorithm)
         call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
@@ -98,7 +106,7 @@ class PreparedOps(CommParts):
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
         src = None if xa is work else arrays.flat(xa)
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1),
-                            Reduced(arrays, call, work, self.size, out), returns=given)
+                            Reduced(arrays, call, work, self.size, out), returns=returns)
 
     @refusing("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
@@ -131,8 +139,7 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        given, out = out, self._viewed(out, "out")
-        xa = out if given is x and out is not None else self.adapt(self._viewed(x, "x"), "x")
+        xa, out, returns = self._bound(x, out)
         call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
         arrays = self.arrays
         mine = self.rank == call.root
@@ -141,7 +148,7 @@ class PreparedOps(CommParts):
         work = arrays.empty(call.shape, call.dtype, like=xa)
         finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish,
-                            returns=given if mine else None)
+                            returns=returns if mine else None)
 
     @refusing("broadcast_init")
     def broadcast_init(self, x: Array, root: int = 0,
@@ -168,11 +175,12 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        xa = self.adapt(self._viewed(x, "x"), "x")
+        viewed = self._viewed(x, "x")
+        xa = self.adapt(viewed, "x")
         call = self.calls.validated(Collective.BROADCAST, xa, None, algorithm, root=root)
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa,
-                            returns=x)
+                            returns=x if viewed is not x else None)
 
     @refusing("all_gather_init")
     def all_gather_init(self, x: Array, algorithm: SpmdAlgorithm = "auto", *,
@@ -198,8 +206,7 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        given, out = out, self._viewed(out, "out")
-        xa = self.adapt(self._viewed(x, "x"), "x")
+        xa, out, returns = self._bound(x, out)
         call = self.calls.validated(Collective.ALL_GATHER, xa, None, algorithm, axis=0)
         base = call.shape if call.shape else (1,)
         gathered = (base[0] * self.size, *base[1:])
@@ -211,7 +218,7 @@ class PreparedOps(CommParts):
         src = arrays.flat(xa)
         return PreparedCall(self, "all_gather", call, None, flat_out, lambda: out,
                             granule=count if count else 1, place=lambda: arrays.copy(mine, src),
-                            returns=given)
+                            returns=returns)
 
     @refusing("reduce_scatter_init")
     def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
@@ -241,8 +248,7 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        given, out = out, self._viewed(out, "out")
-        xa = self.adapt(self._viewed(x, "x"), "x")
+        xa, out, returns = self._bound(x, out)
         call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
@@ -252,5 +258,5 @@ class PreparedOps(CommParts):
         row = int(np.prod(call.shape[1:], dtype=np.int64))
         finish = Block(arrays, call, work, n, lo, hi, (hi - lo, *call.shape[1:]), out)
         return PreparedCall(self, "reduce_scatter", call, arrays.flat(xa), work.reshape(-1),
-                            finish, granule=row if row else 1, returns=given)
+                            finish, granule=row if row else 1, returns=returns)
 

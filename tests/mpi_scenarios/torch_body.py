@@ -114,16 +114,18 @@ def prepared(comm, x: dict) -> dict:
     mine[...] = x["sum"]  # (a copy of the input: in place, and broadcast's buffer)
     copy = zeros_of(x["sum"], tuple(x["sum"].shape))
     copy[...] = x["sum"]
+    outs = {"all_reduce": zeros_of(x["sum"], x["sum"].shape), "in place all_reduce": mine,
+            "reduce": zeros_of(x["sum"], x["sum"].shape) if r == n - 1 else None,
+            "broadcast": copy,
+            "all_gather": zeros_of(x["sum"], (n * x["sum"].shape[0], *x["sum"].shape[1:])),
+            "reduce_scatter": zeros_of(x["rows"], (hi - lo, *x["rows"].shape[1:]))}
     bound = {
-        "all_reduce": (comm.all_reduce_init(x["sum"], out=zeros_of(x["sum"], x["sum"].shape))),
+        "all_reduce": comm.all_reduce_init(x["sum"], out=outs["all_reduce"]),
         "in place all_reduce": comm.all_reduce_init(mine, out=mine),
-        "reduce": comm.reduce_init(x["sum"], root=n - 1, out=zeros_of(x["sum"], x["sum"].shape)
-                                   if r == n - 1 else None),
+        "reduce": comm.reduce_init(x["sum"], root=n - 1, out=outs["reduce"]),
         "broadcast": comm.broadcast_init(copy, 0),
-        "all_gather": comm.all_gather_init(
-            x["sum"], out=zeros_of(x["sum"], (n * x["sum"].shape[0], *x["sum"].shape[1:]))),
-        "reduce_scatter": comm.reduce_scatter_init(
-            x["rows"], out=zeros_of(x["rows"], (hi - lo, *x["rows"].shape[1:]))),
+        "all_gather": comm.all_gather_init(x["sum"], out=outs["all_gather"]),
+        "reduce_scatter": comm.reduce_scatter_init(x["rows"], out=outs["reduce_scatter"]),
     }
     got = {}
     for name, call in bound.items():
@@ -131,7 +133,8 @@ def prepared(comm, x: dict) -> dict:
             if name == "in place all_reduce":  # (the input again: the last run reduced it)
                 mine[...] = x["sum"]
             result = call.start().wait()
-        got[f"prepared {name}"] = result
+        # (the very array it was bound to, the caller's tensor where it was given tensors)
+        got[f"prepared {name}"] = result if result is outs[name] else ("not bound", result)
     return got
 
 
