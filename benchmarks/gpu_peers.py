@@ -86,8 +86,11 @@ def fence_for(peers):
     return both
 
 
-def measure(record: Record, label: dict, ways: dict, fence, args, ratios) -> dict:
-    r = row(label, interleaved(ways, fence, args.repeats, args.calls), ratios)
+def measure(record: Record, label: dict, ways: dict, fence, args, ratios, derive=None) -> dict:
+    """Time ``ways`` in interleaved repeats and record the row; ``derive(times)`` may add
+    ways computed per repeat from the timed ones (the fastest of several: ``with_best``)."""
+    times = interleaved(ways, fence, args.repeats, args.calls)
+    r = row(label, derive(times) if derive is not None else times, ratios)
     record.add(r)
     print(brief(r), flush=True)
     return r

@@ -71,7 +71,8 @@ def _torch_ways(torch, dist, comm, shapes) -> dict:
             "torch_per_tensor": lambda: [dist.all_reduce(g) for g in grads]}
     if hasattr(dist, "all_reduce_coalesced"):
         # (deprecated in favour of the above: its FutureWarning silenced once, not per call)
-        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*all_reduce_coalesced",
+                                category=FutureWarning)
         ways["torch_coalesced"] = lambda: dist.all_reduce_coalesced(grads)
     return ways
 

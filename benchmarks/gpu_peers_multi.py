@@ -3,8 +3,9 @@
 
 * per call, at every size from 4 KiB to 256 MiB: ``auto`` beside every algorithm
   (``one_device``, ``ring``, ``rechd``, ``tree``, ``shuffle``), beside the naive CuPy sum
-  (``x0+x1+x2+x3``, then a copy to each device) and, per repeat, beside the fastest of those
-  (``best_choice``: the target is ``auto`` within 10 % of it); ``auto`` into ``out=`` beside
+  (``x0+x1+x2+x3``, then a copy to each device) and beside the fastest of those
+  (``best_choice``, the lowest median, repeat by repeat: the target is ``auto`` within 10 %
+  of it); ``auto`` into ``out=`` beside
   one fused kernel that reads the 4 inputs and writes the 4 given outputs (the bound: 8 units
   of traffic, no allocation on either side);
 * the gradient list (ResNet-50's shapes, 4 arrays per tensor, each device's tensors views of
@@ -21,9 +22,10 @@ from pathlib import Path
 
 from gpu_compare import Record, _device_fence
 from gpu_peers import measure, resnet50_shapes
-from gpu_stats import brief, interleaved, row, with_best
+from gpu_stats import with_best
 
 ALGORITHMS = ("one_device", "ring", "rechd", "tree", "shuffle")
+CHOICES = [f"library_{a}" for a in ALGORITHMS] + ["naive"]  # what auto is judged against
 DEVICES = 4
 
 
@@ -66,14 +68,10 @@ def _per_call(record: Record, fence, args) -> None:
                     library_auto_out=lambda xs=xs, outs=outs: collectives.all_reduce(
                         xs, "sum", out=outs),
                     fused_kernel=lambda xs=xs, outs=outs: fused(*xs, *outs))
-        choices = [f"library_{a}" for a in ALGORITHMS] + ["naive"]
-        ratios = [("library_auto", other) for other in [*choices, "best_choice"]]
+        ratios = [("library_auto", other) for other in [*CHOICES, "best_choice"]]
         ratios.append(("library_auto_out", "fused_kernel"))
-        times = with_best(interleaved(ways, fence, args.repeats, args.calls), "best_choice",
-                          choices)
-        r = row({"kind": "one all-reduce", "size": size}, times, ratios)
-        record.add(r)
-        print(brief(r), flush=True)
+        measure(record, {"kind": "one all-reduce", "size": size}, ways, fence, args, ratios,
+                derive=lambda times: with_best(times, "best_choice", CHOICES))
 
 
 def _gradient_list(record: Record, fence, args) -> None:

@@ -56,12 +56,15 @@ def interleaved(ways: dict[str, Callable[[], object]], fence: Callable[[], None]
 
 
 def with_best(times: dict, name: str, ways: list[str]) -> dict:
-    """``times`` with ``name`` added: per repeat, the fastest of ``ways`` (those timed), so
-    that a ratio to it (``auto`` over the best way) is paired repeat by repeat."""
-    timed = [times[w] for w in ways if w in times]
+    """``times`` with ``name`` added: the repeats of the fastest of ``ways`` (the lowest
+    median of those timed), so that a ratio to it (``auto`` over the best way) is paired
+    repeat by repeat. (Not each repeat's minimum over the ways: that minimum of several noisy
+    times lies below every way's own, and would make even the best way look slower.)"""
+    timed = [w for w in ways if w in times]
     if not timed:
         return times
-    return {**times, name: [min(per_repeat) for per_repeat in zip(*timed)]}
+    best = min(timed, key=lambda w: float(np.median(times[w])))
+    return {**times, name: list(times[best])}
 
 
 def ratio(times: dict, top: str, bottom: str, seed: int = 0) -> dict | None:

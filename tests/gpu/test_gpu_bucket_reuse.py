@@ -119,3 +119,15 @@ def test_calls_in_flight_at_once_each_get_their_own_bucket():
     results = [h.wait() for h in handles]
     assert [holds(r, float(step)) for r, step in zip(results, (2, 3, 4))] == [True] * 3
     assert holds(comm.batch_all_reduce(grads(5)), 5.0)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "prod"])
+def test_an_empty_list_makes_its_call_on_nccl_and_comes_back_empty(op):
+    """An empty list still makes one call (a zero-size all-reduce carrying the empty list's
+    tag, so that ranks agree on it): NCCL takes a count of 0; every kind returns []."""
+    comm = nccl_comm()
+    assert comm.batch_all_reduce([], op) == []
+    assert comm.batch_all_reduce([], op, async_op=True).wait() == []
+    buckets = comm.buckets([], op)
+    assert buckets.wait() == [] and buckets.wait() == []
+    assert holds(comm.batch_all_reduce(grads(3), op), 3.0)  # (and the next call runs)
