@@ -153,6 +153,20 @@ def host_view(x: Any) -> HostView | None:
 _UNSEEN: Any = object()
 
 
+def viewed_in_place(given: Any, argument: str) -> Any:
+    """``given`` as a NumPy view of its memory, for a call that reads or writes it in place,
+    where it is a host array whose kind declares its own way across and takes an ``out=`` (a
+    PyTorch CPU tensor, bfloat16 too); anything else as it is, for the caller's checks."""
+    way = host_view(given) if given is not None else None
+    if way is None or not way.takes_out or way.on_gpu(given):
+        return given
+    try:
+        return way.as_numpy(given)
+    except (BufferError, RuntimeError) as exc:  # (a tensor that requires grad)
+        raise TypeError(f"{argument} cannot be viewed in place ({exc}); pass "
+                        f"{argument}.detach()") from exc
+
+
 def array_kind(x: Any) -> Any:
     """The array kind that can pack ``x`` in its own library, or None."""
     kind = kind_of(x)

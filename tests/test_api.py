@@ -133,6 +133,8 @@ def test_torch_tensors_come_back_as_torch_tensors():
 def test_multi_device_gather_scatter_all_to_all():
     values = [np.arange(6) + 10 * d for d in range(3)]
     np.testing.assert_array_equal(collectives.gather(values, root=1), np.stack(values))
+    scalars = [np.array(1.5 * d) for d in range(3)]  # 0-d: one element per device
+    np.testing.assert_array_equal(collectives.gather(scalars), [0.0, 1.5, 3.0])
     rows = collectives.scatter(np.arange(6).reshape(3, 2), 3)
     assert [r.tolist() for r in rows] == [[0, 1], [2, 3], [4, 5]]
     swapped = collectives.all_to_all(values)

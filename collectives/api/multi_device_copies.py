@@ -66,7 +66,7 @@ def gather(values: Sequence[ArrayT], root: int = 0, *, async_op: bool = False) -
     arrays = cast(DeviceBackend, backend_for_arrays(values)).arrays
     out = arrays.result((len(values), *shape), dtype, like=values[root])
     for d, v in enumerate(values):
-        arrays.copy(out[d], v)
+        arrays.copy(out[d, ...], v)  # (a view, also where each value is 0-d)
     return out
 
 

@@ -48,10 +48,10 @@ def broadcast(value: ArrayT, devices: int | Sequence[Any], algorithm: Algorithm 
     devices
         How many devices, or a list of arrays (one per device) to place the copies beside.
     algorithm
-        ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"rechd"``,
-        ``"tree"``, ``"shuffle"``, a TensorFlow name (``"xring"``, ``"pscpu"``, ``"nccl"``,
-        ...), a two-level ``"A/B"`` over ``groups``, or a spec (``("xring", 2)``,
-        ``"pscpu:2k:xring"``: the range by element count).
+        ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"tree"``,
+        ``"shuffle"`` (recursive halving-doubling has no broadcast), a TensorFlow name
+        (``"xring"``, ``"pscpu"``, ``"nccl"``, ...), a two-level ``"A/B"`` over ``groups``, or
+        a spec (``("xring", 2)``, ``"pscpu:2k:xring"``: the range by element count).
     out
         One array per device for the copies.
     shards

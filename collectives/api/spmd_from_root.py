@@ -54,9 +54,13 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                     raise ValueError(f"x has {len(known[0])} dimensions; at most 16 broadcast")
                 check_describable(known, call.dtype)
                 src = arrays.flat(xa)
-            elif x is not None:
+            elif x is not None:  # (agreed with the root's: the same shape and dtype)
                 xa = comm.adapt(x, "x")
-                known = tuple(xa.shape), dtype_token(xa.dtype)
+                if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
+                    raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
+                                     f"axis of length {comm.size} (one row per rank), as the "
+                                     "root's, or pass None")
+                known = tuple(xa.shape[1:] if scatter else xa.shape), dtype_token(xa.dtype)
             elif not comm.check:
                 if out is None:
                     raise ValueError("with check=False, non-root ranks must pass x or out (the "

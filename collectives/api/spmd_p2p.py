@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..array_kinds import viewed_in_place
 from ..hints import Array, ArrayT
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
@@ -70,7 +71,7 @@ class PointToPointOps(CommParts):
             request = channel.send(flat, peer, (tag, 0, 0, 0))
         else:
             request = channel.recv(flat, peer, (tag, 0, 0, 0), in_place=True)
-        stage = _Message(channel, request, peer, array if direction == "recv" else None)
+        stage = _Message(channel, request, peer, given if direction == "recv" else None)
         subject = f"{direction} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
                        breaking=False)
@@ -186,10 +187,11 @@ class PointToPointOps(CommParts):
         peer, tag = self._peer(peer, argument), self._tag(tag)
         given = array
         if direction == "send":
-            given = array = self.adapt(array, "x")
+            given = array = self.adapt(viewed_in_place(array, "x"), "x")
             if not self.arrays.contiguous(array):
                 array = self.arrays.flat(array)
-        else:
+        else:  # (a PyTorch CPU tensor: its NumPy view is filled, the tensor handed back)
+            array = viewed_in_place(array, "out")
             check_out(array, tuple(array.shape), array.dtype, "out", self.arrays)
         engine = self.calls.engine
         engine.enter(direction)

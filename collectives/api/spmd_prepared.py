@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Collective
-from ..array_kinds import host_view
+from ..array_kinds import viewed_in_place
 from ..arrays import overlaps
 from ..hints import Array, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
@@ -29,26 +29,13 @@ class PreparedOps(CommParts):
     """all_reduce_init, reduce_init, broadcast_init, all_gather_init, reduce_scatter_init."""
 
     def _bound(self, x: Any, out: Any) -> tuple[Any, Any, Any]:
-        """``(x, out, returns)``: ``out`` as the array the call writes (``_viewed``), ``x`` as
+        """``(x, out, returns)``: ``out`` as the array the call writes (``viewed_in_place``), ``x`` as
         the array it reads (that same array where the caller passed ``out=x``), and what
         ``wait()`` hands back: the caller's ``out`` where a view of it is bound, else None
         (the bound array itself)."""
-        viewed = self._viewed(out, "out")
-        xa = viewed if out is x and out is not None else self.adapt(self._viewed(x, "x"), "x")
+        viewed = viewed_in_place(out, "out")
+        xa = viewed if out is x and out is not None else self.adapt(viewed_in_place(x, "x"), "x")
         return xa, viewed, (out if viewed is not out else None)
-
-    def _viewed(self, given: Any, argument: str) -> Any:
-        """``given`` as an array a prepared call can bind: another library's host array
-        that takes ``out=`` (a PyTorch CPU tensor, bfloat16 too) as its NumPy view, sharing
-        its memory; anything else as it is (``adapt`` and ``_bind`` check it)."""
-        way = host_view(given) if given is not None and not self.arrays.owns(given) else None
-        if way is None or not way.takes_out or way.on_gpu(given):
-            return given
-        try:
-            return way.as_numpy(given)
-        except (BufferError, RuntimeError) as exc:  # (a tensor that requires grad)
-            raise TypeError(f"{argument} cannot be bound to a prepared call ({exc}); pass "
-                            f"{argument}.detach()") from exc
 
     def _bind(self, x: Any, out: Any, shape: tuple, dtype: np.dtype, what: str,
               out_argument: str = "out"):
@@ -175,7 +162,7 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise.
         """
-        viewed = self._viewed(x, "x")
+        viewed = viewed_in_place(x, "x")
         xa = self.adapt(viewed, "x")
         call = self.calls.validated(Collective.BROADCAST, xa, None, algorithm, root=root)
         xa = self._bind(xa, xa, call.shape, call.dtype, "broadcast_init", out_argument="x")

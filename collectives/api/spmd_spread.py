@@ -72,7 +72,8 @@ class SpreadOps(CommParts):
         Returns
         -------
         ArrayT
-            The root's array (on the root: ``x`` itself, or ``out`` filled).
+            The root's array: a new array on every rank, the root's too (``out`` where one is
+            given, filled).
 
         Raises
         ------

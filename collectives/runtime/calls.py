@@ -88,10 +88,12 @@ FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "
 def differences(signatures: list[tuple], collective: str) -> str | None:
     """The first field on which ranks' signatures differ, by rank (for mismatch errors), or
     None where none does. The tensor lists of a batch come first: where they differ, so may
-    a bucket's shape or dtype, but the lists say what the caller passed. A broadcast's
+    a bucket's shape or dtype, but the lists say what the caller passed; then the collective
+    and the root, whose disagreement may make the shapes differ too. A broadcast's
     non-roots may not know the shape and dtype (None): only known ones count."""
-    batch = FIELDS.index("batch")
-    for i in (batch, *range(batch)):
+    batch, root = FIELDS.index("batch"), FIELDS.index("root")
+    # (the lists first; then the root, which decides what a rooted call's shape means)
+    for i in (batch, 0, root, *(i for i in range(batch) if i not in (0, root))):
         name = FIELDS[i]
         seen = [s[i] if s is not None and i < len(s) else None for s in signatures]
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen

@@ -55,8 +55,9 @@ class Opening:
         blob = b""
         if root and error is None:
             blob = pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL)
-        mine = known if known is not None and not root else None
-        digest = zlib.crc32(repr(mine).encode()) if mine is not None else None
+        # every rank that knows the shape and dtype (the root, and non-roots that passed x)
+        # agrees on them: a non-root's x unlike the root's is a mismatch, not ignored
+        digest = zlib.crc32(repr(known).encode()) if known is not None else None
         shape = known[0] if known is not None else None
         dtype = known[1] if known is not None else None
         signature = (header.signature[0], shape, dtype, *header.signature[3:])

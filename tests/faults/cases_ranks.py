@@ -180,6 +180,11 @@ MISMATCHES = {  # name: (field in the message, this rank's call)
     "axis": ("axis", lambda c: ("all_gather", (np.ones((2, 2)),), {"axis": 1 if odd(c) else 0})),
     "length-reduce-scatter": ("shape", lambda c: ("reduce_scatter", (np.ones(COUNT + odd(c)),), {})),
     "broadcast-x-shape": ("shape", lambda c: ("broadcast", (np.ones(COUNT + odd(c)),), {})),
+    # (every non-root's x against the root's: a non-root's x is agreed, not ignored)
+    "broadcast-x-dtype-of-the-root": ("dtype", lambda c: ("broadcast", (np.ones(
+        COUNT, np.float64 if c.rank == 0 else np.float32),), {})),
+    "scatter-x-shape-of-the-root": ("shape", lambda c: ("scatter", (np.ones(
+        (c.size, 3 if c.rank == 0 else 4)),), {})),
     "collective": ("collective", lambda c: ("reduce" if odd(c) else "all_reduce", (X,), {})),
     "collective-broadcast": ("collective", lambda c: ("all_gather" if odd(c) else "broadcast",
                                                       (X,), {})),
@@ -202,7 +207,7 @@ def _mismatch(field: str, choose):
 
 for name, (field, choose) in MISMATCHES.items():
     add(f"mismatch-{name}", _mismatch(field, choose), then_usable, timeout=1.0,
-        **(WIDE if name in ("shape", "op") else {}))
+        **(WIDE if name in ("shape", "op") or name.endswith("-of-the-root") else {}))
 add("mismatch-algorithm-native", _mismatch("algorithm", lambda c: (
     "all_reduce", (X, "sum", "native" if odd(c) else "ring"), {})), then_usable, timeout=1.0,
     **MPI_ONLY)

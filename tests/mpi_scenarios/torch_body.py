@@ -95,6 +95,12 @@ def calls(comm, x: dict, bucket_bytes: int) -> dict:
         for k, t in enumerate(buckets.wait()):
             got[f"buckets step {step} {k}"] = t
     got.update(prepared(comm, x))
+    if n > 1:  # a message to the next rank, received from the previous one into out
+        sent = comm.isend(x["sum"], (r + 1) % n)
+        into = zeros(x["sum"])
+        done = comm.recv(into, (r - 1) % n)
+        sent.wait()
+        got["p2p recv"] = into if done is into else ("not out", done)
     return got
 
 
@@ -154,6 +160,8 @@ def expected(name: str, inputs: dict, n: int, rank: int) -> np.ndarray | None:
                         "in place all_reduce", "prepared all_reduce",
                         "prepared in place all_reduce")):
         return reference(inputs["sum"], "sum")
+    if name == "p2p recv":
+        return inputs["sum"][(rank - 1) % n]
     name = name.removeprefix("prepared ")
     source = {"reduce_scatter": "rows", "all_to_all": "rows", "scatter": "table"}.get(name, "sum")
     root = n - 1 if name in ("reduce", "gather") else 0
