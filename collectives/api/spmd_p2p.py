@@ -27,14 +27,12 @@ MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
 
 
 class _Message:
-    """A posted send or receive as an operation's stage. ``receiving``: a receive, whose
-    message may still arrive from a peer that has left (it was sent before)."""
+    """A posted send or receive as an operation's stage."""
 
-    __slots__ = ("channel", "peer", "receiving", "request", "result")
+    __slots__ = ("channel", "peer", "request", "result")
 
-    def __init__(self, channel: Any, request: Any, peer: int, result: Any, receiving: bool):
+    def __init__(self, channel: Any, request: Any, peer: int, result: Any):
         self.channel, self.request, self.peer, self.result = channel, request, peer, result
-        self.receiving = receiving
 
     def advance(self) -> bool:
         return self.request.done()
@@ -73,8 +71,7 @@ class PointToPointOps(CommParts):
             request = channel.send(flat, peer, (tag, 0, 0, 0))
         else:
             request = channel.recv(flat, peer, (tag, 0, 0, 0), in_place=True)
-        receiving = direction == "recv"
-        stage = _Message(channel, request, peer, given if receiving else None, receiving)
+        stage = _Message(channel, request, peer, given if direction == "recv" else None)
         subject = f"{direction} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
                        breaking=False)

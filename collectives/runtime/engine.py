@@ -58,8 +58,6 @@ class Engine(CallOrder, InFlight, Failures):
         self.outstanding = 0
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
-        self.only_exits = False  # (failures.py: messages still run after a peer left)
-        self.left: set[int] = set()
         self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
@@ -106,7 +104,7 @@ class Engine(CallOrder, InFlight, Failures):
                 raise op.error  # type: ignore[misc]
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
-        if self.refuses(what):
+        if self.broken is not None:
             raise self.broken_error(what)
 
     def broken_error(self, what: str) -> CommunicatorBrokenError:
@@ -164,7 +162,7 @@ class Engine(CallOrder, InFlight, Failures):
     def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
         """Advance a new operation; block for it, or hand back its handle."""
         with self.state:
-            if self.refuses(op):  # broken since ``enter`` (the progress thread saw a
+            if self.broken is not None:  # broken since ``enter`` (the progress thread saw a
                 # failure): the call must not start, as it would wait for peers that will not
                 op.fail(self.broken_error(op.description))
                 done = True

@@ -40,8 +40,6 @@ class Failures:
     ahead: set[int]
     forgotten: int
     broken: str | None
-    only_exits: bool  # every cause of ``broken`` is a peer that left after its calls
-    left: set[int]  # the peers that left
     freed: bool
 
     def join_late(self, op: Operation) -> None:
@@ -88,18 +86,12 @@ class Failures:
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self.join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
-        exited = failure.kind == "exited"
-        lost = failure.seq + 1 if exited else failure.seq
-        where = ("failed after call" if exited else "failed in call")
+        lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
+        where = ("failed after call" if failure.kind == "exited" else "failed in call")
         with self.state:
-            if exited:
-                self.left.add(failure.rank)
             for op in list(self.inflight):
-                # a message to or from a failed rank is lost too, whatever call it follows;
-                # one from a rank that left may still arrive (it was sent before it left)
-                if op.breaking and op.seq >= lost or (not op.breaking and failure.rank in
-                                                      op.pending_peers() and not (
-                                                          exited and _receiving(op))):
+                # a message to or from the failed rank is lost too, whatever call it follows
+                if op.seq >= lost or (not op.breaking and failure.rank in op.pending_peers()):
                     own = getattr(op.stages[op.stage], "error", None) if (
                         op.stage < len(op.stages)) else None
                     # a rank that could not start the call raises its own error
@@ -107,16 +99,12 @@ class Failures:
                         f"rank {self.rank}: {op.description} cannot finish because rank "
                         f"{failure.rank} {where} {failure.seq}: {failure.message}"))
                     self.inflight.remove(op)
-        # (point-to-point messages still run while every cause is a peer that left: its
-        # messages sent before it left still arrive; every collective raises)
-        self.only_exits = exited and (self.broken is None or self.only_exits)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
         """A failure that may have left messages in flight: broken here, and peers told
         (``notify`` None: unless the failure came from a peer, who knows already)."""
         if self.broken is not None:
-            self.only_exits = False  # (a failure of its own now: messages stop too)
             return
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
         FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
@@ -160,23 +148,10 @@ class Failures:
                     self.inflight.remove(other)
 
     def close(self) -> None:  # the communicator was freed: every later call raises at once
-        self.freed, self.broken, self.only_exits = True, self.broken or "it was freed", False
+        self.freed, self.broken = True, self.broken or "it was freed"
 
     def break_for(self, reason: str) -> None:  # (no one to tell: every rank breaks alike)
-        self.broken, self.only_exits = self.broken or reason, False
-
-    def refuses(self, op_or_what: Any) -> bool:
-        """Whether a broken communicator refuses this call (an ``Operation``, or the name a
-        call enters with): every call, except point-to-point messages while every cause is a
-        peer that left."""
-        if self.broken is None:
-            return False
-        if not self.only_exits:
-            return True
-        if isinstance(op_or_what, str):
-            return op_or_what not in ("send", "recv")
-        op = op_or_what  # (a message to a peer that left is refused; one from it may come)
-        return op.breaking or (not _receiving(op) and bool(self.left & set(op.pending_peers())))
+        self.broken = self.broken or reason
 
     def reject(self, error: BaseException, seq: int) -> None:
         """This rank could not start call ``seq`` and will agree on it; peers that took the
@@ -187,8 +162,3 @@ class Failures:
     def fail_locally(self, error: BaseException, seq: int) -> None:
         """A rank-local error in a call that skipped the agreement: peers must hear of it."""
         self.broken_by(error, seq)
-
-
-def _receiving(op: Operation) -> bool:
-    """Whether ``op`` is a receive now (its stage says so: ``spmd_p2p._Message``)."""
-    return op.stage < len(op.stages) and getattr(op.stages[op.stage], "receiving", False)
