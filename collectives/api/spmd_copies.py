@@ -103,14 +103,15 @@ class CopyOps(CommParts):
         Parameters
         ----------
         x
-            On the root, an array whose leading axis has ``size`` rows; None elsewhere.
+            On the root, an array whose leading axis has ``size`` rows; elsewhere None, or an
+            array of the root's shape and dtype (agreed with the root's: a mismatch raises).
         root
             The rank whose rows are handed out.
         algorithm
             ``"auto"``, ``"tree"`` or ``"shuffle"``.
         out
-            Where this rank's row goes (on non-roots it also saves learning the row's shape
-            and dtype from the root); else a new array.
+            Where this rank's row goes; else a new array. (With ``check=False`` it also tells
+            a non-root the row's shape and dtype, which it otherwise learns from the root.)
         timeout
             Seconds this call may wait for its peers (None: the communicator's timeout).
         async_op

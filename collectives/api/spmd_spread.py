@@ -51,8 +51,9 @@ class SpreadOps(CommParts):
                   timeout: float | None = None, async_op: bool = False) -> Any:
         """Every rank gets root's ``x``.
 
-        Non-roots that pass neither ``x`` nor ``out`` learn the shape and dtype from the root
-        (an extra small exchange per call; pass ``out`` to save it).
+        Every rank learns the root's shape and dtype in the call's opening exchange: a
+        non-root's ``x`` is agreed with them, its ``out`` checked against them. With
+        ``check=False`` there is no opening exchange: non-roots must pass ``x`` or ``out``.
 
         Parameters
         ----------
