@@ -119,6 +119,16 @@ def p2p_send_to_raising_rank(ctx: Ctx) -> Call:
     return Call(lambda comm: None, expect=ok(None))
 
 
+def p2p_recv_from_raising_rank(ctx: Ctx) -> Call:
+    """Rank 1's own code raises before it sends: rank 0, receiving from it, hears within a
+    second (not at its receive's timeout)."""
+    if ctx.rank == 1:
+        return Call(boom, expect=raises("RuntimeError"))
+    if ctx.rank == 0:
+        return Call(lambda comm: comm.recv(np.zeros(4), 1), expect=peer_failed(1, "RuntimeError"))
+    return Call(lambda comm: None, expect=ok(None))
+
+
 def p2p_bad_timeout(ctx: Ctx) -> Call:
     """Receives with a bad ``timeout=`` raise naming it before anything is posted: the message
     rank 1 then sends reaches the next good receive."""
