@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.work import BatchWork
+
 
 def checked_list(xs: Any, argument: str) -> list:
     """``xs`` as a list of arrays of one library, or raise naming the item and the fix."""
@@ -114,8 +116,6 @@ def agree_on_empty(comm: Any, op: Any, timeout: float | None, async_op: bool) ->
     empty list's tag. Nothing moves, but the ranks agree on it: where a peer's list is not
     empty, every rank raises ``CollectiveMismatchError`` naming the lists, rather than this
     rank returning at once and its peers waiting out their timeout."""
-    from ..runtime.work import BatchWork
-
     nothing = comm.arrays.empty((0,), np.float32)
     with comm.calls.part_of(batch_tag(())):
         done = comm.all_reduce(nothing, op, timeout=timeout, async_op=async_op)

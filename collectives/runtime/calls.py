@@ -83,6 +83,11 @@ class Call:
 
 FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis",
           "batch")
+# the order a mismatch is named in: the lists first, then the collective and the root (whose
+# disagreement may make the shapes differ too), then the rest
+NAMED_FIRST = ("batch", "collective", "root")
+CHECK_ORDER = [FIELDS.index(name) for name in NAMED_FIRST] + [
+    i for i, name in enumerate(FIELDS) if name not in NAMED_FIRST]
 
 
 def differences(signatures: list[tuple], collective: str) -> str | None:
@@ -91,9 +96,7 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
     a bucket's shape or dtype, but the lists say what the caller passed; then the collective
     and the root, whose disagreement may make the shapes differ too. A broadcast's
     non-roots may not know the shape and dtype (None): only known ones count."""
-    batch, root = FIELDS.index("batch"), FIELDS.index("root")
-    # (the lists first; then the root, which decides what a rooted call's shape means)
-    for i in (batch, 0, root, *(i for i in range(batch) if i not in (0, root))):
+    for i in CHECK_ORDER:
         name = FIELDS[i]
         seen = [s[i] if s is not None and i < len(s) else None for s in signatures]
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
