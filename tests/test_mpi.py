@@ -371,6 +371,12 @@ def test_oversubscribed_node_waits_without_spinning(n, one_core, jobs, request):
 
 
 @needs_mpi
+def test_messages_of_a_rank_that_left_still_arrive():
+    """A job of its own (its rank 2 ends): see ``mpi_scenarios/left.py``."""
+    assert_passed(launch("left.py", 3, timeout=120), "left")
+
+
+@needs_mpi
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to bind ranks to")
 def test_oversubscription_is_each_ranks_own():
     # ranks 0 and 1 bound to one core, rank 2 to another: the first two share theirs, rank 2

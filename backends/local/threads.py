@@ -20,6 +20,7 @@ from collectives import Communicator
 from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
+from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, describe_activity
 
 from .p2p import Postings, ThreadMessages
@@ -271,7 +272,7 @@ class ThreadTransport:
     def tell_exit(self, seq: int, message: str) -> None:
         """This rank's own code raised after call ``seq``: tell this world, and every child
         world it is still in (each after the last call this rank finished there)."""
-        self.notify_failure(Failure(self.rank, seq, "exited", message))
+        self.notify_failure(exit_notice(self, seq, message))  # (with the messages it sent)
         for ref in self._kids:
             kid = ref()
             if kid is not None and not kid.freed:

@@ -83,7 +83,7 @@ class Notices:
 
     def notify(self, failure: Failure) -> None:
         for peer in self.near if failure.kind == "timeout" else self.peers:
-            self._post(failure, peer, FAILURE)
+            self._post(failure.addressed_to(peer), peer, FAILURE)  # (an exit's counts: its own)
 
     def poll(self) -> Failure | None:
         self.serve()

@@ -15,6 +15,7 @@ from typing import Any
 from mpi4py import MPI
 
 from collectives.arrays import NUMPY
+from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure
 
 from . import tuning, waiting
@@ -124,9 +125,8 @@ class MPITransport:
         engine = self.engine() if self.engine is not None else None
         if engine is not None:  # (calls still in flight here are lost: peers must not wait)
             seq = min(seq, engine.finished_through())
-        self.notify_failure(Failure(self.rank, seq, "exited",
-                                    f"it exited (status 0) after its call {seq}, and joins no later "
-                                    "call"))
+        self.notify_failure(exit_notice(self, seq, f"it exited (status 0) after its call {seq}, "
+                                        "and joins no later call"))
 
     def notify_failure(self, failure: Failure) -> None:
         self._troubled = True

@@ -7,7 +7,9 @@ wait until the matching receive is posted, as MPI's may: post receives first, or
 collectives' (``irecv(...).wait()`` returns the filled array).
 
 A receive that times out is withdrawn and raises ``CollectiveTimeoutError``; unlike a
-collective's, it leaves the communicator usable.
+collective's, it leaves the communicator usable. So does a peer that leaves (its program ended,
+or its thread rank's code raised): its messages still arrive, and a message nothing will match
+raises ``PeerFailedError`` at once (``runtime/departures.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from ..array_kinds import viewed_in_place
 from ..hints import Array, ArrayT
+from ..runtime.departures import Ledger
 from ..runtime.validate import check_out, check_timeout
 from ..runtime.work import Operation, Work
 from ..timeline import record_messages, recorder
@@ -27,15 +30,25 @@ MAX_TAG = 32767  # the largest tag the MPI standard promises everywhere
 
 
 class _Message:
-    """A posted send or receive as an operation's stage."""
+    """A posted send or receive as an operation's stage (what ``runtime.departures`` reads
+    of it: ``peer``, ``tag``, ``receiving``, and ``taken``: a receive whose message came)."""
 
-    __slots__ = ("channel", "peer", "request", "result")
+    __slots__ = ("channel", "ledger", "peer", "receiving", "request", "result", "tag", "taken")
 
-    def __init__(self, channel: Any, request: Any, peer: int, result: Any):
-        self.channel, self.request, self.peer, self.result = channel, request, peer, result
+    def __init__(self, channel: Any, request: Any, peer: int, tag: int, result: Any,
+                 ledger: Ledger | None):
+        """``ledger``: a receive's (None: a send), which counts it once its message came."""
+        self.channel, self.request, self.peer, self.tag = channel, request, peer, tag
+        self.result, self.ledger = result, ledger
+        self.receiving, self.taken = ledger is not None, False
 
     def advance(self) -> bool:
-        return self.request.done()
+        if not self.request.done():
+            return False
+        if self.ledger is not None and not self.taken:
+            self.taken = True
+            self.ledger.received[self.peer, self.tag] += 1
+        return True
 
     def pending_peers(self) -> list[int]:
         return [self.peer]
@@ -69,9 +82,11 @@ class PointToPointOps(CommParts):
         flat = array.reshape(-1)
         if direction == "send":
             request = channel.send(flat, peer, (tag, 0, 0, 0))
+            engine.messages.sent[peer, tag] += 1
+            stage = _Message(channel, request, peer, tag, None, None)
         else:
             request = channel.recv(flat, peer, (tag, 0, 0, 0), in_place=True)
-        stage = _Message(channel, request, peer, given if direction == "recv" else None)
+            stage = _Message(channel, request, peer, tag, given, engine.messages)
         subject = f"{direction} {'to' if direction == 'send' else 'from'} rank {peer} (tag {tag})"
         op = Operation(engine, engine.seq, subject, [stage], lambda: stage.result,
                        breaking=False)
@@ -199,6 +214,10 @@ class PointToPointOps(CommParts):
             crowded = engine.crowded(collective=False)
             if crowded is not None:  # (a message is between two ranks: refused here alone)
                 raise crowded
+            if engine.broken is not None:  # (a peer left: not to it, nor from it past its last)
+                refusal = engine.message_refusal(direction == "recv", peer, tag)
+                if refusal is not None:
+                    raise refusal
             return self._message(direction, peer, tag, array, given, blocking, t0)
         finally:
             engine.leave()

@@ -26,7 +26,8 @@ from ..errors import CommunicatorBrokenError, ConcurrentCallError
 from . import hang_guard, progress_thread
 from .agreement import Agreement
 from .call_order import CallOrder
-from .failures import Failures
+from .departures import Ledger
+from .failures import MESSAGES, Failures
 from .in_flight import InFlight
 from .transport import Failure, Transport
 from .work import Operation, Work
@@ -58,6 +59,10 @@ class Engine(CallOrder, InFlight, Failures):
         self.outstanding = 0
         self.unreported: list[tuple[weakref.ref, Operation]] = []
         self.broken: str | None = None
+        # point-to-point messages still run while every cause of ``broken`` is a peer that
+        # left, to and from the ranks still there, and from it as far as it sent them
+        self.only_exits = False
+        self.messages = Ledger()  # (departures.py: the messages posted, by peer and tag)
         self.freed = False  # Communicator.free() was called: no call may run
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
@@ -104,14 +109,8 @@ class Engine(CallOrder, InFlight, Failures):
                 raise op.error  # type: ignore[misc]
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
-        if self.broken is not None:
+        if self.broken is not None and (not self.only_exits or what not in MESSAGES):
             raise self.broken_error(what)
-
-    def broken_error(self, what: str) -> CommunicatorBrokenError:
-        return CommunicatorBrokenError(
-            f"rank {self.rank}: {what} cannot run: this communicator is broken since "
-            f"{self.broken}; messages of the failed call may still be in flight. Create a "
-            "new communicator (or end the job)")
 
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
@@ -162,9 +161,11 @@ class Engine(CallOrder, InFlight, Failures):
     def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
         """Advance a new operation; block for it, or hand back its handle."""
         with self.state:
-            if self.broken is not None:  # broken since ``enter`` (the progress thread saw a
-                # failure): the call must not start, as it would wait for peers that will not
-                op.fail(self.broken_error(op.description))
+            # broken since ``enter`` (the progress thread saw a failure): the call must not
+            # start, as it would wait for peers that will not
+            refusal = self.refusal(op) if self.broken is not None else None
+            if refusal is not None:
+                op.fail(refusal)
                 done = True
             else:
                 done = op.advance()

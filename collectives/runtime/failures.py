@@ -8,6 +8,8 @@ peer's failure) breaks the communicator: every operation in flight fails, the pe
 ``CommunicatorBrokenError``. A failure every rank raised together in an agreement breaks
 nothing, unless its verdict did (a rank had moved the call's data). A peer that disputes a
 call this rank took as agreed makes it join that call's agreement late (``LateAgreement``).
+A peer that left (kind "exited") breaks the collectives alone while nothing else did:
+point-to-point messages go on, and those to or from it end as ``departures`` says.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from ..errors import (
     PeerFailedError,
 )
 from .agreement import AGREED, LateAgreement
+from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
 from .missing import missing_ranks
 from .transport import Failure, Transport
 from .work import Operation
 
 FAILURES = logging.getLogger("collectives.failures")
+MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
 
 
 class Failures:
@@ -40,6 +44,8 @@ class Failures:
     ahead: set[int]
     forgotten: int
     broken: str | None
+    only_exits: bool  # every cause of ``broken`` is a peer that left
+    messages: Ledger
     freed: bool
 
     def join_late(self, op: Operation) -> None:
@@ -86,24 +92,81 @@ class Failures:
             for op in ops:  # this rank took the call as agreed: it joins the agreement late
                 self.join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
-        lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
-        where = ("failed after call" if failure.kind == "exited" else "failed in call")
+        exited = failure.kind == "exited"
+        lost = failure.seq + 1 if exited else failure.seq
+        where = ("failed after call" if exited else "failed in call")
         with self.state:
+            kept: list[Any] = []  # the receives from a rank that left that it will match
+            if exited:
+                left(self.messages, failure, self.rank)
+                messages = self._messages_in_flight()
+                lost_receives = unmatched_receives(self.messages, failure.rank, messages)
+                kept = [m for m in messages if m.receiving and m not in lost_receives]
             for op in list(self.inflight):
-                # a message to or from the failed rank is lost too, whatever call it follows
-                if op.seq >= lost or (not op.breaking and failure.rank in op.pending_peers()):
-                    own = getattr(op.stages[op.stage], "error", None) if (
-                        op.stage < len(op.stages)) else None
-                    # a rank that could not start the call raises its own error
-                    op.fail(own if isinstance(own, Exception) else failure.error(
+                if op.breaking:
+                    doomed = op.seq >= lost
+                elif op.advance():  # a message that got through is not lost
+                    doomed = False
+                elif exited:  # a message to or from the rank that left, unless it sent it
+                    doomed = failure.rank in op.pending_peers() and op.stages[0] not in kept
+                else:  # messages stop with the communicator, and those to or from the failed
+                    # rank, whatever call they follow
+                    doomed = op.seq >= lost or failure.rank in op.pending_peers()
+                if not doomed:
+                    continue
+                own = getattr(op.stages[op.stage], "error", None) if (
+                    op.stage < len(op.stages)) else None
+                if isinstance(own, Exception):  # a rank that could not start the call
+                    op.fail(own)  # raises its own error
+                elif exited and not op.breaking:
+                    message = op.stages[0]
+                    op.fail(lost_message(self.messages, self.rank, message.receiving,
+                                         failure.rank, message.tag))
+                else:
+                    op.fail(failure.error(
                         f"rank {self.rank}: {op.description} cannot finish because rank "
                         f"{failure.rank} {where} {failure.seq}: {failure.message}"))
-                    self.inflight.remove(op)
+                self.inflight.remove(op)
+        self.only_exits = exited and (self.broken is None or self.only_exits)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
+
+    def _messages_in_flight(self) -> list[Any]:
+        """The stages of the point-to-point messages in flight, in the order posted."""
+        return [op.stages[0] for op in self.inflight if not op.breaking and not op.finished]
+
+    def refusal(self, op: Operation) -> BaseException | None:
+        """Why a broken communicator refuses ``op`` now (None: it may run): every call, but a
+        message while every cause is a peer that left (``message_refusal``)."""
+        if not self.only_exits or op.breaking:
+            return self.broken_error(op.description)
+        message = op.stages[0]
+        return self.message_refusal(message.receiving, message.peer, message.tag)
+
+    def message_refusal(self, receiving: bool, peer: int, tag: int) -> BaseException | None:
+        """Why a message to or from ``peer`` cannot be posted now, while every cause of
+        ``broken`` is a peer that left: to a rank that left, or from one that will send no
+        more with this tag (None: it may be posted)."""
+        ledger = self.messages
+        if not ledger.has_left(peer):
+            return None
+        if receiving:
+            with self.state:
+                before = waiting_receives(self._messages_in_flight(), peer, tag)
+            if not ledger.unmatched(peer, tag, before):
+                return None
+        return lost_message(ledger, self.rank, receiving, peer, tag)
+
+    def broken_error(self, what: str) -> CommunicatorBrokenError:
+        return CommunicatorBrokenError(
+            f"rank {self.rank}: {what} cannot run: this communicator is broken since "
+            f"{self.broken}; messages of the failed call may still be in flight. Create a "
+            "new communicator (or end the job)")
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
         """A failure that may have left messages in flight: broken here, and peers told
         (``notify`` None: unless the failure came from a peer, who knows already)."""
+        if not isinstance(error, PeerFailedError):  # (a failure of its own: messages stop too)
+            self.only_exits = False
         if self.broken is not None:
             return
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
@@ -148,10 +211,10 @@ class Failures:
                     self.inflight.remove(other)
 
     def close(self) -> None:  # the communicator was freed: every later call raises at once
-        self.freed, self.broken = True, self.broken or "it was freed"
+        self.freed, self.broken, self.only_exits = True, self.broken or "it was freed", False
 
     def break_for(self, reason: str) -> None:  # (no one to tell: every rank breaks alike)
-        self.broken = self.broken or reason
+        self.broken, self.only_exits = self.broken or reason, False
 
     def reject(self, error: BaseException, seq: int) -> None:
         """This rank could not start call ``seq`` and will agree on it; peers that took the

@@ -18,7 +18,8 @@ through both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..algorithms.base import Layout
@@ -54,13 +55,22 @@ def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, .
 @dataclass(frozen=True)
 class Failure:
     """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
-    "timeout", or "exited" when the peer raised outside the library after finishing call
-    ``seq``; ``message`` is its exception, as text."""
+    "timeout", or "exited" when the peer left (its program ended, or it raised outside the
+    library) after finishing call ``seq``; ``message`` is its exception, as text. ``sent``
+    (an exit's): the messages the peer had posted, destination -> tag -> count
+    (``collectives.runtime.departures``)."""
 
     rank: int
     seq: int
     kind: str
     message: str
+    sent: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+
+    def addressed_to(self, peer: int) -> Failure:
+        """The notice as ``peer`` needs it: of the messages sent, only those to it."""
+        if not self.sent:
+            return self
+        return replace(self, sent={peer: self.sent[peer]} if peer in self.sent else {})
 
     def error(self, text: str) -> CollectiveError:
         """The error, saying ``text``, of a call this notice ends: a mismatch, a timeout

@@ -129,6 +129,53 @@ def p2p_recv_from_raising_rank(ctx: Ctx) -> Call:
     return Call(lambda comm: None, expect=ok(None))
 
 
+def p2p_messages_of_a_rank_that_left(ctx: Ctx) -> Call:
+    """The last rank posts two messages to rank 0, then its code raises (it leaves): rank 0
+    still receives both, in order, one of them through the first of two receives in flight;
+    the second of those, a receive with another tag and a send to the rank raise
+    ``PeerFailedError`` at once (not at their timeout); ranks still there exchange messages
+    as before, and their collectives raise ``CommunicatorBrokenError``."""
+    leaver = ctx.size - 1
+
+    def leave(comm):
+        comm.isend(np.full(4, 6.0), 0, tag=8)
+        comm.isend(np.full(4, 7.0), 0, tag=8)
+        raise RuntimeError("boom after sending")
+
+    def attempt(call) -> str:
+        try:
+            call()
+            return "returned"
+        except CollectiveError as exc:
+            return name_of(exc) if f"rank {leaver}" in str(exc) else f"{name_of(exc)}: {exc}"
+
+    def stay(comm):
+        time.sleep(0.3)  # (it has left by then: its notice may come before or during a call)
+        outcomes: list = []
+        if comm.rank == 0:
+            outcomes.append(float(comm.recv(np.zeros(4), leaver, tag=8)[0]))
+            first, extra = (comm.irecv(np.zeros(4), leaver, tag=8) for _ in range(2))
+            outcomes.append(float(first.wait()[0]))
+            start = time.monotonic()
+            outcomes += [attempt(extra.wait),
+                         attempt(lambda: comm.recv(np.zeros(4), leaver, tag=9)),
+                         attempt(lambda: comm.send(np.ones(4), leaver, tag=8))]
+            outcomes.append(time.monotonic() - start < 1.0)
+        if comm.size > 2 and comm.rank == 0:
+            comm.send(np.full(4, 5.0), 1, tag=2)
+        elif comm.size > 2 and comm.rank == 1:
+            outcomes.append(float(comm.recv(np.zeros(4), 0, tag=2)[0]))
+        outcomes.append(attempt(lambda: comm.all_reduce(np.ones(2))))
+        return outcomes
+
+    if ctx.rank == leaver:
+        return Call(leave, expect=raises("RuntimeError"))
+    broken = "CommunicatorBrokenError"
+    want = ([6.0, 7.0] + ["PeerFailedError"] * 3 + [True, broken] if ctx.rank == 0
+            else [5.0, broken])
+    return Call(stay, expect=expecting_value(want), same=False)
+
+
 def p2p_bad_timeout(ctx: Ctx) -> Call:
     """Receives with a bad ``timeout=`` raise naming it before anything is posted: the message
     rank 1 then sends reaches the next good receive."""
