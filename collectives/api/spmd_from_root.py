@@ -45,9 +45,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                                  f"of {', '.join(algorithms.names_for(kind))}")
             if mine:  # the root prepares everything it can before agreeing
                 xa = comm.adapt(x, "x")
-                if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
-                    raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
-                                     f"axis of length {comm.size} (one row per rank)")
+                if scatter:
+                    _check_rows(xa, comm.size, "")
                 call = comm.calls.validated(kind, xa, None, name, root=root_)
                 known = (call.shape[1:] if scatter else call.shape), dtype_token(call.dtype)
                 if len(known[0]) > 16:
@@ -56,10 +55,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                 src = arrays.flat(xa)
             elif x is not None:  # (agreed with the root's: the same shape and dtype)
                 xa = comm.adapt(x, "x")
-                if scatter and (len(xa.shape) == 0 or xa.shape[0] != comm.size):
-                    raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading "
-                                     f"axis of length {comm.size} (one row per rank), as the "
-                                     "root's, or pass None")
+                if scatter:
+                    _check_rows(xa, comm.size, ", as the root's, or pass None")
                 known = tuple(xa.shape[1:] if scatter else xa.shape), dtype_token(xa.dtype)
             elif not comm.check:
                 if out is None:
@@ -78,3 +75,10 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
         return header, [stage], result
 
     return build
+
+
+def _check_rows(xa: Any, size: int, or_else: str) -> None:
+    """A scatter's ``x`` has one row per rank along its leading axis."""
+    if len(xa.shape) == 0 or xa.shape[0] != size:
+        raise ValueError(f"x has shape {tuple(xa.shape)}; scatter's x needs a leading axis of "
+                         f"length {size} (one row per rank){or_else}")
