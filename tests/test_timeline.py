@@ -267,8 +267,8 @@ def warm_ranks():
 def test_the_command_merges_draws_and_summarises(warm_ranks, record, tmp_path, capsys):
     def body(comm):
         for _ in range(2):
-            if comm.rank == 1:  # (late by well above what a loaded machine delays a rank)
-                time.sleep(0.1)
+            if comm.rank == 1:  # (late by well above what a loaded machine delays a rank:
+                time.sleep(0.3)  # 0.1 s once fell short of rank 0's delays, on 2 cores)
             comm.all_reduce(np.ones(256, np.float32), algorithm="ring")
 
     collectives.run(body, 3)
