@@ -331,3 +331,33 @@ def too_many_buckets(ctx: Ctx) -> Call:
 
 CASES.append(Case("batch-async-over-the-limit-refused-up-front", (too_many_buckets,),
                   where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+
+def waited_twice(ctx: Ctx) -> Call:
+    """Every handle's ``wait()`` of one run returns the same result, however often it is asked
+    (MEAN: a second wait must not divide again): asynchronous calls, an asynchronous batch,
+    and prepared all-reduce and reduce, started three times each (on MPI they take the hot
+    path, whose run a wait finishes)."""
+    x = np.full(4, float(ctx.rank + 1))
+
+    def body(comm):
+        handles = [comm.all_reduce(x, "mean", async_op=True),
+                   comm.batch_all_reduce([x, x], "mean", async_op=True)]
+        got = [[np.array(h.wait(), copy=True) for _ in range(3)] for h in handles]
+        prepared = [comm.all_reduce_init(x, "mean", out=np.empty(4)),
+                    comm.reduce_init(x, "mean", root=0, out=np.empty(4))]
+        for call in prepared:
+            for _ in range(3):
+                call.start()
+                got.append([np.array(call.wait(), copy=True) for _ in range(3)])
+        return [float(np.asarray(r).reshape(-1)[0]) if r.dtype != object else None
+                for waits in got for r in waits]
+
+    mean = (ctx.size + 1) / 2  # (exact: halves)
+    want = [mean] * 15 + [mean if ctx.rank == 0 else None] * 9
+    return Call(body, expect=ok(check=lambda got: None if got == want else
+                                f"got {got}, want {want}"), same=False)
+
+
+CASES.append(Case("every-wait-of-a-run-returns-its-result", (waited_twice,), where=BOTH,
+                  sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
