@@ -72,6 +72,33 @@ def test_a_failing_peer_reaches_handles_in_flight():
         collectives.run(body, 3)
 
 
+def test_a_raising_done_callback_is_logged_and_spoils_no_other_handle(caplog):
+    """Rank 1 never comes: the timeout of the first of three calls in flight breaks the
+    communicator, and the second's callback raises while the break is spread. The first still
+    raises its own timeout, the others their abandonment at once (the raise used to stop the
+    spreading: the third waited its whole timeout), and the callback's error is logged."""
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(2.0)
+            return None
+        handles = [comm.all_reduce(np.ones(4) * k, async_op=True) for k in range(3)]
+        handles[1].add_done_callback(lambda work: 1 / 0)
+        batch = comm.batch_all_reduce([np.ones(2)], async_op=True)
+        batch.add_done_callback(lambda work: 1 / 0)
+        with pytest.raises(CollectiveTimeoutError):
+            handles[0].wait(timeout=0.3)
+        start = time.monotonic()
+        for later in (handles[2], handles[1], batch):
+            with pytest.raises(CommunicatorBrokenError, match="timed out"):
+                later.wait()
+        return time.monotonic() - start
+
+    with caplog.at_level("ERROR", logger="collectives.calls"):
+        waited, _ = collectives.run(body, 2, timeout=10)
+    assert waited < 1.0
+    assert sum("done-callback" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_a_second_thread_is_refused_and_never_gets_a_wrong_result():
     results, refused = [], []
 

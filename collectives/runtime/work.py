@@ -13,6 +13,7 @@ much later), so a wait never burns a core for long.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,18 @@ from ..timeline import record_calls
 from .validate import check_timeout
 
 T = TypeVar("T")
+CALLBACKS = logging.getLogger("collectives.calls")
 PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread's lock
+
+
+def call_back(callback: Callable[[Any], None], handle: Any) -> None:
+    """Run a done-callback. One that raises is logged and the rest go on: it runs on whatever
+    thread finishes the call (another call's wait, the progress thread, a failure being
+    spread to every call in flight), where its error is no one's to raise."""
+    try:
+        callback(handle)
+    except Exception:  # noqa: BLE001 - logged, as concurrent.futures does
+        CALLBACKS.exception("a done-callback of %r raised", handle)
 
 
 class Operation:
@@ -174,16 +186,18 @@ class Work(Generic[T]):
         one at once where it has finished already. ``wait()`` in the callback returns at once.
 
         The callback must be quick and must not call the communicator (it may run while the
-        communicator drives other calls): hand the result on, e.g. to a future.
+        communicator drives other calls): hand the result on, e.g. to a future. A callback
+        that raises is logged (logger ``collectives.calls``) and the others still run, as
+        with ``concurrent.futures``.
         """
         op = self._op
         with op.engine.state:  # (the progress thread finishes calls under this lock)
             if not op.finished:
                 if op.callbacks is None:
                     op.callbacks = []
-                op.callbacks.append(lambda: callback(self))
+                op.callbacks.append(lambda: call_back(callback, self))
                 return
-        callback(self)
+        call_back(callback, self)
 
     def is_completed(self) -> bool:
         """Whether it has finished (successfully or not); never waits, never raises."""
@@ -226,7 +240,7 @@ class Completed(Work[T]):
         return True
 
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
-        callback(self)
+        call_back(callback, self)
 
     def exception(self) -> BaseException | None:
         return None
@@ -297,10 +311,10 @@ class BatchWork(Work[T]):
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                callback(self)
+                call_back(callback, self)
 
         if not handles:
-            callback(self)
+            call_back(callback, self)
         for handle in handles:
             handle.add_done_callback(one_done)
 
