@@ -3,8 +3,9 @@
 A list is taken only as a sequence of arrays of one library (NumPy with JAX, say, is refused
 with the rule: one batch, one library), none of them requiring grad (named by its index, with
 the fix). ``batch_tag`` is what the list's buckets carry in their signatures
-(``CallRunner.part_of``): the list's description and digest, so that ranks that pass
-different lists fail with ``CollectiveMismatchError`` on every call, not only the first;
+(``CallRunner.part_of``): the list's description and digest, with its buckets', so that
+ranks that pass different lists, or cut them into other buckets, fail with
+``CollectiveMismatchError`` on every call, not only the first;
 an empty list makes its call too (``agree_on_empty``).
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.calls import BatchTag
 from ..runtime.work import BatchWork
 
 
@@ -96,12 +98,24 @@ def brief(layout: tuple) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def batch_tag(layout: tuple) -> str:
-    """What every bucket of a list of ``layout`` (``((shape, dtype), ...)``) carries in its
-    signature: the list's brief description (for the mismatch error) and a digest of all of
-    it (lists that differ past the description's cut differ here)."""
-    digest = zlib.crc32(repr([(tuple(s), str(d)) for s, d in layout]).encode())
-    return f"{brief(layout)} #{digest:08x}"
+@functools.lru_cache(maxsize=64)
+def batch_tag(layout: tuple, buckets: tuple = (), ahead: bool = False) -> BatchTag:
+    """What every bucket of a list of ``layout`` (``((shape, dtype), ...)``) cut into
+    ``buckets`` (``bucket_plan``) carries in its signature: the list's brief description and
+    bucket count (for the mismatch error) and a digest of both (lists that differ past the
+    description's cut differ here, and so do lists cut into other buckets: a rank's bucket
+    would otherwise pair with another bucket of its peer's). ``ahead``: every bucket is
+    issued before any is waited on (asynchronous, or buckets), which the tag says too: ranks
+    that issued different numbers of calls break when a mismatch stops them."""
+    digest = zlib.crc32(repr(([(tuple(s), str(d)) for s, d in layout], buckets)).encode())
+    count = f" in {len(buckets)} bucket{'' if len(buckets) == 1 else 's'}" if buckets else ""
+    return BatchTag(f"{brief(layout)}{count} #{digest:08x}", len(buckets) if ahead else 1)
+
+
+def bucket_plan(order: Sequence[tuple[Any, int]]) -> tuple[tuple[int, ...], ...]:
+    """The tensors of each bucket, in the order the buckets are issued (``order``: each
+    bucket as a part of a batch's plan and the index of its pack there)."""
+    return tuple(tuple(part.indices[m] for m in part.plan.packs[j].indices) for part, j in order)
 
 
 def own_copy(arrays: Any, result: Any) -> Any:

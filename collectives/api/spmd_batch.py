@@ -26,7 +26,14 @@ from ..runtime.call_runner import refusing
 from ..runtime.calls import check_op_for
 from ..runtime.validate import check_shards, check_timeout
 from ..runtime.work import BatchWork, Work
-from .batch_checks import agree_on_empty, batch_tag, checked_list, dtypes_of, own_copy
+from .batch_checks import (
+    agree_on_empty,
+    batch_tag,
+    bucket_plan,
+    checked_list,
+    dtypes_of,
+    own_copy,
+)
 from .comm_parts import CommParts
 from .spmd_buckets import Buckets
 
@@ -159,7 +166,9 @@ class BatchOps(CommParts):
                                    out=buf if in_place(fresh, op, buf.dtype) else None,
                                    async_op=async_op)
 
-        with self.calls.part_of(batch_tag(layout)):
+        order = [(part, j) for part in parts for j in range(len(part.plan.packs))]
+        tag = batch_tag(layout, bucket_plan(order), async_op)
+        with self.calls.part_of(tag):
             batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True,
                                 keeper=self._bucket_keeper(arrays))
 

@@ -22,7 +22,7 @@ from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import BAD_INPUT
 from ..runtime.work import BatchWork
-from .batch_checks import agree_on_empty, batch_tag
+from .batch_checks import agree_on_empty, batch_tag, bucket_plan
 
 
 class Buckets(Generic[ArrayT]):
@@ -40,7 +40,6 @@ class Buckets(Generic[ArrayT]):
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
         self.calls = comm.calls
         self.size = comm.size
-        self.tag = batch_tag(layout)
         # tensors of another library (PyTorch) are packed there; only buckets cross over
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
@@ -51,6 +50,7 @@ class Buckets(Generic[ArrayT]):
                                 alone_bytes=alone_bytes, in_order=True)
         by_parts = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
         self.order = sorted(by_parts, key=lambda pj: pj[0].indices[pj[0].plan.packs[pj[1]].indices[0]])
+        self.tag = batch_tag(layout, bucket_plan(self.order), True)
         # where each bucket's result goes among the parts' (what StartedBatch.finish reads)
         self.place = [self.order.index(pj) for pj in by_parts]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)

@@ -147,7 +147,21 @@ class Agreement:
         if verdict is not None and late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")
+        elif verdict is not None and len(set((issued := self._issued(details)).values())) > 1:
+            # (one rank's batch issued more buckets than a peer's calls: they cannot pair)
+            counts = ", ".join(f"rank {r}: {n}" for r, n in issued.items())
+            self.comm.break_for(f"ranks disagreed about call {self.seq}, which they issued with "
+                                f"different numbers of calls ({counts}: a batch's buckets), so "
+                                f"no later call pairs ({type(verdict).__name__}: {verdict})")
         return verdict
+
+    @staticmethod
+    def _issued(details: list[Details]) -> dict[int, int]:
+        """How many calls each rank (with a signature) issued together with this one."""
+        from .calls import calls_issued
+
+        return {rank: calls_issued(d.signature) for rank, d in enumerate(details)
+                if d.signature is not None}
 
     def _diagnosis(self, details: list[Details], late: bool) -> BaseException | None:
         """``late``: a rank had taken the call as agreed and a peer disputed it. Where every

@@ -39,7 +39,7 @@ from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..timeline import record_calls, recorder
 from .agreement import agreed
-from .calls import Call, check_op_for, resolve_algorithm
+from .calls import BatchTag, Call, check_op_for, resolve_algorithm
 from .engine import Engine
 from .execute.spmd import SpmdRun
 from .hot_path import FastAllReduce
@@ -75,7 +75,7 @@ class CallRunner:
         self.last_hot: FastAllReduce | None = None  # the one the latest hot all-reduce took
         # the batch whose bucket the calls now validated carry (``part_of``): its tensor list
         # joins their signatures, so ranks with different lists never pair their buckets
-        self.batch: str | None = None
+        self.batch: BatchTag | None = None
         native = transport.native
         self.native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
@@ -89,7 +89,7 @@ class CallRunner:
         self.last_hot = None
 
     @contextmanager
-    def part_of(self, batch: str) -> Iterator[None]:
+    def part_of(self, batch: BatchTag) -> Iterator[None]:
         """The calls made inside are buckets of ``batch`` (a batch's description and digest,
         ``collectives.api.batch_checks.batch_tag``): it joins each call's signature and so the
         check value that rides with its data, and ranks that pass different tensor lists fail

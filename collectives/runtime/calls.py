@@ -27,6 +27,30 @@ from ..ops import ReduceOp, check_dtype, result_dtype
 CHECK_BITS = 30
 
 
+class BatchTag(str):
+    """A batch's tag (``Call.batch``): the list's description and digest, as text (which is
+    what signatures compare), and ``issued``: how many calls the batch issues before it waits
+    on any (1 blocking, each bucket one at a time; every bucket, asynchronous or as buckets).
+    Ranks whose tags differ there no longer pair their calls once a mismatch stops them."""
+
+    issued: int
+
+    def __new__(cls, text: str, issued: int = 1) -> BatchTag:
+        tag = super().__new__(cls, text)
+        tag.issued = issued
+        return tag
+
+    def __reduce__(self) -> tuple:  # (agreements pickle signatures: ``issued`` travels too)
+        return BatchTag, (str(self), self.issued)
+
+
+def calls_issued(signature: tuple) -> int:
+    """How many calls the call of ``signature`` comes with, issued before it is waited on:
+    a batch's buckets (``BatchTag.issued``), else 1."""
+    batch = signature[FIELDS.index("batch")] if len(signature) == len(FIELDS) else None
+    return batch.issued if isinstance(batch, BatchTag) else 1
+
+
 @dataclass(eq=False)
 class Call:
     """A validated collective call (cached: treat as read-only)."""
@@ -40,7 +64,7 @@ class Call:
     shards: int
     layout: Layout | None
     axis: int | None = None
-    batch: str | None = None  # the batch whose bucket this is (CallRunner.part_of)
+    batch: BatchTag | None = None  # the batch whose bucket this is (CallRunner.part_of)
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -104,8 +128,9 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
             if name == "batch":  # (the bucket of a batch: the lists differ)
                 by_rank = ", ".join(f"rank {r}: {v or 'no batch'}" for r, v in enumerate(seen))
                 return (f"ranks called batch_all_reduce (or buckets) with different tensor lists "
-                        f"({by_rank}); every rank must pass the same shapes and dtypes in the "
-                        "same order")
+                        f"or buckets ({by_rank}); every rank must pass the same shapes and "
+                        "dtypes in the same order, and the same bucket_bytes and packing "
+                        "arguments")
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
                     f"must pass the same {name}")

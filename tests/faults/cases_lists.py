@@ -147,3 +147,49 @@ for how in ("bad-ready", "early-wait"):
         CASES.append(Case(f"buckets-next-step-after-one-rank-{how}-{layout}",
                           (refused_step(how, layout), kept_step(layout), kept_step(layout)),
                           where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+# --- one list cut into other buckets: ranks stay in step, or break together -----------------
+
+
+def cut_differently(kind: str):
+    """The same list on every rank, the last rank's cut into a bucket per tensor
+    (``bucket_bytes=0``), its peers' fused into one: a mismatch naming the buckets on every
+    rank within a second."""
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        cut = {"bucket_bytes": 0} if ctx.rank == ctx.size - 1 else {}
+
+        def body(comm):
+            if kind == "buckets":
+                buckets = comm.buckets(xs, **cut)
+                for k, x in enumerate(xs):
+                    buckets.ready(k, x)
+                return buckets.wait()
+            if kind == "batch-async":
+                return comm.batch_all_reduce(xs, async_op=True, **cut).wait()
+            return comm.batch_all_reduce(xs, **cut)
+        # (a rank still issuing its buckets may hear the verdict first: a broken
+        # communicator then, and the error says by what)
+        return Call(body, expect=raises("CollectiveMismatchError", match="in 3 buckets",
+                                        within=1.0) | raises(
+            "CommunicatorBrokenError", match="different numbers of calls.*in 3 buckets",
+            within=1.0), same=False, caught=True)
+    return step
+
+
+def after_cut(kind: str):
+    """The next call: a blocking batch issued one bucket on every rank, so the ranks are in
+    step and it runs; asynchronous kinds issued three against one, so no later call can pair,
+    and every rank says so at once (not after its timeout)."""
+    def step(ctx: Ctx) -> Call:
+        if kind == "batch":
+            return Call("all_reduce", (np.ones(2),), expect=ok(np.full(2, float(ctx.size))))
+        return Call("all_reduce", (np.ones(2),), expect=raises(
+            "CommunicatorBrokenError", match="different numbers of calls", within=1.0))
+    return step
+
+
+for kind in ("batch", "batch-async", "buckets"):
+    CASES.append(Case(f"lists-{kind}-cut-into-other-buckets", (cut_differently(kind),
+                                                                after_cut(kind)),
+                      where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
