@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -134,3 +134,17 @@ def agree_on_empty(comm: Any, op: Any, timeout: float | None, async_op: bool) ->
     with comm.calls.part_of(batch_tag(())):
         done = comm.all_reduce(nothing, op, timeout=timeout, async_op=async_op)
     return BatchWork([done], lambda _: [], "batch_all_reduce of 0 tensors") if async_op else []
+
+
+def refuse_each(comm: Any, what: str, error: Exception, count: int, issued: int) -> NoReturn:
+    """Raise ``error``, this rank's refusal of ``count`` calls its peers make (the buckets
+    left of a batch of ``issued``, all issued together: ``BatchTag.issued``), refused once
+    each (``CallRunner.refuse``): each of theirs meets a refusal (they raise
+    ``PeerFailedError`` naming this rank at once) and the ranks' calls still pair."""
+    for _ in range(count if comm.size > 1 else 0):
+        try:
+            comm.calls.refuse(what, error, issued)
+        except Exception as got:  # noqa: BLE001 - refuse raises the error it carries
+            if got is not error:  # (broken: no later call pairs, and every rank hears of
+                break             # that; this rank's error is still its own)
+    raise error

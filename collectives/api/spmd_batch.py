@@ -33,6 +33,7 @@ from .batch_checks import (
     checked_list,
     dtypes_of,
     own_copy,
+    refuse_each,
 )
 from .comm_parts import CommParts
 from .spmd_buckets import Buckets
@@ -148,10 +149,11 @@ class BatchOps(CommParts):
         if not isinstance(views, bool):
             raise TypeError(f"views={views!r} must be True (results are views of their "
                             "bucket) or False (each result an array of its own)")
-        if async_op:  # every bucket a handle: refused before the first is issued
-            crowded = self.calls.engine.crowded(count=sum(len(p.plan.packs) for p in parts))
+        if async_op:  # every bucket a handle: refused before the first is issued, once for
+            count = sum(len(p.plan.packs) for p in parts)  # each (peers may have room)
+            crowded = self.calls.engine.crowded(count=count)
             if crowded is not None:
-                raise crowded
+                refuse_each(self, "batch_all_reduce", crowded, count, count)
         if not xs:
             return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays

@@ -22,7 +22,7 @@ from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import BAD_INPUT
 from ..runtime.work import BatchWork
-from .batch_checks import agree_on_empty, batch_tag, bucket_plan
+from .batch_checks import agree_on_empty, batch_tag, bucket_plan, refuse_each
 
 
 class Buckets(Generic[ArrayT]):
@@ -176,12 +176,6 @@ class Buckets(Generic[ArrayT]):
         if remaining == 0:
             raise error
         try:
-            for _ in range(remaining if self.size > 1 else 0):
-                try:
-                    self.calls.refuse("buckets", error)
-                except Exception as got:  # noqa: BLE001 - refuse raises the error it carries
-                    if got is not error:  # (broken: no later call pairs, and every rank
-                        break             # hears of that; this rank's error is still its own)
+            refuse_each(self.comm, "buckets", error, remaining, len(self.order))
         finally:
             self._reset()
-        raise error

@@ -42,6 +42,7 @@ class Details(NamedTuple):
     error: str | None  # why this rank could not start the call ("Type: message"), or None
     late: bool  # this rank had taken the call as agreed (it may have moved its data)
     check: int  # its check value (0: it could not build the call)
+    issued: int  # how many calls it issued together with this one (``calls.calls_issued``)
 
 
 def agreed(exc: BaseException) -> BaseException:
@@ -53,13 +54,15 @@ def agreed(exc: BaseException) -> BaseException:
 class Agreement:
     """An agreement stage: ``advance()`` until True, raising the agreed error if any."""
 
-    __slots__ = ("comm", "error", "late", "run", "seq", "signature", "state", "check",
+    __slots__ = ("comm", "error", "issued", "late", "run", "seq", "signature", "state", "check",
                  "payload", "_buf", "_lengths", "_blob", "_width")
 
     def __init__(self, engine, seq: int, signature: tuple | None, check: int,
                  error: BaseException | None, late: bool = False, *,
-                 known: int | None = None, payload: bytes = b""):
-        """``engine``: the communicator's collectives.runtime.engine.Engine.
+                 known: int | None = None, payload: bytes = b"", issued: int = 1):
+        """``engine``: the communicator's collectives.runtime.engine.Engine. ``issued``: how
+        many calls this rank issues together with this one where it has no signature (a
+        refusal of a batch's buckets: ``CallRunner.refuse``); else its signature says.
 
         Broadcast extras: ``known``, a digest only some ranks have (the shape a non-root
         passed; None: this rank does not know), must agree among the ranks that have it;
@@ -68,6 +71,9 @@ class Agreement:
         broadcast and another collective at the same point disagree in words, not in size."""
         self.comm, self.seq, self.signature, self.check = engine, seq, signature, check
         self.error, self.late = error, late
+        from .calls import calls_issued
+
+        self.issued = calls_issued(signature) if signature is not None else issued
         failed = 1 if error is not None else 0
         unknown = np.iinfo(np.int64).min
         pair = (known, -known) if known is not None else (unknown, unknown)
@@ -134,7 +140,7 @@ class Agreement:
         error = None
         if self.error is not None:
             error = f"{type(self.error).__name__}: {self.error}"
-        return Details(self.signature, error, self.late, self.check)
+        return Details(self.signature, error, self.late, self.check, self.issued)
 
     def _verdict(self, details: list[Details]) -> BaseException | None:
         """The error every rank raises (None: none). Every rank forgets every rank's check
@@ -157,11 +163,8 @@ class Agreement:
 
     @staticmethod
     def _issued(details: list[Details]) -> dict[int, int]:
-        """How many calls each rank (with a signature) issued together with this one."""
-        from .calls import calls_issued
-
-        return {rank: calls_issued(d.signature) for rank, d in enumerate(details)
-                if d.signature is not None}
+        """How many calls each rank issued together with this one."""
+        return {rank: d.issued for rank, d in enumerate(details)}
 
     def _diagnosis(self, details: list[Details], late: bool) -> BaseException | None:
         """``late``: a rank had taken the call as agreed and a peer disputed it. Where every

@@ -101,15 +101,14 @@ class CallRunner:
         finally:
             self.batch = outer
 
-    def refuse(self, what: str, error: BaseException) -> None:
+    def refuse(self, what: str, error: BaseException, issued: int = 1) -> None:
         """Raise ``error``, a bad argument this rank found before its call was issued, the way
         a call raises one: through the agreement of the call its peers make at this point, so
         that they raise ``PeerFailedError`` naming this rank at once (where they took their
-        call as agreed, a rejection notice makes them join) instead of waiting their timeout."""
-        def build(seq: int) -> Any:
-            raise error
-
-        self.start(what, build, False, None)
+        call as agreed, a rejection notice makes them join) instead of waiting their timeout.
+        ``issued``: the calls its peers issue together at this point (a batch's buckets, which
+        this rank refuses one by one): ranks that differ there break at the verdict."""
+        self.start(what, None, False, None, refused=error, issued=issued)
         raise error  # (start raised it already; this line is for the type checker)
 
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
@@ -165,25 +164,30 @@ class CallRunner:
         return out, None
 
     def start(self, what: str, build, async_op: bool, timeout: float | None,
-               subject: str | None = None):
+               subject: str | None = None, refused: BaseException | None = None,
+               issued: int = 1):
         """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
-        ``subject`` names the call in errors (default: the call's own description)."""
+        ``subject`` names the call in errors (default: the call's own description);
+        ``refused``: why this rank cannot take part (``refuse``), carried as a build error,
+        one of ``issued`` calls its peers' batch issues together."""
         engine = self.engine
         t0 = recorder.now() if recorder.ON else 0
         engine.enter(what, timeout)
         try:
-            if async_op:  # too many handles unwaited: refused alike on every rank, at once
-                crowded = engine.crowded()
-                if crowded is not None:
-                    raise crowded
+            if async_op and refused is None:  # too many handles unwaited here: refused like
+                refused = engine.crowded()    # a bad argument (peers may have room: they hear)
             seq = engine.next_seq()
-            call = data = finish = error = None
+            call = data = finish = None
+            error: BaseException | None = None
             try:
                 check_timeout(timeout)
-                call, data, finish = build(seq)
+                if refused is None:
+                    call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default
+            if refused is not None:
+                error = refused
             late = getattr(finish, "late", None)
             own = getattr(call, "agrees_itself", False)
             if not self.comm.check or own:
@@ -193,7 +197,8 @@ class CallRunner:
                 agreement = None
             else:
                 signature = call.signature if call is not None else None
-                agreement = engine.agreement(seq, signature, call.check if call else 0, error)
+                agreement = engine.agreement(seq, signature, call.check if call else 0, error,
+                                             issued=issued)
                 if error is not None and self.comm.size > 1:
                     engine.reject(error, seq)  # peers that skip this agreement must hear
                 if agreement is not None and late is not None:

@@ -121,7 +121,8 @@ class Engine(CallOrder, InFlight, Failures):
                 self.unreported = [(r, o) for r, o in self.unreported if o is not op]
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
-                  error: BaseException | None, always: bool = False) -> Agreement | None:
+                  error: BaseException | None, always: bool = False,
+                  issued: int = 1) -> Agreement | None:
         """The agreement stage a call needs, or None when its signature was agreed before. A
         signature counts as agreed from the moment its agreement is *issued*: every rank issues calls in the
         same order, so every rank decides alike even while asynchronous agreements are in
@@ -136,7 +137,7 @@ class Engine(CallOrder, InFlight, Failures):
             return None
         if error is None:
             self.remember(check)
-        return Agreement(self, seq, signature, check, error)
+        return Agreement(self, seq, signature, check, error, issued=issued)
 
     def remember(self, check: int) -> None:
         self.agreed[check] = True

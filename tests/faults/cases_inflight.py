@@ -98,11 +98,12 @@ add("many-in-flight-1000", many_in_flight(1000), where=(*BOTH, "mpi-nodes"), siz
 
 
 def over_the_limit(ctx: Ctx) -> Call:
-    """More asynchronous all-reduces than may be outstanding (``MAX_IN_FLIGHT``):
-    every rank refuses the same call when it is issued (a CollectiveError, nothing posted);
-    the earlier ones all give right sums; after some ``wait()``s a retry runs once; the
-    communicator stays usable. Rank 1 waits for nothing before the limit is reached and is
-    slow to wait: what counts is handles not waited on, not calls still running."""
+    """More asynchronous all-reduces than may be outstanding (``MAX_IN_FLIGHT``): every rank
+    refuses the same call, its handle's ``wait()`` raising a CollectiveError on every rank
+    (refused in its agreement: no data moves); the earlier ones all give right sums; after
+    some ``wait()``s a retry runs once; the communicator stays usable. Rank 1 waits for
+    nothing before the limit is reached and is slow to wait: what counts is handles not
+    waited on, not calls still running."""
     def body(comm):
         from collectives.runtime import in_flight
 
@@ -110,8 +111,8 @@ def over_the_limit(ctx: Ctx) -> Call:
         summary: dict = {"wrong": [], "errors": []}
         handles = [comm.all_reduce(np.full(3, float(i)), async_op=True) for i in range(limit)]
         try:
-            comm.all_reduce(np.full(3, -1.0), async_op=True)
-            summary["errors"].append(f"call {limit + 1} was issued past the limit")
+            comm.all_reduce(np.full(3, -1.0), async_op=True).wait()
+            summary["errors"].append(f"call {limit + 1} ran past the limit")
         except Exception as exc:  # noqa: BLE001 - judged below
             if "wait() for some first" not in str(exc):
                 summary["errors"].append(f"refused with {type(exc).__name__}: {exc}")
@@ -135,6 +136,52 @@ def over_the_limit(ctx: Ctx) -> Call:
 
 
 add("over-the-in-flight-limit", over_the_limit, where=BOTH, timeout=20.0, limit=40.0)
+
+
+def one_rank_over_the_limit(kind: str):
+    """Rank 0 keeps ``MAX_IN_FLIGHT`` handles unwaited, its peers wait for each: only rank
+    0 is over the limit at the next asynchronous call (a new signature; or a batch of three
+    buckets, refused once for each). Rank 0 raises a CollectiveError saying so, its peers a
+    PeerFailedError naming it, within a second; the ranks stay in step (once, the refusal
+    stayed on rank 0: its peers' call paired with its next one, a mismatch there and a
+    timeout here)."""
+    def step(ctx: Ctx) -> Call:
+        def body(comm):
+            from collectives.runtime.in_flight import MAX_IN_FLIGHT
+
+            x, kept = np.ones(4), []
+            for _ in range(MAX_IN_FLIGHT):
+                handle = comm.all_reduce(x, async_op=True)
+                if comm.rank == 0:
+                    kept.append(handle)
+                else:
+                    handle.wait()
+            start = time.monotonic()
+            try:
+                if kind == "batch":
+                    # (buckets of three shapes, each agreed on its own: where two were alike,
+                    # peers would move the second's data as agreed, and break on the refusal)
+                    xs = [np.ones(3), np.ones(6), np.ones(7)]
+                    comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True).wait()
+                else:
+                    comm.all_reduce(np.ones(5), async_op=True).wait()
+                outcome = "ran"
+            except Exception as exc:  # noqa: BLE001 - judged below
+                outcome = type(exc).__name__ if "wait() for some first" in str(exc) else str(exc)
+            late = time.monotonic() - start > 1.0 and comm.rank != 0  # (rank 0 waits for its
+            for handle in kept:                                        # peers' 1024 waits)
+                handle.wait()
+            after = float(comm.all_reduce(np.ones(2))[0])
+            return [outcome, late, after]
+        want = ["CollectiveError" if ctx.rank == 0 else "PeerFailedError", False, float(ctx.size)]
+        return Call(body, expect=ok(check=lambda got: None if got == want else
+                                    f"got {got}, want {want}"), same=False)
+    return step
+
+
+for kind in ("plain", "batch"):
+    add(f"one-rank-over-the-in-flight-limit-{kind}", one_rank_over_the_limit(kind), where=BOTH,
+        sizes=(2, 3), timeout=20.0, limit=40.0)
 
 
 T_STOP = 1.0
