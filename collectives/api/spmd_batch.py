@@ -158,21 +158,31 @@ class BatchOps(CommParts):
             return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays
 
+        issued: list = []  # (an asynchronous batch's handles, as its buckets go out)
+
         def reduce_pack(part, buffers, fresh):
             (buf,) = buffers
             if crossing:
                 buf = self.adapt(edge.adopt(buf, "a bucket of xs"), "a bucket of xs")
             squeeze = for_batch(compression, op, [buf.dtype])[0]
-            return self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
-                                   groups=groups, timeout=timeout, compression=squeeze,
-                                   out=buf if in_place(fresh, op, buf.dtype) else None,
-                                   async_op=async_op)
+            reduced = self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
+                                      groups=groups, timeout=timeout, compression=squeeze,
+                                      out=buf if in_place(fresh, op, buf.dtype) else None,
+                                      async_op=async_op)
+            if async_op:
+                issued.append(reduced)
+            return reduced
 
         order = [(part, j) for part in parts for j in range(len(part.plan.packs))]
         tag = batch_tag(layout, bucket_plan(order), async_op)
         with self.calls.part_of(tag):
-            batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True,
-                                keeper=self._bucket_keeper(arrays))
+            try:
+                batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True,
+                                    keeper=self._bucket_keeper(arrays))
+            except BaseException:
+                for handle in issued:  # (the error raised here covers the batch: its issued
+                    handle.reported_elsewhere()  # buckets' must not surface at a later call)
+                raise
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

@@ -92,6 +92,8 @@ class Buckets(Generic[ArrayT]):
         try:
             self._start_complete()
         except BaseException:
+            for handle in self.pending:  # (the error raised here covers the step: theirs
+                handle.reported_elsewhere()  # must not surface again at a later call)
             self._reset()
             raise
 

@@ -193,3 +193,34 @@ for kind in ("batch", "batch-async", "buckets"):
     CASES.append(Case(f"lists-{kind}-cut-into-other-buckets", (cut_differently(kind),
                                                                 after_cut(kind)),
                       where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+
+def bad_op_three_buckets(kind: str):
+    """Rank 0 passes a bad op to a list its peers cut into three buckets, all issued at once
+    (asynchronous, or as buckets): rank 0 raises naming it, its peers a PeerFailedError, and
+    as rank 0 refused one call against their three, every rank's next call says the ranks are
+    out of step at once (once, the peers' second bucket paired with rank 0's next call)."""
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        op = "median" if ctx.rank == 0 else "sum"
+
+        def body(comm):
+            if kind == "buckets":
+                buckets = comm.buckets(xs, op, bucket_bytes=0)
+                for k, x in enumerate(xs):
+                    buckets.ready(k, x)
+                return buckets.wait()
+            return comm.batch_all_reduce(xs, op, bucket_bytes=0, async_op=True).wait()
+        mine = raises("ValueError", match="median", within=1.0)
+        # (a peer still issuing its buckets may hear the verdict first: broken, saying why)
+        theirs = peer_failed(0, "median") | raises(
+            "CommunicatorBrokenError", match=r"different numbers of calls.*rank 0\b.*median",
+            within=1.0)
+        return Call(body, expect=mine if ctx.rank == 0 else theirs, same=False, caught=True)
+    return step
+
+
+for kind in ("batch-async", "buckets"):
+    CASES.append(Case(f"lists-{kind}-bad-arg-one-rank-three-buckets",
+                      (bad_op_three_buckets(kind), after_cut(kind)), where=BOTH, sizes=SIZES,
+                      timeout=COMM_TIMEOUT, limit=20.0))
