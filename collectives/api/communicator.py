@@ -95,15 +95,31 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
     def __enter__(self) -> Communicator:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.free()
+    def __exit__(self, kind: Any, error: BaseException | None, trace: Any) -> None:
+        if error is None:
+            self.free()
+            return
+        # (freeing is collective: it would wait for peers that may be waiting for this rank
+        # in a call it will not make; they hear that it left instead, and the transport,
+        # told of a failure, keeps what it holds)
+        engine = self.calls.engine
+        engine.abandon(error)
+        engine.close()
+        self.transport.free()
 
     def free(self) -> None:
         """Release what the transport holds for this communicator (collective on MPI).
 
-        Every later call on it raises `CommunicatorBrokenError` saying it was freed.
+        Calls still in flight end first: collectives run to their end, each within its own
+        deadline (their handles' ``wait()`` gives the result), and messages are withdrawn
+        (their ``wait()`` raises `CommunicatorBrokenError`). Every later call raises
+        `CommunicatorBrokenError` saying it was freed. The end of a ``with`` block frees it,
+        but where an exception leaves the block: the communicator's peers hear that this
+        rank left (their calls raise `PeerFailedError` naming it), and nothing waits for them.
         """
-        self.calls.engine.close()
+        engine = self.calls.engine
+        engine.drain()
+        engine.close()
         self.transport.free()
 
     # --- hooks --------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""What a communicator has in flight: the limit on handles not yet waited on, and what a rank
-that leaves tells its peers (a mixin of ``Engine``, over its ``outstanding``, ``inflight``,
-``state`` and ``seq``).
+"""What a communicator has in flight: the limit on handles not yet waited on, what a rank
+that leaves tells its peers, and what becomes of calls in flight when it is freed (a mixin
+of ``Engine``, over its ``outstanding``, ``inflight``, ``state``, ``seq`` and ``wait``).
 
 At most ``MAX_IN_FLIGHT`` asynchronous collectives may be issued and not yet waited on (or
-dropped): counted in program order, so every rank refuses the same call, before anything is
-issued. A rank that leaves with calls in flight tells its peers after which call it left
-(``finished_through``): the calls it still had in flight are lost with it.
+dropped) on one rank; a call past it is refused before any data moves, through its agreement
+as a bad argument is (``CallRunner.start``): a peer that waited for its handles has room, and
+hears of the refusal. A rank that leaves with calls in flight tells its peers after which call
+it left (``finished_through``): the calls it still had in flight are lost with it.
+
+Freed with calls in flight (``drain``), a communicator first lets its collectives finish,
+each within its deadline, as MPI lets pending operations complete, and withdraws its
+messages; an error that leaves a ``with`` block instead abandons them (``abandon``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import functools
 import weakref
 from typing import Any
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CommunicatorBrokenError
+from .departures import exit_notice
 from .work import Operation, Work
 
 MAX_IN_FLIGHT = 1024  # collective handles not waited on (and messages in flight) at once
@@ -24,10 +30,14 @@ class InFlight:
     """The engine's accounting of calls in flight (see the module's docstring)."""
 
     rank: int
+    size: int
     seq: int
     outstanding: int
     inflight: list
     state: Any
+    transport: Any
+    broken: str | None
+    wait: Any  # (Engine.wait)
 
     def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
         """The error refusing ``count`` more asynchronous calls at the limit: ``MAX_IN_FLIGHT``
@@ -56,3 +66,40 @@ class InFlight:
         with self.state:
             pending = [op.seq for op in self.inflight if op.breaking and not op.finished]
         return min(pending) - 1 if pending else self.seq
+
+    def drain(self) -> None:
+        """Before the communicator is freed: every collective in flight runs to its end, each
+        within its own deadline (a failure breaks the communicator as ever, and the call's
+        handle reports it at its ``wait()``); every message in flight is withdrawn (its
+        ``wait()`` raises ``CommunicatorBrokenError``: it may never come). Freeing under
+        calls in flight left MPI's to fail on a freed communicator (a raw MPI error)."""
+        with self.state:
+            ops = [op for op in self.inflight if not op.finished]
+        for op in ops:
+            if op.breaking:
+                try:
+                    self.wait(op, op.timeout)
+                except CollectiveError:
+                    pass  # (the call's own wait() reports it)
+                continue
+            with self.state:
+                op.fail(CommunicatorBrokenError(
+                    f"rank {self.rank}: {op.description} was withdrawn: its communicator was "
+                    "freed first"))
+                if op in self.inflight:
+                    self.inflight.remove(op)
+
+    def abandon(self, error: BaseException) -> None:
+        """This rank stops using the communicator without freeing it (``error`` left its
+        ``with`` block: freeing is collective, and its peers may wait in a call it will not
+        make): its peers hear that it left, with the messages it sent (``departures``), and
+        its calls in flight fail."""
+        if self.broken is None and self.size > 1:
+            self.transport.notify_failure(exit_notice(
+                self.transport, self.finished_through(), f"{type(error).__name__}: {error}"))
+        with self.state:
+            for op in self.inflight:
+                op.fail(CommunicatorBrokenError(
+                    f"rank {self.rank}: {op.description} was abandoned: "
+                    f"{type(error).__name__} left its communicator's with block"))
+            self.inflight.clear()

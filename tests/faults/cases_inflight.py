@@ -286,3 +286,66 @@ def third_call_is_call_3(ctx: Ctx) -> Call:
 
 
 add("third-call-is-call-3", third_call_is_call_3, where=BOTH, sizes=(2,), timeout=T_NUMBER)
+
+
+def freed_in_flight(ctx: Ctx) -> Call:
+    """A child communicator freed with calls in flight (every rank): the collectives finish
+    first, their handles' ``wait()`` giving the right sums (an all-reduce large enough to
+    take MPI's shared memory too), a receive nothing sends is withdrawn with a
+    CommunicatorBrokenError saying so; the parent works on. (MPI raised its own error
+    about a null communicator at the wait, or failed in a shared window's free.)"""
+    def body(comm):
+        child = comm.dup()
+        child.all_reduce(np.ones(8))  # (agreed: the calls below move data at once)
+        if comm.rank == 1:
+            time.sleep(0.3)  # (the others free while its calls are still running)
+        small = child.all_reduce(np.ones(8), async_op=True)
+        large = child.all_reduce(np.ones(1 << 18), async_op=True)
+        never = child.irecv(np.zeros(2), (comm.rank + 1) % comm.size, tag=5)
+        child.free()
+        got = [float(small.wait()[0]), float(large.wait()[-1])]
+        try:
+            never.wait()
+            got.append("received")
+        except Exception as exc:  # noqa: BLE001 - judged below
+            got.append(type(exc).__name__ if "freed" in str(exc) else str(exc))
+        got.append(float(comm.all_reduce(np.ones(2))[0]))
+        return got
+
+    n = float(ctx.size)
+    want = [n, n, "CommunicatorBrokenError", n]
+    return Call(body, expect=ok(check=lambda got: None if got == want else
+                                f"got {got}, want {want}"), same=False)
+
+
+add("freed-with-calls-in-flight", freed_in_flight, where=BOTH, sizes=(2, 3), timeout=10.0,
+    limit=30.0)
+
+
+def error_leaves_with_block(ctx: Ctx) -> Call:
+    """Rank 1's code raises inside ``with comm.dup() as child:`` after one call there, and
+    catches it outside: the block's end does not free collectively (its peers wait in a
+    second call it will not make), they hear that it left, naming its error, within a
+    second, and everyone's parent works on. (On MPI the block's end waited in a shared
+    window's free for the peers' timeout: an uncaught error took that long to end the job.)"""
+    def body(comm):
+        start, outcome = time.monotonic(), "ran"
+        try:
+            with comm.dup() as child:
+                child.all_reduce(np.ones(1 << 18))
+                if comm.rank == 1:
+                    raise RuntimeError("boom in the block")
+                child.all_reduce(np.ones(1 << 18))
+        except Exception as exc:  # noqa: BLE001 - judged below
+            outcome = ("raised its own" if type(exc) is RuntimeError else type(exc).__name__
+                       if "boom in the block" in str(exc) else str(exc))
+        quick = time.monotonic() - start < 1.5
+        return [outcome, quick, float(comm.all_reduce(np.ones(2))[0])]
+
+    want = ["raised its own" if ctx.rank == 1 else "PeerFailedError", True, float(ctx.size)]
+    return Call(body, expect=ok(check=lambda got: None if got == want else
+                                f"got {got}, want {want}"), same=False)
+
+
+add("error-leaves-a-with-block", error_leaves_with_block, where=BOTH, sizes=(2, 3),
+    timeout=10.0, limit=30.0)
