@@ -126,7 +126,13 @@ def _call_back(back: Back, like: Any, result: Any) -> Any:
 
 
 def refuse_out(out: Any, argument: str) -> None:
-    """Raise TypeError where ``out``'s array kind cannot be written in place (JAX)."""
+    """Raise TypeError where ``out`` cannot be written in place: a NumPy scalar (immutable:
+    it would be adopted as a copy, filled, and the caller's scalar handed back unchanged), or
+    an array kind that cannot (JAX)."""
+    if isinstance(out, np.generic):
+        raise TypeError(f"{argument} is a numpy.{type(out).__name__} scalar, which cannot be "
+                        "filled in place; pass an array (e.g. numpy.zeros((), "
+                        f"{type(out).__name__})) or drop out= and use the returned value")
     kind = kind_of(out)
     if kind is not None and kind.out_refusal is not None:
         name = getattr(kind.kind, "name", type(out).__module__.partition(".")[0])

@@ -95,6 +95,9 @@ def no_packing(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]) -> 
     return PackPlan(shp, dts, _whole_packs([[i] for i in range(len(shp))], shp, dts))
 
 
+MAX_PACKS = 1024  # as many calls as an asynchronous batch may have in flight
+
+
 def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
                      num_packs: int) -> PackPlan:
     """Per dtype, concatenate and cut into ``num_packs`` packs; the last takes the remainder.
@@ -104,16 +107,20 @@ def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike
     """
     if num_packs <= 0:
         raise ValueError(f"num_packs must be greater than zero, not {num_packs}")
+    if num_packs > MAX_PACKS:
+        raise ValueError(f"num_packs={num_packs} is more than {MAX_PACKS} packs (each is a call, "
+                         "and an asynchronous batch holds a handle for each); use fewer")
     shp, dts = _normalise(shapes, dtypes)
     groups: dict[np.dtype, list[int]] = {}
     for i, dt in enumerate(dts):
         groups.setdefault(dt, []).append(i)
     packs = []
+    last = num_packs - 1
     for dt, members in groups.items():
         sizes = [prod(shp[i]) for i in members]
         total = sum(sizes)
         split = total // num_packs
-        bounds = [k * split for k in range(num_packs)] + [total]
+
         per_pack: list[list[tuple[int, int, int]]] = [[] for _ in range(num_packs)]
         offset = 0
         for i, size in zip(members, sizes, strict=True):
@@ -121,10 +128,10 @@ def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike
             if size == 0:
                 # An empty tensor still needs a pack (its result takes that buffer's dtype):
                 # the one its offset falls in.
-                k = min(lo // split, num_packs - 1) if split else num_packs - 1
-                per_pack[k].append((i, 0, 0))
-            for k in range(num_packs):
-                start, stop = max(lo, bounds[k]), min(hi, bounds[k + 1])
+                per_pack[_pack_of(lo, split, last)].append((i, 0, 0))
+            first, final = _pack_of(lo, split, last), _pack_of(hi - 1, split, last)
+            for k in range(first, final + 1) if size else ():
+                start, stop = max(lo, k * split), min(hi, total if k == last else (k + 1) * split)
                 if start < stop:
                     per_pack[k].append((i, start - lo, stop - lo))
             offset = hi
@@ -132,6 +139,12 @@ def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike
             packs.append(Pack(tuple(p[0] for p in pieces), dt,
                               tuple((p[1], p[2]) for p in pieces)))
     return PackPlan(shp, dts, tuple(packs))
+
+
+def _pack_of(element: int, split: int, last: int) -> int:
+    """The pack that holds ``element`` where pack ``k`` holds ``[k * split, (k + 1) * split)``
+    and the last one the rest (all of them, where ``split`` is 0)."""
+    return min(element // split, last) if split else last
 
 
 def extract_ranges(index_list: Sequence[int],

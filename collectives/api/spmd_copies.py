@@ -27,6 +27,8 @@ from ..runtime.results import Ready, Stacked
 from ..runtime.work import Work
 from .comm_parts import CommParts
 
+SCALAR_ALL_TO_ALL = "x is a scalar; all_to_all splits its leading axis, so pass an array"
+
 
 class CopyOps(CommParts):
     """gather, scatter, all_to_all, all_gather_object, broadcast_object."""
@@ -187,9 +189,11 @@ class CopyOps(CommParts):
         counts = None
         if splits is not None:  # every rank's sizes first (bad ones become a row of -1s)
             try:
-                rows = self.adapt(x, "x").shape[0]
-                mine, problem = _check_splits(splits, rows, n), None
-            except (TypeError, ValueError, IndexError) as exc:
+                shape = self.adapt(x, "x").shape
+                if len(shape) == 0:
+                    raise ValueError(SCALAR_ALL_TO_ALL)
+                mine, problem = _check_splits(splits, shape[0], n), None
+            except (TypeError, ValueError) as exc:
                 mine, problem = np.full(n, -1, np.int64), exc
             counts = self.all_gather(mine, timeout=timeout).reshape(n, n)
             failed = [r for r in range(n) if (counts[r] < 0).any()]
@@ -205,8 +209,7 @@ class CopyOps(CommParts):
             nonlocal counts
             xa = self.adapt(x, "x")
             if len(xa.shape) == 0:
-                raise ValueError("x is a scalar; all_to_all splits its leading axis, so pass "
-                                 "an array")
+                raise ValueError(SCALAR_ALL_TO_ALL)
             rows, row_shape = xa.shape[0], tuple(xa.shape[1:])
             row = int(np.prod(row_shape, dtype=np.int64))
             if counts is None:
@@ -330,7 +333,7 @@ class _Shape:
 def _check_splits(splits: Sequence[int], rows: int, n: int) -> np.ndarray:
     try:
         mine = np.asarray(splits, np.int64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TypeError(f"splits={splits!r} must be {n} whole numbers of rows") from None
     if mine.shape != (n,) or (mine < 0).any() or int(mine.sum()) != rows:
         raise ValueError(f"splits={list(splits)!r} must be {n} non-negative row counts (one per "

@@ -21,7 +21,7 @@ import numpy as np
 from ..array_kinds import viewed_in_place
 from ..hints import Array, ArrayT
 from ..runtime.departures import Ledger
-from ..runtime.validate import check_out, check_timeout
+from ..runtime.validate import check_communicable, check_out, check_timeout
 from ..runtime.work import Operation, Work
 from ..timeline import record_messages, recorder
 from .comm_parts import CommParts
@@ -203,11 +203,13 @@ class PointToPointOps(CommParts):
         given = array
         if direction == "send":
             given = array = self.adapt(viewed_in_place(array, "x"), "x")
+            check_communicable(np.dtype(array.dtype), "x")
             if not self.arrays.contiguous(array):
                 array = self.arrays.flat(array)
         else:  # (a PyTorch CPU tensor: its NumPy view is filled, the tensor handed back)
             array = viewed_in_place(array, "out")
             check_out(array, tuple(array.shape), array.dtype, "out", self.arrays)
+            check_communicable(np.dtype(array.dtype), "out")
         engine = self.calls.engine
         engine.enter(direction)
         try:

@@ -41,10 +41,7 @@ class PreparedOps(CommParts):
               out_argument: str = "out"):
         """``x`` as an array, and ``out`` (named ``out_argument`` in errors) checked."""
         arrays = self.arrays
-        xa = self.adapt(x, "x")
-        if not arrays.contiguous(xa):
-            raise ValueError(f"{what}: x must be C-contiguous (a prepared call reads it in "
-                             "place at every start)")
+        xa = self._read_in_place(x, what)
         if out is None:
             raise TypeError(f"{what}: out is required (a prepared call writes its result there "
                             "every time)")
@@ -52,6 +49,15 @@ class PreparedOps(CommParts):
         if out is not xa and overlaps(arrays, out, xa):
             raise ValueError(f"{what}: out overlaps x; pass x itself (in place) or a separate "
                              "array")
+        return xa
+
+    def _read_in_place(self, x: Any, what: str) -> Any:
+        """``x`` as an array a prepared call reads in place at every start: C-contiguous
+        (a copy would be read once, at the call's making, and every run would send that)."""
+        xa = self.adapt(x, "x")
+        if not self.arrays.contiguous(xa):
+            raise ValueError(f"{what}: x must be C-contiguous (a prepared call reads it in "
+                             "place at every start)")
         return xa
 
     @refusing("all_reduce_init")
@@ -132,6 +138,8 @@ class PreparedOps(CommParts):
         mine = self.rank == call.root
         if mine:
             xa = self._bind(xa, out, call.shape, call.final, "reduce_init")
+        else:  # (its x goes out at every start as much as the root's)
+            xa = self._read_in_place(xa, "reduce_init")
         work = arrays.empty(call.shape, call.dtype, like=xa)
         finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
         return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish,

@@ -176,6 +176,22 @@ def p2p_messages_of_a_rank_that_left(ctx: Ctx) -> Call:
     return Call(stay, expect=expecting_value(want), same=False)
 
 
+def p2p_object_dtype(ctx: Ctx) -> Call:
+    """Arrays of Python objects are refused by a send (naming ``x``) and a receive (naming
+    ``out``) before anything is posted, as by collectives (thread ranks handed the receiver
+    the sender's very objects; MPI raised NumPy's own error from inside the library)."""
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(np.array([{"a": 1}, None], dtype=object), 1, timeout=1.0)
+        elif comm.rank == 1:
+            comm.recv(np.empty(2, dtype=object), 0, timeout=1.0)
+    if ctx.rank > 1:
+        return Call(body, expect=ok(None), same=False)
+    argument = "x" if ctx.rank == 0 else "out"
+    return Call(body, expect=raises("TypeError", match=rf"{argument} has dtype object",
+                                    within=0.5), caught=True, same=False)
+
+
 def p2p_bad_timeout(ctx: Ctx) -> Call:
     """Receives with a bad ``timeout=`` raise naming it before anything is posted: the message
     rank 1 then sends reaches the next good receive."""

@@ -48,6 +48,7 @@ add("p2p-recv-from-raising-rank", cb.p2p_recv_from_raising_rank, timeout=5.0, **
 add("p2p-messages-of-a-rank-that-left", cb.p2p_messages_of_a_rank_that_left, timeout=5.0,
     sizes=(2, 3), **THREADS)
 add("p2p-recv-bad-timeout", cb.p2p_bad_timeout, timeout=2.0, limit=8)
+add("p2p-object-dtype", cb.p2p_object_dtype, timeout=2.0, limit=8)
 
 # --- every root-taking call checks its root --------------------------------------------------
 

@@ -84,11 +84,25 @@ BAD = {  # name: (method, args, kwargs, error, message)
                            "not C-contiguous"),
     "out-a-list": ("all_reduce", (X,), {"out": [0.0] * COUNT}, "TypeError",
                    "out must be an array"),
+    # (a NumPy scalar was adopted as a copy, filled, and handed back unchanged)
+    "out-numpy-scalar": ("all_reduce", (np.float64(1.0),), {"out": np.float64(0.0)}, "TypeError",
+                         "scalar, which cannot be filled in place"),
+    "out-numpy-scalar-broadcast": ("broadcast", (np.float64(1.0),), {"out": np.float64(0.0)},
+                                   "TypeError", "scalar, which cannot be filled in place"),
     "axis-out-of-range": ("all_gather", (X,), {"axis": 5}, "ValueError", "axis=5"),
     "reduce-scatter-scalar": ("reduce_scatter", (np.float64(1),), {}, "ValueError", "scalar"),
     "batch-spec-malformed": ("batch_all_reduce", ([X],), {"algorithm": "pscpu:2k"}, "ValueError",
                              "spec"),
     "batch-xs-none": ("batch_all_reduce", (None,), {}, "TypeError", "xs"),
+    # (each pack is a call: 2**62 of them never returned, whatever the timeout)
+    "batch-num-packs-huge": ("batch_all_reduce", ([X],), {"num_packs": 2 ** 62}, "ValueError",
+                             "num_packs="),
+    # (a 0-d x raised an IndexError from inside; a split past int64 an OverflowError on that
+    # rank alone, its peers left in the splits' exchange until their timeout)
+    "all-to-all-scalar-with-splits": ("all_to_all", (np.float64(1.0), [0, 0, 0]), {},
+                                      "ValueError", "x is a scalar"),
+    "all-to-all-splits-overflow": ("all_to_all", (X, [2 ** 64, 0, 0]), {}, "TypeError",
+                                   "splits="),
     "batch-item-none": ("batch_all_reduce", ([X, None],), {}, "TypeError", r"xs\[1\] is None"),
     "timeout-negative": ("all_reduce", (X,), {"timeout": -1}, "ValueError", "timeout"),
     "timeout-string": ("all_reduce", (X,), {"timeout": "soon"}, ("ValueError", "TypeError"),
@@ -253,3 +267,19 @@ add("threads-one-communicator-each", bodies.one_comm_per_thread, **MPI_ONLY)
 add("shards-huge", lambda ctx: Call(
     "all_reduce", (inputs(ctx, count=3)[ctx.rank], "sum", "ring"), {"shards": 10**6},
     ok(reference(inputs(ctx, count=3), "sum"), within=1.0)), limit=3.0)
+
+
+def strided_x_off_the_root(ctx: Ctx) -> Call:
+    """A prepared reduce whose x is a strided view on a non-root rank: refused there, naming
+    x, and its peers hear of it (the view was copied once, at the call's making, and every
+    run sent that copy: the root's sums were silently stale)."""
+    def body(comm):
+        x = np.zeros(8)[::2] if comm.rank == 1 else np.zeros(4)
+        call = comm.reduce_init(x, root=0, out=np.empty(4) if comm.rank == 0 else None)
+        return call.start().wait()  # (peers hear of the refusal in their first run's agreement)
+    expect = (raises("ValueError", match="x must be C-contiguous", within=1.0) if ctx.rank == 1
+              else peer_failed(1, "C-contiguous"))
+    return Call(body, expect=expect, caught=True, same=False)
+
+
+add("prepared-reduce-strided-x-off-the-root", strided_x_off_the_root, good(seed=7), timeout=2.0)
