@@ -61,6 +61,19 @@ class DevicePointers(Protocol):
         ...
 
 
+_GIVES_POINTERS: dict[type, bool] = {}  # array kinds' types, asked once each
+
+
+def with_pointers(kind: Any) -> DevicePointers | None:
+    """``kind`` where it gives device pointers (``DevicePointers``), else None: asked once per
+    type of kind (a runtime-checkable protocol's ``isinstance`` looks up each of its members:
+    several microseconds, at every asynchronous wait before)."""
+    known = _GIVES_POINTERS.get(type(kind))
+    if known is None:
+        known = _GIVES_POINTERS[type(kind)] = isinstance(kind, DevicePointers)
+    return kind if known else None
+
+
 class HotAllReduce:
     """NCCL's all-reduce of one agreed call, bound once (see the module's docstring)."""
 
@@ -80,7 +93,7 @@ class HotAllReduce:
     def for_kind(self, kind: Any) -> KindAllReduce | None:
         """This call's hot path on the arrays of another library's ``kind``, where the kind
         gives device pointers (``DevicePointers``); else None."""
-        return KindAllReduce(self, kind) if isinstance(kind, DevicePointers) else None
+        return KindAllReduce(self, kind) if with_pointers(kind) is not None else None
 
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         """Run call ``seq`` on ``x`` into ``out`` (None: a new array); None where the engine's

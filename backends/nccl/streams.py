@@ -20,6 +20,10 @@ from typing import Any
 
 from collectives.backends.cupy.arrays import DeviceAndStream
 
+from collectives.foreign import kind_of
+
+from .hot_path import with_pointers
+
 
 class StreamOrder:
     """The stream hand-over of ``NcclTransport`` (a base class of it)."""
@@ -168,13 +172,10 @@ class StreamOrder:
         first = result[0] if isinstance(result, (list, tuple)) and result else result
         handle = None
         if first is not None and not self.arrays.owns(first):
-            from collectives.foreign import kind_of
-
-            from .hot_path import DevicePointers
-
             kind = kind_of(first)
-            if kind is not None and isinstance(kind.kind, DevicePointers):
-                handle = kind.kind.stream_handle(self.device)
+            pointers = with_pointers(kind.kind) if kind is not None else None
+            if pointers is not None:
+                handle = pointers.stream_handle(self.device)
         with cupy.cuda.Device(self.device):
             caller = self.caller_stream(handle)
             if caller.ptr != self.stream.ptr:

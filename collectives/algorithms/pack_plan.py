@@ -11,7 +11,7 @@ little per tensor.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
 from typing import Any
@@ -29,11 +29,10 @@ class Pack:
     indices: tuple[int, ...]
     dtype: np.dtype
     spans: tuple[tuple[int, int], ...]
+    size: int = field(init=False)  # elements in the buffer (read at every pack and unpack)
 
-    @property
-    def size(self) -> int:
-        """Number of elements in the buffer."""
-        return sum(stop - start for start, stop in self.spans)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", sum(stop - start for start, stop in self.spans))
 
 
 @dataclass(frozen=True)
