@@ -43,6 +43,22 @@ class BatchTag(str):
     def __reduce__(self) -> tuple:  # (agreements pickle signatures: ``issued`` travels too)
         return BatchTag, (str(self), self.issued)
 
+    # Equal where the text and ``issued`` are (so that the calls cached by signature keep a
+    # blocking batch's buckets apart from an asynchronous one's); the check value and the
+    # agreement compare the text alone (``repr``): ranks whose batches differ only there
+    # still pair their calls one for one.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, str):
+            return NotImplemented
+        return str.__eq__(self, other) and self.issued == getattr(other, "issued", 1)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((str(self), self.issued))
+
 
 def calls_issued(signature: tuple) -> int:
     """How many calls the call of ``signature`` comes with, issued before it is waited on:
