@@ -150,9 +150,12 @@ class Buckets(Generic[ArrayT]):
 
         if self.started < len(self.order):
             missing = [k for k, t in enumerate(self.tensors) if t is None]
+            again = (" (a step ends at its wait(): this one had none of its tensors yet; wait() "
+                     "once per step)" if len(missing) == len(self.layout) else "")
             self._refuse_rest(ValueError(
                 f"wait() before every tensor was ready: tensors {missing[:10]} were never "
-                "passed to ready(k, x); their buckets (and the later ones) have not started"))
+                f"passed to ready(k, x); their buckets (and the later ones) have not "
+                f"started{again}"))
         if not self.layout:
             return agree_on_empty(self.comm, self.op,
                                   self.timeout if timeout is None else timeout, False)
