@@ -167,6 +167,22 @@ class MPITransport:
         finally:
             comm.Free()
 
+    def _every_rank_frees(self) -> bool:
+        """Whether every rank frees this communicator too (a barrier), or a peer failed or
+        left instead (its notice: a rank whose error took it out of a ``with`` block tells
+        its peers, keeps what it holds, and frees nothing). Freeing is collective, a shared
+        window's free waits for every rank: without this a rank would wait there, spinning,
+        for a peer that never comes. Peers that fail or leave have told no one of it only
+        while this rank waits for them, as ``Win_free`` did."""
+        request = self.notices.comm.Ibarrier()
+        start = time.monotonic()
+        while not request.Test():
+            failure = self.notices.poll()
+            if failure is not None and failure.kind not in ("rejected", "disputed"):
+                return False  # (its sender keeps its objects: it never joins this barrier)
+            waiting.idle(time.monotonic() - start)
+        return True
+
     def abort(self, code: int = 1) -> None:
         """End the whole job now (``MPI_Abort``): after a failure, ``MPI_Finalize`` at exit
         may wait forever for a dead or hung peer."""
@@ -182,6 +198,8 @@ class MPITransport:
             return
         troubled = self._troubled or self.native.abandoned or any(
             c.withdrew for c in (self.data, self.control, self.p2p))
+        if not troubled and self.size > 1:
+            troubled = not self._every_rank_frees()
         if troubled:
             _KEPT.append((self._node, *self._comms, self.native, self.notices))
         else:

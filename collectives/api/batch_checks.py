@@ -98,7 +98,6 @@ def brief(layout: tuple) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=64)
 def batch_tag(layout: tuple, buckets: tuple = (), ahead: bool = False) -> BatchTag:
     """What every bucket of a list of ``layout`` (``((shape, dtype), ...)``) cut into
     ``buckets`` (``bucket_plan``) carries in its signature: the list's brief description and

@@ -122,6 +122,9 @@ class Buckets(Generic[ArrayT]):
     def _start_complete(self) -> None:
         """Start every complete bucket whose predecessors have all started."""
         while self.started < len(self.order) and self.missing[self.started] == 0:
+            crowded = self.calls.engine.crowded()
+            if crowded is not None:  # (refused for this bucket and the rest, as a batch is:
+                self._refuse_rest(crowded)  # its peers, with room, issue every one)
             part, j = self.order[self.started]
             into = None
             if self.keeper.enabled and part.plan.whole and len(part.plan.packs[j].indices) > 1:

@@ -335,7 +335,8 @@ def _check_splits(splits: Sequence[int], rows: int, n: int) -> np.ndarray:
         mine = np.asarray(splits, np.int64)
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"splits={splits!r} must be {n} whole numbers of rows") from None
-    if mine.shape != (n,) or (mine < 0).any() or int(mine.sum()) != rows:
+    # (summed as Python integers: an int64 sum may wrap round to the right total)
+    if mine.shape != (n,) or (mine < 0).any() or sum(map(int, mine)) != rows:
         raise ValueError(f"splits={list(splits)!r} must be {n} non-negative row counts (one per "
                          f"rank) summing to x's leading axis, {rows}")
     return mine

@@ -12,10 +12,11 @@ matched in the order they were sent) or by none, and only then raises, at once, 
 * a send to it raises before it is posted (nothing would ever take it).
 
 Messages between the ranks still there run as before. A receive counts once its message
-arrived; one withdrawn after its timeout took nothing. A send counts once posted, even one
-withdrawn after its timeout: a receive from a rank that left may then wait its own timeout
-instead of raising at once (never the reverse: a receive never raises while a message it
-would take may come).
+arrived; one withdrawn after its timeout counts as having taken nothing (on MPI it may have
+taken its message into scratch). A send counts once posted, even one withdrawn after its
+timeout. Either way a receive from a rank that left may wait its own timeout instead of
+raising at once, never the reverse: a receive never raises while a message it would take may
+come. A notice whose counts are unknown (its rank's engine was gone) refuses no receive.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ class Ledger:
     def __init__(self) -> None:
         self.sent: Counter[tuple[int, int]] = Counter()  # (destination, tag): sends posted
         self.received: Counter[tuple[int, int]] = Counter()  # (source, tag): receives done
-        self.owed: dict[int, Mapping[int, int]] = {}  # a rank that left: tag -> sent here
+        # a rank that left: tag -> messages it sent here (None: unknown, every receive waits)
+        self.owed: dict[int, Mapping[int, int] | None] = {}
         self.why: dict[int, str] = {}  # a rank that left: what its notice said
 
     def sent_by_peer(self) -> dict[int, dict[int, int]]:
         """What a notice of this rank's exit says it sent: destination -> tag -> count."""
         counts: dict[int, dict[int, int]] = {}
-        for (peer, tag), count in self.sent.items():
+        for (peer, tag), count in list(self.sent.items()):  # (a copy: another thread may send)
             counts.setdefault(peer, {})[tag] = count
         return counts
 
@@ -53,21 +55,23 @@ class Ledger:
         """Whether a receive from ``source`` (a rank that left) with ``tag``, behind
         ``receives_before`` receives of the same source and tag still in flight, can never
         be matched: every message the rank sent with that tag is taken or spoken for."""
-        coming = self.owed[source].get(tag, 0) - self.received[source, tag]
-        return receives_before >= coming
+        owed = self.owed[source]
+        if owed is None:
+            return False
+        return receives_before >= owed.get(tag, 0) - self.received[source, tag]
 
 
 def exit_notice(transport: Any, seq: int, message: str) -> Failure:
     """The notice a rank that leaves after call ``seq`` sends its peers, with the messages
     it posted to each (from its engine's ledger, if it has one)."""
     engine = transport.engine() if transport.engine is not None else None
-    sent = engine.messages.sent_by_peer() if engine is not None else {}
+    sent = engine.messages.sent_by_peer() if engine is not None else None
     return Failure(transport.rank, seq, "exited", message, sent)
 
 
 def left(ledger: Ledger, notice: Failure, rank: int) -> None:
     """Note that ``notice``'s rank left, owing this rank (``rank``) the messages it sent it."""
-    ledger.owed[notice.rank] = dict(notice.sent.get(rank, {}))
+    ledger.owed[notice.rank] = None if notice.sent is None else dict(notice.sent.get(rank, {}))
     ledger.why[notice.rank] = notice.message
 
 
@@ -79,7 +83,7 @@ def lost_message(ledger: Ledger, rank: int, receiving: bool, peer: int, tag: int
     if not receiving:
         return PeerFailedError(f"rank {rank}: send to rank {peer} (tag {tag}) cannot finish: "
                                f"{gone} and receives nothing more")
-    sent = ledger.owed[peer].get(tag, 0)
+    sent = (ledger.owed[peer] or {}).get(tag, 0)
     having = (f"having sent this rank no message with tag {tag}" if sent == 0 else
               f"having sent this rank {sent} message(s) with tag {tag}, each matched by an "
               "earlier receive")

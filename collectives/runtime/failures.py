@@ -150,10 +150,10 @@ class Failures:
         if not ledger.has_left(peer):
             return None
         if receiving:
-            with self.state:
+            with self.state:  # (a receive in flight may complete meanwhile: counted once)
                 before = waiting_receives(self._messages_in_flight(), peer, tag)
-            if not ledger.unmatched(peer, tag, before):
-                return None
+                if not ledger.unmatched(peer, tag, before):
+                    return None
         return lost_message(ledger, self.rank, receiving, peer, tag)
 
     def broken_error(self, what: str) -> CommunicatorBrokenError:
@@ -197,14 +197,18 @@ class Failures:
         finish, and they fail now, after it (so that the first error reported is the cause)."""
         error = op.error
         assert error is not None
-        if op.breaking and not getattr(error, AGREED, False):
+        if not op.breaking:  # (a message's failure is its own: it breaks nothing)
+            return
+        if not getattr(error, AGREED, False):
             self.broken_by(error, op.seq)
             return
         if self.broken is None:
             return
         with self.state:
             for other in list(self.inflight):
-                if other.seq > op.seq and not other.finished:
+                # (messages go on while only departures broke it: ``departures``)
+                if other.seq > op.seq and not other.finished and (
+                        other.breaking or not self.only_exits):
                     other.fail(CommunicatorBrokenError(
                         f"rank {self.rank}: {other.description} was abandoned: this "
                         f"communicator is broken since {self.broken}"))

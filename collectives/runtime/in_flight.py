@@ -37,6 +37,7 @@ class InFlight:
     state: Any
     transport: Any
     broken: str | None
+    only_exits: bool
     wait: Any  # (Engine.wait)
 
     def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
@@ -94,12 +95,13 @@ class InFlight:
         ``with`` block: freeing is collective, and its peers may wait in a call it will not
         make): its peers hear that it left, with the messages it sent (``departures``), and
         its calls in flight fail."""
-        if self.broken is None and self.size > 1:
+        if (self.broken is None or self.only_exits) and self.size > 1:
             self.transport.notify_failure(exit_notice(
                 self.transport, self.finished_through(), f"{type(error).__name__}: {error}"))
-        with self.state:
+        with self.state:  # (its sends stay posted: the notice counts them, a peer takes them)
             for op in self.inflight:
-                op.fail(CommunicatorBrokenError(
-                    f"rank {self.rank}: {op.description} was abandoned: "
-                    f"{type(error).__name__} left its communicator's with block"))
-            self.inflight.clear()
+                if op.breaking or op.stages[0].receiving:
+                    op.fail(CommunicatorBrokenError(
+                        f"rank {self.rank}: {op.description} was abandoned: "
+                        f"{type(error).__name__} left its communicator's with block"))
+            self.inflight[:] = [op for op in self.inflight if not op.finished]

@@ -124,7 +124,11 @@ class PreparedCall:
                 check_timeout(timeout)
         self._waited = True
         if work is DONE:  # the hot path ran it: finished once (MEAN divides ``out`` in place),
-            work = self._work = Finished(self.finish())  # and every later wait() says the same
+            try:  # and every later wait() says the same
+                work = self._work = Finished(self.finish())
+            except BaseException as exc:
+                self._work = exc
+                raise
         if isinstance(work, Finished):
             result = work.result
         elif isinstance(work, BaseException):

@@ -57,18 +57,18 @@ class Failure:
     """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
     "timeout", or "exited" when the peer left (its program ended, or it raised outside the
     library) after finishing call ``seq``; ``message`` is its exception, as text. ``sent``
-    (an exit's): the messages the peer had posted, destination -> tag -> count
-    (``collectives.runtime.departures``)."""
+    (an exit's): the messages the peer had posted, destination -> tag -> count (None:
+    unknown; ``collectives.runtime.departures``)."""
 
     rank: int
     seq: int
     kind: str
     message: str
-    sent: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    sent: Mapping[int, Mapping[int, int]] | None = field(default_factory=dict)
 
     def addressed_to(self, peer: int) -> Failure:
         """The notice as ``peer`` needs it: of the messages sent, only those to it."""
-        if not self.sent:
+        if not self.sent:  # (none, or unknown)
             return self
         return replace(self, sent={peer: self.sent[peer]} if peer in self.sent else {})
 

@@ -192,6 +192,74 @@ def p2p_object_dtype(ctx: Ctx) -> Call:
                                     within=0.5), caught=True, same=False)
 
 
+def p2p_failed_message_after_a_rank_left(ctx: Ctx) -> Call:
+    """After the last rank left, a message between ranks 0 and 1 that fails (sent with
+    another dtype) is its own failure: rank 0's other receive from rank 1, posted later,
+    still takes its message (it was abandoned with the communicator)."""
+    def body(comm):
+        first = comm.irecv(np.zeros(2), 1, tag=1) if comm.rank == 0 else None
+        comm.all_reduce(np.ones(2))
+        if comm.rank == 2:
+            raise RuntimeError("rank 2 leaves")
+        if comm.rank == 1:
+            time.sleep(0.3)  # (rank 2 has left)
+            try:
+                comm.send(np.zeros(2, np.int32), 0, tag=1, timeout=1.0)
+            except CollectiveError:
+                pass  # (the mismatch is rank 0's to report)
+            comm.send(np.full(2, 9.0), 0, tag=2, timeout=2.0)
+            return None
+        second = comm.irecv(np.zeros(2), 1, tag=2)
+        got = []
+        for handle in (first, second):
+            try:
+                got.append(float(handle.wait()[0]))
+            except CollectiveError as exc:
+                got.append(name_of(exc))
+        return got
+
+    if ctx.rank == 2:
+        return Call(body, expect=raises("RuntimeError"))
+    want = ["CollectiveMismatchError", 9.0] if ctx.rank == 0 else None
+    return Call(body, expect=expecting_value(want), same=False)
+
+
+def leaving_a_with_block(ctx: Ctx) -> Call:
+    """On a child communicator, the last rank's error leaves its ``with`` block, then rank 1's
+    too, right after it posted a message to rank 0: rank 0 still receives that message (an
+    abandoned rank's sends stay posted), and a receive from rank 1 beyond it raises
+    ``PeerFailedError`` at once (the second rank to leave told no one: the first had broken
+    the child already)."""
+    def body(comm):
+        child = comm.dup()
+        if comm.rank >= 1:
+            if comm.rank == 1:
+                time.sleep(0.3)  # (after the last rank left)
+            try:
+                with child:
+                    if comm.rank == 1:
+                        child.isend(np.full(2, 6.0), 0, tag=1)
+                    raise RuntimeError("leaves the block")
+            except RuntimeError:
+                pass
+            comm.barrier()
+            return None
+        time.sleep(0.6)
+        got = [float(child.recv(np.zeros(2), 1, tag=1)[0])]
+        start = time.monotonic()
+        try:
+            child.recv(np.zeros(2), 1, tag=1)
+            got.append("received")
+        except CollectiveError as exc:
+            got.append(name_of(exc))
+        got.append(time.monotonic() - start < 1.0)
+        comm.barrier()
+        return got
+
+    want = [6.0, "PeerFailedError", True] if ctx.rank == 0 else None
+    return Call(body, expect=expecting_value(want), same=False)
+
+
 def p2p_bad_timeout(ctx: Ctx) -> Call:
     """Receives with a bad ``timeout=`` raise naming it before anything is posted: the message
     rank 1 then sends reaches the next good receive."""

@@ -47,6 +47,9 @@ add("p2p-send-to-raising-rank", cb.p2p_send_to_raising_rank, timeout=5.0, **THRE
 add("p2p-recv-from-raising-rank", cb.p2p_recv_from_raising_rank, timeout=5.0, **THREADS)
 add("p2p-messages-of-a-rank-that-left", cb.p2p_messages_of_a_rank_that_left, timeout=5.0,
     sizes=(2, 3), **THREADS)
+add("p2p-failed-message-after-a-rank-left", cb.p2p_failed_message_after_a_rank_left,
+    timeout=5.0, **THREADS)
+add("p2p-leaving-with-blocks", cb.leaving_a_with_block, timeout=5.0, sizes=(3,))
 add("p2p-recv-bad-timeout", cb.p2p_bad_timeout, timeout=2.0, limit=8)
 add("p2p-object-dtype", cb.p2p_object_dtype, timeout=2.0, limit=8)
 

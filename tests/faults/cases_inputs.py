@@ -103,6 +103,10 @@ BAD = {  # name: (method, args, kwargs, error, message)
                                       "ValueError", "x is a scalar"),
     "all-to-all-splits-overflow": ("all_to_all", (X, [2 ** 64, 0, 0]), {}, "TypeError",
                                    "splits="),
+    # (two splits whose int64 sum wraps round to the 0 rows: an error from deep inside, on
+    # the peers, naming neither the rank nor splits)
+    "all-to-all-splits-wrapping": ("all_to_all", (np.zeros(0), [2 ** 63 - 1, 2 ** 63 - 1, 2]),
+                                   {}, "ValueError", "splits="),
     "batch-item-none": ("batch_all_reduce", ([X, None],), {}, "TypeError", r"xs\[1\] is None"),
     "timeout-negative": ("all_reduce", (X,), {"timeout": -1}, "ValueError", "timeout"),
     "timeout-string": ("all_reduce", (X,), {"timeout": "soon"}, ("ValueError", "TypeError"),
