@@ -82,8 +82,11 @@ class CommHookState:
                             f"one collectives.run passes), not {type(comm).__name__}")
         if not isinstance(mean, bool):
             raise TypeError(f"mean must be True (DDP's mean) or False (the sum), not {mean!r}")
-        self.op = ReduceOp.MEAN if mean else ReduceOp.SUM
-        wire_dtype(compression, self.op, np.float32, "compression")  # a bad one raises here
+        # (the mean as DDP's own hook takes it: each rank's bucket divided by the number of
+        # ranks, then the sum; never past the dtype's range where DDP's is not)
+        self.op = ReduceOp.SUM
+        wire_dtype(compression, ReduceOp.MEAN if mean else ReduceOp.SUM, np.float32,
+                   "compression")  # a bad one raises here
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
         self.comm, self.mean, self.algorithm, self.timeout = comm, mean, algorithm, timeout
@@ -114,6 +117,8 @@ def allreduce_hook(state: CommHookState,
     state.buckets += 1
     if bucket.index() == 0:  # buckets start in index order: a new step
         state.step_failed = False
+    if state.mean:  # (DDP's order: this rank's share first, in the bucket's dtype)
+        buffer.div_(state.comm.size)
     if buffer.device.type != "cpu":
         return _on_device(state, buffer)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import collectives
@@ -164,6 +165,26 @@ def test_a_float16_mean_whose_sum_passes_float16s_range_stays_finite():
 
     for got in collectives.run(rank_fn, 2):
         assert got.dtype is torch.float16 and got.item() == 40000.0, got
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_mean_is_ddps_at_the_edges_of_the_float32_range(size):
+    """Bias gradients of 3e38 on every rank (their sum passes float32's range) and of the
+    smallest subnormal: the mean is DDP's own, each rank's share first (3e38 itself, and
+    1.4e-45 / size rounded as DDP rounds it: 0), not a sum then a division (inf; 1.4e-45)."""
+    tiny = float(np.finfo(np.float32).smallest_subnormal)
+
+    def rank_fn(comm):
+        net = torch.nn.Linear(1, 2)
+        ddp = DDP(net, process_group=torch_ddp.process_group(comm))
+        torch_ddp.register(ddp, comm)
+        (ddp(torch.zeros(1, 1)) * torch.tensor([3e38, tiny])).sum().backward()
+        return net.bias.grad.clone()
+
+    share = torch.tensor([3e38, tiny], dtype=torch.float32) / size  # (DDP's: then summed)
+    want = sum([share] * size, torch.zeros(2))
+    for got in collectives.run(rank_fn, size):
+        assert torch.equal(got, want) and torch.isfinite(got).all(), (got, want)
 
 
 def test_the_hook_works_with_a_gloo_group_of_one():
