@@ -222,15 +222,20 @@ def mixed_batch(make, k: int) -> None:
               rng.integers(-8, 8, (2, 3)).astype(np.int64),
               rng.integers(-8, 8, (3000,)).astype(np.float32)]
     values = [per_replica([tf.constant(a * (d + 1)) for d in range(k)], devices) for a in arrays]
+    # (a 0-d bfloat16 tensor's __array__ gives a scalar NumPy refuses: eagerly, every class
+    # raised "object __array__ method not producing an array")
+    values.append(per_replica([tf.constant(1.5 + d, tf.bfloat16) for d in range(k)], devices))
     for op in (SUM, MEAN):
         got = ops.batch_reduce(op, [(v, v) for v in values])
         want = ref.batch_reduce(op, [(v, v) for v in values])
+        assert_mirrored_equal(ops.reduce(op, values[-1], values[-1]), want[-1])
         for g, w in zip(got, want):
             g_parts = g.values if isinstance(g, values_lib.Mirrored) else [g]
             w_parts = w.values if isinstance(w, values_lib.Mirrored) else [w]
             for gp, wp in zip(g_parts, w_parts):
                 assert gp.dtype == wp.dtype, (gp.dtype, wp.dtype)
-                np.testing.assert_allclose(gp.numpy(), wp.numpy(), rtol=1e-6)
+                np.testing.assert_allclose(np.asarray(gp.numpy(), np.float64),
+                                           np.asarray(wp.numpy(), np.float64), rtol=1e-6)
 
 
 def errors_and_edges() -> None:
