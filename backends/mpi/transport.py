@@ -8,6 +8,7 @@ their messages ever matches another's, or the user's.
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from typing import Any
@@ -28,6 +29,8 @@ from .shm import SharedWindow
 from .tags import control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
+FREEING = logging.getLogger("collectives.failures")
+DEFAULT_TIMEOUT = 300.0  # a free()'s wait for its peers where no engine says (init's default)
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
@@ -168,20 +171,38 @@ class MPITransport:
             comm.Free()
 
     def _every_rank_frees(self) -> bool:
-        """Whether every rank frees this communicator too (a barrier), or a peer failed or
-        left instead (its notice: a rank whose error took it out of a ``with`` block tells
-        its peers, keeps what it holds, and frees nothing). Freeing is collective, a shared
-        window's free waits for every rank: without this a rank would wait there, spinning,
-        for a peer that never comes. Peers that fail or leave have told no one of it only
-        while this rank waits for them, as ``Win_free`` did."""
+        """Whether every rank frees this communicator too, where its free waits for them (a
+        shared window's does; the rest of a free does not): a barrier, given up where a peer
+        failed or left instead (its notice: a rank whose error took it out of a ``with``
+        block keeps what it holds and frees nothing) or after the communicator's timeout.
+        Without it a rank waited in the window's free, spinning, for a peer that never came.
+        A rank that gives up tells its peers, so that one freeing later keeps its objects
+        too rather than wait in the window's free for it."""
+        shm = self.native.shm
+        if shm is None or shm.win is None:
+            return True
+        engine = self.engine() if self.engine is not None else None
+        timeout = engine.timeout if engine is not None else DEFAULT_TIMEOUT
         request = self.notices.comm.Ibarrier()
         start = time.monotonic()
-        while not request.Test():
-            failure = self.notices.poll()
-            if failure is not None and failure.kind not in ("rejected", "disputed"):
-                return False  # (its sender keeps its objects: it never joins this barrier)
-            waiting.idle(time.monotonic() - start)
-        return True
+        while True:
+            # every notice first (a peer that gave up here long ago said so: the barrier,
+            # which it joined, may complete at once); its sender keeps its objects
+            while (failure := self.notices.poll()) is not None:
+                if failure.kind not in ("rejected", "disputed"):
+                    return False
+            if request.Test():
+                return True
+            waited = time.monotonic() - start
+            if waited > timeout:
+                FREEING.warning("rank %d: free() waited %.0f s for peers that neither freed "
+                                "this communicator nor failed; its memory is kept", self.rank,
+                                waited)
+                self.notify_failure(exit_notice(self, self.native.latest_seq(), (
+                    f"it stopped waiting, after {waited:.0f} s, for its peers to free the "
+                    "communicator")))
+                return False
+            waiting.idle(waited)
 
     def abort(self, code: int = 1) -> None:
         """End the whole job now (``MPI_Abort``): after a failure, ``MPI_Finalize`` at exit
