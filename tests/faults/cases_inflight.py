@@ -384,3 +384,36 @@ def error_leaves_while_peers_free(ctx: Ctx) -> Call:
 
 add("error-leaves-a-with-block-peers-free", error_leaves_while_peers_free, where=BOTH,
     sizes=(2, 3), timeout=10.0, limit=30.0)
+
+
+def freed_on_one_rank(ctx: Ctx) -> Call:
+    """Rank 0 frees a child whose all-reduces took MPI's shared window, its peers do not (yet):
+    rank 0's free returns after the communicator's timeout (it waited in the window's free
+    forever), and a peer that frees it later returns at once (rank 0 told it so), not in
+    the window's free for a rank 0 that is gone from it."""
+    algorithm = "shm" if ctx.transport == "mpi" else "auto"  # (a window: MPI's alone)
+
+    def body(comm):
+        child = comm.dup()
+        child.all_reduce(np.ones(1 << 18), algorithm=algorithm)
+        start = time.monotonic()
+        if comm.rank == 0:
+            child.free()
+        alone = time.monotonic() - start
+        comm.barrier(timeout=20.0)
+        start = time.monotonic()
+        if comm.rank != 0:
+            time.sleep(0.3)
+            child.free()
+        late = time.monotonic() - start
+        # (rank 0: within its timeout and a second; the others: at once, after their sleep)
+        return [alone < T_FREE + 1.0, late < 1.5, float(comm.all_reduce(np.ones(2))[0])]
+
+    want = [True, True, float(ctx.size)]
+    return Call(body, expect=ok(check=lambda got: None if got == want else
+                                f"got {got}, want {want}"), same=False)
+
+
+T_FREE = 2.0
+add("freed-on-one-rank-only", freed_on_one_rank, where=BOTH, sizes=(2, 3), timeout=T_FREE,
+    limit=30.0)
