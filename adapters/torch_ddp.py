@@ -12,7 +12,8 @@ finishes it::
     ddp.register_comm_hook(state, allreduce_hook)
 
 DDP with a hook does not divide by the world size itself; ``mean=True`` makes the hook give
-DDP's mean (the library's MEAN: a SUM, then one division), ``mean=False`` the sum.
+DDP's mean, in DDP's own order (each rank's bucket divided by the number of ranks, then the
+sum), ``mean=False`` the sum.
 ``compression="fp16"``/``"bf16"`` carries float32/float64 buckets in that narrower float, as
 DDP's ``fp16_compress_hook`` (for a mean each contribution is divided before it is narrowed).
 

@@ -83,8 +83,9 @@ def as_output(x, dtype, shape=None, empty: Callable = aligned_empty) -> np.ndarr
 
 def to_numpy(tensor) -> np.ndarray:
     """A read-only NumPy view of an eager tensor (a host copy for device tensors). A 0-d
-    bfloat16 tensor's ``__array__`` gives an ``ml_dtypes`` scalar, which NumPy refuses as an
-    array ("object __array__ method not producing an array"): its ``numpy()`` is taken."""
+    tensor's is its ``numpy()``, a copy: a 0-d bfloat16 tensor's ``__array__`` gives an
+    ``ml_dtypes`` scalar, which NumPy refuses as an array ("object __array__ method not
+    producing an array")."""
     if tensor.shape.rank == 0:
         return np.asarray(tensor.numpy())
     return np.asarray(tensor)

@@ -8,7 +8,6 @@ their messages ever matches another's, or the user's.
 
 from __future__ import annotations
 
-import logging
 import time
 import weakref
 from typing import Any
@@ -21,6 +20,7 @@ from collectives.runtime.transport import Failure
 
 from . import tuning, waiting
 from .channel import MPIChannel
+from .freeing import agree_to_free
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
 from .messages import MessageChannel
 from .native_collectives import MPINatives
@@ -29,8 +29,6 @@ from .shm import SharedWindow
 from .tags import control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
-FREEING = logging.getLogger("collectives.failures")
-DEFAULT_TIMEOUT = 300.0  # a free()'s wait for its peers where no engine says (init's default)
 _KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
@@ -103,6 +101,8 @@ class MPITransport:
             self.native.spin = 0.0
         self._served = 0.0
         self._troubled = False  # a failure may have left messages in flight
+        self.left = False  # this rank told its peers it left (it frees nothing: freeing.py)
+        self.gone: set[int] = set()  # the peers that told this rank they left
 
     def __repr__(self) -> str:
         return f"<MPITransport rank {self.rank} of {self.size}, {len(self.nodes)} node(s)>"
@@ -133,12 +133,15 @@ class MPITransport:
 
     def notify_failure(self, failure: Failure) -> None:
         self._troubled = True
+        self.left = self.left or failure.kind == "exited"
         self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
         failure = self.notices.poll()
         if failure is not None:
             self._troubled = True
+            if failure.kind == "exited":
+                self.gone.add(failure.rank)
         return failure
 
     def agreement_waiting(self, seq: int) -> bool:
@@ -170,40 +173,6 @@ class MPITransport:
         finally:
             comm.Free()
 
-    def _every_rank_frees(self) -> bool:
-        """Whether every rank frees this communicator too, where its free waits for them (a
-        shared window's does; the rest of a free does not): a barrier, given up where a peer
-        failed or left instead (its notice: a rank whose error took it out of a ``with``
-        block keeps what it holds and frees nothing) or after the communicator's timeout.
-        Without it a rank waited in the window's free, spinning, for a peer that never came.
-        A rank that gives up tells its peers, so that one freeing later keeps its objects
-        too rather than wait in the window's free for it."""
-        shm = self.native.shm
-        if shm is None or shm.win is None:
-            return True
-        engine = self.engine() if self.engine is not None else None
-        timeout = engine.timeout if engine is not None else DEFAULT_TIMEOUT
-        request = self.notices.comm.Ibarrier()
-        start = time.monotonic()
-        while True:
-            # every notice first (a peer that gave up here long ago said so: the barrier,
-            # which it joined, may complete at once); its sender keeps its objects
-            while (failure := self.notices.poll()) is not None:
-                if failure.kind not in ("rejected", "disputed"):
-                    return False
-            if request.Test():
-                return True
-            waited = time.monotonic() - start
-            if waited > timeout:
-                FREEING.warning("rank %d: free() waited %.0f s for peers that neither freed "
-                                "this communicator nor failed; its memory is kept", self.rank,
-                                waited)
-                self.notify_failure(exit_notice(self, self.native.latest_seq(), (
-                    f"it stopped waiting, after {waited:.0f} s, for its peers to free the "
-                    "communicator")))
-                return False
-            waiting.idle(waited)
-
     def abort(self, code: int = 1) -> None:
         """End the whole job now (``MPI_Abort``): after a failure, ``MPI_Finalize`` at exit
         may wait forever for a dead or hung peer."""
@@ -217,10 +186,12 @@ class MPITransport:
         a new communicator that reused a freed one's context."""
         if not self._comms:
             return
-        troubled = self._troubled or self.native.abandoned or any(
-            c.withdrew for c in (self.data, self.control, self.p2p))
-        if not troubled and self.size > 1:
-            troubled = not self._every_rank_frees()
+        troubled = bool(self._troubled or self.native.abandoned or any(
+            c.withdrew for c in (self.data, self.control, self.p2p)))
+        shm = self.native.shm
+        if shm is not None and shm.win is not None and self.size > 1:
+            # (its free waits for every rank: they decide together, unless this one left)
+            troubled = self.left or not agree_to_free(self, troubled)
         if troubled:
             _KEPT.append((self._node, *self._comms, self.native, self.notices))
         else:

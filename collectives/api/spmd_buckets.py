@@ -186,4 +186,6 @@ class Buckets(Generic[ArrayT]):
         try:
             refuse_each(self.comm, "buckets", error, remaining, len(self.order))
         finally:
+            for handle in self.pending:  # (the buckets already out: the refusal covers them)
+                handle.reported_elsewhere()
             self._reset()

@@ -95,7 +95,7 @@ class InFlight:
         ``with`` block: freeing is collective, and its peers may wait in a call it will not
         make): its peers hear that it left, with the messages it sent (``departures``), and
         its calls in flight fail."""
-        if (self.broken is None or self.only_exits) and self.size > 1:
+        if self.size > 1:  # (whatever broke it: a peer freeing it must hear this one left)
             self.transport.notify_failure(exit_notice(
                 self.transport, self.finished_through(), f"{type(error).__name__}: {error}"))
         with self.state:  # (its sends stay posted: the notice counts them, a peer takes them)

@@ -8,7 +8,8 @@ transport, which also answers peers' questions. The oldest call in flight, when 
 it, times out here once it has been the oldest for its timeout, as a waited one would in
 ``Engine.wait`` (a handle's callbacks, see ``Work.add_done_callback``, then hear of it): a
 long queue of calls moving along is not a stuck one. Once nothing is in flight for
-``THREAD_LINGER`` seconds it ends; a loop of ``start()``/``wait()`` reuses it meanwhile.
+``THREAD_LINGER`` seconds (or the communicator is freed) it ends; a loop of
+``start()``/``wait()`` reuses it meanwhile.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _drive(engine: Any) -> None:
     transport = engine.transport
     while True:
         engine.heartbeat()  # (a round that never ends: the hang guard looks)
-        with engine.state:
-            if not engine.inflight:
+        with engine.state:  # (freed: only the sends a rank left posted remain, which their
+            if not engine.inflight or engine.freed:  # receivers take: nothing to drive)
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since > THREAD_LINGER:
                     engine.driven_by(None)
