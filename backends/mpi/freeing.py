@@ -13,9 +13,10 @@ the ranks agree (``agree_to_free``):
 * a rank that left instead (an error took it out of a ``with`` block: ``InFlight.abandon``)
   joins no agreement and said so in its exit notice: its peers, hearing it (or having heard
   it on any thread: ``MPITransport.gone``), keep too;
-* a rank that neither frees nor leaves within the communicator's timeout is given up on:
-  this rank keeps, warns, and tells its peers that it left, so that one freeing later keeps
-  too rather than wait in the window's free for it.
+* nothing is given up on a timeout: a rank that neither frees nor leaves is waited for (as
+  ``Win_free`` waits), until it frees too, or leaves, or its program ends (its exit notice).
+  A rank that gave up and kept while a slower peer's vote completed the agreement would
+  leave that peer in ``Win_free`` for good: the one way the ranks could split.
 """
 
 from __future__ import annotations
@@ -27,37 +28,45 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from collectives.runtime.departures import exit_notice
-
 from . import waiting
 
 FREEING = logging.getLogger("collectives.failures")
-DEFAULT_TIMEOUT = 300.0  # the wait for peers where no engine says (init's default timeout)
+DEFAULT_TIMEOUT = 300.0  # when a free's wait for its peers is worth a warning (init's default)
+_POSTED: list = []  # agreements given up on: MPI may still write their buffers
 
 
 def agree_to_free(transport: Any, would_keep: bool) -> bool:
     """Whether every rank of ``transport`` frees it (the decision is every rank's): False
-    where one would keep, left, or did not come within the timeout."""
-    engine = transport.engine() if transport.engine is not None else None
-    timeout = engine.timeout if engine is not None else DEFAULT_TIMEOUT
+    where one would keep, or one left."""
+    _hear(transport)
+    if transport.gone:  # (a rank that left joins no agreement: nothing to post)
+        return False
     mine = np.array([1 if would_keep else 0], np.int64)
     keeps = np.zeros(1, np.int64)
     request = transport.notices.comm.Iallreduce(mine, keeps, op=MPI.MAX)
     start = time.monotonic()
-    while True:
-        while transport.poll_failure() is not None:  # (a peer's exit lands in ``gone``)
-            pass
-        if transport.gone:  # (a rank that left joins no agreement)
+    warned = False
+    while not request.Test():
+        _hear(transport)
+        if transport.gone:  # (MPI may still write ``keeps``: it stays referenced, kept)
+            _POSTED.append((request, mine, keeps))
             return False
-        if request.Test():
-            return int(keeps[0]) == 0
         waited = time.monotonic() - start
-        if waited > timeout:
-            FREEING.warning("rank %d: free() waited %.0f s for peers that neither freed this "
-                            "communicator nor left it; its memory is kept", transport.rank,
+        if not warned and waited > _timeout(transport):
+            warned = True
+            FREEING.warning("rank %d: free() has waited %.0f s for peers that neither free this "
+                            "communicator nor leave it (freeing is collective)", transport.rank,
                             waited)
-            transport.notify_failure(exit_notice(transport, transport.native.latest_seq(), (
-                f"it stopped waiting, after {waited:.0f} s, for its peers to free the "
-                "communicator")))
-            return False
         waiting.idle(waited)
+    return int(keeps[0]) == 0
+
+
+def _hear(transport: Any) -> None:
+    """Read every notice that came (a peer's exit lands in ``transport.gone``)."""
+    while transport.poll_failure() is not None:
+        pass
+
+
+def _timeout(transport: Any) -> float:
+    engine = transport.engine() if transport.engine is not None else None
+    return engine.timeout if engine is not None else DEFAULT_TIMEOUT

@@ -70,15 +70,16 @@ class Notices:
 
     def _take(self, tag: int) -> tuple[int, Any] | None:
         """One pending message with ``tag``: ``(source, object)``."""
-        comm = self.comm
-        if comm is None:  # freed: a progress thread may still poll once
-            return None
-        status = MPI.Status()
-        message = comm.Improbe(MPI.ANY_SOURCE, tag, status)  # matched: no other thread gets it
-        if message is None:
-            return None
-        blob = bytearray(status.Get_count(MPI.BYTE))
-        message.Recv([blob, MPI.BYTE])
+        with self._lock:  # (``free`` may forget the communicator meanwhile: not under MPI)
+            comm = self.comm
+            if comm is None:  # freed: a progress thread may still poll once
+                return None
+            status = MPI.Status()
+            message = comm.Improbe(MPI.ANY_SOURCE, tag, status)  # matched: no other thread
+            if message is None:                                  # gets it
+                return None
+            blob = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([blob, MPI.BYTE])
         return status.Get_source(), pickle.loads(blob)
 
     def notify(self, failure: Failure) -> None:
