@@ -71,6 +71,13 @@ class Buckets(Generic[ArrayT]):
         self.pending: list = []  # the started buckets' handles, in order
         self.took: set = set()  # the kept buckets this step packs into
 
+    def _abandon_step(self) -> None:
+        """End a step that raised: the buckets already out are claimed by the error raised
+        (theirs must not surface again at a later call), and the next step starts afresh."""
+        for handle in self.pending:
+            handle.reported_elsewhere()
+        self._reset()
+
     @property
     def started(self) -> int:
         """How many buckets are in flight (or done) this step."""
@@ -92,9 +99,7 @@ class Buckets(Generic[ArrayT]):
         try:
             self._start_complete()
         except BaseException:
-            for handle in self.pending:  # (the error raised here covers the step: theirs
-                handle.reported_elsewhere()  # must not surface again at a later call)
-            self._reset()
+            self._abandon_step()
             raise
 
     def _checked(self, k: int, x: ArrayT) -> Any:
@@ -186,6 +191,4 @@ class Buckets(Generic[ArrayT]):
         try:
             refuse_each(self.comm, "buckets", error, remaining, len(self.order))
         finally:
-            for handle in self.pending:  # (the buckets already out: the refusal covers them)
-                handle.reported_elsewhere()
-            self._reset()
+            self._abandon_step()

@@ -42,8 +42,9 @@ class InFlight:
 
     def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
         """The error refusing ``count`` more asynchronous calls at the limit: ``MAX_IN_FLIGHT``
-        collective handles not yet waited on (counted in program order: every rank refuses
-        the same call, before anything is issued), or, for a message, operations running."""
+        collective handles not yet waited on on this rank (a collective carries the refusal
+        into its agreement, so that its peers hear of it), or, for a message, operations
+        running (refused on this rank alone: a message is between two ranks)."""
         if (self.outstanding if collective else len(self.inflight)) + count <= MAX_IN_FLIGHT:
             return None
         what = "collective handles would be unwaited" if collective else "calls would be in flight"

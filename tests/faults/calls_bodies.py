@@ -110,23 +110,20 @@ def p2p_send_withdrawn(ctx: Ctx) -> Call:
     return Call(body, expect=expecting_value(want), same=False)
 
 
-def p2p_send_to_raising_rank(ctx: Ctx) -> Call:
-    """Rank 1's own code raises while rank 0 sends to it: rank 0 hears within a second."""
-    if ctx.rank == 1:
-        return Call(boom, expect=raises("RuntimeError"))
-    if ctx.rank == 0:
-        return Call(lambda comm: comm.send(np.ones(4), 1), expect=peer_failed(1, "RuntimeError"))
-    return Call(lambda comm: None, expect=ok(None))
+def _message_to_a_raising_rank(message):
+    """Rank 1's own code raises while rank 0 posts ``message(comm)`` to or from it (before
+    rank 1 sent anything): rank 0 hears within a second, not at its message's timeout."""
+    def step(ctx: Ctx) -> Call:
+        if ctx.rank == 1:
+            return Call(boom, expect=raises("RuntimeError"))
+        if ctx.rank == 0:
+            return Call(message, expect=peer_failed(1, "RuntimeError"))
+        return Call(lambda comm: None, expect=ok(None))
+    return step
 
 
-def p2p_recv_from_raising_rank(ctx: Ctx) -> Call:
-    """Rank 1's own code raises before it sends: rank 0, receiving from it, hears within a
-    second (not at its receive's timeout)."""
-    if ctx.rank == 1:
-        return Call(boom, expect=raises("RuntimeError"))
-    if ctx.rank == 0:
-        return Call(lambda comm: comm.recv(np.zeros(4), 1), expect=peer_failed(1, "RuntimeError"))
-    return Call(lambda comm: None, expect=ok(None))
+p2p_send_to_raising_rank = _message_to_a_raising_rank(lambda comm: comm.send(np.ones(4), 1))
+p2p_recv_from_raising_rank = _message_to_a_raising_rank(lambda comm: comm.recv(np.zeros(4), 1))
 
 
 def p2p_messages_of_a_rank_that_left(ctx: Ctx) -> Call:
