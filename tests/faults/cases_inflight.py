@@ -185,8 +185,10 @@ def one_rank_over_the_limit(kind: str):
 
 
 for kind in ("plain", "batch", "buckets"):
+    # (two ranks hold the whole case, one over the limit and one with room: each item issues
+    # 1024 calls, and a third rank added seconds to a suite near its time limit)
     add(f"one-rank-over-the-in-flight-limit-{kind}", one_rank_over_the_limit(kind), where=BOTH,
-        sizes=(2, 3), timeout=20.0, limit=40.0)
+        sizes=(2,), timeout=20.0, limit=40.0)
 
 
 T_STOP = 1.0
