@@ -162,9 +162,12 @@ def viewed_in_place(given: Any, argument: str) -> Any:
         return given
     try:
         return way.as_numpy(given)
-    except (BufferError, RuntimeError) as exc:  # (a tensor that requires grad)
-        raise TypeError(f"{argument} cannot be viewed in place ({exc}); pass "
-                        f"{argument}.detach()") from exc
+    except (BufferError, RuntimeError) as exc:  # (a tensor that requires grad, or with a
+        text = str(exc)                         # lazy conjugate or negation)
+        fix = ("resolve_conj()" if "conjugate" in text else "resolve_neg()" if "negative" in text
+               else "detach()")
+        raise TypeError(f"{argument} cannot be viewed in place ({text}); pass "
+                        f"{argument}.{fix}") from exc
 
 
 def array_kind(x: Any) -> Any:

@@ -50,6 +50,8 @@ def test_op_spellings(spelling, op):
     (lambda: collectives.broadcast(np.ones(3), 0), ValueError, "names no device"),
     (lambda: collectives.broadcast(np.ones(3), 3, "rechd"), ValueError, "has no broadcast"),
     (lambda: collectives.all_gather(four(), axis=1), ValueError, "axis=1 is out of range"),
+    (lambda: collectives.all_gather(four(), axis=0.0), TypeError, "axis=0.0 must be an int"),
+    (lambda: collectives.all_gather(four(), axis=None), TypeError, "axis=None must be an int"),
     (lambda: collectives.reduce_scatter([np.float32(1)] * 2), ValueError, "scalars"),
     (lambda: collectives.all_reduce(four(), out=[np.empty(5, np.float32)] * 3), ValueError,
      "3 arrays for 4 devices"),

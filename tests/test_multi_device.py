@@ -165,6 +165,18 @@ def test_broadcast(algorithm, n):
         np.testing.assert_array_equal(value, before)
 
 
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "tree", "shuffle", "auto"])
+def test_broadcast_into_outs_that_share_the_values_memory(algorithm):
+    # (the work buffers were one for the value instead of one per device: an IndexError)
+    value = np.arange(7.0)
+    results = collectives.broadcast(value, 3, algorithm, out=[np.zeros(7), value, np.zeros(7)])
+    assert results[1] is value and all(np.array_equal(r, np.arange(7.0)) for r in results)
+    buffer = np.arange(8.0)
+    first = buffer[1:]  # (overlaps the value, one element along)
+    results = collectives.broadcast(buffer[:7], 2, algorithm, out=[first, np.zeros(7)])
+    assert results[0] is first and all(np.array_equal(r, np.arange(7.0)) for r in results)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("algorithm", ["one_device", "ring", "rechd", "tree", "shuffle", "auto"])
 @pytest.mark.parametrize("axis", [0, 1, -1])

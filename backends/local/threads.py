@@ -160,8 +160,9 @@ class ThreadChannel:
 
 
     def cancel(self, requests: list) -> None:
-        for request in requests:  # matched but unread: let the senders go
-            if getattr(request, "message", None) is not None and not request.message.done:
+        for request in requests:  # receives matched but unread: let their senders go
+            if isinstance(request, _Recv) and request.message is not None and (
+                    not request.message.done):
                 self.release(request)
 
 
@@ -189,7 +190,8 @@ class ThreadTransport:
         self._seen_events = 0
         self._seen_notices = 0
         self._children = itertools.count()
-        self._kids: list[weakref.ref] = []  # this rank's transports in child worlds
+        self._kids: list[weakref.ref] = []  # this rank's transports in descendant worlds
+        self.root = self  # the transport that lists them: the one in the run's world
         self.freed = False
 
     def idle(self, waited: float) -> None:
@@ -263,10 +265,12 @@ class ThreadTransport:
             return entry[0]
 
     def _kid(self, kid: ThreadTransport) -> ThreadTransport:
-        """Remember a child transport of this rank (weakly): if this rank's own code raises,
-        its peers in child worlds must hear it too."""
-        self._kids = [ref for ref in self._kids if (k := ref()) is not None and not k.freed]
-        self._kids.append(weakref.ref(kid))
+        """Remember a descendant transport of this rank (weakly, in the run's world's
+        transport: a child dropped between would otherwise hide its own children): if this
+        rank's own code raises, its peers in every descendant world must hear it too."""
+        root = kid.root = self.root
+        root._kids = [ref for ref in root._kids if (k := ref()) is not None and not k.freed]
+        root._kids.append(weakref.ref(kid))
         return kid
 
     def tell_exit(self, seq: int, message: str) -> None:

@@ -112,23 +112,28 @@ class CallRunner:
         raise error  # (start raised it already; this line is for the type checker)
 
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
-              shards: int = 0, groups: Any = None, axis: int | None = None) -> Call:
-        """The validated call of these arguments, from the cache when they were seen before."""
+              shards: int = 0, groups: Any = None, axis: int | None = None,
+              compression: str | None = None) -> Call:
+        """The validated call of these arguments, from the cache when they were seen before
+        (``compression``: what a compressed call's wire call carries, ``Call.compression``)."""
         batch = self.batch
         try:
-            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis, batch)
+            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis, batch,
+                   compression)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None
         if call is None:
-            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis)
+            call = self._validate(collective, x, op, algorithm, root, shards, groups, axis,
+                                  compression)
             if key is not None:
                 if len(self.cache) > 4096:
                     self.cache.clear()
                 self.cache[key] = call
         return call
 
-    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis) -> Call:
+    def _validate(self, collective, x, op, algorithm, root, shards, groups, axis,
+                  compression) -> Call:
         dtype = np.dtype(x.dtype)
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
@@ -146,7 +151,8 @@ class CallRunner:
         if "/" in name or groups is not None:
             layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
                       else self.comm.transport.layout)
-        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch)
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch,
+                    compression)
         call.run_as = self.comm.choose_algorithm(call)
         CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)
         return call

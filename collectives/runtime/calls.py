@@ -81,6 +81,9 @@ class Call:
     layout: Layout | None
     axis: int | None = None
     batch: BatchTag | None = None  # the batch whose bucket this is (CallRunner.part_of)
+    # a compressed all-reduce's input and op ("fp16 of float32, mean"): its wire call alone
+    # (a float16 SUM) would pair silently with a plain float16 call of another rank
+    compression: str | None = None
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -98,7 +101,7 @@ class Call:
         self.signature = (self.collective.value, self.shape, str(self.dtype),
                           self.op.value if self.op else None, self.root, self.algorithm,
                           self.shards, None if self.layout is None else self.layout.groups,
-                          self.axis, self.batch)
+                          self.axis, self.batch, self.compression)
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << CHECK_BITS) - 1)
 
     def describe(self) -> str:
@@ -122,10 +125,10 @@ class Call:
 
 
 FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis",
-          "batch")
+          "batch", "compression")
 # the order a mismatch is named in: the lists first, then the collective and the root (whose
 # disagreement may make the shapes differ too), then the rest
-NAMED_FIRST = ("batch", "collective", "root")
+NAMED_FIRST = ("batch", "compression", "collective", "root")
 CHECK_ORDER = [FIELDS.index(name) for name in NAMED_FIRST] + [
     i for i, name in enumerate(FIELDS) if name not in NAMED_FIRST]
 
@@ -136,6 +139,14 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
     a bucket's shape or dtype, but the lists say what the caller passed; then the collective
     and the root, whose disagreement may make the shapes differ too. A broadcast's
     non-roots may not know the shape and dtype (None): only known ones count."""
+    forms = [len(s) for s in signatures if s is not None]
+    if collective == "broadcast" and len(set(forms)) > 1:  # its opening (the root tells the
+        # shape and dtype: ``from_root.Opening``) and a prepared one's Call
+        prepared = [r for r, s in enumerate(signatures) if s is not None and len(s) == len(FIELDS)]
+        plain = [r for r, s in enumerate(signatures) if s is not None and len(s) != len(FIELDS)]
+        return (f"ranks called {collective} in two forms: prepared ({collective}_init) on "
+                f"rank(s) {', '.join(map(str, prepared))}, plain on rank(s) "
+                f"{', '.join(map(str, plain))}; every rank must call it in the same form")
     for i in CHECK_ORDER:
         name = FIELDS[i]
         seen = [s[i] if s is not None and i < len(s) else None for s in signatures]

@@ -64,6 +64,7 @@ class Engine(CallOrder, InFlight, Failures):
         self.only_exits = False
         self.messages = Ledger()  # (departures.py: the messages posted, by peer and tag)
         self.freed = False  # Communicator.free() was called: no call may run
+        self.last_entered = time.monotonic()  # (failures.back_after_quiet)
         self.busy = threading.Lock()  # held by the thread inside a call
         self.state = threading.RLock()  # held while operations advance
         self.progress_thread: threading.Thread | None = None  # (progress_thread.py)
@@ -88,12 +89,13 @@ class Engine(CallOrder, InFlight, Failures):
                 "time, in the same order on every rank (give each thread its own: comm.dup())")
         self.entered += 1
         self.claim_timeout = timeout
-        if self.broken is not None or self.unreported:
-            try:
+        try:
+            self.back_after_quiet(what)
+            if self.broken is not None or self.unreported:
                 self._raise_pending(what)
-            except BaseException:
-                self.busy.release()
-                raise
+        except BaseException:
+            self.busy.release()
+            raise
 
     def leave(self) -> None:
         self.busy.release()
@@ -278,9 +280,23 @@ class Engine(CallOrder, InFlight, Failures):
             return
         mine = "moving" if op.skipped_agreement else "agreeing"
         for rank, entry in self.transport.peer_activity(DISPUTE_ANSWER).items():
+            if rank not in waited:
+                continue
             phase = entry[2] if len(entry) > 2 else None
-            if rank in waited and entry[0] == op.seq and phase in ("agreeing", "moving") and (
-                    phase != mine):
+            disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
+            # A peer that this call's agreement still waits for, but that has issued a later
+            # call (it shows only its latest), took this one as agreed: asynchronous calls
+            # issued together hide the dispute from the check above. (A peer whose part of the
+            # agreement is merely late ignores the notice.)
+            passed = (not op.skipped_agreement and op.phase == "agreeing"
+                      and isinstance(entry[0], int) and entry[0] > op.seq)
+            # Both took the call as agreed, each a signature of its own (agreed in earlier
+            # calls), and no data carries a check between them (a shared window's path beside
+            # messages): their checks tell.
+            check = entry[4] if len(entry) > 4 else None
+            unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
+                      and isinstance(check, int) and check != op.check)
+            if disputed or passed or unlike:
                 if op.skipped_agreement:
                     self.join_late(op)
                 else:  # tell the ranks that skipped it: they join this agreement

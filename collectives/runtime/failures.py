@@ -15,6 +15,7 @@ point-to-point messages go on, and those to or from it end as ``departures`` say
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..errors import (
@@ -30,6 +31,8 @@ from .transport import Failure, Transport
 from .work import Operation
 
 FAILURES = logging.getLogger("collectives.failures")
+QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
+QUIET_POLLS, EMPTY_POLLS = 1024, 16  # at most so many polls then, ended by so many empty ones
 MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
 
 
@@ -47,6 +50,38 @@ class Failures:
     only_exits: bool  # every cause of ``broken`` is a peer that left
     messages: Ledger
     freed: bool
+    last_entered: float  # when this rank's last call began (``back_after_quiet``)
+    seq: int
+
+    def back_after_quiet(self, what: str) -> None:
+        """A call that comes ``QUIET`` s or more after this rank's last one first reads the
+        notices its peers sent meanwhile (no progress thread reads them while nothing is in
+        flight). A peer that timed out waiting for this rank, or failed, in the call it now
+        makes may have sent that call's data before it gave up (MPI delivers small messages
+        before they are received): taken as if nothing had happened, this rank would return
+        a result where its peer raised. Raises that call's error (the notice's kind: a
+        ``PeerTimeoutError`` after a peer's timeout); the call after it finds the
+        communicator broken."""
+        now = time.monotonic()
+        quiet, self.last_entered = now - self.last_entered >= QUIET, now
+        if not quiet or self.broken is not None or self.size == 1 or what in MESSAGES:
+            return
+        empty = 0
+        for _ in range(QUIET_POLLS):  # (MPICH moves about one message a poll: a peer's
+            failure = self.transport.poll_failure()  # questions while it waited come first)
+            if failure is None:
+                empty += 1
+                if empty == EMPTY_POLLS:
+                    return
+                continue
+            empty = 0
+            self.peer_failed(failure)
+            lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
+            if failure.kind not in ("rejected", "disputed") and self.seq + 1 >= lost:
+                raise failure.error(
+                    f"rank {self.rank}: {what} (call {self.seq + 1}) cannot run because rank "
+                    f"{failure.rank} {'failed after' if failure.kind == 'exited' else 'failed in'}"
+                    f" call {failure.seq}: {failure.message}")
 
     def join_late(self, op: Operation) -> None:
         """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell

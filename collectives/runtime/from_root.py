@@ -59,7 +59,7 @@ class Opening:
         # agrees on them: a non-root's x unlike the root's is a mismatch, not ignored
         digest = zlib.crc32(repr(known).encode()) if known is not None else None
         shape = known[0] if known is not None else None
-        dtype = known[1] if known is not None else None
+        dtype = str(from_token(known[1])) if known is not None else None  # (a Call's text)
         signature = (header.signature[0], shape, dtype, *header.signature[3:])
         self.agreement = Agreement(comm.calls.engine, seq, signature, header.check, error,
                                    known=digest, payload=blob) if comm.check else None

@@ -19,11 +19,13 @@ operation in flight like any other.
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any
 
 from ..ops import ReduceOp
 from ..timeline import record_calls, recorder
 from .calls import Call
+from .failures import QUIET
 from .transport import PENDING
 from .work import Operation
 
@@ -83,6 +85,16 @@ class FastAllReduce:
         self.agreed_at = engine.forgotten
         return True
 
+    def _recent(self) -> bool:
+        """Whether this rank's last call began less than ``QUIET`` s ago; after a quiet spell
+        the engine's way runs the call, which first reads the notices that came meanwhile
+        (``Failures.back_after_quiet``)."""
+        now = monotonic()
+        if now - self.engine.last_entered >= QUIET:
+            return False
+        self.engine.last_entered = now
+        return True
+
     def __call__(self, x: Any, out: Any, timeout: float | None = None) -> Any:
         """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
         engine's way must run it (nothing was started)."""
@@ -92,7 +104,8 @@ class FastAllReduce:
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
                     or engine.native_next != engine.native_issued
-                    or (engine.forgotten != self.agreed_at and not self._still_agreed())):
+                    or (engine.forgotten != self.agreed_at and not self._still_agreed())
+                    or not self._recent()):
                 return None
             t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
             # (the timeout: the hang guard's, should the spin never return)
@@ -130,7 +143,8 @@ class FastAllReduce:
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
                     or engine.native_next != engine.native_issued
-                    or (engine.forgotten != self.agreed_at and not self._still_agreed())):
+                    or (engine.forgotten != self.agreed_at and not self._still_agreed())
+                    or not self._recent()):
                 return None
             seq = engine.hot_call(None)
             got = self.bound.rerun(seq)

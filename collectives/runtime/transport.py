@@ -36,20 +36,23 @@ PENDING = "pending"  # what ``PersistentNative.quick`` returns for a call still 
 FAST_BYTES = 64 << 10
 
 
-def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...]]:
+def describe_activity(activity: Any) -> tuple[int | None, str, Any, tuple[int, ...], int | None]:
     """A peer's answer to ``Transport.peer_activity`` from what it published:
-    ``(seq, text, phase, waiting_for)``. ``activity`` is ``(seq, call, phase)``, or with a
-    fourth item, the ranks a slow wait is waiting for (published by the engine now and then,
-    so a rank that times out can follow the chain of waits to the rank that holds it up)."""
+    ``(seq, text, phase, waiting_for, check)``. ``activity`` is ``(seq, call, phase)``, or
+    with a fourth item, the ranks a slow wait is waiting for (published by the engine now and
+    then, so a rank that times out can follow the chain of waits to the rank that holds it
+    up). ``check``: the call's check value (None where the subject has none): ranks moving
+    the data of one call under different checks disagree about it (``Engine``'s disputes)."""
     if activity is None:
-        return None, "has made no call", None, ()
+        return None, "has made no call", None, (), None
     seq, subject, phase, *rest = activity
     text = subject if isinstance(subject, str) else subject.describe()
+    check = getattr(subject, "check", None)
     waiting = tuple(rest[0]) if rest else ()
     text = f"{'in' if phase else 'last finished'} call {seq}, {text}"
     if phase and waiting:
         text += f", waiting for rank(s) {', '.join(map(str, waiting))}"
-    return seq, text, phase, waiting if phase else ()
+    return seq, text, phase, waiting if phase else (), check if isinstance(check, int) else None
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,9 @@ def gather_axis(axis: int, shape: tuple[int, ...], argument: str = "arrays") -> 
     """All-gather's ``axis`` for ``argument`` of ``shape`` (a scalar gathers as one element),
     checked and made non-negative."""
     base = shape if shape else (1,)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis={axis!r} must be an int (the dimension to gather along)")
+    axis = int(axis)
     if not -len(base) <= axis < len(base):
         raise ValueError(f"axis={axis} is out of range for {argument} of {len(shape)} "
                          "dimensions")

@@ -90,6 +90,8 @@ BAD = {  # name: (method, args, kwargs, error, message)
     "out-numpy-scalar-broadcast": ("broadcast", (np.float64(1.0),), {"out": np.float64(0.0)},
                                    "TypeError", "scalar, which cannot be filled in place"),
     "axis-out-of-range": ("all_gather", (X,), {"axis": 5}, "ValueError", "axis=5"),
+    # (a float axis raised Python's own TypeError from inside, naming no argument)
+    "axis-not-an-int": ("all_gather", (X,), {"axis": 0.0}, "TypeError", "axis=0.0 must be an int"),
     "reduce-scatter-scalar": ("reduce_scatter", (np.float64(1),), {}, "ValueError", "scalar"),
     "batch-spec-malformed": ("batch_all_reduce", ([X],), {"algorithm": "pscpu:2k"}, "ValueError",
                              "spec"),

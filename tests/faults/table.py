@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from faults import (
+    cases_agreed,
     cases_calls,
     cases_comms,
     cases_inflight,
@@ -15,7 +16,8 @@ from faults import (
 from faults.kit import Case
 
 SPMD: list[Case] = (cases_ranks.CASES + cases_inputs.CASES + cases_calls.CASES + cases_comms.CASES
-                    + cases_inflight.CASES + cases_kinds.CASES + cases_lists.CASES)
+                    + cases_inflight.CASES + cases_kinds.CASES + cases_lists.CASES
+                    + cases_agreed.CASES)
 MULTI: list[Case] = cases_multi.CASES + cases_calls.MULTI
 
 # (transport, ranks or devices): thread ranks, MPI ranks (COLLECTIVES_RANKS_PER_NODE=2 for

@@ -16,7 +16,8 @@ reduction, or every rank raises.
   some not, or arrays of different ``shared_empty`` calls: ``CollectiveMismatchError``;
 * ``auto`` on shared arrays runs the shared-memory all-reduce from its threshold up (and not
   below it, nor out of place into a new result); a rank whose arrays are not shared makes
-  every rank raise ``CollectiveMismatchError`` naming the algorithm each ran.
+  every rank raise ``CollectiveMismatchError`` naming the algorithm each ran, also where both
+  signatures were agreed before (each rank moves data at once, on paths that never meet).
 """
 
 from __future__ import annotations
@@ -188,6 +189,19 @@ def auto_shared(comm) -> None:
                     "auto, shared and private arrays")
 
 
+def agreed_shared_and_private() -> None:
+    """Shared arrays on some ranks, private ones on another, where each rank agreed both
+    signatures before (at the default limits: 1 MiB runs on paths that never exchange a
+    message): each moves data at once, and their published checks tell (in a slow wait)."""
+    comm = mpi.init(timeout=20)
+    big, private = comm.shared_empty(1 << 18, np.float32), np.zeros(1 << 18, np.float32)
+    comm.all_reduce(big, out=big)
+    comm.all_reduce(private, out=private)
+    x = big if rank != n - 1 else private
+    raises_mismatch(lambda: comm.all_reduce(x, out=x), "",  # (a rank whose data came from
+                    "auto, shared and private arrays, both agreed before")  # a peer: its check)
+
+
 def shared_mismatch(make) -> None:
     comm = mpi.init(timeout=20)
     x = make(comm)
@@ -207,6 +221,7 @@ def other_blocks(comm):
 
 def main() -> None:
     saved = tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES
+    shared_from = tuning.SHM_SHARED_FROM_BYTES
     tuning.SHM_SHARED_FROM_BYTES = 4000
     tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES = 4000, 40  # 1000 float32 a round, 10 a block
     direct_ran = False
@@ -241,6 +256,9 @@ def main() -> None:
         meet()
     finally:
         tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES = saved
+        tuning.SHM_SHARED_FROM_BYTES = shared_from
+    agreed_shared_and_private()
+    meet()
     report.finish(f"direct={'read' if direct_ran else 'unavailable here'}")
 
 

@@ -71,10 +71,11 @@ def outputs(arrays, out, values, shape, dtype, argument="out") -> list:
 
 
 def work_buffers(arrays, results, values, shape, dtype, given: bool = True):
-    """Work buffers: the results themselves where that is safe and the dtype fits. Results the
-    library allocated (``given`` False) share memory with nothing: no check needed."""
+    """Work buffers, one per result: the results themselves where that is safe and the dtype
+    fits, else new ones on the results' devices. Results the library allocated (``given``
+    False) share memory with nothing: no check needed."""
     if results[0].dtype != dtype or (given and unsafe_outputs(arrays, values, results)):
-        return [arrays.result(shape, dtype, like=v) for v in values]
+        return [arrays.result(shape, dtype, like=r) for r in results]
     return results
 
 

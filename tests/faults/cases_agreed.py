@@ -1,0 +1,153 @@
+"""Calls whose signatures the ranks agreed before, where one rank now differs or comes late.
+
+Once a signature is agreed, a call of it skips the agreement and moves its data at once. The
+ranks must still find out when they disagree, or when a peer gave up on the call:
+
+* one rank's asynchronous or prepared calls take a new signature while its peers repeat the
+  agreed ones (the peers' activity shows only their latest call, so the rank that agrees must
+  see them past the call it waits in): a mismatch on every rank within a second, not the
+  communicator's timeout;
+* two ranks each use a signature agreed before, but not the same one, and no message between
+  them carries a check (MPI's shared-window path beside its messages: ``test_mpi``): their
+  published checks differ, a mismatch within a second;
+* a rank that comes after its peers timed out in an agreed call (MPI may have delivered their
+  data already): an error, never a result its peers did not get;
+* an all-to-all that times out after its signature was agreed: the timeout (thread ranks
+  withdrew its sends as if they were receives, and raised ``AttributeError``);
+* a thread rank's own code raising: its peers on a grandchild communicator hear of it, also
+  where the communicator between was dropped.
+
+And two signatures that only looked alike: a plain broadcast beside a prepared one (the
+message says so), a compressed all-reduce beside a plain one of the wire's dtype (a mismatch,
+where it paired and returned results of two dtypes).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from faults.kit import Call, Case, Ctx, ok, raises
+from faults.steps import last, timed_out
+
+CASES: list[Case] = []
+T = 0.5  # the timeout where a rank stays away
+MISMATCH = raises("CollectiveMismatchError", within=1.5) | raises(
+    "PeerFailedError", "CommunicatorBrokenError", match="CollectiveMismatchError", within=1.5)
+
+
+def _signatures(ctx: Ctx, odd: bool) -> list[np.ndarray]:
+    dtype = np.float64 if odd else np.float32
+    return [np.full(6, ctx.rank + 1.0, dtype), np.full(5, ctx.rank + 1.0, dtype)]
+
+
+def _async_pair(xs):
+    def body(comm):
+        return [h.wait() for h in [comm.all_reduce(x, async_op=True) for x in xs]]
+    return body
+
+
+def _prepared_pair(xs):
+    def body(comm):
+        calls = [comm.all_reduce_init(x, out=np.empty_like(x)) for x in xs]
+        for call in calls:
+            call.start()
+        return [call.wait() for call in calls]
+    return body
+
+
+def _pair_agreed(make):
+    def step(ctx: Ctx) -> Call:
+        total = sum(range(1, ctx.size + 1))
+        want = [np.full(6, total, np.float32), np.full(5, total, np.float32)]
+        return Call(make(_signatures(ctx, False)), expect=ok(want))
+    return step
+
+
+def _pair_first_rank_odd(make):
+    def step(ctx: Ctx) -> Call:
+        return Call(make(_signatures(ctx, ctx.rank == 0)), expect=MISMATCH, same=False)
+    return step
+
+
+for kind, make in (("async", _async_pair), ("prepared", _prepared_pair)):
+    CASES.append(Case(f"agreed-{kind}-pair-new-signature-on-rank-0",
+                      (_pair_agreed(make), _pair_first_rank_odd(make)), sizes=(3,)))
+
+
+def _late_after_agreed_timeout(ctx: Ctx) -> Call:
+    x = np.full(4, float(ctx.rank + 1))
+    if ctx.rank != ctx.size - 1:
+        return Call("all_reduce", (x,), {"timeout": T},
+                    expect=timed_out("all_reduce", T, naming=str(ctx.size - 1)), same=False)
+    return Call("all_reduce", (x,), delay=T + 1.0, same=False,
+                expect=raises("CollectiveTimeoutError", "PeerFailedError", within=1.0))
+
+
+def _agreed_all_reduce(ctx: Ctx) -> Call:
+    return Call("all_reduce", (np.full(4, float(ctx.rank + 1)),),
+                expect=ok(np.full(4, float(sum(range(1, ctx.size + 1))))))
+
+
+CASES.append(Case("late-rank-after-timeout-agreed", (_agreed_all_reduce, _late_after_agreed_timeout),
+                  sizes=(2,)))
+
+
+def _all_to_all_late(ctx: Ctx) -> Call:
+    x = np.arange(ctx.size * 2, dtype=np.float64)
+    if ctx.rank in last(ctx):
+        return Call("all_to_all", (x,), delay=T + 0.5, same=False,
+                    expect=raises("CollectiveTimeoutError", "PeerFailedError", within=1.0))
+    return Call("all_to_all", (x,), {"timeout": T}, same=False,
+                expect=timed_out("all_to_all", T))
+
+
+CASES.append(Case("all-to-all-timeout-after-agreement", (
+    lambda ctx: Call("all_to_all", (np.arange(ctx.size * 2, dtype=np.float64),), same=False),
+    _all_to_all_late), sizes=(2,)))
+
+
+def _grandchild_of_a_dropped_child(ctx: Ctx) -> Call:
+    def body(comm):
+        child = comm.dup().dup()  # (the communicator between is dropped at once)
+        gc.collect()
+        child.all_reduce(np.ones(3))
+        if comm.rank == 1:
+            raise RuntimeError("rank 1's own code fails")
+        return child.all_reduce(np.ones(3))
+    if ctx.rank == 1:
+        return Call(body, expect=raises("RuntimeError"))
+    return Call(body, expect=raises("PeerFailedError", match="rank 1", within=1.5), same=False)
+
+
+CASES.append(Case("raising-rank-wakes-a-grandchild-communicator",
+                  (_grandchild_of_a_dropped_child,), where=("threads",)))
+
+
+def _plain_and_prepared_broadcast(ctx: Ctx) -> Call:
+    def body(comm):
+        x = np.full(4, float(comm.rank + 1))
+        if comm.rank == 0:
+            return comm.broadcast(x, root=0)
+        return comm.broadcast_init(x, root=0).start().wait()
+    return Call(body, expect=raises("CollectiveMismatchError", match="two forms", within=1.0),
+                caught=True)
+
+
+CASES.append(Case("broadcast-plain-beside-prepared", (_plain_and_prepared_broadcast,),
+                  sizes=(2,)))
+
+
+def _compressed_beside_wire_dtype(ctx: Ctx) -> Call:
+    def body(comm):
+        x = np.full(4, 0.25 * (comm.rank + 1), np.float32)
+        if comm.rank == 0:
+            return comm.all_reduce(x, compression="fp16")
+        return comm.all_reduce(x.astype(np.float16))
+    return Call(body, expect=raises("CollectiveMismatchError", match="compression",
+                                    within=1.0), caught=True)
+
+
+CASES.append(Case("compressed-beside-the-wire-dtype", (_compressed_beside_wire_dtype,),
+                  sizes=(2,)))
