@@ -167,10 +167,16 @@ class TorchArrays:
                 and held_by_one(views))
 
     @staticmethod
-    def _users(bucket: Any, views: tuple) -> tuple[int, int]:
+    def _users(bucket: Any, views: tuple) -> tuple[int, ...]:
+        """The tensors on the bucket's memory and the views' (PyTorch's use counts), and the
+        holders of each one's Python storage object: there is one such object per storage,
+        and it counts once among the uses however many hold it (``t.untyped_storage()``
+        kept by a user would otherwise go unseen)."""
         count = _torch()._C._storage_Use_Count
-        shared = views[0] if views else bucket
-        return (count(bucket.untyped_storage()._cdata), count(shared.untyped_storage()._cdata))
+        storage = bucket.untyped_storage()
+        shared = (views[0] if views else bucket).untyped_storage()
+        return (count(storage._cdata), count(shared._cdata), sys.getrefcount(storage),
+                sys.getrefcount(shared))
 
     @staticmethod
     def _stream(x: Any) -> Any:

@@ -31,7 +31,6 @@ CUDA buckets (the NCCL transport) are all-reduced by a blocking call, which that
 only enqueues on the caller's current stream; the future is a CUDA-aware one completed on it.
 """
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -41,12 +40,12 @@ import torch.distributed as dist
 from collectives.compression import requested, wire_dtype
 from collectives.ops import ReduceOp
 
+from .torch_group import UPCAST as _UPCAST
+from .torch_group import process_group
+
 __all__ = ["CommHookState", "allreduce_hook", "process_group", "register"]
 
 _COMPRESSIBLE = (torch.float32, torch.float64)  # what wire compression narrows
-# reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
-# sum may pass its range where the mean does not (DDP's own hook divides first)
-_UPCAST = (torch.bfloat16, torch.float16)
 
 
 class CommHookState:
@@ -206,94 +205,3 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
 
 
 # --- a process group over the communicator ---------------------------------------------------
-
-_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
-        dist.ReduceOp.MAX: ReduceOp.MAX, dist.ReduceOp.MIN: ReduceOp.MIN,
-        dist.ReduceOp.PRODUCT: ReduceOp.PROD}
-
-
-def _finished_work(value: Any) -> Any:
-    """A finished ``torch.distributed`` Work holding ``value``, through PyTorch's helper for
-    process groups written in Python (private; torch's own tests of such groups use it)."""
-    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
-    if make is None:
-        raise RuntimeError(f"torch {torch.__version__} has no _create_work_from_future: the "
-                           f"collectives process group needs it; use a gloo group instead")
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(value)
-    return make(future)
-
-
-def _host(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.ndarray:
-    """A NumPy view of a CPU tensor; ``moved``: its bits only (bfloat16 as int16, which is
-    right for copies such as broadcast, wrong for arithmetic)."""
-    if tensor.device.type != "cpu":
-        raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
-                        f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
-    if tensor.dtype in _UPCAST and moved:
-        tensor = tensor.view(torch.int16)
-    return np.from_dlpack(tensor)
-
-
-# (typed as Any: the C++ base's stubs overload its methods for callers, not for subclasses)
-_ProcessGroupBase: Any = dist.ProcessGroup
-
-
-class _CollectivesGroup(_ProcessGroupBase):
-    """The calls DDP makes on its process group outside the hook (construction: allgather and
-    broadcast; each forward: buffer broadcasts; ``find_unused_parameters``: an all-reduce),
-    run as blocking calls of the communicator. Guarded by a lock: DDP may call it from an
-    autograd thread while the user's thread does."""
-
-    def __init__(self, comm: Any):
-        super().__init__(comm.rank, comm.size)
-        self.comm, self.lock = comm, threading.Lock()
-
-    def getBackendName(self) -> str:  # noqa: N802 - torch's name
-        return "collectives"
-
-    def allreduce(self, tensors: list, opts: Any) -> Any:
-        op = _OPS.get(opts.reduceOp.op)
-        if op is None:
-            raise ValueError(f"reduce op {opts.reduceOp.op} has no collectives equivalent; use "
-                             f"one of {', '.join(str(o) for o in _OPS)}")
-        with self.lock:
-            for i, tensor in enumerate(tensors):
-                wide = tensor.float() if tensor.dtype in _UPCAST else tensor
-                result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), op)
-                # (integer MEAN gives float64, bfloat16 went as float32: cast back, as torch does)
-                tensor.copy_(torch.from_numpy(np.asarray(result)))
-        return _finished_work(tensors)
-
-    def broadcast(self, tensors: list, opts: Any) -> Any:
-        with self.lock:
-            for i, tensor in enumerate(tensors):
-                view = _host(tensor, f"broadcast tensor {i}", moved=True)
-                view[...] = self.comm.broadcast(view, root=opts.rootRank)
-        return _finished_work(tensors)
-
-    def allgather(self, outputs: list, inputs: list, opts: Any) -> Any:
-        with self.lock:
-            for i, (into, tensor) in enumerate(zip(outputs, inputs, strict=True)):
-                gathered = self.comm.all_gather(_host(tensor, f"allgather tensor {i}", moved=True)[None])
-                for rank, out in enumerate(into):
-                    _host(out, f"allgather output {i}", moved=True)[...] = gathered[rank]
-        return _finished_work(outputs)
-
-    def barrier(self, opts: Any = None) -> Any:
-        with self.lock:
-            self.comm.barrier()
-        return _finished_work(None)
-
-
-def process_group(comm: Any) -> dist.ProcessGroup:
-    """A ``torch.distributed`` process group over ``comm``'s ranks, for
-    ``DistributedDataParallel(model, process_group=process_group(comm))``: no
-    ``init_process_group``, gloo, store or address needed, and it works on thread ranks.
-
-    It carries CPU tensors with blocking calls (allreduce, broadcast, allgather, barrier):
-    what DDP needs besides its gradients, which `allreduce_hook` carries. Built on PyTorch's
-    Python process-group support (a private helper of ``torch.distributed``)."""
-    if not callable(getattr(comm, "broadcast", None)) or not hasattr(comm, "rank"):
-        raise TypeError(f"comm must be a collectives Communicator, not {type(comm).__name__}")
-    return _CollectivesGroup(comm)

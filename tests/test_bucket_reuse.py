@@ -79,6 +79,25 @@ HOLDERS = {  # what may refer to a result, by library
 CASES = [(name, holder) for holder, (*names, _) in HOLDERS.items() for name in names]
 
 
+def test_a_results_storage_held_alone_keeps_its_values():
+    """PyTorch counts a storage's Python object once among the storage's uses, however many
+    hold it: a result's ``untyped_storage()`` kept alone went unseen, and the next call packed
+    into its memory."""
+    torch = pytest.importorskip("torch")
+
+    def body(c):
+        c.batch_all_reduce([torch.full((40,), 1.0), torch.ones(5)])  # (a kept bucket, free)
+        result = c.batch_all_reduce([torch.full((40,), 2.0), torch.ones(5)])[0]
+        storage = result.untyped_storage()
+        del result
+        gc.collect()
+        c.batch_all_reduce([torch.full((40,), 3.0), torch.ones(5)])
+        return torch.empty(0).set_(storage)[:40].tolist()
+
+    for values in collectives.run(body, RANKS):
+        assert values == [2.0 * RANKS] * 40, "the next call overwrote it"
+
+
 @pytest.mark.parametrize(("library", "holder"), CASES)
 def test_what_refers_to_a_result_keeps_its_values(library, holder):
     lib, keep = Library(library), HOLDERS[holder][-1]

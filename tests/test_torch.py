@@ -72,6 +72,21 @@ def test_a_tensor_that_requires_grad_is_refused_with_the_fix(dtype_name):
         assert got.dtype is dtype and got.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_a_lazy_conjugate_or_negation_is_refused_in_place_with_its_own_fix():
+    # (a prepared call said "pass x.detach()", which keeps the conjugate bit)
+    x = (torch.ones(3, dtype=torch.complex64) * 1j).conj()
+    out = torch.zeros(3, dtype=torch.complex64)
+
+    def body(comm):
+        with pytest.raises(TypeError, match=r"pass x\.resolve_conj\(\)$"):
+            comm.all_reduce_init(x.detach(), out=out)
+        with pytest.raises(TypeError, match=r"pass out\.resolve_neg\(\)$"):
+            comm.all_reduce_init(out, out=torch._neg_view(out))
+        return comm.all_reduce_init(x.resolve_conj(), out=out).start().wait().tolist()
+
+    assert collectives.run(body, 1) == [[-1j, -1j, -1j]]
+
+
 def test_the_hot_paths_take_by_pointer_only_what_the_edge_would_take():
     """The MPI hot path (``host_address``) and NCCL's (``by_pointer``, CUDA tensors) read
     and write a tensor by address only where the edge would take it as it is: never one that

@@ -228,6 +228,24 @@ def test_the_process_group_carries_buffers_and_the_unused_parameters_map():
     assert unused0 is None and unused1 is None
 
 
+def test_the_process_group_refuses_an_allgather_output_list_unlike_the_input():
+    # (NumPy broadcast one rank's value over a wider output, and a short list lost ranks:
+    # gloo refuses both). Every rank still ends the call: the check comes after it
+    def rank_fn(comm):
+        group, x, errors = torch_ddp.process_group(comm), torch.full((2,), float(comm.rank)), []
+        for outputs in ([torch.zeros(2)], [torch.zeros(3), torch.zeros(3)]):
+            with pytest.raises(ValueError, match=r"allgather output") as raised:
+                dist.all_gather(outputs, x, group=group)
+            errors.append(str(raised.value))
+        right = [torch.zeros(2), torch.zeros(2)]
+        dist.all_gather(right, x, group=group)
+        return errors, [t.tolist() for t in right]
+
+    for errors, right in collectives.run(rank_fn, 2):
+        assert "holds 1 tensors; pass 2" in errors[0] and "torch.float32[3]" in errors[1]
+        assert right == [[0.0, 0.0], [1.0, 1.0]]
+
+
 def _failing_step(ddp, state, rank):
     x, target = batch(0, rank)
     start = time.monotonic()
