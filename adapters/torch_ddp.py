@@ -202,6 +202,3 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
                           timeout=timeout)
     ddp.register_comm_hook(state, allreduce_hook)
     return state
-
-
-# --- a process group over the communicator ---------------------------------------------------

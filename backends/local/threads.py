@@ -191,7 +191,9 @@ class ThreadTransport:
         self._seen_notices = 0
         self._children = itertools.count()
         self._kids: list[weakref.ref] = []  # this rank's transports in descendant worlds
-        self.root = self  # the transport that lists them: the one in the run's world
+        # the transport that lists them: the one in the run's world (None: this one)
+        self.root: ThreadTransport | None = None
+        self._kids_lock = threading.Lock()  # (two threads of a rank may make children at once)
         self.freed = False
 
     def idle(self, waited: float) -> None:
@@ -268,14 +270,16 @@ class ThreadTransport:
         """Remember a descendant transport of this rank (weakly, in the run's world's
         transport: a child dropped between would otherwise hide its own children): if this
         rank's own code raises, its peers in every descendant world must hear it too."""
-        root = kid.root = self.root
-        root._kids = [ref for ref in root._kids if (k := ref()) is not None and not k.freed]
-        root._kids.append(weakref.ref(kid))
+        root = kid.root = self.root or self
+        with root._kids_lock:
+            root._kids = [ref for ref in root._kids if (k := ref()) is not None and not k.freed]
+            root._kids.append(weakref.ref(kid))
         return kid
 
     def tell_exit(self, seq: int, message: str) -> None:
-        """This rank's own code raised after call ``seq``: tell this world, and every child
-        world it is still in (each after the last call this rank finished there)."""
+        """This rank's own code raised after call ``seq``: tell this world, and every
+        descendant world it is still in (each after the last call this rank finished there;
+        the run's world's transport lists them all, ``_kid``)."""
         self.notify_failure(exit_notice(self, seq, message))  # (with the messages it sent)
         for ref in self._kids:
             kid = ref()

@@ -41,7 +41,7 @@ LINGER = 1.0
 
 
 def late_ranks(activity: dict, seq: int) -> tuple[list[int], str]:
-    """From peers' answers (``describe_activity``'s ``(seq, text, phase, waiting_for)``, or
+    """From peers' answers (``describe_activity``'s ``(seq, text, phase, waiting_for, check)``, or
     ``(seq, text, SILENT)`` for a peer that did not answer): the ranks to blame for call
     ``seq`` not finishing (those not in it yet, else every peer), and what they say."""
     absent = [r for r, (s, *_) in sorted(activity.items()) if s is None or s < seq]

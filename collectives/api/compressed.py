@@ -34,8 +34,8 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         divisor = comm.size if parsed is ReduceOp.MEAN else 1
         small = compress(arrays, xa, wire, divisor)
         call = comm.calls.validated(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
-                                    groups=groups, compression=f"{compression} of {xa.dtype}, "
-                                    f"{parsed.value}")
+                                    groups=groups, compression=f"{wire} of {xa.dtype}, "
+                                    f"{parsed.value}")  # (any spelling of one wire agrees)
         target, late = comm.calls.target(out, call.shape, xa.dtype)
         data = comm.calls.data_stage(call, seq, None, small.reshape(-1))
         return call, [data], Decompressed(arrays, small, call.shape, xa.dtype, xa, target, late)

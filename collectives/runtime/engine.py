@@ -29,14 +29,13 @@ from .call_order import CallOrder
 from .departures import Ledger
 from .failures import MESSAGES, Failures
 from .in_flight import InFlight
-from .transport import Failure, Transport
+from .transport import Transport
 from .work import Operation, Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
-DISPUTE_ANSWER = 0.05  # how long it waits for their answers
 
 
 class Engine(CallOrder, InFlight, Failures):
@@ -254,8 +253,7 @@ class Engine(CallOrder, InFlight, Failures):
 
     def _look_around(self, op: Operation) -> None:
         """A slow wait also hears peers' failure notices and late agreements, and now and
-        then asks the ranks it waits for what they do: a peer agreeing on a call this rank
-        took as agreed (or moving the data of one it agrees on) disputes it."""
+        then asks the ranks it waits for what they do (``check_dispute``)."""
         failure = self.transport.poll_failure()
         if failure is not None:
             self.peer_failed(failure)
@@ -272,33 +270,5 @@ class Engine(CallOrder, InFlight, Failures):
                                              tuple(op.pending_peers())))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
-            self._check_dispute(op)
+            self.check_dispute(op)
 
-    def _check_dispute(self, op: Operation) -> None:
-        waited = set(op.pending_peers())
-        if not waited:
-            return
-        mine = "moving" if op.skipped_agreement else "agreeing"
-        for rank, entry in self.transport.peer_activity(DISPUTE_ANSWER).items():
-            if rank not in waited:
-                continue
-            phase = entry[2] if len(entry) > 2 else None
-            disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
-            # A peer that this call's agreement still waits for, but that has issued a later
-            # call (it shows only its latest), took this one as agreed: asynchronous calls
-            # issued together hide the dispute from the check above. (A peer whose part of the
-            # agreement is merely late ignores the notice.)
-            passed = (not op.skipped_agreement and op.phase == "agreeing"
-                      and isinstance(entry[0], int) and entry[0] > op.seq)
-            # Both took the call as agreed, each a signature of its own (agreed in earlier
-            # calls), and no data carries a check between them (a shared window's path beside
-            # messages): their checks tell.
-            check = entry[4] if len(entry) > 4 else None
-            unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
-                      and isinstance(check, int) and check != op.check)
-            if disputed or passed or unlike:
-                if op.skipped_agreement:
-                    self.join_late(op)
-                else:  # tell the ranks that skipped it: they join this agreement
-                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
-                return

@@ -24,7 +24,7 @@ from ..errors import (
     CommunicatorBrokenError,
     PeerFailedError,
 )
-from .agreement import AGREED, LateAgreement
+from .agreement import AGREED, Agreement, LateAgreement
 from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
 from .missing import missing_ranks
 from .transport import Failure, Transport
@@ -32,6 +32,7 @@ from .work import Operation
 
 FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
+DISPUTE_ANSWER = 0.05  # how long a slow wait waits for its peers' answers (``check_dispute``)
 QUIET_POLLS, EMPTY_POLLS = 1024, 16  # at most so many polls then, ended by so many empty ones
 MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
 
@@ -61,10 +62,16 @@ class Failures:
         before they are received): taken as if nothing had happened, this rank would return
         a result where its peer raised. Raises that call's error (the notice's kind: a
         ``PeerTimeoutError`` after a peer's timeout); the call after it finds the
-        communicator broken."""
+        communicator broken. (A notice still on its way is not waited for: a peer sends its
+        timeout's notice after asking its peers what they do, a fraction of a second.) Any
+        notice read here breaks the communicator as the progress thread's reading would: a
+        peer that left after finishing this very call makes it raise
+        ``CommunicatorBrokenError`` too, though its data came."""
+        if what in MESSAGES:  # (messages are not calls: they neither end a quiet spell nor
+            return            # are lost with a peer's failed call)
         now = time.monotonic()
         quiet, self.last_entered = now - self.last_entered >= QUIET, now
-        if not quiet or self.broken is not None or self.size == 1 or what in MESSAGES:
+        if not quiet or self.broken is not None or self.size == 1:
             return
         empty = 0
         for _ in range(QUIET_POLLS):  # (MPICH moves about one message a poll: a peer's
@@ -82,6 +89,40 @@ class Failures:
                     f"rank {self.rank}: {what} (call {self.seq + 1}) cannot run because rank "
                     f"{failure.rank} {'failed after' if failure.kind == 'exited' else 'failed in'}"
                     f" call {failure.seq}: {failure.message}")
+
+    def check_dispute(self, op: Operation) -> None:
+        """A waited peer agreeing on a call this rank took as agreed, or moving the data of
+        one it agrees on, or already past one it agrees on, or moving it under another
+        check value, disputes it."""
+        if not op.pending_peers():
+            return
+        mine = "moving" if op.skipped_agreement else "agreeing"
+        answers = self.transport.peer_activity(DISPUTE_ANSWER)
+        waited = set(op.pending_peers())  # (after the answers: the wait may have moved on)
+        agreeing = op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)
+        for rank, entry in answers.items():
+            if rank not in waited:
+                continue
+            phase = entry[2] if len(entry) > 2 else None
+            disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
+            # A peer that this call's agreement still waits for, but that has issued a later
+            # call (it shows only its latest), took this one as agreed: asynchronous calls
+            # issued together hide the dispute from the check above. (A peer still in this
+            # agreement, its part merely late, has nothing to join: the notice changes
+            # nothing there.)
+            passed = agreeing and isinstance(entry[0], int) and entry[0] > op.seq
+            # Both took the call as agreed, each a signature of its own (agreed in earlier
+            # calls), and no data carries a check between them (a shared window's path beside
+            # messages): their checks tell.
+            check = entry[4] if len(entry) > 4 else None
+            unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
+                      and isinstance(check, int) and check != op.check)
+            if disputed or passed or unlike:
+                if op.skipped_agreement:
+                    self.join_late(op)
+                else:  # tell the ranks that skipped it: they join this agreement
+                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+                return
 
     def join_late(self, op: Operation) -> None:
         """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell

@@ -14,7 +14,9 @@ lookup (``Communicator.all_reduce``); prepared all-reduces (``all_reduce_init``)
 through one of their own. Anything out of the ordinary (an error, a slow peer, calls in
 flight, a signature forgotten after a failed agreement) takes the engine's way instead, with
 its deadlines and failure notices: a call still running when the spin ends becomes an
-operation in flight like any other.
+operation in flight like any other. A call that comes after a quiet spell first reads the
+peers' notices that came meanwhile (``Failures.back_after_quiet``; a few microseconds, once
+per spell): a peer that gave up on this very call may have sent its data before it did.
 """
 
 from __future__ import annotations
@@ -86,13 +88,15 @@ class FastAllReduce:
         return True
 
     def _recent(self) -> bool:
-        """Whether this rank's last call began less than ``QUIET`` s ago; after a quiet spell
-        the engine's way runs the call, which first reads the notices that came meanwhile
-        (``Failures.back_after_quiet``)."""
+        """False where the communicator broke: after a quiet spell (``QUIET`` s since this
+        rank's last call) the notices that came meanwhile are read first, and a peer's failure
+        in this very call raises (``Failures.back_after_quiet``)."""
+        engine = self.engine
         now = monotonic()
-        if now - self.engine.last_entered >= QUIET:
-            return False
-        self.engine.last_entered = now
+        if now - engine.last_entered >= QUIET:
+            engine.back_after_quiet(self.call.collective.value)
+            return engine.broken is None
+        engine.last_entered = now
         return True
 
     def __call__(self, x: Any, out: Any, timeout: float | None = None) -> Any:

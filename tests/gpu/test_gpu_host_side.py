@@ -136,7 +136,7 @@ def test_mpi_reason_is_stated():
 
 
 def test_watchdog_reads_the_answers_peers_give():
-    """Peers answer with describe_activity's four items (three for one that stayed silent):
+    """Peers answer with describe_activity's five items (three for one that stayed silent):
     a late call names the ranks not in it yet, else every peer, with what each says."""
     from collectives.backends.nccl.watchdog import late_ranks
 

@@ -4,7 +4,7 @@
 * nodes from MPI (one node here) and from COLLECTIVES_RANKS_PER_NODE;
 * the control channel runs the core's SPMD executor (an all-reduce plan) over MPI;
 * a failure notice reaches every peer; activity queries are answered, and the watchdog reads
-  the answers (four items each) as the engine publishes them.
+  the answers (five items each) as the engine publishes them.
 """
 
 from __future__ import annotations
