@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import requested, wire_dtype
+from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
 
 from .torch_group import UPCAST as _UPCAST
@@ -95,6 +96,8 @@ class CommHookState:
         self.pending: list = []  # this step's calls in flight (see _drain)
         self.last_error: BaseException | None = None
         self.step_failed = False  # whether a bucket of this step has failed yet
+        self.agreed_mean: bool | None = None  # ``mean`` as every rank has it (``_agree``)
+        self.disagreement: BaseException | None = None  # why this step's buckets all fail
 
     def __repr__(self) -> str:
         return (f"CommHookState(rank {self.comm.rank} of {self.comm.size}, mean={self.mean}, "
@@ -117,11 +120,16 @@ def allreduce_hook(state: CommHookState,
     state.buckets += 1
     if bucket.index() == 0:  # buckets start in index order: a new step
         state.step_failed = False
+        state.disagreement = _agree(state) if state.agreed_mean is not state.mean else None
+    if state.disagreement is not None:  # (every bucket of the step fails alike)
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        _fail(state, future, state.disagreement)
+        return future
     if state.mean:  # (DDP's order: this rank's share first, in the bucket's dtype)
         buffer.div_(state.comm.size)
     if buffer.device.type != "cpu":
         return _on_device(state, buffer)
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future = torch.futures.Future()
     try:
         # the bucket's own memory, reduced in place (bfloat16, float16: a float32 copy)
         wire = buffer.float() if buffer.dtype in _UPCAST else buffer
@@ -152,6 +160,25 @@ def allreduce_hook(state: CommHookState,
     if bucket.is_last():
         _drain(state)
     return future
+
+
+def _agree(state: CommHookState) -> BaseException | None:
+    """Whether every rank's hook divides (``mean``): the library agrees each all-reduce's
+    own arguments, but the division before it is the hook's, and a rank dividing beside one
+    that does not would give gradients that are neither the mean nor the sum. Asked at a
+    step's first bucket while it is not agreed (the first step, or after ``mean`` changed):
+    the error every rank raises alike, or None."""
+    try:
+        said = state.comm.all_gather_object(state.mean, timeout=state.timeout)
+    except Exception as exc:  # noqa: BLE001 - DDP gets it through the futures
+        return exc
+    if len(set(said)) > 1:
+        by_rank = ", ".join(f"rank {r}: {m}" for r, m in enumerate(said))
+        return CollectiveMismatchError(
+            f"rank {state.comm.rank}: the ranks' hooks disagree on mean ({by_rank}); pass "
+            "the same mean to every rank's CommHookState (or register)")
+    state.agreed_mean = state.mean
+    return None
 
 
 def _drain(state: CommHookState) -> None:

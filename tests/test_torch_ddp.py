@@ -272,6 +272,21 @@ def test_an_error_in_one_ranks_hook_reaches_ddp_on_every_rank():
     assert max(took0, took1) < 2.0, (text0, text1)  # told, not timed out
 
 
+def test_hooks_that_disagree_on_the_mean_fail_the_step_on_every_rank():
+    # (one rank divided its buckets and its peer did not: the gradients were neither the
+    # mean nor the sum, silently). The step fails alike; the next, once they agree, trains
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, mean=comm.rank == 0)
+        outcome = _failing_step(ddp, state, comm.rank)
+        state.mean = True
+        return outcome, train(net, ddp, comm.rank, steps=1)
+
+    for (took, text, error), params in collectives.run(rank_fn, 2, timeout=10):
+        assert isinstance(error, collectives.CollectiveMismatchError), text
+        assert "disagree on mean (rank 0: True, rank 1: False)" in text and took < 2.0
+        assert all(torch.isfinite(p).all() for p in params)
+
+
 def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():
     done = threading.Event()
 
