@@ -105,12 +105,14 @@ class Failures:
                 continue
             phase = entry[2] if len(entry) > 2 else None
             disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
-            # A peer that this call's agreement still waits for, but that has issued a later
-            # call (it shows only its latest), took this one as agreed: asynchronous calls
-            # issued together hide the dispute from the check above. (A peer still in this
-            # agreement, its part merely late, has nothing to join: the notice changes
-            # nothing there.)
-            passed = agreeing and isinstance(entry[0], int) and entry[0] > op.seq
+            # A peer that this call's agreement still waits for, moving the data of a later
+            # call (it shows only its latest), most likely took this one as agreed too:
+            # asynchronous calls issued together hide the dispute from the check above. (A
+            # peer agreeing on its later calls is only late with its part of this one, in a
+            # healthy stream of new signatures: not told. One whose part is late while a
+            # later call moves is told needlessly: the notice changes nothing there.)
+            passed = (agreeing and isinstance(entry[0], int) and entry[0] > op.seq
+                      and phase == "moving")
             # Both took the call as agreed, each a signature of its own (agreed in earlier
             # calls), and no data carries a check between them (a shared window's path beside
             # messages): their checks tell.

@@ -15,8 +15,9 @@ through one of their own. Anything out of the ordinary (an error, a slow peer, c
 flight, a signature forgotten after a failed agreement) takes the engine's way instead, with
 its deadlines and failure notices: a call still running when the spin ends becomes an
 operation in flight like any other. A call that comes after a quiet spell first reads the
-peers' notices that came meanwhile (``Failures.back_after_quiet``; a few microseconds, once
-per spell): a peer that gave up on this very call may have sent its data before it did.
+peers' notices that came meanwhile (``Failures.back_after_quiet``; about 0.1 ms on MPI, once
+per spell of 50 ms or more): a peer that gave up on this very call may have sent its data
+before it did.
 """
 
 from __future__ import annotations
