@@ -92,8 +92,8 @@ class Failures:
 
     def check_dispute(self, op: Operation) -> None:
         """A waited peer agreeing on a call this rank took as agreed, or moving the data of
-        one it agrees on, or already past one it agrees on, or moving it under another
-        check value, disputes it."""
+        one it agrees on, or of a later call while this one's agreement waits for it, or
+        moving it under another check value, disputes it."""
         if not op.pending_peers():
             return
         mine = "moving" if op.skipped_agreement else "agreeing"
