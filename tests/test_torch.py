@@ -87,6 +87,22 @@ def test_a_lazy_conjugate_or_negation_is_refused_in_place_with_its_own_fix():
     assert collectives.run(body, 1) == [[-1j, -1j, -1j]]
 
 
+def test_buckets_take_a_models_parameters_as_their_layout():
+    # (``like`` gives shapes and dtypes only: parameters, which require grad, were refused;
+    # what ``ready`` is given is read, and a tensor that requires grad still is)
+    def body(comm):
+        params = list(torch.nn.Linear(4, 3).parameters())
+        buckets = comm.buckets(params)
+        with pytest.raises(TypeError, match="requires grad"):
+            buckets.ready(0, params[0])
+        for k, p in enumerate(params):
+            buckets.ready(k, torch.full_like(p, comm.rank + 1.0).detach())
+        return [t.tolist() for t in buckets.wait()]
+
+    for got in collectives.run(body, 2):
+        assert got == [[[3.0] * 4] * 3, [3.0] * 3]
+
+
 def test_the_hot_paths_take_by_pointer_only_what_the_edge_would_take():
     """The MPI hot path (``host_address``) and NCCL's (``by_pointer``, CUDA tensors) read
     and write a tensor by address only where the edge would take it as it is: never one that

@@ -22,8 +22,10 @@ from ..runtime.calls import BatchTag
 from ..runtime.work import BatchWork
 
 
-def checked_list(xs: Any, argument: str) -> list:
-    """``xs`` as a list of arrays of one library, or raise naming the item and the fix."""
+def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
+    """``xs`` as a list of arrays of one library, or raise naming the item and the fix
+    (``read`` False: only their shapes and dtypes are used, so a tensor that requires grad,
+    a model's parameter, will do)."""
     if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
         raise TypeError(f"{argument} must be a list of arrays, not {type(xs).__name__}")
     items = list(xs)
@@ -32,7 +34,7 @@ def checked_list(xs: Any, argument: str) -> list:
         return items
     kind = next(iter(kinds)) if len(kinds) == 1 else None
     if kind is not None and _array_type(kind) and not (
-            _tracks_grad(kind) and any(x.requires_grad for x in items)):
+            read and _tracks_grad(kind) and any(x.requires_grad for x in items)):
         return items  # (arrays of one type, none requiring grad: nothing to name)
     first = None
     for k, x in enumerate(items):
@@ -40,7 +42,7 @@ def checked_list(xs: Any, argument: str) -> list:
             what = "None" if x is None else f"a {_name(x)}"
             raise TypeError(f"{argument}[{k}] is {what}, not an array; pass a list of arrays "
                             "(NumPy, or one other library's)")
-        if getattr(x, "requires_grad", False):
+        if read and getattr(x, "requires_grad", False):
             raise TypeError(f"{argument}[{k}] requires grad; pass {argument}[{k}].detach()")
         if first is None:
             first = x

@@ -235,7 +235,7 @@ class BatchOps(CommParts):
         """
         check_timeout(timeout)
         check_bucket_bytes(bucket_bytes)
-        xs = checked_list(like, "like")
+        xs = checked_list(like, "like", read=False)  # (shapes and dtypes: parameters will do)
         edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
         arrays = self.arrays  # the library the buckets are packed and unpacked in
         if edge is None:
