@@ -118,11 +118,14 @@ def _grandchild_of_a_dropped_child(ctx: Ctx) -> Call:
         return child.all_reduce(np.ones(3))
     if ctx.rank == 1:
         return Call(body, expect=raises("RuntimeError"))
-    return Call(body, expect=raises("PeerFailedError", match="rank 1", within=1.5), same=False)
+    # (the step's time holds two dups and a garbage collection, seconds on a loaded machine:
+    # the bound tells a peer that heard from one that waited out the 30 s timeout)
+    return Call(body, expect=raises("PeerFailedError", match="rank 1", within=10.0), same=False)
 
 
 CASES.append(Case("raising-rank-wakes-a-grandchild-communicator",
-                  (_grandchild_of_a_dropped_child,), where=("threads",)))
+                  (_grandchild_of_a_dropped_child,), where=("threads",), timeout=30.0,
+                  limit=45.0))
 
 
 def _plain_and_prepared_broadcast(ctx: Ctx) -> Call:
