@@ -22,13 +22,11 @@ before it did.
 
 from __future__ import annotations
 
-from time import monotonic
 from typing import Any
 
 from ..ops import ReduceOp
 from ..timeline import record_calls, recorder
 from .calls import Call
-from .failures import QUIET
 from .transport import PENDING
 from .work import Operation
 
@@ -88,17 +86,12 @@ class FastAllReduce:
         self.agreed_at = engine.forgotten
         return True
 
-    def _recent(self) -> bool:
-        """False where the communicator broke: after a quiet spell (``QUIET`` s since this
-        rank's last call) the notices that came meanwhile are read first, and a peer's failure
-        in this very call raises (``Failures.back_after_quiet``)."""
-        engine = self.engine
-        now = monotonic()
-        if now - engine.last_entered >= QUIET:
-            engine.back_after_quiet(self.call.collective.value)
-            return engine.broken is None
-        engine.last_entered = now
-        return True
+    def _unbroken_after_quiet(self) -> bool:
+        """After a quiet spell, the peers' notices that came meanwhile are read first (a
+        peer's failure in this very call raises: ``Failures.back_after_quiet``, which keeps
+        the time of the last call); False where one broke the communicator."""
+        self.engine.back_after_quiet(self.call.collective.value)
+        return self.engine.broken is None
 
     def __call__(self, x: Any, out: Any, timeout: float | None = None) -> Any:
         """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
@@ -110,7 +103,7 @@ class FastAllReduce:
             if (engine.broken is not None or engine.unreported or engine.inflight
                     or engine.native_next != engine.native_issued
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())
-                    or not self._recent()):
+                    or not self._unbroken_after_quiet()):
                 return None
             t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
             # (the timeout: the hang guard's, should the spin never return)
@@ -149,7 +142,7 @@ class FastAllReduce:
             if (engine.broken is not None or engine.unreported or engine.inflight
                     or engine.native_next != engine.native_issued
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())
-                    or not self._recent()):
+                    or not self._unbroken_after_quiet()):
                 return None
             seq = engine.hot_call(None)
             got = self.bound.rerun(seq)
