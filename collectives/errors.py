@@ -41,7 +41,14 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 
 class PeerFailedError(CollectiveError):
-    """Another participant failed (raised, died or left) while this one waited for it."""
+    """Another participant failed (raised, died or left) while this one waited for it.
+
+    ``seen_here`` is True where this rank's own transport saw the failure (MPI failed a
+    transfer with the peer): the other ranks may not know yet, so the communicator tells
+    them, as it does of its own errors. False where a peer's notice brought it.
+    """
+
+    seen_here: bool = False
 
 
 class PeerTimeoutError(PeerFailedError, CollectiveTimeoutError):

@@ -242,7 +242,8 @@ class Failures:
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None:
         """A failure that may have left messages in flight: broken here, and peers told
-        (``notify`` None: unless the failure came from a peer, who knows already)."""
+        (``notify`` None: unless the failure came from a peer, who knows already; a peer's
+        failure this rank's transport saw is told, since the others may not have seen it)."""
         if not isinstance(error, PeerFailedError):  # (a failure of its own: messages stop too)
             self.only_exits = False
         if self.broken is not None:
@@ -255,7 +256,8 @@ class Failures:
             # (point-to-point messages carry the call count at their post, not a call's
             # number: they say nothing of which calls are lost)
             first = min([seq] + [o.seq for o in self.inflight if o.breaking and not o.finished])
-        if notify or (notify is None and not isinstance(error, PeerFailedError)):
+        if notify or (notify is None and (not isinstance(error, PeerFailedError)
+                                          or error.seen_here)):
             # (peers lose every call from the first this rank abandons: one that waits for
             # this rank in an earlier call than the failed one would otherwise wait its
             # whole timeout)
