@@ -164,12 +164,14 @@ class Engine(CallOrder, InFlight, Failures):
         """Advance a new operation; block for it, or hand back its handle."""
         with self.state:
             # broken since ``enter`` (the progress thread saw a failure): the call must not
-            # start, as it would wait for peers that will not
-            refusal = self.refusal(op) if self.broken is not None else None
+            # start, as it would wait for peers that will not. A message is posted already:
+            # one its peer took before it left is not refused (as in ``peer_failed``)
+            done = self.broken is not None and not op.breaking and op.advance()
+            refusal = self.refusal(op) if self.broken is not None and not done else None
             if refusal is not None:
                 op.fail(refusal)
                 done = True
-            else:
+            elif not done:
                 done = op.advance()
             if not done:
                 self.inflight.append(op)
