@@ -58,7 +58,8 @@ def check(schedule: Schedule) -> None:
     def pair_of(lo: int) -> tuple[int, int]:
         return divmod(lo * n * n // den, n)  # all-to-all: (from, to) of atom [lo, ...)
 
-    # state[p][a] = (contributions as a sorted tuple, value id), or None where undefined
+    # state[p][a] = (contributions, value id), or None where undefined; contributions are a
+    # bit mask of participants (``_combined``: a sorted tuple once one is counted twice)
     state: list[list[tuple | None]] = []
     # who brings each atom: all-to-all, participant p brings blocks (p, j); all-gather and
     # gather, participant p brings block p (found once per atom, not per participant)
@@ -67,12 +68,12 @@ def check(schedule: Schedule) -> None:
     elif kind in (Collective.ALL_GATHER, Collective.GATHER):
         owner = [block_of(lo) for lo, _ in atoms]
     for p in range(n):
-        mine: tuple | None = ((p,), ("input", p))
+        mine: tuple | None = (1 << p, ("input", p))
         row: list[tuple | None]
         if kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER):
             row = [mine] * len(atoms)
         elif kind in (Collective.BROADCAST, Collective.SCATTER):
-            row = [((root,), ("input", root)) if p == root else None] * len(atoms)
+            row = [(1 << root, ("input", root)) if p == root else None] * len(atoms)
         else:
             row = [mine if o == p else None for o in owner]
         state.append(row)
@@ -84,8 +85,8 @@ def check(schedule: Schedule) -> None:
         return range(index[lo], index[hi])
 
     for r, rnd in enumerate(schedule.rounds):
-        written: set[tuple[int, int]] = set()
-        read: set[tuple[int, int]] = set()
+        written: dict[int, set[int]] = {}  # participant -> the atoms written in this round
+        read: dict[int, set[int]] = {}  # participant -> the atoms read from it
         spans = [span(s) for s in rnd]
         for (dst, srcs, *_), atoms_of_s in zip(rnd, spans):
             for p in (dst, *srcs):
@@ -93,30 +94,34 @@ def check(schedule: Schedule) -> None:
                     raise ScheduleError(f"{schedule.name}: round {r} names participant {p}")
             if dst in srcs:
                 raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads its destination")
-            for a in atoms_of_s:
-                if (dst, a) in written:
-                    raise ScheduleError(f"{schedule.name}: round {r} writes {dst} twice")
-                written.add((dst, a))
-                read.update((q, a) for q in srcs)
-        clash = written & read
+            mine_written = written.setdefault(dst, set())
+            if not mine_written.isdisjoint(atoms_of_s):
+                raise ScheduleError(f"{schedule.name}: round {r} writes {dst} twice")
+            mine_written.update(atoms_of_s)
+            for q in srcs:
+                read.setdefault(q, set()).update(atoms_of_s)
+        clash = [(p, min(atoms & read[p])) for p, atoms in sorted(written.items())
+                 if p in read and not atoms.isdisjoint(read[p])]
         if clash:
-            raise ScheduleError(f"{schedule.name}: round {r} reads and writes {sorted(clash)[0]}")
-        updates = {}
+            raise ScheduleError(f"{schedule.name}: round {r} reads and writes {clash[0]}")
+        # (no step reads what another writes in this round, checked above: each step's
+        # result goes in at once, a whole range at a time)
         for (dst, srcs, _, _, reduce), atoms_of_s in zip(rnd, spans):
-            for a in atoms_of_s:
-                inputs = [state[q][a] for q in srcs] + ([state[dst][a]] if reduce else [])
-                if any(v is None for v in inputs):
-                    raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads undefined data "
-                                        f"from {srcs}")
-                if reduce:
-                    contrib = tuple(sorted(itertools.chain.from_iterable(v[0] for v in inputs)))
-                    updates[dst, a] = (contrib, next(ids))
-                else:
-                    updates[dst, a] = inputs[0]
-        for (p, a), value in updates.items():
-            state[p][a] = value
+            lo, hi = atoms_of_s.start, atoms_of_s.stop
+            columns = [state[q][lo:hi] for q in srcs] + ([state[dst][lo:hi]] if reduce else [])
+            if any(None in column for column in columns):
+                raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads undefined data "
+                                    f"from {srcs}")
+            if not reduce:
+                state[dst][lo:hi] = columns[0]
+            elif len(columns) == 2:  # (most steps: one peer's values into this one's)
+                state[dst][lo:hi] = [
+                    (a[0] | b[0] if type(a[0]) is type(b[0]) is int and not a[0] & b[0]
+                     else _combined([a, b]), next(ids)) for a, b in zip(*columns)]
+            else:
+                state[dst][lo:hi] = [(_combined(inputs), next(ids)) for inputs in zip(*columns)]
 
-    everyone = tuple(range(n))
+    everyone = (1 << n) - 1
     holders: Sequence[int]
     for a, (lo, hi) in enumerate(atoms):
         if kind is Collective.ALL_REDUCE:
@@ -126,16 +131,16 @@ def check(schedule: Schedule) -> None:
         elif kind is Collective.REDUCE_SCATTER:
             holders, want = [block_of(lo)], everyone
         elif kind is Collective.BROADCAST:
-            holders, want = range(n), (root,)
+            holders, want = range(n), 1 << root
         elif kind is Collective.SCATTER:
-            holders, want = [block_of(lo)], (root,)
+            holders, want = [block_of(lo)], 1 << root
         elif kind is Collective.GATHER:
-            holders, want = [root], (block_of(lo),)
+            holders, want = [root], 1 << block_of(lo)
         elif kind is Collective.ALL_TO_ALL:
             source, target = pair_of(lo)
-            holders, want = [target], (source,)
+            holders, want = [target], 1 << source
         else:
-            holders, want = range(n), (block_of(lo),)
+            holders, want = range(n), 1 << block_of(lo)
         values = {v[1] if (v := state[p][a]) else None for p in holders}
         for p in holders:
             got = state[p][a]
@@ -143,11 +148,32 @@ def check(schedule: Schedule) -> None:
                 where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
                 raise ScheduleError(
                     f"{schedule.name}: participant {p} ends with contributions "
-                    f"{got[0] if got else None} in {where}, expected {want}")
+                    f"{_members(got[0]) if got else None} in {where}, expected "
+                    f"{_members(want)}")
         if len(values) != 1:
             where = f"[{Fraction(lo, den)},{Fraction(hi, den)})"
             raise ScheduleError(f"{schedule.name}: participants hold different values in "
                                 f"{where}, so results would not be bitwise identical")
+
+
+def _combined(inputs: Sequence[tuple]) -> int | tuple:
+    """The contributions of a reduction of ``inputs``: the union of their masks where no
+    participant is counted twice (a bit mask is one OR a step, where a sorted tuple was a
+    sort), else the multiset, as a sorted tuple (the error then lists each count)."""
+    total: int | tuple = 0
+    for contributions, _ in inputs:
+        if type(total) is int and type(contributions) is int and not total & contributions:
+            total |= contributions
+        else:
+            total = tuple(sorted(_members(total) + _members(contributions)))
+    return total
+
+
+def _members(contributions: int | tuple) -> tuple:
+    """Contributions as a sorted tuple of participants."""
+    if isinstance(contributions, tuple):
+        return contributions
+    return tuple(p for p in range(contributions.bit_length()) if contributions >> p & 1)
 
 
 def check_plans(plans: Sequence[RankPlan]) -> None:
