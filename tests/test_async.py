@@ -176,3 +176,79 @@ def test_a_breaking_rank_loses_its_peers_only_the_calls_it_abandons():
         return got.tolist()
 
     assert collectives.run(body, 3, timeout=5) == ["timed out", "sent", [0.0, 1.0, 2.0]]
+
+
+def test_free_from_a_second_thread_is_refused_while_a_call_runs():
+    # (free() waited for the call, freed the communicator under it, and the peer waited out
+    # its timeout in the next call)
+    def body(comm):
+        outcome = []
+
+        def other():
+            time.sleep(0.3)
+            try:
+                comm.free()
+                outcome.append("freed")
+            except ConcurrentCallError:
+                outcome.append("refused")
+
+        if comm.rank == 1:
+            thread = threading.Thread(target=other)
+            thread.start()
+        else:
+            time.sleep(1.0)  # rank 1's call waits for this rank meanwhile
+        total = comm.all_reduce(np.ones(4), timeout=5)
+        if comm.rank == 1:
+            thread.join()
+        again = comm.all_reduce(np.ones(4), timeout=5)  # still usable on both ranks
+        return outcome, float(total[0]), float(again[0])
+
+    assert collectives.run(body, 2, timeout=10) == [([], 2.0, 2.0), (["refused"], 2.0, 2.0)]
+
+
+def test_a_batch_past_its_deadline_still_returns_what_finished():
+    # (the calls left past the deadline were waited with timeout=0.0, which wait() refuses)
+    def body(comm):
+        xs = [np.full(1000, 1.0, np.float32) for _ in range(20)]
+        handle = comm.batch_all_reduce(xs, bucket_bytes=4000, async_op=True, timeout=5)
+        while not handle.is_completed():
+            time.sleep(0.01)
+        return float(handle.wait(timeout=1e-6)[0][0])
+
+    assert collectives.run(body, 2, timeout=10) == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("timeout", [-1, 1e-6])
+def test_a_buckets_wait_with_a_bad_or_short_timeout_keeps_its_step(timeout):
+    def body(comm):
+        xs = [np.full(1000, 1.0, np.float32) for _ in range(20)]
+        buckets = comm.buckets(xs, bucket_bytes=4000, timeout=5)
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        while not all(h.is_completed() for h in buckets.pending if hasattr(h, "is_completed")):
+            time.sleep(0.01)
+        try:
+            first = float(buckets.wait(timeout=timeout)[0][0])
+        except ValueError as exc:
+            assert "timeout" in str(exc)
+            first = float(buckets.wait()[0][0])  # the step is still there
+        return first
+
+    assert collectives.run(body, 2, timeout=10) == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "soon", True,
+                                     pytest.param(10 ** 400, id="10**400")])
+def test_every_wait_checks_its_timeout(timeout):
+    done = collectives.all_reduce([np.ones(3), np.ones(3)], "sum", async_op=True)
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        done.wait(timeout=timeout)
+    assert done.wait()[0].tolist() == [2.0, 2.0, 2.0]  # (a refused wait breaks nothing)
+
+    def body(comm):
+        handle = comm.all_reduce(np.ones(3), async_op=True)
+        with pytest.raises((TypeError, ValueError), match="timeout"):
+            handle.wait(timeout=timeout)
+        return handle.wait().tolist()
+
+    assert collectives.run(body, 2, timeout=10) == [[2.0] * 3] * 2

@@ -223,3 +223,23 @@ def test_peers_are_told_which_rank_failed():
     with pytest.raises(KeyError):
         collectives.run(body, 3, timeout=60)
     assert isinstance(errors[0], PeerFailedError) and "rank 2 failed" in str(errors[0])
+
+
+def test_a_receive_refused_for_its_arguments_takes_no_message():
+    # out=None raised AttributeError; timeout=10**400 raised OverflowError after the receive
+    # was posted, and that receive then took the next message (a later recv got the one after)
+    def body(comm):
+        if comm.rank == 1:
+            comm.send(np.full(2, 1.0), 0, timeout=5)
+            comm.send(np.full(2, 2.0), 0, timeout=5)
+            return None
+        refused = []
+        for out, timeout in ((None, 5), ([0.0, 0.0], 5), (3.0, 5), (np.zeros(2), 10 ** 400)):
+            try:
+                comm.irecv(out, 1) if timeout == 5 else comm.recv(out, 1, timeout=timeout)
+            except (TypeError, ValueError) as exc:
+                refused.append("out" in str(exc) or "timeout" in str(exc))
+        got = [comm.recv(np.zeros(2), 1, timeout=5)[0] for _ in range(2)]
+        return refused, got
+
+    assert collectives.run(body, 2, timeout=10)[0] == ([True] * 4, [1.0, 2.0])

@@ -95,6 +95,13 @@ def local_nans(x: np.ndarray, needed: bool) -> np.ndarray | None:
     return np.isnan(x).view(np.uint8).copy()
 
 
+def settle_zeros(result: np.ndarray) -> None:
+    """A float MAX or MIN result's zeros made +0 on every rank: MPI's MAX and MIN keep
+    whichever of +0 and -0 they met first, in an order that differs between ranks (each
+    rank had its peer's sign); adding +0 turns -0 into +0 and leaves every other value."""
+    np.add(result, 0.0, out=result)
+
+
 class Repair:
     """The NaN repair of one call: all-reduce the ranks' NaN masks, then write NaN."""
 

@@ -20,7 +20,7 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
 from . import tuning
-from .checks import local_nans
+from .checks import local_nans, settle_zeros
 from .datatypes import has_nan_issue, native_types
 from .runs import NativeRun
 
@@ -59,10 +59,12 @@ def _pieces(count: int, itemsize: int, throttled: bool = True):
     return tuning.chunks(count, limit)
 
 
-def _repair(result: np.ndarray, lo: int = 0):
+def _repair(result: np.ndarray, lo: int = 0, zeros: bool = False):
     def after(repair) -> None:
         if repair is not None:
             repair.apply(result, lo)
+        if zeros:
+            settle_zeros(result)
     return after
 
 
@@ -90,22 +92,23 @@ def start(natives: Any, call: Call, src: Any, dst: Any, op: ReduceOp | None, seq
     assert op is not None and types is not None  # a reduction MPI runs (Natives.supports)
     datatype, mop = types
     src = _separate(natives, src, dst)
-    mine = local_nans(src, has_nan_issue(call.dtype, op))
+    nan = has_nan_issue(call.dtype, op)  # (float MAX and MIN: NaN and signed zeros)
+    mine = local_nans(src, nan)
     if collective is Collective.ALL_REDUCE:
         steps = [("piece", partial(comm.Iallreduce, [src[a:b], datatype], [dst[a:b], datatype],
                                    mop)) for a, b in _pieces(len(dst), dst.itemsize)]
-        return NonblockingRun(natives, call, seq, mine, steps, _repair(dst), [src, dst])
+        return NonblockingRun(natives, call, seq, mine, steps, _repair(dst, zeros=nan), [src, dst])
     if collective is Collective.REDUCE:
         root = call.root
         steps = [("piece", partial(comm.Ireduce, [src[a:b], datatype],
                                    [dst[a:b], datatype] if rank == root else None, mop, root))
                  for a, b in _pieces(len(dst), dst.itemsize)]
-        after = _repair(dst) if rank == root else None
+        after = _repair(dst, zeros=nan) if rank == root else None
         return NonblockingRun(natives, call, seq, mine, steps, after, [src, dst])
     lo, hi, counts = scatter_bounds(call, size, rank)
     steps = [("call", partial(comm.Ireduce_scatter, [src, datatype], [dst[lo:hi], datatype],
                               counts, mop))]
-    return NonblockingRun(natives, call, seq, mine, steps, _repair(dst[lo:hi], lo), [src, dst])
+    return NonblockingRun(natives, call, seq, mine, steps, _repair(dst[lo:hi], lo, nan), [src, dst])
 
 
 def scatter_bounds(call: Call, size: int, rank: int) -> tuple[int, int, list[int]]:

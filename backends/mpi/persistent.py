@@ -31,7 +31,7 @@ from collectives.ops import ReduceOp
 from collectives.runtime.calls import Call
 
 from . import tuning
-from .checks import local_nans
+from .checks import local_nans, settle_zeros
 from .datatypes import has_nan_issue, native_types
 from .nonblocking import scatter_bounds
 from .rider import Rider
@@ -196,9 +196,10 @@ class PersistentRun(NativeRun):
         else:  # a broadcast's root too: its result need not be its input
             dst.view(np.uint8)[:] = entry.inb
         entry.owner = None
-        if self.repair is not None:
+        if entry.nan and (c is not Collective.REDUCE or self.natives.rank == entry.root):
             lo = entry.lo if c is Collective.REDUCE_SCATTER else 0
-            if c is not Collective.REDUCE or self.natives.rank == entry.root:
+            if self.repair is not None:
                 self.repair.apply(dst[lo:lo + entry.hi - entry.lo], lo)
+            settle_zeros(dst[lo:lo + entry.hi - entry.lo])
         if self.natives.lane.runs:
             self.natives.lane.pump()

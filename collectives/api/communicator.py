@@ -116,11 +116,16 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         `CommunicatorBrokenError` saying it was freed. The end of a ``with`` block frees it,
         but where an exception leaves the block: the communicator's peers hear that this
         rank left (their calls raise `PeerFailedError` naming it), and nothing waits for them.
+        Like any call, it raises `ConcurrentCallError` while another thread is inside one.
         """
         engine = self.calls.engine
-        engine.drain()
-        engine.close()
-        self.transport.free()
+        engine.claim("free()")  # (another thread inside a call: refused, as any call is)
+        try:
+            engine.drain()
+            engine.close()
+            self.transport.free()
+        finally:
+            engine.leave()
 
     # --- hooks --------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import BAD_INPUT
+from ..runtime.validate import check_timeout
 from ..runtime.work import BatchWork
 from .batch_checks import agree_on_empty, batch_tag, bucket_plan, refuse_each
 
@@ -156,6 +157,7 @@ class Buckets(Generic[ArrayT]):
         refusal, which its peers hear of at once."""
         from ..algorithms.batch import StartedBatch
 
+        check_timeout(timeout)  # (first: a bad one must not end the step)
         if self.started < len(self.order):
             missing = [k for k, t in enumerate(self.tensors) if t is None]
             again = (" (a step ends at its wait(): this one had none of its tensors yet; wait() "

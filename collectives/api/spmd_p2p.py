@@ -208,6 +208,9 @@ class PointToPointOps(CommParts):
                 array = self.arrays.flat(array)
         else:  # (a PyTorch CPU tensor: its NumPy view is filled, the tensor handed back)
             array = viewed_in_place(array, "out")
+            if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+                raise TypeError(f"out must be an array to receive into, not "
+                                f"{type(array).__name__}")
             check_out(array, tuple(array.shape), array.dtype, "out", self.arrays)
             check_communicable(np.dtype(array.dtype), "out")
         engine = self.calls.engine

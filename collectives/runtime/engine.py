@@ -81,11 +81,7 @@ class Engine(CallOrder, InFlight, Failures):
     def enter(self, what: str, timeout: Any = None) -> None:
         """Claim the communicator for this thread's call (given ``timeout``), or raise why it
         cannot be had."""
-        if not self.busy.acquire(blocking=False):
-            raise ConcurrentCallError(
-                f"rank {self.rank}: {what} was called while another thread is inside a call on "
-                "this communicator; calls on one communicator must come from one thread at a "
-                "time, in the same order on every rank (give each thread its own: comm.dup())")
+        self.claim(what)
         self.entered += 1
         self.claim_timeout = timeout
         try:
@@ -95,6 +91,15 @@ class Engine(CallOrder, InFlight, Failures):
         except BaseException:
             self.busy.release()
             raise
+
+    def claim(self, what: str) -> None:
+        """Hold the communicator for this thread (``leave`` lets go), or raise
+        ``ConcurrentCallError`` where another thread is inside a call on it."""
+        if not self.busy.acquire(blocking=False):
+            raise ConcurrentCallError(
+                f"rank {self.rank}: {what} was called while another thread is inside a call on "
+                "this communicator; calls on one communicator must come from one thread at a "
+                "time, in the same order on every rank (give each thread its own: comm.dup())")
 
     def leave(self) -> None:
         self.busy.release()

@@ -135,6 +135,11 @@ def check_timeout(timeout: Any) -> None:
                         "communicator's default)")
     if not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+    try:  # (waits count in floats: an integer past them failed after the call went out)
+        float(timeout)
+    except OverflowError:
+        raise ValueError(f"timeout (an integer of {len(str(timeout))} digits) is too large for "
+                         "a number of seconds: pass math.inf for no limit") from None
 
 
 def valid_timeout(timeout: Any) -> bool:

@@ -23,6 +23,8 @@ from ..errors import CollectiveError
 from ..timeline import record_calls
 from .validate import check_timeout
 
+LAST_LOOK = 1e-9  # the seconds a batch's wait gives each call left once its deadline passed
+
 T = TypeVar("T")
 CALLBACKS = logging.getLogger("collectives.calls")
 PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread's lock
@@ -233,7 +235,8 @@ class Completed(Work[T]):
         self.result = result
 
     def wait(self, timeout: float | None = None) -> T:
-        """The result, at once (``timeout`` is not needed)."""
+        """The result, at once (``timeout`` is not needed, but checked as every wait's is)."""
+        check_timeout(timeout)
         return self.result
 
     def is_completed(self) -> bool:
@@ -285,7 +288,9 @@ class BatchWork(Work[T]):
                     if not hasattr(handle, "wait"):  # (finished when issued)
                         results.append(handle)
                         continue
-                    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    # (past the deadline, a last look: a call finished by now returns)
+                    left = None if deadline is None else max(deadline - time.monotonic(),
+                                                              LAST_LOOK)
                     results.append(handle.wait(left))
             except BaseException:
                 # this error is the batch's: the later calls' failures (the same cause, as a

@@ -113,6 +113,9 @@ BAD = {  # name: (method, args, kwargs, error, message)
     "timeout-negative": ("all_reduce", (X,), {"timeout": -1}, "ValueError", "timeout"),
     "timeout-string": ("all_reduce", (X,), {"timeout": "soon"}, ("ValueError", "TypeError"),
                        "timeout"),
+    # (no float holds it: it failed at the wait, after the call went out, naming nothing)
+    "timeout-past-floats": ("all_reduce", (X,), {"timeout": 10 ** 400}, "ValueError",
+                            "timeout"),
     # a masked array's mask would be dropped without a word: refused, naming the fix
     "x-masked": ("all_reduce", (MASKED,), {}, "TypeError", r"MaskedArray.*x\.filled"),
     "x-masked-all-gather": ("all_gather", (MASKED,), {}, "TypeError", "MaskedArray"),

@@ -2,8 +2,9 @@
 on every rank, or raise on every rank.
 
 * ``out`` overlapping ``x`` (not the same array): copied through scratch, the right answer;
-* NaN through MAX and MIN: on every rank, where any rank had one, the same bits everywhere
-  (MPICH's MAX keeps or drops a NaN depending on the order of operands);
+* NaN and signed zeros through MAX and MIN: NaN on every rank where any rank had one, the
+  same bits everywhere (MPICH's MAX keeps or drops a NaN, and keeps +0 or -0, depending on
+  the order of operands, which differs between ranks);
 * ranks calling different collectives on signatures agreed earlier (so no agreement runs):
   the check value riding with the data makes every rank raise ``CollectiveMismatchError``;
 * ``check=False`` and different lengths: an error on every rank, never a quiet answer;
@@ -85,10 +86,14 @@ def nans() -> None:
                 x = (np.arange(count) % 7).astype(dtype) + rank
                 x[1 + rank] = np.nan  # a NaN of this rank only
                 x[count - 1] = np.nan  # one on every rank
+                # zeros of both signs, in turn by rank (MPICH's MAX kept the first it met,
+                # in an order that differs between ranks: each had its peer's sign)
+                x[0], x[count - 2] = (-0.0, 0.0) if rank % 2 else (0.0, -0.0)
                 want = (np.maximum if op == "max" else np.minimum).reduce(
                     [np.where(np.arange(count) == 1 + r, np.nan, (np.arange(count) % 7) + r)
                      for r in range(n)]).astype(dtype)
                 want[count - 1] = np.nan
+                want[0] = want[count - 2] = 0.0
                 for method in ("all_reduce", "reduce", "reduce_scatter"):
                     name = f"nan {method} {op} {np.dtype(dtype)} {count}"
                     if method == "all_reduce":
