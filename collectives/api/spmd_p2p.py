@@ -124,7 +124,8 @@ class PointToPointOps(CommParts):
         Parameters
         ----------
         out
-            Where the message goes; its shape and dtype must match what was sent.
+            Where the message goes; its dtype and size must match what was sent (the
+            shape is the receiver's own: a (2, 2) message fills a (4,) out).
         src
             The sending rank.
         tag
@@ -177,7 +178,8 @@ class PointToPointOps(CommParts):
         Parameters
         ----------
         out
-            Where the message goes; its shape and dtype must match what was sent.
+            Where the message goes; its dtype and size must match what was sent (the
+            shape is the receiver's own: a (2, 2) message fills a (4,) out).
         src
             The sending rank.
         tag
