@@ -163,6 +163,8 @@ def _bad(rounds, n=2, collective=Collective.ALL_REDUCE, den=2):
     (_bad([[reduce_step(0, [1], 0, 2), reduce_step(1, [0], 0, 2)]]), "reads and writes"),
     (_bad([[reduce_step(2, [1], 0, 2)]]), "names participant 2"),
     (_bad([[copy_step(0, 1, 0, 2)]], collective=Collective.BROADCAST), "undefined"),
+    (_bad([[reduce_step(0, [1], 0, 2)], [copy_step(1, 0, 0, 2), (0, (), 1, 1, False)]]),
+     "copies from no one"),
 ])
 def test_checker_rejects(schedule, complaint):
     with pytest.raises(ScheduleError, match=complaint):

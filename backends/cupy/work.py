@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from collectives.errors import CollectiveTimeoutError
+from collectives.runtime.validate import check_timeout
 
 POLL_SECONDS = 50e-6
 
@@ -41,6 +42,7 @@ class DeviceWork:
         With ``timeout`` (seconds), raise ``CollectiveTimeoutError`` if the
         devices have not finished by then (the work stays enqueued).
         """
+        check_timeout(timeout)
         if timeout is None:
             for e in self._events:
                 e.synchronize()

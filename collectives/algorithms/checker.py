@@ -88,12 +88,14 @@ def check(schedule: Schedule) -> None:
         written: dict[int, set[int]] = {}  # participant -> the atoms written in this round
         read: dict[int, set[int]] = {}  # participant -> the atoms read from it
         spans = [span(s) for s in rnd]
-        for (dst, srcs, *_), atoms_of_s in zip(rnd, spans):
+        for (dst, srcs, _, _, reduce), atoms_of_s in zip(rnd, spans):
             for p in (dst, *srcs):
                 if not 0 <= p < n:
                     raise ScheduleError(f"{schedule.name}: round {r} names participant {p}")
             if dst in srcs:
                 raise ScheduleError(f"{schedule.name}: round {r}: {dst} reads its destination")
+            if not srcs and not reduce:
+                raise ScheduleError(f"{schedule.name}: round {r}: {dst} copies from no one")
             mine_written = written.setdefault(dst, set())
             if not mine_written.isdisjoint(atoms_of_s):
                 raise ScheduleError(f"{schedule.name}: round {r} writes {dst} twice")

@@ -123,9 +123,10 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
         try:
             engine.drain()
             engine.close()
-            self.transport.free()
         finally:
-            engine.leave()
+            engine.leave()  # (closed: later calls are refused; the transport's free may wait
+            # for its peers' frees as long as they take, which is no call the hang guard ends)
+        self.transport.free()
 
     # --- hooks --------------------------------------------------------------------------
 

@@ -203,6 +203,9 @@ def test_core_api_routes_cupy_arrays_and_async_handles_wait():
     expected = collectives.all_reduce(exact_inputs(4, 1000, np.float32), "sum", "ring")
     assert all(isinstance(r, cupy.ndarray) for r in collectives.all_reduce(values, "sum"))
     handle = gpu().all_reduce(values, "sum", "ring", async_op=True)
+    for bad in (-1, float("nan"), "soon", True, 10 ** 400):  # checked first, as every wait's
+        with pytest.raises((TypeError, ValueError), match="timeout"):
+            handle.wait(timeout=bad)
     results = handle.wait(timeout=60)
     assert handle.is_completed()
     assert all(same_bits(e, host(r)) for e, r in zip(expected, results))
