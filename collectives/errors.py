@@ -50,6 +50,10 @@ class PeerFailedError(CollectiveError):
 
     seen_here: bool = False
 
+    def __init__(self, message: str, *, seen_here: bool = False):
+        super().__init__(message)
+        self.seen_here = seen_here
+
 
 class PeerTimeoutError(PeerFailedError, CollectiveTimeoutError):
     """A peer timed out in a call this rank is in, and told this rank before its own deadline

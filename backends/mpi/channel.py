@@ -222,10 +222,8 @@ class MPIChannel:
                 f"rank {self.rank}: {self.what} {seq}: rank {peer} sent more bytes than this rank "
                 "expects: ranks passed different shapes or dtypes (with check=False nothing "
                 "compares them first; pass check=True to be told which)")
-        error = PeerFailedError(f"rank {self.rank}: {self.what} {seq}: MPI failed {what} rank "
-                                f"{peer}: {exc.Get_error_string()}")
-        error.seen_here = True  # (the other ranks may not know: they are told)
-        return error
+        return PeerFailedError(f"rank {self.rank}: {self.what} {seq}: MPI failed {what} rank "
+                               f"{peer}: {exc.Get_error_string()}", seen_here=True)
 
     def free(self) -> None:
         self.arena = Arena()

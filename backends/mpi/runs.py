@@ -42,10 +42,8 @@ def mpi_error(rank: int, seq: int, call: Call, exc: Any) -> Exception:
         return CollectiveMismatchError(
             f"rank {rank}: call {seq}: {call.describe()}: a peer sent more data than this rank "
             "expects: ranks passed different shapes or dtypes, or called different collectives")
-    error = PeerFailedError(f"rank {rank}: call {seq}: {call.describe()}: MPI failed: "
-                            f"{exc.Get_error_string()}")
-    error.seen_here = True  # (the other ranks may not know: they are told)
-    return error
+    return PeerFailedError(f"rank {rank}: call {seq}: {call.describe()}: MPI failed: "
+                           f"{exc.Get_error_string()}", seen_here=True)
 
 
 class NativeRun:
