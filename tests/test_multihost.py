@@ -275,6 +275,9 @@ def check_errors(errors: list[re.Match], faulted_at: float, lost: set[int],
             if not missing:
                 nobody.append(e.group(0))
         named |= missing
+        if e["kind"] == "PeerFailedError":  # a peer's MPI transfer failed: it told the others
+            named |= {int(r) for r in re.findall(r"(?:because rank|MPI failed \w+ from rank|"
+                                                 r"MPI failed \w+ to rank) (\d+)", e["message"])}
     assert named & lost or not complete, \
         f"no error names a rank of {sorted(lost)}: {[e.group(0) for e in errors]}"
     if nobody:
