@@ -40,6 +40,7 @@ import torch.distributed as dist
 from collectives.compression import requested, wire_dtype
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
+from collectives.runtime.validate import check_timeout
 
 from .torch_group import UPCAST as _UPCAST
 from .torch_group import process_group
@@ -88,8 +89,7 @@ class CommHookState:
         self.op = ReduceOp.SUM
         wire_dtype(compression, ReduceOp.MEAN if mean else ReduceOp.SUM, np.float32,
                    "compression")  # a bad one raises here
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+        check_timeout(timeout)
         self.comm, self.mean, self.algorithm, self.timeout = comm, mean, algorithm, timeout
         self.compression = compression if requested(compression) else None
         self.buckets = 0

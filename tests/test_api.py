@@ -18,6 +18,10 @@ from collectives.api.initialize import launched_by_mpi
 def test_init_local_is_one_rank_and_idempotent():
     comm = collectives.init("local")
     assert (comm.rank, comm.size) == (0, 1) and collectives.init("local") is comm
+    # other options are not ignored quietly: that communicator waits 300 s, not 5
+    with pytest.raises(ValueError, match=r"already made .* with no options; pass the same "):
+        collectives.init("local", timeout=5)
+    assert collectives.init("local") is comm
     np.testing.assert_array_equal(comm.all_reduce(np.arange(3.0)), np.arange(3.0))
     with comm.dup() as twin:
         assert twin is not comm and twin.size == 1

@@ -243,3 +243,27 @@ def test_a_receive_refused_for_its_arguments_takes_no_message():
         return refused, got
 
     assert collectives.run(body, 2, timeout=10)[0] == ([True] * 4, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("kwargs, error, named", [
+    ({"timeout": -1}, ValueError, "timeout=-1"),
+    ({"timeout": 0}, ValueError, "timeout=0"),
+    ({"timeout": float("nan")}, ValueError, "timeout=nan"),
+    ({"timeout": "5"}, TypeError, "timeout='5'"),
+    ({"timeout": None}, TypeError, "timeout=None"),
+    ({"timeout": True}, TypeError, "timeout=True"),
+    ({"timeout": 10 ** 400}, ValueError, "timeout (an integer of 401 digits)"),
+    ({"check": "no"}, TypeError, "check='no'"),
+])
+@pytest.mark.parametrize("make", ["run", "init"])
+def test_a_communicators_settings_are_checked(make, kwargs, error, named):
+    # These were taken as they came: timeout=-1 and "5" as numbers, check="no" as True; and
+    # under collectives.run, a rank that failed to make its communicator printed a traceback
+    # in its thread while run() returned None for it.
+    calls = []
+    with pytest.raises(error, match=named.replace("(", r"\(").replace(")", r"\)")):
+        if make == "run":
+            collectives.run(calls.append, 2, **kwargs)
+        else:
+            collectives.load_backend("local").init(**kwargs)
+    assert calls == []  # no rank ran

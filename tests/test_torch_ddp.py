@@ -312,6 +312,8 @@ def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():
     (dict(mean="yes"), TypeError, "mean"),
     (dict(compression="fp8"), ValueError, "compression"),
     (dict(timeout=-1), ValueError, "timeout"),
+    (dict(timeout=True), TypeError, "timeout"),  # (taken as 1 s)
+    (dict(timeout=10 ** 400), ValueError, "timeout"),  # (failed at the step's wait)
 ])
 def test_bad_state_arguments_are_named(kwargs, error, words):
     def rank_fn(comm):

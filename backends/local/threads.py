@@ -22,6 +22,7 @@ from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailedError
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, describe_activity
+from collectives.runtime.validate import check_default_timeout, check_flag
 
 from .p2p import Postings, ThreadMessages
 
@@ -302,14 +303,17 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size={size!r} must be a positive number of ranks")
+    check_default_timeout(timeout)  # (here, once: raised in every rank's thread, the
+    check_flag(check, "check")  # caller saw only the threads' tracebacks)
     world = ThreadWorld(size, timeout)
     results: list = [None] * size
     errors: dict[int, BaseException] = {}
 
     def body(rank: int) -> None:
         transport = ThreadTransport(world, rank)
-        comm = Communicator(transport, timeout=timeout, check=check, name="local")
-        try:
+        comm = None
+        try:  # (the communicator too: a rank that failed to make one must not return None)
+            comm = Communicator(transport, timeout=timeout, check=check, name="local")
             results[rank] = fn(comm, *args)
             through = comm.calls.engine.finished_through()
             if through < comm.calls.engine.seq:  # it returned with calls in flight: they
@@ -317,8 +321,8 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
                                     "flight, and joins no later call")  # are lost with it
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
-            transport.tell_exit(comm.calls.engine.finished_through(),
-                                f"{type(exc).__name__}: {exc}")
+            through = comm.calls.engine.finished_through() if comm is not None else 0
+            transport.tell_exit(through, f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
                for r in range(size)]

@@ -77,29 +77,31 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     RuntimeError
         The ranks run different versions of the library.
     """
-    from collectives import __version__
     from collectives.extras import require
     from collectives.runtime import hang_guard as guard
+    from collectives.runtime.validate import check_default_timeout, check_flag
     from collectives.timeline import clock
-    from collectives.version import check_versions
 
     MPI = require("mpi4py.MPI", "mpi", "the MPI transport")
 
     from . import abort
+    from .start import agree_to_start
     from .transport import MPITransport
 
-    if not isinstance(hang_guard, bool):
-        raise TypeError(f"hang_guard={hang_guard!r} must be True or False")
+    def check_arguments() -> None:
+        check_default_timeout(timeout)
+        for name, flag in (("check", check), ("abort_on_error", abort_on_error),
+                           ("hang_guard", hang_guard)):
+            check_flag(flag, name)
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    # (before anything else: one rank's bad argument raises on every rank)
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init")
     abort.install(abort_on_error)
     guard.ENABLED = hang_guard  # (for this communicator and those made after it)
-    comm = MPI.COMM_WORLD if comm is None else comm
-    # MPI's own gather, so the user's calls count from 1: each rank's version, and its host and
-    # whether it records a timeline (the ranks' clocks are lined up then)
-    gathered = comm.allgather((__version__, clock.probe()))
-    check_versions([version for version, _ in gathered])
     transport = MPITransport(comm, groups=groups)
     communicator = Communicator(transport, timeout=timeout, check=check, name="mpi")
-    clock.align(communicator, [probe for _, probe in gathered])
+    clock.align(communicator, probes)
     return communicator
 
 

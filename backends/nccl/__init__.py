@@ -41,18 +41,22 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
 
         comm = MPI.COMM_WORLD
     from collectives.backends.mpi import abort
+    from collectives.backends.mpi.start import agree_to_start
 
-    from collectives import __version__
+    from collectives.runtime.validate import check_default_timeout, check_flag
     from collectives.timeline import clock
-    from collectives.version import check_versions
 
     from .transport import NcclTransport
 
+    def check_arguments() -> None:
+        check_default_timeout(timeout)
+        check_flag(check, "check")
+        check_flag(abort_on_error, "abort_on_error")
+
+    # (before anything else: one rank's bad argument raises on every rank)
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init")
     abort.install(abort_on_error)
-    # MPI's own gather, so the user's calls count from 1 (as the MPI transport's init)
-    gathered = comm.allgather((__version__, clock.probe()))
-    check_versions([version for version, _ in gathered])
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
     communicator = NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")
-    clock.align(communicator, [probe for _, probe in gathered])
+    clock.align(communicator, probes)
     return communicator

@@ -28,6 +28,7 @@ from ..log import configure, debug_setting
 from ..runtime.call_runner import CallRunner
 from ..runtime.calls import Call
 from ..runtime.results import Ready
+from ..runtime.validate import check_default_timeout, check_flag
 from ..timeline import recorder
 from . import auto, runners
 from .spmd_batch import BatchOps
@@ -72,6 +73,8 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, Poin
 
     def __init__(self, transport: Any, *, timeout: float = 300.0, check: bool = True,
                  name: str | None = None):
+        check_default_timeout(timeout)
+        check_flag(check, "check")
         self.transport = transport
         self.rank = transport.rank
         self.size = transport.size

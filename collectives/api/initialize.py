@@ -49,7 +49,8 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
          **options: Any) -> Communicator:
     """The communicator of this process, whatever launched it.
 
-    Idempotent per backend: a second call returns the first communicator.
+    Idempotent per backend: a second call returns the first communicator (with other
+    ``options`` it raises ValueError rather than ignore them).
 
     Parameters
     ----------
@@ -91,7 +92,13 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
             logger.info("collectives.init: no MPI launcher in the environment; one local rank")
             name = "local"
     if name in _ACTIVE:
-        return _ACTIVE[name]
+        first, first_options = _ACTIVE[name]
+        if options != first_options:  # (returning the first one would ignore them quietly)
+            raise ValueError(f"collectives.init({name!r}) already made this process's "
+                             f"communicator with {_spelled(first_options)}; pass the same "
+                             f"options, or call collectives.load_backend({name!r}).init("
+                             f"{_spelled(options)}) for another communicator")
+        return first
     try:
         module = load_backend(name)
     except ValueError:
@@ -118,5 +125,9 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
             comm.fabric = apply(scratch, mode)
         finally:
             scratch.free()
-    _ACTIVE[name] = comm
+    _ACTIVE[name] = comm, options
     return comm
+
+
+def _spelled(options: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in options.items()) or "no options"

@@ -5,6 +5,7 @@ different collective altogether) on a call made for the first time, so the agree
 Every rank must raise ``CollectiveMismatchError`` before any data moves, with one message (up
 to its "rank k:" prefix) naming the field; the communicator then still works. (Calls agreed
 earlier disagree in ``natives.py``: there the check value riding with the data finds them.)
+Last, the last rank passes ``init`` a bad timeout: every rank raises the ValueError naming it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def main() -> None:
         # Nothing moved and nothing broke: the next call works everywhere.
         got = comm.all_reduce(np.full(3, rank, np.int64))
         report.check(np.array_equal(got, np.full(3, n * (n - 1) // 2)), f"{name}: comm unusable")
+    # One rank's bad argument to init raises on every rank, naming that rank and the argument
+    # (raised on that rank alone, it left the others in MPI's gather, which has no timeout).
+    try:
+        mpi.init(timeout=-1 if odd else 10)
+        report.check(False, "init: no error")
+    except ValueError as exc:
+        report.check(str(exc).startswith(f"collectives.backends.mpi.init on rank {n - 1}: "
+                                          "timeout=-1 must be a positive"), f"init: {exc}")
     everyone = WORLD.gather(seen, root=0)
     if rank == 0:
         for name in CASES:
