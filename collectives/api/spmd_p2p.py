@@ -21,8 +21,9 @@ import numpy as np
 from ..array_kinds import viewed_in_place
 from ..hints import Array, ArrayT
 from ..runtime.departures import Ledger
+from ..runtime.operation import Operation
 from ..runtime.validate import check_communicable, check_out, check_timeout
-from ..runtime.work import Operation, Work
+from ..runtime.work import Work
 from ..timeline import record_messages, recorder
 from .comm_parts import CommParts
 

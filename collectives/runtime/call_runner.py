@@ -44,6 +44,7 @@ from .engine import Engine
 from .execute.spmd import SpmdRun
 from .hot_path import FastAllReduce
 from .native_stage import NativeStage, ScheduleInTurn
+from .operation import Operation
 from .results import Ready
 from .validate import (
     check_communicable,
@@ -53,7 +54,6 @@ from .validate import (
     check_timeout,
     resolve_groups,
 )
-from .work import Operation
 
 CALLS = logging.getLogger("collectives.calls")
 BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks raise

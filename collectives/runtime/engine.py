@@ -29,8 +29,9 @@ from .call_order import CallOrder
 from .departures import Ledger
 from .failures import MESSAGES, Failures
 from .in_flight import InFlight
+from .operation import Operation
 from .transport import Transport
-from .work import Operation, Work
+from .work import Work
 
 AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices

@@ -27,8 +27,8 @@ from ..errors import (
 from .agreement import AGREED, Agreement, LateAgreement
 from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
 from .missing import missing_ranks
+from .operation import Operation
 from .transport import Failure, Transport
-from .work import Operation
 
 FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile

@@ -27,8 +27,8 @@ from typing import Any
 from ..ops import ReduceOp
 from ..timeline import record_calls, recorder
 from .calls import Call
+from .operation import Operation
 from .transport import PENDING
-from .work import Operation
 
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from ..errors import CollectiveError, CommunicatorBrokenError
 from .departures import exit_notice
-from .work import Operation, Work
+from .operation import Operation
+from .work import Work
 
 MAX_IN_FLIGHT = 1024  # collective handles not waited on (and messages in flight) at once
 

@@ -1,14 +1,10 @@
-"""Collectives in flight: operations, the handles users hold, and the waiting loop.
+"""The handles users hold for calls in flight: ``Work`` (one call's ``Operation``,
+``operation.py``), ``Completed`` (a multi-device call already finished) and ``BatchWork``
+(several calls, one result).
 
-An ``Operation`` is a collective as a small state machine: a list of *stages* (the
-argument agreement, then the data movement, each a resumable ``advance() -> bool``) and a
-``finish`` that turns the working buffer into the result. A blocking call starts one and waits
-for it; ``async_op=True`` hands back its ``Work`` handle instead. Several may be in flight
-on one communicator: each completes as its data arrives, whoever drives the progress (a
-``wait()``, the next call, or the communicator's progress thread).
-
-Waiting spins for a few microseconds (a peer slightly late), then yields, then sleeps (a peer
-much later), so a wait never burns a core for long.
+``wait()`` drives the communicator's progress until its call has finished (``Engine.wait``:
+it spins for a few microseconds, then yields, then sleeps, so a wait never burns a core for
+long); ``add_done_callback`` hears of the end on whichever thread finishes the call.
 """
 
 from __future__ import annotations
@@ -20,14 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from ..errors import CollectiveError
-from ..timeline import record_calls
+from .operation import Operation
 from .validate import check_timeout
 
 LAST_LOOK = 1e-9  # the seconds a batch's wait gives each call left once its deadline passed
 
 T = TypeVar("T")
 CALLBACKS = logging.getLogger("collectives.calls")
-PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread's lock
 
 
 def call_back(callback: Callable[[Any], None], handle: Any) -> None:
@@ -38,102 +33,6 @@ def call_back(callback: Callable[[Any], None], handle: Any) -> None:
         callback(handle)
     except Exception:  # noqa: BLE001 - logged, as concurrent.futures does
         CALLBACKS.exception("a done-callback of %r raised", handle)
-
-
-class Operation:
-    """One collective in flight on one communicator."""
-
-    __slots__ = ("breaking", "callbacks", "check", "counted", "engine", "error", "finish",
-                 "finished", "handle", "result", "timeout",
-                 "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
-                 "subject", "trace", "waited_by")
-
-    def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
-                 finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
-                 skipped_agreement: bool = False, breaking: bool = True, phase: Any = True,
-                 timeout: float | None = None):
-        # ``subject``: what the call is, a Call (described only when an error needs it) or text
-        self.engine, self.seq, self.subject = engine, seq, subject
-        self.timeout = timeout  # the call's own (None: the communicator's): bounds its wait()
-        self.callbacks: list[Callable[[], None]] | None = None  # Work.add_done_callback's
-        self.stages, self.stage, self.finish = [s for s in stages if s is not None], 0, finish
-        self.finished = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.waited_by = False  # a Work.wait() will report the error; no one else must
-        self.handle: Any = None  # a weak reference to the Work handle of an asynchronous call
-        self.counted = False  # its handle counts among the engine's outstanding ones
-        # what the call's late agreement needs, should a peer start one
-        self.signature, self.check = signature, check
-        self.skipped_agreement = skipped_agreement
-        # whether its failure (a timeout, an error) leaves the communicator broken: a
-        # collective's does; a point-to-point message's does not (it is withdrawn)
-        self.breaking = breaking
-        self.phase = phase  # as published to peers when the call was issued
-        self.trace: Any = None  # its spans on the timeline, while recording (tracing.issued)
-
-    def advance(self) -> bool:
-        """Move on as far as possible without waiting; True once finished (or failed)."""
-        if self.finished:
-            return True
-        if self.trace is not None:
-            return record_calls.advance(self)
-        try:
-            while self.stage < len(self.stages):
-                if not self.stages[self.stage].advance():
-                    return False
-                self.stage += 1
-            self.result = self.finish()
-        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
-            self.fail(exc)
-        if not self.finished:
-            self.finished = True
-            self.ended()
-        return True
-
-    def ended(self) -> None:
-        """Run the callbacks ``Work.add_done_callback`` registered (once, as it finishes)."""
-        callbacks, self.callbacks = self.callbacks, None
-        for callback in callbacks or ():
-            callback()
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.finished:
-            self.error = exc
-            self.finished = True
-            if self.trace is not None:
-                record_calls.failed(self, exc)
-            for stage in self.stages[self.stage:]:
-                abort = getattr(stage, "abort", None)
-                if abort is not None:
-                    abort()
-            self.ended()
-
-    @property
-    def description(self) -> str:
-        subject = self.subject
-        return subject if isinstance(subject, str) else subject.describe()
-
-    def pending_peers(self) -> list[int]:
-        """The peers this operation waits for (none known: []). Asked under the lock the
-        progress thread advances under (asking tests the stage's requests, and a request two
-        threads test at once may be freed by one of them); where that thread holds it for
-        long (stuck in MPI with a dead peer), none are known."""
-        state = self.engine.state
-        if not state.acquire(timeout=PEERS_LOCK_SECONDS):
-            return []
-        try:
-            if self.finished or self.stage >= len(self.stages):
-                return []
-            pending = getattr(self.stages[self.stage], "pending_peers", None)
-            return pending() if pending is not None else []
-        finally:
-            state.release()
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class Work(Generic[T]):
