@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from .devices import NumpyDevices, devices
-from .threads import ThreadTransport, ThreadWorld, init, run
+from .threads import ThreadTransport, init, run
+from .world import ThreadWorld
 
 __all__ = ["NumpyDevices", "ThreadTransport", "ThreadWorld", "devices", "init", "run"]
