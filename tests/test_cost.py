@@ -17,7 +17,7 @@ from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
 from collectives.algorithms.sampling import interpolate, predict, predict_native
 from collectives.algorithms.schedule import Collective
-from collectives.api import calibration, calibration_links
+from collectives.api import calibration, calibration_links, calibration_measure
 from collectives.tools import cli
 
 B = 1 << 20
@@ -356,12 +356,12 @@ def test_checks_agree_with_exact_probes_and_flag_a_poisoned_one():
     groups = {"local": ((0, 1, 2, 3),)}
     gammas = (("float32", GAMMA),)
     # probed again: the attempt the checks agree with counts, and nothing is flagged
-    kept = calibration._fabric(Fabric(), CALL, gammas, {"local": [poisoned, times]}, (4, None),
+    kept = calibration_measure.solved_fabric(Fabric(), CALL, gammas, {"local": [poisoned, times]}, (4, None),
                                (), fake_comm(4), groups)
     assert kept.host.beta == pytest.approx(fabric.host.beta, rel=0.02) and not kept.flags
     assert {c[1] for c in kept.checks} == set(calibration_links.CHECKS)
     # poisoned both times: kept, but flagged where a user looks
-    flagged = calibration._fabric(Fabric(), CALL, gammas, {"local": [poisoned, poisoned]},
+    flagged = calibration_measure.solved_fabric(Fabric(), CALL, gammas, {"local": [poisoned, poisoned]},
                                   (4, None), (), fake_comm(4), groups)
     assert flagged.flags and "large check" in flagged.flags[0] and "probed 2 times" in \
         flagged.flags[0]

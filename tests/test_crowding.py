@@ -15,7 +15,7 @@ from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
 from collectives.algorithms.sampling import predict
 from collectives.algorithms.schedule import Collective
-from collectives.api import calibration, calibration_crowds, calibration_links
+from collectives.api import calibration_crowds, calibration_links, calibration_measure
 
 B = 1 << 20
 A_H, BETA_H = 4e-6, 1 / 5e9
@@ -67,7 +67,7 @@ def test_crowding_is_solved_from_a_pair_alone_and_the_busy_host(n, per_round, pe
     busy = replace(alone, cores=2, crowding=per_round, crowding_message=per_peer)
     pair = {k: v for k, v in probe_times(2, alone).items() if k != "oneway"}
     crowd = probe_times(n, busy)
-    got = calibration._fabric(Fabric(), CALL, (("float32", GAMMA),), {"local": [crowd]},
+    got = calibration_measure.solved_fabric(Fabric(), CALL, (("float32", GAMMA),), {"local": [crowd]},
                               (2, pair), (), fake_comm(n), {"local": (tuple(range(n)),)})
     assert got.cores == 2
     assert got.crowding == pytest.approx(per_round, rel=0.05, abs=5e-6)
@@ -153,8 +153,8 @@ def test_calibration_keeps_the_job_wait_and_its_probes():
     groups = {"local": ((0, 1), (2, 3)), "net": ((0, 2),)}
     attempts = {"local": [times], "net": [net_times]}
     args = (Fabric(), CALL, (("float32", GAMMA),), attempts, (4, None), (), comm, groups)
-    plain = calibration._fabric(*args)
+    plain = calibration_measure.solved_fabric(*args)
     assert plain.round_overhead == 0.0
-    waited = calibration._fabric(*args, job)
+    waited = calibration_measure.solved_fabric(*args, job)
     assert waited.round_overhead == pytest.approx(40e-6, rel=0.05)
     assert dict(waited.raw)["job.ring"] == job["job.ring"]
