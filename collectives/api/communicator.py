@@ -33,6 +33,7 @@ from ..timeline import recorder
 from . import auto, runners
 from .spmd_batch import BatchOps
 from .spmd_copies import CopyOps
+from .spmd_objects import ObjectOps
 from .spmd_p2p import PointToPointOps
 from .spmd_prepared import PreparedOps
 from .spmd_reductions import ReductionOps
@@ -40,8 +41,8 @@ from .spmd_spread import SpreadOps
 from .spmd_subcomms import SubcommOps
 
 
-class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, PreparedOps, PointToPointOps,
-                   SubcommOps, auto.ChoiceOps):
+class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, ObjectOps, PreparedOps,
+                   PointToPointOps, SubcommOps, auto.ChoiceOps):
     """Collectives among ``size`` ranks; this one is ``rank``.
 
     Made by `collectives.init`, `collectives.run` or a backend's ``init``, rarely by hand.
