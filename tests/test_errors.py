@@ -208,6 +208,23 @@ def test_a_failing_rank_does_not_hang_the_others():
     assert time.monotonic() - start < 5
 
 
+def test_run_raises_the_failing_ranks_own_error_not_an_echo():
+    # A peer that hears of the failure between two calls raises CommunicatorBrokenError at its
+    # next one; run() raised that (rank 0's, the lowest) instead of rank 1's own error.
+    class Cause(Exception):
+        pass
+
+    def body(comm):
+        comm.all_reduce(np.ones(3), async_op=True).wait()  # (the progress thread hears)
+        if comm.rank == 1:
+            raise Cause("on rank 1")
+        time.sleep(0.3)
+        comm.all_reduce(np.ones(3))
+
+    with pytest.raises(Cause):  # (the echoes are CollectiveErrors, RuntimeErrors)
+        collectives.run(body, 3, timeout=5)
+
+
 def test_peers_are_told_which_rank_failed():
     errors = {}
 

@@ -17,7 +17,7 @@ from typing import Any
 from collectives import Communicator
 from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
-from collectives.errors import CollectiveTimeoutError, PeerFailedError
+from collectives.errors import CollectiveTimeoutError, CommunicatorBrokenError, PeerFailedError
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, describe_activity
 from collectives.runtime.validate import check_default_timeout, check_flag
@@ -192,9 +192,10 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     for t in threads:
         t.join()
     if errors:
-        # Prefer the root cause over the "a peer failed" echoes of it.
+        # Prefer the root cause over its echoes: "a peer failed", and "this communicator is
+        # broken" (a rank that heard of the failure between two calls)
         primary = {r: e for r, e in errors.items()
-                   if not isinstance(e, PeerFailedError)} or errors
+                   if not isinstance(e, (PeerFailedError, CommunicatorBrokenError))} or errors
         raise primary[min(primary)]
     return results
 

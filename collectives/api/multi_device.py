@@ -26,6 +26,7 @@ from ..runtime.execute import DeviceBackend
 from ..runtime.execute.device_calls import run_all_reduce, run_reduce
 from ..runtime.validate import (
     Groups,
+    check_op,
     check_root,
     check_shards,
 )
@@ -261,7 +262,14 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
 
     if isinstance(value_lists, (str, bytes)) or not isinstance(value_lists, Sequence):
         raise TypeError("value_lists must be a list with, per tensor, one array per device")
-    if len(value_lists) == 0:
+    knobs = dict(num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                 agg_small_grads_max_group=agg_small_grads_max_group,
+                 bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
+                 bucket_bytes=bucket_bytes)
+    if len(value_lists) == 0:  # nothing to reduce; the arguments are checked all the same
+        check_op(op, np.dtype(np.float64))  # (every op takes float64)
+        plan_batch([], [], algorithm, **knobs)  # type: ignore[arg-type]
+        for_batch(compression, op, [])
         return []
     tensors = prepare_batch(value_lists, op)
     n = len(tensors[0][0])
@@ -271,10 +279,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                              f"{n}; every tensor needs one array per device")
     arrays = backend_for_arrays(tensors[0][0]).arrays
     parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
-                       num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                       agg_small_grads_max_group=agg_small_grads_max_group,
-                       bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
-                       bucket_bytes=bucket_bytes, alone_bytes=arrays.alone_bytes(tensors[0][0][0]))
+                       alone_bytes=arrays.alone_bytes(tensors[0][0][0]),
+                       **knobs)  # type: ignore[arg-type]
     for_batch(compression, op, [])  # (a compression the op cannot take: raised before packing)
 
     def reduce_pack(part, buffers, fresh):

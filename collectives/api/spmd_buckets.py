@@ -186,9 +186,12 @@ class Buckets(Generic[ArrayT]):
         bucket not yet started (``CallRunner.refuse``). Its peers issue every bucket, so each
         of theirs meets a refusal (they raise ``PeerFailedError`` naming it at once) and the
         ranks' calls still pair; the buckets then take the next step's tensors. Where every
-        bucket has started, the error is this rank's alone, and ``wait()`` ends the step."""
+        bucket has started, the error is this rank's alone (its peers' buckets pair with the
+        ones in flight), and the step is over all the same: the next ``ready`` is the next
+        step's, as the docstring of the module says."""
         remaining = len(self.order) - self.started
         if remaining == 0:
+            self._abandon_step()
             raise error
         try:
             refuse_each(self.comm, "buckets", error, remaining, len(self.order))

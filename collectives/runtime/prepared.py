@@ -119,10 +119,8 @@ class PreparedCall:
         work = self._work
         if work is None:
             raise CollectiveError(f"rank {self.comm.rank}: {self.what}: wait() before start()")
-        if isinstance(work, (Finished, BaseException)) or work is DONE:
-            if timeout is not None:
-                check_timeout(timeout)
-        self._waited = True
+        check_timeout(timeout)  # (before the run counts as waited for: a bad one ends nothing,
+        self._waited = True  # and a start() after it would share the running call's buffers)
         if work is DONE:  # the hot path ran it: finished once (MEAN divides ``out`` in place),
             try:  # and every later wait() says the same
                 work = self._work = Finished(self.finish())

@@ -1,9 +1,10 @@
 """The fault matrix over call kinds: every way of reducing a tensor list (plain calls, asynchronous
 calls, a fused batch blocking and asynchronous, a batch tensor by tensor, buckets, prepared calls,
 a sub-communicator) under every fault: a bad argument on one rank, lists that differ after both
-were agreed (order, length), a missing rank with the call's own ``timeout=``, and a rank whose
-code raises with calls in flight. Each cell: an error on every rank naming the cause (and the
-failing rank), within a second or the call's own timeout; nothing hangs; nothing wrong.
+were agreed (order, length), a missing rank with the call's own ``timeout=``, a rank whose
+code raises with calls in flight, and a wait refused for its ``timeout=``. Each cell: an error
+on every rank naming the cause (and the failing rank), within a second or the call's own
+timeout; nothing hangs; nothing wrong.
 """
 
 from __future__ import annotations
@@ -201,6 +202,98 @@ def raising_midway(kind: str):
 for kind in KINDS:
     CASES.append(Case(f"kinds-{kind}-raising-rank", (run(kind, L), raising_midway(kind)),
                       where=("threads",), sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+# --- a wait refused for its timeout: the call is still in flight, and still unwaited ------------
+
+
+def _refused_wait(wait) -> str:
+    try:
+        wait(timeout=-1)
+    except ValueError as exc:
+        return "refused" if "timeout" in str(exc) else f"ValueError: {exc}"
+    return "accepted"
+
+
+def _issue(kind: str, comm, xs):
+    """Issue ``xs``'s calls as ``kind`` does; return (the first wait, the ones for the result, a
+    second issue, which must be refused until the first is waited for, or None)."""
+    if kind == "async":
+        handles = [comm.all_reduce(x, async_op=True) for x in xs]
+        return handles[0].wait, lambda: [h.wait() for h in handles], None
+    if kind == "batch-async":
+        handle = comm.batch_all_reduce(xs, async_op=True)
+        return handle.wait, handle.wait, None
+    if kind == "buckets":
+        buckets = comm.buckets(xs, bucket_bytes=0)
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        return buckets.wait, buckets.wait, None  # (a ready() again would end the step)
+    outs = [np.empty_like(x) for x in xs]
+    calls = [comm.all_reduce_init(x, out=o) for x, o in zip(xs, outs)]
+    for call in calls:
+        call.start()
+    return calls[0].wait, lambda: [call.wait() for call in calls], calls[0].start
+
+
+def bad_wait_timeout(kind: str):
+    """Every rank's wait(timeout=-1) raises ValueError naming ``timeout``, and breaks nothing: a
+    second start of the same call is refused as before any wait (a prepared call's let a
+    second run share the first's buffers: wrong sums on thread ranks), and the right wait
+    returns the right sums."""
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+
+        def body(comm):
+            first, results, again = _issue(kind, comm, xs)
+            said = [_refused_wait(first)]
+            if again is not None:
+                try:
+                    again()
+                    said.append("second start accepted")
+                except Exception as exc:  # noqa: BLE001 - judged below
+                    said.append("refused" if "again" in str(exc) or "already" in str(exc)
+                                else f"{type(exc).__name__}: {exc}")
+            if said != ["refused"] * len(said):
+                raise AssertionError(f"{kind}: {said}")
+            return results()
+        return Call(body, expect=ok(sums(ctx, L), within=2.0))
+    return step
+
+
+for kind in ("async", "batch-async", "buckets", "prepared"):
+    CASES.append(Case(f"kinds-{kind}-bad-wait-timeout", (run(kind, L), bad_wait_timeout(kind)),
+                      where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+
+
+def late_bad_ready(ctx: Ctx) -> Call:
+    """Rank 0 marks a tensor ready twice once every bucket has started: a ValueError, and its
+    step is over (its buckets in flight pair with its peers', who get their sums); the next
+    ``ready`` is the next step's on every rank (it said "already marked ready" before)."""
+    xs = tensors(ctx, L)
+    step1 = sums(ctx, L)
+
+    def body(comm):
+        buckets = comm.buckets(xs, bucket_bytes=0)
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        if comm.rank == 0:
+            try:
+                buckets.ready(1, xs[1])
+                raise AssertionError("a second ready(1, x) was accepted")
+            except ValueError as exc:
+                assert "already marked ready" in str(exc), exc
+        else:
+            got = buckets.wait()
+            assert all(np.array_equal(g, w) for g, w in zip(got, step1)), got
+        for k, x in enumerate(xs):
+            buckets.ready(k, 2 * x)
+        return buckets.wait()
+    return Call(body, expect=ok([2 * s for s in step1], within=2.0))
+
+
+CASES.append(Case("buckets-step-over-after-a-late-bad-ready", (run("buckets", L), late_bad_ready),
+                  where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 # --- the broken promises of the training step, one case each ------------------------------------
 
