@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.algorithms.fusion import DEFAULT_BUCKET_BYTES
 from collectives.arrays import HOST_ALONE_BYTES
 from collectives.extras import require
 from collectives.ops import BFLOAT16

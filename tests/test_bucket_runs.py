@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives.algorithms.packing import FIRST_BUCKET_BYTES, TAIL_BUCKET_BYTES, make_plan, runs
+from collectives.algorithms.fusion import FIRST_BUCKET_BYTES, TAIL_BUCKET_BYTES, runs
+from collectives.algorithms.packing import make_plan
 
 MIB = 1 << 20
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.algorithms.fusion import DEFAULT_BUCKET_BYTES
 from collectives.ops import ReduceOp
 from collectives.runtime.validate import check_root
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives.algorithms.packing import DEFAULT_BUCKET_BYTES
+from collectives.algorithms.fusion import DEFAULT_BUCKET_BYTES
 from collectives.ops import ReduceOp
 
 from . import gather, kernels

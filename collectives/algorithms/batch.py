@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..ops import ReduceOp, result_dtype
-from .packing import DEFAULT_BUCKET_BYTES, PackPlan, check_bucket_bytes, make_plan
+from .fusion import DEFAULT_BUCKET_BYTES, check_bucket_bytes
+from .packing import PackPlan, make_plan
 from .reuse import BucketKeeper
 from .spec import SpecRange, assign_ranges, parse_spec
 

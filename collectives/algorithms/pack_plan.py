@@ -1,6 +1,7 @@
 """A packing plan and how it moves tensors: ``PackPlan.pack`` makes each pack's buffer and
 ``PackPlan.unpack`` gives the tensors back from the reduced buffers (views where a tensor lies
-in one buffer). The plans themselves are made in ``collectives.algorithms.packing``.
+in one buffer). The plans themselves are made in ``collectives.algorithms.packing`` and ``fusion``; the
+simplest, every tensor alone (``no_packing``), is here.
 
 Where every tensor lies whole in one pack (fusion's plans), packing and unpacking go through
 the array backend's ``fuse`` and ``split``: one pass over memory, or one kernel launch, per
@@ -10,6 +11,7 @@ little per tensor.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -17,7 +19,7 @@ from math import prod
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, DTypeLike
 
 Shape = tuple[int, ...]
 
@@ -184,6 +186,33 @@ class PackPlan:
                 arrays.copy(result[start:stop], flat_bufs[k][offset:offset + stop - start])
             out[i] = result.reshape(shape)
         return out
+
+
+def normalise_layout(shapes: Sequence[Sequence[int]],
+                     dtypes: Sequence[DTypeLike]) -> tuple[tuple[Shape, ...], tuple[np.dtype, ...]]:
+    """Shapes as tuples of ints and dtypes as NumPy dtypes, or raise naming what is wrong."""
+    if len(shapes) != len(dtypes):
+        raise ValueError(f"got {len(shapes)} shapes but {len(dtypes)} dtypes")
+    norm_shapes = []
+    for i, shape in enumerate(shapes):
+        dims = tuple(operator.index(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"shape {i} {dims} has a negative dimension")
+        norm_shapes.append(dims)
+    return tuple(norm_shapes), tuple(np.dtype(d) for d in dtypes)
+
+
+def whole_packs(groups: Sequence[Sequence[int]], shapes: Sequence[Shape],
+                dtypes: Sequence[np.dtype]) -> tuple[Pack, ...]:
+    """One pack per group of tensor indices, each tensor whole in it."""
+    return tuple(Pack(tuple(g), dtypes[g[0]], tuple((0, prod(shapes[i])) for i in g))
+                 for g in groups)
+
+
+def no_packing(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]) -> PackPlan:
+    """Every tensor in a pack of its own."""
+    shp, dts = normalise_layout(shapes, dtypes)
+    return PackPlan(shp, dts, whole_packs([[i] for i in range(len(shp))], shp, dts))
 
 
 def _numpy():

@@ -16,8 +16,9 @@ Plans, after TensorFlow (see ``make_plan``):
 * ``aggregate_small`` - TF's ``AggregateSmallTensorPacker`` (``agg_small_grads_max_bytes``,
   ``agg_small_grads_max_group``), with ``extract_ranges`` reproduced exactly;
 * ``group_by_size`` - TF's (>= 2.4) ``group_by_size`` (``bytes_per_pack``);
-* ``fuse`` - fusion buckets (``bucket_bytes``), the default when no TensorFlow knob is given:
-  Horovod's fusion buffer (64 MiB) and PyTorch DDP's gradient buckets (25 MiB) by another name.
+* ``fuse`` and ``runs`` (``fusion.py``) - fusion buckets (``bucket_bytes``), the default when
+  no TensorFlow knob is given: Horovod's fusion buffer (64 MiB) and PyTorch DDP's gradient
+  buckets (25 MiB) by another name.
 
 Differences from TensorFlow, all so that mixed dtypes work (TF needs one dtype per batch):
 
@@ -32,21 +33,20 @@ Differences from TensorFlow, all so that mixed dtypes work (TF needs one dtype p
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from math import prod
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .pack_plan import Pack, PackPlan, Shape
+from .fusion import FIRST_BUCKET_BYTES, TAIL_BUCKET_BYTES, check_bucket_bytes, fuse, runs
+from .pack_plan import Pack, PackPlan, no_packing, normalise_layout, whole_packs
 
 __all__ = [
     "Pack",
     "PackPlan",
     "aggregate_small",
     "concat_and_split",
-    "DEFAULT_BUCKET_BYTES",
     "extract_ranges",
     "fuse",
     "runs",
@@ -54,46 +54,6 @@ __all__ = [
     "make_plan",
     "no_packing",
 ]
-
-# The default fusion bucket: Horovod's fusion threshold (HOROVOD_FUSION_THRESHOLD, 64 MiB);
-# DDP's bucket_cap_mb is 25 MiB. Larger buckets mean fewer calls; smaller ones start earlier
-# when buckets are started as their tensors become ready (``Communicator.buckets``).
-DEFAULT_BUCKET_BYTES = 64 << 20
-# Buckets started as their tensors become ready (``Communicator.buckets``) are sized as DDP's:
-# 25 MiB (its bucket_cap_mb), the first 1 MiB (so that communication starts early)
-OVERLAP_BUCKET_BYTES = 25 << 20
-FIRST_BUCKET_BYTES = 1 << 20
-# ... and the last ones shrink: a bucket holds at most half the bytes from its first tensor to
-# the list's end, down to this size. The last bucket starts only when the backward pass ends,
-# and everything in it is communication the step waits for: halving keeps that tail small
-# for a few more calls (ResNet-50 at 6 MiB: 12 buckets instead of 7; docs/performance.md).
-TAIL_BUCKET_BYTES = 256 << 10
-
-
-def _normalise(shapes: Sequence[Sequence[int]],
-               dtypes: Sequence[DTypeLike]) -> tuple[tuple[Shape, ...], tuple[np.dtype, ...]]:
-    if len(shapes) != len(dtypes):
-        raise ValueError(f"got {len(shapes)} shapes but {len(dtypes)} dtypes")
-    norm_shapes = []
-    for i, shape in enumerate(shapes):
-        dims = tuple(operator.index(d) for d in shape)
-        if any(d < 0 for d in dims):
-            raise ValueError(f"shape {i} {dims} has a negative dimension")
-        norm_shapes.append(dims)
-    return tuple(norm_shapes), tuple(np.dtype(d) for d in dtypes)
-
-
-def _whole_packs(groups: Sequence[Sequence[int]], shapes: Sequence[Shape],
-                 dtypes: Sequence[np.dtype]) -> tuple[Pack, ...]:
-    return tuple(Pack(tuple(g), dtypes[g[0]], tuple((0, prod(shapes[i])) for i in g))
-                 for g in groups)
-
-
-def no_packing(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]) -> PackPlan:
-    """Every tensor in a pack of its own."""
-    shp, dts = _normalise(shapes, dtypes)
-    return PackPlan(shp, dts, _whole_packs([[i] for i in range(len(shp))], shp, dts))
-
 
 MAX_PACKS = 1024  # as many calls as an asynchronous batch may have in flight
 
@@ -110,7 +70,7 @@ def concat_and_split(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike
     if num_packs > MAX_PACKS:
         raise ValueError(f"num_packs={num_packs} is more than {MAX_PACKS} packs (each is a call, "
                          "and an asynchronous batch holds a handle for each); use fewer")
-    shp, dts = _normalise(shapes, dtypes)
+    shp, dts = normalise_layout(shapes, dtypes)
     groups: dict[np.dtype, list[int]] = {}
     for i, dt in enumerate(dts):
         groups.setdefault(dt, []).append(i)
@@ -188,7 +148,7 @@ def aggregate_small(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]
     if max_bytes <= 0 or max_group <= 0:
         raise ValueError(f"max_bytes ({max_bytes}) and max_group ({max_group}) must both be "
                          "greater than zero")
-    shp, dts = _normalise(shapes, dtypes)
+    shp, dts = normalise_layout(shapes, dtypes)
     small = [i for i in range(len(shp)) if prod(shp[i]) * dts[i].itemsize <= max_bytes]
     large = [i for i in range(len(shp)) if prod(shp[i]) * dts[i].itemsize > max_bytes]
     # A dtype change acts as a gap: extract_ranges then never joins across it, and on a
@@ -207,7 +167,7 @@ def aggregate_small(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike]
         singles += seg_singles
     groups = [list(range(first, last + 1)) for first, last in ranges]
     groups += [[i] for i in sorted(large + singles)]
-    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+    return PackPlan(shp, dts, whole_packs(groups, shp, dts))
 
 
 def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
@@ -219,7 +179,7 @@ def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
     """
     if bytes_per_pack < 0:
         raise ValueError(f"bytes_per_pack must be 0 (one pack) or more, not {bytes_per_pack}")
-    shp, dts = _normalise(shapes, dtypes)
+    shp, dts = normalise_layout(shapes, dtypes)
     groups: list[list[int]] = []
     filled = 0
     for i in range(len(shp)):
@@ -229,91 +189,7 @@ def group_by_size(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
             filled = 0
         groups[-1].append(i)
         filled += prod(shp[i]) * dts[i].itemsize
-    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
-
-
-def check_bucket_bytes(bucket_bytes: object) -> None:
-    """``bucket_bytes`` is a whole number of bytes, 0 or more, or raise naming it."""
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)):
-        raise TypeError(f"bucket_bytes={bucket_bytes!r} must be a whole number of bytes (for "
-                        "64 MiB: 64 << 20), or 0 for no fusion")
-    if bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes={bucket_bytes} must be 0 (no fusion) or more bytes")
-
-
-def fuse(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike],
-         bucket_bytes: int, alone_bytes: int | None = None) -> PackPlan:
-    """Fusion buckets: each dtype's tensors, in input order, fill buckets of at most
-    ``bucket_bytes``; a tensor that would overflow the open bucket starts the next one, and a
-    tensor of ``alone_bytes`` (default: ``bucket_bytes``) or more travels alone (a view of it:
-    no copy). Buckets of different dtypes never mix; buckets are ordered by their first
-    tensor. ``bucket_bytes=0``: every tensor alone (``no_packing``).
-    """
-    check_bucket_bytes(bucket_bytes)
-    shp, dts = _normalise(shapes, dtypes)
-    if bucket_bytes == 0:
-        return no_packing(shp, dts)
-    alone = bucket_bytes if alone_bytes is None else min(alone_bytes, bucket_bytes)
-    groups: list[list[int]] = []
-    open_bucket: dict[np.dtype, tuple[list[int], int]] = {}  # dtype -> (members, bytes)
-    for i, (shape, dt) in enumerate(zip(shp, dts, strict=True)):
-        nbytes = prod(shape) * dt.itemsize
-        members, filled = open_bucket.get(dt, (None, 0))
-        if nbytes >= alone:
-            groups.append([i])  # alone; the open bucket of its dtype stays open
-            continue
-        if members is None or filled + nbytes > bucket_bytes:
-            members, filled = [], 0
-            groups.append(members)
-        members.append(i)
-        open_bucket[dt] = (members, filled + nbytes)
-    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
-
-
-def runs(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], bucket_bytes: int,
-         alone_bytes: int | None = None, first_bytes: int | None = None,
-         tail_bytes: int | None = None) -> PackPlan:
-    """Buckets of consecutive tensors, as DDP's reducer makes them for a list in the order its
-    tensors become ready: a bucket closes when the next tensor would overflow it
-    (``first_bytes`` for the first bucket, small so that communication starts early;
-    ``bucket_bytes`` for the others) or has another dtype; a tensor of ``alone_bytes`` (default
-    and at most ``bucket_bytes``) or more closes the open bucket and travels alone. Every
-    bucket holds a contiguous run of the list, so buckets complete in list order and none waits
-    behind a later tensor. ``bucket_bytes=0``: every tensor alone.
-
-    ``tail_bytes``: the last buckets shrink as well. A bucket opened at tensor ``i`` holds at
-    most half the bytes of tensors ``i`` to the end (and at least ``tail_bytes``), so each
-    bucket near the end is about as large as everything after it: the list's last tensors,
-    ready when the backward pass ends, then wait behind one small bucket instead of a full
-    one still filling.
-    """
-    check_bucket_bytes(bucket_bytes)
-    shp, dts = _normalise(shapes, dtypes)
-    if bucket_bytes == 0:
-        return no_packing(shp, dts)
-    sizes = [prod(shape) * dt.itemsize for shape, dt in zip(shp, dts, strict=True)]
-    after = [0] * (len(sizes) + 1)  # after[i]: the bytes of tensors i to the end
-    for i in range(len(sizes) - 1, -1, -1):
-        after[i] = after[i + 1] + sizes[i]
-    alone = bucket_bytes if alone_bytes is None else min(alone_bytes, bucket_bytes)
-    groups: list[list[int]] = []
-    members: list[int] | None = None
-    filled = cap = 0
-    for i, (nbytes, dt) in enumerate(zip(sizes, dts, strict=True)):
-        if nbytes >= alone:
-            groups.append([i])
-            members = None
-            continue
-        if members is None or filled + nbytes > cap or dts[members[0]] != dt:
-            members, filled = [], 0
-            # (the new bucket's cap: the first bucket's is first_bytes)
-            cap = bucket_bytes if groups or first_bytes is None else first_bytes
-            if tail_bytes is not None:
-                cap = min(cap, max(tail_bytes, after[i] // 2))
-            groups.append(members)
-        members.append(i)
-        filled += nbytes
-    return PackPlan(shp, dts, _whole_packs(groups, shp, dts))
+    return PackPlan(shp, dts, whole_packs(groups, shp, dts))
 
 
 def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,

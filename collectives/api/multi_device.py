@@ -16,7 +16,7 @@ from typing import Any, Literal, cast, overload
 
 import numpy as np
 
-from ..algorithms.packing import DEFAULT_BUCKET_BYTES
+from ..algorithms.fusion import DEFAULT_BUCKET_BYTES
 from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch, requested
 from ..foreign import accepts_foreign_values

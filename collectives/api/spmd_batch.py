@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-from ..algorithms.packing import DEFAULT_BUCKET_BYTES, OVERLAP_BUCKET_BYTES, check_bucket_bytes
+from ..algorithms.fusion import DEFAULT_BUCKET_BYTES, OVERLAP_BUCKET_BYTES, check_bucket_bytes
 from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch
 from ..foreign import Edge, is_foreign
