@@ -45,7 +45,8 @@ def _host(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.nda
     if tensor.device.type != "cpu":
         raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
                         f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
-    if tensor.dtype in UPCAST and moved:
+    tensor = tensor.detach()  # (as gloo's: a collective works on the data, outside autograd;
+    if tensor.dtype in UPCAST and moved:  # DLPack refused a tensor that requires grad)
         tensor = tensor.view(torch.int16)
     return np.from_dlpack(tensor)
 
@@ -89,7 +90,7 @@ class _CollectivesGroup(_ProcessGroupBase):
                 wide = tensor.float() if tensor.dtype in UPCAST else tensor
                 result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), op)
                 # (integer MEAN gives float64, bfloat16 went as float32: cast back, as torch does)
-                tensor.copy_(torch.from_numpy(np.asarray(result)))
+                tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _finished_work(tensors)
 
     def broadcast(self, tensors: list, opts: Any) -> Any:

@@ -32,6 +32,7 @@ from .array_kinds import (  # noqa: F401 (re-exported)
     register_array_kind,
 )
 from .registry import owner_of
+from .runtime.work import Work
 
 
 def is_foreign(x: Any) -> bool:
@@ -179,9 +180,10 @@ class Edge:
         return self.back(result)
 
 
-class HandedBack:
-    """The handle of an asynchronous call on another library's arrays: ``wait()`` returns the
-    result as the caller's type (``back`` of what the inner handle returns), once."""
+class HandedBack(Work):
+    """The handle of an asynchronous call on another library's arrays: a `Work` whose
+    ``wait()`` returns the result as the caller's type (``back`` of what the inner handle
+    returns), once."""
 
     __slots__ = ("_back", "_handle", "_outcome")
 
@@ -197,6 +199,16 @@ class HandedBack:
 
     def is_completed(self) -> bool:
         return self._handle.is_completed()
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        """``callback(this handle)`` once the call has finished (see
+        `Work.add_done_callback`): its ``wait()`` then gives the caller's type at once."""
+        self._handle.add_done_callback(lambda _inner: callback(self))
+
+    def reported_elsewhere(self) -> None:
+        reported = getattr(self._handle, "reported_elsewhere", None)
+        if reported is not None:
+            reported()
 
     def exception(self) -> BaseException | None:
         return self._handle.exception()

@@ -87,6 +87,65 @@ def test_a_lazy_conjugate_or_negation_is_refused_in_place_with_its_own_fix():
     assert collectives.run(body, 1) == [[-1j, -1j, -1j]]
 
 
+UNREADABLE = {  # tensors that pass a list's cheap checks, and fail where they are packed or read
+    "conjugate": lambda: torch.ones(4, dtype=torch.complex64).conj(),
+    "sparse": lambda: torch.ones(4, dtype=torch.complex64).to_sparse(),
+    "nested": lambda: torch.nested.nested_tensor([torch.ones(2, dtype=torch.complex64)] * 2),
+    "quantized": lambda: torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # (deprecated, still made)
+@pytest.mark.parametrize("kind", ["batch", "batch-async", "fused", "buckets"])
+@pytest.mark.parametrize("bad", list(UNREADABLE))
+def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(kind, bad):
+    """Rank 1's tensor 0 cannot be handed over: it raises a TypeError naming it, its peer a
+    PeerFailedError naming rank 1, both at once (the peer waited out its timeout where the
+    tensor failed in packing or DLPack, after the call had gone out)."""
+    import time
+
+    def body(comm):
+        good = [torch.ones(4, dtype=torch.complex64), torch.ones(3, dtype=torch.complex64)]
+        xs = [UNREADABLE[bad](), good[1]] if comm.rank == 1 else good
+        start = time.monotonic()
+        try:
+            if kind == "buckets":
+                buckets = comm.buckets(good, bucket_bytes=0)
+                for k, x in enumerate(xs):
+                    buckets.ready(k, x)
+                buckets.wait()
+            else:
+                got = comm.batch_all_reduce(xs, bucket_bytes=64 << 20 if kind == "fused" else 0,
+                                            async_op=kind == "batch-async")
+                if kind == "batch-async":
+                    got.wait()
+        except Exception as exc:  # noqa: BLE001 - judged below
+            return type(exc).__name__, str(exc), time.monotonic() - start
+        return "returned", "", time.monotonic() - start
+
+    (kind0, said0, took0), (kind1, said1, took1) = collectives.run(body, 2, timeout=10)
+    if (bad, kind) == ("conjugate", "fused"):  # (packed by PyTorch, which resolves it)
+        assert kind0 == kind1 == "returned", (said0, said1)
+        return
+    name = "tensor 0" if kind == "buckets" else "xs[0]"
+    assert kind1 == "TypeError" and said1.startswith(name), said1
+    assert kind0 == "PeerFailedError" and "rank 1" in said0 and name in said0, said0
+    assert max(took0, took1) < 2.0, (took0, took1)
+
+
+def test_an_asynchronous_tensor_call_is_work_with_done_callbacks():
+    # (its handle, which gives tensors back, had no add_done_callback and was no Work)
+    def body(comm):
+        heard = []
+        handle = comm.all_reduce(torch.ones(3), async_op=True)
+        handle.add_done_callback(lambda h: heard.append(h.wait().tolist()))
+        got = handle.wait()
+        return isinstance(handle, collectives.Work), type(got).__name__, heard
+
+    for is_work, kind, heard in collectives.run(body, 2):
+        assert is_work and kind == "Tensor" and heard == [[2.0, 2.0, 2.0]]
+
+
 def test_buckets_take_a_models_parameters_as_their_layout():
     # (``like`` gives shapes and dtypes only: parameters, which require grad, were refused;
     # what ``ready`` is given is read, and a tensor that requires grad still is)

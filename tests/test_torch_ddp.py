@@ -228,6 +228,23 @@ def test_the_process_group_carries_buffers_and_the_unused_parameters_map():
     assert unused0 is None and unused1 is None
 
 
+def test_the_process_group_takes_tensors_that_require_grad_as_gloo_does():
+    # (a collective works on the data, outside autograd: DLPack's refusal surfaced as a
+    # BufferError, then the copy back as "a leaf Variable ... in-place operation")
+    def rank_fn(comm):
+        group = torch_ddp.process_group(comm)
+        x = torch.full((3,), comm.rank + 1.0, requires_grad=True)
+        dist.all_reduce(x, group=group)
+        y = torch.full((2,), comm.rank + 1.0, requires_grad=True)
+        dist.broadcast(y, group=group, group_src=1)
+        outputs = [torch.zeros(2), torch.zeros(2)]
+        dist.all_gather(outputs, y, group=group)
+        return x.tolist(), x.requires_grad, y.tolist(), [t.tolist() for t in outputs]
+
+    for got in collectives.run(rank_fn, 2):
+        assert got == ([3.0] * 3, True, [2.0, 2.0], [[2.0, 2.0], [2.0, 2.0]])
+
+
 def test_the_process_group_refuses_an_allgather_output_list_unlike_the_input():
     # (NumPy broadcast one rank's value over a wider output, and a short list lost ranks:
     # gloo refuses both). Every rank still ends the call: the check comes after it

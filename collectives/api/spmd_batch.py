@@ -31,9 +31,10 @@ from .batch_checks import (
     batch_tag,
     bucket_plan,
     checked_list,
-    dtypes_of,
+    layout_of,
     own_copy,
     refuse_each,
+    unreadable,
 )
 from .comm_parts import CommParts
 from .spmd_buckets import Buckets
@@ -133,10 +134,9 @@ class BatchOps(CommParts):
             if edge is not None:
                 xs = [edge.adopt(x, f"xs[{k}]") for k, x in enumerate(xs)]
             xs = self.adapt_batch(xs, "xs")
-        dtypes = dtypes_of(arrays, xs)
+        shapes, dtypes = layout_of(arrays, xs, "xs")
         for dtype in set(dtypes):  # (per dtype, naming its first tensor)
             check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
-        shapes = list(map(tuple, (x.shape for x in xs)))
         layout = tuple(zip(shapes, dtypes))
         parts = plan_batch(shapes, dtypes,
                            algorithm, num_packs=num_packs,
@@ -159,16 +159,19 @@ class BatchOps(CommParts):
         crossing = arrays is not self.arrays
 
         issued: list = []  # (an asynchronous batch's handles, as its buckets go out)
+        made = [0, False]  # the buckets' calls made so far, and whether one is being made
 
         def reduce_pack(part, buffers, fresh):
             (buf,) = buffers
             if crossing:
                 buf = self.adapt(edge.adopt(buf, "a bucket of xs"), "a bucket of xs")
             squeeze = for_batch(compression, op, [buf.dtype])[0]
+            made[0], made[1] = made[0] + 1, True
             reduced = self.all_reduce(buf, op, part.spec.algorithm, shards=part.spec.shards,
                                       groups=groups, timeout=timeout, compression=squeeze,
                                       out=buf if in_place(fresh, op, buf.dtype) else None,
                                       async_op=async_op)
+            made[1] = False
             if async_op:
                 issued.append(reduced)
             return reduced
@@ -179,10 +182,16 @@ class BatchOps(CommParts):
             try:
                 batch = start_batch([xs], parts, reduce_pack, arrays=arrays, validated=True,
                                     keeper=self._bucket_keeper(arrays))
-            except BaseException:
+            except Exception as exc:
                 for handle in issued:  # (the error raised here covers the batch: its issued
                     handle.reported_elsewhere()  # buckets' must not surface at a later call)
-                raise
+                if made[1]:  # (a bucket's own call failed: it said so to its peers)
+                    raise
+                # packing or reading a bucket failed (a tensor PyTorch cannot hand over): the
+                # buckets not yet made are refused, so that the peers' calls fail at once
+                names = [f"xs[{k}]" for k in range(len(xs))]
+                error = unreadable(edge, xs, names, exc) if crossing else exc
+                refuse_each(self, "batch_all_reduce", error, len(order) - made[0], len(order))
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side
@@ -246,7 +255,7 @@ class BatchOps(CommParts):
                             "of the transport's library (or use batch_all_reduce)")
         else:
             arrays = edge.arrays
-        layout = tuple(zip([tuple(x.shape) for x in xs], [arrays.dtype_of(x) for x in xs]))
+        layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
         for dtype in {d for _, d in layout}:
             check_op_for(op, dtype, "like")
         return Buckets(self, layout, op, algorithm, bucket_bytes, timeout,

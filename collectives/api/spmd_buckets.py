@@ -23,7 +23,14 @@ from ..ops import ReduceOp, result_dtype
 from ..runtime.call_runner import BAD_INPUT
 from ..runtime.validate import check_timeout
 from ..runtime.work import BatchWork
-from .batch_checks import agree_on_empty, batch_tag, bucket_plan, refuse_each
+from .batch_checks import (
+    agree_on_empty,
+    batch_tag,
+    bucket_plan,
+    refuse_each,
+    shape_and_dtype,
+    unreadable,
+)
 
 
 class Buckets(Generic[ArrayT]):
@@ -118,7 +125,7 @@ class Buckets(Generic[ArrayT]):
             raise TypeError(f"tensor {k} is a {type(x).__module__}.{type(x).__name__}; the "
                             "buckets were made for another library's tensors")
         shape, dtype = self.layout[k]
-        if tuple(x.shape) != tuple(shape) or self.arrays.dtype_of(x) != dtype:
+        if shape_and_dtype(self.arrays, x, f"tensor {k}") != (tuple(shape), dtype):
             raise ValueError(f"tensor {k} is {x.dtype}{tuple(x.shape)}; the buckets were made "
                              f"for {dtype}{tuple(shape)}")
         if self.tensors[k] is not None:
@@ -138,10 +145,18 @@ class Buckets(Generic[ArrayT]):
             if into is not None:
                 self.took.add((id(part.plan), j, 0))
             # (ready checked each tensor's library, shape and dtype: validated for a kept one)
-            buf = part.plan.pack_one(j, [self.tensors[i] for i in part.indices],
-                                     arrays=self.arrays, validated=into is not None, into=into)
-            if self.edge is not None:
-                buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
+            tensors = [self.tensors[i] for i in part.indices]
+            try:
+                buf = part.plan.pack_one(j, tensors, arrays=self.arrays,
+                                         validated=into is not None, into=into)
+                if self.edge is not None:
+                    buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
+            except Exception as exc:  # (a tensor PyTorch cannot hand over: refused, so that
+                # the peers' buckets fail at once; named, with its index in the list)
+                if self.edge is None:
+                    raise
+                names = [f"tensor {i}" for i in part.indices]
+                self._refuse_rest(unreadable(self.edge, tensors, names, exc))
             in_place = self.in_place[self.started]
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
