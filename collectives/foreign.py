@@ -32,7 +32,6 @@ from .array_kinds import (  # noqa: F401 (re-exported)
     register_array_kind,
 )
 from .registry import owner_of
-from .runtime.work import Work
 
 
 def is_foreign(x: Any) -> bool:
@@ -180,8 +179,8 @@ class Edge:
         return self.back(result)
 
 
-class HandedBack(Work):
-    """The handle of an asynchronous call on another library's arrays: a `Work` whose
+class HandedBack:
+    """The handle of an asynchronous call on another library's arrays, with `Work`'s methods:
     ``wait()`` returns the result as the caller's type (``back`` of what the inner handle
     returns), once."""
 
