@@ -151,12 +151,12 @@ class Buckets(Generic[ArrayT]):
                                          validated=into is not None, into=into)
                 if self.edge is not None:
                     buf = self.comm.adapt(self.edge.adopt(buf, "a bucket"), "a bucket")
-            except Exception as exc:  # (a tensor PyTorch cannot hand over: refused, so that
-                # the peers' buckets fail at once; named, with its index in the list)
-                if self.edge is None:
-                    raise
+            except Exception as exc:  # (a tensor PyTorch cannot hand over, or no memory for
+                # the bucket: refused, so that the peers' buckets fail at once; a tensor named
+                # with its index in the list)
                 names = [f"tensor {i}" for i in part.indices]
-                self._refuse_rest(unreadable(self.edge, tensors, names, exc))
+                self._refuse_rest(exc if self.edge is None else
+                                  unreadable(self.edge, tensors, names, exc))
             in_place = self.in_place[self.started]
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
