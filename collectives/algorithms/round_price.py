@@ -70,7 +70,7 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
                 out[1] += ld.recvd[NET]
                 out[2] += 1
     links = (fabric.proc, fabric.host, fabric.net)
-    worst, worst_who = None, ""
+    worst, worst_who = None, None  # (described once, at the end: it names bytes)
     total = [0.0, 0.0, 0.0]
     for ld in loads:
         alpha = 0.0
@@ -101,14 +101,14 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
         t = latency + transfer + reduction
         if worst is None or t > worst[0]:
             worst = (t, latency, transfer, reduction)
-            worst_who = _who(ld, who_bytes, who_cls, nic)
+            worst_who = (ld, who_bytes, who_cls)
     busiest = max((ld.messages for ld in loads), default=0)
     if weights is not None:
         return Part(total[0], total[1], total[2], "all participants, one after another",
                     busiest)
-    if worst is None:
+    if worst is None or worst_who is None:
         return Part(0.0, 0.0, 0.0, "nobody")
-    return Part(worst[1], worst[2], worst[3], worst_who, busiest)
+    return Part(worst[1], worst[2], worst[3], _who(*worst_who, nic), busiest)
 
 
 def _who(ld: Load, moved: float, cls: int, nic: dict) -> str:
