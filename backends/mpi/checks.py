@@ -98,7 +98,9 @@ def local_nans(x: np.ndarray, needed: bool) -> np.ndarray | None:
 def settle_zeros(result: np.ndarray) -> None:
     """A float MAX or MIN result's zeros made +0 on every rank: MPI's MAX and MIN keep
     whichever of +0 and -0 they met first, in an order that differs between ranks (each
-    rank had its peer's sign); adding +0 turns -0 into +0 and leaves every other value."""
+    rank had its peer's sign); adding +0 turns -0 into +0 and leaves every other value. Also
+    where every rank had -0 (a rank cannot tell that from mixed signs without another
+    exchange): docs/reliability.md says the sign of such a zero is not promised."""
     np.add(result, 0.0, out=result)
 
 

@@ -140,7 +140,9 @@ class SubcommOps(CommParts):
         if shared is None:
             self._agree_then("shared_empty", error, lambda: None)
             return np.zeros(shape, dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
+        # (a bad shape or dtype raises in the agreement, on every rank: sized here, it raised
+        # on this rank alone, and its peers waited in the agreement)
+        nbytes = math.prod(shape) * dtype.itemsize if error is None else 0
         memory = self._agree_then("shared_empty", error, lambda: shared.allocate(nbytes))
         return memory.view(dtype).reshape(shape)
 

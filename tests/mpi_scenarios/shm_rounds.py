@@ -17,7 +17,8 @@ reduction, or every rank raises.
 * ``auto`` on shared arrays runs the shared-memory all-reduce from its threshold up (and not
   below it, nor out of place into a new result); a rank whose arrays are not shared makes
   every rank raise ``CollectiveMismatchError`` naming the algorithm each ran, also where both
-  signatures were agreed before (each rank moves data at once, on paths that never meet).
+  signatures were agreed before (each rank moves data at once, on paths that never meet);
+* a bad ``shared_empty`` shape on one rank: its ValueError there, PeerFailedError elsewhere.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from _common import WORLD, Report, meet
 from collectives.backends import mpi
 from collectives.backends.mpi import tuning
 
-from collectives.errors import CollectiveMismatchError
+from collectives.errors import CollectiveMismatchError, PeerFailedError
 
 report = Report("shm_rounds")
 n, rank = WORLD.size, WORLD.rank
@@ -219,6 +220,23 @@ def other_blocks(comm):
     return b if rank == 0 else a
 
 
+def bad_shared_on_one_rank(comm) -> None:
+    """A bad shape on one rank: that rank's ValueError naming it, PeerFailedError naming that
+    rank on the others, in the agreement, and the communicator still works (the window was
+    sized from the bad shape before the agreement: a TypeError on that rank alone, and its
+    peers' calls then paired with its next one)."""
+    last = n - 1
+    try:
+        comm.shared_empty(-3 if rank == last else 3, np.float32)
+        report.check(n == 1, "a bad shape on one rank: no error")
+    except ValueError as exc:
+        report.check(rank == last and "shape=-3" in str(exc), f"bad shape: {exc}")
+    except PeerFailedError as exc:
+        report.check(rank != last and f"rank {last}" in str(exc), f"bad shape: {exc}")
+    got = comm.all_reduce(np.ones(2, np.float32))
+    report.check(np.array_equal(got, np.full(2, n, np.float32)), "after a bad shape: unusable")
+
+
 def main() -> None:
     saved = tuning.SHM_ROUND_BYTES, tuning.SHM_BLOCK_BYTES, tuning.SHM_DIRECT_BYTES
     shared_from = tuning.SHM_SHARED_FROM_BYTES
@@ -247,6 +265,8 @@ def main() -> None:
         tuning.SHM_DIRECT_BYTES = None
         comm = mpi.init(timeout=20)
         shared(comm)
+        meet()
+        bad_shared_on_one_rank(comm)
         meet()
         comm.free()
         for make in (one_private, other_blocks):
