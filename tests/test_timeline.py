@@ -357,3 +357,20 @@ def test_tensorflow_marks_each_batch_reduce_with_its_tensors(tmp_path):
     inside = [s for s in every if s.cat == "call" and host_mark.start <= s.start
               and s.end <= host_mark.end]  # the multi-device calls it made, on the devices' rows
     assert inside and {s.pid for s in inside} == {recorder.DEVICE_PID, recorder.DEVICE_PID + 1}
+
+
+def test_a_timeline_folder_that_cannot_be_made_is_named_and_spares_the_import(tmp_path):
+    # COLLECTIVES_TIMELINE naming a file stopped ``import collectives`` (and every command,
+    # --version included) with a FileExistsError traceback
+    from collectives import timeline
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"timeline's folder .*a-file' cannot be made"):
+        timeline.start(blocker)
+    proc = subprocess.run([sys.executable, "-c", "import collectives; "
+                           "print(collectives.timeline.enabled())"],
+                          env={**os.environ, "COLLECTIVES_TIMELINE": str(blocker)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
+    assert "COLLECTIVES_TIMELINE: the timeline's folder" in proc.stderr

@@ -78,7 +78,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
 def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out: Any = None,
                async_op: bool = False) -> Any:
     """``collectives.all_gather`` for CuPy arrays, with NCCL and ``async_op``."""
-    values, shape, dtype, _ = prepare(values, None)
+    values, shape, dtype, _ = prepare(values, None, reducing=False)
     n = len(values)
     base = shape if shape else (1,)
     request = nccl_request(algorithm, math.prod(shape))

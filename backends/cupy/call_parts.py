@@ -27,13 +27,16 @@ def gpu_arrays():
 
 
 @overload
-def prepare(values: Any, op: None, argument: str = ...
+def prepare(values: Any, op: None, argument: str = ..., *, reducing: bool = ...
              ) -> tuple[Sequence, tuple[int, ...], np.dtype, None]: ...
 @overload
-def prepare(values: Any, op: ReduceOp | str, argument: str = ...
+def prepare(values: Any, op: ReduceOp | str, argument: str = ..., *, reducing: bool = ...
              ) -> tuple[Sequence, tuple[int, ...], np.dtype, ReduceOp]: ...
-def prepare(values: Any, op: ReduceOp | str | None, argument: str = "values"
-             ) -> tuple[Sequence, tuple[int, ...], np.dtype, ReduceOp | None]:
+def prepare(values: Any, op: ReduceOp | str | None, argument: str = "values", *,
+            reducing: bool = True) -> tuple[Sequence, tuple[int, ...], np.dtype, ReduceOp | None]:
+    """As the core's ``multi_device_parts.prepare``, for CuPy arrays only."""
+    if reducing and op is None:
+        ReduceOp.parse(op)  # type: ignore[arg-type]  # (raises naming op: None passed the checks)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one CuPy array per device, "
                         f"not {type(values).__name__}")

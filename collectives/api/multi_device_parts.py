@@ -111,13 +111,17 @@ def _plain_array_type(kind: Any) -> bool:
 
 
 @overload
-def prepare(values: Any, op: None, argument: str = ...
+def prepare(values: Any, op: None, argument: str = ..., *, reducing: bool = ...
             ) -> tuple[list[Any], tuple[int, ...], np.dtype, None]: ...
 @overload
-def prepare(values: Any, op: Op, argument: str = ...
+def prepare(values: Any, op: Op, argument: str = ..., *, reducing: bool = ...
             ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp]: ...
-def prepare(values: Any, op: Op | None, argument: str = "values"
+def prepare(values: Any, op: Op | None, argument: str = "values", *, reducing: bool = True
             ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp | None]:
+    """``values`` as arrays of one shape and dtype, and ``op`` parsed for that dtype;
+    ``reducing=False``: a collective with no op (``op`` None)."""
+    if reducing and op is None:
+        ReduceOp.parse(op)  # type: ignore[arg-type]  # (raises naming op: None passed the checks)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{argument} must be a list with one array per device, "
                         f"not {type(values).__name__}")

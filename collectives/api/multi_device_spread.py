@@ -122,7 +122,7 @@ def all_gather(values: Sequence[ArrayT], axis: int = 0, algorithm: Algorithm = "
         Arrays of different shapes or dtypes, an ``axis`` out of range, an unknown
         ``algorithm`` or an ``out`` that does not fit; before any data moves.
     """
-    values, shape, dtype, _ = prepare(values, None)
+    values, shape, dtype, _ = prepare(values, None, reducing=False)
     axis = gather_axis(axis, shape)
     backend = cast(DeviceBackend, backend_for_arrays(values))
     return run_all_gather(backend, values, shape, dtype, axis, algorithm, out=out)

@@ -37,4 +37,9 @@ def enabled() -> bool:
 
 
 if os.environ.get(ENV):
-    start(os.environ[ENV])
+    try:
+        start(os.environ[ENV])
+    except ValueError as _exc:  # (a bad folder must not stop ``import collectives``: said once)
+        import warnings
+
+        warnings.warn(f"{ENV}: {_exc}; not recording a timeline", RuntimeWarning, stacklevel=2)

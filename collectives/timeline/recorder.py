@@ -274,7 +274,12 @@ def start(path: str | os.PathLike) -> Path:
     returns that file's path."""
     global ON, _writer
     folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a file of that name, a folder that cannot be made)
+        why = exc.strerror or exc
+        raise ValueError(f"the timeline's folder {str(path)!r} cannot be made ({why}): pass a "
+                         "folder the process may write in") from exc
     target = folder / file_name()
     with _state:
         if _writer is not None:

@@ -48,6 +48,11 @@ BAD = {  # name: (function, args, kwargs, error(s), message)
     "values-string-dtype": ("all_reduce", ([np.array(["a"])] * 3,), {}, "TypeError",
                             "cannot be reduced"),
     "op-unknown": ("all_reduce", (X3, "median"), {}, "ValueError", "not a reduction"),
+    # (None stood for "no op" inside: it passed the checks, then an AttributeError mid-run)
+    "op-none": ("all_reduce", (X3, None), {}, "ValueError", "op=None is not a reduction"),
+    "op-none-reduce": ("reduce", (X3, None), {}, "ValueError", "op=None is not a reduction"),
+    "op-none-reduce-scatter": ("reduce_scatter", (X3, None), {}, "ValueError",
+                               "op=None is not a reduction"),
     "op-max-complex": ("all_reduce", ([X.astype(np.complex128)] * 3, "max"), {}, "TypeError",
                        "not defined"),
     "op-sum-bool": ("all_reduce", ([X > 1] * 3, "sum"), {}, "TypeError", "accepts max, min"),
