@@ -209,6 +209,11 @@ BAD_INVOCATIONS = {
     "an algorithm for copies": ("bench", "-c", "gather", "-a", "ring"),
     "an unknown algorithm": ("draw", "rung"),
     "probe json into no folder": ("probe", "--json", "/missing/dir/x.json"),
+    # (these passed the old check, os.access's, and failed after the work, with a traceback)
+    "json where no file can be made": ("bench", "--json", "/proc/x.json"),
+    "json an empty path": ("bench", "--json", ""),
+    "plot without a format": ("bench", "--plot", "/tmp/no-suffix"),
+    "probe json into a folder": ("probe", "--json", "/tmp"),
     "simulate two-level without groups": ("simulate", "ring/ring", "-n", "8"),
     "simulate a missing fabric": ("simulate", "ring", "--fabric", "/missing/fabric.json"),
     "simulate a size that is not one": ("simulate", "ring", "-b", "lots"),

@@ -374,3 +374,24 @@ def test_a_timeline_folder_that_cannot_be_made_is_named_and_spares_the_import(tm
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
     assert "COLLECTIVES_TIMELINE: the timeline's folder" in proc.stderr
+
+
+@pytest.mark.parametrize("action, contents, says", [
+    ("summary", {"traceEvents": [{"ph": "X"}]}, "event 0 ({'ph': 'X'}) is a span without"),
+    ("summary", {"traceEvents": 5}, "its traceEvents (5) are not a list"),
+    ("summary", [1, 2, 3], "event 0 is 1, not a trace event"),
+    ("merge-into-folder", [], "-o {tmp}: is a folder; name a file"),
+    ("plot-without-format", [], "name a .png, .svg, .pdf file"),
+])
+def test_a_malformed_trace_or_output_is_one_line(action, contents, says, tmp_path, python):
+    # (each was a traceback: KeyError, TypeError, AttributeError, IsADirectoryError; and plot
+    # -o without a suffix printed a path matplotlib had not written, adding .png)
+    trace = tmp_path / "t.trace.json"
+    trace.write_text(json.dumps(contents))
+    args = {"summary": ["summary", str(trace)],
+            "merge-into-folder": ["merge", str(tmp_path), "-o", str(tmp_path)],
+            "plot-without-format": ["plot", str(trace), "-o", str(tmp_path / "out")]}[action]
+    proc = python("-m", "collectives.tools.cli", "timeline", *args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says.replace("{tmp}", str(tmp_path)) in lines[0], proc.stderr

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..output_path import check_figure, check_writable
+
 DESCRIPTION = """\
 Record with COLLECTIVES_TIMELINE=DIR (or collectives.timeline.start(DIR)): every process writes
 DIR/<host>-<pid>.trace.json, Chrome trace events that Perfetto (ui.perfetto.dev) and
@@ -52,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "merge":
+            check_writable(args.output, "-o")  # (before the merge, not after it)
             trace = trace_files.merge(args.folder)
             trace_files.write(trace, args.output)
             ranks = sorted({e["pid"] for e in trace["traceEvents"] if "pid" in e})
@@ -60,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
         elif args.action == "plot":
             from .plot import plot
 
+            check_figure(args.output, "-o")
             path = plot(trace_files.load(args.trace), args.output, start_ms=args.start,
                         end_ms=args.end, title=args.title)
             print(path)

@@ -34,10 +34,10 @@ def read_events(path: str | Path) -> list[dict]:
         return []
     if text.startswith("{"):
         data = json.loads(text)
-        return list(data.get("traceEvents", []))
+        return _checked(path, data.get("traceEvents", []))
     for attempt in (text, text.rstrip(",") + "]"):
         try:
-            return list(json.loads(attempt))
+            return _checked(path, json.loads(attempt))
         except json.JSONDecodeError:
             pass
     lines = [line.strip().rstrip(",") for line in text.splitlines()]
@@ -50,6 +50,23 @@ def read_events(path: str | Path) -> list[dict]:
             if k == len(lines) - 1:  # torn by a process that died while writing
                 break
             raise ValueError(f"{path}: line {k + 2} is not a trace event: {line[:80]!r}") from None
+    return _checked(path, events)
+
+
+def _checked(path: str | Path, events: object) -> list[dict]:
+    """``events`` as a list of trace events, or ValueError saying where the file is not one:
+    each an object, and a span's (B, E, X) with a number ``ts`` (an X's ``dur`` too)."""
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: its traceEvents ({str(events)[:40]}) are not a list of "
+                         "trace events")
+    for k, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise ValueError(f"{path}: event {k} is {event!r:.60}, not a trace event (an object)")
+        if event.get("ph") in ("B", "E", "X") and not all(
+                isinstance(event.get(key, 0), (int, float)) for key in ("ts", "dur")) or (
+                event.get("ph") in ("B", "E", "X") and "ts" not in event):
+            raise ValueError(f"{path}: event {k} ({str(event)[:80]}) is a span without a "
+                             "number ts (or dur)")
     return events
 
 

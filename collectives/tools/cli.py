@@ -60,7 +60,8 @@ def add_draw(sub) -> argparse.ArgumentParser:
     d.add_argument("--rank", type=arguments.non_negative, default=None,
                    help="draw only this participant's plan (works for thousands of participants)")
     d.add_argument("--group-size", type=arguments.non_negative, default=0,
-                   help="participants per group of a two-level 'A/B' algorithm (required there)")
+                   help="participants per group of a two-level 'A/B' algorithm (required there; "
+                        "the last group is smaller where G does not divide -n)")
     d.set_defaults(run=draw_main, parser=d)
     return d
 
@@ -71,7 +72,8 @@ def draw_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     if "/" in args.algorithm and not args.group_size:
         args.parser.error(f"{args.algorithm} is two-level: pass --group-size G, the "
-                          "participants per group (G divides -n)")
+                          "participants per group (where G does not divide -n, the last "
+                          "group is smaller)")
     try:
         text = draw(args.algorithm, args.collective, args.participants, root=args.root,
                     shards=args.shards, group_size=args.group_size, rank=args.rank)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from ..algorithms.cost import human_time
 from ..api import calibration
 from ..api.initialize import launched_by_mpi
+from ..output_path import check_writable
 from . import arguments
 
 DESCRIPTION = """\
@@ -95,10 +95,11 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import collectives
 
     parser = args.parser
-    if args.json:  # before a measurement, not after it
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder):
-            parser.error(f"--json {args.json}: the folder {folder} does not exist")
+    if args.json is not None:  # before a measurement, not after it
+        try:
+            check_writable(args.json, "--json")
+        except ValueError as exc:
+            parser.error(str(exc))
     if launched_by_mpi():
         try:
             comm = collectives.init("mpi")
@@ -111,7 +112,7 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
         (fabric, where), rank = results[0], 0
     if rank == 0:
         print(report(fabric, where))
-        if args.json:
+        if args.json is not None:
             with open(args.json, "w") as f:
                 json.dump(json.loads(fabric.to_json()), f, indent=1)
         sys.stdout.flush()

@@ -130,7 +130,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="participants of one host share a process (proc links)")
     arguments.add_root_and_shards(p)
     p.add_argument("--group-size", type=arguments.non_negative, default=0,
-                   help="groups of a two-level name (default: the hosts)")
+                   help="groups of a two-level name (default: the hosts); it must divide -n")
     p.add_argument("--rounds", type=arguments.positive, default=12,
                    help="critical-path lines to print; default 12")
     p.set_defaults(run=main, parser=p)

@@ -89,6 +89,16 @@ BAD = {  # name: (function, args, kwargs, error(s), message)
     "batch-spec-malformed": ("batch_all_reduce", ([X3],), {"algorithm": "pscpu:2k"}, "ValueError",
                              "spec"),
     "batch-not-a-list": ("batch_all_reduce", (None,), {}, "TypeError", "value_lists must be a list"),
+    # TensorFlow's packing knobs (accepted silently, or a bare TypeError from deep inside)
+    "batch-agg-bytes-negative": ("batch_all_reduce", ([X3],), {"agg_small_grads_max_bytes": -5},
+                                 "ValueError", "agg_small_grads_max_bytes must be 0"),
+    "batch-agg-group-negative": ("batch_all_reduce", ([X3],), {"agg_small_grads_max_bytes": 64,
+                                                              "agg_small_grads_max_group": -1},
+                                 "ValueError", "agg_small_grads_max_group must be 0"),
+    "batch-num-packs-float": ("batch_all_reduce", ([X3],), {"num_packs": 2.5}, "TypeError",
+                              "num_packs=2.5 must be a whole number"),
+    "batch-num-packs-bool": ("batch_all_reduce", ([X3],), {"num_packs": True}, "TypeError",
+                             "num_packs=True must be a whole number"),
     # an empty list is checked as any other (it returned [] whatever the arguments)
     "batch-empty-op-unknown": ("batch_all_reduce", ([], "median"), {}, "ValueError",
                                "not a reduction"),

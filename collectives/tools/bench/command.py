@@ -15,6 +15,7 @@ import collectives
 
 from ...api.initialize import LAUNCHER_SIZE
 from ...extras import MissingDependencyError, require
+from ...output_path import check_figure, check_writable
 from .. import arguments
 from . import report, run
 from .config import MODES, BenchConfig
@@ -125,17 +126,6 @@ def check_memory(config: BenchConfig) -> None:
                          f"{human_size(have)}B is available; lower -e/--maxbytes or -n")
 
 
-def check_output(path: str, option: str) -> None:
-    """Refuse an output path whose folder does not exist or cannot be written."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"{option} {path}: is a folder; name a file")
-    if not os.path.isdir(folder):
-        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"{option} {path}: the folder {folder} cannot be written")
-
-
 def mpi_communicator():
     """This rank's Communicator over the MPI launch (ValueError outside one)."""
     require("mpi4py", "mpi", "--mode mpi")
@@ -240,9 +230,9 @@ def prepare(args: argparse.Namespace) -> tuple[BenchConfig, str | None, Any]:
     plot = (args.plot or f"{config.collective}_busbw.png") if args.plot is not None else None
     if plot is not None:
         require("matplotlib", "bench", "--plot")
-        check_output(plot, "--plot")
-    if args.json:
-        check_output(args.json, "--json")
+        check_figure(plot, "--plot")
+    if args.json is not None:
+        check_writable(args.json, "--json")
     comm = None
     if config.mode == "mpi":
         comm = mpi_communicator()
