@@ -26,7 +26,7 @@ SOURCES = {"collectives": ROOT / "collectives", "collectives.backends": ROOT / "
 BASE = {"collectives.errors", "collectives.ops", "collectives.arrays", "collectives.kernels",
         "collectives.compression", "collectives.foreign", "collectives.array_kinds", "collectives.log",
         "collectives.registry", "collectives.version", "collectives.extras", "collectives.hints",
-        "collectives.result_pool", "collectives.timeline"}
+        "collectives.result_pool", "collectives.timeline", "collectives.output_path"}
 ORDER = ["base", "algorithms", "runtime", "api", "public", "tools"]
 # what each wing may import besides itself
 ALLOWED = {wing: set(ORDER[:i]) for i, wing in enumerate(ORDER)}
