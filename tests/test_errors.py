@@ -273,6 +273,7 @@ def test_a_receive_refused_for_its_arguments_takes_no_message():
     ({"check": "no"}, TypeError, "check='no'"),
 ])
 @pytest.mark.parametrize("make", ["run", "init"])
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_communicators_settings_are_checked(make, kwargs, error, named):
     # These were taken as they came: timeout=-1 and "5" as numbers, check="no" as True; and
     # under collectives.run, a rank that failed to make its communicator printed a traceback

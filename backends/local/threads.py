@@ -20,7 +20,6 @@ from collectives.arrays import NUMPY
 from collectives.errors import CollectiveTimeoutError, CommunicatorBrokenError, PeerFailedError
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, describe_activity
-from collectives.runtime.validate import check_default_timeout, check_flag
 
 from .p2p import ThreadMessages
 from .world import ThreadChannel, ThreadWorld
@@ -44,6 +43,7 @@ class ThreadTransport:
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size
+        self.engine: Any = None  # (a weak reference to the engine, set by it, as MPI's)
         self.local_size = world.size
         self.local_rank = rank
         self.data = ThreadChannel(world, rank, "data")
@@ -164,8 +164,6 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size={size!r} must be a positive number of ranks")
-    check_default_timeout(timeout)  # (here, once: raised in every rank's thread, the
-    check_flag(check, "check")  # caller saw only the threads' tracebacks)
     world = ThreadWorld(size, timeout)
     results: list = [None] * size
     errors: dict[int, BaseException] = {}

@@ -9,11 +9,10 @@ has no timeout. The MPI and NCCL transports' ``init`` both start here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from collectives import __version__
-from collectives.runtime.validate import argument_problem, raise_gathered_problems
 from collectives.timeline import clock
 from collectives.version import check_versions
 
@@ -26,3 +25,26 @@ def agree_to_start(comm: Any, check_arguments: Callable[[], None], call: str) ->
     raise_gathered_problems([problem for _, _, problem in gathered], call)
     check_versions([version for version, _, _ in gathered])
     return [probe for _, probe, _ in gathered]
+
+
+def argument_problem(check: Callable[[], None]) -> tuple[str, str] | None:
+    """What ``check()`` raised, as (``"TypeError"`` or ``"ValueError"``, message), or None:
+    gathered across ranks, so that one rank's bad argument raises on every rank."""
+    try:
+        check()
+    except (TypeError, ValueError) as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def raise_gathered_problems(problems: Sequence[tuple[str, str] | None], call: str) -> None:
+    """Raise, on every rank alike, the lowest failing rank's ``argument_problem``, naming that
+    rank and any other whose arguments failed. ``problems``: each rank's, in rank order."""
+    failing = [rank for rank, problem in enumerate(problems) if problem is not None]
+    if not failing:
+        return
+    kind, message = problems[failing[0]]  # type: ignore[misc]
+    more = f" (ranks {', '.join(map(str, failing[1:]))} passed bad arguments too)" \
+        if len(failing) > 1 else ""
+    error = TypeError if kind == "TypeError" else ValueError
+    raise error(f"{call} on rank {failing[0]}: {message}{more}")

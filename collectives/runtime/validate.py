@@ -6,7 +6,7 @@ array is contiguous or writable), so they serve NumPy and GPU arrays alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -155,29 +155,6 @@ def check_flag(value: Any, argument: str) -> None:
     """True or False (a NumPy bool too): a string such as "no" must not read as True."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{argument}={value!r} must be True or False")
-
-
-def argument_problem(check: Callable[[], None]) -> tuple[str, str] | None:
-    """What ``check()`` raised, as (``"TypeError"`` or ``"ValueError"``, message), or None:
-    gathered across ranks, so that one rank's bad argument raises on every rank."""
-    try:
-        check()
-    except (TypeError, ValueError) as exc:
-        return type(exc).__name__, str(exc)
-    return None
-
-
-def raise_gathered_problems(problems: Sequence[tuple[str, str] | None], call: str) -> None:
-    """Raise, on every rank alike, the lowest failing rank's ``argument_problem``, naming that
-    rank and any other whose arguments failed. ``problems``: each rank's, in rank order."""
-    failing = [rank for rank, problem in enumerate(problems) if problem is not None]
-    if not failing:
-        return
-    kind, message = problems[failing[0]]  # type: ignore[misc]
-    more = f" (ranks {', '.join(map(str, failing[1:]))} passed bad arguments too)" \
-        if len(failing) > 1 else ""
-    error = TypeError if kind == "TypeError" else ValueError
-    raise error(f"{call} on rank {failing[0]}: {message}{more}")
 
 
 def valid_timeout(timeout: Any) -> bool:

@@ -62,9 +62,9 @@ def _checked(path: str | Path, events: object) -> list[dict]:
     for k, event in enumerate(events):
         if not isinstance(event, dict):
             raise ValueError(f"{path}: event {k} is {event!r:.60}, not a trace event (an object)")
-        if event.get("ph") in ("B", "E", "X") and not all(
-                isinstance(event.get(key, 0), (int, float)) for key in ("ts", "dur")) or (
-                event.get("ph") in ("B", "E", "X") and "ts" not in event):
+        if event.get("ph") in ("B", "E", "X") and not (
+                isinstance(event.get("ts"), (int, float))
+                and isinstance(event.get("dur", 0), (int, float))):
             raise ValueError(f"{path}: event {k} ({str(event)[:80]}) is a span without a "
                              "number ts (or dur)")
     return events
