@@ -67,11 +67,40 @@ def _check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -
 _ProcessGroupBase: Any = dist.ProcessGroup
 
 
+def _tensors(tensors: Any) -> list:
+    """The tensor list of a call, as PyTorch's groups take it: a list, or one tensor."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _reduce_op(opts: Any) -> ReduceOp:
+    """The op of an allreduce's options, given as PyTorch's groups take them: AllreduceOptions,
+    a ReduceOp, or nothing (SUM)."""
+    if opts is None:
+        return ReduceOp.SUM
+    given = getattr(opts, "reduceOp", opts)
+    given = getattr(given, "op", given)  # (ReduceOp wraps a RedOpType)
+    op = _OPS.get(given)
+    if op is None:
+        raise ValueError(f"reduce op {given} has no collectives equivalent; use one of "
+                         f"{', '.join(str(o) for o in _OPS)}")
+    return op
+
+
+def _root(opts: Any) -> int:
+    """The root of a broadcast's options: BroadcastOptions, a rank, or nothing (rank 0)."""
+    return 0 if opts is None else opts if isinstance(opts, int) else opts.rootRank
+
+
 class _CollectivesGroup(_ProcessGroupBase):
     """The calls DDP makes on its process group outside the hook (construction: allgather and
     broadcast; each forward: buffer broadcasts; ``find_unused_parameters``: an all-reduce),
     run as blocking calls of the communicator. Guarded by a lock: DDP may call it from an
-    autograd thread while the user's thread does."""
+    autograd thread while the user's thread does.
+
+    Each call takes the forms PyTorch's own groups take (options, a ReduceOp or a root rank
+    instead of options, or none; one tensor or a list), and is left out of ``torch.compile``'s
+    graphs: DDP's reducer calls it from a compiled model's forward (its bucket rebuild), and
+    a communicator's call cannot be traced."""
 
     def __init__(self, comm: Any):
         super().__init__(comm.rank, comm.size)
@@ -80,29 +109,36 @@ class _CollectivesGroup(_ProcessGroupBase):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "collectives"
 
-    def allreduce(self, tensors: list, opts: Any) -> Any:
-        op = _OPS.get(opts.reduceOp.op)
-        if op is None:
-            raise ValueError(f"reduce op {opts.reduceOp.op} has no collectives equivalent; use "
-                             f"one of {', '.join(str(o) for o in _OPS)}")
+    @torch.compiler.disable
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        tensors, op = _tensors(tensors), _reduce_op(opts)
+        for i, tensor in enumerate(tensors):
+            if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+                # (gloo refuses too: the mean cannot go back into the tensor)
+                raise TypeError(f"allreduce tensor {i} is {tensor.dtype}: ReduceOp.AVG of "
+                                "integer or bool tensors has no result of their dtype; reduce "
+                                "a floating-point copy, or SUM and divide")
         with self.lock:
             for i, tensor in enumerate(tensors):
                 wide = tensor.float() if tensor.dtype in UPCAST else tensor
                 result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), op)
-                # (integer MEAN gives float64, bfloat16 went as float32: cast back, as torch does)
+                # (bfloat16 and float16 went as float32: cast back, as torch does)
                 tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _finished_work(tensors)
 
-    def broadcast(self, tensors: list, opts: Any) -> Any:
+    @torch.compiler.disable
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        tensors, root = _tensors(tensors), _root(opts)
         with self.lock:
             for i, tensor in enumerate(tensors):
                 view = _host(tensor, f"broadcast tensor {i}", moved=True)
-                view[...] = self.comm.broadcast(view, root=opts.rootRank)
+                view[...] = self.comm.broadcast(view, root=root)
         return _finished_work(tensors)
 
-    def allgather(self, outputs: list, inputs: list, opts: Any) -> Any:
+    @torch.compiler.disable
+    def allgather(self, outputs: list, inputs: Any, opts: Any = None) -> Any:
         with self.lock:
-            for i, (into, tensor) in enumerate(zip(outputs, inputs, strict=True)):
+            for i, (into, tensor) in enumerate(zip(outputs, _tensors(inputs), strict=True)):
                 gathered = self.comm.all_gather(_host(tensor, f"allgather tensor {i}", moved=True)[None])
                 # (checked after the call, as the library checks out=: a bad list on one rank
                 # must not leave its peers waiting for it)
@@ -111,6 +147,7 @@ class _CollectivesGroup(_ProcessGroupBase):
                     _host(out, f"allgather output {i}", moved=True)[...] = gathered[rank]
         return _finished_work(outputs)
 
+    @torch.compiler.disable
     def barrier(self, opts: Any = None) -> Any:
         with self.lock:
             self.comm.barrier()

@@ -101,6 +101,11 @@ class ArrayBackend(Protocol):
         ...
 
 
+def kind_name(x: Any) -> str:
+    """``x``'s type as its library spells it: ``numpy.ndarray``, ``torch.Tensor``."""
+    return f"{type(x).__module__.split('.')[0]}.{type(x).__qualname__}"
+
+
 def plain_ndarray(x: np.ndarray, argument: str) -> np.ndarray:
     """A NumPy subclass (``np.matrix``, ``np.memmap``, record arrays) as the plain array a
     collective reduces, sharing its memory; a masked array raises, since a collective would

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from .array_kinds import (  # noqa: F401 (re-exported)
     kind_of,
     register_array_kind,
 )
+from .arrays import kind_name
 from .registry import owner_of
 
 
@@ -258,8 +260,8 @@ def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict)
         result = method(self, x, *args, **kwargs)  # filled in place: the caller's own
         return None if result is None else _handed(result, lambda r: None if r is None else out)
     result = method(self, x, *args, **kwargs)
-    if edge is None or edge.returner is None or result is None:
-        return result
+    if edge is None or edge.returner is None or result is None or out is not None:
+        return result  # (a result written to a NumPy ``out`` is that array)
     return _handed(result, edge.back)
 
 
@@ -284,10 +286,29 @@ def _refuse_all(out: Any, argument: str) -> None:
         refuse_out(out, argument)
 
 
+def _refuse_mixed(values: Any, argument: str) -> None:
+    """Every device brings one kind of array (the results go back as that kind)."""
+    first, first_label = values, argument
+    while isinstance(first, (list, tuple)) and first:
+        first, first_label = first[0], f"{first_label}[0]"
+
+    def visit(v: Any, label: str) -> None:
+        if isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                visit(item, f"{label}[{i}]")
+        elif type(v) is not type(first):
+            raise TypeError(f"{label} is a {kind_name(v)} but {first_label} is a "
+                            f"{kind_name(first)}; every device must bring the same kind of array")
+
+    visit(values, argument)
+
+
 def accepts_foreign_values(function: Callable) -> Callable:
     """Let a multi-device function take other libraries' arrays: a list of them as its first
     argument (or one, for broadcast and scatter; or a list of lists, for a batch); results
     come back as that type, each placed as the input of its device."""
+
+    argument = next(iter(inspect.signature(function).parameters))  # values, value_lists
 
     @functools.wraps(function)
     def wrapper(values, *args, **kwargs):
@@ -295,9 +316,10 @@ def accepts_foreign_values(function: Callable) -> Callable:
         if not is_foreign(_first(values)) and not is_foreign(_first(out)):
             return function(values, *args, **kwargs)
         _refuse_all(out, "out")
+        _refuse_mixed(values, argument)
         edge = Edge(_first(values)) if is_foreign(_first(values)) else None
         likes = list(values) if isinstance(values, (list, tuple)) else []
-        values = _adopt_all(values, "values" if isinstance(values, (list, tuple)) else "value")
+        values = _adopt_all(values, argument)
         if is_foreign(_first(out)):
             kwargs = {**kwargs, "out": _adopt_all(out, "out")}
             result = function(values, *args, **kwargs)  # filled in place: the caller's own

@@ -139,7 +139,8 @@ def test_mismatch_raises_everywhere(body, message):
 def test_timeout_names_missing_ranks():
     def body(comm):
         if comm.rank in (1, 3):
-            return None  # never arrive
+            time.sleep(1.5)  # never arrive (alive: a rank that returned would have left)
+            return None
         comm.all_reduce(np.ones(3), timeout=0.5)
 
     start = time.monotonic()
@@ -154,6 +155,7 @@ def test_timeout_mid_collective_without_checks():
     # With the agreement off, the wait on a peer's data still times out naming that peer.
     def body(comm):
         if comm.rank == 2:
+            time.sleep(1.5)  # alive, elsewhere
             return None
         comm.all_reduce(np.ones(8), "sum", "ring", timeout=0.5)
 
@@ -169,6 +171,7 @@ def test_a_timeout_tells_whom_the_stuck_neighbour_waits_for():
 
     def body(comm):
         if comm.rank == 3:
+            time.sleep(2.0)  # alive, elsewhere
             return None
         try:
             comm.all_reduce(np.ones(64), "sum", "ring", timeout=1.0 if comm.rank == 1 else 10.0)
@@ -239,7 +242,31 @@ def test_peers_are_told_which_rank_failed():
 
     with pytest.raises(KeyError):
         collectives.run(body, 3, timeout=60)
-    assert isinstance(errors[0], PeerFailedError) and "rank 2 failed" in str(errors[0])
+    assert isinstance(errors[0], PeerFailedError) and "rank 2 left after call 0: KeyError" in str(errors[0])
+
+
+@pytest.mark.parametrize("where", ["world", "sub-communicator"])
+def test_a_thread_rank_that_returns_has_left(where):
+    # As an MPI rank whose program ended: a peer waiting for it hears so at once (not at its
+    # timeout), in the run's communicator and in one split from it, and is told why.
+    seen = {}
+
+    def body(comm):
+        target = comm if where == "world" else comm.split(0, key=comm.rank)
+        if comm.rank == 1:
+            return None
+        start = time.monotonic()
+        with pytest.raises(PeerFailedError) as info:
+            target.all_reduce(np.ones(3), timeout=20)
+        seen[comm.rank] = (time.monotonic() - start, str(info.value))
+        raise info.value
+
+    with pytest.raises(PeerFailedError):
+        collectives.run(body, 3, timeout=30)
+    assert sorted(seen) == [0, 2]
+    for took, message in seen.values():
+        assert took < 5, seen
+        assert "rank 1 left after call" in message and "returned from its function" in message
 
 
 def test_a_receive_refused_for_its_arguments_takes_no_message():

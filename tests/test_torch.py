@@ -146,6 +146,40 @@ def test_an_asynchronous_tensor_calls_handle_takes_done_callbacks():
         assert kind == "Tensor" and heard == [[2.0, 2.0, 2.0]]
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_a_numpy_out_for_a_tensor_is_what_comes_back(async_op):
+    # (the result came back as a tensor over ``out``'s memory, not ``out`` itself)
+    import numpy as np
+
+    def body(comm):
+        out = np.zeros(3, np.float32)
+        got = comm.all_reduce(torch.ones(3), out=out, async_op=async_op)
+        got = got.wait() if async_op else got
+        return got is out, out.tolist()
+
+    assert collectives.run(body, 2) == [(True, [2.0, 2.0, 2.0])] * 2
+
+
+@pytest.mark.parametrize("first", ["numpy", "torch"])
+@pytest.mark.parametrize("call", ["all_reduce", "batch_all_reduce", "all_gather"])
+def test_a_multi_device_list_that_mixes_numpy_and_tensors_is_refused_by_name(first, call):
+    # (NumPy first: NumPy's "Cannot interpret 'torch.float32' as a data type", naming no
+    # argument; a tensor first: accepted, and the NumPy array came back as a tensor)
+    import numpy as np
+
+    kinds = [np.ones(3, np.float32), torch.ones(3)]
+    values = kinds if first == "numpy" else kinds[::-1]
+    other = "torch.Tensor" if first == "numpy" else "numpy.ndarray"
+    if call == "batch_all_reduce":  # one tensor on two devices; two tensors on one device
+        for batch in ([values], [[v] for v in values]):
+            with pytest.raises(TypeError, match=rf"values?(_lists)?\[[01]\]\[[01]\] is a "
+                                                rf"{other} but .* the same kind"):
+                collectives.batch_all_reduce(batch)
+        return
+    with pytest.raises(TypeError, match=rf"values\[1\] is a {other} but .* the same kind"):
+        getattr(collectives, call)(values)
+
+
 def test_buckets_take_a_models_parameters_as_their_layout():
     # (``like`` gives shapes and dtypes only: parameters, which require grad, were refused;
     # what ``ready`` is given is read, and a tensor that requires grad still is)

@@ -203,66 +203,6 @@ def test_the_hook_works_with_a_gloo_group_of_one():
         assert torch.equal(got, want.float())
 
 
-def test_the_process_group_carries_buffers_and_the_unused_parameters_map():
-    # BatchNorm's buffers go out from rank 0 before each forward; find_unused_parameters
-    # all-reduces a map of used parameters every backward (both through process_group)
-    def rank_fn(comm):
-        net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
-        unused = torch.nn.Linear(2, 2)
-        holder = torch.nn.ModuleList([net, unused])
-        with torch.no_grad():
-            for p in holder.parameters():
-                p.fill_(0.5)
-        ddp = DDP(holder, process_group=torch_ddp.process_group(comm), find_unused_parameters=True)
-        torch_ddp.register(ddp, comm)
-        for step in range(2):
-            x = torch.full((3, 4), float(comm.rank + step)) + torch.arange(3.0)[:, None]
-            ddp.module[0](x).sum().backward()
-        before = net[1].running_mean.clone()
-        ddp.module[0](torch.ones(3, 4))  # (rank 0's buffers arrive first)
-        return before, [p.grad.clone() for p in net.parameters()], unused.weight.grad
-
-    (before0, grads0, unused0), (before1, grads1, unused1) = collectives.run(rank_fn, 2)
-    assert not torch.equal(before0, before1)  # each rank updated its own after the broadcast
-    assert all(torch.equal(a, b) for a, b in zip(grads0, grads1, strict=True))
-    assert unused0 is None and unused1 is None
-
-
-def test_the_process_group_takes_tensors_that_require_grad_as_gloo_does():
-    # (a collective works on the data, outside autograd: DLPack's refusal surfaced as a
-    # BufferError, then the copy back as "a leaf Variable ... in-place operation")
-    def rank_fn(comm):
-        group = torch_ddp.process_group(comm)
-        x = torch.full((3,), comm.rank + 1.0, requires_grad=True)
-        dist.all_reduce(x, group=group)
-        y = torch.full((2,), comm.rank + 1.0, requires_grad=True)
-        dist.broadcast(y, group=group, group_src=1)
-        outputs = [torch.zeros(2), torch.zeros(2)]
-        dist.all_gather(outputs, y, group=group)
-        return x.tolist(), x.requires_grad, y.tolist(), [t.tolist() for t in outputs]
-
-    for got in collectives.run(rank_fn, 2):
-        assert got == ([3.0] * 3, True, [2.0, 2.0], [[2.0, 2.0], [2.0, 2.0]])
-
-
-def test_the_process_group_refuses_an_allgather_output_list_unlike_the_input():
-    # (NumPy broadcast one rank's value over a wider output, and a short list lost ranks:
-    # gloo refuses both). Every rank still ends the call: the check comes after it
-    def rank_fn(comm):
-        group, x, errors = torch_ddp.process_group(comm), torch.full((2,), float(comm.rank)), []
-        for outputs in ([torch.zeros(2)], [torch.zeros(3), torch.zeros(3)]):
-            with pytest.raises(ValueError, match=r"allgather output") as raised:
-                dist.all_gather(outputs, x, group=group)
-            errors.append(str(raised.value))
-        right = [torch.zeros(2), torch.zeros(2)]
-        dist.all_gather(right, x, group=group)
-        return errors, [t.tolist() for t in right]
-
-    for errors, right in collectives.run(rank_fn, 2):
-        assert "holds 1 tensors; pass 2" in errors[0] and "torch.float32[3]" in errors[1]
-        assert right == [[0.0, 0.0], [1.0, 1.0]]
-
-
 def _failing_step(ddp, state, rank):
     x, target = batch(0, rank)
     start = time.monotonic()

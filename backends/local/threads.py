@@ -160,7 +160,9 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     """Call ``fn(comm, *args)`` on ``size`` thread ranks; return their results in rank order.
 
     An exception in any rank is re-raised here (the lowest failing rank's; the others are
-    told a peer failed instead of hanging).
+    told a peer failed instead of hanging). A rank whose function returns has left: a peer
+    that waits for it in a later collective is told so at once, as when an MPI rank's
+    program ends.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size={size!r} must be a positive number of ranks")
@@ -174,10 +176,13 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
         try:  # (the communicator too: a rank that failed to make one must not return None)
             comm = Communicator(transport, timeout=timeout, check=check, name="local")
             results[rank] = fn(comm, *args)
+            # A rank whose function returned has left, as an MPI rank whose program ended:
+            # a peer still waiting for it in a later call hears so now, not at its timeout
+            # (and calls it had in flight are lost with it).
             through = comm.calls.engine.finished_through()
-            if through < comm.calls.engine.seq:  # it returned with calls in flight: they
-                transport.tell_exit(through, "it returned from its function with calls in "
-                                    "flight, and joins no later call")  # are lost with it
+            in_flight = " with calls in flight" if through < comm.calls.engine.seq else ""
+            transport.tell_exit(through, f"it returned from its function{in_flight}, and "
+                                "joins no later call")
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             errors[rank] = exc
             through = comm.calls.engine.finished_through() if comm is not None else 0

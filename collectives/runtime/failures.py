@@ -87,7 +87,7 @@ class Failures:
             if failure.kind not in ("rejected", "disputed") and self.seq + 1 >= lost:
                 raise failure.error(
                     f"rank {self.rank}: {what} (call {self.seq + 1}) cannot run because rank "
-                    f"{failure.rank} {'failed after' if failure.kind == 'exited' else 'failed in'}"
+                    f"{failure.rank} {'left after' if failure.kind == 'exited' else 'failed in'}"
                     f" call {failure.seq}: {failure.message}")
 
     def check_dispute(self, op: Operation) -> None:
@@ -172,7 +172,7 @@ class Failures:
             return  # (a rank in the agreement already hears the verdict there)
         exited = failure.kind == "exited"
         lost = failure.seq + 1 if exited else failure.seq
-        where = ("failed after call" if exited else "failed in call")
+        where = "left after call" if exited else "failed in call"
         with self.state:
             kept: list[Any] = []  # the receives from a rank that left that it will match
             if exited:

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..arrays import plain_ndarray
+from ..arrays import kind_name, plain_ndarray
 from ..ops import ReduceOp, check_dtype
 
 Groups = Sequence[Sequence[int]] | int | None
@@ -49,8 +49,17 @@ def same_layout(values: Sequence, argument: str = "values",
     """All values share one shape and dtype (that ``op``, if given, can reduce); return them."""
     if len(values) == 0:
         raise ValueError(f"{argument} is empty; pass one array per device")
-    shape, dtype = tuple(values[0].shape), np.dtype(values[0].dtype)
+    try:
+        shape, dtype = tuple(values[0].shape), np.dtype(values[0].dtype)
+    except TypeError:  # a dtype NumPy cannot read: another library's array, in a NumPy call
+        raise TypeError(f"{argument}[0] is a {kind_name(values[0])} but the call's first array "
+                        "is a numpy.ndarray; every array of a call must be the same kind"
+                        ) from None
     for i, v in enumerate(values[1:], 1):
+        if type(v) is not type(values[0]):
+            raise TypeError(f"{argument}[{i}] is a {kind_name(v)} but {argument}[0] is a "
+                            f"{kind_name(values[0])}; every device must bring the same kind of "
+                            "array")
         if tuple(v.shape) != shape:
             raise ValueError(f"{argument}[{i}] has shape {tuple(v.shape)} but {argument}[0] has "
                              f"{shape}; every device must bring the same shape")

@@ -67,7 +67,7 @@ def test_an_exit_before_a_call_fails_the_peers_waiting_in_it():
     assert [line[:21] for line in said] == ["RANK 0 PEER FAILED: r", "RANK 2 PEER FAILED: r"], \
         output[-3000:]
     for line in said:
-        assert "rank 1 failed after call 11:" in line and \
+        assert "rank 1 left after call 11:" in line and \
             "exited (status 0) after its call 11," in line, line
     assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
 
@@ -92,6 +92,6 @@ def test_an_exit_with_a_bucket_in_flight_fails_the_peers_at_once():
     assert [line.split(":")[0] for line in said] in [
         [f"RANK {r} {error}" for r in (0, 2)]
         for error in ("PeerFailedError", "CommunicatorBrokenError")], output[-3000:]
-    assert all("rank 1 failed after call" in line and "exited (status 0)" in line
+    assert all("rank 1 left after call" in line and "exited (status 0)" in line
                for line in said), output[-3000:]
     assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"

@@ -18,6 +18,7 @@ import faulthandler
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -62,12 +63,19 @@ class Output:
 
 def run_threads(case: Case, size: int, out: Output) -> None:
     records: dict[int, list] = {}
+    done = threading.Condition()
 
     def rank_body(comm):
         steps, escaped = run_steps(comm, case, Ctx(comm.rank, comm.size, "threads"))
         records[comm.rank] = steps
-        if escaped is not None:
-            raise escaped  # through collectives.run, which wakes the other ranks
+        with done:
+            done.notify_all()
+            if escaped is not None:
+                raise escaped  # through collectives.run, which wakes the other ranks
+            # A rank that returns has left, and its peers would hear so at once: as under
+            # MPI (``meet``), a rank that stays away from a step stays alive until its peers
+            # are through theirs, so that they wait for it as for a rank that never calls.
+            done.wait_for(lambda: len(records) == size, timeout=case.limit)
 
     start = time.monotonic()
     try:

@@ -1,0 +1,209 @@
+"""The ``torch.distributed`` process group over a communicator
+(``collectives.adapters.torch_ddp.process_group``), for real: real torch CPU tensors on thread
+ranks, beside gloo where gloo runs here (two thread ranks over a ``HashStore``): what DDP
+sends through it (buffers, the unused-parameter map, its construction's broadcast), every
+call form PyTorch's own groups take, and ``torch.compile`` of a DDP model over it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from typing import Any
+
+import pytest
+
+import collectives
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="needs PyTorch: pip install torch (the CPU build)")
+torch: Any = None
+dist: Any = None
+DDP: Any = None
+torch_ddp: Any = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch() -> None:
+    """PyTorch, imported when this module's first test runs, not when pytest collects it."""
+    global torch, dist, DDP, torch_ddp
+    import torch as module
+    import torch.distributed
+    from collectives.adapters import torch_ddp as adapter
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch, dist, DDP, torch_ddp = module, torch.distributed, DistributedDataParallel, adapter
+
+
+def on_gloo(job, size=2) -> list:
+    """``job(group, rank)`` on ``size`` thread ranks of a gloo group over a ``HashStore``."""
+    store, results = dist.HashStore(), [None] * size
+
+    def rank_fn(rank):
+        prefixed = dist.PrefixStore("gloo", store)
+        group = dist.ProcessGroup(prefixed, rank, size)
+        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                                dist.ProcessGroupGloo(prefixed, rank, size))
+        group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        try:
+            results[rank] = job(group, rank)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            results[rank] = exc
+
+    threads = [threading.Thread(target=rank_fn, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def on_collectives(job, size=2) -> list:
+    return collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), size)
+
+
+def _options(name, **fields):
+    options = getattr(dist, name)()
+    for key, value in fields.items():
+        setattr(options, key, value)
+    return options
+
+
+# The call forms of PyTorch's groups: options, a ReduceOp or a root instead of options, or
+# nothing; a tensor or a list (the group's methods required options and a list). Each gives
+# its work and the tensors to read once it is done.
+FORMS = {
+    "allreduce([t])": lambda group, t: (group.allreduce([t]), [t]),
+    "allreduce(t)": lambda group, t: (group.allreduce(t), [t]),
+    "allreduce([t], MAX)": lambda group, t: (group.allreduce([t], dist.ReduceOp.MAX), [t]),
+    "allreduce([t], options)": lambda group, t: (group.allreduce(
+        [t], _options("AllreduceOptions", reduceOp=dist.ReduceOp.MIN)), [t]),
+    "broadcast([t])": lambda group, t: (group.broadcast([t]), [t]),
+    "broadcast(t, 1)": lambda group, t: (group.broadcast(t, 1), [t]),
+    "allgather(outs, [t])": lambda group, t: (
+        lambda outs: (group.allgather([outs], [t]), outs))([torch.zeros(2), torch.zeros(2)]),
+    "barrier()": lambda group, t: (group.barrier(), []),
+}
+
+
+def _forms(group, rank) -> dict:
+    seen = {}
+    for name, call in FORMS.items():
+        work, read = call(group, torch.tensor([1.0, 2.0]) * (rank + 1))
+        work.wait()
+        seen[name] = [r.tolist() for r in read]
+    return seen
+
+
+def test_every_call_form_of_torchs_groups_gives_what_gloo_gives():
+    want, got = on_gloo(_forms), on_collectives(_forms)
+    assert got == want
+    assert want[0]["allreduce([t], MAX)"] == [[2.0, 4.0]]  # (the forms do differ)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool"])
+def test_an_integer_average_is_refused_on_every_rank_as_gloo_refuses_it(dtype):
+    # (it was truncated back into the integer tensor: [5, -3, 7] for the means [5.5, -3.5,
+    # 7.5], and 2**62 + 1, 2**62 + 3 gave -2**62 after the sum wrapped)
+    def job(group, rank):
+        t = torch.tensor([5, 3, 1], dtype=getattr(torch, dtype)) + rank
+        before = t.clone()
+        with pytest.raises((TypeError, RuntimeError)) as raised:  # (gloo: RuntimeError)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+        return torch.equal(t, before), str(raised.value)
+
+    on_gloo(job)
+    for unchanged, message in on_collectives(job):  # (gloo's tensor holds the sum by then)
+        assert unchanged and "allreduce tensor 0" in message and "AVG" in message
+
+
+def _train_compiled(comm, compiled: bool) -> list:
+    torch.manual_seed(0)  # (the same weights on every rank: the first rank to get here sets them)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        for k, p in enumerate(net.parameters()):
+            p.copy_(((torch.arange(p.numel()) * 5 + k) % 7 - 3).reshape(p.shape) / 8)
+    ddp = DDP(net, process_group=torch_ddp.process_group(comm))
+    torch_ddp.register(ddp, comm, timeout=30)
+    forward = torch.compile(ddp, backend="aot_eager") if compiled else ddp
+    opt = torch.optim.SGD(net.parameters(), lr=2.0 ** -6)
+    for step in range(3):
+        x = ((torch.arange(32.0).reshape(4, 8) * (step + 3) + comm.rank) % 5 - 2) / 4
+        opt.zero_grad()
+        forward(x).pow(2).sum().backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_a_compiled_ddp_model_over_the_group_trains_as_the_uncompiled_one():
+    # (DDP's reducer calls the group from the compiled forward, rebuilding its buckets after
+    # the first step: torch.compile traced into the group's lock and failed on every rank,
+    # "ProcessGroup name not set"; gloo's group is C++, which it does not trace)
+    compiled = collectives.run(lambda comm: _train_compiled(comm, True), 2, timeout=120)
+    eager = collectives.run(lambda comm: _train_compiled(comm, False), 2, timeout=120)
+    for rank in range(2):
+        for got, want in zip(compiled[rank], eager[rank], strict=True):
+            assert torch.equal(got, want)
+
+
+def test_the_process_group_carries_buffers_and_the_unused_parameters_map():
+    # BatchNorm's buffers go out from rank 0 before each forward; find_unused_parameters
+    # all-reduces a map of used parameters every backward (both through process_group)
+    def rank_fn(comm):
+        net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
+        unused = torch.nn.Linear(2, 2)
+        holder = torch.nn.ModuleList([net, unused])
+        with torch.no_grad():
+            for p in holder.parameters():
+                p.fill_(0.5)
+        ddp = DDP(holder, process_group=torch_ddp.process_group(comm), find_unused_parameters=True)
+        torch_ddp.register(ddp, comm)
+        for step in range(2):
+            x = torch.full((3, 4), float(comm.rank + step)) + torch.arange(3.0)[:, None]
+            ddp.module[0](x).sum().backward()
+        before = net[1].running_mean.clone()
+        ddp.module[0](torch.ones(3, 4))  # (rank 0's buffers arrive first)
+        return before, [p.grad.clone() for p in net.parameters()], unused.weight.grad
+
+    (before0, grads0, unused0), (before1, grads1, unused1) = collectives.run(rank_fn, 2)
+    assert not torch.equal(before0, before1)  # each rank updated its own after the broadcast
+    assert all(torch.equal(a, b) for a, b in zip(grads0, grads1, strict=True))
+    assert unused0 is None and unused1 is None
+
+
+def test_the_process_group_takes_tensors_that_require_grad_as_gloo_does():
+    # (a collective works on the data, outside autograd: DLPack's refusal surfaced as a
+    # BufferError, then the copy back as "a leaf Variable ... in-place operation")
+    def rank_fn(comm):
+        group = torch_ddp.process_group(comm)
+        x = torch.full((3,), comm.rank + 1.0, requires_grad=True)
+        dist.all_reduce(x, group=group)
+        y = torch.full((2,), comm.rank + 1.0, requires_grad=True)
+        dist.broadcast(y, group=group, group_src=1)
+        outputs = [torch.zeros(2), torch.zeros(2)]
+        dist.all_gather(outputs, y, group=group)
+        return x.tolist(), x.requires_grad, y.tolist(), [t.tolist() for t in outputs]
+
+    for got in collectives.run(rank_fn, 2):
+        assert got == ([3.0] * 3, True, [2.0, 2.0], [[2.0, 2.0], [2.0, 2.0]])
+
+
+def test_the_process_group_refuses_an_allgather_output_list_unlike_the_input():
+    # (NumPy broadcast one rank's value over a wider output, and a short list lost ranks:
+    # gloo refuses both). Every rank still ends the call: the check comes after it
+    def rank_fn(comm):
+        group, x, errors = torch_ddp.process_group(comm), torch.full((2,), float(comm.rank)), []
+        for outputs in ([torch.zeros(2)], [torch.zeros(3), torch.zeros(3)]):
+            with pytest.raises(ValueError, match=r"allgather output") as raised:
+                dist.all_gather(outputs, x, group=group)
+            errors.append(str(raised.value))
+        right = [torch.zeros(2), torch.zeros(2)]
+        dist.all_gather(right, x, group=group)
+        return errors, [t.tolist() for t in right]
+
+    for errors, right in collectives.run(rank_fn, 2):
+        assert "holds 1 tensors; pass 2" in errors[0] and "torch.float32[3]" in errors[1]
+        assert right == [[0.0, 0.0], [1.0, 1.0]]
