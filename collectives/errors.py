@@ -21,11 +21,11 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """Peers did not arrive at a collective within the timeout.
 
     ``missing`` lists the ranks that never arrived; ``collective`` names the call they were
-    expected in.
+    expected in (``message``: a point-to-point message, which waits for its peer alone).
     """
 
     def __init__(self, collective: str, missing: Iterable[int], timeout: float, rank: int | None,
-                 detail: str = "", call: int | None = None):
+                 detail: str = "", call: int | None = None, message: bool = False):
         self.collective = collective
         self.missing = sorted(set(missing))
         self.timeout: float | None = timeout  # None: a peer's, unknown (PeerTimeoutError)
@@ -36,7 +36,9 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         doing = f". What they are doing: {detail}" if detail else ""
         super().__init__(
             f"{who}{collective}{number} timed out after {timeout:g} s waiting for rank(s) "
-            f"{', '.join(map(str, self.missing))}, which never arrived in this collective{doing}"
+            f"{', '.join(map(str, self.missing))}, "
+            f"{'which never matched this message' if message else 'which never arrived in this collective'}"
+            f"{doing}"
         )
 
 

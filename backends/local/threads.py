@@ -146,8 +146,13 @@ class ThreadTransport:
         for ref in self._kids:
             kid = ref()
             if kid is not None and not kid.freed:
-                last = kid.world.activity[kid.rank]  # (seq, call, phase): phase False: done
-                kid.tell_exit(0 if last is None else last[0] - (1 if last[2] else 0), message)
+                engine = kid.engine() if kid.engine is not None else None
+                if engine is not None:
+                    through = engine.finished_through()
+                else:  # (its communicator is gone: what it last published)
+                    last = kid.world.activity[kid.rank]  # (seq, call, phase): False: done
+                    through = 0 if last is None else last[0] - (1 if last[2] else 0)
+                kid.tell_exit(through, message)
 
     def free(self) -> None:
         """Nothing to release: thread worlds go with their threads."""

@@ -126,6 +126,8 @@ class Engine(CallOrder, InFlight, Failures):
         with self.state:  # (the progress thread may be adding it right now)
             if self.unreported:
                 self.unreported = [(r, o) for r, o in self.unreported if o is not op]
+        if op.seq == self.seq:  # peers that wait for this rank read "last finished call N"
+            self.transport.publish_activity((op.seq, op.subject, False))
 
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False,

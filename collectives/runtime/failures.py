@@ -141,11 +141,14 @@ class Failures:
     def time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)
         waited = op.pending_peers()
-        missing = missing_ranks(op.seq, waited, activity, self.rank, self.size)
+        # (a message waits for its peer alone; ranks behind in the collectives are not its)
+        missing = (missing_ranks(op.seq, waited, activity, self.rank, self.size)
+                   if op.breaking or not waited else sorted(waited))
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
-                                       detail=doing, call=op.seq if op.breaking else None)
+                                       detail=doing, call=op.seq if op.breaking else None,
+                                       message=not op.breaking)
         with self.state:
             if op.finished:  # it finished while the peers were asked: nothing timed out
                 return

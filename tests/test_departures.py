@@ -1,0 +1,108 @@
+"""What ranks hear of a peer that left or never came, on thread ranks: a rank that returned
+or raised is heard at once, in every communicator it was in, with how far it got (the calls it
+finished, asynchronous ones included, still complete on its peers); a timeout names the ranks
+it waited for, and what each was doing."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives import CollectiveTimeoutError, PeerFailedError
+
+
+@pytest.mark.parametrize("where", ["world", "sub-communicator"])
+def test_a_thread_rank_that_returns_has_left(where):
+    # As an MPI rank whose program ended: a peer waiting for it hears so at once (not at its
+    # timeout), in the run's communicator and in one split from it, and is told why.
+    seen = {}
+
+    def body(comm):
+        target = comm if where == "world" else comm.split(0, key=comm.rank)
+        if comm.rank == 1:
+            return None
+        start = time.monotonic()
+        with pytest.raises(PeerFailedError) as info:
+            target.all_reduce(np.ones(3), timeout=20)
+        seen[comm.rank] = (time.monotonic() - start, str(info.value))
+        raise info.value
+
+    with pytest.raises(PeerFailedError):
+        collectives.run(body, 3, timeout=30)
+    assert sorted(seen) == [0, 2]
+    for took, message in seen.values():
+        assert took < 5, seen
+        assert "rank 1 left after call" in message and "returned from its function" in message
+
+
+def _finish(comm, kind: str) -> None:
+    """One all-reduce on ``comm``, made as ``kind`` and waited for."""
+    x = np.ones(4)
+    if kind == "blocking":
+        comm.all_reduce(x)
+    elif kind == "async":
+        comm.all_reduce(x, async_op=True).wait()
+    elif kind == "prepared":
+        comm.all_reduce_init(x, out=np.empty(4)).start().wait()
+    else:  # buckets
+        buckets = comm.buckets([x])
+        buckets.ready(0, x)
+        buckets.wait()
+
+
+@pytest.mark.parametrize("kind", ["blocking", "async", "prepared", "buckets"])
+def test_a_timeout_says_a_peer_finished_its_last_call_whatever_its_kind(kind):
+    # (after an asynchronous, prepared or bucket call it said "in call 1": only a blocking
+    # call published its end)
+    def body(comm):
+        _finish(comm, kind)
+        if comm.rank == 2:
+            time.sleep(1.5)  # alive, elsewhere
+            return None
+        with pytest.raises(CollectiveTimeoutError) as info:
+            comm.all_reduce(np.ones(4), timeout=0.5)
+        return str(info.value)
+
+    for message in collectives.run(body, 3, timeout=10)[:2]:
+        assert "rank 2: last finished call 1," in message, message
+
+
+@pytest.mark.parametrize("kind", ["blocking", "async"])
+def test_a_rank_that_leaves_a_sub_communicator_after_finishing_a_call_is_not_waited_for_it(kind):
+    # Rank 0 finishes a broadcast on a dup (its messages posted), then raises: its peers,
+    # late to the broadcast, still receive them. (After an asynchronous broadcast the notice
+    # said rank 0 "left after call 0", from the call it had published, and they failed.)
+    got = {}
+
+    def body(comm):
+        dup = comm.dup()
+        x = np.full(4, 7.0) if comm.rank == 0 else np.zeros(4)
+        if comm.rank == 0:
+            if kind == "blocking":
+                dup.broadcast(x, root=0)
+            else:
+                dup.broadcast(x, root=0, async_op=True).wait()
+            raise KeyError("after its broadcast")
+        time.sleep(0.3)
+        got[comm.rank] = dup.broadcast(x, root=0).tolist()
+
+    with pytest.raises(KeyError):
+        collectives.run(body, 3, timeout=10)
+    assert got == {1: [7.0] * 4, 2: [7.0] * 4}
+
+
+def test_a_message_that_times_out_names_its_peer_alone():
+    # (rank 2, in no call at all, was named as missing too)
+    def body(comm):
+        if comm.rank == 1:
+            with pytest.raises(CollectiveTimeoutError) as info:
+                comm.recv(np.zeros(4), 0, timeout=0.5)
+            return info.value.missing, str(info.value)
+        time.sleep(1.0)
+        return None
+
+    missing, message = collectives.run(body, 3, timeout=10)[1]
+    assert missing == [0] and "which never matched this message" in message, message
