@@ -57,7 +57,9 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     abort_on_error
         An exception the program does not catch aborts the whole MPI job (``MPI_Abort``,
         after printing the traceback), instead of leaving the other ranks waiting for this
-        one until their timeout; ``python -m mpi4py`` is then not needed.
+        one until their timeout; ``python -m mpi4py`` is then not needed. With ``False`` a
+        rank that leaves (an uncaught exception, ``sys.exit``) still tells its peers, whose
+        calls that need it then raise ``PeerFailedError`` naming it.
     hang_guard
         A rank whose call is still inside MPI well past its deadline (an MPI call that never
         returns, as MPICH's may after a peer died) prints where it is stuck and ends with exit

@@ -33,11 +33,11 @@ _KEPT: list = []  # communicators of failed transports, never freed (see MPITran
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
 
-def say_goodbye() -> None:
+def say_goodbye(why: str = "it exited (status 0)") -> None:
     """At a rank's exit: every live transport tells its peers after which call it left."""
     for transport in list(_LIVE):
         try:
-            transport.say_goodbye()
+            transport.say_goodbye(why)
         except Exception:  # noqa: BLE001, S112 - exiting: one broken transport must not stop the rest
             continue
 
@@ -117,9 +117,9 @@ class MPITransport:
                 self._served = now
                 self.notices.serve()
 
-    def say_goodbye(self) -> None:
+    def say_goodbye(self, why: str = "it exited (status 0)") -> None:
         """Tell every peer that this rank leaves after its latest call (a notice of kind
-        "exited"): peers waiting in a later call fail at once, naming it."""
+        "exited"), and ``why``: peers waiting in a later call fail at once, naming it."""
         if not self._comms or self.notices.comm is None:
             return  # (freed)
         activity = self.notices.activity
@@ -128,8 +128,8 @@ class MPITransport:
         engine = self.engine() if self.engine is not None else None
         if engine is not None:  # (calls still in flight here are lost: peers must not wait)
             seq = min(seq, engine.finished_through())
-        self.notify_failure(exit_notice(self, seq, f"it exited (status 0) after its call {seq}, "
-                                        "and joins no later call"))
+        self.notify_failure(exit_notice(self, seq, f"{why} after its call {seq}, and joins no "
+                                        "later call"))
 
     def notify_failure(self, failure: Failure) -> None:
         self._troubled = True

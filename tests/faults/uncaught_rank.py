@@ -6,6 +6,9 @@
 default 300 s timeout. The library's hook aborts the job: it ends within about a second.
 ``keep``: ``init(abort_on_error=False)``; every rank prints whether the hook would abort,
 then leaves normally.
+``keep-raise``: ``init(abort_on_error=False)``; after one all-reduce, rank 1 raises; the
+others' next all-reduce (``timeout=60``) raises ``PeerFailedError`` naming rank 1 and its
+exception at once: with the aborts off, a rank that leaves still tells its peers.
 ``exit3``: after one all-reduce, rank 1 calls ``sys.exit(3)``; the others call another
 all-reduce with ``timeout=60``: the job is aborted within seconds, naming rank 1 and status 3.
 ``exit0``: every rank makes ten more all-reduces (the hot path, which publishes nothing),
@@ -38,7 +41,7 @@ from collectives.errors import PeerFailedError  # noqa: E402
 
 def main() -> None:
     mode = sys.argv[1]
-    comm = mpi.init(abort_on_error=False) if mode == "keep" else mpi.init()
+    comm = mpi.init(abort_on_error=False) if mode.startswith("keep") else mpi.init()
     comm.all_reduce(np.ones(4))
     if mode == "keep":
         # one write (print writes the line and its newline apart when Python runs unbuffered,
@@ -84,7 +87,8 @@ def main() -> None:
         if mode == "exit0":
             sys.exit(0)
         raise RuntimeError("an error this program does not catch")
-    if mode == "exit0":  # (caught and printed: an abort could cut the job's output short)
+    if mode in ("exit0", "keep-raise"):  # (caught and printed: an abort could cut the
+        # job's output short)
         try:
             comm.all_reduce(np.ones(4), timeout=60)
         except PeerFailedError as exc:
