@@ -2,7 +2,9 @@
 
 None means MPI does not define the pair and the call runs one of the core's schedules:
 float16 and bfloat16 (the standard has no 16-bit float; MPICH's ``MPIX_C_FLOAT16`` is an
-extension not relied on), byte-swapped dtypes, MAX/MIN of complex numbers. Booleans reduce
+extension not relied on), byte-swapped dtypes, MAX/MIN of complex numbers, and PROD of
+complex numbers (MPICH multiplies as C99's Annex G does, which makes ``inf`` of a NaN times
+an infinity, where NumPy, the schedules and the reference keep the NaN). Booleans reduce
 MAX/MIN as MPI's logical OR/AND. Broadcasts and gathers need no datatype: they move bytes.
 """
 
@@ -36,7 +38,7 @@ def native_types(dtype: np.dtype, op: ReduceOp | None) -> tuple | None:
     if dtype.kind == "b":
         logical = {ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAND}.get(op)
         return (MPI.C_BOOL, logical) if logical is not None else None
-    if dtype.kind == "c" and op in (ReduceOp.MAX, ReduceOp.MIN):
+    if dtype.kind == "c" and op in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD):
         return None
     if dtype.kind not in "iufc" or dtype.type.__module__ != "numpy":
         return None  # bfloat16 and other extension types share kinds with NumPy's

@@ -4,7 +4,7 @@ on every rank, or raise on every rank.
 * ``out`` overlapping ``x`` (not the same array): copied through scratch, the right answer;
 * NaN and signed zeros through MAX and MIN: NaN on every rank where any rank had one, the
   same bits everywhere (MPICH's MAX keeps or drops a NaN, and keeps +0 or -0, depending on
-  the order of operands, which differs between ranks);
+  the order of operands, which differs between ranks); NaN through complex PROD;
 * ranks calling different collectives on signatures agreed earlier (so no agreement runs):
   the check value riding with the data makes every rank raise ``CollectiveMismatchError``;
 * ``check=False`` and different lengths: an error on every rank, never a quiet answer;
@@ -109,7 +109,23 @@ def nans() -> None:
                     report.check(np.array_equal(got, mine, equal_nan=True), f"{name}: wrong")
                     bits = WORLD.allgather(got.tobytes() if method == "all_reduce" else b"")
                     report.check(len(set(bits)) == 1, f"{name}: ranks differ")
+    complex_products(comm)
     comm.free()
+
+
+def complex_products(comm) -> None:
+    """A NaN times an infinity is NaN in complex PROD, as NumPy has it (MPICH's own complex
+    multiply, C99's, made ``inf``: native and ``auto`` disagreed with every schedule)."""
+    for dtype in (np.complex64, np.complex128):
+        values = [complex(np.nan, np.inf), complex(np.inf, np.nan), complex(np.nan, 0),
+                  complex(np.inf, np.inf), complex(1, 1), complex(1, 0)]
+        table = np.array([np.roll(values, 3 * (r % 2))[:3] for r in range(n)], dtype)
+        want = np.prod(table.astype(np.complex128), axis=0)
+        for algorithm in ("native", "auto", "ring"):
+            got = comm.all_reduce(table[rank], "prod", algorithm)
+            name = f"complex prod {np.dtype(dtype)} {algorithm}"
+            report.check(bool(np.isnan(got).all()) and bool(np.isnan(want).all()),
+                         f"{name}: {got}, want NaN everywhere")
 
 
 def different_collectives() -> None:
