@@ -40,7 +40,7 @@ def is_foreign(x: Any) -> bool:
     """Whether ``x`` is an array of another library, to be adapted (not NumPy, not None, and
     not an installed backend's own device arrays, such as CuPy's: those backends take them as
     they are; ``registry.owner_of``)."""
-    return x is not None and not isinstance(x, np.ndarray) and (
+    return x is not None and not isinstance(x, (np.ndarray, np.generic)) and (
         hasattr(x, "__dlpack__") or hasattr(x, "__array__")) and owner_of(x) is None
 
 
@@ -128,13 +128,8 @@ def _call_back(back: Back, like: Any, result: Any) -> Any:
 
 
 def refuse_out(out: Any, argument: str) -> None:
-    """Raise TypeError where ``out`` cannot be written in place: a NumPy scalar (immutable:
-    it would be adopted as a copy, filled, and the caller's scalar handed back unchanged), or
-    an array kind that cannot (JAX)."""
-    if isinstance(out, np.generic):
-        raise TypeError(f"{argument} is a numpy.{type(out).__name__} scalar, which cannot be "
-                        "filled in place; pass an array (e.g. numpy.zeros((), "
-                        f"{type(out).__name__})) or drop out= and use the returned value")
+    """Raise TypeError where ``out`` is an array kind that cannot be written in place (JAX).
+    (A NumPy scalar, immutable too, is NumPy's: ``check_out`` refuses it.)"""
     kind = kind_of(out)
     if kind is not None and kind.out_refusal is not None:
         name = getattr(kind.kind, "name", type(out).__module__.partition(".")[0])

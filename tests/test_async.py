@@ -147,8 +147,11 @@ def test_prepared_calls_are_started_and_waited_in_turn():
 
     assert collectives.run(body, 2) == [[2.0] * 3] * 2
     buf = np.ones(4)
-    with pytest.raises(ValueError, match="out overlaps x"):
+    with pytest.raises(ValueError, match="out overlaps x; pass x itself"):
         collectives.run(lambda c: c.all_reduce_init(buf[:3], out=buf[1:]), 1)
+    # (an all-gather's x cannot be its out: "pass x itself" asked for what cannot be)
+    with pytest.raises(ValueError, match="out overlaps x; pass a separate array"):
+        collectives.run(lambda c: (lambda b: c.all_gather_init(b[:2], out=b))(np.ones(4)), 2)
     with pytest.raises(TypeError, match="out is required"):
         collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
 

@@ -79,3 +79,33 @@ def test_each_bucket_starts_once_its_run_is_ready(size):
     for late, count, right in collectives.run(body, size):
         assert not late, f"buckets started late: (k, started, complete) {late[:5]}"
         assert count > 3 and right
+
+
+def test_numpy_scalars_are_numpy_arrays_to_buckets_as_to_every_call():
+    # (``like=[numpy.float32(1.5)]`` was refused as an array of "no library", while
+    # batch_all_reduce took it: arithmetic on 0-d arrays gives such scalars)
+    def step(comm):
+        xs = [np.float32(1.5) * (comm.rank + 1), np.complex64(1 + 2j), np.zeros((), np.int32)]
+        buckets = comm.buckets(xs)
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        return [r.tolist() for r in buckets.wait()]
+
+    assert collectives.run(step, 2) == [[4.5, 2 + 4j, 0]] * 2
+
+
+def test_a_wait_after_a_step_that_raised_says_what_ended_it():
+    # (it blamed the tensors "never passed to ready", as if the step had not begun)
+    def step(comm):
+        buckets = comm.buckets([np.zeros(3), np.zeros(3)], bucket_bytes=0)
+        x = np.full(3, comm.rank + 1.0)
+        buckets.ready(0, x)
+        buckets.ready(1, x)
+        with pytest.raises(IndexError, match="k=2 is out of range"):
+            buckets.ready(2, x)  # every bucket is out: the step is over, here alone
+        with pytest.raises(ValueError) as raised:
+            buckets.wait()
+        return str(raised.value)
+
+    for message in collectives.run(step, 1):
+        assert "the last step ended here when it raised IndexError: k=2" in message, message

@@ -61,6 +61,8 @@ def test_op_spellings(spelling, op):
      r"out\[0\] has dtype float64"),
     (lambda: collectives.all_reduce(four(), out=[np.empty(6, np.float32)] * 4), ValueError,
      r"out\[0\] has shape \(6,\)"),
+    (lambda: collectives.reduce(four(), out=np.empty(5, np.float64)), TypeError,  # (one out:
+     r"^out has dtype float64"),  # it was named out[0])
     (lambda: collectives.reduce_scatter([np.ones(4)] * 2, out=[np.zeros(2)]), ValueError,
      "1 arrays for 2 devices"),
     (lambda: collectives.reduce_scatter([np.ones(5)] * 2, out=[np.zeros(2)] * 2), ValueError,

@@ -74,17 +74,19 @@ class Buckets(Generic[ArrayT]):
         self._reset()
 
     def _reset(self) -> None:
+        self.ended_by: str | None = None  # the error that ended the last step, if one did
         self.tensors: list = [None] * len(self.layout)
         self.missing = [len(part.plan.packs[j].indices) for part, j in self.order]
         self.pending: list = []  # the started buckets' handles, in order
         self.took: set = set()  # the kept buckets this step packs into
 
-    def _abandon_step(self) -> None:
-        """End a step that raised: the buckets already out are claimed by the error raised
-        (theirs must not surface again at a later call), and the next step starts afresh."""
+    def _abandon_step(self, error: BaseException) -> None:
+        """End a step that raised ``error``: the buckets already out are claimed by it (theirs
+        must not surface again at a later call), and the next step starts afresh."""
         for handle in self.pending:
             handle.reported_elsewhere()
         self._reset()
+        self.ended_by = f"{type(error).__name__}: {error}"
 
     @property
     def started(self) -> int:
@@ -104,10 +106,11 @@ class Buckets(Generic[ArrayT]):
             self._refuse_rest(exc)
         self.tensors[k] = x
         self.missing[self.bucket_of[k]] -= 1
+        self.ended_by = None  # (a step under way)
         try:
             self._start_complete()
-        except BaseException:
-            self._abandon_step()
+        except BaseException as exc:
+            self._abandon_step(exc)
             raise
 
     def _checked(self, k: int, x: ArrayT) -> Any:
@@ -177,6 +180,9 @@ class Buckets(Generic[ArrayT]):
             missing = [k for k, t in enumerate(self.tensors) if t is None]
             again = (" (a step ends at its wait(): this one had none of its tensors yet; wait() "
                      "once per step)" if len(missing) == len(self.layout) else "")
+            if self.ended_by is not None and len(missing) == len(self.layout):
+                again = (f" (the last step ended here when it raised {self.ended_by};"
+                         " its results are lost: start the next with ready(k, x))")
             self._refuse_rest(ValueError(
                 f"wait() before every tensor was ready: tensors {missing[:10]} were never "
                 f"passed to ready(k, x); their buckets (and the later ones) have not "
@@ -206,9 +212,9 @@ class Buckets(Generic[ArrayT]):
         step's, as the docstring of the module says."""
         remaining = len(self.order) - self.started
         if remaining == 0:
-            self._abandon_step()
+            self._abandon_step(error)
             raise error
         try:
             refuse_each(self.comm, "buckets", error, remaining, len(self.order))
         finally:
-            self._abandon_step()
+            self._abandon_step(error)

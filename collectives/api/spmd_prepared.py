@@ -47,8 +47,9 @@ class PreparedOps(CommParts):
                             "every time)")
         check_out(out, shape, dtype, out_argument, arrays)
         if out is not xa and overlaps(arrays, out, xa):
-            raise ValueError(f"{what}: out overlaps x; pass x itself (in place) or a separate "
-                             "array")
+            in_place = ("x itself (in place) or " if tuple(xa.shape) == tuple(shape) else "")
+            raise ValueError(f"{what}: out overlaps x; pass {in_place}a separate array (a "
+                             "prepared call reads x in place at every start)")
         return xa
 
     def _read_in_place(self, x: Any, what: str) -> Any:

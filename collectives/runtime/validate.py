@@ -109,6 +109,10 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str =
     same kind as the inputs (``arrays``: their backend)."""
     if not (hasattr(out, "shape") and hasattr(out, "dtype")):
         raise TypeError(f"{argument} must be an array, not {type(out).__name__}")
+    if isinstance(out, np.generic):  # (immutable: it cannot take the result)
+        raise TypeError(f"{argument} is a numpy.{type(out).__name__} scalar, which cannot be "
+                        "filled in place; pass an array (e.g. numpy.zeros((), "
+                        f"{type(out).__name__})) or drop out= and use the returned value")
     if arrays is not None and not arrays.owns(out):
         raise TypeError(f"{argument} is a {type(out).__module__}.{type(out).__name__}; the "
                         f"inputs are {arrays.name} arrays, so pass one of those")

@@ -114,7 +114,9 @@ def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
     schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
                     root)
     final = result_dtype(op, dtype)
-    result = outputs(arrays, None if out is None else [out], [values[root]], shape, final)[0]
+    if out is not None:
+        check_out(out, shape, final, "out", arrays)  # (the root's one result)
+    result = arrays.result(shape, final, like=values[root]) if out is None else out
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
     written = {s[0] for s in schedule.steps}
