@@ -145,3 +145,11 @@ def test_auto_past_its_limit_names_the_fix(capsys):
 def test_price_rejects_hosts_that_do_not_divide():
     with pytest.raises(ValueError, match="per=3"):
         price(Collective.ALL_REDUCE, "ring", 10, 1 << 20, GPU, per=3)
+
+
+def test_one_participant_moves_nothing_and_says_so(capsys):
+    # (it printed "algbw inf GB/s, busbw nan GB/s")
+    assert cli.main(["simulate", "ring", "-n", "1", "-b", "1M"]) == 0
+    out = capsys.readouterr().out
+    assert "# 1 participant," in out and "over 1: 0 ns, nothing moves" in out, out
+    assert "inf" not in out and "nan" not in out, out

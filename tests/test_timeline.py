@@ -282,6 +282,10 @@ def test_the_command_merges_draws_and_summarises(warm_ranks, record, tmp_path, c
     out = capsys.readouterr().out
     assert "all_reduce" in out and "1 KiB" in out and "straggler: rank 1" in out
     assert cli(["timeline", "summary", str(tmp_path / "nothing")]) == 2
+    capsys.readouterr()
+    # (a folder that does not exist was said to "hold no timeline files")
+    assert cli(["timeline", "merge", str(tmp_path / "nothing"), "-o", str(merged)]) == 2
+    assert "nothing does not exist" in capsys.readouterr().err
 
 
 def test_environment_variable_records_and_closes_the_file(tmp_path):

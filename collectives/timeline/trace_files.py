@@ -74,6 +74,9 @@ def trace_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if folder.is_file():
         return [folder]
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist; pass the folder COLLECTIVES_TIMELINE "
+                                "named (or one .trace.json file)")
     found = sorted(folder.glob("*.trace.json")) or sorted(folder.glob("*.json"))
     if not found:
         raise FileNotFoundError(f"{folder} holds no timeline files (*.trace.json); record some "

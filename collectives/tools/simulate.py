@@ -178,10 +178,12 @@ def setup(args: argparse.Namespace) -> tuple[Fabric, int]:
 
 
 def _line(p, n: int, nbytes: int) -> str:
-    algbw = nbytes / p.seconds / 1e9 if p.seconds else float("inf")
+    head = f"{p.label}: {p.collective.value} of {_human(nbytes)} over {n}: "
+    if not p.seconds:  # (one participant, or no bytes: no bandwidth to speak of)
+        return head + "0 ns, nothing moves (no algbw or busbw)"
+    algbw = nbytes / p.seconds / 1e9
     bus = BUS.get(p.collective, lambda n: 1.0)(n)
-    return (f"{p.label}: {p.collective.value} of {_human(nbytes)} over {n}: "
-            f"{human_time(p.seconds)}, algbw {algbw:.2f} GB/s, busbw {algbw * bus:.2f} GB/s "
+    return (head + f"{human_time(p.seconds)}, algbw {algbw:.2f} GB/s, busbw {algbw * bus:.2f} GB/s "
             f"(latency {human_time(p.latency)}, transfer {human_time(p.transfer)}, "
             f"reduction {human_time(p.reduction)})")
 
@@ -222,7 +224,7 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise ValueError(f"{name} is two-level: pass --group-size G or --nodes COUNTxPER")
     except ValueError as exc:
         args.parser.error(str(exc))
-    print(f"# {n} participants, {_where(n, per)}; {fabric.source}")
+    print(f"# {n} participant{'' if n == 1 else 's'}, {_where(n, per)}; {fabric.source}")
     for nbytes in args.bytes:
         if name == "auto":
             placement = Placement.nodes(n // per, per, processes=not args.threads)
