@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import requested, wire_dtype
-from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
+from collectives.runtime.calls import BatchTag
 from collectives.runtime.validate import check_timeout
 
 from .torch_group import UPCAST as _UPCAST
@@ -96,8 +96,6 @@ class CommHookState:
         self.pending: list = []  # this step's calls in flight (see _drain)
         self.last_error: BaseException | None = None
         self.step_failed = False  # whether a bucket of this step has failed yet
-        self.agreed_mean: bool | None = None  # ``mean`` as every rank has it (``_agree``)
-        self.disagreement: BaseException | None = None  # why this step's buckets all fail
 
     def __repr__(self) -> str:
         return (f"CommHookState(rank {self.comm.rank} of {self.comm.size}, mean={self.mean}, "
@@ -120,11 +118,6 @@ def allreduce_hook(state: CommHookState,
     state.buckets += 1
     if bucket.index() == 0:  # buckets start in index order: a new step
         state.step_failed = False
-        state.disagreement = _agree(state) if state.agreed_mean is not state.mean else None
-    if state.disagreement is not None:  # (every bucket of the step fails alike)
-        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        _fail(state, future, state.disagreement)
-        return future
     if state.mean:  # (DDP's order: this rank's share first, in the bucket's dtype)
         buffer.div_(state.comm.size)
     if buffer.device.type != "cpu":
@@ -135,9 +128,10 @@ def allreduce_hook(state: CommHookState,
         wire = buffer.float() if buffer.dtype in _UPCAST else buffer
         view = np.from_dlpack(wire)
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None
-        handle = state.comm.all_reduce(view, state.op, state.algorithm, out=view,
-                                       timeout=state.timeout, compression=compression,
-                                       async_op=True)
+        with state.comm.calls.part_of(_tag(state)):
+            handle = state.comm.all_reduce(view, state.op, state.algorithm, out=view,
+                                           timeout=state.timeout, compression=compression,
+                                           async_op=True)
     except Exception as exc:  # noqa: BLE001 - DDP must get it through the future
         _fail(state, future, exc)
         if bucket.is_last():
@@ -162,23 +156,18 @@ def allreduce_hook(state: CommHookState,
     return future
 
 
-def _agree(state: CommHookState) -> BaseException | None:
-    """Whether every rank's hook divides (``mean``): the library agrees each all-reduce's
-    own arguments, but the division before it is the hook's, and a rank dividing beside one
-    that does not would give gradients that are neither the mean nor the sum. Asked at a
-    step's first bucket while it is not agreed (the first step, or after ``mean`` changed):
-    the error every rank raises alike, or None."""
-    try:
-        said = state.comm.all_gather_object(state.mean, timeout=state.timeout)
-    except Exception as exc:  # noqa: BLE001 - DDP gets it through the futures
-        return exc
-    if len(set(said)) > 1:
-        by_rank = ", ".join(f"rank {r}: {m}" for r, m in enumerate(said))
-        return CollectiveMismatchError(
-            f"rank {state.comm.rank}: the ranks' hooks disagree on mean ({by_rank}); pass "
-            "the same mean to every rank's CommHookState (or register)")
-    state.agreed_mean = state.mean
-    return None
+# Every bucket's all-reduce carries the hook's ``mean`` in its signature: the library agrees
+# each all-reduce's own arguments, but the division before it is the hook's, and a rank
+# dividing beside one that does not would give gradients that are neither the mean nor the
+# sum. Ranks that differ fail the call on every rank, at its agreement (before data moves)
+# or, for a signature agreed before (``mean`` changed on one rank later), by its check value.
+_TAGS = {mean: BatchTag(f"DDP's hook, mean={mean}", 1, differs=(
+    "the ranks' DDP hooks disagree on mean ({by_rank}); pass the same mean to every rank's "
+    "CommHookState (or register)")) for mean in (True, False)}
+
+
+def _tag(state: CommHookState) -> BatchTag:
+    return _TAGS[state.mean]
 
 
 def _drain(state: CommHookState) -> None:
@@ -208,8 +197,9 @@ def _on_device(state: CommHookState, buffer: torch.Tensor) -> torch.futures.Futu
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
     try:
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None
-        state.comm.all_reduce(buffer, state.op, state.algorithm, out=buffer,
-                              timeout=state.timeout, compression=compression)
+        with state.comm.calls.part_of(_tag(state)):
+            state.comm.all_reduce(buffer, state.op, state.algorithm, out=buffer,
+                                  timeout=state.timeout, compression=compression)
     except Exception as exc:  # noqa: BLE001 - DDP must get it through the future
         _fail(state, future, exc)
         return future

@@ -240,8 +240,23 @@ def test_hooks_that_disagree_on_the_mean_fail_the_step_on_every_rank():
 
     for (took, text, error), params in collectives.run(rank_fn, 2, timeout=10):
         assert isinstance(error, collectives.CollectiveMismatchError), text
-        assert "disagree on mean (rank 0: True, rank 1: False)" in text and took < 2.0
+        assert ("disagree on mean (rank 0: DDP's hook, mean=True, rank 1: DDP's hook, "
+                "mean=False)") in text and took < 2.0
         assert all(torch.isfinite(p).all() for p in params)
+
+
+def test_a_mean_changed_on_one_rank_after_the_first_steps_fails_naming_mean():
+    # (only that rank asked again, with an all-gather, beside its peers' all-reduce: the error
+    # said the ranks called different collectives)
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm)
+        train(net, ddp, comm.rank)
+        state.mean = comm.rank == 0
+        return _failing_step(ddp, state, comm.rank)
+
+    for took, text, error in collectives.run(rank_fn, 2, timeout=10):
+        assert isinstance(error, collectives.CollectiveMismatchError), text
+        assert "hooks disagree on mean" in text and took < 2.0, text
 
 
 def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():

@@ -31,17 +31,20 @@ class BatchTag(str):
     """A batch's tag (``Call.batch``): the list's description and digest, as text (which is
     what signatures compare), and ``issued``: how many calls the batch issues before it waits
     on any (1 blocking, each bucket one at a time; every bucket, asynchronous or as buckets).
-    Ranks whose tags differ there no longer pair their calls once a mismatch stops them."""
+    Ranks whose tags differ there no longer pair their calls once a mismatch stops them.
+    ``differs``: what a mismatch of tags means, and its fix, for callers other than a batch
+    (a DDP hook's tag carries its ``mean``)."""
 
     issued: int
+    differs: str
 
-    def __new__(cls, text: str, issued: int = 1) -> BatchTag:
+    def __new__(cls, text: str, issued: int = 1, differs: str = "") -> BatchTag:
         tag = super().__new__(cls, text)
-        tag.issued = issued
+        tag.issued, tag.differs = issued, differs
         return tag
 
-    def __reduce__(self) -> tuple:  # (agreements pickle signatures: ``issued`` travels too)
-        return BatchTag, (str(self), self.issued)
+    def __reduce__(self) -> tuple:  # (agreements pickle signatures: the fields travel too)
+        return BatchTag, (str(self), self.issued, self.differs)
 
     # Equal where the text and ``issued`` are (so that the calls cached by signature keep a
     # blocking batch's buckets apart from an asynchronous one's); the check value and the
@@ -154,6 +157,9 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
         if len(set(map(repr, known))) > 1:
             if name == "batch":  # (the bucket of a batch: the lists differ)
                 by_rank = ", ".join(f"rank {r}: {v or 'no batch'}" for r, v in enumerate(seen))
+                differs = next((v.differs for v in seen if isinstance(v, BatchTag) and v.differs), "")
+                if differs:
+                    return differs.format(by_rank=by_rank)
                 return (f"ranks called batch_all_reduce (or buckets) with different tensor lists "
                         f"or buckets ({by_rank}); every rank must pass the same shapes and "
                         "dtypes in the same order, and the same bucket_bytes and packing "
