@@ -16,7 +16,9 @@ the ranks agree (``agree_to_free``):
 * nothing is given up on a timeout: a rank that neither frees nor leaves is waited for (as
   ``Win_free`` waits), until it frees too, or leaves, or its program ends (its exit notice).
   A rank that gave up and kept while a slower peer's vote completed the agreement would
-  leave that peer in ``Win_free`` for good: the one way the ranks could split.
+  leave that peer in ``Win_free`` for good: the one way the ranks could split. So ranks that
+  free two such communicators in different orders wait for each other for good (each in the
+  other's vote): the one wait of the library without a deadline, said by a warning.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ def agree_to_free(transport: Any, would_keep: bool) -> bool:
         if not warned and waited > _timeout(transport):
             warned = True
             FREEING.warning("rank %d: free() has waited %.0f s for peers that neither free this "
-                            "communicator nor leave it (freeing is collective)", transport.rank,
-                            waited)
+                            "communicator nor leave it (freeing is collective: every rank must "
+                            "free its communicators in the same order; a peer that frees another "
+                            "one first waits there for this rank, and neither free ends)",
+                            transport.rank, waited)
         waiting.idle(waited)
     return int(keeps[0]) == 0
 
