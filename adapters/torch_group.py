@@ -27,6 +27,9 @@ _OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
         dist.ReduceOp.PRODUCT: ReduceOp.PROD}
 
 
+_LOGICAL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
+
+
 def _finished_work(value: Any) -> Any:
     """A finished ``torch.distributed`` Work holding ``value``, through PyTorch's helper for
     process groups written in Python (private; torch's own tests of such groups use it)."""
@@ -121,7 +124,9 @@ class _CollectivesGroup(_ProcessGroupBase):
         with self.lock:
             for i, tensor in enumerate(tensors):
                 wide = tensor.float() if tensor.dtype in UPCAST else tensor
-                result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), op)
+                # (booleans as gloo reduces them: SUM is OR, PRODUCT is AND)
+                logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
+                result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), logical)
                 # (bfloat16 and float16 went as float32: cast back, as torch does)
                 tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _finished_work(tensors)

@@ -104,6 +104,20 @@ def test_every_call_form_of_torchs_groups_gives_what_gloo_gives():
     assert want[0]["allreduce([t], MAX)"] == [[2.0, 4.0]]  # (the forms do differ)
 
 
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MAX", "MIN"])
+def test_booleans_reduce_as_gloo_reduces_them(op):
+    # (SUM and PRODUCT of bool tensors raised; gloo gives OR and AND)
+    def job(group, rank):
+        t = torch.tensor([True, False, rank == 0, rank == 1, False])
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+        return t.tolist()
+
+    want = on_gloo(job)
+    assert on_collectives(job) == want
+    assert want[0] == ([True, False, True, True, False] if op in ("SUM", "MAX")
+                       else [True, False, False, False, False])
+
+
 @pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool"])
 def test_an_integer_average_is_refused_on_every_rank_as_gloo_refuses_it(dtype):
     # (it was truncated back into the integer tensor: [5, -3, 7] for the means [5.5, -3.5,
