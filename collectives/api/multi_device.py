@@ -19,7 +19,7 @@ import numpy as np
 from ..algorithms.fusion import DEFAULT_BUCKET_BYTES
 from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch, requested
-from ..foreign import accepts_foreign_values
+from ..foreign_calls import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, BatchSpec, Compression, Op
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend

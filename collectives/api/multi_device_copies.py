@@ -11,7 +11,7 @@ from typing import Any, Literal, cast, overload
 
 import numpy as np
 
-from ..foreign import accepts_foreign_values
+from ..foreign_calls import accepts_foreign_values
 from ..hints import ArrayT
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend

@@ -10,7 +10,7 @@ from typing import Any, Literal, cast, overload
 
 import numpy as np
 
-from ..foreign import accepts_foreign_values
+from ..foreign_calls import accepts_foreign_values
 from ..hints import Algorithm, ArrayT, Op
 from ..registry import backend_for_arrays
 from ..runtime.execute import DeviceBackend

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms.schedule import Collective
-from ..foreign import accepts_foreign
+from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.execute.exchange import ExchangeRun

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..compression import requested
-from ..foreign import array_kind, call_foreign, host_view
+from ..foreign import array_kind, host_view
+from ..foreign_calls import call_foreign
 from ..runtime.hot_path import FastAllReduce
 from ..runtime.validate import valid_timeout
 

@@ -16,7 +16,8 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps, plain_ndarray
 from ..compression import requested
-from ..foreign import accepts_foreign, is_foreign
+from ..foreign import is_foreign
+from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.hot_path import FastAllReduce

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..arrays import overlaps
-from ..foreign import accepts_foreign
+from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.results import Block, Gathered

@@ -16,6 +16,7 @@ How a failure spreads (breaking, peers' notices, late agreements) is ``failures.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -62,6 +63,7 @@ class Engine(CallOrder, InFlight, Failures):
         # point-to-point messages still run while every cause of ``broken`` is a peer that
         # left, to and from the ranks still there, and from it as far as it sent them
         self.only_exits = False
+        self.exits_from = math.inf  # the first call a peer that left will not join
         self.messages = Ledger()  # (departures.py: the messages posted, by peer and tag)
         self.freed = False  # Communicator.free() was called: no call may run
         self.last_entered = time.monotonic()  # (failures.back_after_quiet)
@@ -116,8 +118,9 @@ class Engine(CallOrder, InFlight, Failures):
                 raise op.error  # type: ignore[misc]
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
-        if self.broken is not None and (not self.only_exits or what not in MESSAGES):
-            raise self.broken_error(what)
+        if self.broken is not None and (not self.only_exits or (
+                what not in MESSAGES and self.seq + 1 >= self.exits_from)):
+            raise self.broken_error(what)  # (peers that left joined the calls before theirs)
 
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,

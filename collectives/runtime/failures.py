@@ -49,6 +49,7 @@ class Failures:
     forgotten: int
     broken: str | None
     only_exits: bool  # every cause of ``broken`` is a peer that left
+    exits_from: float  # the first call one of them will not join (inf: none left)
     messages: Ledger
     freed: bool
     last_entered: float  # when this rank's last call began (``back_after_quiet``)
@@ -209,6 +210,8 @@ class Failures:
                         f"{failure.rank} {where} {failure.seq}: {failure.message}"))
                 self.inflight.remove(op)
         self.only_exits = exited and (self.broken is None or self.only_exits)
+        if exited:
+            self.exits_from = min(self.exits_from, lost)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 
     def _messages_in_flight(self) -> list[Any]:
@@ -218,8 +221,10 @@ class Failures:
     def refusal(self, op: Operation) -> BaseException | None:
         """Why a broken communicator refuses ``op`` now (None: it may run): every call, but a
         message while every cause is a peer that left (``message_refusal``)."""
-        if not self.only_exits or op.breaking:
+        if not self.only_exits or (op.breaking and op.seq >= self.exits_from):
             return self.broken_error(op.description)
+        if op.breaking:  # a call the peers that left joined before they left
+            return None
         message = op.stages[0]
         return self.message_refusal(message.receiving, message.peer, message.tag)
 
