@@ -259,6 +259,24 @@ def test_multi_device_calls_show_per_device_rounds(record):
             assert sorted((tuple(s), n) for s, n, _ in r.args["recvs"]) == mine
 
 
+def test_a_multi_device_call_is_on_every_devices_row_however_its_arguments_came(record):
+    # (broadcast(x, devices=4), the README's form, was recorded on device 0 alone; no call
+    # carried its op or algorithm)
+    x = np.ones(8)
+    collectives.broadcast(x, devices=4)
+    collectives.all_reduce([x] * 3, op="max", algorithm="ring")
+    every = traces.spans(_events(record))
+    calls = {}
+    for s in every:
+        if s.cat == "call" and s.pid >= recorder.DEVICE_PID:
+            calls.setdefault(s.args["collective"], set()).add(s.pid - recorder.DEVICE_PID)
+            if s.args["collective"] == "all_reduce":
+                assert (s.args["op"], s.args["algorithm"]) == ("max", "ring")
+            else:
+                assert s.args["devices"] == 4
+    assert calls == {"broadcast": {0, 1, 2, 3}, "all_reduce": {0, 1, 2}}
+
+
 @pytest.fixture
 def warm_ranks():
     _first_calls(3)

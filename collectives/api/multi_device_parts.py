@@ -34,7 +34,7 @@ def backend_first(function: Callable) -> Callable:
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
         if recorder.ON:  # the call as a span on every device's row
-            return record_devices.device_call(function, values, args,
+            return record_devices.device_call(function, values, args, kwargs,
                                                lambda: dispatch(values, args, async_op, kwargs))
         return dispatch(values, args, async_op, kwargs)
 

@@ -15,6 +15,7 @@ Only called while ``recorder.ON`` is true.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +31,19 @@ def device_pids(n: int, tid: int) -> list[int]:
     return pids
 
 
-def _signature(name: str, values: Any, args: tuple) -> tuple[int, dict]:
-    """(devices, args) of a multi-device call, read off its arguments."""
+def _signature(function: Callable, values: Any, args: tuple, kwargs: dict) -> tuple[int, dict]:
+    """(devices, args) of a multi-device call, read off its arguments (by name, however they
+    were passed)."""
+    name = function.__name__
+    try:
+        given = inspect.signature(function).bind_partial(values, *args, **kwargs).arguments
+    except TypeError:  # (the call itself will say what is wrong with them)
+        given = {}
     first = values
     while isinstance(first, (list, tuple)) and first:
         first = first[0]
-    if name == "broadcast":
-        devices = args[0] if args else 1
+    if name in ("broadcast", "scatter"):
+        devices = given.get("devices", 1)
         n = devices if isinstance(devices, int) else len(devices)
     elif name == "batch_all_reduce":
         n = len(values[0]) if values and isinstance(values[0], (list, tuple)) else 1
@@ -48,14 +55,18 @@ def _signature(name: str, values: Any, args: tuple) -> tuple[int, dict]:
                    bytes=int(getattr(first, "nbytes", 0)))
     if name == "batch_all_reduce":
         out["tensors"] = len(values)
+    for argument in ("op", "algorithm", "root"):
+        if isinstance(given.get(argument), (str, int)):
+            out[argument] = given[argument]
     return n, out
 
 
-def device_call(function: Callable, values: Any, args: tuple, run: Callable[[], Any]) -> Any:
+def device_call(function: Callable, values: Any, args: tuple, kwargs: dict,
+                run: Callable[[], Any]) -> Any:
     """``run()`` (the multi-device function ``function`` called on ``values``) as a span on
     every device's row."""
     name = function.__name__
-    n, signature = _signature(name, values, args)
+    n, signature = _signature(function, values, args, kwargs)
     tid = rec.thread_index()
     pids = device_pids(n, tid)
     ts = rec.now()
