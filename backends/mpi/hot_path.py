@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from collectives.algorithms.schedule import Collective
 from collectives.ops import ReduceOp
-from collectives.runtime.calls import Call
+from collectives.runtime.calls import Call, pairing_key
 from collectives.runtime.transport import PENDING
 
 from . import compiled
@@ -220,7 +220,7 @@ class Bound:
         """The hot path cannot run now; bind it once the entry exists."""
         entry = self.entry
         if entry is None:  # the entry of this signature, once a plain call has made it
-            entry = self.natives.entries.entries.get(self.call.signature)
+            entry = self.natives.entries.entries.get(pairing_key(self.call.signature))
             if entry is not None:
                 self._learn(entry)
         elif self.req is None and entry.data_req is not None:

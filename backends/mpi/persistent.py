@@ -28,7 +28,7 @@ from mpi4py import MPI
 from collectives.algorithms.schedule import Collective
 from collectives.errors import CollectiveMismatchError
 from collectives.ops import ReduceOp
-from collectives.runtime.calls import Call
+from collectives.runtime.calls import Call, pairing_key
 
 from . import tuning
 from .checks import local_nans, settle_zeros
@@ -123,13 +123,14 @@ class Entries:
         self.made = 0
 
     def get(self, call: Call, op: ReduceOp | None) -> Entry | None:
-        entry: Entry | None | Literal[False] = self.entries.get(call.signature, False)
+        key = pairing_key(call.signature)  # (as its peers' requests are made: by the call)
+        entry: Entry | None | Literal[False] = self.entries.get(key, False)
         if entry is False:
             entry = None
             if self.made < tuning.PERSISTENT_CALLS:
                 entry = Entry(call, op, self.size)
                 self.made += 1
-            self.entries[call.signature] = entry
+            self.entries[key] = entry
         return entry
 
     def free(self) -> None:

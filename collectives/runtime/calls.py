@@ -63,6 +63,20 @@ class BatchTag(str):
         return str.__hash__(self)
 
 
+def pairing_key(signature: tuple) -> tuple:
+    """``signature`` as ranks pair calls by it: a batch's tag as its text alone. A transport's
+    state kept per signature that must match across ranks (MPI's persistent requests, made
+    in the same order on every rank) is kept under this key: a blocking batch's bucket on one
+    rank and an asynchronous one's on another are one call to pair."""
+    if len(signature) != len(FIELDS):
+        return signature
+    batch = signature[FIELDS.index("batch")]
+    if not isinstance(batch, BatchTag):
+        return signature
+    at = FIELDS.index("batch")
+    return (*signature[:at], str(batch), *signature[at + 1:])
+
+
 def calls_issued(signature: tuple) -> int:
     """How many calls the call of ``signature`` comes with, issued before it is waited on:
     a batch's buckets (``BatchTag.issued``), else 1."""

@@ -224,3 +224,36 @@ for kind in ("batch-async", "buckets"):
     CASES.append(Case(f"lists-{kind}-bad-arg-one-rank-three-buckets",
                       (bad_op_three_buckets(kind), after_cut(kind)), where=BOTH, sizes=SIZES,
                       timeout=COMM_TIMEOUT, limit=20.0))
+
+
+# --- one list reduced as different kinds on different ranks: they pair, call for call ------
+
+
+def _reduced_as(kind: str):
+    """Small tensors in buckets of one each (MPI: persistent requests, made in the same order
+    on every rank): a blocking batch, or the last rank's ``kind`` in that step alone."""
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, [(1000,), (1000,), (7,)])
+
+        def body(comm):
+            mine = kind if ctx.rank == ctx.size - 1 else "batch"
+            if mine == "buckets":
+                buckets = comm.buckets(xs, bucket_bytes=0)
+                for k, x in enumerate(xs):
+                    buckets.ready(k, x)
+                return buckets.wait()
+            if mine == "batch-async":
+                return comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True).wait()
+            return comm.batch_all_reduce(xs, bucket_bytes=0)
+        return Call(body, expect=ok(sums(ctx, [(1000,), (1000,), (7,)]), within=1.0))
+    return step
+
+
+for kind in ("batch-async", "buckets"):
+    # (MPI: a bucket's persistent request was kept per signature, whose batch tag tells a
+    # blocking batch from an asynchronous one: the last rank made a request its peers did
+    # not, their requests never matched again, and every rank waited out its timeout)
+    CASES.append(Case(f"lists-one-rank-as-{kind}-pairs-with-a-blocking-batch",
+                      (_reduced_as("batch"), _reduced_as(kind), _reduced_as("batch"),
+                       _reduced_as("batch")), where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT,
+                      limit=20.0))
