@@ -43,6 +43,7 @@ class ThreadTransport:
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size
+        world.transports[rank] = weakref.ref(self)  # (peers read its calls in flight)
         self.engine: Any = None  # (a weak reference to the engine, set by it, as MPI's)
         self.local_size = world.size
         self.local_rank = rank
@@ -86,8 +87,9 @@ class ThreadTransport:
         self.world.activity[self.rank] = activity
 
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
-        activity = self.world.activity
-        return {r: describe_activity(activity[r]) for r in range(self.size) if r != self.rank}
+        world = self.world
+        return {r: describe_activity(world.activity[r], _checks_in_flight(world.transports[r]))
+                for r in range(self.size) if r != self.rank}
 
     def dup(self) -> ThreadTransport:
         child = self._child(("dup", next(self._children)), self.size)
@@ -158,6 +160,14 @@ class ThreadTransport:
         """Nothing to release: thread worlds go with their threads."""
         self.freed = True
 
+
+
+def _checks_in_flight(ref: Any) -> dict[int, int] | None:
+    """The check values of the calls in flight of the transport ``ref`` refers to (None: it
+    has no engine, or is gone)."""
+    transport = ref() if ref is not None else None
+    engine = transport.engine() if transport is not None and transport.engine else None
+    return engine.checks_in_flight() if engine is not None else None
 
 
 def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple = (),

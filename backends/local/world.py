@@ -37,6 +37,7 @@ class ThreadWorld:
         self.agreeing: dict[tuple[int, int], int] = {}
         self.notices: list[Failure] = []  # every rank's notices, in the order sent
         self.activity: list[Any] = [None] * size
+        self.transports: list[Any] = [None] * size  # weak references to the ranks' transports
         self.children: dict[tuple, Any] = {}
         self.postings = Postings()  # users' point-to-point messages not yet paired
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
@@ -49,6 +50,10 @@ class Notices:
         self.near = [r for r in (self.peers if near is None else sorted(near)) if r != self.rank]
         self.activity: Any = None
         self.calls: dict = {}  # native calls in flight, by number: the transport's
+        # the transport's other calls in flight, by number: (check, description) or None
+        self.other_call: Callable[[int], tuple | None] = lambda seq: None
+        # the check values of the transport's calls in flight, by number
+        self.checks_in_flight: Callable[[], dict[int, int] | None] = lambda: None
         self._lock = threading.Lock()
         self._sent: list = []  # (request, buffer): notices and answers still in flight
         self._prune_at = PRUNE_AFTER  # test the sends in flight once there are this many
@@ -100,8 +105,13 @@ class Notices:
                 return
             source, (number, about) = got
             call = self.calls.get(about) if about is not None else None
-            calls = {about: (call.check, call.describe())} if call is not None else {}
-            self._post((number, describe_activity(self.activity), calls), source, ANSWER)
+            # (a call under that number this rank runs otherwise, by a schedule: its check
+            # tells the asker, whose native call under it waits for this rank in vain)
+            theirs = ((call.check, call.describe()) if call is not None else
+                      self.other_call(about) if about is not None else None)
+            calls = {about: theirs} if theirs is not None else {}
+            said = describe_activity(self.activity, self.checks_in_flight())
+            self._post((number, said, calls), source, ANSWER)
 
     def ask_later(self, about: int | None = None) -> int:
         """Ask the peers of this node what they do (and which native call they run under

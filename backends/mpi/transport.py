@@ -92,6 +92,8 @@ class MPITransport:
         self.native = MPINatives(data, self.control, SharedWindow(self._node, self.size),
                                  self.notices)
         self.notices.calls = self.native.inflight
+        self.notices.other_call = self._call_in_flight
+        self.notices.checks_in_flight = self._checks_in_flight
         self.shared_memory = self.native.shm.shared  # (Communicator.shared_empty)
         # (a new communicator's ranks share their cores with the rest of the job: its
         # parent's finding holds for it)
@@ -147,6 +149,22 @@ class MPITransport:
     def agreement_waiting(self, seq: int) -> bool:
         control = self.control
         return bool(control.comm.Iprobe(MPI.ANY_SOURCE, control.tags.tag(seq, 0)))
+
+    def _call_in_flight(self, seq: int) -> tuple | None:
+        """(check, description) of this rank's call ``seq`` while it is in flight (not a
+        native one: ``notices.calls`` has those), for a peer whose native call ``seq`` has
+        stalled (``MPINatives.stalled``): a check of another call tells it they disagree."""
+        engine = self.engine() if self.engine is not None else None
+        if engine is None:
+            return None
+        for op in list(engine.inflight):  # (a copy: the list changes on other threads)
+            if op.seq == seq and op.breaking and not op.finished and op.check:
+                return op.check, op.description
+        return None
+
+    def _checks_in_flight(self) -> dict[int, int] | None:
+        engine = self.engine() if self.engine is not None else None
+        return engine.checks_in_flight() if engine is not None else None
 
     def publish_activity(self, activity: tuple) -> None:
         self.notices.activity = activity

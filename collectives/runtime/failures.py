@@ -120,6 +120,11 @@ class Failures:
             check = entry[4] if len(entry) > 4 else None
             unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
                       and isinstance(check, int) and check != op.check)
+            # A peer past this call, with this call still in flight under another check (it
+            # took another signature agreed before, and their data never meets): the same.
+            theirs = entry[5].get(op.seq) if len(entry) > 5 and entry[0] != op.seq else None
+            unlike = unlike or (mine == "moving" and bool(op.check) and isinstance(theirs, int)
+                                and theirs != op.check)
             if disputed or passed or unlike:
                 if op.skipped_agreement:
                     self.join_late(op)

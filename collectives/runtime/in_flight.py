@@ -63,6 +63,12 @@ class InFlight:
             op.counted = False
             self.outstanding -= 1
 
+    def checks_in_flight(self) -> dict[int, int]:
+        """The check values of this rank's collectives in flight, by call number: what a peer
+        whose call of that number waits in vain compares with its own (``check_dispute``)."""
+        return {op.seq: op.check for op in list(self.inflight)  # (a copy: other threads)
+                if op.breaking and not op.finished and op.check}
+
     def finished_through(self) -> int:
         """The latest call before which every call here has finished: what a rank that leaves
         tells its peers (its calls in flight are lost with it: peers must not wait for them)."""

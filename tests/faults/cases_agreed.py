@@ -158,3 +158,44 @@ def _compressed_beside_wire_dtype(ctx: Ctx) -> Call:
 
 CASES.append(Case("compressed-beside-the-wire-dtype", (_compressed_beside_wire_dtype,),
                   sizes=(2,)))
+
+
+def _two_in_flight(ctx: Ctx, first: dict) -> list:
+    """Two asynchronous all-reduces, the first with ``first``'s arguments: a large one (MPI's
+    own, under auto) and a small one behind it."""
+    def body(comm):
+        x = np.full(54_000, ctx.rank + 1.0, np.float32)
+        y = np.full(7, ctx.rank + 1.0)
+        handles = [comm.all_reduce(x, async_op=True, **first), comm.all_reduce(y, async_op=True)]
+        return [h.wait() for h in handles]
+    return body
+
+
+def _agree_both(argument: str, values: tuple):
+    def step(ctx: Ctx) -> Call:
+        total = float(sum(range(1, ctx.size + 1)))
+
+        def body(comm):
+            got = [_two_in_flight(ctx, {argument: v})(comm) for v in values]
+            return [r for pair in got for r in pair]
+        return Call(body, expect=ok([np.full(54_000, total, np.float32), np.full(7, total)] * 2,
+                                    rtol=1e-3 if argument == "compression" else 0.0))
+    return step
+
+
+def _last_rank_other(argument: str, values: tuple):
+    def step(ctx: Ctx) -> Call:
+        mine = values[1] if ctx.rank == ctx.size - 1 else values[0]
+        return Call(_two_in_flight(ctx, {argument: mine}), expect=MISMATCH, same=False)
+    return step
+
+
+for argument, values in (("algorithm", ("auto", "ring")), ("compression", (None, "fp16"))):
+    # Both signatures agreed before; the last rank's first call takes the other, with a
+    # second call in flight behind it. (MPI: the peers' own all-reduce waited for the last
+    # rank's, which ran the ring; each rank saw only its peers' latest call, and every rank
+    # waited out its timeout. A stalled MPI call now asks its peers for their call of its
+    # number, however they run it.)
+    CASES.append(Case(f"agreed-{argument}-differs-with-a-call-behind",
+                      (_agree_both(argument, values), _last_rank_other(argument, values)),
+                      sizes=(2, 3)))
