@@ -156,6 +156,10 @@ def test_a_compiled_ddp_model_over_the_group_trains_as_the_uncompiled_one():
     # (DDP's reducer calls the group from the compiled forward, rebuilding its buckets after
     # the first step: torch.compile traced into the group's lock and failed on every rank,
     # "ProcessGroup name not set"; gloo's group is C++, which it does not trace)
+    # (DDP notes its active module process-wide, and restores the one it found on the way
+    # out: thread ranks' forwards interleave, and an earlier test's model, with another
+    # bucket size, can be left there for dynamo to read; none is, now)
+    DDP._active_ddp_module = None
     compiled = collectives.run(lambda comm: _train_compiled(comm, True), 2, timeout=120)
     eager = collectives.run(lambda comm: _train_compiled(comm, False), 2, timeout=120)
     for rank in range(2):

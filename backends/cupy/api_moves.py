@@ -43,11 +43,14 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     value's GPU, as logical devices) or a list of GPU ids (one copy on each); ``out``: the
     arrays to fill, wherever they are."""
     arrays = gpu_arrays()
+    out_given = out is not None
     value = as_array(value, "value")
     if not arrays.owns(value):
         raise TypeError(f"value is a {type(value).__module__}.{type(value).__name__}; pass a "
                         "CuPy array (or call collectives.broadcast for NumPy arrays)")
     check_communicable(np.dtype(value.dtype), "value")
+    if isinstance(devices, (str, bytes)):
+        raise TypeError(f"devices={devices!r} is text; pass a count or a list of GPU ids")
     if out is None and not isinstance(devices, (int, np.integer)):
         ids = [int(d) for d in devices]
         if not ids:
@@ -62,7 +65,8 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     request = nccl_request(algorithm, int(value.size))
     targets = list(out) if out is not None else []
     if (out is None or (request or "").startswith("nccl/")
-            or not use_nccl(request, targets, value.dtype, None)):
+            or not use_nccl(request, targets, value.dtype, None,
+                            argument="out" if out_given else "devices")):
         results = run_broadcast(library_devices(), value, check_devices(n),
                                 tuple(value.shape), np.dtype(value.dtype), algorithm, out=out,
                                 shards=shards, out_checked=True)

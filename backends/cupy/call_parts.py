@@ -77,8 +77,9 @@ def nccl_request(algorithm: Any, count: int) -> str | None:
 
 
 def use_nccl(request: str | None, values: Sequence, dtype: np.dtype, op: ReduceOp | None,
-              groups: Any = None) -> bool:
-    """Whether NCCL runs this call; raises where NCCL was asked for and cannot be."""
+              groups: Any = None, argument: str = "values") -> bool:
+    """Whether NCCL runs this call; raises where NCCL was asked for and cannot be (naming the
+    arrays as ``argument``)."""
     if request is None or (request == "auto" and len(values) < 2):
         return False
     if request == "auto":
@@ -92,12 +93,12 @@ def use_nccl(request: str | None, values: Sequence, dtype: np.dtype, op: ReduceO
     if not group.supports(dtype, op):
         return False  # no exact NCCL form: the library's algorithms run it
     if request == "nccl" or groups is None:
-        group.distinct_devices(values)
+        group.distinct_devices(values, argument)
     else:
         layout = resolve_groups(groups, len(values))
         assert layout is not None  # groups is not None
         for members in layout:
-            group.distinct_devices([values[p] for p in members])
+            group.distinct_devices([values[p] for p in members], argument, members)
     return True
 
 
@@ -118,6 +119,15 @@ def outputs(arrays, out, values, shape, dtype) -> list:
             raise ValueError(f"out[{i}] is on GPU {o.device.id} but values[{i}] on GPU "
                              f"{v.device.id}; each result stays on its input's device")
     return list(out)
+
+
+def root_output(arrays, out, values, root, shape, dtype) -> Any:
+    """A reduce's one ``out``, checked: the result's shape and dtype, on the root's GPU."""
+    check_out(out, shape, dtype, "out", arrays)
+    if out.device.id != values[root].device.id:
+        raise ValueError(f"out is on GPU {out.device.id} but the root's value, values[{root}], "
+                         f"on GPU {values[root].device.id}; the result stays on the root's GPU")
+    return out
 
 
 def deliver(arrays, op, work, results, n) -> None:

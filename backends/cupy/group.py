@@ -26,14 +26,18 @@ _comms: dict[tuple[int, ...], list] = {}
 _lock = threading.Lock()
 
 
-def distinct_devices(values: Sequence, argument: str = "values") -> tuple[int, ...]:
-    """The GPU of each array; ValueError naming the first GPU that holds two of them."""
+def distinct_devices(values: Sequence, argument: str = "values",
+                     indices: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The GPU of each array; ValueError naming the first GPU that holds two of them (as
+    ``argument[i]``, ``i`` from ``indices`` where ``values`` are some of the argument's)."""
     seen: dict[int, int] = {}
+    names = list(range(len(values))) if indices is None else list(indices)
     for i, v in enumerate(values):
         device = v.device.id
         if device in seen:
             raise ValueError(
-                f"{argument}[{seen[device]}] and {argument}[{i}] are both on GPU {device}: "
+                f"{argument}[{names[seen[device]]}] and {argument}[{names[i]}] are both on GPU "
+                f"{device}: "
                 "NCCL needs a GPU of its own for every participant (it refuses two ranks on "
                 "one GPU); use algorithm='auto' or one of the library's algorithms ('ring', "
                 "'rechd', 'tree', 'shuffle') for logical devices sharing a GPU")

@@ -38,7 +38,16 @@ from collectives.runtime.execute.device_calls import run_all_reduce, run_reduce
 from collectives.runtime.validate import check_root, resolve_groups
 
 from . import group, one_gpu
-from .call_parts import deliver, gpu_arrays, library_devices, nccl_request, outputs, prepare, use_nccl
+from .call_parts import (
+    deliver,
+    gpu_arrays,
+    library_devices,
+    nccl_request,
+    outputs,
+    prepare,
+    root_output,
+    use_nccl,
+)
 
 
 @dataclass
@@ -128,8 +137,8 @@ class Nccl:
         values, n = call.values, len(call.values)
         if call.collective == "reduce":
             root = call.root
-            result = outputs(arrays, None if call.out is None else [call.out], [values[root]],
-                             call.shape, final)[0]
+            result = (arrays.result(call.shape, final, like=values[root]) if call.out is None
+                      else root_output(arrays, call.out, values, root, call.shape, final))
             flats = [arrays.flat(v) for v in values]
             in_place = result is values[root] or not overlaps(arrays, result, values[root])
             total = (result.reshape(-1) if final == call.dtype and in_place

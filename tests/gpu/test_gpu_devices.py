@@ -292,6 +292,47 @@ def test_several_gpus(algorithm):
                 assert same_bits(c, host(g))
 
 
+@needs_gpus
+@pytest.mark.parametrize("layout", [[[0, 1], [1, 0]], [[0, 1], [0, 0]], [[0, 0], [0, 1]]])
+def test_a_batch_whose_tensors_list_their_gpus_in_other_orders_is_refused(layout):
+    """Device d's arrays are fused there: they must share its GPU. (They were packed under
+    the first array's GPU: results on the wrong GPUs, and kernels reading across GPUs.)"""
+    lists = [on_devices(exact_inputs(2, c, np.float32), devices)
+             for c, devices in zip((5, 7), layout)]
+    for batch in (collectives.batch_all_reduce, gpu().batch_all_reduce):
+        with pytest.raises(ValueError, match=r"value_lists\[1\]\[[01]\] is on (device|GPU)"):
+            batch(lists, "sum", "ring")
+
+
+@needs_gpus
+@pytest.mark.parametrize("algorithm", ["nccl", "ring", "auto"])
+def test_an_out_off_its_inputs_gpu_is_refused_naming_it(algorithm):
+    """(NCCL's reduce named a single out "out[0]" and the root "values[0]"; the library's
+    algorithms took an out on another GPU and copied there)"""
+    values = on_devices(exact_inputs(2, 4, np.float32), [0, 1])
+    wrong = on_devices([np.zeros(4, np.float32)], [0])[0]
+    with pytest.raises(ValueError, match=r"^out is on (GPU|device) 0 but the root's value, "
+                                         r"values\[1\], on (GPU|device) 1"):
+        gpu().reduce(values, "sum", 1, algorithm, out=wrong)
+    swapped = on_devices([np.zeros(4, np.float32)] * 2, [1, 0])
+    with pytest.raises(ValueError, match=r"out\[0\] is on (GPU|device) 1 but values\[0\]"):
+        gpu().all_reduce(values, "sum", algorithm, out=swapped)
+
+
+@needs_gpus
+def test_nccl_names_the_arrays_of_a_group_that_share_a_gpu():
+    """(the indices were positions within the group: values[0] and values[1] for the second
+    group's two)"""
+    values = on_devices(exact_inputs(4, 8, np.float32), [0, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"values\[2\] and values\[3\] are both on GPU 1"):
+        gpu().all_reduce(values, "sum", "nccl/xring", groups=[[0, 1], [2, 3]])
+    x = on_devices([np.ones(4, np.float32)], [0])[0]
+    with pytest.raises(ValueError, match=r"devices\[0\] and devices\[1\] are both on GPU 1"):
+        gpu().broadcast(x, devices=[1, 1], algorithm="nccl")
+    with pytest.raises(TypeError, match="devices='01' is text"):
+        gpu().broadcast(x, devices="01")
+
+
 def test_nccl_cliques_are_made_per_device_order_and_freed():
     import cupy
     from collectives.backends.cupy import free_communicators

@@ -23,7 +23,7 @@ from ...algorithms import select
 from ...algorithms.base import Layout
 from ...algorithms.cost import Placement
 from ...algorithms.schedule import Collective
-from ...arrays import unsafe_outputs
+from ...arrays import NUMPY, unsafe_outputs
 from ...ops import ReduceOp, result_dtype
 from ..calls import resolve_algorithm
 from ..validate import check_out, check_shards, resolve_groups
@@ -57,7 +57,9 @@ def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tu
     return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
 
 
-def outputs(arrays, out, values, shape, dtype, argument="out") -> list:
+def outputs(arrays, out, values, shape, dtype, argument="out", beside=True) -> list:
+    """``out`` checked (one array per device, each ``values[i]``'s device's where ``beside``),
+    or new results there."""
     if out is None:
         return [arrays.result(shape, dtype, like=v) for v in values]
     if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
@@ -67,6 +69,10 @@ def outputs(arrays, out, values, shape, dtype, argument="out") -> list:
                          "per device")
     for i, o in enumerate(out):
         check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
+        if beside and arrays is not NUMPY and arrays.extent(o)[0] != arrays.extent(values[i])[0]:
+            raise ValueError(f"{argument}[{i}] is on device {arrays.extent(o)[0]} but values[{i}] "
+                             f"on device {arrays.extent(values[i])[0]}; each result stays on its "
+                             "input's device")
     return list(out)
 
 
@@ -116,6 +122,10 @@ def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
     final = result_dtype(op, dtype)
     if out is not None:
         check_out(out, shape, final, "out", arrays)  # (the root's one result)
+        if arrays is not NUMPY and arrays.extent(out)[0] != arrays.extent(values[root])[0]:
+            raise ValueError(f"out is on device {arrays.extent(out)[0]} but the root's value, "
+                             f"values[{root}], on device {arrays.extent(values[root])[0]}; the "
+                             "result stays on the root's device")
     result = arrays.result(shape, final, like=values[root]) if out is None else out
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
@@ -143,7 +153,7 @@ def run_broadcast(backend: DeviceBackend, value: Any, n: int, shape: tuple[int, 
     arrays = backend.arrays
     schedule = plan(backend, Collective.BROADCAST, algorithm, n, shape, dtype, shards)
     results = (list(out) if out_checked and out is not None
-               else outputs(arrays, out, [value] * n, shape, dtype))
+               else outputs(arrays, out, [value] * n, shape, dtype, beside=False))
     work = work_buffers(arrays, results, [value], shape, dtype, out is not None)
     run_multi_device(schedule, [arrays.flat(value)] + [None] * (n - 1),
                      [w.reshape(-1) for w in work], ReduceOp.SUM, backend)
