@@ -316,6 +316,57 @@ def test_environment_variable_records_and_closes_the_file(tmp_path):
     assert traces.problems(events) == [] and any(e.get("cat") == "call" for e in events)
 
 
+def test_a_folder_used_again_merges_its_newest_run_and_names_what_it_left_out(tmp_path, capsys):
+    # (two runs' files were merged as one: the summary blamed a rank of the other run; a
+    # merged trace saved in the folder was read back in, doubling every call)
+    folder = tmp_path / "t"
+    for size in (4, 2):  # two runs, the second of two ranks
+        code = ("import numpy as np, collectives\n"
+                f"collectives.run(lambda c: c.all_reduce(np.ones(3)), {size})\n")
+        env = {**os.environ, "COLLECTIVES_TIMELINE": str(folder)}
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    merged = folder / "all.trace.json"
+    for _ in range(2):  # (the second merge finds the first's output in the folder)
+        assert cli(["timeline", "merge", str(folder), "-o", str(merged)]) == 0
+    captured = capsys.readouterr()
+    assert "2 participants" in captured.out and "4 participants" not in captured.out
+    assert "1 file(s) of an older run, left out" in captured.err
+    assert "all.trace.json: a merged trace, left out" in captured.err
+    calls = [s for s in traces.spans(traces.load(folder)) if s.cat == "call"]
+    assert len(calls) == 2  # one all-reduce on each of the newest run's two ranks
+
+
+def test_a_second_recording_of_one_process_keeps_the_first(tmp_path):
+    # (it reopened the same file: the first recording was lost)
+    first = tl.start(tmp_path)
+    collectives.run(lambda c: c.all_reduce(np.ones(3)), 2)
+    tl.stop()
+    second = tl.start(tmp_path)
+    collectives.run(lambda c: c.broadcast(np.ones(3), 0), 2)
+    tl.stop()
+    assert first != second and first.exists() and second.exists()
+    names = {s.args.get("collective") for path in (first, second)
+             for s in traces.spans(traces.read_events(path)) if s.cat == "call"}
+    assert {"all_reduce", "broadcast"} <= names
+
+
+@pytest.mark.parametrize("name, contents, says", [
+    ("r.json", '{"a": 1}', "without traceEvents, not a timeline file"),
+    ("x.trace.json", "just a line\n", "line 2 is not a trace event"),
+    ("x.trace.json", None, "Is a directory"),
+])
+def test_what_is_no_timeline_file_is_said_in_one_line(name, contents, says, tmp_path, capsys):
+    # (a JSON object of other keys, or a line of text, read as an empty trace, exit 0; a
+    # folder named like a trace file gave a traceback)
+    if contents is None:
+        (tmp_path / name).mkdir()
+    else:
+        (tmp_path / name).write_text(contents)
+    assert cli(["timeline", "summary", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
 def test_a_full_buffer_drops_and_says_so(record, monkeypatch):
     monkeypatch.setattr(recorder, "CAPACITY", 40)
     monkeypatch.setattr(recorder, "FLUSH_SECONDS", 10.0)  # nothing drains while the calls run

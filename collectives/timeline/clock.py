@@ -20,9 +20,10 @@ ROUNDS = 8
 TAG = 32111  # a point-to-point tag of the library's own (users' tags count separately)
 
 
-def probe() -> tuple[str, bool]:
-    """What every rank tells the others at ``init``: its host, and whether it records."""
-    return socket.gethostname(), recorder.ON
+def probe() -> tuple[str, bool, str]:
+    """What every rank tells the others at ``init``: its host, whether it records, and its
+    run token (rank 0's becomes the job's: ``recorder.set_run``)."""
+    return socket.gethostname(), recorder.ON, recorder.RUN
 
 
 def align(comm: Any, probes: list | None = None) -> float:
@@ -33,7 +34,12 @@ def align(comm: Any, probes: list | None = None) -> float:
     Nothing moves unless some rank records."""
     if probes is None:
         probes = comm.all_gather_object(probe())
-    if comm.size < 2 or not any(on for _, on in probes):
+    if len(probes[0]) > 2:  # (every rank's file of this job says rank 0's run)
+        if recorder.ON:
+            recorder.set_run(probes[0][2])
+        else:  # (a recording started later says it)
+            recorder.RUN = probes[0][2]
+    if comm.size < 2 or not any(on for _, on, *_ in probes):
         return 0.0
     far = [r for r in range(1, comm.size) if probes[r][0] != probes[0][0]]
     was_on = recorder.ON

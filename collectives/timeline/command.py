@@ -55,7 +55,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.action == "merge":
             check_writable(args.output, "-o")  # (before the merge, not after it)
-            trace = trace_files.merge(args.folder)
+            trace = trace_files.merge(args.folder, leave_out=args.output)
+            for note in trace["otherData"]["left_out"]:
+                print(f"collectives timeline merge: {note}", file=sys.stderr)
             trace_files.write(trace, args.output)
             ranks = sorted({e["pid"] for e in trace["traceEvents"] if "pid" in e})
             print(f"{args.output}: {len(trace['traceEvents'])} events of {len(ranks)} "
@@ -71,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
             from .summary import summarize
 
             print(summarize(trace_files.load(args.trace)))
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # (a missing file, a folder named like a file)
         print(f"collectives timeline {args.action}: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -17,7 +17,6 @@ and a *tid* one of its tracks (a communicator, an asynchronous lane, a thread's 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import socket
 import threading
@@ -25,6 +24,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+from .event_lines import format_event
 
 ON = False  # the flag every hook tests
 CAPACITY = 1 << 17  # events held at most between two flushes
@@ -97,6 +98,20 @@ def _name(key: tuple, events: list[tuple], again: bool = False) -> None:
         _put(event)
 
 
+# Which run a file belongs to: this process's own token, or (``set_run``, at an MPI or NCCL
+# ``init``) rank 0's, so that every rank's file of one job says the same; ``merge`` keeps
+# a folder's runs apart.
+RUN = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+
+
+def set_run(run: str) -> None:
+    """Files from now on belong to run ``run`` (the job's: rank 0's token)."""
+    global RUN
+    RUN = run
+    _name(("run",), [("M", HOST_PID, 0, 0, "collectives_run", None, {"run": run}, 0)],
+          again=True)
+
+
 def participant(rank: int) -> int:
     """The participant (trace process) of the communicators this thread creates: the rank of
     the first one it created (its world), so a rank's ``dup`` and ``split`` share its row."""
@@ -141,65 +156,7 @@ def add_resolver(fn) -> None:
         _resolvers.append(fn)
 
 
-# --- the file ------------------------------------------------------------------------------
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
-_encoded: dict[int, tuple[Any, str]] = {}  # args dicts the hooks reuse -> their JSON
-_quoted: dict[str, str] = {}  # events' names -> their JSON
-
-
-def _json(value: Any) -> str:
-    """JSON of a dict the hooks may pass again and again (a call's signature, a round's
-    sends and receives: built once and never changed), cached by identity."""
-    found = _encoded.get(id(value))
-    if found is not None and found[0] is value:
-        return found[1]
-    text = _ENCODER.encode(value)
-    if len(_encoded) > 8192:
-        _encoded.clear()
-    _encoded[id(value)] = (value, text)
-    return text
-
-
-def _args(args: Any) -> str:
-    """An event's args as JSON. Besides a dict, the hooks pass what is cheaper to record:
-    ``(dict, fragment)`` (the dict's members plus a JSON fragment of this event's own),
-    ``("for", ranks, call, round)`` (a wait) and ``("from", rank, bytes)`` (a reduction)."""
-    if type(args) is dict:
-        return _json(args)
-    kind = args[0]
-    if kind == "for":
-        _, ranks, call, index = args
-        tail = f',"round":{index}' if index is not None else ""
-        return f'{{"for":[{",".join(map(str, ranks))}],"call":{call}{tail}}}'
-    if kind == "from":
-        return f'{{"from":{args[1]},"bytes":{args[2]}}}'
-    base = _json(args[0])
-    return f"{base[:-1]},{args[1]}}}" if len(base) > 2 else f"{{{args[1]}}}"
-
-
-def _format(event: tuple) -> str:
-    ph, pid, tid, ts, name, cat, args, dur = event
-    out = f'{{"ph":"{ph}","pid":{pid},"tid":{tid}'
-    if ph != "M":
-        out += f',"ts":{ts // 1000}.{ts % 1000:03d}'
-    if name is not None:
-        text = _quoted.get(name)
-        if text is None:
-            text = _quoted[name] = _ENCODER.encode(name)
-            if len(_quoted) > 4096:
-                _quoted.clear()
-        out += f',"name":{text}'
-    if cat is not None:
-        out += f',"cat":"{cat}"'
-    if ph == "X":
-        out += f',"dur":{dur // 1000}.{dur % 1000:03d}'
-    elif ph == "i":
-        out += ',"s":"t"'
-    if args:
-        out += f',"args":{_args(args)}'
-    return out + "}"
-
+# --- the file (its lines: ``event_lines``) --------------------------------------------------
 
 class _Writer(threading.Thread):
     """Drains the buffer into the file every ``FLUSH_SECONDS`` (and at ``flush``)."""
@@ -233,12 +190,12 @@ class _Writer(threading.Thread):
             lines = []
             while True:
                 try:
-                    lines.append(_format(_queue.popleft()))
+                    lines.append(format_event(_queue.popleft()))
                 except IndexError:
                     break
             if _dropped:
                 lost, _dropped = _dropped, 0
-                lines.append(_format(("i", HOST_PID, 0, now(), "timeline dropped events",
+                lines.append(format_event(("i", HOST_PID, 0, now(), "timeline dropped events",
                                       "timeline", {"dropped": lost}, 0)))
             self._write(lines)
 
@@ -247,7 +204,7 @@ class _Writer(threading.Thread):
             return
         if self.file is None:
             self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - see close()
-            lines = [_format(event) for event in self.named] + lines
+            lines = [format_event(event) for event in self.named] + lines
         head = "[\n" if self.first else ",\n"
         self.first = False
         self.file.write(head + ",\n".join(lines))
@@ -265,8 +222,13 @@ class _Writer(threading.Thread):
                 self.file.close()
 
 
+_files = 0  # files this process has started (a second ``start`` writes a file of its own)
+
+
 def file_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}.trace.json"
+    """``<host>-<pid>.trace.json``; from this process's second recording on, numbered."""
+    extra = f"-{_files + 1}" if _files else ""
+    return f"{socket.gethostname()}-{os.getpid()}{extra}.trace.json"
 
 
 def start(path: str | os.PathLike) -> Path:
@@ -280,13 +242,16 @@ def start(path: str | os.PathLike) -> Path:
         why = exc.strerror or exc
         raise ValueError(f"the timeline's folder {str(path)!r} cannot be made ({why}): pass a "
                          "folder the process may write in") from exc
-    target = folder / file_name()
+    global _files
     with _state:
         if _writer is not None:
-            if _writer.path == target:
-                return target
+            if _writer.path.parent.resolve() == folder.resolve():
+                return _writer.path
             raise RuntimeError(f"the timeline is already being written to {_writer.path}; "
                                "stop() it first")
+        target = folder / file_name()  # (a new file: an earlier recording's stays whole)
+        _files += 1
+    set_run(RUN)  # (every file says its run)
     writer = _Writer(target)
     writer.start()
     with _state:

@@ -33,8 +33,14 @@ def read_events(path: str | Path) -> list[dict]:
     if not text:
         return []
     if text.startswith("{"):
-        data = json.loads(text)
-        return _checked(path, data.get("traceEvents", []))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc}); a timeline file holds trace events"
+                             ) from None
+        if not isinstance(data, dict) or "traceEvents" not in data:
+            raise ValueError(f"{path}: a JSON object without traceEvents, not a timeline file")
+        return _checked(path, data["traceEvents"])
     for attempt in (text, text.rstrip(",") + "]"):
         try:
             return _checked(path, json.loads(attempt))
@@ -47,7 +53,7 @@ def read_events(path: str | Path) -> list[dict]:
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
-            if k == len(lines) - 1:  # torn by a process that died while writing
+            if k == len(lines) - 1 and events:  # torn by a process that died while writing
                 break
             raise ValueError(f"{path}: line {k + 2} is not a trace event: {line[:80]!r}") from None
     return _checked(path, events)
@@ -84,14 +90,53 @@ def trace_files(folder: str | Path) -> list[Path]:
     return found
 
 
-def merge(folder: str | Path) -> dict:
-    """Every file of ``folder`` as one trace (the object form), clocks lined up."""
+def _merged(path: Path) -> bool:
+    """Whether ``path`` holds a merged trace (the object form ``merge`` writes)."""
+    text = path.read_text(encoding="utf-8").lstrip()
+    if not text.startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return False  # (read_events says what is wrong with it)
+    return isinstance(data, dict) and "traceEvents" in data
+
+
+def _runs(folder: str | Path, leave_out: str | Path | None) -> tuple[list, list[str]]:
+    """The files of ``folder``'s newest run, each with its events, and notes on what was
+    left out: merged traces (``merge``'s own output, ``leave_out`` among them) and the files
+    of other runs (a folder used again: a file says its run, ``recorder.set_run``)."""
+    runs: dict[str, list[tuple[Path, list[dict]]]] = defaultdict(list)
+    notes = []
+    out = Path(leave_out).resolve() if leave_out is not None else None
+    for path in trace_files(folder):
+        if path.resolve() == out or _merged(path):
+            notes.append(f"{path}: a merged trace, left out")
+            continue
+        mine = read_events(path)
+        said = [e.get("args", {}).get("run", "") for e in mine
+                if e.get("ph") == "M" and e.get("name") == "collectives_run"]
+        run = said[-1] if said else ""  # (the last: init names the job's, after its own)
+        runs[run].append((path, mine))
+    if not runs:
+        raise ValueError(f"{folder} holds no timeline files of a run (only merged traces)")
+    newest = max(runs, key=lambda r: max(p.stat().st_mtime for p, _ in runs[r]))
+    for run, files in runs.items():
+        if run != newest:
+            notes.append(f"{len(files)} file(s) of an older run, left out: "
+                         f"{', '.join(p.name for p, _ in files)}")
+    return runs[newest], notes
+
+
+def merge(folder: str | Path, leave_out: str | Path | None = None) -> dict:
+    """The newest run's files of ``folder`` as one trace (the object form), clocks lined up;
+    what was left out is in ``otherData["left_out"]`` (see ``_runs``)."""
     events: list[dict] = []
     offsets: dict[str, float] = {}
     taken: set[int] = set()
     spare = iter(range(2 * DEVICE_PID, 1 << 30))
-    for path in trace_files(folder):
-        mine = read_events(path)
+    files, notes = _runs(folder, leave_out)
+    for path, mine in files:
         offset = next((e["args"].get("offset_us", 0.0) for e in mine
                        if e.get("ph") == "M" and e.get("name") == "collectives_clock"), 0.0)
         offsets[path.name] = offset
@@ -101,6 +146,8 @@ def merge(folder: str | Path) -> dict:
                 renamed[pid] = next(p for p in spare if p not in taken)
         taken.update(renamed.get(e.get("pid", 0), e.get("pid", 0)) for e in mine)
         for event in mine:
+            if event.get("name") == "collectives_run":
+                continue  # (the file's, read above)
             event = dict(event)
             if "ts" in event:
                 event["ts"] = round(event["ts"] - offset, 3)
@@ -111,9 +158,11 @@ def merge(folder: str | Path) -> dict:
                     event["args"] = {**event["args"],
                                      "name": f"{event['args'].get('name', pid)} ({path.stem})"}
             events.append(event)
+    if not any(e.get("ph") != "M" for e in events):
+        raise ValueError(f"{folder} holds no timeline events (its files hold names only)")
     events = _repaired(events)
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"clock_offsets_us": offsets}}
+            "otherData": {"clock_offsets_us": offsets, "left_out": notes}}
 
 
 def _repaired(events: list[dict]) -> list[dict]:
