@@ -219,6 +219,8 @@ BAD_INVOCATIONS = {
     "simulate a size that is not one": ("simulate", "ring", "-b", "lots"),
     "simulate a zero bandwidth": ("simulate", "ring", "--link", "net=5us:0GB/s"),
     "simulate hosts that do not add up": ("simulate", "ring", "-n", "16", "--nodes", "3x4"),
+    "simulate two-level on one host": ("simulate", "ring/ring", "-n", "8", "--nodes", "1x8"),
+    "probe into a cache it cannot write": ("probe-cache",),
 }
 LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_UNIVERSE_SIZE")
@@ -227,6 +229,9 @@ LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM
 @pytest.mark.parametrize("args", BAD_INVOCATIONS.values(), ids=BAD_INVOCATIONS.keys())
 def test_bad_invocations_fail_in_one_line_before_any_work(args, python):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    if args[:1] == ("probe-cache",):  # (a cache folder that is a file: after the probe, a
+        args = ("probe", "-n", "2")  # traceback, the measurement lost)
+        env["COLLECTIVES_CACHE_DIR"] = "/etc/passwd"
     proc = python("-m", "collectives.tools.cli", *args, timeout=60, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""

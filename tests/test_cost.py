@@ -371,6 +371,15 @@ def test_checks_agree_with_exact_probes_and_flag_a_poisoned_one():
     assert "calibration flagged: local link" in str(decision)
 
 
+def test_a_cache_that_cannot_be_written_is_a_warning_not_a_lost_measurement(tmp_path):
+    # (a cache folder that is a file raised FileExistsError after the whole measurement)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    fabric = Fabric(proc=Link(1.0, 1e-3), source="measured")
+    with pytest.warns(RuntimeWarning, match=r"could not be cached in .*a-file .*COLLECTIVES_CACHE_DIR"):
+        calibration.save(blocked / "fabric.json", {}, fabric)
+
+
 def test_thread_ranks_take_their_cache_unchecked(tmp_path, monkeypatch):
     """Threads of one process share their buffers: schedules there move less than their
     messages say, so their calibration has no checks and a cache is taken as it is (under MPI

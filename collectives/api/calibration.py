@@ -137,7 +137,14 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
 
 
 def save(path: Path, key: dict, fabric: Fabric) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Keep ``fabric`` in the cache; where the cache cannot be written, say so (the
+    measurement is used all the same, and made again next time)."""
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"key": key, "fabric": fabric.to_json()}, indent=1))
-    temporary.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps({"key": key, "fabric": fabric.to_json()}, indent=1))
+        temporary.replace(path)
+    except OSError as exc:
+        warnings.warn(f"calibration: the measurement could not be cached in {path.parent} "
+                      f"({exc.strerror or exc}); set {CACHE_ENV} to a folder this process "
+                      "can write", RuntimeWarning, stacklevel=3)

@@ -100,6 +100,14 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             check_writable(args.json, "--json")
         except ValueError as exc:
             parser.error(str(exc))
+    cache = calibration.cache_dir()  # (the measurement is kept there: tried first too)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        check_writable(str(cache / ".probe-check"), "the calibration cache")
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        parser.error(f"the calibration cache {cache} cannot be written ({why}); set "
+                     f"{calibration.CACHE_ENV} to a folder this process can write")
     if launched_by_mpi():
         try:
             comm = collectives.init("mpi")

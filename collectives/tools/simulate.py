@@ -221,6 +221,11 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise ValueError(f"--group-size {args.group_size} does not divide -n {n}")
             group = args.group_size if n // args.group_size > 1 else 0
         if "/" in name and not group:
+            given = (f"--group-size {args.group_size}" if args.group_size else
+                     f"--nodes {args.nodes}" if args.nodes else "")
+            if given:  # (groups of every participant: one group, nothing above it)
+                raise ValueError(f"{name} is two-level, and {given} makes one group of all "
+                                 f"{n}: pass a group size that divides -n into two or more")
             raise ValueError(f"{name} is two-level: pass --group-size G or --nodes COUNTxPER")
     except ValueError as exc:
         args.parser.error(str(exc))
