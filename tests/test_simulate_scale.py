@@ -153,3 +153,12 @@ def test_one_participant_moves_nothing_and_says_so(capsys):
     out = capsys.readouterr().out
     assert "# 1 participant," in out and "over 1: 0 ns, nothing moves" in out, out
     assert "inf" not in out and "nan" not in out, out
+
+
+def test_the_slowest_link_is_named_by_its_time_not_its_bytes(capsys):
+    # (a ring round moves as many bytes over the host link as over the network; the first
+    # class of the tie, host, was named, though the network takes 100 times longer)
+    assert cli.main(["simulate", "ring", "-n", "16", "--nodes", "2x8", "--link",
+                     "host=1us:450GB/s,net=100us:1GB/s", "-b", "1M"]) == 0
+    out = capsys.readouterr().out
+    assert "slowest: participant 0 (64 KiB over net)" in out and "over host" not in out, out

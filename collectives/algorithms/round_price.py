@@ -75,7 +75,7 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
     for ld in loads:
         alpha = 0.0
         transfer = 0.0
-        who_bytes, who_cls = 0.0, 0
+        who_cost, who_bytes, who_cls = 0.0, 0.0, 0
         for c in (PROC, HOST, NET):
             s, r = ld.sent[c], ld.recvd[c]
             if not (s or r):
@@ -87,8 +87,9 @@ def round_part(loads: Sequence[Load], fabric: Fabric, gamma: float,
                 shared = nic[ld.host]
                 moved = max(link.moved(shared[0], shared[1]), moved)
             transfer += moved * link.beta
-            if moved > who_bytes:
-                who_bytes, who_cls = moved, c
+            cost = link.alpha + moved * link.beta  # (the link that takes longest is the one
+            if moved and cost > who_cost:  # to name, not the one that moves most)
+                who_cost, who_bytes, who_cls = cost, moved, c
         latency = (alpha + fabric.round_overhead + fabric.overhead * ld.messages + wait[0] +
                    wait[1] * ld.sources)
         reduction = ld.reduced * gamma
