@@ -389,8 +389,8 @@ def test_oversubscription_is_each_ranks_own():
 @needs_mpi
 def test_bench_under_mpiexec_prints_once_from_rank_0():
     cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "collectives.tools.cli", "bench", "--mode", "mpi",
-           "-b", "4K", "-e", "16K", "-f", "4", "-a", "auto,native,ring", "-w", "1", "-r", "1",
-           "-i", "3"]
+           "-b", "4K", "-e", "16K", "-f", "4", "-a", "auto,native,ring,shm", "-w", "1", "-r",
+           "1", "-i", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -398,8 +398,10 @@ def test_bench_under_mpiexec_prints_once_from_rank_0():
     assert sum(line.startswith("#    size(B)") for line in lines) == 1  # one table, rank 0's
     rows = [line.split() for line in lines if line and not line.startswith("#")]
     assert [(r[0], r[4]) for r in rows] == [(size, alg) for size in ("4096", "16384")
-                                            for alg in ("auto", "native", "ring")]
+                                            for alg in ("auto", "native", "ring", "shm")]
     assert all(r[-1] == "0" for r in rows)  # #wrong
+    # what ran: the shared window says so (it was labelled "native", MPI's own)
+    assert [r[5] for r in rows if r[4] == "shm"] == ["shm", "shm"]
 
 
 # --- the matrix's body on thread ranks ------------------------------------------------------------

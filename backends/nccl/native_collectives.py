@@ -45,6 +45,7 @@ class NcclNative:
 
     names = NAMES
     methods: tuple[str, ...] = ()
+    last: str | None = None  # (one method)
 
     def __init__(self, transport: Any):
         self.t = transport

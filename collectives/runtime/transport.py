@@ -116,6 +116,9 @@ class NativeCollectives(Protocol):
     # the transport's methods besides "native" that ``auto`` may price where calibration timed
     # them (MPI's "shm"), one name each
     methods: tuple[str, ...]
+    # the method the latest native call ran, where there are several (MPI: "mpi", or "shm"
+    # for the shared window); None where there is one: what a benchmark reports as run
+    last: str | None = None
     # False where ``prepare`` always gives None (no persistent collectives at all): the hot
     # path then asks nothing and allocates nothing (``collectives.runtime.hot_path``)
     persistent: bool = True

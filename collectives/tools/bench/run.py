@@ -242,6 +242,9 @@ def _recording(call: Callable[[], list], comm, ran: list) -> Callable[[], list]:
     def run() -> list:
         outputs = call()
         ran[0] = getattr(comm, "last_algorithm", None) or ran[0]
+        native = comm.transport.native
+        if ran[0] == "native" and native is not None and native.last == "shm":
+            ran[0] = "shm"  # (the transport's own shared-window method, not MPI's)
         return outputs
 
     return run
