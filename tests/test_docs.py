@@ -465,3 +465,21 @@ def test_architecture_lists_every_module():
             if len(section) < 2 or f"- `{path.name}`:" not in section[1].split("**`", 1)[0]:
                 missing.append(path.relative_to(ROOT).as_posix())
     assert not missing, f"docs/architecture.md does not list {missing}"
+
+
+DRAWN = re.compile(r"^```\n\$ collectives draw ([^\n]*)\n(.*?)^```$", re.S | re.M)
+
+
+def test_every_drawn_schedule_is_what_the_command_prints(capsys):
+    """docs/algorithms.md says its pictures were printed by the code: each ``$ collectives
+    draw ...`` block holds that command's output, as it prints it today."""
+    import shlex
+
+    from collectives.tools.cli import main
+
+    blocks = DRAWN.findall((ROOT / "docs" / "algorithms.md").read_text())
+    assert len(blocks) >= 20
+    for args, shown in blocks:
+        capsys.readouterr()
+        assert main(["draw", *shlex.split(args)]) in (0, None), args
+        assert capsys.readouterr().out == shown, f"collectives draw {args}: run it again"

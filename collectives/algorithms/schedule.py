@@ -149,8 +149,11 @@ class Schedule:
     def draw(self) -> str:
         """A text picture: one line per round, what each participant receives."""
         busy = [(i, rnd) for i, rnd in enumerate(self.rounds) if rnd]  # skip rounds nobody acts in
+        rounds = f"{len(self.rounds)} rounds" + (
+            f" ({len(busy)} with work)"
+            if len(busy) < len(self.rounds) else "")
         lines = [f"{self.name}: {self.collective.value} over {self.size} participants, "
-                 f"{len(busy)} rounds, {self.wire_fraction()} buffers on the wire"]
+                 f"{rounds}, {self.wire_fraction()} buffers on the wire"]
         for i, rnd in busy:
             lines.append(f"  round {i:>2}: " + "  ".join(
                 describe(s, self.den) for s in sorted(rnd, key=lambda s: (s[0], s[2]))))
