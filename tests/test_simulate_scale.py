@@ -162,3 +162,21 @@ def test_the_slowest_link_is_named_by_its_time_not_its_bytes(capsys):
                      "host=1us:450GB/s,net=100us:1GB/s", "-b", "1M"]) == 0
     out = capsys.readouterr().out
     assert "slowest: participant 0 (64 KiB over net)" in out and "over host" not in out, out
+
+
+def test_constants_no_calibration_measured_are_said_to_be_defaults(tmp_path, capsys):
+    # (probe printed the transport's defaults for the classes it never measured as if
+    # measured, and simulate --fabric priced with them under "measured ...")
+    from dataclasses import replace
+
+    from collectives.algorithms.cost import Fabric
+
+    fabric = replace(Fabric(), source="measured today (local, 2 ranks)", probed=("proc",))
+    assert "host  alpha" in fabric.describe()
+    lines = fabric.describe().splitlines()
+    assert "not measured" not in lines[0] and all("not measured" in line for line in lines[1:3])
+    path = tmp_path / "fabric.json"
+    path.write_text(fabric.to_json())
+    assert Fabric.from_json(path.read_text()).probed == ("proc",)
+    assert cli.main(["simulate", "ring", "-n", "8", "--fabric", str(path)]) == 0
+    assert "(host, net: the transport's defaults, not measured)" in capsys.readouterr().out

@@ -99,6 +99,9 @@ class Fabric:
     raw: tuple = field(default=(), compare=False)  # what a calibration measured, by name
     checks: tuple = field(default=(), compare=False)
     flags: tuple = field(default=(), compare=False)  # what a calibration found suspect, in words
+    # the link classes a calibration measured (others keep what it started from: the
+    # transport's defaults); None: these constants are no calibration's
+    probed: tuple | None = field(default=None, compare=False)
 
     def crowd(self, placement: Placement) -> tuple[float, float]:
         """Seconds a participant waits for peers to be scheduled on a host of ``placement``
@@ -146,11 +149,16 @@ class Fabric:
         data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
         data["checks"] = tuple(tuple(c) for c in data.get("checks", ()))
         data["flags"] = tuple(data.get("flags", ()))
+        data["probed"] = tuple(data["probed"]) if data.get("probed") is not None else None
         return cls(**data)
 
     def describe(self) -> str:
         """The constants, one line per link class, then gamma and the overheads."""
-        lines = [f"{name:5} {self.link(i)}" for i, name in enumerate(CLASSES)]
+        probed = self.probed
+        lines = [f"{name:5} {self.link(i)}" + (
+                 "  (not measured here: the transport's default)"
+                 if probed is not None and name not in probed else "")
+                 for i, name in enumerate(CLASSES)]
         gammas = ", ".join(f"{n} {1 / g / 1e9:.2f} GB/s" for n, g in self.gammas)
         lines.append(f"gamma {1 / self.gamma / 1e9:.2f} GB/s reduced" +
                      (f" ({gammas})" if gammas else ""))

@@ -220,7 +220,8 @@ def solved_fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crow
                      "gammas": gammas, "measured": measured, "cores": cores,
                      "checks": tuple(checks), "flags": tuple(flags),
                      "source": f"measured {datetime.date.today().isoformat()} "
-                               f"({comm.transport.name}, {comm.size} ranks)"}
+                               f"({comm.transport.name}, {comm.size} "
+                               f"rank{'' if comm.size == 1 else 's'})"}
     if pair is not None and "local" in links:  # the pair's constants, and the crowd's waits
         raw.update({f"pair.{k}": v for k, v in pair.items()})
         busy, n = chosen["local"], len(groups["local"][0])
@@ -235,10 +236,14 @@ def solved_fabric(base: Fabric, call: float, gammas: tuple, attempts: dict, crow
     changes["raw"] = tuple(sorted(raw.items()))
     if overheads:
         changes["overhead"] = min(overheads.values())
+    probed = []
     if "local" in links:
-        changes["host" if comm.placement.processes else "proc"] = links["local"]
+        probed.append("host" if comm.placement.processes else "proc")
+        changes[probed[-1]] = links["local"]
     if "net" in links:
+        probed.append("net")
         changes["net"] = links["net"]
+    changes["probed"] = tuple(probed)
     fabric = replace(base, **changes)
     if job is not None:
         raw.update(job)

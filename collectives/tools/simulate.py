@@ -229,7 +229,10 @@ def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise ValueError(f"{name} is two-level: pass --group-size G or --nodes COUNTxPER")
     except ValueError as exc:
         args.parser.error(str(exc))
-    print(f"# {n} participant{'' if n == 1 else 's'}, {_where(n, per)}; {fabric.source}")
+    guessed = ([c for c in ("proc", "host", "net") if c not in fabric.probed]
+               if fabric.probed is not None else [])
+    note = f" ({', '.join(guessed)}: the transport's defaults, not measured)" if guessed else ""
+    print(f"# {n} participant{'' if n == 1 else 's'}, {_where(n, per)}; {fabric.source}{note}")
     for nbytes in args.bytes:
         if name == "auto":
             placement = Placement.nodes(n // per, per, processes=not args.threads)
