@@ -1,7 +1,9 @@
 """The library's loggers, and ``COLLECTIVES_DEBUG``.
 
 Everything logs under the ``collectives`` logger tree (``collectives.calls``: what each new call
-runs as; ``collectives.plans``: plans built; ``collectives.failures``: communicators breaking).
+runs as; ``collectives.plans``: plans built; ``collectives.select``: ``auto``'s price table
+for each new call it chooses for, several lines each; ``collectives.failures``: communicators
+breaking).
 The library attaches no handler of its own unless ``COLLECTIVES_DEBUG`` asks for output:
 
 * ``COLLECTIVES_DEBUG=info``: the algorithm each new call signature runs, plans built (cache

@@ -241,7 +241,7 @@ class Communicator(ReductionOps, BatchOps, SpreadOps, CopyOps, ObjectOps, Prepar
         if call is None:
             call = self.calls.validated(Collective.ALL_REDUCE, _TOKEN, "max", "rechd")
             barrier = Call(Collective.ALL_REDUCE, call.shape, call.dtype, call.op, 0, "rechd", 0,
-                           None)
+                           None, shown_as="barrier")
             barrier.signature = ("barrier",) + (None,) * 8
             barrier.check = zlib.crc32(b"barrier") & ((1 << 30) - 1)
             barrier.run_as = "rechd"

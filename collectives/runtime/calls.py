@@ -101,6 +101,9 @@ class Call:
     # a compressed all-reduce's input and op ("fp16 of float32, mean"): its wire call alone
     # (a float16 SUM) would pair silently with a plain float16 call of another rank
     compression: str | None = None
+    # what the user called, where that is not the collective it runs as (a barrier is a
+    # one-element all-reduce): its name in logs and errors
+    shown_as: str | None = None
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -130,6 +133,8 @@ class Call:
         return text
 
     def _describe(self) -> str:
+        if self.shown_as is not None:
+            return self.shown_as
         parts = [f"{self.dtype}[{','.join(map(str, self.shape))}]"]
         if self.op is not None:
             parts.append(f"op={self.op.value}")
