@@ -221,6 +221,8 @@ BAD_INVOCATIONS = {
     "simulate hosts that do not add up": ("simulate", "ring", "-n", "16", "--nodes", "3x4"),
     "simulate two-level on one host": ("simulate", "ring/ring", "-n", "8", "--nodes", "1x8"),
     "probe into a cache it cannot write": ("probe-cache",),
+    "an op for a collective without one": ("bench", "-c", "broadcast", "-o", "max"),
+    "mpi's own algorithm outside mpi": ("bench", "-a", "native"),
 }
 LAUNCH_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMIX_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_UNIVERSE_SIZE")

@@ -367,6 +367,20 @@ def test_what_is_no_timeline_file_is_said_in_one_line(name, contents, says, tmp_
     assert len(err) == 1 and says in err[0], err
 
 
+def test_a_plot_range_outside_the_trace_is_named_with_the_traces_length(record, tmp_path):
+    # ("no spans between 100000.0 and None ms"; a reversed or empty range reached matplotlib)
+    pytest.importorskip("matplotlib")
+    from collectives.timeline.plot import plot
+
+    collectives.run(lambda c: c.all_reduce(np.ones(3)), 2)
+    events = _events(record)
+    with pytest.raises(ValueError, match=r"no spans from 100000 ms to its end: it runs .* ms"):
+        plot(events, tmp_path / "x.png", start_ms=100000)
+    for start, end in ((50, 10), (5, 5)):
+        with pytest.raises(ValueError, match=rf"--end {end} is not after --start {start}"):
+            plot(events, tmp_path / "x.png", start_ms=start, end_ms=end)
+
+
 def test_a_full_buffer_drops_and_says_so(record, monkeypatch):
     monkeypatch.setattr(recorder, "CAPACITY", 40)
     monkeypatch.setattr(recorder, "FLUSH_SECONDS", 10.0)  # nothing drains while the calls run

@@ -47,12 +47,18 @@ def plot(events: list[dict], path: str | Path, *, start_ms: float | None = None,
     every = [s for s in spans(events) if s.cat != "timeline"]
     if not every:
         raise ValueError("the trace holds no spans to draw")
+    if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+        raise ValueError(f"--end {end_ms:g} is not after --start {start_ms:g}: name a range "
+                         "of some length, in ms from the trace's first span")
     origin = min(s.start for s in every)
     lo = start_ms if start_ms is not None else float("-inf")
     hi = end_ms if end_ms is not None else float("inf")
     every = [s for s in every if (s.end - origin) / 1e3 >= lo and (s.start - origin) / 1e3 <= hi]
     if not every:
-        raise ValueError(f"the trace holds no spans between {start_ms} and {end_ms} ms")
+        length = (max(s.end for s in spans(events) if s.cat != "timeline") - origin) / 1e3
+        raise ValueError(f"the trace holds no spans from {start_ms or 0:g} ms to "
+                         f"{'its end' if end_ms is None else f'{end_ms:g} ms'}: it runs "
+                         f"{length:.3g} ms from its first span")
     labels = names(events)
     rows = _rows(every, labels)
     shared: defaultdict[int, int] = defaultdict(int)

@@ -117,10 +117,16 @@ class BenchConfig:
             if self.mode == "mpi":  # the MPI transport adds names of its own ("native", "shm")
                 if collectives.load_backend("mpi").canonical(name) in ("native", "shm"):
                     continue
+            elif name in ("native", "shm", "mpi"):
+                raise ValueError(f"algorithm {name!r} is the MPI transport's own: run the bench "
+                                 "with --mode mpi under mpiexec to time it")
             # names an algorithm and one that has this collective, or raises saying which do
             pick_algorithm(collective, name, self.participants, 1, CostModel())
         if self.collective in REDUCING:
             check_dtype(ReduceOp.parse(self.op), dtype, "inputs")
+        elif ReduceOp.parse(self.op) is not ReduceOp.SUM:  # (-o's default: sum)
+            raise ValueError(f"op {self.op!r}: {self.collective} reduces nothing, so it takes "
+                             "no op; drop -o")
 
     @property
     def np_dtype(self) -> np.dtype:
