@@ -290,3 +290,21 @@ def test_a_communicators_settings_are_checked(make, kwargs, error, named):
         else:
             collectives.load_backend("local").init(**kwargs)
     assert calls == []  # no rank ran
+
+
+@pytest.mark.parametrize("value, grace", [("off", 0.0), ("No", 0.0), ("0", 0.0), ("on", None),
+                                          ("yes", None), ("TRUE", None), ("2.5", 2.5), ("", None)])
+def test_the_hang_guards_setting_reads_both_switches_and_a_grace(value, grace, monkeypatch):
+    # (on, yes and true were refused while off, no and false were taken)
+    from collectives.runtime import hang_guard
+
+    monkeypatch.setenv(hang_guard.ENV, value)
+    assert hang_guard.setting() == grace
+
+
+def test_a_bad_hang_guard_setting_names_the_variable(monkeypatch):
+    from collectives.runtime import hang_guard
+
+    monkeypatch.setenv(hang_guard.ENV, "sometimes")
+    with pytest.raises(ValueError, match="COLLECTIVES_HANG_GUARD='sometimes'"):
+        hang_guard.setting()

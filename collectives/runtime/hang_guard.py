@@ -32,7 +32,8 @@ The guard needs the GIL: a transport's C calls that may block must release it (m
 so does the compiled hot path, ``_hot.c``).
 
 ``grace`` is ``max(MIN_GRACE, GRACE_SHARE * timeout)``. ``COLLECTIVES_HANG_GUARD=off`` (or 0)
-turns the guard off; a number there sets ``grace`` in seconds. ``collectives.backends.mpi.init(
+turns the guard off, ``on`` keeps it as by default; a number there sets ``grace`` in seconds
+(``1``: one second, not "on"). ``collectives.backends.mpi.init(
 hang_guard=False)`` turns it off for communicators created after it.
 """
 
@@ -72,6 +73,8 @@ def setting() -> float | None:
         return None
     if value in ("off", "no", "false"):
         return 0.0
+    if value in ("on", "yes", "true"):  # (the default grace, as unset)
+        return None
     try:
         grace = float(value)
     except ValueError:
