@@ -24,7 +24,8 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 from .algorithms.schedule import Collective, Schedule
 from .api.communicator import Communicator
 from .api.initialize import init
-from .api.multi_device import all_reduce, batch_all_reduce, reduce
+from .api.multi_device import all_reduce, reduce
+from .api.multi_device_batch import batch_all_reduce
 from .api.multi_device_copies import all_to_all, gather, scatter
 from .api.multi_device_spread import all_gather, broadcast, reduce_scatter
 from .errors import (
