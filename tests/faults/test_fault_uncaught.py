@@ -49,19 +49,6 @@ def test_abort_on_error_false_leaves_exceptions_alone():
         "RANK 0 ABORTS False", "RANK 1 ABORTS False"], output[-3000:]
 
 
-def test_with_the_aborts_off_a_rank_that_raises_still_tells_its_peers():
-    """(``abort_on_error=False`` turned the exit's notice off too: the peers waited out
-    their whole timeout)"""
-    proc, took = launch("keep-raise", 3)
-    output = proc.stdout + proc.stderr
-    said = sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK"))
-    assert [line[:21] for line in said] == ["RANK 0 PEER FAILED: r", "RANK 2 PEER FAILED: r"], \
-        output[-3000:]
-    for line in said:
-        assert "rank 1 left after call 1: it raised an uncaught RuntimeError: an error" in line
-    assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
-
-
 def test_a_non_zero_sys_exit_ends_the_job_naming_the_rank_and_status():
     """Rank 1's ``sys.exit(3)`` while the others wait with ``timeout=60``: within seconds."""
     proc, took = launch("exit3", 3)
@@ -71,17 +58,22 @@ def test_a_non_zero_sys_exit_ends_the_job_naming_the_rank_and_status():
     assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
 
 
-def test_an_exit_before_a_call_fails_the_peers_waiting_in_it():
-    """Rank 1's ``sys.exit(0)`` while the others wait in a call it will never join: they raise
-    ``PeerFailedError`` naming it at once (uncaught, that would end the job)."""
-    proc, took = launch("exit0", 3)
+@pytest.mark.parametrize("mode, says", [
+    ("exit0", "rank 1 left after call 11: it exited (status 0) after its call 11,"),
+    # (abort_on_error=False turned the exit's notice off too: the peers waited it out)
+    ("keep-raise", "rank 1 left after call 1: it raised an uncaught RuntimeError: an error"),
+])
+def test_a_rank_that_leaves_before_a_call_fails_the_peers_waiting_in_it(mode, says):
+    """Rank 1 leaves (``sys.exit(0)``; or, with the aborts off, an exception it does not
+    catch) while the others wait in a call it will never join: they raise
+    ``PeerFailedError`` naming it and why at once (uncaught, that would end the job)."""
+    proc, took = launch(mode, 3)
     output = proc.stdout + proc.stderr
     said = sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK"))
     assert [line[:21] for line in said] == ["RANK 0 PEER FAILED: r", "RANK 2 PEER FAILED: r"], \
         output[-3000:]
     for line in said:
-        assert "rank 1 left after call 11:" in line and \
-            "exited (status 0) after its call 11," in line, line
+        assert says in line, line
     assert took < 55, f"the job took {took:.0f} s: the others waited out their timeout"
 
 
