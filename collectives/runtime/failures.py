@@ -1,6 +1,7 @@
 """How failures spread on a communicator: timeouts, peers' notices, late agreements, and the
 broken state (a mixin of ``Engine``, over its ``transport``, ``state``, ``inflight``,
-``ahead``, ``forgotten`` and ``broken``).
+``ahead``, ``forgotten`` and ``broken``; ranks that disagree about a call taken as agreed:
+``disputes``).
 
 A failure that may have left messages in flight (a timeout, an error after data moved, a
 peer's failure) breaks the communicator: every operation in flight fails, the peers are told
@@ -24,20 +25,20 @@ from ..errors import (
     CommunicatorBrokenError,
     PeerFailedError,
 )
-from .agreement import AGREED, Agreement, LateAgreement
+from .agreement import AGREED
 from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
+from .disputes import Disputes
 from .missing import missing_ranks
 from .operation import Operation
 from .transport import Failure, Transport
 
 FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
-DISPUTE_ANSWER = 0.05  # how long a slow wait waits for its peers' answers (``check_dispute``)
 QUIET_POLLS, EMPTY_POLLS = 1024, 16  # at most so many polls then, ended by so many empty ones
 MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
 
 
-class Failures:
+class Failures(Disputes):
     """The engine's failure handling (see the module's docstring)."""
 
     rank: int
@@ -90,59 +91,6 @@ class Failures:
                     f"rank {self.rank}: {what} (call {self.seq + 1}) cannot run because rank "
                     f"{failure.rank} {'left after' if failure.kind == 'exited' else 'failed in'}"
                     f" call {failure.seq}: {failure.message}")
-
-    def check_dispute(self, op: Operation) -> None:
-        """A waited peer agreeing on a call this rank took as agreed, or moving the data of
-        one it agrees on, or of a later call while this one's agreement waits for it, or
-        moving it under another check value, disputes it."""
-        if not op.pending_peers():
-            return
-        mine = "moving" if op.skipped_agreement else "agreeing"
-        answers = self.transport.peer_activity(DISPUTE_ANSWER)
-        waited = set(op.pending_peers())  # (after the answers: the wait may have moved on)
-        agreeing = op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)
-        for rank, entry in answers.items():
-            if rank not in waited:
-                continue
-            phase = entry[2] if len(entry) > 2 else None
-            disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
-            # A peer that this call's agreement still waits for, moving the data of a later
-            # call (it shows only its latest), most likely took this one as agreed too:
-            # asynchronous calls issued together hide the dispute from the check above. (A
-            # peer agreeing on its later calls is only late with its part of this one, in a
-            # healthy stream of new signatures: not told. One whose part is late while a
-            # later call moves is told needlessly: the notice changes nothing there.)
-            passed = (agreeing and isinstance(entry[0], int) and entry[0] > op.seq
-                      and phase == "moving")
-            # Both took the call as agreed, each a signature of its own (agreed in earlier
-            # calls), and no data carries a check between them (a shared window's path beside
-            # messages): their checks tell.
-            check = entry[4] if len(entry) > 4 else None
-            unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
-                      and isinstance(check, int) and check != op.check)
-            # A peer past this call, with this call still in flight under another check (it
-            # took another signature agreed before, and their data never meets): the same.
-            theirs = entry[5].get(op.seq) if len(entry) > 5 and entry[0] != op.seq else None
-            unlike = unlike or (mine == "moving" and bool(op.check) and isinstance(theirs, int)
-                                and theirs != op.check)
-            if disputed or passed or unlike:
-                if op.skipped_agreement:
-                    self.join_late(op)
-                else:  # tell the ranks that skipped it: they join this agreement
-                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
-                return
-
-    def join_late(self, op: Operation) -> None:
-        """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
-        every rank (those that also took it as agreed join too), then run it as the call's
-        next stage, to learn how. A stage, not a wait here: the calls after it (their late
-        agreements too) keep moving, so that ranks joining several late agreements in other
-        orders never wait on each other; the call's wait bounds it."""
-        op.skipped_agreement = False
-        self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
-        with self.state:
-            if not op.finished:
-                op.stages.insert(op.stage, LateAgreement(self, op))
 
     def time_out(self, op: Operation, timeout: float) -> None:
         activity = self.transport.peer_activity(0.5)

@@ -1,0 +1,81 @@
+"""Ranks that disagree about a call each took as agreed (a mixin of ``Engine``).
+
+Once a signature is agreed, a call of it moves its data at once, with its check value riding
+along. Where no data meets to carry it (asynchronous calls issued together; paths that never
+exchange a message, as a shared window beside messages; a native collective beside a
+schedule), a slow wait asks the peers it waits for what they do (``check_dispute``), and a
+peer that agrees on the call, or moves it under another check, disputes it: this rank joins
+the call's agreement late (``join_late``, a ``LateAgreement`` stage), and so do the others,
+to learn how they differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .agreement import Agreement, LateAgreement
+from .operation import Operation
+from .transport import Failure, Transport
+
+DISPUTE_ANSWER = 0.05  # how long a slow wait waits for its peers' answers (``check_dispute``)
+
+
+class Disputes:
+    """The engine's disputes (see the module's docstring)."""
+
+    rank: int
+    transport: Transport
+    state: Any
+
+    def check_dispute(self, op: Operation) -> None:
+        """A waited peer agreeing on a call this rank took as agreed, or moving the data of
+        one it agrees on, or of a later call while this one's agreement waits for it, or
+        moving it under another check value, disputes it."""
+        if not op.pending_peers():
+            return
+        mine = "moving" if op.skipped_agreement else "agreeing"
+        answers = self.transport.peer_activity(DISPUTE_ANSWER)
+        waited = set(op.pending_peers())  # (after the answers: the wait may have moved on)
+        agreeing = op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)
+        for rank, entry in answers.items():
+            if rank not in waited:
+                continue
+            phase = entry[2] if len(entry) > 2 else None
+            disputed = entry[0] == op.seq and phase in ("agreeing", "moving") and phase != mine
+            # A peer that this call's agreement still waits for, moving the data of a later
+            # call (it shows only its latest), most likely took this one as agreed too:
+            # asynchronous calls issued together hide the dispute from the check above. (A
+            # peer agreeing on its later calls is only late with its part of this one, in a
+            # healthy stream of new signatures: not told. One whose part is late while a
+            # later call moves is told needlessly: the notice changes nothing there.)
+            passed = (agreeing and isinstance(entry[0], int) and entry[0] > op.seq
+                      and phase == "moving")
+            # Both took the call as agreed, each a signature of its own (agreed in earlier
+            # calls), and no data carries a check between them (a shared window's path beside
+            # messages): their checks tell.
+            check = entry[4] if len(entry) > 4 else None
+            unlike = (entry[0] == op.seq and phase == "moving" == mine and bool(op.check)
+                      and isinstance(check, int) and check != op.check)
+            # A peer past this call, with this call still in flight under another check (it
+            # took another signature agreed before, and their data never meets): the same.
+            theirs = entry[5].get(op.seq) if len(entry) > 5 and entry[0] != op.seq else None
+            unlike = unlike or (mine == "moving" and bool(op.check) and isinstance(theirs, int)
+                                and theirs != op.check)
+            if disputed or passed or unlike:
+                if op.skipped_agreement:
+                    self.join_late(op)
+                else:  # tell the ranks that skipped it: they join this agreement
+                    self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+                return
+
+    def join_late(self, op: Operation) -> None:
+        """A peer runs the agreement of a call this rank took as agreed: they disagree. Tell
+        every rank (those that also took it as agreed join too), then run it as the call's
+        next stage, to learn how. A stage, not a wait here: the calls after it (their late
+        agreements too) keep moving, so that ranks joining several late agreements in other
+        orders never wait on each other; the call's wait bounds it."""
+        op.skipped_agreement = False
+        self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
+        with self.state:
+            if not op.finished:
+                op.stages.insert(op.stage, LateAgreement(self, op))
