@@ -21,6 +21,7 @@ come. A notice whose counts are unknown (its rank's engine was gone) refuses no 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,7 +33,7 @@ from .transport import Failure
 class Ledger:
     """This rank's point-to-point messages on one communicator, counted by peer and tag."""
 
-    __slots__ = ("owed", "received", "sent", "why")
+    __slots__ = ("left_at", "owed", "received", "sent", "why")
 
     def __init__(self) -> None:
         self.sent: Counter[tuple[int, int]] = Counter()  # (destination, tag): sends posted
@@ -40,6 +41,7 @@ class Ledger:
         # a rank that left: tag -> messages it sent here (None: unknown, every receive waits)
         self.owed: dict[int, Mapping[int, int] | None] = {}
         self.why: dict[int, str] = {}  # a rank that left: what its notice said
+        self.left_at: dict[int, float] = {}  # a rank that left: when its notice was read
 
     def sent_by_peer(self) -> dict[int, dict[int, int]]:
         """What a notice of this rank's exit says it sent: destination -> tag -> count."""
@@ -73,6 +75,7 @@ def left(ledger: Ledger, notice: Failure, rank: int) -> None:
     """Note that ``notice``'s rank left, owing this rank (``rank``) the messages it sent it."""
     ledger.owed[notice.rank] = None if notice.sent is None else dict(notice.sent.get(rank, {}))
     ledger.why[notice.rank] = notice.message
+    ledger.left_at[notice.rank] = time.monotonic()
 
 
 def lost_message(ledger: Ledger, rank: int, receiving: bool, peer: int, tag: int

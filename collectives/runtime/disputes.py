@@ -11,13 +11,19 @@ to learn how they differ.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from ..errors import CollectiveMismatchError
 from .agreement import Agreement, LateAgreement
+from .departures import Ledger
 from .operation import Operation
 from .transport import Failure, Transport
 
 DISPUTE_ANSWER = 0.05  # how long a slow wait waits for its peers' answers (``check_dispute``)
+# how long after a rank left an agreement still waits for its part before it counts as never
+# coming (the part it posted before it left, if it ran this agreement, is here well before)
+LEFT_GRACE = 1.0
 
 
 class Disputes:
@@ -26,12 +32,18 @@ class Disputes:
     rank: int
     transport: Transport
     state: Any
+    messages: Ledger
+    _suspects: dict[int, int] = {}  # call -> a peer seen finished while this rank agrees
+
+    def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None: ...
 
     def check_dispute(self, op: Operation) -> None:
         """A waited peer agreeing on a call this rank took as agreed, or moving the data of
         one it agrees on, or of a later call while this one's agreement waits for it, or
         moving it under another check value, disputes it."""
         if not op.pending_peers():
+            return
+        if self._agreed_by_none_that_left(op):
             return
         mine = "moving" if op.skipped_agreement else "agreeing"
         answers = self.transport.peer_activity(DISPUTE_ANSWER)
@@ -61,6 +73,16 @@ class Disputes:
             theirs = entry[5].get(op.seq) if len(entry) > 5 and entry[0] != op.seq else None
             unlike = unlike or (mine == "moving" and bool(op.check) and isinstance(theirs, int)
                                 and theirs != op.check)
+            # A peer that finished this call while this rank still agrees on it took it as
+            # agreed, with another signature (an agreement finishes on no rank before every
+            # part is in): a mismatch, and none of its parts will come.
+            if agreeing and isinstance(entry[0], int) and entry[0] >= op.seq and phase is False:
+                # (seen twice, DISPUTE_CHECK apart: a verdict the peer had may be on its way)
+                if self._suspects.get(op.seq) == rank:
+                    self._fail_unagreed(op, f"rank {rank} finished it without agreeing on it")
+                else:
+                    self._suspects = {op.seq: rank}
+                return
             if disputed or passed or unlike:
                 if op.skipped_agreement:
                     self.join_late(op)
@@ -79,3 +101,33 @@ class Disputes:
         with self.state:
             if not op.finished:
                 op.stages.insert(op.stage, LateAgreement(self, op))
+
+    def _agreed_by_none_that_left(self, op: Operation) -> bool:
+        """Whether ``op``'s agreement waits for a rank that left a while ago: it left after
+        this call (else the call was refused), so it made it without this agreement (a
+        signature agreed before: another than this rank's), and its part never comes. The
+        call fails then, a mismatch, instead of waiting out its timeout."""
+        if not (op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)):
+            return False
+        ledger, now = self.messages, time.monotonic()
+        gone = [p for p in op.pending_peers()
+                if ledger.has_left(p) and now - ledger.left_at[p] > LEFT_GRACE]
+        if not gone:
+            return False
+        self._fail_unagreed(op, f"rank {gone[0]} left ({ledger.why[gone[0]]}) having made it "
+                                "without agreeing on it")
+        return True
+
+    def _fail_unagreed(self, op: Operation, how: str) -> None:
+        """Fail ``op``, whose agreement a peer will never join (``how`` it made the call
+        instead: with a signature agreed before, which is not this rank's)."""
+        error = CollectiveMismatchError(
+            f"rank {self.rank}: {op.description} (call {op.seq}) cannot be agreed: {how}, so "
+            f"with a signature agreed before, not this rank's: the ranks disagree about call "
+            f"{op.seq}")
+        with self.state:
+            if op.advance() or not isinstance(op.stages[op.stage], Agreement):
+                return  # (its agreement came after all)
+            op.fail(error)
+        self.broken_by(error, op.seq)
+
