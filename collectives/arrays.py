@@ -103,7 +103,13 @@ class ArrayBackend(Protocol):
 
 def kind_name(x: Any) -> str:
     """``x``'s type as its library spells it: ``numpy.ndarray``, ``torch.Tensor``."""
-    return f"{type(x).__module__.split('.')[0]}.{type(x).__qualname__}"
+    return f"{library_of(x)}.{type(x).__qualname__}"
+
+
+def library_of(x: Any) -> str:
+    """The library ``x``'s type comes from (``numpy`` for an array and a NumPy scalar alike,
+    ``torch`` for a tensor and a parameter)."""
+    return type(x).__module__.split(".")[0]
 
 
 def plain_ndarray(x: np.ndarray, argument: str) -> np.ndarray:

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .arrays import kind_name
+from .arrays import kind_name, library_of
 from .foreign import Edge, adopt, handed_back, is_foreign, refuse_out
 
 
@@ -81,7 +81,7 @@ def _refuse_mixed(values: Any, argument: str) -> None:
         if isinstance(v, (list, tuple)):
             for i, item in enumerate(v):
                 visit(item, f"{label}[{i}]")
-        elif type(v) is not type(first):
+        elif type(v) is not type(first) and library_of(v) != library_of(first):
             raise TypeError(f"{label} is a {kind_name(v)} but {first_label} is a "
                             f"{kind_name(first)}; every device must bring the same kind of array")
 

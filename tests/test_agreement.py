@@ -150,3 +150,23 @@ def test_ranks_that_remember_an_agreed_call_differently_for_a_moment_still_get_i
         return got.tolist(), comm.all_reduce(x).tolist()
 
     assert collectives.run(body, n, timeout=10) == [([float(n)] * 6, [float(n)] * 6)] * n
+
+
+def test_a_callers_own_mismatch_words_are_used_only_where_every_rank_is_that_caller():
+    # (a DDP hook's bucket beside a peer's plain all-reduce was blamed on the hooks' mean)
+    from collectives.runtime.calls import BatchTag
+
+    tag = BatchTag("a hook's bucket", 1, differs="the hooks disagree ({by_rank})")
+
+    def body(comm):
+        x = np.ones(4)
+        with pytest.raises(collectives.CollectiveMismatchError) as info:
+            if comm.rank == 0:
+                with comm.calls.part_of(tag):
+                    comm.all_reduce(x)
+            else:
+                comm.all_reduce(x)
+        return str(info.value)
+
+    for message in collectives.run(body, 2):
+        assert "hooks disagree" not in message and "no batch" in message, message

@@ -402,6 +402,8 @@ def test_bench_under_mpiexec_prints_once_from_rank_0():
     assert all(r[-1] == "0" for r in rows)  # #wrong
     # what ran: the shared window says so (it was labelled "native", MPI's own)
     assert [r[5] for r in rows if r[4] == "shm"] == ["shm", "shm"]
+    # (and MPI's own after it, the hot path included: it kept the shared window's label)
+    assert [r[5] for r in rows if r[4] == "native"] == ["native", "native"], rows
 
 
 # --- the matrix's body on thread ranks ------------------------------------------------------------

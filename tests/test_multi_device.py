@@ -280,3 +280,9 @@ def test_a_large_host_tensor_is_not_copied_into_a_bucket():
     owner = [r[0].base if r[0].base is not None else r[0] for r in got]
     assert owner[0] is owner[2] and owner[1] is not owner[0]
     assert got[1][0].size == big
+
+
+def test_a_numpy_scalar_beside_a_0d_array_is_numpy_too():
+    # (one library, two types: refused as "not the same kind of array" for a day)
+    got = collectives.all_reduce([np.ones(()), np.float64(2.0)])
+    assert [float(g) for g in got] == [3.0, 3.0]

@@ -264,6 +264,7 @@ def test_a_multi_device_call_is_on_every_devices_row_however_its_arguments_came(
     # carried its op or algorithm)
     x = np.ones(8)
     collectives.broadcast(x, devices=4)
+    collectives.scatter(np.ones((2, 8)), np.int64(2))  # (a NumPy count raised TypeError)
     collectives.all_reduce([x] * 3, op="max", algorithm="ring")
     every = traces.spans(_events(record))
     calls = {}
@@ -273,8 +274,8 @@ def test_a_multi_device_call_is_on_every_devices_row_however_its_arguments_came(
             if s.args["collective"] == "all_reduce":
                 assert (s.args["op"], s.args["algorithm"]) == ("max", "ring")
             else:
-                assert s.args["devices"] == 4
-    assert calls == {"broadcast": {0, 1, 2, 3}, "all_reduce": {0, 1, 2}}
+                assert s.args["devices"] == {"broadcast": 4, "scatter": 2}[s.args["collective"]]
+    assert calls == {"broadcast": {0, 1, 2, 3}, "scatter": {0, 1}, "all_reduce": {0, 1, 2}}
 
 
 @pytest.fixture

@@ -88,6 +88,7 @@ class Bound:
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
+        self.natives.last = "mpi"  # (MPI's own, persistent: what a benchmark reports as run)
         compiled = self.compiled
         if compiled is None:
             return None
@@ -106,6 +107,7 @@ class Bound:
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
+        self.natives.last = "mpi"  # (MPI's own, persistent: what a benchmark reports as run)
         if out is not None:
             compiled = self.compiled
             if compiled is not None:
@@ -142,6 +144,7 @@ class Bound:
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
+        self.natives.last = "mpi"  # (MPI's own, persistent: what a benchmark reports as run)
         compiled = self.compiled
         if compiled is not None:
             self.seq = seq

@@ -254,7 +254,7 @@ def why(predictions: list) -> str:
         return f"{predictions[0].label} is the only candidate."
     a, b = predictions[0], predictions[1]
     gap = b.seconds - a.seconds
-    if gap <= 0 and a.note != "measured" and b.note != "measured":
+    if gap < max(1e-9, 1e-4 * b.seconds) and "measured" not in (a.note, b.note):  # a tie
         return (f"{a.label} and {b.label} are priced alike ({human_time(a.seconds)}): "
                 f"{a.label}, the first of the tie in the candidates' order, runs.")
     head = (f"{a.label} wins by {human_time(gap)} ({gap / b.seconds:.0%}) over {b.label}")

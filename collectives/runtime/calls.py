@@ -176,9 +176,10 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
         if len(set(map(repr, known))) > 1:
             if name == "batch":  # (the bucket of a batch: the lists differ)
                 by_rank = ", ".join(f"rank {r}: {v or 'no batch'}" for r, v in enumerate(seen))
-                differs = next((v.differs for v in seen if isinstance(v, BatchTag) and v.differs), "")
-                if differs:
-                    return differs.format(by_rank=by_rank)
+                # (a caller's own words, where every rank's tag is that caller's)
+                said = {v.differs if isinstance(v, BatchTag) else "" for v in seen}
+                if len(said) == 1 and "" not in said:
+                    return said.pop().format(by_rank=by_rank)
                 return (f"ranks called batch_all_reduce (or buckets) with different tensor lists "
                         f"or buckets ({by_rank}); every rank must pass the same shapes and "
                         "dtypes in the same order, and the same bucket_bytes and packing "

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..arrays import kind_name, plain_ndarray
+from ..arrays import kind_name, library_of, plain_ndarray
 from ..ops import ReduceOp, check_dtype
 
 Groups = Sequence[Sequence[int]] | int | None
@@ -56,7 +56,7 @@ def same_layout(values: Sequence, argument: str = "values",
                         "is a numpy.ndarray; every array of a call must be the same kind"
                         ) from None
     for i, v in enumerate(values[1:], 1):
-        if type(v) is not type(values[0]):
+        if type(v) is not type(values[0]) and library_of(v) != library_of(values[0]):
             raise TypeError(f"{argument}[{i}] is a {kind_name(v)} but {argument}[0] is a "
                             f"{kind_name(values[0])}; every device must bring the same kind of "
                             "array")

@@ -19,6 +19,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from . import record_calls
 from . import recorder as rec
 
@@ -31,12 +33,17 @@ def device_pids(n: int, tid: int) -> list[int]:
     return pids
 
 
+@functools.lru_cache(maxsize=64)
+def _parameters(function: Callable) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def _signature(function: Callable, values: Any, args: tuple, kwargs: dict) -> tuple[int, dict]:
     """(devices, args) of a multi-device call, read off its arguments (by name, however they
     were passed)."""
     name = function.__name__
     try:
-        given = inspect.signature(function).bind_partial(values, *args, **kwargs).arguments
+        given = _parameters(function).bind_partial(values, *args, **kwargs).arguments
     except TypeError:  # (the call itself will say what is wrong with them)
         given = {}
     first = values
@@ -44,7 +51,7 @@ def _signature(function: Callable, values: Any, args: tuple, kwargs: dict) -> tu
         first = first[0]
     if name in ("broadcast", "scatter"):
         devices = given.get("devices", 1)
-        n = devices if isinstance(devices, int) else len(devices)
+        n = int(devices) if isinstance(devices, (int, np.integer)) else len(devices)
     elif name == "batch_all_reduce":
         n = len(values[0]) if values and isinstance(values[0], (list, tuple)) else 1
     else:

@@ -110,7 +110,21 @@ def nans() -> None:
                     bits = WORLD.allgather(got.tobytes() if method == "all_reduce" else b"")
                     report.check(len(set(bits)) == 1, f"{name}: ranks differ")
     complex_products(comm)
+    methods_named(comm)
     comm.free()
+
+
+def methods_named(comm) -> None:
+    """The transport names the method its latest native call ran (a benchmark's label): the
+    hot path's MPI call after a shared-window one is "mpi" (it kept "shm")."""
+    small, big = np.ones(16, np.float32), np.ones(1 << 17, np.float32)
+    for _ in range(3):  # (the hot path from the second on)
+        comm.all_reduce(small, algorithm="native")
+    comm.all_reduce(big, algorithm="shm")
+    after_shm = comm.transport.native.last
+    comm.all_reduce(small, algorithm="native")
+    report.check((after_shm, comm.transport.native.last) == ("shm", "mpi"),
+                 f"native methods named {after_shm}, {comm.transport.native.last}")
 
 
 def complex_products(comm) -> None:
