@@ -483,3 +483,24 @@ def test_a_malformed_trace_or_output_is_one_line(action, contents, says, tmp_pat
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says.replace("{tmp}", str(tmp_path)) in lines[0], proc.stderr
+
+
+def test_runs_written_at_once_are_one_run_and_their_ranks_kept_apart(tmp_path):
+    # (two halves of a job, each beginning on a communicator of its own, took each its own
+    # rank 0's token: merge left one half out as "an older run"; both called their ranks 0
+    # and 1, and the halves' rows were merged into one)
+    import time as clock
+
+    def record(token: str, name: str, ranks: range) -> None:
+        events = [{"ph": "M", "pid": 999, "tid": 0, "name": "collectives_run",
+                   "args": {"run": token, "started": clock.time() - 5}}]
+        for r in ranks:
+            events += [{"ph": "X", "pid": r, "tid": 0, "name": "all_reduce", "cat": "call",
+                        "ts": 1.0, "dur": 2.0, "args": {"call": 1}}]
+        (tmp_path / name).write_text(json.dumps(events))
+
+    record("half-a", "h-1.trace.json", range(2))
+    record("half-b", "h-2.trace.json", range(2))
+    trace = traces.merge(tmp_path)
+    assert trace["otherData"]["left_out"] == []
+    assert len({e["pid"] for e in trace["traceEvents"] if e.get("cat") == "call"}) == 4

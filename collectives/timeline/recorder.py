@@ -101,15 +101,16 @@ def _name(key: tuple, events: list[tuple], again: bool = False) -> None:
 # Which run a file belongs to: this process's own token, or (``set_run``, at an MPI or NCCL
 # ``init``) rank 0's, so that every rank's file of one job says the same; ``merge`` keeps
 # a folder's runs apart.
-RUN = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+STARTED = time.time()  # (this process's start, wall clock: when its files may begin)
+RUN = f"{socket.gethostname()}-{os.getpid()}-{int(STARTED * 1e9)}"
 
 
 def set_run(run: str) -> None:
     """Files from now on belong to run ``run`` (the job's: rank 0's token)."""
     global RUN
     RUN = run
-    _name(("run",), [("M", HOST_PID, 0, 0, "collectives_run", None, {"run": run}, 0)],
-          again=True)
+    _name(("run",), [("M", HOST_PID, 0, 0, "collectives_run", None,
+                      {"run": run, "started": STARTED}, 0)], again=True)
 
 
 def participant(rank: int) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .record_calls import LANES
-from .recorder import DEVICE_PID, HOST_PID
+from .recorder import DEVICE_PID
 
 TOLERANCE = 0.002  # microseconds: timestamps and durations are written to the nanosecond
 
@@ -105,8 +105,12 @@ def _merged(path: Path) -> bool:
 def _runs(folder: str | Path, leave_out: str | Path | None) -> tuple[list, list[str]]:
     """The files of ``folder``'s newest run, each with its events, and notes on what was
     left out: merged traces (``merge``'s own output, ``leave_out`` among them) and the files
-    of other runs (a folder used again: a file says its run, ``recorder.set_run``)."""
+    of other runs (a folder used again: a file says its run, ``recorder.set_run``). Runs
+    whose files were written while the newest run's were count as the newest (a job whose
+    parts each began on a communicator of their own, each taking its own rank 0's token):
+    an older run ended before the newest began."""
     runs: dict[str, list[tuple[Path, list[dict]]]] = defaultdict(list)
+    began: dict[str, float] = {}  # a run's earliest process start (wall clock)
     notes = []
     out = Path(leave_out).resolve() if leave_out is not None else None
     for path in trace_files(folder):
@@ -114,18 +118,23 @@ def _runs(folder: str | Path, leave_out: str | Path | None) -> tuple[list, list[
             notes.append(f"{path}: a merged trace, left out")
             continue
         mine = read_events(path)
-        said = [e.get("args", {}).get("run", "") for e in mine
+        said = [e.get("args", {}) for e in mine
                 if e.get("ph") == "M" and e.get("name") == "collectives_run"]
-        run = said[-1] if said else ""  # (the last: init names the job's, after its own)
+        run = said[-1].get("run", "") if said else ""  # (the last: init names the job's)
         runs[run].append((path, mine))
+        started = said[-1].get("started") if said else None
+        began[run] = min(began.get(run, float("inf")),
+                         started if isinstance(started, (int, float)) else path.stat().st_mtime)
     if not runs:
         raise ValueError(f"{folder} holds no timeline files of a run (only merged traces)")
-    newest = max(runs, key=lambda r: max(p.stat().st_mtime for p, _ in runs[r]))
+    ended = {r: max(p.stat().st_mtime for p, _ in files) for r, files in runs.items()}
+    newest = max(runs, key=lambda r: ended[r])
+    kept = [r for r in runs if r == newest or ended[r] > began[newest]]
     for run, files in runs.items():
-        if run != newest:
+        if run not in kept:
             notes.append(f"{len(files)} file(s) of an older run, left out: "
                          f"{', '.join(p.name for p, _ in files)}")
-    return runs[newest], notes
+    return [f for r in kept for f in runs[r]], notes
 
 
 def merge(folder: str | Path, leave_out: str | Path | None = None) -> dict:
@@ -140,14 +149,15 @@ def merge(folder: str | Path, leave_out: str | Path | None = None) -> dict:
         offset = next((e["args"].get("offset_us", 0.0) for e in mine
                        if e.get("ph") == "M" and e.get("name") == "collectives_clock"), 0.0)
         offsets[path.name] = offset
+        mine = [e for e in mine if e.get("name") != "collectives_run"]  # (read above)
         renamed: dict[int, int] = {}
         for pid in sorted({e.get("pid", 0) for e in mine}):
-            if pid >= HOST_PID and pid in taken:  # devices of two processes: number them apart
+            # devices of two processes, or ranks of two communicators each process began on
+            # (two halves of a job, each its own ranks 0..): numbered apart
+            if pid in taken:
                 renamed[pid] = next(p for p in spare if p not in taken)
         taken.update(renamed.get(e.get("pid", 0), e.get("pid", 0)) for e in mine)
         for event in mine:
-            if event.get("name") == "collectives_run":
-                continue  # (the file's, read above)
             event = dict(event)
             if "ts" in event:
                 event["ts"] = round(event["ts"] - offset, 3)
