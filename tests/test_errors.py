@@ -308,3 +308,23 @@ def test_a_bad_hang_guard_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv(hang_guard.ENV, "sometimes")
     with pytest.raises(ValueError, match="COLLECTIVES_HANG_GUARD='sometimes'"):
         hang_guard.setting()
+
+
+@pytest.mark.parametrize("groups", [[[0, 1], [2, 3.5]], [[0, 1.9], [2, 3]], "0123", ["01", "23"],
+                                    "node", [["a", "b"], [2, 3]], [[True, 1], [2, 3]]])
+def test_groups_of_anything_but_participant_numbers_are_refused_by_name(groups):
+    # (floats were truncated, strings read digit by digit, and "node" raised int()'s
+    # "invalid literal", naming no argument)
+    with pytest.raises(TypeError, match=r"groups=.* must be a group size or a list of lists"):
+        collectives.all_reduce(four(n=4), "sum", "ring/ring", groups=groups)
+
+
+@pytest.mark.parametrize("value", ["+2", "1_0", "\u0662", "\u00b2", "0", "abc"])
+def test_ranks_per_node_is_read_alike_by_both_transports(value):
+    # (MPI's int() took "+2", "1_0" and Arabic digits, which NCCL refused; NCCL's own "²"
+    # error named no variable)
+    pytest.importorskip("mpi4py")
+    from collectives.backends.mpi.groups import groups_from_env
+
+    with pytest.raises(ValueError, match=r"COLLECTIVES_RANKS_PER_NODE=.* must be a positive"):
+        groups_from_env(4, {"COLLECTIVES_RANKS_PER_NODE": value})

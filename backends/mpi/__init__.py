@@ -87,6 +87,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     MPI = require("mpi4py.MPI", "mpi", "the MPI transport")
 
     from . import abort
+    from .groups import groups_from_env, layout_for
     from .start import agree_to_start
     from .transport import MPITransport
 
@@ -95,6 +96,9 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         for name, flag in (("check", check), ("abort_on_error", abort_on_error),
                            ("hang_guard", hang_guard)):
             check_flag(flag, name)
+        size = comm.Get_size()
+        groups_from_env(size)  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
+        layout_for(groups, ((r,) for r in range(size)), size)
 
     comm = MPI.COMM_WORLD if comm is None else comm
     # (before anything else: one rank's bad argument raises on every rank)

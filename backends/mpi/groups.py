@@ -18,20 +18,24 @@ from collectives.runtime.validate import resolve_groups
 ENV_RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
 
 
+def ranks_per_node(env: Mapping[str, str] | None = None) -> int | None:
+    """``COLLECTIVES_RANKS_PER_NODE`` as a positive integer (plain ASCII digits), or None
+    where unset: the one reading of it, the MPI and NCCL transports' alike."""
+    text = (os.environ if env is None else env).get(ENV_RANKS_PER_NODE, "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{ENV_RANKS_PER_NODE}={text!r} must be a positive integer (ranks per "
+                         "simulated node); unset it to use the real nodes")
+    return int(text)
+
+
 def groups_from_env(size: int, env: Mapping[str, str] | None = None
                     ) -> tuple[tuple[int, ...], ...] | None:
     """Groups of ``k`` consecutive ranks when ``COLLECTIVES_RANKS_PER_NODE=k`` is set, else None."""
-    env = os.environ if env is None else env
-    text = env.get(ENV_RANKS_PER_NODE, "").strip()
-    if not text:
+    k = ranks_per_node(env)
+    if k is None:
         return None
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"{ENV_RANKS_PER_NODE}={text!r} must be a positive integer (ranks per "
-                         "simulated node); unset it to use the real nodes")
     return tuple(tuple(range(i, min(i + k, size))) for i in range(0, size, k))
 
 

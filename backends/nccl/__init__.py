@@ -52,6 +52,7 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         check_default_timeout(timeout)
         check_flag(check, "check")
         check_flag(abort_on_error, "abort_on_error")
+        ranks_per_node()  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
 
     # (before anything else: one rank's bad argument raises on every rank)
     probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init")

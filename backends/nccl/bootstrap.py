@@ -16,24 +16,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any
 
 import numpy as np
 
-ENV_RANKS_PER_NODE = "COLLECTIVES_RANKS_PER_NODE"
-
-
-def ranks_per_node(env: dict | None = None) -> int | None:
-    """``COLLECTIVES_RANKS_PER_NODE`` as a positive integer, or None where unset."""
-    text = (os.environ if env is None else env).get(ENV_RANKS_PER_NODE, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{ENV_RANKS_PER_NODE}={text!r} must be a positive integer (ranks "
-                         "per simulated node)")
-    return int(text)
+# (one reading of the variable for both transports: the MPI transport's)
+from collectives.backends.mpi.groups import ENV_RANKS_PER_NODE, ranks_per_node  # noqa: F401
 
 
 def node_of_ranks(comm: Any) -> tuple[tuple[int, ...], ...]:

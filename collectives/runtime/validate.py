@@ -205,12 +205,19 @@ def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | N
         if groups < 1:
             raise ValueError(f"groups={groups} must be a positive group size or a list of groups")
         return tuple(tuple(range(i, min(i + groups, size))) for i in range(0, size, groups))
+    def member(p: Any) -> int:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+            raise TypeError  # (a float, a string, ...: no participant)
+        return int(p)
+
     try:
+        if isinstance(groups, (str, bytes)):
+            raise TypeError
         # a bool is no group size: iterating it raises the TypeError refused below
-        out = tuple(tuple(int(p) for p in g) for g in groups)  # type: ignore[union-attr]
+        out = tuple(tuple(member(p) for p in g) for g in groups)  # type: ignore[union-attr]
     except TypeError:
         raise TypeError(f"groups={groups!r} must be a group size or a list of lists of "
-                        "participants") from None
+                        "participants (ints)") from None
     members = sorted(p for g in out for p in g)
     if members != list(range(size)) or any(len(g) == 0 for g in out):
         raise ValueError(f"groups={groups!r} must split the participants 0..{size - 1} into "

@@ -10,6 +10,8 @@ Last, the last rank passes ``init`` a bad timeout: every rank raises the ValueEr
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from _common import WORLD, Report
 from collectives.backends import mpi
@@ -65,6 +67,27 @@ def main() -> None:
     except ValueError as exc:
         report.check(str(exc).startswith(f"collectives.backends.mpi.init on rank {n - 1}: "
                                           "timeout=-1 must be a positive"), f"init: {exc}")
+    # The same for its groups, and for COLLECTIVES_RANKS_PER_NODE (both were checked after
+    # the gather: the others waited there for good)
+    bad_groups = [[0], list(range(n))] if odd else None
+    try:
+        mpi.init(timeout=10, groups=bad_groups)
+        report.check(False, "init groups: no error")
+    except ValueError as exc:
+        report.check(f"init on rank {n - 1}: groups=" in str(exc), f"init groups: {exc}")
+    saved = os.environ.get("COLLECTIVES_RANKS_PER_NODE")
+    os.environ["COLLECTIVES_RANKS_PER_NODE"] = "+2" if odd else "1"
+    try:
+        mpi.init(timeout=10)
+        report.check(False, "init env: no error")
+    except ValueError as exc:
+        report.check(f"init on rank {n - 1}: COLLECTIVES_RANKS_PER_NODE='+2'" in str(exc),
+                     f"init env: {exc}")
+    finally:
+        if saved is None:
+            del os.environ["COLLECTIVES_RANKS_PER_NODE"]
+        else:
+            os.environ["COLLECTIVES_RANKS_PER_NODE"] = saved
     everyone = WORLD.gather(seen, root=0)
     if rank == 0:
         for name in CASES:
