@@ -68,3 +68,25 @@ def test_sizes_13_and_16_with_large_buffers():
             lambda comm, values=values: comm.all_reduce(values[comm.rank], "sum", "ring"), n)
         for r in results:
             np.testing.assert_array_equal(r, reference(values, ReduceOp.SUM))
+
+
+@pytest.mark.parametrize("groups", [2, [[0, 3], [1, 2]]])
+def test_reduce_and_reduce_scatter_take_groups_for_two_level_names(groups):
+    # (the docs said to pass groups=; these two had no such argument, so on thread ranks,
+    # which have no nodes, a two-level reduce or reduce-scatter could not be grouped)
+    want = sum(np.arange(8.0) * (r + 1) for r in range(4))
+
+    def body(comm):
+        x = np.arange(8.0) * (comm.rank + 1)
+        reduced = comm.reduce(x, "sum", 3, "ring/ring", groups=groups)
+        block = comm.reduce_scatter(x, "sum", "ring/ring", groups=groups)
+        with pytest.raises(collectives.CollectiveMismatchError, match="groups"):
+            comm.reduce(x, "sum", 0, "ring/ring", groups=groups if comm.rank else 4)
+        return reduced, block
+
+    got = collectives.run(body, 4)
+    assert np.array_equal(got[3][0], want) and all(g[0] is None for g in got[:3])
+    assert np.array_equal(np.concatenate([g[1] for g in got]), want)
+    values = [np.arange(8.0) * (d + 1) for d in range(4)]
+    blocks = collectives.reduce_scatter(values, "sum", "ring/ring", groups=groups)
+    assert np.array_equal(np.concatenate(blocks), want)

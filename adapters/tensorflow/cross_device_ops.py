@@ -162,8 +162,9 @@ def spec_ranges(spec, shards: int = 0) -> tuple[SpecRange, ...]:
     check_shards(shards)
     if shards:
         if not (isinstance(spec, str) and ":" not in spec and "#" not in spec):
-            raise ValueError(f"shards={shards} conflicts with the all-reduce spec {spec!r}, "
-                             "which sets its own shards; put them in the spec (e.g. 'xring#2')")
+            raise ValueError(f"shards={shards} conflicts with the all-reduce spec {spec!r}: a "
+                             "spec gives each range its shards; put them in the spec (e.g. "
+                             "'xring#2', ('xring', 2)) or pass the plain name")
         ranges = [ranges[0]._replace(shards=int(shards))]
     return tuple(ranges)
 

@@ -109,17 +109,19 @@ def all_gather(values: Sequence, axis: int = 0, algorithm: Any = "auto", *, out:
 
 @own_function
 def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
-                   out: Any = None, shards: int = 0, async_op: bool = False) -> Any:
+                   out: Any = None, shards: int = 0, groups: Any = None,
+                   async_op: bool = False) -> Any:
     """``collectives.reduce_scatter`` for CuPy arrays, with NCCL and ``async_op``. NCCL needs
-    equal blocks: rows not divisible by the device count run the library's algorithms."""
+    equal blocks: rows not divisible by the device count run the library's algorithms (so
+    do two-level names over ``groups``)."""
     values, shape, dtype, op = prepare(values, op)
     n = len(values)
     request = nccl_request(algorithm, math.prod(shape))
-    if (not shape or shape[0] % n or (request or "").startswith("nccl/")
+    if (not shape or shape[0] % n or (request or "").startswith("nccl/") or groups is not None
             or not use_nccl(request, values, dtype, op)):
         check_rows(shape)
         results = run_reduce_scatter(library_devices(), values, shape, dtype, op, algorithm,
-                                     out=out, shards=shards)
+                                     out=out, shards=shards, groups=groups)
         return handle(results, results, "reduce_scatter", async_op)
     arrays = gpu_arrays()
     final = result_dtype(op, dtype)

@@ -88,9 +88,10 @@ def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
     if plain:
         # a plain name takes ``shards`` (0: the algorithm's default), as a single call does
         ranges = [ranges[0]._replace(shards=shards)]
-    elif shards:  # a spec carries its own shard counts
-        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}, "
-                         "which sets its own shards; put them in the spec (e.g. 'xring#2')")
+    elif shards:  # a spec carries its own shard counts (a tuple or a "#", or none: 0)
+        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}: "
+                         "a spec gives each range its shards; put them in the spec (e.g. "
+                         "'xring#2', ('xring', 2)) or pass the plain name")
     sizes = [int(np.prod(s)) for s in shapes]
     parts = []
     for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):

@@ -19,7 +19,14 @@ from ..runtime.execute.device_calls import (
     run_broadcast,
     run_reduce_scatter,
 )
-from ..runtime.validate import as_array, check_communicable, check_devices, check_rows, gather_axis
+from ..runtime.validate import (
+    Groups,
+    as_array,
+    check_communicable,
+    check_devices,
+    check_rows,
+    gather_axis,
+)
 from ..runtime.work import Work
 from .multi_device_parts import backend_first, prepare
 
@@ -50,8 +57,9 @@ def broadcast(value: ArrayT, devices: int | Sequence[Any], algorithm: Algorithm 
     algorithm
         ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"tree"``,
         ``"shuffle"`` (recursive halving-doubling has no broadcast), a TensorFlow name
-        (``"xring"``, ``"pscpu"``, ``"nccl"``, ...), a two-level ``"A/B"`` over ``groups``, or
-        a spec (``("xring", 2)``, ``"pscpu:2k:xring"``: the range by element count).
+        (``"xring"``, ``"pscpu"``, ``"nccl"``, ...), or a spec (``("xring", 2)``,
+        ``"pscpu:2k:xring"``: the range by element count). (Two-level names have no
+        broadcast.)
     out
         One array per device for the copies.
     shards
@@ -102,8 +110,8 @@ def all_gather(values: Sequence[ArrayT], axis: int = 0, algorithm: Algorithm = "
     algorithm
         ``"auto"`` (the cost model chooses), ``"one_device"``, ``"ring"``, ``"rechd"``,
         ``"tree"``, ``"shuffle"``, a TensorFlow name (``"xring"``, ``"pscpu"``, ``"nccl"``,
-        ...), a two-level ``"A/B"`` over ``groups``, or a spec (``("xring", 2)``,
-        ``"pscpu:2k:xring"``: the range by element count).
+        ...), or a spec (``("xring", 2)``, ``"pscpu:2k:xring"``: the range by element
+        count). (Two-level names have no all-gather.)
     out
         One array per device for the results.
     async_op
@@ -130,16 +138,16 @@ def all_gather(values: Sequence[ArrayT], axis: int = 0, algorithm: Algorithm = "
 
 @overload
 def reduce_scatter(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
-                   out: Sequence[ArrayT] | None = ..., shards: int = ...,
+                   out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
                    async_op: Literal[False] = ...) -> list[ArrayT]: ...
 @overload
 def reduce_scatter(values: Sequence[ArrayT], op: Op = ..., algorithm: Algorithm = ..., *,
-                   out: Sequence[ArrayT] | None = ..., shards: int = ...,
+                   out: Sequence[ArrayT] | None = ..., shards: int = ..., groups: Groups = ...,
                    async_op: Literal[True]) -> Work[list[ArrayT]]: ...
 @accepts_foreign_values
 @backend_first
 def reduce_scatter(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = "auto", *,
-                   out: Sequence[ArrayT] | None = None, shards: int = 0,
+                   out: Sequence[ArrayT] | None = None, shards: int = 0, groups: Groups = None,
                    async_op: bool = False) -> list[ArrayT]:
     """Reduce, then device ``i`` keeps block ``i`` of axis 0.
 
@@ -161,6 +169,8 @@ def reduce_scatter(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorith
         One array per device for its block.
     shards
         Ring sub-chunks or shuffle gather devices (0: the algorithm's default).
+    groups
+        The groups of a two-level ``"A/B"``: a group size, or a partition of the devices.
     async_op
         Return a `Work` handle whose ``wait()`` returns the result(s) instead.
 
@@ -181,4 +191,4 @@ def reduce_scatter(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorith
     check_rows(shape)
     backend = cast(DeviceBackend, backend_for_arrays(values))
     return run_reduce_scatter(backend, values, shape, dtype, op, algorithm, out=out,
-                              shards=shards)
+                              shards=shards, groups=groups)

@@ -227,17 +227,17 @@ class ReductionOps(CommParts):
 
     @overload
     def reduce(self, x: ArrayT, op: Op = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
-               *, out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
-               async_op: Literal[False] = ...) -> ArrayT | None: ...
+               *, out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+               timeout: float | None = ..., async_op: Literal[False] = ...) -> ArrayT | None: ...
     @overload
     def reduce(self, x: ArrayT, op: Op = ..., root: int = ..., algorithm: SpmdAlgorithm = ...,
-               *, out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
-               async_op: Literal[True]) -> Work[ArrayT | None]: ...
+               *, out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+               timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT | None]: ...
     @refusing("reduce")
     @accepts_foreign
     def reduce(self, x: ArrayT, op: Op = "sum", root: int = 0, algorithm: SpmdAlgorithm = "auto",
-               *, out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,
-               async_op: bool = False) -> Any:
+               *, out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
+               timeout: float | None = None, async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks onto ``root``.
 
         Parameters
@@ -254,6 +254,9 @@ class ReductionOps(CommParts):
             On the root: where the result goes; else a new array.
         shards
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``: a group size, or a partition of the ranks
+            (None: the transport's nodes, where it has them).
         timeout
             Seconds this call may wait for its peers (None: the communicator's timeout).
         async_op
@@ -276,7 +279,8 @@ class ReductionOps(CommParts):
         def build(seq):
             arrays = self.arrays
             xa = self.adapt(x, "x")
-            call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
+            call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards,
+                                        groups=groups)
             mine = self.rank == call.root
             target, late = self.calls.target(out if mine else None, call.shape, call.final)
             work = (arrays.result(call.shape, call.dtype, like=xa) if mine

@@ -16,7 +16,7 @@ from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.results import Block, Gathered
-from ..runtime.validate import gather_axis
+from ..runtime.validate import Groups, gather_axis
 from ..runtime.work import Work
 from .comm_parts import CommParts
 
@@ -159,17 +159,17 @@ class SpreadOps(CommParts):
 
     @overload
     def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
-                       out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
-                       async_op: Literal[False] = ...) -> ArrayT: ...
+                       out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                       timeout: float | None = ..., async_op: Literal[False] = ...) -> ArrayT: ...
     @overload
     def reduce_scatter(self, x: ArrayT, op: Op = ..., algorithm: SpmdAlgorithm = ..., *,
-                       out: ArrayT | None = ..., shards: int = ..., timeout: float | None = ...,
-                       async_op: Literal[True]) -> Work[ArrayT]: ...
+                       out: ArrayT | None = ..., shards: int = ..., groups: Groups = ...,
+                       timeout: float | None = ..., async_op: Literal[True]) -> Work[ArrayT]: ...
     @refusing("reduce_scatter")
     @accepts_foreign
     def reduce_scatter(self, x: ArrayT, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
-                       out: ArrayT | None = None, shards: int = 0, timeout: float | None = None,
-                       async_op: bool = False) -> Any:
+                       out: ArrayT | None = None, shards: int = 0, groups: Groups = None,
+                       timeout: float | None = None, async_op: bool = False) -> Any:
         """Reduce, then rank ``i`` keeps rows ``floor(i R / n)`` to ``floor((i+1) R / n)``.
 
         Parameters
@@ -184,6 +184,9 @@ class SpreadOps(CommParts):
             Where this rank's block goes; else a new array.
         shards
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``: a group size, or a partition of the ranks
+            (None: the transport's nodes, where it has them).
         timeout
             Seconds this call may wait for its peers (None: the communicator's timeout).
         async_op
@@ -208,7 +211,8 @@ class SpreadOps(CommParts):
             xa = self.adapt(x, "x")
             if len(xa.shape) == 0:
                 raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
-            call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
+            call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,
+                                        groups=groups)
             rows, n, i = call.shape[0], self.size, self.rank
             lo, hi = i * rows // n, (i + 1) * rows // n
             mine = (hi - lo, *call.shape[1:])

@@ -185,8 +185,13 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
                         "dtypes in the same order, and the same bucket_bytes and packing "
                         "arguments")
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(seen))
+            # (groups a call does not name come from the transport: init's groups=, or
+            # COLLECTIVES_RANKS_PER_NODE, which may be set differently on different ranks)
+            where = (" (where a call names none, its transport's: init's groups= or "
+                     "COLLECTIVES_RANKS_PER_NODE, alike on every rank)" if name == "groups"
+                     else "")
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
-                    f"must pass the same {name}")
+                    f"must pass the same {name}{where}")
     return None
 
 

@@ -187,12 +187,13 @@ def run_all_gather(backend: DeviceBackend, values: Sequence, shape: tuple[int, .
 
 def run_reduce_scatter(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
                        dtype: np.dtype, op: ReduceOp, algorithm: Any, *, out: Any = None,
-                       shards: int = 0) -> list:
+                       shards: int = 0, groups: Any = None) -> list:
     """Reduce checked ``values`` (with rows: ``check_rows``) with the library's algorithm and
     leave device ``i`` block ``i`` of axis 0 (into ``out``, checked here as it is used)."""
     n = len(values)
     arrays = backend.arrays
-    schedule = plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards)
+    schedule = plan(backend, Collective.REDUCE_SCATTER, algorithm, n, shape, dtype, shards,
+                    groups)
     rows, row = shape[0], math.prod(shape[1:])
     final = result_dtype(op, dtype)
     blocks = [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
