@@ -68,7 +68,8 @@ class MPITransport:
     processes = True
     fabric = link = None
 
-    def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None):
+    def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None,
+                 nodes: tuple[tuple[int, ...], ...] | None = None):
         check_thread_level()
         _LIVE.add(self)
         self.engine: Any = None  # (a weak reference to the engine, set by it)
@@ -80,7 +81,8 @@ class MPITransport:
         data, control, notices, p2p = self._comms
         self._node = data.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         hosts = shared_nodes(data, self._node)  # real ones, even where simulated nodes are set
-        nodes = groups_from_env(self.size) or hosts
+        # (a sub-communicator's: its parent's nodes, simulated ones too, among its ranks)
+        nodes = nodes or groups_from_env(self.size) or hosts
         self.nodes = nodes
         self.local_rank, self.local_size = local_place(nodes, self.rank)
         self.layout = layout_for(groups, nodes, self.size)
@@ -177,17 +179,23 @@ class MPITransport:
     def dup(self) -> MPITransport:
         """A new transport over the same ranks (collective)."""
         return MPITransport(self._comms[0], groups=self._groups,
-                            oversubscribed=self.oversubscribed)
+                            oversubscribed=self.oversubscribed, nodes=self.nodes)
 
     def split(self, color: int | None, key: int) -> MPITransport | None:
         """``MPI_Comm_split``'s meaning (collective); None where ``color`` is None. The new
-        transport's node groups are found again among its own ranks."""
+        transport's node groups are this one's, among its own ranks (simulated nodes too:
+        ``COLLECTIVES_RANKS_PER_NODE`` counts this communicator's ranks, not the new one's)."""
         comm = self._comms[0].Split(MPI.UNDEFINED if color is None else color, key)
         if comm == MPI.COMM_NULL:
             return None
         try:  # a partition of the old ranks means nothing among the new ones
             groups = "node" if isinstance(self._groups, (list, tuple)) else self._groups
-            return MPITransport(comm, groups=groups, oversubscribed=self.oversubscribed)
+            node_of = {r: i for i, group in enumerate(self.nodes) for r in group}
+            mine = comm.allgather(node_of[self.rank])  # (each new rank's node, in new order)
+            nodes = tuple(tuple(r for r, n in enumerate(mine) if n == node)
+                          for node in dict.fromkeys(mine))
+            return MPITransport(comm, groups=groups, oversubscribed=self.oversubscribed,
+                                nodes=nodes)
         finally:
             comm.Free()
 

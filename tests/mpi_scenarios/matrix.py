@@ -54,7 +54,22 @@ def arena_is_reused() -> None:
     report.check(size > 0 and grown == size, f"arena grew from {size} to {grown} bytes")
 
 
+def sub_communicators_keep_the_nodes() -> None:
+    """A split's node groups are its parent's nodes among its ranks, simulated ones too
+    (``COLLECTIVES_RANKS_PER_NODE`` counted the new communicator's own ranks: world ranks
+    of two simulated nodes shared one)."""
+    node_of = {r: i for i, group in enumerate(comm.transport.nodes) for r in group}
+    for sub in (comm.split(comm.rank % 2), comm.split(0, key=-comm.rank), comm.dup()):
+        world = sub.all_gather_object(comm.rank)  # (each new rank's world rank)
+        got = [[world[r] for r in group] for group in sub.transport.nodes]
+        report.check(all(len({node_of[w] for w in g}) == 1 for g in got)
+                     and len({node_of[g[0]] for g in got}) == len(got),
+                     f"sub-communicator nodes {got} (world nodes {comm.transport.nodes})")
+        sub.free()
+
+
 def main() -> None:
+    sub_communicators_keep_the_nodes()
     matrix = Matrix(comm, groups).run()
     split_paths(matrix)
     arena_is_reused()
