@@ -59,8 +59,11 @@ def sub_communicators_keep_the_nodes() -> None:
     (``COLLECTIVES_RANKS_PER_NODE`` counted the new communicator's own ranks: world ranks
     of two simulated nodes shared one)."""
     node_of = {r: i for i, group in enumerate(comm.transport.nodes) for r in group}
-    for sub in (comm.split(comm.rank % 2), comm.split(0, key=-comm.rank), comm.dup()):
-        world = sub.all_gather_object(comm.rank)  # (each new rank's world rank)
+    everyone = list(range(comm.size))
+    mine = [r for r in everyone if r % 2 == comm.rank % 2]
+    for sub, world in ((comm.split(comm.rank % 2), mine),  # (each new rank's world rank,
+                       (comm.split(0, key=-comm.rank), everyone[::-1]),  # as MPI orders
+                       (comm.dup(), everyone)):  # them: by key, then by old rank)
         got = [[world[r] for r in group] for group in sub.transport.nodes]
         report.check(all(len({node_of[w] for w in g}) == 1 for g in got)
                      and len({node_of[g[0]] for g in got}) == len(got),
