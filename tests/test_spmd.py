@@ -80,6 +80,12 @@ def test_reduce_and_reduce_scatter_take_groups_for_two_level_names(groups):
         x = np.arange(8.0) * (comm.rank + 1)
         reduced = comm.reduce(x, "sum", 3, "ring/ring", groups=groups)
         block = comm.reduce_scatter(x, "sum", "ring/ring", groups=groups)
+        out, rows = np.empty(8), np.empty(2)  # (and prepared: the same)
+        prepared = comm.reduce_init(x, "sum", 3, "ring/ring", out=out, groups=groups)
+        scattered = comm.reduce_scatter_init(x, "sum", "ring/ring", out=rows, groups=groups)
+        for call in (prepared, scattered):
+            call.start().wait()
+        assert np.array_equal(rows, block) and (comm.rank != 3 or np.array_equal(out, reduced))
         with pytest.raises(collectives.CollectiveMismatchError, match="groups"):
             comm.reduce(x, "sum", 0, "ring/ring", groups=groups if comm.rank else 4)
         return reduced, block

@@ -105,7 +105,7 @@ class PreparedOps(CommParts):
     @refusing("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
                     algorithm: SpmdAlgorithm = "auto", *, out: Array | None = None,
-                    shards: int = 0) -> PreparedCall:
+                    shards: int = 0, groups: Any = None) -> PreparedCall:
         """A prepared reduce onto ``root``.
 
         Parameters
@@ -122,6 +122,8 @@ class PreparedOps(CommParts):
             On the root, the array every run writes (required there); ignored elsewhere.
         shards
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``.
 
         Returns
         -------
@@ -134,7 +136,8 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa, out, returns = self._bound(x, out)
-        call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards)
+        call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards,
+                                    groups=groups)
         arrays = self.arrays
         mine = self.rank == call.root
         if mine:
@@ -218,7 +221,7 @@ class PreparedOps(CommParts):
 
     @refusing("reduce_scatter_init")
     def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
-                            *, out: Array, shards: int = 0) -> PreparedCall:
+                            *, out: Array, shards: int = 0, groups: Any = None) -> PreparedCall:
         """A prepared reduce-scatter: ``out`` takes this rank's rows of the total.
 
         Parameters
@@ -233,6 +236,8 @@ class PreparedOps(CommParts):
             The array every run writes: this rank's rows.
         shards
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
+        groups
+            The groups of a two-level ``"A/B"``.
 
         Returns
         -------
@@ -245,7 +250,8 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa, out, returns = self._bound(x, out)
-        call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards)
+        call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,
+                                    groups=groups)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
         xa = self._bind(xa, out, (hi - lo, *call.shape[1:]), call.final, "reduce_scatter_init")
