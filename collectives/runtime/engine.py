@@ -129,9 +129,9 @@ class Engine(CallOrder, InFlight, Failures):
         with self.state:  # (the progress thread may be adding it right now)
             if self.unreported:
                 self.unreported = [(r, o) for r, o in self.unreported if o is not op]
-        with self.state:  # peers that wait for this rank read "last finished call N": only
-            # where every call up to the latest has (a wait from another thread, or out of
-            # order, must not hide a call in flight)
+            # peers that wait for this rank read "last finished call N": only where every
+            # call up to the latest has (a wait from another thread, or out of order, must
+            # not hide a call in flight)
             if op.seq == self.seq == self.finished_through():
                 self.transport.publish_activity((op.seq, op.subject, False))
 
