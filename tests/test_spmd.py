@@ -85,6 +85,11 @@ def test_reduce_and_reduce_scatter_take_groups_for_two_level_names(groups):
         scattered = comm.reduce_scatter_init(x, "sum", "ring/ring", out=rows, groups=groups)
         for call in (prepared, scattered):
             call.start().wait()
+        buckets = comm.buckets([x, 2 * x], "sum", "ring/ring", groups=groups)
+        buckets.ready(0, x)
+        buckets.ready(1, 2 * x)
+        summed, doubled = buckets.wait()
+        assert np.array_equal(summed, want) and np.array_equal(doubled, 2 * want)
         assert np.array_equal(rows, block) and (comm.rank != 3 or np.array_equal(out, reduced))
         with pytest.raises(collectives.CollectiveMismatchError, match="groups"):
             comm.reduce(x, "sum", 0, "ring/ring", groups=groups if comm.rank else 4)

@@ -24,7 +24,7 @@ from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.calls import check_op_for
-from ..runtime.validate import check_shards, check_timeout
+from ..runtime.validate import check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
     agree_on_empty,
@@ -212,7 +212,7 @@ class BatchOps(CommParts):
 
     @refusing("buckets")
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
-                *, bucket_bytes: int = OVERLAP_BUCKET_BYTES,
+                *, bucket_bytes: int = OVERLAP_BUCKET_BYTES, groups: Any = None,
                 timeout: float | None = None) -> Buckets[ArrayT]:
         """Buckets that all-reduce a gradient list while it is still being computed.
 
@@ -232,6 +232,9 @@ class BatchOps(CommParts):
             to the list's end (down to 256 KiB), so the tensors ready last wait behind
             little. A tensor is copied into its bucket unless it fills one alone (a bucket
             never waits behind a later tensor).
+        groups
+            The groups of a two-level ``"A/B"`` (None: the transport's nodes, where it has
+            them).
         timeout
             Seconds each bucket may wait for its peers (None: the communicator's).
 
@@ -244,6 +247,7 @@ class BatchOps(CommParts):
         """
         check_timeout(timeout)
         check_bucket_bytes(bucket_bytes)
+        resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
         xs = checked_list(like, "like", read=False)  # (shapes and dtypes: parameters will do)
         edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
         arrays = self.arrays  # the library the buckets are packed and unpacked in
@@ -259,4 +263,4 @@ class BatchOps(CommParts):
         for dtype in {d for _, d in layout}:
             check_op_for(op, dtype, "like")
         return Buckets(self, layout, op, algorithm, bucket_bytes, timeout,
-                       arrays.alone_bytes(xs[0]) if xs else None, edge)
+                       arrays.alone_bytes(xs[0]) if xs else None, edge, groups)

@@ -42,10 +42,12 @@ class Buckets(Generic[ArrayT]):
     """
 
     def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
-                 timeout: float | None, alone_bytes: int | None = None, edge: Any = None):
+                 timeout: float | None, alone_bytes: int | None = None, edge: Any = None,
+                 groups: Any = None):
         from ..algorithms.batch import plan_batch
 
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
+        self.groups = groups  # (a two-level name's, for every bucket)
         self.calls = comm.calls
         self.size = comm.size
         # tensors of another library (PyTorch) are packed there; only buckets cross over
@@ -164,7 +166,8 @@ class Buckets(Generic[ArrayT]):
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
                     buf, self.op, part.spec.algorithm, out=buf if in_place else None,
-                    shards=part.spec.shards, timeout=self.timeout, async_op=True))
+                    shards=part.spec.shards, groups=self.groups, timeout=self.timeout,
+                    async_op=True))
 
     def wait(self, timeout: float | None = None) -> list[ArrayT]:
         """The reduced tensors in the list's order, once every bucket has finished; the
