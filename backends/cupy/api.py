@@ -28,6 +28,7 @@ from typing import Any
 
 from collectives.algorithms.fusion import DEFAULT_BUCKET_BYTES
 from collectives.ops import ReduceOp
+from collectives.runtime.execute.device_calls import check_batch_devices
 from collectives.runtime.validate import check_root
 
 from . import runners
@@ -86,13 +87,6 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
         if len(values) != n:
             raise ValueError(f"value_lists[{k}] has {len(values)} devices but value_lists[0] "
                              f"has {n}; every tensor needs one array per device")
-        for d, (mine, first) in enumerate(zip(values, tensors[0][0])):
-            # (device d's arrays are fused into one bucket there: one GPU per column)
-            if mine.device.id != first.device.id:
-                raise ValueError(f"value_lists[{k}][{d}] is on GPU {mine.device.id} but "
-                                 f"value_lists[0][{d}] on GPU {first.device.id}; a batch's "
-                                 f"device {d} is one GPU: give every tensor's arrays in the "
-                                 "same order of GPUs")
     parts = plan_batch([t[1] for t in tensors], [t[2] for t in tensors], algorithm,
                        num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
                        agg_small_grads_max_group=agg_small_grads_max_group,
@@ -106,6 +100,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence], op: ReduceOp | str = "sum"
                           groups=groups, out=buffers if writes else None)
 
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
+    check_batch_devices(gpu_arrays(), per_device)
     batch = start_batch(per_device, parts, reduce_pack, arrays=gpu_arrays(),
                         home=lambda array: array.device, validated=True)
     results = batch.finish(batch.pending)

@@ -121,15 +121,6 @@ def outputs(arrays, out, values, shape, dtype) -> list:
     return list(out)
 
 
-def root_output(arrays, out, values, root, shape, dtype) -> Any:
-    """A reduce's one ``out``, checked: the result's shape and dtype, on the root's GPU."""
-    check_out(out, shape, dtype, "out", arrays)
-    if out.device.id != values[root].device.id:
-        raise ValueError(f"out is on GPU {out.device.id} but the root's value, values[{root}], "
-                         f"on GPU {values[root].device.id}; the result stays on the root's GPU")
-    return out
-
-
 def deliver(arrays, op, work, results, n) -> None:
     for w, r in zip(work, results):
         if op is ReduceOp.MEAN:

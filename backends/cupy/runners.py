@@ -34,7 +34,7 @@ import numpy as np
 from collectives.arrays import overlaps, unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
 from collectives.runtime.calls import first_taker
-from collectives.runtime.execute.device_calls import run_all_reduce, run_reduce
+from collectives.runtime.execute.device_calls import root_output, run_all_reduce, run_reduce
 from collectives.runtime.validate import check_root, resolve_groups
 
 from . import group, one_gpu
@@ -45,7 +45,6 @@ from .call_parts import (
     nccl_request,
     outputs,
     prepare,
-    root_output,
     use_nccl,
 )
 

@@ -19,7 +19,7 @@ from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
 from collectives.errors import CollectiveTimeoutError, CommunicatorBrokenError, PeerFailedError
 from collectives.runtime.departures import exit_notice
-from collectives.runtime.transport import Failure, describe_activity
+from collectives.runtime.transport import Failure, describe_activity, engine_of
 
 from .p2p import ThreadMessages
 from .world import ThreadChannel, ThreadWorld
@@ -148,7 +148,7 @@ class ThreadTransport:
         for ref in self._kids:
             kid = ref()
             if kid is not None and not kid.freed:
-                engine = kid.engine() if kid.engine is not None else None
+                engine = engine_of(kid)
                 if engine is not None:
                     through = engine.finished_through()
                 else:  # (its communicator is gone: what it last published)
@@ -166,7 +166,7 @@ def _checks_in_flight(ref: Any) -> dict[int, int] | None:
     """The check values of the calls in flight of the transport ``ref`` refers to (None: it
     has no engine, or is gone)."""
     transport = ref() if ref is not None else None
-    engine = transport.engine() if transport is not None and transport.engine else None
+    engine = engine_of(transport) if transport is not None else None
     return engine.checks_in_flight() if engine is not None else None
 
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from collectives.runtime.transport import engine_of
+
 from . import waiting
 
 FREEING = logging.getLogger("collectives.failures")
@@ -72,5 +74,5 @@ def _hear(transport: Any) -> None:
 
 
 def _timeout(transport: Any) -> float:
-    engine = transport.engine() if transport.engine is not None else None
+    engine = engine_of(transport)
     return engine.timeout if engine is not None else DEFAULT_TIMEOUT

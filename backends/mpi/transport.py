@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from collectives.arrays import NUMPY
 from collectives.runtime.departures import exit_notice
-from collectives.runtime.transport import Failure
+from collectives.runtime.transport import Failure, engine_of
 
 from . import tuning, waiting
 from .channel import MPIChannel
@@ -129,7 +129,7 @@ class MPITransport:
         activity = self.notices.activity
         # (the hot path publishes no activity: its bound calls know their latest number)
         seq = max(activity[0] if activity else 0, self.native.latest_seq())
-        engine = self.engine() if self.engine is not None else None
+        engine = engine_of(self)
         if engine is not None:  # (calls still in flight here are lost: peers must not wait)
             seq = min(seq, engine.finished_through())
         self.notify_failure(exit_notice(self, seq, f"{why} after its call {seq}, and joins no "
@@ -156,16 +156,11 @@ class MPITransport:
         """(check, description) of this rank's call ``seq`` while it is in flight (not a
         native one: ``notices.calls`` has those), for a peer whose native call ``seq`` has
         stalled (``MPINatives.stalled``): a check of another call tells it they disagree."""
-        engine = self.engine() if self.engine is not None else None
-        if engine is None:
-            return None
-        for op in list(engine.inflight):  # (a copy: the list changes on other threads)
-            if op.seq == seq and op.breaking and not op.finished and op.check:
-                return op.check, op.description
-        return None
+        engine = engine_of(self)
+        return engine.call_in_flight(seq) if engine is not None else None
 
     def _checks_in_flight(self) -> dict[int, int] | None:
-        engine = self.engine() if self.engine is not None else None
+        engine = engine_of(self)
         return engine.checks_in_flight() if engine is not None else None
 
     def publish_activity(self, activity: tuple) -> None:

@@ -21,6 +21,7 @@ from ..compression import for_batch
 from ..foreign_calls import accepts_foreign_values
 from ..hints import ArrayT, BatchSpec, Compression, Op
 from ..registry import backend_for_arrays
+from ..runtime.execute.device_calls import check_batch_devices
 from ..runtime.validate import Groups, check_op, check_shards
 from ..runtime.work import Work
 from .multi_device import all_reduce
@@ -146,15 +147,8 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
                                 f"{type(tensors[0][0][0]).__name__}; one batch takes arrays "
                                 "of one library")
     per_device = [[t[0][d] for t in tensors] for d in range(n)]
-    if arrays is not NUMPY:  # (device d's arrays are fused there: they must share its device)
-        for d, column in enumerate(per_device):
-            home = arrays.extent(column[0])[0]
-            for k, value in enumerate(column):
-                if arrays.extent(value)[0] != home:
-                    raise ValueError(f"value_lists[{k}][{d}] is on device "
-                                     f"{arrays.extent(value)[0]} but value_lists[0][{d}] on "
-                                     f"device {home}; a batch's device {d} is one device: give "
-                                     "every tensor's arrays in the same order of devices")
+    if arrays is not NUMPY:  # (NumPy's arrays are all of one host: nothing to look at)
+        check_batch_devices(arrays, per_device)
     batch = start_batch(per_device, parts, reduce_pack, arrays=arrays, validated=True,
                         keeper=_bucket_keeper(arrays))
     return batch.finish(batch.pending)

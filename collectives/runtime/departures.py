@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import PeerFailedError
-from .transport import Failure
+from .transport import Failure, engine_of
 
 
 class Ledger:
@@ -66,7 +66,7 @@ class Ledger:
 def exit_notice(transport: Any, seq: int, message: str) -> Failure:
     """The notice a rank that leaves after call ``seq`` sends its peers, with the messages
     it posted to each (from its engine's ledger, if it has one)."""
-    engine = transport.engine() if transport.engine is not None else None
+    engine = engine_of(transport)
     sent = engine.messages.sent_by_peer() if engine is not None else None
     return Failure(transport.rank, seq, "exited", message, sent)
 

@@ -66,8 +66,17 @@ class InFlight:
     def checks_in_flight(self) -> dict[int, int]:
         """The check values of this rank's collectives in flight, by call number: what a peer
         whose call of that number waits in vain compares with its own (``check_dispute``)."""
-        return {op.seq: op.check for op in list(self.inflight)  # (a copy: other threads)
-                if op.breaking and not op.finished and op.check}
+        return {op.seq: op.check for op in self._checked_in_flight()}
+
+    def call_in_flight(self, seq: int) -> tuple[int, str] | None:
+        """``(check, description)`` of this rank's collective ``seq`` while in flight (None:
+        it is not): for a peer whose own call of that number stalled."""
+        op = next((op for op in self._checked_in_flight() if op.seq == seq), None)
+        return None if op is None else (op.check, op.description)
+
+    def _checked_in_flight(self) -> list[Operation]:
+        return [op for op in list(self.inflight)  # (a copy: other threads change the list)
+                if op.breaking and not op.finished and op.check]
 
     def finished_through(self) -> int:
         """The latest call before which every call here has finished: what a rank that leaves

@@ -61,6 +61,13 @@ def describe_activity(activity: Any, in_flight: dict[int, int] | None = None
             in_flight)
 
 
+def engine_of(transport: Any) -> Any:
+    """The engine running ``transport``'s calls (through ``Transport.engine``, its weak
+    reference), or None: none yet, or its communicator is gone."""
+    ref = transport.engine
+    return ref() if ref is not None else None
+
+
 @dataclass(frozen=True)
 class Failure:
     """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or

@@ -57,6 +57,38 @@ def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tu
     return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
 
 
+def elsewhere(arrays, a, b) -> tuple[int, int] | None:
+    """``(a's device, b's)`` where ``a`` is on another device than ``b``, else None (arrays
+    of one host, NumPy's: never)."""
+    if arrays is NUMPY:
+        return None
+    mine, theirs = arrays.extent(a)[0], arrays.extent(b)[0]
+    return None if mine == theirs else (mine, theirs)
+
+
+def check_batch_devices(arrays, per_device) -> None:
+    """A batch's arrays for device ``d`` (``per_device[d]``: tensor ``k``'s at ``[k]``) are
+    all on one device: they are fused there."""
+    for d, column in enumerate(per_device):
+        for k, value in enumerate(column):
+            apart = elsewhere(arrays, value, column[0])
+            if apart is not None:
+                raise ValueError(f"value_lists[{k}][{d}] is on device {apart[0]} but "
+                                 f"value_lists[0][{d}] on device {apart[1]}; a batch's device "
+                                 f"{d} is one device: give every tensor's arrays in the same "
+                                 "order of devices")
+
+
+def root_output(arrays, out, values, root, shape, dtype) -> Any:
+    """A reduce's one ``out``, checked: the result's shape and dtype, on the root's device."""
+    check_out(out, shape, dtype, "out", arrays)
+    apart = elsewhere(arrays, out, values[root])
+    if apart is not None:
+        raise ValueError(f"out is on device {apart[0]} but the root's value, values[{root}], "
+                         f"on device {apart[1]}; the result stays on the root's device")
+    return out
+
+
 def outputs(arrays, out, values, shape, dtype, argument="out", beside=True) -> list:
     """``out`` checked (one array per device, each ``values[i]``'s device's where ``beside``),
     or new results there."""
@@ -69,10 +101,10 @@ def outputs(arrays, out, values, shape, dtype, argument="out", beside=True) -> l
                          "per device")
     for i, o in enumerate(out):
         check_out(o, shape, dtype, f"{argument}[{i}]", arrays)
-        if beside and arrays is not NUMPY and arrays.extent(o)[0] != arrays.extent(values[i])[0]:
-            raise ValueError(f"{argument}[{i}] is on device {arrays.extent(o)[0]} but values[{i}] "
-                             f"on device {arrays.extent(values[i])[0]}; each result stays on its "
-                             "input's device")
+        apart = elsewhere(arrays, o, values[i]) if beside else None
+        if apart is not None:
+            raise ValueError(f"{argument}[{i}] is on device {apart[0]} but values[{i}] on "
+                             f"device {apart[1]}; each result stays on its input's device")
     return list(out)
 
 
@@ -120,13 +152,8 @@ def run_reduce(backend: DeviceBackend, values: Sequence, shape: tuple[int, ...],
     schedule = plan(backend, Collective.REDUCE, algorithm, n, shape, dtype, shards, groups,
                     root)
     final = result_dtype(op, dtype)
-    if out is not None:
-        check_out(out, shape, final, "out", arrays)  # (the root's one result)
-        if arrays is not NUMPY and arrays.extent(out)[0] != arrays.extent(values[root])[0]:
-            raise ValueError(f"out is on device {arrays.extent(out)[0]} but the root's value, "
-                             f"values[{root}], on device {arrays.extent(values[root])[0]}; the "
-                             "result stays on the root's device")
-    result = arrays.result(shape, final, like=values[root]) if out is None else out
+    result = (arrays.result(shape, final, like=values[root]) if out is None
+              else root_output(arrays, out, values, root, shape, final))
     # Participants the schedule never writes keep reading their inputs: no buffer for them.
     inputs = [arrays.flat(v) for v in values]
     written = {s[0] for s in schedule.steps}
