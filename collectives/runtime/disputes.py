@@ -33,7 +33,7 @@ class Disputes:
     transport: Transport
     state: Any
     messages: Ledger
-    _suspects: dict[int, int] = {}  # call -> a peer seen finished while this rank agrees
+    suspect: tuple[int, int] | None  # (call, peer): seen finished while this rank agrees
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None: ...
 
@@ -78,10 +78,10 @@ class Disputes:
             # part is in): a mismatch, and none of its parts will come.
             if agreeing and isinstance(entry[0], int) and entry[0] >= op.seq and phase is False:
                 # (seen twice, DISPUTE_CHECK apart: a verdict the peer had may be on its way)
-                if self._suspects.get(op.seq) == rank:
+                if self.suspect == (op.seq, rank):
                     self._fail_unagreed(op, f"rank {rank} finished it without agreeing on it")
                 else:
-                    self._suspects = {op.seq: rank}
+                    self.suspect = (op.seq, rank)
                 return
             if disputed or passed or unlike:
                 if op.skipped_agreement:

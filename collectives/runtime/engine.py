@@ -64,6 +64,7 @@ class Engine(CallOrder, InFlight, Failures):
         # left, to and from the ranks still there, and from it as far as it sent them
         self.only_exits = False
         self.exits_from = math.inf  # the first call a peer that left will not join
+        self.suspect: tuple[int, int] | None = None  # (disputes.py: a peer done, unagreed)
         self.messages = Ledger()  # (departures.py: the messages posted, by peer and tag)
         self.freed = False  # Communicator.free() was called: no call may run
         self.last_entered = time.monotonic()  # (failures.back_after_quiet)
