@@ -115,14 +115,15 @@ class _CollectivesGroup(_ProcessGroupBase):
     @torch.compiler.disable
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         tensors, op = _tensors(tensors), _reduce_op(opts)
-        for i, tensor in enumerate(tensors):
-            if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
-                # (gloo refuses too: the mean cannot go back into the tensor)
-                raise TypeError(f"allreduce tensor {i} is {tensor.dtype}: ReduceOp.AVG of "
-                                "integer or bool tensors has no result of their dtype; reduce "
-                                "a floating-point copy, or SUM and divide")
         with self.lock:
             for i, tensor in enumerate(tensors):
+                if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+                    # (gloo refuses too: the mean cannot go back into the tensor; refused
+                    # through the call the peers make, so that they hear of it at once)
+                    self.comm.calls.refuse("allreduce", TypeError(
+                        f"allreduce tensor {i} is {tensor.dtype}: ReduceOp.AVG of integer or "
+                        "bool tensors has no result of their dtype; reduce a floating-point "
+                        "copy, or SUM and divide"))
                 wide = tensor.float() if tensor.dtype in UPCAST else tensor
                 # (booleans as gloo reduces them: SUM is OR, PRODUCT is AND)
                 logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op

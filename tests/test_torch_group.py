@@ -134,6 +134,26 @@ def test_an_integer_average_is_refused_on_every_rank_as_gloo_refuses_it(dtype):
         assert unchanged and "allreduce tensor 0" in message and "AVG" in message
 
 
+def test_an_integer_average_on_one_rank_fails_its_peers_at_once():
+    # (refused on that rank alone, before its call: the others waited out their timeout)
+    import time
+
+    def job(group, rank):
+        t = torch.tensor([5, 3, 1]) if rank == 1 else torch.tensor([5.0, 3.0, 1.0])
+        start = time.monotonic()
+        with pytest.raises((TypeError, collectives.PeerFailedError)) as raised:
+            dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+        took = time.monotonic() - start
+        if rank == 1:
+            time.sleep(3)  # (alive: a rank that returned would have told its peers anyway)
+        return type(raised.value).__name__, took
+
+    got = collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), 2,
+                          timeout=20)
+    assert [kind for kind, _ in got] == ["PeerFailedError", "TypeError"], got
+    assert all(took < 2 for _, took in got), got
+
+
 def _train_compiled(comm, compiled: bool) -> list:
     torch.manual_seed(0)  # (the same weights on every rank: the first rank to get here sets them)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
