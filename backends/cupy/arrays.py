@@ -1,12 +1,9 @@
 """The array backend for CuPy arrays: allocation, copies and combines on the right device.
 
-Every operation is enqueued, never waited for, under its destination's device (a null
-stream handle means "the current device's" stream, so this matters): on that device's
-current stream in the calling thread, on a fixed stream where the owner of this backend
-gives one (the NCCL transport), or on the stream the owner's ``on_enqueue`` names for the
-destination (the multi-device backend, which may give each logical device a stream of its
-own). Before enqueueing, each operation tells ``on_enqueue(dst, srcs)``, the arrays it
-writes and reads, so that a multi-device executor can order streams.
+Every operation is enqueued, never waited for, under its destination's device, on the stream
+`placement.Placement` names for it. Before enqueueing, each operation tells
+``on_enqueue(dst, srcs)``, the arrays it writes and reads, so that a multi-device executor can
+order streams.
 
 Copies are ``cudaMemcpyAsync`` (same GPU) or ``cudaMemcpyPeerAsync`` (another GPU: direct
 where peer access is possible, staged through host memory by the driver otherwise). A combine
@@ -18,8 +15,7 @@ scratch memory on the destination device.
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,10 +25,7 @@ from collectives.ops import ReduceOp
 
 from . import gather, kernels
 from .kept import KeptBuckets
-
-# (the array an operation writes, the arrays it reads) -> the stream it goes on, or None for
-# the destination device's current (or the fixed) stream
-Enqueue = Callable[[Any, Sequence[Any]], Any]
+from .placement import Placement
 
 
 def _cupy():
@@ -49,79 +42,14 @@ def owns(x: object) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
-class CupyArrays(KeptBuckets):
+class CupyArrays(KeptBuckets, Placement):
     """``collectives.arrays.ArrayBackend`` for ``cupy.ndarray``."""
 
     name = "cupy"
 
-    def __init__(self, stream: Any = None, on_enqueue: Enqueue | None = None,
-                 device: int | None = None):
-        self.fixed_stream = stream
-        self.on_enqueue = on_enqueue
-        # where arrays made without ``like`` go: a fixed device (a transport's), else the
-        # calling thread's current device
-        self.device = None if device is None else int(device)
-        self._peer: dict[tuple[int, int], bool] = {}
-        self._lock = threading.Lock()
-
     @property
     def xp(self):
         return _cupy()
-
-    # --- where work goes ---------------------------------------------------------------
-
-    def stream(self, device: int):
-        """The stream work for ``device`` is enqueued on."""
-        if self.fixed_stream is not None:
-            return self.fixed_stream
-        return _cupy().cuda.get_current_stream(device)
-
-    def _enter(self, dst: Any, srcs: Sequence[Any] = ()) -> Any:
-        """Announce an operation that writes ``dst`` and reads ``srcs``: the stream the owner
-        names for it, or None (the destination device's current or fixed stream)."""
-        if self.on_enqueue is not None:
-            return self.on_enqueue(dst, srcs)
-        return None
-
-    def _context(self, device: int, stream: Any = None):
-        """Device (and stream) context for CuPy calls that enqueue on the current one."""
-        cp = _cupy()
-        stream = stream if stream is not None else self.fixed_stream
-        if stream is None:
-            return cp.cuda.Device(device)
-        return DeviceAndStream(cp.cuda.Device(device), stream)
-
-    def order(self, device: int, after: int) -> None:
-        """Make ``device``'s stream wait for what ``after``'s stream holds now."""
-        if device == after:
-            return
-        cp = _cupy()
-        with cp.cuda.Device(after):
-            event = cp.cuda.Event(block=False, disable_timing=True)
-            event.record(self.stream(after))
-        with cp.cuda.Device(device):
-            self.stream(device).wait_event(event)
-
-    def peer_access(self, dst: int, src: int) -> bool:
-        """Whether kernels on ``dst`` can read ``src``'s memory (enabled on first ask)."""
-        key = (dst, src)
-        known = self._peer.get(key)
-        if known is not None:
-            return known
-        cp = _cupy()
-        runtime = cp.cuda.runtime
-        with self._lock:
-            ok = bool(runtime.deviceCanAccessPeer(dst, src))
-            if ok:
-                with cp.cuda.Device(dst):
-                    try:
-                        runtime.deviceEnablePeerAccess(src)
-                    except runtime.CUDARuntimeError as exc:
-                        # already enabled (by CuPy or the user): what we wanted
-                        if "PeerAccessAlreadyEnabled" not in str(exc):
-                            raise
-            self._peer[key] = ok
-        return ok
 
     # --- ArrayBackend -------------------------------------------------------------------
 
@@ -149,12 +77,6 @@ class CupyArrays(KeptBuckets):
         self._check(like, "an array")
         return self.empty_on(like.device.id, shape, dtype)
 
-    def empty_on(self, device: int, shape, dtype):
-        # Allocated under the stream it is used on: CuPy's pool hands freed memory out again
-        # in that stream's order.
-        with self._context(device):
-            return _cupy().empty(shape, dtype)
-
     def result(self, shape, dtype, like=None):
         # CuPy's memory pool is the pool: freed blocks are reused in stream order.
         return self.empty(shape, dtype, like)
@@ -163,7 +85,7 @@ class CupyArrays(KeptBuckets):
         self._check(x, "an array")
         if x.flags.c_contiguous:
             return x if x.ndim == 1 else x.reshape(-1)  # (a reshape costs CuPy microseconds)
-        with self._context(x.device.id):  # a new array, before any step of a call reads it
+        with self.context(x.device.id):  # a new array, before any step of a call reads it
             return _cupy().ascontiguousarray(x).reshape(-1)
 
     def copy(self, dst, src) -> None:
@@ -176,11 +98,11 @@ class CupyArrays(KeptBuckets):
         raw = (dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype
                and dst.size == src.size)
         if not raw and dd != sd:
-            src = self._contiguous_on(src, dd)
+            src = self.contiguous_on(src, dd)
             sd, raw = dd, dst.flags.c_contiguous and dst.dtype == src.dtype
-        stream = self._enter(dst, (src,))
+        stream = self.enter(dst, (src,))
         if not raw:
-            with self._context(dd, stream):
+            with self.context(dd, stream):
                 cp.copyto(dst, src.reshape(dst.shape), casting="unsafe")
             return
         if dd == sd and dst.data.ptr == src.data.ptr:
@@ -196,50 +118,13 @@ class CupyArrays(KeptBuckets):
             else:
                 runtime.memcpyPeerAsync(dst.data.ptr, dd, src.data.ptr, sd, src.nbytes, handle)
 
-    def _contiguous_on(self, x, device: int):
-        """A contiguous copy of ``x`` (on another GPU) on ``device``, ordered after ``x``'s
-        stream: made contiguous where it lives, then copied across (only outside the steps
-        of a call: the executors' buffers are contiguous)."""
-        cp = _cupy()
-        home = x.device.id
-        with self._context(home):
-            packed = cp.ascontiguousarray(x)
-        here = self.empty_on(device, packed.shape, packed.dtype)
-        self.order(device, home)  # the packing above ran on the other GPU's stream
-        with cp.cuda.Device(device):
-            cp.cuda.runtime.memcpyPeerAsync(here.data.ptr, device, packed.data.ptr, home,
-                                            packed.nbytes, self.stream(device).ptr)
-        return here
-
-    def _readable(self, x, device: int, stream: Any = None):
-        """``x`` as a kernel on ``device`` can read it: itself, a peer view, or a copy
-        (made on ``stream``, the kernel's; the caller has ordered it after ``x``)."""
-        home = x.device.id
-        if home == device:
-            return x
-        cp = _cupy()
-        if self.peer_access(device, home) and x.flags.c_contiguous:
-            # A view that names ``device`` as its home: CuPy launches there without its
-            # per-call peer check; the pointer is read through peer access.
-            memory = cp.cuda.UnownedMemory(x.data.ptr, x.nbytes, x, device)
-            return cp.ndarray(x.shape, x.dtype, cp.cuda.MemoryPointer(memory, 0))
-        if not x.flags.c_contiguous:
-            return self._contiguous_on(x, device)
-        with self._context(device, stream):  # scratch from the pool of the kernel's stream
-            staged = cp.empty(x.shape, x.dtype)
-        with cp.cuda.Device(device):
-            handle = (stream if stream is not None else self.stream(device)).ptr
-            cp.cuda.runtime.memcpyPeerAsync(staged.data.ptr, device, x.data.ptr, home,
-                                            x.nbytes, handle)
-        return staged
-
     def _launch(self, op: ReduceOp, dst, first, srcs: Sequence) -> None:
         device = dst.device.id
         srcs = list(srcs)
-        stream = self._enter(dst, srcs + ([first] if first is not None else []))
-        readable = [self._readable(s, device, stream) for s in srcs]
-        start = self._readable(first, device, stream) if first is not None else None
-        with self._context(device, stream):
+        stream = self.enter(dst, srcs + ([first] if first is not None else []))
+        readable = [self.readable(s, device, stream) for s in srcs]
+        start = self.readable(first, device, stream) if first is not None else None
+        with self.context(device, stream):
             for i in range(0, max(len(readable), 1), kernels.MAX_ARITY):
                 part = readable[i:i + kernels.MAX_ARITY]
                 if start is not None and i == 0:
@@ -260,11 +145,11 @@ class CupyArrays(KeptBuckets):
             return False  # (a stand-in for CuPy compiles no kernels of its own)
         # ordered after everything it reads and writes; the other outputs' streams (one
         # stream, unless the owner gives logical devices streams of their own) after it
-        stream = self._enter(dsts[0], [*srcs, *dsts[1:]])
-        with self._context(device, stream):
+        stream = self.enter(dsts[0], [*srcs, *dsts[1:]])
+        with self.context(device, stream):
             kernels.spread_kernel(op.wire_op, n)(*srcs, *dsts)
         for dst in dsts[1:]:
-            self._enter(dst, [dsts[0]])
+            self.enter(dst, [dsts[0]])
         return True
 
     def combine(self, op, dst, srcs) -> None:
@@ -287,17 +172,17 @@ class CupyArrays(KeptBuckets):
             out = self.empty(total.shape, result_dtype(ReduceOp.MEAN, total.dtype), like=total)
         if total.size:
             device = out.device.id
-            stream = self._enter(out, (total,))
-            source = self._readable(total, device, stream)
+            stream = self.enter(out, (total,))
+            source = self.readable(total, device, stream)
             if source.shape != out.shape:
                 source = source.reshape(out.shape)
-            with self._context(device, stream):
+            with self.context(device, stream):
                 kernels.divide_kernel(np.dtype(total.dtype))(source, int(count), out)
         return out
 
     def concatenate(self, arrays, axis):
         arrays = list(arrays)  # (blocks of one array on one device: no ordering needed)
-        with self._context(arrays[0].device.id):
+        with self.context(arrays[0].device.id):
             return _cupy().concatenate(arrays, axis=axis)
 
     def fuse(self, arrays, out=None, views=None):
@@ -311,7 +196,7 @@ class CupyArrays(KeptBuckets):
                 self.copy(out, fused)
                 return out
             return fused
-        with self._context(flats[0].device.id):  # one launch, and little host time per array
+        with self.context(flats[0].device.id):  # one launch, and little host time per array
             if out is None:
                 out = _cupy().empty((sum(f.size for f in flats),), flats[0].dtype)
             return gather.gather(flats, out)
@@ -341,19 +226,3 @@ class CupyArrays(KeptBuckets):
                     end += (n - 1) * stride
             end += x.itemsize
         return x.device.id, start, end
-
-
-class DeviceAndStream:
-    """``with device, stream:`` as one context manager (the NCCL transport's too)."""
-
-    def __init__(self, device, stream):
-        self.device, self.stream = device, stream
-
-    def __enter__(self):
-        self.device.__enter__()
-        self.stream.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.stream.__exit__(*exc)
-        self.device.__exit__(*exc)

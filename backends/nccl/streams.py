@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from collectives.backends.cupy.arrays import DeviceAndStream
+from collectives.backends.cupy.placement import DeviceAndStream
 
 from collectives.foreign import kind_of
 
