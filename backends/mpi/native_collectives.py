@@ -31,6 +31,7 @@ from .datatypes import native_types
 from .hot_path import SPIN_SECONDS, Bound
 from .lane import Lane
 from .persistent import Entries, PersistentRun
+from .shm import ShmRun
 
 ASK_EVERY = 0.25  # seconds between two questions of a stalled call to its peers
 NATIVE_COLLECTIVES = (Collective.ALL_REDUCE, Collective.REDUCE, Collective.BROADCAST,
@@ -80,7 +81,8 @@ class MPINatives:
         collective = call.collective
         if tuning.use_shm(call.algorithm, collective, call.nbytes, self.single_node, self.size):
             self.last = "shm"
-            return self.shm.start(call, src, dst, op, seq, self)
+            assert op is not None  # (use_shm picks all-reduces alone)
+            return ShmRun(self.shm, call, src, dst, op, seq, self)
         self.last = "mpi"
         total = call.nbytes * self.size if collective is Collective.ALL_GATHER else call.nbytes
         if tuning.persistent(collective, total):

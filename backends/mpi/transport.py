@@ -25,7 +25,7 @@ from .groups import groups_from_env, layout_for, local_place, shared_nodes
 from .messages import MessageChannel
 from .native_collectives import MPINatives
 from .notices import Notices
-from .shm import SharedWindow
+from .shm_window import SharedWindow
 from .tags import control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
