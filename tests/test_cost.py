@@ -15,7 +15,8 @@ import collectives
 from collectives import algorithms
 from collectives.algorithms import select
 from collectives.algorithms.cost import Fabric, Link, Placement
-from collectives.algorithms.sampling import interpolate, predict, predict_native
+from collectives.algorithms.native_prices import interpolate, predict_native
+from collectives.algorithms.sampling import predict
 from collectives.algorithms.schedule import Collective
 from collectives.api import calibration, calibration_links, calibration_measure
 from collectives.tools import cli

@@ -23,7 +23,8 @@ from functools import lru_cache
 from .. import algorithms
 from .base import Layout
 from .cost import Fabric, Link, Placement, Prediction, human_bytes, human_time
-from .sampling import predict, predict_native
+from .native_prices import predict_native
+from .sampling import predict
 from .schedule import Collective
 
 CANDIDATES = ("tree", "rechd", "ring", "shuffle", "one_device")

@@ -25,7 +25,7 @@ from .. import algorithms
 from ..algorithms import select
 from ..algorithms.closed_form import price
 from ..algorithms.cost import CLASSES, Fabric, Link, Placement, human_time
-from ..algorithms.sampling import NATIVE_AS, predict_native
+from ..algorithms.native_prices import NATIVE_AS, predict_native
 from ..algorithms.schedule import Collective
 from . import arguments
 
