@@ -58,6 +58,9 @@ class Notices:
         self._sent: list = []  # (request, buffer): notices and answers still in flight
         self._prune_at = PRUNE_AFTER  # test the sends in flight once there are this many
         self._question = 0
+        # messages sent to and received from each peer here: what a free drains (draining)
+        self.sent = [0] * self.size
+        self.received = [0] * self.size
         self._replies: dict[int, dict[int, tuple]] = {}  # question -> peer -> (said, calls)
 
     def _post(self, obj: Any, dst: int, tag: int) -> None:
@@ -68,7 +71,8 @@ class Notices:
             try:
                 self._sent.append((self.comm.Isend([blob, MPI.BYTE], dst, tag), blob))
             except MPI.Exception:
-                pass  # a peer MPI can no longer reach: it hears nothing, as it would if dead
+                return  # a peer MPI can no longer reach: it hears nothing, as it would if dead
+            self.sent[dst] += 1
             if len(self._sent) >= self._prune_at:  # amortised: a send costs O(1) tests
                 self._sent = [(r, b) for r, b in self._sent if not _test(r)]
                 self._prune_at = 2 * len(self._sent) + PRUNE_AFTER
@@ -85,6 +89,7 @@ class Notices:
                 return None
             blob = bytearray(status.Get_count(MPI.BYTE))
             message.Recv([blob, MPI.BYTE])
+            self.received[status.Get_source()] += 1
         return status.Get_source(), pickle.loads(blob)
 
     def notify(self, failure: Failure) -> None:
@@ -163,16 +168,13 @@ class Notices:
                                             "the library, or gone)", SILENT))
         return answers
 
-    def free(self) -> None:
-        """Forget the communicator (its owner frees it)."""
+    def free(self) -> tuple[list[int], list[int], list]:
+        """Stop using the communicator (its owner frees it once drained: ``draining``): the
+        counts of messages sent to and received from each peer, and the sends in flight."""
         with self._lock:
             self.comm = None
-            for request, _ in self._sent:  # notices to dead peers never complete
-                try:
-                    request.Cancel()
-                except MPI.Exception:
-                    pass
-            self._sent = []
+            sends, self._sent = self._sent, []
+            return self.sent, self.received, sends
 
 
 def _test(request: Any) -> bool:

@@ -18,7 +18,7 @@ from collectives.arrays import NUMPY
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, engine_of
 
-from . import tuning, waiting
+from . import draining, tuning, waiting
 from .channel import MPIChannel
 from .freeing import agree_to_free
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
@@ -71,6 +71,7 @@ class MPITransport:
     def __init__(self, comm: Any, *, groups: Any = "node", oversubscribed: bool | None = None,
                  nodes: tuple[tuple[int, ...], ...] | None = None):
         check_thread_level()
+        draining.progress()  # (earlier frees whose peers have freed since)
         _LIVE.add(self)
         self.engine: Any = None  # (a weak reference to the engine, set by it)
         self.rank: int = comm.Get_rank()
@@ -200,11 +201,12 @@ class MPITransport:
         self._comms[0].Abort(code)
 
     def free(self) -> None:
-        """Release the duplicated communicators and what lives on them (collective).
+        """Release the duplicated communicators and what lives on them (collective), once the
+        notices nobody read have come (``draining``: MPI could deliver them to a new
+        communicator that reused a freed one's context).
 
         After a failure they are kept instead: messages of the failed call (a collective MPI
-        cannot cancel, a notice nobody read) may still arrive, and MPI could deliver them to
-        a new communicator that reused a freed one's context."""
+        cannot cancel) may still arrive."""
         if not self._comms:
             return
         troubled = bool(self._troubled or self.native.abandoned or any(
@@ -215,11 +217,11 @@ class MPITransport:
             troubled = self.left or not agree_to_free(self, troubled)
         if troubled:
             _KEPT.append((self._node, *self._comms, self.native, self.notices))
-        else:
+        else:  # (once the notices nobody read are received: draining)
             self.native.free()
-            self.notices.free()
-            for comm in (self._node, *self._comms):
-                comm.Free()
+            sent, received, sends = self.notices.free()
+            draining.free_when_drained(self._comms[2], sent, received,
+                                       (self._node, *self._comms), sends)
         for channel in (self.data, self.control, self.p2p):
             channel.free()
         self._comms = []

@@ -1,0 +1,95 @@
+"""Freeing a transport's communicators once no message sent on them can still arrive.
+
+MPI frees a communicator's context at once, and MPICH hands it to the next communicator made
+over those ranks. A message sent on the old one and never received then arrives on the new
+one, where a receive of the same tag takes it: a status question a peer never served (it
+finished its call without waiting), an answer that came after its asker stopped waiting, a
+failure notice a peer never polled for. In a new transport's agreement it read as a call's
+digest of the wrong size ("rank 0 sent 17 bytes where 168 were expected"); among its notices
+it would read as another communicator's answers.
+
+So the communicator that carries such messages (the notices') is drained before a free: each
+rank counts the messages it sent each peer there and those it received; at ``free`` it posts
+its counts in a non-blocking all-to-all, and once its peers' counts have come it receives
+(and drops) what it has not received of theirs. Only then are the transport's communicators
+freed. Nothing waits: a free that cannot finish yet (a peer not freeing yet, a message still
+on its way) stays pending, and moves on at the next free or new transport; until it finishes,
+its communicators are not freed, so no new one can take their context. A peer that never
+frees (its program ends without it) leaves the free pending for good: the communicators are
+kept, as after a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+_PENDING: list[Drain] = []  # frees waiting for their peers' counts or messages
+_GIVEN_UP: list[Drain] = []  # frees MPI failed: kept (MPI may still write their buffers)
+_LOCK = threading.Lock()
+
+
+class Drain:
+    """One transport's free: its peers' counts, what is left to receive, then ``Free``."""
+
+    def __init__(self, counted: Any, sent: Sequence[int], received: Sequence[int],
+                 comms: Sequence[Any], sends: Sequence[tuple[Any, Any]]):
+        self.counted = counted
+        self.received = list(received)
+        self.comms = list(comms)
+        self.sends = list(sends)  # (request, buffer): this rank's sends, held until complete
+        self.mine = np.asarray(sent, np.int64)
+        self.theirs = np.zeros_like(self.mine)
+        self.request = counted.Ialltoall(self.mine, self.theirs)
+
+    def finished(self) -> bool:
+        """Whether every message sent to this rank has come, and the communicators are freed."""
+        if not self.request.Test():
+            return False
+        status = MPI.Status()
+        for peer, expected in enumerate(self.theirs.tolist()):
+            while self.received[peer] < expected:
+                message = self.counted.Improbe(peer, MPI.ANY_TAG, status)
+                if message is None:
+                    return False  # (on its way)
+                message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
+                self.received[peer] += 1
+        self.sends = [(r, b) for r, b in self.sends if not r.Test()]
+        if self.sends:
+            return False
+        for comm in self.comms:
+            comm.Free()
+        return True
+
+
+def free_when_drained(counted: Any, sent: Sequence[int], received: Sequence[int],
+                      comms: Sequence[Any], sends: Sequence[tuple[Any, Any]] = ()) -> None:
+    """Free ``comms`` once every message sent on ``counted`` (one of them) has been received:
+    ``sent[p]`` and ``received[p]`` count this rank's messages to and from rank ``p`` there,
+    ``sends`` are this rank's sends there still in flight. Collective: every rank frees."""
+    with _LOCK:
+        _PENDING.append(Drain(counted, sent, received, comms, sends))
+    progress()
+
+
+def progress() -> None:
+    """Move every pending free on: those whose messages have all come are freed."""
+    with _LOCK:
+        still = []
+        for drain in _PENDING:
+            try:
+                if not drain.finished():
+                    still.append(drain)
+            except MPI.Exception:  # (a peer MPI lost: what it holds is kept)
+                _GIVEN_UP.append(drain)
+        _PENDING[:] = still
+
+
+def pending() -> int:
+    """How many frees wait for their peers (a test's question)."""
+    with _LOCK:
+        return len(_PENDING)
