@@ -45,13 +45,40 @@ def _finished_work(value: Any) -> Any:
 def _host(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.ndarray:
     """A NumPy view of a CPU tensor; ``moved``: its bits only (bfloat16 as int16, which is
     right for copies such as broadcast, wrong for arithmetic)."""
-    if tensor.device.type != "cpu":
-        raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
-                        f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
+    _usable(tensor, argument)
     tensor = tensor.detach()  # (as gloo's: a collective works on the data, outside autograd;
     if tensor.dtype in UPCAST and moved:  # DLPack refused a tensor that requires grad)
         tensor = tensor.view(torch.int16)
     return np.from_dlpack(tensor)
+
+
+def _usable(tensor: torch.Tensor, argument: str) -> None:
+    """What the group's NumPy views cannot carry: a tensor off the CPU, or a lazily negated
+    or conjugated view (``x.conj().imag``), whose memory holds other values than it shows."""
+    if tensor.device.type != "cpu":
+        raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
+                        f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
+    if tensor.is_neg() or tensor.is_conj():
+        raise TypeError(f"{argument} is a lazily negated or conjugated view (its memory holds "
+                        "other values than it shows); pass tensor.resolve_neg().resolve_conj()")
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
+    """The one tensor of a call: PyTorch's list of several is its multi-device form."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if len(tensors) != 1:
+        raise ValueError(f"{what} got {len(tensors)} tensors; the collectives process group "
+                         "takes one per call (a list of several is PyTorch's multi-device "
+                         "form): call it once per tensor")
+    _usable(tensors[0], f"{what} tensor")
+    return tensors[0]
+
+
+def _averaged(op: ReduceOp, tensor: torch.Tensor, what: str) -> None:
+    if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"{what} tensor is {tensor.dtype}: ReduceOp.AVG of integer or bool "
+                        "tensors has no result of their dtype (gloo refuses it too); reduce a "
+                        "floating-point copy, or SUM and divide")
 
 
 def _check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -> None:
@@ -64,15 +91,14 @@ def _check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -
         if out.shape != tensor.shape or out.dtype != tensor.dtype:
             raise ValueError(f"allgather output {i}[{rank}] is {out.dtype}{list(out.shape)}; "
                              f"pass tensors like the input, {tensor.dtype}{list(tensor.shape)}")
+        if out.requires_grad and out.is_leaf:  # (as gloo: autograd forbids writing into it)
+            raise RuntimeError(f"allgather output {i}[{rank}] is a leaf tensor that requires "
+                               "grad, which cannot be written in place; pass outputs made "
+                               "without requires_grad (or under torch.no_grad())")
 
 
 # (typed as Any: the C++ base's stubs overload its methods for callers, not for subclasses)
 _ProcessGroupBase: Any = dist.ProcessGroup
-
-
-def _tensors(tensors: Any) -> list:
-    """The tensor list of a call, as PyTorch's groups take it: a list, or one tensor."""
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _reduce_op(opts: Any) -> ReduceOp:
@@ -112,52 +138,149 @@ class _CollectivesGroup(_ProcessGroupBase):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "collectives"
 
+    def _checked(self, what: str, check: Any) -> Any:
+        """``check()``'s value; a bad argument it raises is refused through the call the
+        peers make at this point, before any data moves, so that they hear of it at once."""
+        try:
+            return check()
+        except (TypeError, ValueError, NotImplementedError) as error:
+            self.comm.calls.refuse(what, error)
+
     @torch.compiler.disable
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
-        tensors, op = _tensors(tensors), _reduce_op(opts)
+        def check():
+            op, tensor = _reduce_op(opts), _one(tensors, "allreduce")
+            _averaged(op, tensor, "allreduce")
+            return op, tensor
+
         with self.lock:
-            for i, tensor in enumerate(tensors):
-                if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
-                    # (gloo refuses too: the mean cannot go back into the tensor; refused
-                    # through the call the peers make, so that they hear of it at once)
-                    self.comm.calls.refuse("allreduce", TypeError(
-                        f"allreduce tensor {i} is {tensor.dtype}: ReduceOp.AVG of integer or "
-                        "bool tensors has no result of their dtype; reduce a floating-point "
-                        "copy, or SUM and divide"))
-                wide = tensor.float() if tensor.dtype in UPCAST else tensor
-                # (booleans as gloo reduces them: SUM is OR, PRODUCT is AND)
-                logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
-                result = self.comm.all_reduce(_host(wide, f"allreduce tensor {i}"), logical)
-                # (bfloat16 and float16 went as float32: cast back, as torch does)
-                tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
-        return _finished_work(tensors)
+            op, tensor = self._checked("allreduce", check)
+            wide = tensor.float() if tensor.dtype in UPCAST else tensor
+            # (booleans as gloo reduces them: SUM is OR, PRODUCT is AND)
+            logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
+            result = self.comm.all_reduce(_host(wide, "allreduce tensor"), logical)
+            # (bfloat16 and float16 went as float32: cast back, as torch does)
+            tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
+        return _finished_work([tensor])
 
     @torch.compiler.disable
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
-        tensors, root = _tensors(tensors), _root(opts)
+        def check():
+            if getattr(opts, "rootTensor", 0):
+                raise ValueError(f"broadcast options name rootTensor={opts.rootTensor}; the "
+                                 "collectives process group takes one tensor per call")
+            return _one(tensors, "broadcast"), _root(opts)
+
         with self.lock:
-            for i, tensor in enumerate(tensors):
-                view = _host(tensor, f"broadcast tensor {i}", moved=True)
-                view[...] = self.comm.broadcast(view, root=root)
-        return _finished_work(tensors)
+            tensor, root = self._checked("broadcast", check)
+            view = _host(tensor, "broadcast tensor", moved=True)
+            view[...] = self.comm.broadcast(view, root=root)
+        return _finished_work([tensor])
 
     @torch.compiler.disable
     def allgather(self, outputs: list, inputs: Any, opts: Any = None) -> Any:
+        def check():
+            if len(outputs) != 1:
+                raise ValueError(f"allgather got {len(outputs)} output lists; the collectives "
+                                 "process group takes one input and one list per call")
+            return _one(inputs, "allgather")
+
         with self.lock:
-            for i, (into, tensor) in enumerate(zip(outputs, _tensors(inputs), strict=True)):
-                gathered = self.comm.all_gather(_host(tensor, f"allgather tensor {i}", moved=True)[None])
-                # (checked after the call, as the library checks out=: a bad list on one rank
-                # must not leave its peers waiting for it)
-                _check_gather_outputs(into, tensor, self.comm.size, i)
-                for rank, out in enumerate(into):
-                    _host(out, f"allgather output {i}", moved=True)[...] = gathered[rank]
+            tensor = self._checked("allgather", check)
+            gathered = self.comm.all_gather(_host(tensor, "allgather tensor", moved=True)[None])
+            # (checked after the call, as the library checks out=: a bad list on one rank
+            # must not leave its peers waiting for it)
+            _check_gather_outputs(outputs[0], tensor, self.comm.size, 0)
+            for rank, out in enumerate(outputs[0]):
+                _host(out, "allgather output", moved=True)[...] = gathered[rank]
         return _finished_work(outputs)
+
+    @torch.compiler.disable
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          opts: Any = None) -> Any:
+        """``dist.all_gather_into_tensor``: every rank's input, in rank order, in ``output``."""
+        def check():
+            _usable(output, "all_gather output")
+            tensor = _one(input, "all_gather")
+            _sized(output, tensor, self.comm.size * tensor.numel(), "all_gather output")
+            return tensor
+
+        with self.lock:
+            tensor = self._checked("all_gather_single", check)
+            gathered = self.comm.all_gather(_host(tensor, "all_gather tensor", moved=True).reshape(-1))
+            _write(output, gathered)
+        return _finished_work([output])
+
+    @torch.compiler.disable
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                              opts: Any = None) -> Any:
+        """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of every rank's
+        input (cut into as many equal blocks as ranks) in ``output``."""
+        def check():
+            op, tensor = _reduce_op(opts), _one(input, "reduce_scatter")
+            _usable(output, "reduce_scatter output")
+            _sized(tensor, output, self.comm.size * output.numel(), "reduce_scatter input")
+            _averaged(op, tensor, "reduce_scatter")
+            return op, tensor
+
+        with self.lock:
+            op, tensor = self._checked("reduce_scatter_single", check)
+            wide = tensor.float() if tensor.dtype in UPCAST else tensor
+            logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
+            rows = _host(wide, "reduce_scatter tensor").reshape(self.comm.size, -1)
+            block = self.comm.reduce_scatter(rows, logical)
+            output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
+        return _finished_work([output])
 
     @torch.compiler.disable
     def barrier(self, opts: Any = None) -> Any:
         with self.lock:
             self.comm.barrier()
         return _finished_work(None)
+
+
+def _sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) -> None:
+    if tensor.numel() != numel or tensor.dtype != other.dtype:
+        raise ValueError(f"{argument} is {tensor.dtype}{list(tensor.shape)}; it must hold "
+                         f"{numel} elements of {other.dtype} (the ranks' blocks, in order)")
+
+
+def _write(tensor: torch.Tensor, bits: np.ndarray) -> None:
+    """``tensor`` filled with ``bits`` (its elements, as ``_host(moved=True)`` reads them)."""
+    source = torch.from_numpy(np.ascontiguousarray(bits)).view(tensor.dtype)
+    tensor.detach().copy_(source.reshape(tensor.shape))
+
+
+# what the group does not run, and the communicator's call that does it
+_INSTEAD = {
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter", "send": "send",
+    "recv": "recv", "recv_anysource": "recv", "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "_allgather_base": "all_gather",
+    "allgather_coalesced": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "allreduce_coalesced": "batch_all_reduce", "reduce_scatter_tensor_coalesced":
+    "reduce_scatter", "all_gather_single_coalesced": "all_gather",
+    "reduce_scatter_single_coalesced": "reduce_scatter", "monitored_barrier": "barrier",
+}
+
+
+def _not_run(name: str, instead: str) -> Any:
+    def method(self: _CollectivesGroup, *args: Any, **kwargs: Any) -> Any:
+        self._checked(name, lambda: _refused(name, instead))
+
+    method.__name__ = name
+    return torch.compiler.disable(method)
+
+
+def _refused(name: str, instead: str) -> None:
+    raise NotImplementedError(
+        f"the collectives process group does not run {name} (it runs allreduce, broadcast, "
+        f"allgather, all_gather_into_tensor, reduce_scatter_tensor and barrier); call the "
+        f"communicator's {instead}() on the tensors, or use a gloo group for it")
+
+
+for _name, _instead in _INSTEAD.items():
+    setattr(_CollectivesGroup, _name, _not_run(_name, _instead))
 
 
 def process_group(comm: Any) -> dist.ProcessGroup:

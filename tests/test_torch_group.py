@@ -131,7 +131,7 @@ def test_an_integer_average_is_refused_on_every_rank_as_gloo_refuses_it(dtype):
 
     on_gloo(job)
     for unchanged, message in on_collectives(job):  # (gloo's tensor holds the sum by then)
-        assert unchanged and "allreduce tensor 0" in message and "AVG" in message
+        assert unchanged and "allreduce tensor" in message and "AVG" in message
 
 
 def test_an_integer_average_on_one_rank_fails_its_peers_at_once():
@@ -245,3 +245,100 @@ def test_the_process_group_refuses_an_allgather_output_list_unlike_the_input():
     for errors, right in collectives.run(rank_fn, 2):
         assert "holds 1 tensors; pass 2" in errors[0] and "torch.float32[3]" in errors[1]
         assert right == [[0.0, 0.0], [1.0, 1.0]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+@pytest.mark.parametrize("op", ["SUM", "MAX", "AVG"])
+def test_the_tensor_forms_of_all_gather_and_reduce_scatter_give_what_gloo_gives(dtype, op):
+    # (they raised "No backend type associated with device type cpu")
+    if op == "AVG" and dtype == "int64":
+        pytest.skip("an integer average is refused (another test)")
+
+    def job(group, rank):
+        kind = getattr(torch, dtype)
+        x = (torch.arange(6.0) * (rank + 1) - 2).to(kind).reshape(2, 3)
+        gathered = torch.zeros(4, 3, dtype=kind)
+        dist.all_gather_into_tensor(gathered, x, group=group)
+        block = torch.zeros(3, dtype=kind)
+        dist.reduce_scatter_tensor(block, x.reshape(-1), op=getattr(dist.ReduceOp, op),
+                                   group=group)
+        return gathered, block
+
+    want, got = on_gloo(job), on_collectives(job)
+    for (w_gathered, w_block), (g_gathered, g_block) in zip(want, got, strict=True):
+        assert torch.equal(g_gathered, w_gathered) and torch.equal(g_block, w_block)
+    assert not torch.equal(want[0][1], want[1][1])  # (each rank has its own block)
+
+
+def test_a_lazily_negated_or_conjugated_view_is_refused_on_every_rank():
+    # (NumPy read its memory as it lies: the sum of x.conj().imag came back negated, and a
+    # broadcast into a negated view landed negated; gloo leaves such a tensor unchanged;
+    # PyTorch itself refuses a conjugated complex one)
+    def job(group, rank):
+        z = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
+        errors = []
+        for call in (lambda: dist.all_reduce(z.conj().imag, group=group),
+                     lambda: dist.broadcast(torch.zeros(2)._neg_view(), group=group, group_src=0)):
+            with pytest.raises(TypeError, match="resolve_neg") as raised:
+                call()
+            errors.append(str(raised.value))
+        return errors, z.tolist()
+
+    for errors, z in on_collectives(job):
+        assert len(errors) == 2 and "negated or conjugated view" in errors[0]
+
+
+def test_calls_the_group_does_not_run_name_the_communicators_call_on_every_rank():
+    # (PyTorch's "No backend type associated with device type cpu", which names neither)
+    def job(group, rank):
+        errors = {}
+        for name, call in {
+            "reduce": lambda: dist.reduce(torch.ones(2), group_dst=0, group=group),
+            "all_to_all": lambda: dist.all_to_all_single(torch.zeros(2), torch.ones(2),
+                                                         group=group),
+            "batch_all_reduce": lambda: dist.all_reduce_coalesced([torch.ones(2)], group=group),
+            "all_reduce": lambda: group.allreduce([torch.ones(2), torch.ones(2)]),
+        }.items():
+            with pytest.raises((NotImplementedError, ValueError)) as raised:
+                call()
+            errors[name] = str(raised.value)
+        return errors
+
+    for errors in on_collectives(job):
+        for instead, message in errors.items():
+            assert f"{instead}()" in message or "once per tensor" in message, message
+
+
+def test_one_ranks_refused_call_fails_its_peers_at_once():
+    # (an op with no equivalent, refused on that rank before its call: its peer waited its
+    # whole timeout)
+    import time
+
+    def job(group, rank):
+        start = time.monotonic()
+        t = torch.ones(2, dtype=torch.int32)
+        with pytest.raises((ValueError, NotImplementedError, collectives.PeerFailedError)) as raised:
+            if rank == 0:
+                dist.all_reduce(t, op=dist.ReduceOp.BAND, group=group)
+            else:
+                dist.all_reduce(t, group=group)
+        took = time.monotonic() - start
+        if rank == 0:
+            time.sleep(3)  # (alive: a rank that returned would have told its peers anyway)
+        return type(raised.value).__name__, took
+
+    got = collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), 2,
+                          timeout=20)
+    assert [kind for kind, _ in got] == ["ValueError", "PeerFailedError"], got
+    assert all(took < 2 for _, took in got), got
+
+
+def test_an_allgather_into_outputs_that_require_grad_is_refused_as_gloo_refuses_it():
+    def job(group, rank):
+        outputs = [torch.zeros(2, requires_grad=True) for _ in range(2)]
+        with pytest.raises(RuntimeError, match="requires.grad") as raised:
+            dist.all_gather(outputs, torch.ones(2), group=group)
+        return str(raised.value)
+
+    on_gloo(job)
+    on_collectives(job)

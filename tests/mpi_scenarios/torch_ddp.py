@@ -2,7 +2,8 @@
 
 First, exactness: a small model trains a few SGD steps four ways, on every rank: DDP with the library's
 hook (mean, and sum) over the library's process group, and DDP over a gloo group (its built-in
-mean, and a gloo hook that sums). Weights, inputs and the learning rate are small dyadic
+mean, and a gloo hook that sums); and under ``Join`` with uneven inputs, DDP over gloo with
+the library's hook beside DDP over gloo alone. Weights, inputs and the learning rate are small dyadic
 numbers, so every sum is exact: the parameters must match gloo's bit for bit and a float64
 reference computed on one rank from every rank's data. With ``compression="fp16"`` they stay
 within float16's rounding of the reference.
@@ -111,6 +112,20 @@ def with_gloo(hook=None) -> list:
     return train(net, ddp)
 
 
+def uneven(hooked: bool) -> list:
+    """DDP over gloo under ``Join``, rank r training ``STEPS + r`` steps: the ranks that ran out
+    shadow the others' all-reduces (through the hook, with zeros), as DDP does."""
+    from torch.distributed.algorithms.join import Join
+
+    net = model()
+    ddp = DDP(net, bucket_cap_mb=0.0002)
+    if hooked:
+        torch_ddp.register(ddp, comm)
+    with Join([ddp]):
+        params = train(net, ddp, STEPS + rank)
+    return params
+
+
 def same(a: list, b: list) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
@@ -133,6 +148,9 @@ def exact() -> None:
         scale = t.abs().max().item()
         report.check((o - t).abs().max().item() <= 2e-3 * scale, "fp16: far from float64")
         report.check((o - g).abs().max().item() <= 2e-3 * scale, "fp16: far from gloo's fp16 hook")
+    # (the library's process group is no default group: Join asks for one; gloo's is, and
+    # the hook carries the gradients there)
+    report.check(same(uneven(True), uneven(False)), "Join: differs from DDP over gloo")
     dist.destroy_process_group()
 
 
