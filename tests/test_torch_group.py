@@ -284,8 +284,9 @@ def test_a_lazily_negated_or_conjugated_view_is_refused_on_every_rank():
             errors.append(str(raised.value))
         return errors, z.tolist()
 
-    for errors, z in on_collectives(job):
+    for rank, (errors, z) in enumerate(on_collectives(job)):
         assert len(errors) == 2 and "negated or conjugated view" in errors[0]
+        assert z == [(1 + 2j) * (rank + 1), (3 - 1j) * (rank + 1)]  # (nothing written)
 
 
 def test_calls_the_group_does_not_run_name_the_communicators_call_on_every_rank():
