@@ -33,7 +33,7 @@ class Disputes:
     transport: Transport
     state: Any
     messages: Ledger
-    suspect: tuple[int, int] | None  # (call, peer): seen finished while this rank agrees
+    suspect: tuple[int, int] | None  # (call, peer): seen finished while this rank waits for it
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None: ...
 
@@ -48,7 +48,7 @@ class Disputes:
         mine = "moving" if op.skipped_agreement else "agreeing"
         answers = self.transport.peer_activity(DISPUTE_ANSWER)
         waited = set(op.pending_peers())  # (after the answers: the wait may have moved on)
-        agreeing = op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)
+        agreeing = _agreeing(op)
         for rank, entry in answers.items():
             if rank not in waited:
                 continue
@@ -73,13 +73,21 @@ class Disputes:
             theirs = entry[5].get(op.seq) if len(entry) > 5 and entry[0] != op.seq else None
             unlike = unlike or (mine == "moving" and bool(op.check) and isinstance(theirs, int)
                                 and theirs != op.check)
-            # A peer that finished this call while this rank still agrees on it took it as
-            # agreed, with another signature (an agreement finishes on no rank before every
-            # part is in): a mismatch, and none of its parts will come.
-            if agreeing and isinstance(entry[0], int) and entry[0] >= op.seq and phase is False:
-                # (seen twice, DISPUTE_CHECK apart: a verdict the peer had may be on its way)
+            # A peer that finished this call (idle since, or its calls in flight without it)
+            # while this rank still agrees on it, or moves it and waits for the peer's part,
+            # took it as agreed with another signature (an agreement finishes on no rank
+            # before every part is in; a finished rank has posted every part of its plan):
+            # a mismatch, and what this rank waits for will not come.
+            in_flight = entry[5] if len(entry) > 5 else {}
+            finished = isinstance(entry[0], int) and (
+                entry[0] >= op.seq and phase is False
+                or entry[0] > op.seq and bool(in_flight) and op.seq not in in_flight)
+            if finished and (agreeing or op.skipped_agreement):
+                # (seen twice, DISPUTE_CHECK apart: a verdict or a part may be on its way)
                 if self.suspect == (op.seq, rank):
-                    self._fail_unagreed(op, f"rank {rank} finished it without agreeing on it")
+                    self._fail_unagreed(op, f"rank {rank} finished it without " + (
+                        "agreeing on it" if agreeing else "sending this rank its part"),
+                        agreeing=agreeing)
                 else:
                     self.suspect = (op.seq, rank)
                 return
@@ -107,7 +115,7 @@ class Disputes:
         this call (else the call was refused), so it made it without this agreement (a
         signature agreed before: another than this rank's), and its part never comes. The
         call fails then, a mismatch, instead of waiting out its timeout."""
-        if not (op.stage < len(op.stages) and isinstance(op.stages[op.stage], Agreement)):
+        if not _agreeing(op):
             return False
         ledger, now = self.messages, time.monotonic()
         gone = [p for p in op.pending_peers()
@@ -118,16 +126,21 @@ class Disputes:
                                 "without agreeing on it")
         return True
 
-    def _fail_unagreed(self, op: Operation, how: str) -> None:
-        """Fail ``op``, whose agreement a peer will never join (``how`` it made the call
-        instead: with a signature agreed before, which is not this rank's)."""
+    def _fail_unagreed(self, op: Operation, how: str, agreeing: bool = True) -> None:
+        """Fail ``op``, whose agreement (``agreeing``; else data) a peer will never send
+        (``how`` it made the call instead: with a signature agreed before, not this rank's)."""
         error = CollectiveMismatchError(
-            f"rank {self.rank}: {op.description} (call {op.seq}) cannot be agreed: {how}, so "
-            f"with a signature agreed before, not this rank's: the ranks disagree about call "
-            f"{op.seq}")
+            f"rank {self.rank}: {op.description} (call {op.seq}) cannot "
+            f"{'be agreed' if agreeing else 'finish'}: {how}, so with a signature agreed "
+            f"before, not this rank's: the ranks disagree about call {op.seq}")
         with self.state:
-            if op.advance() or not isinstance(op.stages[op.stage], Agreement):
-                return  # (its agreement came after all)
+            if op.advance() or (agreeing and not _agreeing(op)):
+                return  # (its part came after all)
             op.fail(error)
         self.broken_by(error, op.seq)
 
+
+def _agreeing(op: Operation) -> bool:
+    """Whether ``op`` is in its agreement (its own, or a late one a dispute made it join)."""
+    return op.stage < len(op.stages) and isinstance(op.stages[op.stage],
+                                                     (Agreement, LateAgreement))

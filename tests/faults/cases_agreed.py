@@ -199,3 +199,46 @@ for argument, values in (("algorithm", ("auto", "ring")), ("compression", (None,
     CASES.append(Case(f"agreed-{argument}-differs-with-a-call-behind",
                       (_agree_both(argument, values), _last_rank_other(argument, values)),
                       sizes=(2, 3)))
+
+
+def _rooted(kind: str, root_of):
+    """A call of ``kind`` with ``root_of(comm)`` as its root, then a barrier: ranks whose part
+    of a rooted call ends early hear of a mismatch at their next call."""
+    def body(comm):
+        x, root = np.full(4, comm.rank + 1.0), root_of(comm)
+        if kind == "gather":
+            got = comm.gather(x, root=root)
+        elif kind == "reduce-init":
+            call = comm.reduce_init(x, out=np.empty_like(x), root=root, algorithm="tree")
+            call.start()
+            got = call.wait()
+            call.free()
+        else:
+            got = comm.reduce(x, root=root, algorithm="tree")
+        comm.barrier()
+        return got
+    return body
+
+
+def _both_roots(kind: str):
+    def step(ctx: Ctx) -> Call:
+        def body(comm):
+            return [_rooted(kind, lambda c, r=root: r)(comm) for root in (0, 1, 0, 1)]
+        return Call(body, same=False, expect=ok())
+    return step
+
+
+def _last_rank_other_root(kind: str):
+    def step(ctx: Ctx) -> Call:
+        return Call(_rooted(kind, lambda c: 1 if c.rank == c.size - 1 else 0), expect=MISMATCH,
+                    same=False)
+    return step
+
+
+for kind in ("reduce", "reduce-init", "gather"):
+    # Both roots agreed before; the last rank now takes the other. (The root waited out its
+    # timeout for a part that never came, and blamed a rank that arrived: the peer whose
+    # part it waited for had finished the call, under its own root; a rank finished that
+    # way is seen now, twice 0.2 s apart, and the call fails as a mismatch.)
+    CASES.append(Case(f"agreed-root-differs-{kind}", (_both_roots(kind),
+                                                      _last_rank_other_root(kind)), sizes=(3,)))
