@@ -177,6 +177,37 @@ def test_broadcast_into_outs_that_share_the_values_memory(algorithm):
     assert results[0] is first and all(np.array_equal(r, np.arange(7.0)) for r in results)
 
 
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "tree", "auto"])
+def test_outs_that_overlap_one_another_are_refused(algorithm):
+    # (filled one after another: the last written won where they overlapped, so devices'
+    # results differed, silently; a reduce-scatter given one array for every device returned
+    # the last block on each)
+    values = [np.arange(6.0), np.arange(6.0) + 10]
+    calls = {
+        "all_reduce": lambda out: collectives.all_reduce(values, "sum", algorithm, out=out),
+        "broadcast": lambda out: collectives.broadcast(values[0], 2, algorithm, out=out),
+    }
+    for name, call in calls.items():
+        buffer = np.zeros(18)
+        with pytest.raises(ValueError, match=r"out\[1\] shares memory with out\[0\]"):
+            call([buffer[0:6], buffer[3:9]])
+        assert not buffer.any(), name  # (refused before anything was written)
+        shared = np.empty(6)  # (one array for every device: each takes the same result)
+        results = call([shared, shared])
+        assert results[0] is shared and np.array_equal(shared, results[1])
+        results = call([buffer[0:6], buffer[0:6]])  # (the same view, twice: the same)
+        assert np.array_equal(results[0], results[1])
+    gathered = np.zeros(18)
+    with pytest.raises(ValueError, match="shares memory"):
+        collectives.all_gather(values, algorithm=algorithm, out=[gathered[0:12], gathered[6:18]])
+    rows = [np.arange(6.0) + 10 * d for d in range(3)]
+    one = np.zeros(2)
+    with pytest.raises(ValueError, match=r"out\[1\] shares memory with out\[0\]"):
+        collectives.reduce_scatter(rows, "sum", algorithm, out=[one] * 3)
+    got = collectives.reduce_scatter(rows, "sum", algorithm, out=[np.zeros(2) for _ in range(3)])
+    assert [list(g) for g in got] == [[30, 33], [36, 39], [42, 45]]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("algorithm", ["one_device", "ring", "rechd", "tree", "shuffle", "auto"])
 @pytest.mark.parametrize("axis", [0, 1, -1])

@@ -127,7 +127,7 @@ def reduce_scatter(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any 
     final = result_dtype(op, dtype)
     rows = shape[0] // n
     block_shape = (rows, *shape[1:])
-    results = outputs(arrays, out, values, block_shape, final)
+    results = outputs(arrays, out, values, block_shape, final, same_results=False)
     flats = [arrays.flat(v) for v in values]
     blocks = ([r.reshape(-1) for r in results]
               if final == dtype and not unsafe_outputs(arrays, values, results)

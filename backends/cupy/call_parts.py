@@ -14,6 +14,7 @@ import numpy as np
 from collectives.ops import ReduceOp
 from collectives.runtime.calls import resolve_algorithm
 from collectives.runtime.execute import DeviceBackend
+from collectives.runtime.execute.device_calls import apart_outputs
 from collectives.runtime.validate import as_array, check_op, check_out, resolve_groups, same_layout
 
 from . import group
@@ -108,7 +109,7 @@ def handle(result: Any, arrays_out: Sequence, description: str, async_op: bool) 
     return DeviceWork(result, [a.device.id for a in arrays_out if a is not None], description)
 
 
-def outputs(arrays, out, values, shape, dtype) -> list:
+def outputs(arrays, out, values, shape, dtype, same_results=True) -> list:
     if out is None:
         return [arrays.result(shape, dtype, like=v) for v in values]
     if isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != len(values):
@@ -118,7 +119,7 @@ def outputs(arrays, out, values, shape, dtype) -> list:
         if o.device.id != v.device.id:
             raise ValueError(f"out[{i}] is on GPU {o.device.id} but values[{i}] on GPU "
                              f"{v.device.id}; each result stays on its input's device")
-    return list(out)
+    return apart_outputs(arrays, list(out), same_results=same_results)
 
 
 def deliver(arrays, op, work, results, n) -> None:

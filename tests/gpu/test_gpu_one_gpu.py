@@ -126,3 +126,22 @@ def test_64_mib_on_streams_of_their_own(algorithm):
     assert gpu().devices().streams_in_last_call() == 4
     cupy.cuda.Device(0).synchronize()
     assert all(same_bits(w, host(g)) for w, g in zip(want, got))
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree"])  # (NCCL: a GPU per device)
+def test_outs_that_overlap_one_another_are_refused(algorithm):
+    # (as on the NumPy backend: filled one after another, the last written won where they
+    # overlapped; a reduce-scatter given one array for every device returned the last block)
+    import cupy
+
+    values = on_devices([np.arange(8.0), np.arange(8.0) + 10], [0, 0])
+    buffer = cupy.zeros(12)
+    with pytest.raises(ValueError, match=r"out\[1\] shares memory with out\[0\]"):
+        collectives.all_reduce(values, "sum", algorithm, out=[buffer[0:8], buffer[4:12]])
+    one = cupy.zeros(4)
+    with pytest.raises(ValueError, match=r"out\[1\] shares memory with out\[0\]"):
+        collectives.reduce_scatter(values, "sum", algorithm, out=[one, one])
+    assert not host(buffer).any() and not host(one).any()
+    shared = cupy.empty(8)  # (one array for every device: each takes the same result)
+    results = collectives.all_reduce(values, "sum", algorithm, out=[shared, shared])
+    assert results[0] is shared and np.array_equal(host(shared), np.arange(8.0) * 2 + 10)

@@ -89,9 +89,10 @@ def root_output(arrays, out, values, root, shape, dtype) -> Any:
     return out
 
 
-def outputs(arrays, out, values, shape, dtype, argument="out", beside=True) -> list:
-    """``out`` checked (one array per device, each ``values[i]``'s device's where ``beside``),
-    or new results there."""
+def outputs(arrays, out, values, shape, dtype, argument="out", beside=True,
+            same_results=True) -> list:
+    """``out`` checked (one array per device, each ``values[i]``'s device's where ``beside``,
+    none spoiling another's result: ``apart``), or new results there."""
     if out is None:
         return [arrays.result(shape, dtype, like=v) for v in values]
     if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
@@ -105,7 +106,31 @@ def outputs(arrays, out, values, shape, dtype, argument="out", beside=True) -> l
         if apart is not None:
             raise ValueError(f"{argument}[{i}] is on device {apart[0]} but values[{i}] on "
                              f"device {apart[1]}; each result stays on its input's device")
-    return list(out)
+    return apart_outputs(arrays, list(out), argument, same_results)
+
+
+def apart_outputs(arrays, outs: list, argument: str = "out", same_results: bool = True) -> list:
+    """``outs``, where no two share memory so that writing one spoils the other: none at all
+    where each device's result is its own (``same_results`` False: a reduce-scatter's
+    blocks); else none but the same array (or the same view) given twice, which takes the same
+    result twice. (Overlapping outputs were filled one after another: the last one written
+    won where they overlap, and the devices' results differed.)"""
+    items = sorted((*arrays.extent(o), i) for i, o in enumerate(outs) if o.size)
+    active: list[tuple] = []
+    for device, start, end, i in items:
+        active = [a for a in active if a[0] == device and a[2] > start]
+        for _, _, _, j in active:
+            a, b = outs[j], outs[i]
+            if same_results and (a is b or (arrays.extent(a) == arrays.extent(b)
+                                            and a.shape == b.shape and a.dtype == b.dtype
+                                            and a.strides == b.strides)):
+                continue
+            raise ValueError(
+                f"{argument}[{max(i, j)}] shares memory with {argument}[{min(i, j)}]; each "
+                f"device's result needs memory of its own: pass {argument} arrays that do not "
+                "overlap" + (" (or one array for every device)" if same_results else ""))
+        active.append((device, start, end, i))
+    return outs
 
 
 def work_buffers(arrays, results, values, shape, dtype, given: bool = True):
@@ -231,6 +256,7 @@ def run_reduce_scatter(backend: DeviceBackend, values: Sequence, shape: tuple[in
             raise ValueError(f"out has {len(out)} arrays for {n} devices; pass one per device")
         for i, (o, (lo, hi)) in enumerate(zip(out, blocks)):
             check_out(o, (hi - lo, *shape[1:]), final, f"out[{i}]", arrays)
+        apart_outputs(arrays, list(out), same_results=False)
     work = [arrays.result(shape, dtype, like=v) for v in values]
     run_multi_device(schedule, [arrays.flat(v) for v in values], [w.reshape(-1) for w in work],
                      op.wire_op, backend, granule=row if row else 1)
