@@ -125,6 +125,9 @@ class ThreadChannel:
         if message.check != request.check:
             problem = ("its message belongs to a call with other arguments (ranks called "
                        "different collectives, or the same one with different arguments)")
+            calls = [_call_in_flight(world, r, request.key[3]) for r in (request.src, self.rank)]
+            if None not in calls and calls[0] != calls[1]:
+                problem = f"it runs {calls[0]} where this rank runs {calls[1]}: {problem}"
         elif data.shape != into.shape or data.dtype != into.dtype:
             problem = (f"it sent {data.size} elements of {data.dtype} where {into.size} of "
                        f"{into.dtype} were expected (ranks passed different shapes or dtypes)")
@@ -159,3 +162,14 @@ class ThreadChannel:
             if isinstance(request, _Recv) and request.message is not None and (
                     not request.message.done):
                 self.release(request)
+
+
+def _call_in_flight(world: ThreadWorld, rank: int, seq: int) -> str | None:
+    """How rank ``rank`` of ``world`` describes its call ``seq``, from the activity it
+    published as it issued its latest call (None: that is another call)."""
+    activity = world.activity[rank]
+    if activity is None or activity[0] != seq:
+        return None
+    subject = activity[1]
+    describe = getattr(subject, "describe_fully", None) or getattr(subject, "describe", None)
+    return describe() if describe is not None else str(subject)

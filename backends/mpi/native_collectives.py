@@ -120,7 +120,7 @@ class MPINatives:
                     if theirs is not None and theirs[0] != call.check:
                         raise CollectiveMismatchError(
                             f"rank {self.rank}: call {seq}: rank {peer} runs {theirs[1]} where "
-                            f"this rank runs {call.describe()}: every rank must make the same "
+                            f"this rank runs {call.describe_fully()}: every rank must make the same "
                             "calls in the same order")
             if now - when <= ASK_EVERY:
                 return

@@ -112,7 +112,7 @@ class Notices:
             call = self.calls.get(about) if about is not None else None
             # (a call under that number this rank runs otherwise, by a schedule: its check
             # tells the asker, whose native call under it waits for this rank in vain)
-            theirs = ((call.check, call.describe()) if call is not None else
+            theirs = ((call.check, call.describe_fully()) if call is not None else
                       self.other_call(about) if about is not None else None)
             calls = {about: theirs} if theirs is not None else {}
             said = describe_activity(self.activity, self.checks_in_flight())

@@ -145,6 +145,20 @@ class Call:
             parts.append(f"algorithm={self.algorithm}")
         return f"{self.collective.value}({', '.join(parts)})"
 
+    def describe_fully(self) -> str:
+        """``describe()`` with what else tells two calls apart (shards, groups, compression,
+        the batch a bucket is of): what a mismatch names on each side."""
+        extra = []
+        if self.shards:
+            extra.append(f"shards={self.shards}")
+        if self.layout is not None:
+            extra.append(f"groups={self.layout.groups}")
+        if self.compression is not None:
+            extra.append(f"compression: {self.compression}")
+        if self.batch is not None:
+            extra.append(f"a bucket of {self.batch}")
+        return self.describe() + (f" ({'; '.join(extra)})" if extra else "")
+
 
 FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis",
           "batch", "compression")

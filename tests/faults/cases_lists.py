@@ -75,6 +75,43 @@ for kind in LIST_KINDS:
                           timeout=COMM_TIMEOUT, limit=20.0))
 
 
+def _split(xs):
+    """The same bytes as ``xs``, of the same dtype, cut elsewhere: one fused bucket alike."""
+    flat = np.concatenate([x.reshape(-1) for x in xs])
+    return [flat[:8], flat[8:]]
+
+
+def both_lists(kind: str):
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        def body(comm):
+            for _ in range(2):
+                LIST_KINDS[kind](comm, xs)
+                LIST_KINDS[kind](comm, _split(xs))
+        return Call(body, expect=ok(None), same=False)
+    return step
+
+
+def split_on_one_rank(kind: str):
+    def step(ctx: Ctx) -> Call:
+        xs = tensors(ctx, L)
+        mine = _split(xs) if ctx.rank == ctx.size - 1 else xs
+        return Call(lambda comm: LIST_KINDS[kind](comm, mine), same=False,
+                    expect=raises("CollectiveMismatchError", "PeerFailedError",
+                                  match=r"float32\(8,\), float32\(9,\)", within=1.0))
+    return step
+
+
+for kind in BLOCKING:
+    # Both lists agreed before, one rank now passes the other: the same bucket (17 float32)
+    # under another tag, whose check rides with the data. The error named no list: "it runs
+    # all_reduce(float32[17], op=sum) where this rank runs all_reduce(float32[17], op=sum)"
+    # (MPI), "its message belongs to a call with other arguments" (threads).
+    CASES.append(Case(f"lists-{kind}-cut-otherwise-on-one-rank-both-agreed",
+                      (both_lists(kind), split_on_one_rank(kind)), where=BOTH, sizes=SIZES,
+                      timeout=COMM_TIMEOUT, limit=20.0))
+
+
 def all_empty(ctx: Ctx) -> Call:
     """Every rank's list empty: every kind returns an empty list (agreed, nothing moves)."""
     def body(comm):
