@@ -34,8 +34,9 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         who = f"rank {rank}: " if rank is not None else ""
         number = f" (call {call})" if call is not None else ""
         doing = f". What they are doing: {detail}" if detail else ""
+        # (three digits: a wait given what was left of a deadline waited 0.299999 s)
         super().__init__(
-            f"{who}{collective}{number} timed out after {timeout:g} s waiting for rank(s) "
+            f"{who}{collective}{number} timed out after {timeout:.3g} s waiting for rank(s) "
             f"{', '.join(map(str, self.missing))}, "
             f"{'which never matched this message' if message else 'which never arrived in this collective'}"
             f"{doing}"

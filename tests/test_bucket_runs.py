@@ -109,3 +109,26 @@ def test_a_wait_after_a_step_that_raised_says_what_ended_it():
 
     for message in collectives.run(step, 1):
         assert "the last step ended here when it raised IndexError: k=2" in message, message
+
+
+def test_a_wait_after_a_wait_that_timed_out_says_what_ended_the_step():
+    # (the step's end went unrecorded where its wait() raised: the next wait() blamed the
+    # tensors "never passed to ready")
+    import time
+
+    def step(comm):
+        xs = [np.ones(3), np.ones(5, np.float32)]
+        buckets = comm.buckets(xs)
+        if comm.rank == 1:
+            time.sleep(1.5)  # (away: alive, so that its peer's wait times out)
+            return None
+        for k, x in enumerate(xs):
+            buckets.ready(k, x)
+        with pytest.raises(collectives.CollectiveTimeoutError, match="after 0.3 s"):
+            buckets.wait(timeout=0.3)
+        with pytest.raises(ValueError) as raised:
+            buckets.wait()
+        return str(raised.value)
+
+    message = collectives.run(step, 2, timeout=5)[0]
+    assert "the last step ended here when it raised CollectiveTimeoutError" in message, message

@@ -196,8 +196,10 @@ class Buckets(Generic[ArrayT]):
         took = frozenset(self.took)
         try:
             reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
-        finally:
-            self._reset()
+        except BaseException as exc:  # (a later wait() says what ended the step)
+            self._abandon_step(exc)
+            raise
+        self._reset()
         if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
             reduced = [self.edge.back(buf) for buf in reduced]
         reduced = [reduced[b] for b in self.place]
