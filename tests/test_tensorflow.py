@@ -150,6 +150,25 @@ def test_reduce_batch_across_workers_compressed(compression):
         assert floats.tobytes() == results[0][0].tobytes()
 
 
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_a_compressed_mean_across_workers_divides_before_the_narrow_float(compression):
+    """A mean (or a sum averaged over the workers) whose total over the workers passes
+    float16's range where it does not: divided before it crosses as float16 (it came back
+    inf: 2 workers x 2 devices of 16384 sum to 65536 > 65504; every step is exact in both
+    narrow floats)."""
+    def worker(comm):
+        values = [[np.full(3, 16384.0, np.float32) for _ in range(2)]]
+        return (host.reduce_batch_across_workers(values, "mean", "ring/ring", comm,
+                                                 compression=compression)[0],
+                host.reduce_batch_across_workers(values, "sum", "ring/ring", comm,
+                                                 compression=compression)[0])
+
+    for mean, averaged in collectives.run(worker, 2):
+        np.testing.assert_array_equal(mean, np.full(3, 16384.0, np.float32))
+        np.testing.assert_array_equal(averaged, np.full(3, 32768.0, np.float32))
+        assert mean.dtype == averaged.dtype == np.float32
+
+
 def test_gather_ragged():
     def worker(comm):
         x = np.full((comm.rank + 1, 2), float(comm.rank))

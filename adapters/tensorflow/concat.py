@@ -35,8 +35,9 @@ def reduce_sparse(workers: Workers, op: CoreOp, job, options,
                                              agreement)
         if op is CoreOp.MEAN:
             divisor = len(components) * workers.size
-        elif workers.sum == "mean" and workers.size > 1 and values.dtype.is_floating:
-            divisor = workers.size
+        elif (workers.sum == "mean" and workers.size > 1
+              and (values.dtype.is_floating or values.dtype.is_complex)):
+            divisor = workers.size  # (as a dense total's: complex too)
         if divisor != 1:
             values = values / divisor
     result = tf.IndexedSlices(values, indices, components[0].dense_shape)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.hints import Compression
-from collectives.runtime.validate import check_shards
+from collectives.runtime.validate import check_shards, resolve_groups
 
 from . import device_path, host
 from .base import LibraryCrossDeviceOps
@@ -170,6 +172,16 @@ def spec_ranges(spec, shards: int = 0) -> tuple[SpecRange, ...]:
 
 
 def _hashable_groups(groups):
-    if isinstance(groups, (list, tuple)):
-        return tuple(tuple(g) for g in groups)
-    return groups
+    """``groups`` checked as far as it can be before the device count is known (a positive
+    group size, or a partition of 0..n-1: ``groups=0``, ``"x"`` and ``2.5`` raised only at the
+    first step, inside TensorFlow's error), as a tuple of tuples."""
+    if groups is None or callable(groups):
+        return groups
+    if isinstance(groups, (int, np.integer)) and not isinstance(groups, bool):
+        resolve_groups(groups, 1)  # (a positive size)
+        return int(groups)
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, (list, tuple)):
+        raise TypeError(f"groups={groups!r} must be a group size or a list of lists of "
+                        "device indices")
+    resolve_groups(groups, sum(len(g) if isinstance(g, (list, tuple)) else 1 for g in groups))
+    return tuple(tuple(g) for g in groups)

@@ -26,6 +26,7 @@ from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.packing import make_plan
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.arrays import NUMPY
+from collectives.compression import for_batch
 from collectives.hints import Algorithm
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
@@ -153,7 +154,8 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
        ("fp16", "bf16") carrying the float32 and float64 totals narrower;
     3. MEAN divides by the global device count (workers x local devices); SUM of floating
        values divides by the worker count when ``workers_sum="mean"`` (see
-       ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``.
+       ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``. A total
+       that compression carries is divided before step 2 (``divided_first``).
 
     Every worker must bring the same number of devices and tensors of the same shapes.
     """
@@ -168,17 +170,39 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
         rng = next(r for r in ranges if r.limit < 0 or sizes[k] <= r.limit)
         locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm),
                                       empty=empty))
+    dtypes = [np.dtype(v[0].dtype) for v in values]
+    divisors = worker_divisors(op, dtypes, n, comm.size, workers_sum)
+    first = divided_first(compression, dtypes, divisors)
+    locals_ = [t / d if early else t for t, d, early in zip(locals_, divisors, first)]
     totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
                                    timeout=timeout, compression=compression, **packing.kwargs())
     out = []
-    for total, v in zip(totals, values):
-        dtype = np.dtype(v[0].dtype)
-        if op is ReduceOp.MEAN:  # integers divide into float64, as NumPy's true division
-            total = np.true_divide(total, n * comm.size)
-        elif workers_sum == "mean" and _is_inexact(dtype) and comm.size > 1:
-            total = np.true_divide(total, comm.size, out=total, casting="unsafe")
+    for total, d, early in zip(totals, divisors, first):
+        if d != 1 and not early:  # (integers divide into float64, as NumPy's true division)
+            total = (np.true_divide(total, d) if op is ReduceOp.MEAN else
+                     np.true_divide(total, d, out=total, casting="unsafe"))
         out.append(total)
     return out
+
+
+def worker_divisors(op: ReduceOp, dtypes: Sequence[np.dtype], devices: int, workers: int,
+                    workers_sum: str) -> list[int]:
+    """What each tensor's total over every worker is divided by: MEAN's, every device
+    (workers x devices); a floating SUM's, the workers where ``workers_sum="mean"``; else 1."""
+    if op is ReduceOp.MEAN:
+        return [devices * workers] * len(dtypes)
+    return [workers if workers_sum == "mean" and _is_inexact(d) and workers > 1 else 1
+            for d in dtypes]
+
+
+def divided_first(compression: str | None, dtypes: Sequence[np.dtype],
+                  divisors: Sequence[int]) -> list[bool]:
+    """Which totals are divided before they cross the workers: those that ``compression``
+    carries in a narrower float, whose sum over the workers may pass that float's range
+    (65504 for float16) where their mean does not, as the core's compressed MEAN divides
+    first. (They were divided after: a mean of 20000 over 2 workers came back inf.)"""
+    carried = for_batch(compression, ReduceOp.SUM, dtypes)
+    return [c is not None and d != 1 for c, d in zip(carried, divisors)]
 
 
 def gather_ragged(comm, x: np.ndarray, axis: int = 0, *, timeout: float | None = None) -> np.ndarray:

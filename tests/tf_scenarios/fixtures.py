@@ -267,6 +267,14 @@ def errors_and_edges() -> None:
                  worker_devices=["/job:worker/task:0", "/job:worker/task:1"])
     expect_error(ValueError, "num_gpus_per_worker", ctf.MultiWorkerAllReduce, num_gpus_per_worker=-1)
     expect_error(ValueError, "workers_sum", ctf.CrossDeviceOps, "ring", workers_sum="max")
+    # (groups raised only at the first step, inside TensorFlow's error)
+    expect_error(ValueError, "groups=0 must be a positive group size", ctf.CrossDeviceOps,
+                 "ring/ring", groups=0)
+    for bad in ("x", 2.5, [0, 1]):
+        expect_error(TypeError, f"groups={bad!r} must be a group size", ctf.CrossDeviceOps,
+                     "ring/ring", groups=bad)
+    expect_error(ValueError, "must split the participants", ctf.CrossDeviceOps, "ring/ring",
+                 groups=[[0, 1], [3]])
     ops = ctf.MultiWorkerAllReduce(worker_devices=["/job:localhost"], num_gpus_per_worker=0)
     assert ops._num_between_graph_workers == 1 and ops.communicator is None
 

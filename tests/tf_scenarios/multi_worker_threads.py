@@ -100,6 +100,11 @@ def sparse_and_gather(comm):
     sp = per_replica(slices, devices)
     out = {"sparse sum": tf.convert_to_tensor(ops.reduce(SUM, sp, devices[0])).numpy(),
            "sparse mean": tf.convert_to_tensor(ops.reduce(MEAN, sp, devices[0])).numpy()}
+    # (complex slices were summed over the workers, where dense complex totals are averaged)
+    complex_sp = per_replica([tf.IndexedSlices(tf.cast(s.values, tf.complex64), s.indices,
+                                               s.dense_shape) for s in slices], devices)
+    out["sparse complex sum"] = tf.convert_to_tensor(ops.reduce(SUM, complex_sp,
+                                                                devices[0])).numpy()
     rows = per_replica([tf.fill([1 + comm.rank, 2], 2.0 * comm.rank + d) for d in range(2)], devices)
     out["gather0"] = parts(ops._gather(rows, rows, axis=0))
     out["gather1"] = parts(ops._gather(per_replica([tf.fill([2, 1], 2.0 * comm.rank + d)
@@ -113,6 +118,7 @@ def check_sparse(results) -> None:
     dense = np.array([[9.0, 9.0], [2.0, 2.0], [6.0, 6.0]])
     for out in results:
         np.testing.assert_array_equal(out["sparse sum"], dense / 2)  # averaged over workers
+        np.testing.assert_array_equal(out["sparse complex sum"], (dense / 2).astype(np.complex64))
         np.testing.assert_array_equal(out["sparse mean"], dense / 4)
         want0 = np.concatenate([np.full((1, 2), 0.0), np.full((1, 2), 1.0),
                                 np.full((2, 2), 2.0), np.full((2, 2), 3.0)])
@@ -223,6 +229,12 @@ def compressed(comm):
         return ops.batch_reduce(SUM, [(v, v)])[0].values
 
     out["graph"] = [t.numpy() for t in step(x)]
+    # A mean whose totals pass float16's range (65504) where it does not: 2 x 2 devices of
+    # 20000 (a sum of 80000 over the workers came back inf: it was divided after crossing)
+    means = ctf.MultiWorkerAllReduce(communicator=comm, compression="fp16")
+    big = per_replica([tf.fill([3], 20000.0) for _ in range(2)], devices)
+    out["mean"] = parts(means.reduce(MEAN, big, big))
+    out["workers mean"] = parts(means.reduce(SUM, big, big))  # (workers_sum="mean": 40000)
     expect_error(ValueError, "'fp16', 'bf16' or None", ctf.CrossDeviceOps, compression="fp8")
     plain = ctf.MultiWorkerAllReduce(communicator=comm, workers_sum="sum")
     expect_error(collectives.CollectiveMismatchError, "compression",
@@ -235,6 +247,10 @@ def check_compressed(results) -> None:
         for p in out["eager"] + out["graph"]:
             np.testing.assert_array_equal(p, np.full(5, 4.0, np.float32))
             assert p.dtype == np.float32
+        for p in out["mean"]:
+            np.testing.assert_array_equal(p, np.full(3, 20000.0, np.float32))
+        for p in out["workers mean"]:
+            np.testing.assert_array_equal(p, np.full(3, 40000.0, np.float32))
 
 
 def run(report, devices: list[str]) -> None:
