@@ -317,3 +317,22 @@ def test_a_numpy_scalar_beside_a_0d_array_is_numpy_too():
     # (one library, two types: refused as "not the same kind of array" for a day)
     got = collectives.all_reduce([np.ones(()), np.float64(2.0)])
     assert [float(g) for g in got] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("algorithm", ["one_device", "ring", "tree", "shuffle", "auto"])
+def test_an_integer_mean_sums_in_float64(algorithm):
+    # (summed in the input's dtype first: three devices' uint8 200s wrapped to 88, a "mean"
+    # of 29.33; as numpy.mean, the library now sums integers in float64)
+    values = [np.array([200, 7, 255], np.uint8) for _ in range(3)]
+    before = [v.copy() for v in values]
+    want = np.mean(np.stack(values), axis=0)
+    for got in collectives.all_reduce(values, "mean", algorithm):
+        assert got.dtype == np.float64 and np.array_equal(got, want)
+    assert np.array_equal(collectives.reduce(values, "mean", 1, algorithm), want)
+    rows = [np.array([200, 250, 7], np.uint8) + np.uint8(d) for d in range(3)]
+    blocks = collectives.reduce_scatter(rows, "mean", algorithm)
+    assert [b.tolist() for b in blocks] == [[201.0], [251.0], [8.0]]
+    batch = collectives.batch_all_reduce([values, [np.full(2, 2**31 - 1, np.int32)] * 3], "mean",
+                                         algorithm)
+    assert np.array_equal(batch[0][2], want) and batch[1][0].tolist() == [2**31 - 1] * 2
+    assert all(np.array_equal(v, b) for v, b in zip(values, before))  # (inputs untouched)

@@ -22,6 +22,7 @@ from ..runtime.execute.device_calls import pick
 from ..runtime.validate import as_array, check_op, same_layout
 from ..runtime.work import Completed
 from ..timeline import record_devices, recorder
+from ..widened import FLOAT64, integer_mean, widened
 
 
 def backend_first(function: Callable) -> Callable:
@@ -81,7 +82,7 @@ def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[
         parsed = checked.get(dtype)
         if parsed is None:
             parsed = checked[dtype] = check_op(op, dtype, argument)
-        prepared.append((list(values), shape, dtype, parsed))
+        prepared.append(_widened((list(values), shape, dtype, parsed)))
     return prepared
 
 
@@ -128,4 +129,13 @@ def prepare(values: Any, op: Op | None, argument: str = "values", *, reducing: b
     values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
     shape, dtype = same_layout(values, argument, op)
     op = check_op(op, dtype, argument) if op is not None else None
-    return values, shape, dtype, op
+    return _widened((values, shape, dtype, op))
+
+
+def _widened(prepared: tuple) -> tuple:
+    """``prepare``'s answer, an integer MEAN's values as float64 copies (``widened``)."""
+    values, shape, dtype, op = prepared
+    if op is None or not integer_mean(op, dtype):
+        return prepared
+    arrays = backend_for_arrays(values).arrays
+    return [widened(arrays, v, op) for v in values], shape, FLOAT64, op

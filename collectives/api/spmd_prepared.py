@@ -21,6 +21,7 @@ from ..runtime.call_runner import refusing
 from ..runtime.prepared import PreparedCall
 from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
+from ..widened import widened
 from .comm_parts import CommParts
 from .spmd_reductions import through_shared
 
@@ -51,6 +52,14 @@ class PreparedOps(CommParts):
             raise ValueError(f"{what}: out overlaps x; pass {in_place}a separate array (a "
                              "prepared call reads x in place at every start)")
         return xa
+
+    def _widened(self, xa: Any, op: Any) -> tuple[Any, Any]:
+        """An integer MEAN's float64 copy of ``xa`` (``widened``), and what refills it from
+        ``xa`` at every start (None: ``xa`` itself, read in place)."""
+        wide = widened(self.arrays, xa, op) if self.arrays.owns(xa) else xa
+        if wide is xa:
+            return xa, None
+        return wide, lambda: self.arrays.copy(wide, xa)
 
     def _read_in_place(self, x: Any, what: str) -> Any:
         """``x`` as an array a prepared call reads in place at every start: C-contiguous
@@ -93,14 +102,17 @@ class PreparedOps(CommParts):
             being it).
         """
         xa, out, returns = self._bound(x, out)
-        algorithm = through_shared(self.transport, xa, out, algorithm)
-        call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards, groups=groups)
+        wide, place = self._widened(xa, op)
+        algorithm = through_shared(self.transport, wide, out, algorithm)
+        call = self.calls.validated(Collective.ALL_REDUCE, wide, op, algorithm, shards=shards,
+                                    groups=groups)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
-        src = None if xa is work else arrays.flat(xa)
+        src = None if xa is work else arrays.flat(xa if place is None else wide)
         return PreparedCall(self, "all_reduce", call, src, work.reshape(-1),
-                            Reduced(arrays, call, work, self.size, out), returns=returns)
+                            Reduced(arrays, call, work, self.size, out), returns=returns,
+                            place=place)
 
     @refusing("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
@@ -136,8 +148,9 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa, out, returns = self._bound(x, out)
-        call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards,
-                                    groups=groups)
+        wide, place = self._widened(xa, op)
+        call = self.calls.validated(Collective.REDUCE, wide, op, algorithm, root=root,
+                                    shards=shards, groups=groups)
         arrays = self.arrays
         mine = self.rank == call.root
         if mine:
@@ -146,8 +159,9 @@ class PreparedOps(CommParts):
             xa = self._read_in_place(xa, "reduce_init")
         work = arrays.empty(call.shape, call.dtype, like=xa)
         finish = Reduced(arrays, call, work, self.size, out) if mine else Ready()
-        return PreparedCall(self, "reduce", call, arrays.flat(xa), work.reshape(-1), finish,
-                            returns=returns if mine else None)
+        return PreparedCall(self, "reduce", call, arrays.flat(xa if place is None else wide),
+                            work.reshape(-1), finish, returns=returns if mine else None,
+                            place=place)
 
     @refusing("broadcast_init")
     def broadcast_init(self, x: Array, root: int = 0,
@@ -250,8 +264,9 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa, out, returns = self._bound(x, out)
-        call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,
-                                    groups=groups)
+        wide, place = self._widened(xa, op)
+        call = self.calls.validated(Collective.REDUCE_SCATTER, wide, op, algorithm,
+                                    shards=shards, groups=groups)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
         xa = self._bind(xa, out, (hi - lo, *call.shape[1:]), call.final, "reduce_scatter_init")
@@ -259,6 +274,7 @@ class PreparedOps(CommParts):
         work = arrays.empty(call.shape, call.dtype, like=xa)
         row = int(np.prod(call.shape[1:], dtype=np.int64))
         finish = Block(arrays, call, work, n, lo, hi, (hi - lo, *call.shape[1:]), out)
-        return PreparedCall(self, "reduce_scatter", call, arrays.flat(xa), work.reshape(-1),
-                            finish, granule=row if row else 1, returns=returns)
+        return PreparedCall(self, "reduce_scatter", call,
+                            arrays.flat(xa if place is None else wide), work.reshape(-1),
+                            finish, granule=row if row else 1, returns=returns, place=place)
 

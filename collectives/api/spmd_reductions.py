@@ -24,6 +24,7 @@ from ..runtime.hot_path import FastAllReduce
 from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
+from ..widened import integer_mean, widened
 from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
 from .spmd_foreign import foreign_all_reduce, viewed_all_reduce
@@ -155,7 +156,7 @@ class ReductionOps(CommParts):
         # does not run the hot path, but binds it for later calls (a transport whose blocking
         # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
         if (not shards and groups is None and self.arrays.owns(x)
-                and valid_timeout(timeout)):
+                and valid_timeout(timeout) and not integer_mean(op, x.dtype)):
             batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
             fast_key = (x.shape, x.dtype, op, algorithm, batch) if batch else (
                 x.shape, x.dtype, op, algorithm)
@@ -172,7 +173,7 @@ class ReductionOps(CommParts):
 
         def build(seq):
             arrays = self.arrays
-            xa = self.adapt(x, "x")
+            xa = widened(arrays, self.adapt(x, "x"), op)
             call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards,
                                         groups=groups)
             seen.append(call)
@@ -278,7 +279,7 @@ class ReductionOps(CommParts):
         """
         def build(seq):
             arrays = self.arrays
-            xa = self.adapt(x, "x")
+            xa = widened(arrays, self.adapt(x, "x"), op)
             call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards,
                                         groups=groups)
             mine = self.rank == call.root

@@ -18,6 +18,7 @@ from ..runtime.call_runner import refusing
 from ..runtime.results import Block, Gathered
 from ..runtime.validate import Groups, gather_axis
 from ..runtime.work import Work
+from ..widened import widened
 from .comm_parts import CommParts
 
 
@@ -208,7 +209,7 @@ class SpreadOps(CommParts):
         """
         def build(seq):
             arrays = self.arrays
-            xa = self.adapt(x, "x")
+            xa = widened(arrays, self.adapt(x, "x"), op)
             if len(xa.shape) == 0:
                 raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
             call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,

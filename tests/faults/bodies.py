@@ -51,7 +51,8 @@ def special(kind: str, op: str, method: str = "all_reduce", dtype=np.float64, **
 
 def wrapped(xs: list[np.ndarray], op: str) -> np.ndarray:
     """Integer SUM/PROD in Python's unbounded integers, wrapped into the dtype as NumPy wraps;
-    MEAN is that wrapped sum divided once (the library's MEAN is SUM, then one division)."""
+    MEAN is the exact sum, divided once in float64 (an integer MEAN sums in float64, as
+    ``numpy.mean`` does: it does not wrap)."""
     dtype = xs[0].dtype
     bits = dtype.itemsize * 8
     columns = zip(*(x.tolist() for x in xs))
@@ -60,12 +61,14 @@ def wrapped(xs: list[np.ndarray], op: str) -> np.ndarray:
     else:
         exact = [sum(int(v) for v in col) for col in columns]
     low = np.array([v % (1 << bits) for v in exact], dtype=np.uint64 if bits == 64 else np.int64)
-    total = low.astype(dtype)  # two's complement: the low bits, reinterpreted
-    return total / len(xs) if op == "mean" else total
+    if op == "mean":
+        return np.array(exact, dtype=np.float64) / len(xs)
+    return low.astype(dtype)  # two's complement: the low bits, reinterpreted
 
 
 def overflowing(dtype, op: str = "sum", algorithm: str = "auto"):
-    """Inputs whose SUM or PROD overflows ``dtype``: the result wraps, the same on every rank."""
+    """Inputs whose SUM or PROD overflows ``dtype``: the result wraps, the same on every rank
+    (a MEAN's sum, in float64, does not)."""
 
     def step(ctx: Ctx) -> Call:
         info = np.iinfo(dtype)

@@ -8,6 +8,7 @@ import numpy as np
 
 from collectives.tools.reference import expected_outputs, reference
 from faults import bodies
+from faults.cases_kinds import KINDS
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, bad, good, inputs, peer_failed
 
@@ -226,7 +227,7 @@ for algorithm in ("auto", "ring"):
 add("inf-max", bodies.special("inf", "max"))
 add("inf-prod", bodies.special("inf", "prod"))
 
-# --- integer overflow: wraps as NumPy does, the same on every rank ---------------------------------
+# --- integer overflow: wraps as NumPy does, the same on every rank (MEAN sums in float64: exact) ---
 
 add("overflow-int8-sum", bodies.overflowing(np.int8), **WIDE)
 add("overflow-int8-sum-ring", bodies.overflowing(np.int8, algorithm="ring"))
@@ -235,6 +236,26 @@ add("overflow-int64-sum", bodies.overflowing(np.int64))
 add("overflow-uint64-sum", bodies.overflowing(np.uint64))
 add("overflow-int64-prod", bodies.overflowing(np.int64, "prod"))
 add("overflow-int8-mean", bodies.overflowing(np.int8, "mean"))
+add("overflow-int32-mean-ring", bodies.overflowing(np.int32, "mean", algorithm="ring"))
+add("overflow-uint64-mean", bodies.overflowing(np.uint64, "mean"))
+
+
+def _integer_means(kind: str):
+    """An integer MEAN whose sum passes its dtype, beside a float one, by every call kind: the
+    mean of the values (summed in float64), not of their wrapped sum."""
+    def step(ctx: Ctx) -> Call:
+        top = [2 ** 31 - 2 - r for r in range(ctx.size)]
+        xs = [np.full(5, 200, np.uint8), np.full(3, top[ctx.rank], np.int32),
+              np.full(2, 1.5 + ctx.rank, np.float32)]
+        want = [np.full(5, 200.0), np.full(3, sum(top) / ctx.size),
+                np.full(2, 1.5 + (ctx.size - 1) / 2, np.float32)]
+        return Call(lambda comm: KINDS[kind](comm, xs, "mean"), expect=ok(want))
+    return step
+
+
+for kind in KINDS:
+    CASES.append(Case(f"integer-mean-does-not-wrap-{kind}", (_integer_means(kind),),
+                      where=("threads", "mpi"), sizes=(2, 3)))
 add("overflow-float16-sum", lambda ctx: Call(
     "all_reduce", (np.full(COUNT, 40000.0, np.float16),), {},
     ok(np.full(COUNT, np.inf, np.float16))))

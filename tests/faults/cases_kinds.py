@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from collectives.ops import ReduceOp, result_dtype
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import peer_failed
 
@@ -55,7 +56,7 @@ def _buckets(comm, xs, op="sum", timeout=None):
 
 
 def _prepared(comm, xs, op="sum", timeout=None):
-    outs = [np.empty_like(x) for x in xs]
+    outs = [np.empty(x.shape, result_dtype(ReduceOp.parse(op), x.dtype)) for x in xs]
     calls = [comm.all_reduce_init(x, op, out=o) for x, o in zip(xs, outs)]
     for call in calls:
         call.start().wait(timeout)

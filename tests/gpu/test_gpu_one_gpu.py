@@ -145,3 +145,12 @@ def test_outs_that_overlap_one_another_are_refused(algorithm):
     shared = cupy.empty(8)  # (one array for every device: each takes the same result)
     results = collectives.all_reduce(values, "sum", algorithm, out=[shared, shared])
     assert results[0] is shared and np.array_equal(host(shared), np.arange(8.0) * 2 + 10)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring"])
+def test_an_integer_mean_sums_in_float64(algorithm):
+    # (as on the NumPy backend: two devices' uint8 200s wrapped to 144, a "mean" of 72)
+    values = on_devices([np.array([200, 7], np.uint8)] * 2, [0, 0])
+    for got in collectives.all_reduce(values, "mean", algorithm):
+        assert got.dtype == np.float64 and host(got).tolist() == [200.0, 7.0]
+    assert host(collectives.reduce(values, "mean", 0, algorithm)).tolist() == [200.0, 7.0]
