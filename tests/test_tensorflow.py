@@ -313,6 +313,11 @@ def test_open_communicator_accepts_the_documented_values(monkeypatch):
         open_communicator("mpl", auto=True)
     with pytest.raises(TypeError, match="communicator=3 is a int; pass a collectives.Communicator"):
         open_communicator(3)
+    # (a bad timeout raised only where mpiexec launched more than one worker)
+    with pytest.raises(TypeError, match="timeout='x' must be a number of seconds"):
+        open_communicator("auto", auto=True, timeout="x")
+    with pytest.raises(ValueError, match="timeout=-1 must be a positive number"):
+        open_communicator(None, timeout=-1)
 
 
 # --- TensorFlow, one process per configuration --------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectives import Communicator
+from collectives.runtime.validate import check_timeout
 
 from .pinned import PinnedBuffer
 
@@ -62,6 +63,7 @@ def open_communicator(communicator, *, timeout: float = 300.0, auto: bool = Fals
     launcher started more than one process, else None. Anything else raises now, not at the
     first reduction.
     """
+    check_timeout(timeout)  # (now, on one worker too: not first under mpiexec)
     choices = "a collectives.Communicator, 'mpi' (collectives.backends.mpi.init()), " + \
         ("'auto' or None" if auto else "or None")
     if communicator is None or isinstance(communicator, Communicator):

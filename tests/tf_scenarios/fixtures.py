@@ -275,6 +275,11 @@ def errors_and_edges() -> None:
                      "ring/ring", groups=bad)
     expect_error(ValueError, "must split the participants", ctf.CrossDeviceOps, "ring/ring",
                  groups=[[0, 1], [3]])
+    # (checked only where mpiexec launched the workers)
+    expect_error(TypeError, "timeout='x' must be a number", ctf.MultiWorkerAllReduce,
+                 timeout="x")
+    expect_error(ValueError, "timeout=-1 must be a positive", ctf.MultiWorkerAllReduce,
+                 timeout=-1)
     ops = ctf.MultiWorkerAllReduce(worker_devices=["/job:localhost"], num_gpus_per_worker=0)
     assert ops._num_between_graph_workers == 1 and ops.communicator is None
 
