@@ -82,7 +82,7 @@ class Disputes:
             finished = isinstance(entry[0], int) and (
                 entry[0] >= op.seq and phase is False
                 or entry[0] > op.seq and bool(in_flight) and op.seq not in in_flight)
-            if finished and (agreeing or op.skipped_agreement):
+            if finished and (agreeing or op.skipped_agreement and _knows_peers(op)):
                 # (seen twice, DISPUTE_CHECK apart: a verdict or a part may be on its way)
                 if self.suspect == (op.seq, rank):
                     self._fail_unagreed(op, f"rank {rank} finished it without " + (
@@ -144,3 +144,10 @@ def _agreeing(op: Operation) -> bool:
     """Whether ``op`` is in its agreement (its own, or a late one a dispute made it join)."""
     return op.stage < len(op.stages) and isinstance(op.stages[op.stage],
                                                      (Agreement, LateAgreement))
+
+
+def _knows_peers(op: Operation) -> bool:
+    """Whether ``op``'s stage names the very peers it waits for: a plan's run does (its
+    round's messages); a native collective does not (MPI completes a collective on each rank
+    by itself: a peer may be through while this rank still receives from a third)."""
+    return op.stage < len(op.stages) and getattr(op.stages[op.stage], "knows_peers", False)

@@ -78,6 +78,10 @@ class Opening:
         stage = self.data if self.data is not None else self.agreement
         return stage.pending_peers() if stage is not None else []
 
+    @property
+    def knows_peers(self) -> bool:
+        return self.data is not None and getattr(self.data, "knows_peers", False)
+
     def abort(self) -> None:
         if self.data is None:
             self.comm.calls.engine.release_turn(self.turn)
@@ -166,6 +170,10 @@ class Then:
 
     def pending_peers(self) -> list[int]:
         return self.stage.pending_peers()
+
+    @property
+    def knows_peers(self) -> bool:
+        return getattr(self.stage, "knows_peers", False)
 
     def abort(self) -> None:
         self.stage.abort()

@@ -114,3 +114,7 @@ class ScheduleInTurn:
         if self.started:
             return self.run.pending_peers()
         return [r for r in range(self.engine.size) if r != self.engine.rank]
+
+    @property
+    def knows_peers(self) -> bool:
+        return self.started and getattr(self.run, "knows_peers", False)

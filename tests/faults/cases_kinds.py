@@ -56,11 +56,20 @@ def _buckets(comm, xs, op="sum", timeout=None):
 
 
 def _prepared(comm, xs, op="sum", timeout=None):
-    outs = [np.empty(x.shape, result_dtype(ReduceOp.parse(op), x.dtype)) for x in xs]
+    outs = [np.empty(x.shape, _result_dtype(op, x.dtype)) for x in xs]
     calls = [comm.all_reduce_init(x, op, out=o) for x, o in zip(xs, outs)]
     for call in calls:
         call.start().wait(timeout)
     return outs
+
+
+def _result_dtype(op, dtype):
+    """The dtype of ``op``'s result (an integer MEAN's is float64); a bad ``op``'s, the input's:
+    the call itself must refuse it (a raise here would leave the peers waiting)."""
+    try:
+        return result_dtype(ReduceOp.parse(op), dtype)
+    except (TypeError, ValueError):
+        return dtype
 
 
 SUBS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

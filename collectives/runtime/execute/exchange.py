@@ -20,6 +20,7 @@ class ExchangeRun:
 
     __slots__ = ("dst", "k", "plan", "posted", "recv_at", "send_at", "seq", "src", "check",
                  "transport")
+    knows_peers = True  # (pending_peers: the very ranks its round waits for)
 
     def __init__(self, plan: RankPlan, src: Any, dst: Any, send_at: list[int],
                  recv_at: list[int], transport: Any, *, seq: int, check: int):

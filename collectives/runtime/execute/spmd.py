@@ -66,6 +66,7 @@ class SpmdRun:
 
     __slots__ = ("arrays", "buf", "check", "k", "last_fills", "op", "posted", "rounds", "sends",
                  "seq", "src", "trace", "transport")
+    knows_peers = True  # (pending_peers: the very ranks its round waits for)
 
     def __init__(self, plan: RankPlan, buf: Any, op: ReduceOp | None, transport: PointToPoint, *,
                  granule: int = 1, seq: int = 0, check: int = 0, src: Any = None):
