@@ -152,6 +152,9 @@ def unsafe_outputs(backend: ArrayBackend, inputs: Sequence[Array],
         (x,), (y,) = inputs, outputs
         return y is not None and y is not x and x is not None and bool(x.size) and \
             bool(y.size) and overlaps(backend, x, y)
+    if len(inputs) + len(outputs) <= 16 and all(  # (a few NumPy arrays: pair by pair, as
+            type(a) is np.ndarray for a in (*inputs, *outputs) if a is not None):  # overlaps)
+        return _unsafe_pairs(inputs, outputs)
     items = []
     for kind, arrays in (("in", inputs), ("out", outputs)):
         for i, a in enumerate(arrays):
@@ -171,6 +174,19 @@ def unsafe_outputs(backend: ArrayBackend, inputs: Sequence[Array],
                 continue  # a device's own input as its output: in place
             return True
         active.append(item)
+    return False
+
+
+def _unsafe_pairs(inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+    """``unsafe_outputs`` of a few NumPy arrays, each output against the rest with NumPy's
+    bounds test (0.2 µs a pair, where the sweep takes 1 µs an array for its extents)."""
+    outs = [(i, y) for i, y in enumerate(outputs) if y is not None and y.size]
+    for k, (i, y) in enumerate(outs):
+        if any(np.may_share_memory(y, z) for _, z in outs[k + 1:]):
+            return True
+        for j, x in enumerate(inputs):
+            if x is not None and x.size and not (j == i and x is y) and np.may_share_memory(x, y):
+                return True
     return False
 
 

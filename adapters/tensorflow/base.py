@@ -261,13 +261,15 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         outputs = convert.host_call(marks.batch(run, self, op, jobs, "host"), inputs, out_dtypes,
                                     out_shapes, device=device,
                                     name="collectives_batch_reduce")
-        for job, out in zip(jobs, outputs):
-            # The host call's output already sits on the first destination (unless the
-            # destinations repeat a device, which needs distinct tensors): no identity there.
-            first, rest = job.destinations[0], job.destinations[1:]
-            head = out if first and out.device == first and first not in rest else \
-                convert.place(out, first)
-            results[job.index] = convert.mirrored([head] + [convert.place(out, d) for d in rest])
+        placed = convert.place_all(
+            (out, job.destinations,
+             # The host call's output already sits on the first destination (unless the
+             # destinations repeat a device, which needs distinct tensors): no identity there.
+             bool(job.destinations[0]) and out.device == job.destinations[0]
+             and job.destinations[0] not in job.destinations[1:])
+            for job, out in zip(jobs, outputs))
+        for job, per_device in zip(jobs, placed):
+            results[job.index] = convert.mirrored(per_device)
         return True
 
     def _host_reduce(self, route: Route, values, op: CoreOp, packing_override, timeout):

@@ -45,16 +45,36 @@ def pick(collective: Collective, algorithm: Any, size: int, nbytes: int, model: 
     return name, shards, None
 
 
+_PLANS: dict[tuple, Any] = {}  # the schedule of each call's arguments, as ``plan`` made it
+
+
 def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tuple[int, ...],
          dtype: np.dtype, shards: int = 0, groups: Any = None, root: int = 0) -> Any:
-    """The schedule that runs the call: ``algorithm`` resolved (``auto`` by the cost model)."""
+    """The schedule that runs the call: ``algorithm`` resolved (``auto`` by the cost model).
+    Kept by its arguments (a gradient list repeats a few shapes every step: choosing cost
+    10 µs a call); arguments that raise are never kept, so they raise every time."""
+    model = getattr(backend, "fabric", None) or backend.cost_model
     count = math.prod(shape)
+    # (types too: True == 1 and 2.0 == 2, where a bool or a float must raise as it did)
+    key: tuple | None = (collective, algorithm, n, count, dtype.itemsize, model, type(shards),
+                         shards, type(groups), groups, root)
+    try:
+        found = _PLANS.get(key)  # type: ignore[arg-type]
+    except TypeError:  # (a list of groups, a spec list, an unhashable model: not kept)
+        key = found = None
+    if found is not None:
+        return found
     nbytes = count * dtype.itemsize * (n if collective is Collective.ALL_GATHER else 1)
-    name, shards, chosen = pick(collective, algorithm, n, nbytes, getattr(
-        backend, "fabric", None) or backend.cost_model, count, check_shards(shards))
+    name, shards, chosen = pick(collective, algorithm, n, nbytes, model, count,
+                                check_shards(shards))
     layout = Layout(resolve_groups(groups, n)) if groups is not None else chosen
     shards = min(shards, max(count, 1))  # more sub-chunks than elements: pointless
-    return algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
+    schedule = algorithms.schedule(collective, name, n, root=root, shards=shards, layout=layout)
+    if key is not None:
+        if len(_PLANS) > 4096:  # (programs use few shapes; bounded anyway)
+            _PLANS.clear()
+        _PLANS[key] = schedule
+    return schedule
 
 
 def elsewhere(arrays, a, b) -> tuple[int, int] | None:
