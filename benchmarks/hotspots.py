@@ -5,7 +5,7 @@ Two measurements, each a median over ``-r`` interleaved repeats:
 * **Bookkeeping of a small call.** ``collectives.all_reduce(values, "sum", algorithm,
   out=outs)`` on 4 KiB float32 per device, beside the two pieces of it that do not touch the
   data and are recomputed on every call: the check that no output aliases an input
-  (``arrays.unsafe_outputs``, which reads every array's extent) and the schedule's conversion
+  (``overlap.unsafe_outputs``, which reads every array's extent) and the schedule's conversion
   to element offsets (``execute.steps.element_steps``, over every participant's steps).
 * **Results the caller keeps.** ``all_reduce`` without ``out=`` in a loop that keeps the
   previous call's results until the next call returns (``held = all_reduce(...)``), beside
@@ -32,7 +32,8 @@ import numpy as np
 import collectives
 from collectives import algorithms
 from collectives.algorithms.schedule import Collective
-from collectives.arrays import NUMPY, unsafe_outputs
+from collectives.arrays import NUMPY
+from collectives.overlap import unsafe_outputs
 from collectives.runtime.execute.steps import element_steps
 
 

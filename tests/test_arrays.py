@@ -6,7 +6,8 @@ import gc
 
 import numpy as np
 
-from collectives.arrays import NUMPY, ResultPool, any_overlap, overlaps, unsafe_outputs
+from collectives.arrays import NUMPY, ResultPool
+from collectives.overlap import any_overlap, overlaps, unsafe_outputs
 
 
 def test_pool_reuses_a_buffer_only_after_every_view_is_gone():

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"collectives": ROOT / "collectives", "collectives.backends": ROOT / "backends",
            "collectives.adapters": ROOT / "adapters"}
 BASE = {"collectives.errors", "collectives.ops", "collectives.arrays", "collectives.kernels",
-        "collectives.compression", "collectives.widened", "collectives.foreign",
-        "collectives.foreign_calls", "collectives.array_kinds", "collectives.log",
+        "collectives.compression", "collectives.widened", "collectives.overlap",
+        "collectives.foreign", "collectives.foreign_calls", "collectives.array_kinds",
+        "collectives.log",
         "collectives.registry", "collectives.version", "collectives.extras", "collectives.hints",
         "collectives.result_pool", "collectives.timeline", "collectives.output_path"}
 ORDER = ["base", "algorithms", "runtime", "api", "public", "tools"]

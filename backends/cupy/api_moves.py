@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from collectives.arrays import unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
+from collectives.overlap import unsafe_outputs
 from collectives.runtime.execute.device_calls import (
     run_all_gather,
     run_broadcast,

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from collectives.arrays import overlaps, unsafe_outputs
 from collectives.ops import ReduceOp, result_dtype
+from collectives.overlap import overlaps, unsafe_outputs
 from collectives.runtime.calls import first_taker
 from collectives.runtime.execute.device_calls import root_output, run_all_reduce, run_reduce
 from collectives.runtime.validate import check_root, resolve_groups

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..array_kinds import viewed_in_place
-from ..arrays import overlaps
 from ..hints import Array, Op, SpmdAlgorithm
+from ..overlap import overlaps
 from ..runtime.call_runner import refusing
 from ..runtime.prepared import PreparedCall
 from ..runtime.results import Block, Ready, Reduced

@@ -14,11 +14,12 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from ..algorithms.schedule import Collective
-from ..arrays import overlaps, plain_ndarray
+from ..arrays import plain_ndarray
 from ..compression import requested
 from ..foreign import is_foreign
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
+from ..overlap import overlaps
 from ..runtime.call_runner import refusing
 from ..runtime.hot_path import FastAllReduce
 from ..runtime.results import Ready, Reduced

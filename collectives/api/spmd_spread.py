@@ -11,9 +11,9 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from ..algorithms.schedule import Collective
-from ..arrays import overlaps
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
+from ..overlap import overlaps
 from ..runtime.call_runner import refusing
 from ..runtime.results import Block, Gathered
 from ..runtime.validate import Groups, gather_axis

@@ -23,8 +23,9 @@ from ...algorithms import select
 from ...algorithms.base import Layout
 from ...algorithms.cost import Placement
 from ...algorithms.schedule import Collective
-from ...arrays import NUMPY, unsafe_outputs
+from ...arrays import NUMPY
 from ...ops import ReduceOp, result_dtype
+from ...overlap import unsafe_outputs
 from ..calls import resolve_algorithm
 from ..validate import check_out, check_shards, resolve_groups
 from .devices import DeviceBackend, run_multi_device
