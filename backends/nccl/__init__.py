@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .bootstrap import broadcast_unique_id, node_of_ranks, ranks_per_node, shared_gpu
-from .communicator import GpuWork, NcclCommunicator
+from .communicator import NcclCommunicator
+from .gpu_work import GpuWork
 
 __all__ = ["GpuWork", "NcclCommunicator", "broadcast_unique_id", "init", "node_of_ranks",
            "ranks_per_node", "shared_gpu"]
