@@ -176,3 +176,21 @@ def test_debug_variable_checks_every_call(tmp_path):
     bad = subprocess.run([sys.executable, "-c", "import collectives; collectives.init('local')"],
                          capture_output=True, text=True, env={"COLLECTIVES_DEBUG": "loud"})
     assert "COLLECTIVES_DEBUG='loud'" in bad.stderr
+
+
+def test_debug_variable_agrees_on_calls_check_false_skips():
+    # (check=False skipped the agreement before the variable was looked at: ranks that
+    # disagreed about the op returned the sum on both, silently, where the documentation
+    # promises every call agreed whatever check= says)
+    code = ("import numpy as np, collectives\n"
+            "def body(c):\n"
+            "    c.all_reduce(np.ones(4))\n"
+            "    return c.all_reduce(np.ones(4) * (c.rank + 2), 'max' if c.rank else 'sum')\n"
+            "try:\n"
+            "    collectives.run(body, 2, check=False)\n"
+            "except collectives.CollectiveMismatchError as exc:\n"
+            "    print('mismatch:', exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"COLLECTIVES_DEBUG": "detail", "PATH": ""}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "mismatch:" in out.stdout and "different op" in out.stdout, out.stdout

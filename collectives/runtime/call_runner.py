@@ -196,7 +196,8 @@ class CallRunner:
                 error = refused
             late = getattr(finish, "late", None)
             own = getattr(call, "agrees_itself", False)
-            if not self.comm.check or own:
+            # (COLLECTIVES_DEBUG=detail agrees on every call, whatever check= says)
+            if (not self.comm.check and not engine.detail) or own:
                 if error is not None:
                     engine.fail_locally(error, seq)
                     raise error
