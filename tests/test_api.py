@@ -90,8 +90,16 @@ def test_a_list_where_one_array_is_expected_is_refused():
 
 
 def test_native_on_devices_says_where_it_exists():
-    with pytest.raises(ValueError, match="unknown algorithm 'native'"):
+    # (it said "unknown algorithm 'native'", whose list of known ones left it out)
+    with pytest.raises(ValueError, match="names a transport's own collective.*it has none"):
         collectives.all_reduce([np.ones(2)] * 2, algorithm="native")
+
+    def on_threads(comm):
+        with pytest.raises(ValueError, match="'shm' names a transport's own collective"):
+            comm.all_reduce(np.ones(2), algorithm="shm")
+        return comm.all_reduce(np.ones(2), algorithm="ring").tolist()  # (and nothing broke)
+
+    assert collectives.run(on_threads, 2) == [[2.0, 2.0]] * 2
 
 
 class DLPackOnly:

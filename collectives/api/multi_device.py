@@ -90,9 +90,10 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays, or their dtype cannot take ``op``.
+        ``values`` is not a list of arrays of one dtype, or their dtype cannot take
+        ``op``.
     ValueError
-        Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
+        Arrays of different shapes, an unknown ``op`` or ``algorithm``, or an
         ``out`` that does not fit, a ``compression`` the call cannot take (another op,
         another dtype, ``accumulation_fn``); before any data moves.
     """
@@ -166,9 +167,10 @@ def reduce(values: Sequence[ArrayT], op: Op = "sum", root: int = 0, algorithm: A
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays, or their dtype cannot take ``op``.
+        ``values`` is not a list of arrays of one dtype, or their dtype cannot take
+        ``op``.
     ValueError
-        Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
+        Arrays of different shapes, an unknown ``op`` or ``algorithm``, or an
         ``out`` that does not fit; before any data moves.
     """
     values, shape, dtype, op = prepare(values, op)

@@ -56,9 +56,9 @@ def gather(values: Sequence[ArrayT], root: int = 0, *, async_op: bool = False) -
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays.
+        ``values`` is not a list of arrays of one dtype.
     ValueError
-        Arrays of different shapes or dtypes, or a ``root`` that is no device.
+        Arrays of different shapes, or a ``root`` that is no device.
     """
     values = _values(values)
     shape, dtype = same_layout(values)
@@ -142,9 +142,9 @@ def all_to_all(values: Sequence[ArrayT], *, async_op: bool = False) -> list[Arra
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays.
+        ``values`` is not a list of arrays of one dtype.
     ValueError
-        Arrays of different shapes or dtypes, or a leading axis the device count does not
+        Arrays of different shapes, or a leading axis the device count does not
         divide.
     """
     values = _values(values)

@@ -125,9 +125,9 @@ def all_gather(values: Sequence[ArrayT], axis: int = 0, algorithm: Algorithm = "
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays.
+        ``values`` is not a list of arrays of one dtype.
     ValueError
-        Arrays of different shapes or dtypes, an ``axis`` out of range, an unknown
+        Arrays of different shapes, an ``axis`` out of range, an unknown
         ``algorithm`` or an ``out`` that does not fit; before any data moves.
     """
     values, shape, dtype, _ = prepare(values, None, reducing=False)
@@ -182,9 +182,10 @@ def reduce_scatter(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorith
     Raises
     ------
     TypeError
-        ``values`` is not a list of arrays, or their dtype cannot take ``op``.
+        ``values`` is not a list of arrays of one dtype, or their dtype cannot take
+        ``op``.
     ValueError
-        Arrays of different shapes or dtypes, an unknown ``op`` or ``algorithm``, or an
+        Arrays of different shapes, an unknown ``op`` or ``algorithm``, or an
         ``out`` that does not fit; before any data moves.
     """
     values, shape, dtype, op = prepare(values, op)

@@ -200,7 +200,9 @@ def _check_dtype(dtype: Any) -> np.dtype:
 def _check_color(color: Any) -> int | None:
     if color is None:
         return None
-    if isinstance(color, bool) or not isinstance(color, (int, np.integer)) or color < 0:
+    if isinstance(color, bool) or not isinstance(color, (int, np.integer)):
+        raise TypeError(f"color={color!r} must be a non-negative integer, or None")
+    if color < 0:
         raise ValueError(f"color={color!r} must be a non-negative integer, or None")
     if color >= INT_LIMIT:
         raise ValueError(f"color={color} is too large: colors must be below 2**31 (MPI "

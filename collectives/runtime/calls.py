@@ -223,11 +223,22 @@ def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -
     return _resolve(algorithm, count, shards, tuple(extra_names))
 
 
+# what transports call their own collectives (MPI's; its shared window): asked of a transport
+# that has none, they are no unknown algorithm
+TRANSPORT_WORDS = ("native", "mpi", "shm", "shared_memory")
+
+
 def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tuple[str, int]:
     if isinstance(algorithm, str):
         text = algorithm.strip().lower()
         if text in extra_names:
             return text, shards
+        if text in TRANSPORT_WORDS:
+            has = (f"its own are {', '.join(repr(n) for n in extra_names)}" if extra_names
+                   else "it has none (thread ranks, one process's devices)")
+            raise ValueError(f"algorithm={algorithm!r} names a transport's own collective, and "
+                             f"this call's transport does not run that one: {has}; use 'auto' "
+                             "or one of the library's schedules ('ring', 'rechd', 'tree', ...)")
         if ":" not in text and "#" not in text:
             return algorithms.canonical(algorithm), shards
     chosen = pick_range(parse_spec(algorithm, extra_names=extra_names), count)

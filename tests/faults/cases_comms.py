@@ -48,6 +48,9 @@ add("split-bad-key-on-one-rank", _one_rank_bad(_split(0, 1.5), _split(0), "TypeE
     then_usable, timeout=2.0, limit=8)
 add("split-color-too-large", bad("split", 2 ** 40, error="ValueError", match="color"),
     then_usable, timeout=2.0, limit=8)
+# (a color of the wrong type raised ValueError, where the docstring promises TypeError)
+add("split-color-not-an-int", bad("split", 1.5, error="TypeError", match="color"),
+    then_usable, timeout=2.0, limit=8)
 add("split-key-too-large", bad("split", 0, 2 ** 40, error="ValueError", match="key"),
     then_usable, timeout=2.0, limit=8)
 
