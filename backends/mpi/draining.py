@@ -8,10 +8,11 @@ failure notice a peer never polled for. In a new transport's agreement it read a
 digest of the wrong size ("rank 0 sent 17 bytes where 168 were expected"); among its notices
 it would read as another communicator's answers.
 
-So the communicator that carries such messages (the notices') is drained before a free: each
-rank counts the messages it sent each peer there and those it received; at ``free`` it posts
-its counts in a non-blocking all-to-all, and once its peers' counts have come it receives
-(and drops) what it has not received of theirs. Only then are the transport's communicators
+So the communicators that carry such messages (the notices', and the users' point-to-point
+one: a message a user sent and no receive took) are drained before a free: each rank counts
+the messages it sent each peer there and those it received; at ``free`` it posts its counts
+in a non-blocking all-to-all, and once its peers' counts have come it receives (and drops)
+what it has not received of theirs. Only then are the transport's communicators
 freed. Nothing waits: a free that cannot finish yet (a peer not freeing yet, a message still
 on its way) stays pending, and moves on at the next free or new transport; until it finishes,
 its communicators are not freed, so no new one can take their context. A peer that never
@@ -33,31 +34,36 @@ _GIVEN_UP: list[Drain] = []  # frees MPI failed: kept (MPI may still write their
 _LOCK = threading.Lock()
 
 
+Counted = tuple[Any, Sequence[int], Sequence[int]]  # (communicator, sent to, received from)
+
+
 class Drain:
     """One transport's free: its peers' counts, what is left to receive, then ``Free``."""
 
-    def __init__(self, counted: Any, sent: Sequence[int], received: Sequence[int],
-                 comms: Sequence[Any], sends: Sequence[tuple[Any, Any]]):
-        self.counted = counted
-        self.received = list(received)
+    def __init__(self, counted: Sequence[Counted], comms: Sequence[Any],
+                 sends: Sequence[tuple[Any, Any]]):
+        self.counted = [comm for comm, _, _ in counted]
+        self.received = [list(received) for _, _, received in counted]
         self.comms = list(comms)
         self.sends = list(sends)  # (request, buffer): this rank's sends, held until complete
-        self.mine = np.asarray(sent, np.int64)
+        # row p: what this rank sent peer p on each counted communicator (one all-to-all)
+        self.mine = np.ascontiguousarray(np.array([sent for _, sent, _ in counted], np.int64).T)
         self.theirs = np.zeros_like(self.mine)
-        self.request = counted.Ialltoall(self.mine, self.theirs)
+        self.request = self.counted[0].Ialltoall(self.mine, self.theirs)
 
     def finished(self) -> bool:
         """Whether every message sent to this rank has come, and the communicators are freed."""
         if not self.request.Test():
             return False
         status = MPI.Status()
-        for peer, expected in enumerate(self.theirs.tolist()):
-            while self.received[peer] < expected:
-                message = self.counted.Improbe(peer, MPI.ANY_TAG, status)
-                if message is None:
-                    return False  # (on its way)
-                message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
-                self.received[peer] += 1
+        for c, (comm, received) in enumerate(zip(self.counted, self.received)):
+            for peer, expected in enumerate(self.theirs[:, c].tolist()):
+                while received[peer] < expected:
+                    message = comm.Improbe(peer, MPI.ANY_TAG, status)
+                    if message is None:
+                        return False  # (on its way)
+                    message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
+                    received[peer] += 1
         self.sends = [(r, b) for r, b in self.sends if not r.Test()]
         if self.sends:
             return False
@@ -66,13 +72,14 @@ class Drain:
         return True
 
 
-def free_when_drained(counted: Any, sent: Sequence[int], received: Sequence[int],
-                      comms: Sequence[Any], sends: Sequence[tuple[Any, Any]] = ()) -> None:
-    """Free ``comms`` once every message sent on ``counted`` (one of them) has been received:
-    ``sent[p]`` and ``received[p]`` count this rank's messages to and from rank ``p`` there,
-    ``sends`` are this rank's sends there still in flight. Collective: every rank frees."""
+def free_when_drained(counted: Sequence[Counted], comms: Sequence[Any],
+                      sends: Sequence[tuple[Any, Any]] = ()) -> None:
+    """Free ``comms`` once every message sent on the ``counted`` ones has been received: each
+    ``(comm, sent, received)``, where ``sent[p]`` and ``received[p]`` count this rank's
+    messages to and from rank ``p`` there; ``sends`` are this rank's sends still in flight.
+    Collective: every rank frees."""
     with _LOCK:
-        _PENDING.append(Drain(counted, sent, received, comms, sends))
+        _PENDING.append(Drain(counted, comms, sends))
     progress()
 
 

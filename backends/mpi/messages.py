@@ -38,6 +38,10 @@ class MessageChannel(MPIChannel):
         self.queues: dict[tuple[int, int], deque] = {}  # receives waiting, by (source, tag)
         # headers that came as their receives were withdrawn, for the next receives, in order
         self.held: dict[tuple[int, int], deque] = {}
+        # MPI messages sent to and received from each peer: what a free drains (draining:
+        # a user's message no receive took must not reach the next communicator)
+        size = comm.Get_size()
+        self.sent, self.received = [0] * size, [0] * size
 
     def send(self, data: np.ndarray, dst: int, tag: tuple) -> _Send:
         seq = tag[0]
@@ -49,6 +53,7 @@ class MessageChannel(MPIChannel):
         if typed.follows(len(raw)):
             reqs += [comm.Isend([raw[a:b], MPI.BYTE], dst, t)
                      for a, b in tuning.chunks(len(raw), tuning.MAX_COUNT)]
+        self.sent[dst] += len(reqs)
         return _Send(self, reqs, (raw, first), dst, seq)
 
     def recv(self, into: np.ndarray, src: int, tag: tuple, *, in_place: bool) -> _Take:
@@ -134,6 +139,7 @@ class _Take:
             message = self.channel.comm.Improbe(self.src, self.key[1], status)
             if message is None:
                 return False
+            self.channel.received[self.src] += 1
             a, b = self.pieces[0]
             got = status.Get_count(MPI.BYTE)
             mine = not self.discard and got == b - a
@@ -158,8 +164,14 @@ class _Take:
             nbytes = self.data.nbytes if not self.withdrawn else 0
             self.head = np.empty(typed.HEADER + min(nbytes, typed.SMALL), np.uint8)
             self.head_req = self.channel.comm.Irecv([self.head, MPI.BYTE], self.src, self.key[1])
-        if not self.head_req.Test(self.status):
+        try:
+            came = self.head_req.Test(self.status)
+        except MPI.Exception:
+            self.channel.received[self.src] += 1  # (truncated, but taken: step says so)
+            raise
+        if not came:
             return False
+        self.channel.received[self.src] += 1
         self._read_header(self.status.Get_count(MPI.BYTE))
         return True
 
@@ -198,8 +210,10 @@ class _Take:
                 self.head_req.Cancel()
                 self.head_req.Wait(self.status)  # at once: cancelled, or the header came
                 taken = not self.status.Is_cancelled()
+                self.channel.received[self.src] += taken
             except MPI.Exception:
                 taken = False  # a truncated header: taken whole, nothing follows
+                self.channel.received[self.src] += 1
             self.head_req = None
             if taken and self.head is not None:
                 head = self.head[:self.status.Get_count(MPI.BYTE)]

@@ -33,6 +33,11 @@ _KEPT: list = []  # communicators of failed transports, never freed (see MPITran
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
 
+def kept() -> int:
+    """How many transports were kept instead of freed, after failures (a test's question)."""
+    return len(_KEPT)
+
+
 def say_goodbye(why: str = "it exited (status 0)") -> None:
     """At a rank's exit: every live transport tells its peers after which call it left."""
     for transport in list(_LIVE):
@@ -137,14 +142,17 @@ class MPITransport:
                                         "later call"))
 
     def notify_failure(self, failure: Failure) -> None:
-        self._troubled = True
+        self._troubled = self._troubled or failure.kind != "disputed"
         self.left = self.left or failure.kind == "exited"
         self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
         failure = self.notices.poll()
         if failure is not None:
-            self._troubled = True
+            # (a dispute alone leaves no message in flight: a late agreement that finds a
+            # mismatch tells of it as a failure; one that finds none, needed or not, moves
+            # nothing. Its notice, read or not, goes with the drain at free)
+            self._troubled = self._troubled or failure.kind != "disputed"
             if failure.kind == "exited":
                 self.gone.add(failure.rank)
         return failure
@@ -202,8 +210,8 @@ class MPITransport:
 
     def free(self) -> None:
         """Release the duplicated communicators and what lives on them (collective), once the
-        notices nobody read have come (``draining``: MPI could deliver them to a new
-        communicator that reused a freed one's context).
+        notices and point-to-point messages nobody read have come (``draining``: MPI could
+        deliver them to a new communicator that reused a freed one's context).
 
         After a failure they are kept instead: messages of the failed call (a collective MPI
         cannot cancel) may still arrive."""
@@ -220,7 +228,9 @@ class MPITransport:
         else:  # (once the notices nobody read are received: draining)
             self.native.free()
             sent, received, sends = self.notices.free()
-            draining.free_when_drained(self._comms[2], sent, received,
+            p2p = self.p2p
+            draining.free_when_drained([(self._comms[2], sent, received),
+                                        (p2p.comm, p2p.sent, p2p.received)],
                                        (self._node, *self._comms), sends)
         for channel in (self.data, self.control, self.p2p):
             channel.free()

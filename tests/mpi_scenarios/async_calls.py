@@ -195,6 +195,48 @@ def unread_question() -> None:
     report.check(not stray, f"a question of a freed communicator reached {stray}")
 
 
+def unreceived_message() -> None:
+    """A message sent on a communicator and never received goes with its free: a new
+    communicator's receive of that source and tag takes its own message (it took the old one,
+    silently, where the shapes matched)."""
+    old = Communicator(comm.transport.dup(), timeout=30)
+    if rank == 0:
+        old.send(np.full(4, 111.0), 1, tag=5)
+    meet()
+    old.free()
+    new = Communicator(comm.transport.dup(), timeout=30)
+    if rank == 0:
+        new.send(np.full(4, 222.0), 1, tag=5)
+    elif rank == 1:
+        got = new.recv(np.zeros(4), 0, tag=5)
+        report.check(np.array_equal(got, np.full(4, 222.0)), f"unreceived message: got {got}")
+    new.free()
+    stray = stray_messages()
+    report.check(not stray, f"a message of a freed communicator reached {stray}")
+
+
+def freed_after_disputes(rounds: int = 30) -> None:
+    """Calls in flight at a free, one rank late: a slow wait may tell its peers it disputes a
+    call (needlessly, as documented), and every call still succeeds. The communicators are
+    freed all the same (a dispute's notice made the transport keep them, leaking five MPI
+    communicators each time)."""
+    import time
+
+    from collectives.backends.mpi import transport
+
+    before = transport.kept()
+    for _ in range(rounds):
+        c = Communicator(comm.transport.dup(), timeout=30)
+        handles = [c.all_reduce(np.full(1000, 1.0), async_op=True, algorithm=a)
+                   for a in ("native", "ring", "native")]
+        if rank == 0:
+            time.sleep(0.05)
+        c.free()
+        report.check(all(np.array_equal(h.wait(), np.full(1000, float(n))) for h in handles),
+                     "freed after disputes: results")
+    report.check(transport.kept() == before, f"{transport.kept() - before} transports kept")
+
+
 def unread_notices(rounds: int = 6) -> None:
     """A rank that waits asks its peers what they do; a peer through its call at once never
     reads the question. Freed so, the question must not reach a communicator made after it
@@ -275,6 +317,10 @@ def main() -> None:
     meet()
     if n > 1:
         unread_question()
+        meet()
+        unreceived_message()
+        meet()
+        freed_after_disputes()
         meet()
         unread_notices()
         meet()
