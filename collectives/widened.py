@@ -5,9 +5,11 @@ summed to 144, a mean of 72.0; two int32 1.5e9s to -647483648.0), while the floa
 claimed a precision it did not have. So, as ``numpy.mean`` sums integers in float64, every
 call kind widens an integer MEAN's input at the edge, into a new float64 array (the input is
 never written), and reduces that: the result is the float64 reference's, exact while the sums
-stay below 2**53 (int32 inputs on fewer than 2**21 participants), rounded beyond as NumPy's
-mean is. The wire carries eight bytes an element. Ranks then agree on a float64 MEAN: one that
-passes int32 beside one that passes float64 gets the mean of what each passed.
+stay below 2**53 (int32 inputs on fewer than 2**21 participants), and beyond rounded as a
+float64 SUM is, in the algorithm's order of additions (NumPy's may differ in the last bit;
+every rank's is the same). The wire carries eight
+bytes an element. The ranks agree on the dtype each passed (``Call.passed``), and errors name
+it: ranks passing int32 and int64 disagree, as for any other op.
 """
 
 from __future__ import annotations

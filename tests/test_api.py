@@ -202,3 +202,21 @@ def test_debug_variable_agrees_on_calls_check_false_skips():
                          env={"COLLECTIVES_DEBUG": "detail", "PATH": ""}, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "mismatch:" in out.stdout and "different op" in out.stdout, out.stdout
+
+
+def test_an_integer_means_errors_name_the_dtype_passed_and_explain_prices_float64():
+    # (the float64 copy an integer MEAN travels as was named instead: "different dtype (rank
+    # 0: 'float64', rank 1: 'float32')" for an int32 beside a float32, and explain priced
+    # the int8 bytes where float64 ones travel)
+    def body(comm):
+        x = np.ones(4, np.int32) if comm.rank == 0 else np.ones(4, np.float32)
+        with pytest.raises(collectives.CollectiveMismatchError) as raised:
+            comm.all_reduce(x, "mean")
+        small = np.ones(30000, np.int8)
+        chosen = comm.explain("all_reduce", small, "mean").name
+        comm.all_reduce(small, "mean")
+        return str(raised.value), chosen, comm.last_algorithm
+
+    for message, chosen, ran in collectives.run(body, 3):
+        assert "'int32'" in message and "'float64'" not in message, message
+        assert chosen == ran, (chosen, ran)

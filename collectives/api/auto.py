@@ -21,6 +21,7 @@ from ..algorithms.cost import Fabric, Placement
 from ..algorithms.schedule import Collective
 from ..hints import CollectiveName, Op, SpmdAlgorithm
 from ..runtime.validate import Groups
+from ..widened import widened
 from .comm_parts import CommParts
 
 SELECT = logging.getLogger("collectives.select")
@@ -112,9 +113,11 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
     not; for ``auto``, every candidate's price (``str()`` of it: a table and a sentence)."""
     collective = Collective(collective) if isinstance(collective, str) else collective
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
-    x = comm.adapt(x, "x")
+    passed = comm.adapt(x, "x")
+    # (an integer MEAN travels as float64, ``collectives.widened``: priced so)
+    x = widened(comm.arrays, passed, op) if reducing else passed
     call = comm.calls.validated(collective, x, op if reducing else None, algorithm, root=root,
-                                groups=groups)
+                                groups=groups, passed=passed)
     runner = str(call.choice) if call.choice is not None else ""
     if call.choice is not None and call.choice.runner != "auto":
         return select.Decision(call.run_as, call.shards, call.layout, [],

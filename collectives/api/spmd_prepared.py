@@ -105,7 +105,7 @@ class PreparedOps(CommParts):
         wide, place = self._widened(xa, op)
         algorithm = through_shared(self.transport, wide, out, algorithm)
         call = self.calls.validated(Collective.ALL_REDUCE, wide, op, algorithm, shards=shards,
-                                    groups=groups)
+                                    groups=groups, passed=xa)
         xa = self._bind(xa, out, call.shape, call.final, "all_reduce_init")
         arrays = self.arrays
         work: Any = out if call.final == call.dtype else arrays.empty(call.shape, call.dtype, like=xa)
@@ -150,7 +150,7 @@ class PreparedOps(CommParts):
         xa, out, returns = self._bound(x, out)
         wide, place = self._widened(xa, op)
         call = self.calls.validated(Collective.REDUCE, wide, op, algorithm, root=root,
-                                    shards=shards, groups=groups)
+                                    shards=shards, groups=groups, passed=xa)
         arrays = self.arrays
         mine = self.rank == call.root
         if mine:
@@ -266,7 +266,7 @@ class PreparedOps(CommParts):
         xa, out, returns = self._bound(x, out)
         wide, place = self._widened(xa, op)
         call = self.calls.validated(Collective.REDUCE_SCATTER, wide, op, algorithm,
-                                    shards=shards, groups=groups)
+                                    shards=shards, groups=groups, passed=xa)
         rows, n, i = call.shape[0], self.size, self.rank
         lo, hi = i * rows // n, (i + 1) * rows // n
         xa = self._bind(xa, out, (hi - lo, *call.shape[1:]), call.final, "reduce_scatter_init")

@@ -174,9 +174,10 @@ class ReductionOps(CommParts):
 
         def build(seq):
             arrays = self.arrays
-            xa = widened(arrays, self.adapt(x, "x"), op)
+            passed = self.adapt(x, "x")
+            xa = widened(arrays, passed, op)
             call = self.calls.validated(Collective.ALL_REDUCE, xa, op, algorithm, shards=shards,
-                                        groups=groups)
+                                        groups=groups, passed=passed)
             seen.append(call)
             target, late = self.calls.target(out, call.shape, call.final)
             same = call.final == call.dtype
@@ -280,9 +281,10 @@ class ReductionOps(CommParts):
         """
         def build(seq):
             arrays = self.arrays
-            xa = widened(arrays, self.adapt(x, "x"), op)
-            call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root, shards=shards,
-                                        groups=groups)
+            passed = self.adapt(x, "x")
+            xa = widened(arrays, passed, op)
+            call = self.calls.validated(Collective.REDUCE, xa, op, algorithm, root=root,
+                                        shards=shards, groups=groups, passed=passed)
             mine = self.rank == call.root
             target, late = self.calls.target(out if mine else None, call.shape, call.final)
             work = (arrays.result(call.shape, call.dtype, like=xa) if mine

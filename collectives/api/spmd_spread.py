@@ -209,11 +209,12 @@ class SpreadOps(CommParts):
         """
         def build(seq):
             arrays = self.arrays
-            xa = widened(arrays, self.adapt(x, "x"), op)
+            passed = self.adapt(x, "x")
+            xa = widened(arrays, passed, op)
             if len(xa.shape) == 0:
                 raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
             call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,
-                                        groups=groups)
+                                        groups=groups, passed=passed)
             rows, n, i = call.shape[0], self.size, self.rank
             lo, hi = i * rows // n, (i + 1) * rows // n
             mine = (hi - lo, *call.shape[1:])

@@ -113,19 +113,21 @@ class CallRunner:
 
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
               shards: int = 0, groups: Any = None, axis: int | None = None,
-              compression: str | None = None) -> Call:
+              compression: str | None = None, passed: Any = None) -> Call:
         """The validated call of these arguments, from the cache when they were seen before
-        (``compression``: what a compressed call's wire call carries, ``Call.compression``)."""
+        (``compression``: what a compressed call's wire call carries, ``Call.compression``;
+        ``passed``: the caller's array where ``x`` is a widened copy of it, ``Call.passed``)."""
         batch = self.batch
+        shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
             key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis, batch,
-                   compression)
+                   compression, shown)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None
         if call is None:
             call = self._validate(collective, x, op, algorithm, root, shards, groups, axis,
-                                  compression)
+                                  compression, shown)
             if key is not None:
                 if len(self.cache) > 4096:
                     self.cache.clear()
@@ -133,7 +135,7 @@ class CallRunner:
         return call
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis,
-                  compression) -> Call:
+                  compression, shown=None) -> Call:
         dtype = np.dtype(x.dtype)
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
@@ -152,7 +154,7 @@ class CallRunner:
             layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
                       else self.comm.transport.layout)
         call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch,
-                    compression)
+                    compression, passed=shown)
         call.run_as = self.comm.choose_algorithm(call)
         CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)
         return call

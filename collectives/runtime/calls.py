@@ -104,6 +104,9 @@ class Call:
     # what the user called, where that is not the collective it runs as (a barrier is a
     # one-element all-reduce): its name in logs and errors
     shown_as: str | None = None
+    # the dtype the caller passed, where it travels as another (an integer MEAN's inputs, as
+    # float64: ``collectives.widened``): what the ranks agree on, and what errors name
+    passed: np.dtype | None = None
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -118,7 +121,7 @@ class Call:
         self.count = math.prod(self.shape)
         self.nbytes = self.count * self.dtype.itemsize
         self.final = result_dtype(self.op, self.dtype) if self.op is not None else self.dtype
-        self.signature = (self.collective.value, self.shape, str(self.dtype),
+        self.signature = (self.collective.value, self.shape, str(self.passed or self.dtype),
                           self.op.value if self.op else None, self.root, self.algorithm,
                           self.shards, None if self.layout is None else self.layout.groups,
                           self.axis, self.batch, self.compression)
@@ -135,7 +138,7 @@ class Call:
     def _describe(self) -> str:
         if self.shown_as is not None:
             return self.shown_as
-        parts = [f"{self.dtype}[{','.join(map(str, self.shape))}]"]
+        parts = [f"{self.passed or self.dtype}[{','.join(map(str, self.shape))}]"]
         if self.op is not None:
             parts.append(f"op={self.op.value}")
         if self.collective in (Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
