@@ -155,9 +155,7 @@ class _CollectivesGroup(_ProcessGroupBase):
 
         with self.lock:
             op, tensor = self._checked("allreduce", check)
-            wide = tensor.float() if tensor.dtype in UPCAST else tensor
-            # (booleans as gloo reduces them: SUM is OR, PRODUCT is AND)
-            logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
+            wide, logical = _carried(tensor, op)
             result = self.comm.all_reduce(_host(wide, "allreduce tensor"), logical)
             # (bfloat16 and float16 went as float32: cast back, as torch does)
             tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
@@ -225,8 +223,7 @@ class _CollectivesGroup(_ProcessGroupBase):
 
         with self.lock:
             op, tensor = self._checked("reduce_scatter_single", check)
-            wide = tensor.float() if tensor.dtype in UPCAST else tensor
-            logical = _LOGICAL.get(op, op) if tensor.dtype == torch.bool else op
+            wide, logical = _carried(tensor, op)
             rows = _host(wide, "reduce_scatter tensor").reshape(self.comm.size, -1)
             block = self.comm.reduce_scatter(rows, logical)
             output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
@@ -237,6 +234,13 @@ class _CollectivesGroup(_ProcessGroupBase):
         with self.lock:
             self.comm.barrier()
         return _finished_work(None)
+
+
+def _carried(tensor: torch.Tensor, op: ReduceOp) -> tuple[torch.Tensor, ReduceOp]:
+    """What a reduction carries, and with which op: bfloat16 and float16 as float32 (cast back
+    after, as torch does), booleans' SUM and PRODUCT as OR and AND (as gloo reduces them)."""
+    wide = tensor.float() if tensor.dtype in UPCAST else tensor
+    return wide, (_LOGICAL.get(op, op) if tensor.dtype == torch.bool else op)
 
 
 def _sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) -> None:

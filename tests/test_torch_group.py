@@ -134,26 +134,6 @@ def test_an_integer_average_is_refused_on_every_rank_as_gloo_refuses_it(dtype):
         assert unchanged and "allreduce tensor" in message and "AVG" in message
 
 
-def test_an_integer_average_on_one_rank_fails_its_peers_at_once():
-    # (refused on that rank alone, before its call: the others waited out their timeout)
-    import time
-
-    def job(group, rank):
-        t = torch.tensor([5, 3, 1]) if rank == 1 else torch.tensor([5.0, 3.0, 1.0])
-        start = time.monotonic()
-        with pytest.raises((TypeError, collectives.PeerFailedError)) as raised:
-            dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
-        took = time.monotonic() - start
-        if rank == 1:
-            time.sleep(3)  # (alive: a rank that returned would have told its peers anyway)
-        return type(raised.value).__name__, took
-
-    got = collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), 2,
-                          timeout=20)
-    assert [kind for kind, _ in got] == ["PeerFailedError", "TypeError"], got
-    assert all(took < 2 for _, took in got), got
-
-
 def _train_compiled(comm, compiled: bool) -> list:
     torch.manual_seed(0)  # (the same weights on every rank: the first rank to get here sets them)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -310,19 +290,32 @@ def test_calls_the_group_does_not_run_name_the_communicators_call_on_every_rank(
             assert f"{instead}()" in message or "once per tensor" in message, message
 
 
-def test_one_ranks_refused_call_fails_its_peers_at_once():
-    # (an op with no equivalent, refused on that rank before its call: its peer waited its
-    # whole timeout)
+# A call one rank's group refuses, and the error it raises there; its peer makes a good call.
+REFUSED = {
+    "an integer average": (lambda group: dist.all_reduce(
+        torch.tensor([5, 3, 1]), op=dist.ReduceOp.AVG, group=group), "TypeError"),
+    "an op with no equivalent": (lambda group: dist.all_reduce(
+        torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND, group=group), "ValueError"),
+    "a call the group does not run": (lambda group: dist.reduce(
+        torch.ones(2), group_dst=0, group=group), "NotImplementedError"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_one_ranks_refused_call_fails_its_peers_at_once(case):
+    # (refused on that rank alone, before its call: its peer waited out its whole timeout)
     import time
+
+    refused, error = REFUSED[case]
 
     def job(group, rank):
         start = time.monotonic()
-        t = torch.ones(2, dtype=torch.int32)
-        with pytest.raises((ValueError, NotImplementedError, collectives.PeerFailedError)) as raised:
+        with pytest.raises((TypeError, ValueError, NotImplementedError,
+                            collectives.PeerFailedError)) as raised:
             if rank == 0:
-                dist.all_reduce(t, op=dist.ReduceOp.BAND, group=group)
+                refused(group)
             else:
-                dist.all_reduce(t, group=group)
+                dist.all_reduce(torch.ones(2), group=group)
         took = time.monotonic() - start
         if rank == 0:
             time.sleep(3)  # (alive: a rank that returned would have told its peers anyway)
@@ -330,7 +323,7 @@ def test_one_ranks_refused_call_fails_its_peers_at_once():
 
     got = collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), 2,
                           timeout=20)
-    assert [kind for kind, _ in got] == ["ValueError", "PeerFailedError"], got
+    assert [kind for kind, _ in got] == [error, "PeerFailedError"], got
     assert all(took < 2 for _, took in got), got
 
 
