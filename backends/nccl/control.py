@@ -117,35 +117,53 @@ class Notices:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.activity: Any = None
         self._sent: list = []  # notices and answers in flight (never waited for)
+        # messages sent to and received from each peer: what a free drains (the MPI
+        # transport's ``draining``); after ``free`` nothing is sent or taken here
+        self.sent, self.received = [0] * self.size, [0] * self.size
+        self.freed = False
+
+    def _send(self, blob: np.ndarray, peer: int, tag: int) -> None:
+        self._sent.append((blob, self.comm.Isend(blob, peer, tag)))
+        self.sent[peer] += 1
+
+    def _recv(self, blob: np.ndarray, peer: int, tag: int) -> None:
+        self.comm.Recv(blob, peer, tag)
+        self.received[peer] += 1
 
     def notify(self, failure: Failure) -> None:
+        if self.freed:
+            return
         blob = np.frombuffer(pickle.dumps(failure), np.uint8).copy()
         for peer in range(self.size):
             if peer != self.rank:
-                self._sent.append((blob, self.comm.Isend(blob, peer, 0)))
+                self._send(blob, peer, 0)
 
     def poll(self) -> Failure | None:
         """A peer's failure notice, if one arrived; also answers activity queries."""
         from mpi4py import MPI
 
+        if self.freed:
+            return None
         self.answer()
         status = MPI.Status()
         if not self.comm.Iprobe(MPI.ANY_SOURCE, 0, status):
             return None
         blob = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-        self.comm.Recv(blob, status.Get_source(), 0)
+        self._recv(blob, status.Get_source(), 0)
         return pickle.loads(blob.tobytes())
 
     def answer(self) -> None:
         """Answer every pending activity query with what this rank is doing."""
         from mpi4py import MPI
 
+        if self.freed:
+            return
         status = MPI.Status()
         while self.comm.Iprobe(MPI.ANY_SOURCE, QUERY, status):
             asker = status.Get_source()
-            self.comm.Recv(np.empty(1, np.uint8), asker, QUERY)
+            self._recv(np.empty(1, np.uint8), asker, QUERY)
             blob = np.frombuffer(pickle.dumps(describe_activity(self.activity)), np.uint8).copy()
-            self._sent.append((blob, self.comm.Isend(blob, asker, ANSWER)))
+            self._send(blob, asker, ANSWER)
         self._sent = [(b, r) for b, r in self._sent if not r.Test()]
 
     def ask(self, timeout: float) -> dict[int, tuple]:
@@ -155,16 +173,16 @@ class Notices:
 
         query = np.zeros(1, np.uint8)
         for peer in range(self.size):
-            if peer != self.rank:
-                self._sent.append((query, self.comm.Isend(query, peer, QUERY)))
+            if peer != self.rank and not self.freed:
+                self._send(query, peer, QUERY)
         answers: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         status = MPI.Status()
         while len(answers) < self.size - 1 and time.monotonic() < deadline:
             self.answer()
-            if self.comm.Iprobe(MPI.ANY_SOURCE, ANSWER, status):
+            if not self.freed and self.comm.Iprobe(MPI.ANY_SOURCE, ANSWER, status):
                 blob = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                self.comm.Recv(blob, status.Get_source(), ANSWER)
+                self._recv(blob, status.Get_source(), ANSWER)
                 answers[status.Get_source()] = pickle.loads(blob.tobytes())
             else:
                 time.sleep(1e-3)
@@ -174,3 +192,10 @@ class Notices:
                                        "library, or stuck)", SILENT)
         return answers
 
+    def free(self) -> tuple[list[int], list[int], list]:
+        """Stop sending and taking notices (the transport frees the communicator once they
+        are drained): the counts of messages sent to and received from each peer, and the
+        sends in flight, as ``(request, buffer)``."""
+        self.freed = True
+        sends, self._sent = [(r, b) for b, r in self._sent], []
+        return self.sent, self.received, sends

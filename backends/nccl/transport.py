@@ -24,6 +24,7 @@ from typing import Any
 from collectives.backends.cupy import nccl_reductions
 from collectives.backends.cupy.arrays import CupyArrays
 from collectives.backends.cupy.probe import nccl_module, require_gpu
+from collectives.backends.mpi import draining
 
 from collectives.algorithms.base import Layout
 from collectives.algorithms.select import CostModel
@@ -36,6 +37,7 @@ from .p2p import NcclChannel
 from .streams import StreamOrder
 from .watchdog import Watchdog
 
+_KEPT: list = []  # MPI communicators of failed transports, never freed (``free``)
 # Schedules over NCCL send/recv cost a group launch per round (~20 us from Python); bytes
 # move at NVLink/PCIe speed between GPUs.
 COST_MODEL = CostModel(latency=30e-6, seconds_per_byte=1 / 50e9,
@@ -194,7 +196,15 @@ class NcclTransport(StreamOrder):
         return NcclTransport(sub, device=self.device, stream=self.stream, timeout=self.timeout)
 
     def free(self) -> None:
+        """NCCL's communicators go at once; the MPI ones once the notices nobody read are
+        received (``collectives.backends.mpi.draining``: MPI could give a freed context, with
+        those notices, to a new communicator). After a failure they are kept instead:
+        messages of the failed call may still arrive."""
         self.comms.free()
-        for comm in (self.control.comm, self.notices.comm, self._digests, self.objects,
-                     self.world):
-            comm.Free()
+        comms = (self.control.comm, self.notices.comm, self._digests, self.objects, self.world)
+        with self._notice_lock:
+            sent, received, sends = self.notices.free()
+        if self.failed is not None:
+            _KEPT.append(comms)
+            return
+        draining.free_when_drained([(self.notices.comm, sent, received)], comms, sends)

@@ -131,6 +131,13 @@ def test_host_side_under_mpiexec(n, per_node):
     assert f"ranks={n}" in out
 
 
+@needs_mpi
+def test_nccl_notices_nobody_read_are_drained_at_free():
+    # (the NCCL transport freed its MPI communicators at once: a question nobody answered
+    # reached the next communicator made, as on the MPI transport)
+    passed(launch("notices_drain.py", 2), "notices_drain")
+
+
 def test_mpi_reason_is_stated():
     assert MPI_REASON is None or "mpi4py" in MPI_REASON
 
