@@ -14,20 +14,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from collectives.ops import ReduceOp
+from .torch_group_args import (
+    UPCAST,
+    averaged,
+    carried,
+    check_gather_outputs,
+    host_view,
+    one_tensor,
+    reduce_op,
+    root_of,
+    sized,
+    writable,
+    write_bits,
+)
 
 __all__ = ["UPCAST", "process_group"]
-
-# reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
-# sum may pass its range where the mean does not (DDP's own hook divides first)
-UPCAST = (torch.bfloat16, torch.float16)
-
-_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
-        dist.ReduceOp.MAX: ReduceOp.MAX, dist.ReduceOp.MIN: ReduceOp.MIN,
-        dist.ReduceOp.PRODUCT: ReduceOp.PROD}
-
-
-_LOGICAL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
 
 
 def _finished_work(value: Any) -> Any:
@@ -42,82 +43,8 @@ def _finished_work(value: Any) -> Any:
     return make(future)
 
 
-def _host(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.ndarray:
-    """A NumPy view of a CPU tensor; ``moved``: its bits only (bfloat16 as int16, which is
-    right for copies such as broadcast, wrong for arithmetic)."""
-    _usable(tensor, argument)
-    tensor = tensor.detach()  # (as gloo's: a collective works on the data, outside autograd;
-    if tensor.dtype in UPCAST and moved:  # DLPack refused a tensor that requires grad)
-        tensor = tensor.view(torch.int16)
-    return np.from_dlpack(tensor)
-
-
-def _usable(tensor: torch.Tensor, argument: str) -> None:
-    """What the group's NumPy views cannot carry: a tensor off the CPU, or a lazily negated
-    or conjugated view (``x.conj().imag``), whose memory holds other values than it shows."""
-    if tensor.device.type != "cpu":
-        raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
-                        f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
-    if tensor.is_neg() or tensor.is_conj():
-        raise TypeError(f"{argument} is a lazily negated or conjugated view (its memory holds "
-                        "other values than it shows); pass tensor.resolve_neg().resolve_conj()")
-
-
-def _one(tensors: Any, what: str) -> torch.Tensor:
-    """The one tensor of a call: PyTorch's list of several is its multi-device form."""
-    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-    if len(tensors) != 1:
-        raise ValueError(f"{what} got {len(tensors)} tensors; the collectives process group "
-                         "takes one per call (a list of several is PyTorch's multi-device "
-                         "form): call it once per tensor")
-    _usable(tensors[0], f"{what} tensor")
-    return tensors[0]
-
-
-def _averaged(op: ReduceOp, tensor: torch.Tensor, what: str) -> None:
-    if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise TypeError(f"{what} tensor is {tensor.dtype}: ReduceOp.AVG of integer or bool "
-                        "tensors has no result of their dtype (gloo refuses it too); reduce a "
-                        "floating-point copy, or SUM and divide")
-
-
-def _check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -> None:
-    """An all-gather's output list: one tensor per rank, each of the input's shape and dtype
-    (NumPy's broadcasting would otherwise fill a wider one, and a short list lose ranks)."""
-    if len(into) != size:
-        raise ValueError(f"allgather output list {i} holds {len(into)} tensors; pass {size}, "
-                         "one per rank")
-    for rank, out in enumerate(into):
-        if out.shape != tensor.shape or out.dtype != tensor.dtype:
-            raise ValueError(f"allgather output {i}[{rank}] is {out.dtype}{list(out.shape)}; "
-                             f"pass tensors like the input, {tensor.dtype}{list(tensor.shape)}")
-        if out.requires_grad and out.is_leaf:  # (as gloo: autograd forbids writing into it)
-            raise RuntimeError(f"allgather output {i}[{rank}] is a leaf tensor that requires "
-                               "grad, which cannot be written in place; pass outputs made "
-                               "without requires_grad (or under torch.no_grad())")
-
-
 # (typed as Any: the C++ base's stubs overload its methods for callers, not for subclasses)
 _ProcessGroupBase: Any = dist.ProcessGroup
-
-
-def _reduce_op(opts: Any) -> ReduceOp:
-    """The op of an allreduce's options, given as PyTorch's groups take them: AllreduceOptions,
-    a ReduceOp, or nothing (SUM)."""
-    if opts is None:
-        return ReduceOp.SUM
-    given = getattr(opts, "reduceOp", opts)
-    given = getattr(given, "op", given)  # (ReduceOp wraps a RedOpType)
-    op = _OPS.get(given)
-    if op is None:
-        raise ValueError(f"reduce op {given} has no collectives equivalent; use one of "
-                         f"{', '.join(str(o) for o in _OPS)}")
-    return op
-
-
-def _root(opts: Any) -> int:
-    """The root of a broadcast's options: BroadcastOptions, a rank, or nothing (rank 0)."""
-    return 0 if opts is None else opts if isinstance(opts, int) else opts.rootRank
 
 
 class _CollectivesGroup(_ProcessGroupBase):
@@ -143,20 +70,20 @@ class _CollectivesGroup(_ProcessGroupBase):
         peers make at this point, before any data moves, so that they hear of it at once."""
         try:
             return check()
-        except (TypeError, ValueError, NotImplementedError) as error:
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
             self.comm.calls.refuse(what, error)
 
     @torch.compiler.disable
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         def check():
-            op, tensor = _reduce_op(opts), _one(tensors, "allreduce")
-            _averaged(op, tensor, "allreduce")
+            op, tensor = reduce_op(opts), one_tensor(tensors, "allreduce")
+            averaged(op, tensor, "allreduce")
             return op, tensor
 
         with self.lock:
             op, tensor = self._checked("allreduce", check)
-            wide, logical = _carried(tensor, op)
-            result = self.comm.all_reduce(_host(wide, "allreduce tensor"), logical)
+            wide, logical = carried(tensor, op)
+            result = self.comm.all_reduce(host_view(wide, "allreduce tensor"), logical)
             # (bfloat16 and float16 went as float32: cast back, as torch does)
             tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _finished_work([tensor])
@@ -167,11 +94,11 @@ class _CollectivesGroup(_ProcessGroupBase):
             if getattr(opts, "rootTensor", 0):
                 raise ValueError(f"broadcast options name rootTensor={opts.rootTensor}; the "
                                  "collectives process group takes one tensor per call")
-            return _one(tensors, "broadcast"), _root(opts)
+            return one_tensor(tensors, "broadcast"), root_of(opts)
 
         with self.lock:
             tensor, root = self._checked("broadcast", check)
-            view = _host(tensor, "broadcast tensor", moved=True)
+            view = host_view(tensor, "broadcast tensor", moved=True)
             view[...] = self.comm.broadcast(view, root=root)
         return _finished_work([tensor])
 
@@ -181,16 +108,16 @@ class _CollectivesGroup(_ProcessGroupBase):
             if len(outputs) != 1:
                 raise ValueError(f"allgather got {len(outputs)} output lists; the collectives "
                                  "process group takes one input and one list per call")
-            return _one(inputs, "allgather")
+            return one_tensor(inputs, "allgather")
 
         with self.lock:
             tensor = self._checked("allgather", check)
-            gathered = self.comm.all_gather(_host(tensor, "allgather tensor", moved=True)[None])
+            gathered = self.comm.all_gather(host_view(tensor, "allgather tensor", moved=True)[None])
             # (checked after the call, as the library checks out=: a bad list on one rank
             # must not leave its peers waiting for it)
-            _check_gather_outputs(outputs[0], tensor, self.comm.size, 0)
+            check_gather_outputs(outputs[0], tensor, self.comm.size, 0)
             for rank, out in enumerate(outputs[0]):
-                _host(out, "allgather output", moved=True)[...] = gathered[rank]
+                host_view(out, "allgather output", moved=True)[...] = gathered[rank]
         return _finished_work(outputs)
 
     @torch.compiler.disable
@@ -198,15 +125,15 @@ class _CollectivesGroup(_ProcessGroupBase):
                           opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor``: every rank's input, in rank order, in ``output``."""
         def check():
-            _usable(output, "all_gather output")
-            tensor = _one(input, "all_gather")
-            _sized(output, tensor, self.comm.size * tensor.numel(), "all_gather output")
+            writable(output, "all_gather output")
+            tensor = one_tensor(input, "all_gather")
+            sized(output, tensor, self.comm.size * tensor.numel(), "all_gather output")
             return tensor
 
         with self.lock:
             tensor = self._checked("all_gather_single", check)
-            gathered = self.comm.all_gather(_host(tensor, "all_gather tensor", moved=True).reshape(-1))
-            _write(output, gathered)
+            gathered = self.comm.all_gather(host_view(tensor, "all_gather tensor", moved=True).reshape(-1))
+            write_bits(output, gathered)
         return _finished_work([output])
 
     @torch.compiler.disable
@@ -215,16 +142,16 @@ class _CollectivesGroup(_ProcessGroupBase):
         """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of every rank's
         input (cut into as many equal blocks as ranks) in ``output``."""
         def check():
-            op, tensor = _reduce_op(opts), _one(input, "reduce_scatter")
-            _usable(output, "reduce_scatter output")
-            _sized(tensor, output, self.comm.size * output.numel(), "reduce_scatter input")
-            _averaged(op, tensor, "reduce_scatter")
+            op, tensor = reduce_op(opts), one_tensor(input, "reduce_scatter")
+            writable(output, "reduce_scatter output")
+            sized(tensor, output, self.comm.size * output.numel(), "reduce_scatter input")
+            averaged(op, tensor, "reduce_scatter")
             return op, tensor
 
         with self.lock:
             op, tensor = self._checked("reduce_scatter_single", check)
-            wide, logical = _carried(tensor, op)
-            rows = _host(wide, "reduce_scatter tensor").reshape(self.comm.size, -1)
+            wide, logical = carried(tensor, op)
+            rows = host_view(wide, "reduce_scatter tensor").reshape(self.comm.size, -1)
             block = self.comm.reduce_scatter(rows, logical)
             output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
         return _finished_work([output])
@@ -234,25 +161,6 @@ class _CollectivesGroup(_ProcessGroupBase):
         with self.lock:
             self.comm.barrier()
         return _finished_work(None)
-
-
-def _carried(tensor: torch.Tensor, op: ReduceOp) -> tuple[torch.Tensor, ReduceOp]:
-    """What a reduction carries, and with which op: bfloat16 and float16 as float32 (cast back
-    after, as torch does), booleans' SUM and PRODUCT as OR and AND (as gloo reduces them)."""
-    wide = tensor.float() if tensor.dtype in UPCAST else tensor
-    return wide, (_LOGICAL.get(op, op) if tensor.dtype == torch.bool else op)
-
-
-def _sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) -> None:
-    if tensor.numel() != numel or tensor.dtype != other.dtype:
-        raise ValueError(f"{argument} is {tensor.dtype}{list(tensor.shape)}; it must hold "
-                         f"{numel} elements of {other.dtype} (the ranks' blocks, in order)")
-
-
-def _write(tensor: torch.Tensor, bits: np.ndarray) -> None:
-    """``tensor`` filled with ``bits`` (its elements, as ``_host(moved=True)`` reads them)."""
-    source = torch.from_numpy(np.ascontiguousarray(bits)).view(tensor.dtype)
-    tensor.detach().copy_(source.reshape(tensor.shape))
 
 
 # what the group does not run, and the communicator's call that does it
@@ -270,10 +178,15 @@ _INSTEAD = {
 
 def _not_run(name: str, instead: str) -> Any:
     def method(self: _CollectivesGroup, *args: Any, **kwargs: Any) -> Any:
+        if name in _POINT_TO_POINT:  # (two ranks' business: refused here alone, at once,
+            _refused(name, instead)   # not through a call every rank makes)
         self._checked(name, lambda: _refused(name, instead))
 
     method.__name__ = name
     return torch.compiler.disable(method)
+
+
+_POINT_TO_POINT = frozenset({"send", "recv", "recv_anysource"})
 
 
 def _refused(name: str, instead: str) -> None:

@@ -34,9 +34,11 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         who = f"rank {rank}: " if rank is not None else ""
         number = f" (call {call})" if call is not None else ""
         doing = f". What they are doing: {detail}" if detail else ""
-        # (three digits: a wait given what was left of a deadline waited 0.299999 s)
+        # (three digits, whole seconds from 100 on: a wait given what was left of a deadline
+        # waited 0.299999 s, and 1800 s is no 1.8e+03)
+        seconds = f"{timeout:.3g}" if timeout < 100 else f"{timeout:.0f}"
         super().__init__(
-            f"{who}{collective}{number} timed out after {timeout:.3g} s waiting for rank(s) "
+            f"{who}{collective}{number} timed out after {seconds} s waiting for rank(s) "
             f"{', '.join(map(str, self.missing))}, "
             f"{'which never matched this message' if message else 'which never arrived in this collective'}"
             f"{doing}"

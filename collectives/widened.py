@@ -33,6 +33,14 @@ def integer_mean(op: Any, dtype: Any) -> bool:
     return parsed is ReduceOp.MEAN and np.dtype(dtype).kind in "iu"
 
 
+def widened_values(arrays: Any, values: list, shape: tuple, dtype: Any, op: Any) -> tuple:
+    """A multi-device call's checked ``(values, shape, dtype, op)``, an integer MEAN's values
+    as float64 copies (``arrays``: their backend)."""
+    if op is None or not integer_mean(op, dtype):
+        return values, shape, dtype, op
+    return [widened(arrays, v, op) for v in values], shape, FLOAT64, op
+
+
 def widened(arrays: Any, x: Any, op: Any) -> Any:
     """``x``, or for an integer MEAN a new float64 copy of it (``arrays``: ``x``'s backend)."""
     if not integer_mean(op, x.dtype):

@@ -170,3 +170,49 @@ def test_a_callers_own_mismatch_words_are_used_only_where_every_rank_is_that_cal
 
     for message in collectives.run(body, 2):
         assert "hooks disagree" not in message and "no batch" in message, message
+
+
+def test_a_slow_link_in_an_earlier_asynchronous_call_is_no_mismatch(monkeypatch):
+    # (a peer idle after a later blocking call was taken as finished with the earlier
+    # asynchronous one, whose part this rank still waited for: every rank raised "rank 1
+    # finished it without sending this rank its part", where every rank made the same call)
+    import threading
+
+    from collectives.backends.local import world
+
+    delayed: dict = {}
+    send = world.ThreadChannel.send
+
+    def slow_send(channel, data, dst, tag):
+        if (channel.name == "data" and channel.rank == 0 and dst == 1
+                and delayed.get("seq") == tag[0]):
+            delayed["seq"] = None  # (the first message of that call alone, 1 s late)
+            seq, _, index, pos = tag
+            sent = send(channel, data, dst, (-1 - seq, *tag[1:]))  # (parked: no receive)
+
+            def deliver():  # (the mail's key: channel, source, destination, call, round)
+                with channel.world.lock:
+                    parked = channel.world.mail.pop((channel.name, 0, dst, -1 - seq, index, pos))
+                    channel.world.mail[(channel.name, 0, dst, seq, index, pos)] = parked
+                    channel.world.wake(dst)
+
+            threading.Timer(1.0, deliver).start()
+            return sent
+        return send(channel, data, dst, tag)
+
+    monkeypatch.setattr(world.ThreadChannel, "send", slow_send)
+    big = np.ones(3000)
+
+    def body(comm):
+        comm.all_reduce(big, algorithm="ring")  # (both signatures agreed first)
+        comm.all_reduce(np.ones(3), algorithm="ring")
+        comm.barrier()
+        if comm.rank == 0:
+            delayed["seq"] = comm.calls.engine.seq + 2
+        comm.barrier()
+        handle = comm.all_reduce(big, algorithm="ring", async_op=True)  # the slow link
+        comm.all_reduce(np.ones(3), algorithm="ring")  # a later blocking call, done first
+        return handle.wait()
+
+    for got in collectives.run(body, 3, timeout=20):
+        assert np.array_equal(got, np.full(3000, 3.0))

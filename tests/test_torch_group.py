@@ -300,6 +300,30 @@ REFUSED = {
 }
 
 
+def test_point_to_point_calls_are_refused_at_once_by_the_rank_alone():
+    # (refused through a call every rank makes: the sender and receiver waited for a third
+    # rank's next collective, which then failed, blaming them)
+    import time
+
+    def job(group, rank):
+        start = time.monotonic()
+        if rank == 2:
+            return "ok", dist.all_reduce(torch.ones(2), group=group) is None, 0.0
+        with pytest.raises(NotImplementedError, match="send|recv") as raised:
+            if rank == 0:
+                dist.send(torch.ones(2), group_dst=1, group=group)
+            else:
+                dist.recv(torch.ones(2), group_src=0, group=group)
+        took = time.monotonic() - start
+        dist.all_reduce(torch.ones(2), group=group)  # (the ranks go on together)
+        return type(raised.value).__name__, True, took
+
+    got = collectives.run(lambda comm: job(torch_ddp.process_group(comm), comm.rank), 3,
+                          timeout=20)
+    assert [kind for kind, _, _ in got] == ["NotImplementedError"] * 2 + ["ok"], got
+    assert all(took < 1 for _, _, took in got), got
+
+
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_one_ranks_refused_call_fails_its_peers_at_once(case):
     # (refused on that rank alone, before its call: its peer waited out its whole timeout)
@@ -327,11 +351,20 @@ def test_one_ranks_refused_call_fails_its_peers_at_once(case):
 
 
 def test_an_allgather_into_outputs_that_require_grad_is_refused_as_gloo_refuses_it():
+    # (the tensor forms wrote into such an output silently)
     def job(group, rank):
         outputs = [torch.zeros(2, requires_grad=True) for _ in range(2)]
-        with pytest.raises(RuntimeError, match="requires.grad") as raised:
-            dist.all_gather(outputs, torch.ones(2), group=group)
-        return str(raised.value)
+        messages = []
+        for call in (lambda: dist.all_gather(outputs, torch.ones(2), group=group),
+                     lambda: dist.all_gather_into_tensor(torch.zeros(4, requires_grad=True),
+                                                         torch.ones(2), group=group),
+                     lambda: dist.reduce_scatter_tensor(torch.zeros(1, requires_grad=True),
+                                                        torch.ones(2), group=group)):
+            with pytest.raises(RuntimeError) as raised:  # (gloo's words differ by form)
+                call()
+            messages.append(str(raised.value))
+        return messages
 
     on_gloo(job)
-    on_collectives(job)
+    for messages in on_collectives(job):
+        assert all("requires grad" in m for m in messages), messages

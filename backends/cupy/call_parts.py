@@ -16,7 +16,7 @@ from collectives.runtime.calls import resolve_algorithm
 from collectives.runtime.execute import DeviceBackend
 from collectives.runtime.execute.device_calls import apart_outputs
 from collectives.runtime.validate import as_array, check_op, check_out, resolve_groups, same_layout
-from collectives.widened import FLOAT64, integer_mean, widened
+from collectives.widened import widened_values
 
 from . import group
 from .devices import devices as _devices
@@ -54,9 +54,7 @@ def prepare(values: Any, op: ReduceOp | str | None, argument: str = "values", *,
     shape, dtype = same_layout(values, argument)
     op = check_op(op, dtype, argument) if op is not None else None
     arrays = gpu_arrays()  # no GPU visible: raise here, before anything else
-    if op is not None and integer_mean(op, dtype):  # (summed in float64: api.widened)
-        return [widened(arrays, v, op) for v in values], shape, FLOAT64, op
-    return values, shape, dtype, op
+    return widened_values(arrays, list(values), shape, dtype, op)  # (integer MEAN: float64)
 
 
 def library_devices() -> DeviceBackend:

@@ -17,6 +17,7 @@ from typing import Any
 
 from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError
+from collectives.runtime.calls import described_fully
 from collectives.runtime.transport import Failure
 
 from .p2p import Postings
@@ -170,6 +171,4 @@ def _call_in_flight(world: ThreadWorld, rank: int, seq: int) -> str | None:
     activity = world.activity[rank]
     if activity is None or activity[0] != seq:
         return None
-    subject = activity[1]
-    describe = getattr(subject, "describe_fully", None) or getattr(subject, "describe", None)
-    return describe() if describe is not None else str(subject)
+    return described_fully(activity[1])

@@ -22,7 +22,7 @@ from ..runtime.execute.device_calls import pick
 from ..runtime.validate import as_array, check_op, same_layout
 from ..runtime.work import Completed
 from ..timeline import record_devices, recorder
-from ..widened import FLOAT64, integer_mean, widened
+from ..widened import integer_mean, widened_values
 
 
 def backend_first(function: Callable) -> Callable:
@@ -82,7 +82,11 @@ def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[
         parsed = checked.get(dtype)
         if parsed is None:
             parsed = checked[dtype] = check_op(op, dtype, argument)
-        prepared.append(_widened((list(values), shape, dtype, parsed)))
+        if integer_mean(parsed, dtype):  # (summed in float64: ``collectives.widened``)
+            prepared.append(widened_values(backend_for_arrays(values).arrays, list(values),
+                                           shape, dtype, parsed))
+        else:
+            prepared.append((list(values), shape, dtype, parsed))
     return prepared
 
 
@@ -129,13 +133,6 @@ def prepare(values: Any, op: Op | None, argument: str = "values", *, reducing: b
     values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
     shape, dtype = same_layout(values, argument, op)
     op = check_op(op, dtype, argument) if op is not None else None
-    return _widened((values, shape, dtype, op))
-
-
-def _widened(prepared: tuple) -> tuple:
-    """``prepare``'s answer, an integer MEAN's values as float64 copies (``widened``)."""
-    values, shape, dtype, op = prepared
     if op is None or not integer_mean(op, dtype):
-        return prepared
-    arrays = backend_for_arrays(values).arrays
-    return [widened(arrays, v, op) for v in values], shape, FLOAT64, op
+        return values, shape, dtype, op
+    return widened_values(backend_for_arrays(values).arrays, values, shape, dtype, op)

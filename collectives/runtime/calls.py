@@ -163,6 +163,16 @@ class Call:
         return self.describe() + (f" ({'; '.join(extra)})" if extra else "")
 
 
+def described_fully(subject: Any) -> str:
+    """What a mismatch names one side by: a call's ``describe_fully``, else whatever stands
+    for a call (a message's description, or its name)."""
+    for name in ("describe_fully", "describe"):
+        describe = getattr(subject, name, None)
+        if describe is not None:
+            return describe()
+    return str(subject)
+
+
 FIELDS = ("collective", "shape", "dtype", "op", "root", "algorithm", "shards", "groups", "axis",
           "batch", "compression")
 # the order a mismatch is named in: the lists first, then the collective and the root (whose

@@ -78,10 +78,12 @@ class Disputes:
             # took it as agreed with another signature (an agreement finishes on no rank
             # before every part is in; a finished rank has posted every part of its plan):
             # a mismatch, and what this rank waits for will not come.
+            # (idle says only that its latest call ended: an earlier asynchronous one may be
+            # in flight still, which its calls in flight show)
             in_flight = entry[5] if len(entry) > 5 else {}
-            finished = isinstance(entry[0], int) and (
+            finished = isinstance(entry[0], int) and op.seq not in in_flight and (
                 entry[0] >= op.seq and phase is False
-                or entry[0] > op.seq and bool(in_flight) and op.seq not in in_flight)
+                or entry[0] > op.seq and bool(in_flight))
             if finished and (agreeing or op.skipped_agreement and _knows_peers(op)):
                 # (seen twice, DISPUTE_CHECK apart: a verdict or a part may be on its way)
                 if self.suspect == (op.seq, rank):

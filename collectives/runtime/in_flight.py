@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 from ..errors import CollectiveError, CommunicatorBrokenError
+from .calls import described_fully
 from .departures import exit_notice
 from .operation import Operation
 from .work import Work
@@ -72,10 +73,7 @@ class InFlight:
         """``(check, description)`` of this rank's collective ``seq`` while in flight (None:
         it is not): for a peer whose own call of that number stalled."""
         op = next((op for op in self._checked_in_flight() if op.seq == seq), None)
-        if op is None:
-            return None
-        describe = getattr(op.subject, "describe_fully", None)
-        return op.check, describe() if describe is not None else op.description
+        return None if op is None else (op.check, described_fully(op.subject))
 
     def _checked_in_flight(self) -> list[Operation]:
         return [op for op in list(self.inflight)  # (a copy: other threads change the list)

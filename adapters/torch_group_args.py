@@ -1,0 +1,126 @@
+"""What the collectives process group (``torch_group``) takes, checked: PyTorch's call forms
+(options, a ReduceOp or a root instead of options, one tensor), tensors as NumPy views of
+their memory, and the results written back.
+"""
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from collectives.ops import ReduceOp
+
+# reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
+# sum may pass its range where the mean does not (DDP's own hook divides first)
+UPCAST = (torch.bfloat16, torch.float16)
+
+OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
+       dist.ReduceOp.MAX: ReduceOp.MAX, dist.ReduceOp.MIN: ReduceOp.MIN,
+       dist.ReduceOp.PRODUCT: ReduceOp.PROD}
+
+
+LOGICAL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
+
+
+def host_view(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.ndarray:
+    """A NumPy view of a CPU tensor; ``moved``: its bits only (bfloat16 as int16, which is
+    right for copies such as broadcast, wrong for arithmetic)."""
+    usable(tensor, argument)
+    tensor = tensor.detach()  # (as gloo's: a collective works on the data, outside autograd;
+    if tensor.dtype in UPCAST and moved:  # DLPack refused a tensor that requires grad)
+        tensor = tensor.view(torch.int16)
+    return np.from_dlpack(tensor)
+
+
+def usable(tensor: torch.Tensor, argument: str) -> None:
+    """What the group's NumPy views cannot carry: a tensor off the CPU, or a lazily negated
+    or conjugated view (``x.conj().imag``), whose memory holds other values than it shows."""
+    if tensor.device.type != "cpu":
+        raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
+                        f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
+    if tensor.is_neg() or tensor.is_conj():
+        raise TypeError(f"{argument} is a lazily negated or conjugated view (its memory holds "
+                        "other values than it shows); pass tensor.resolve_neg().resolve_conj()")
+
+
+def writable(tensor: torch.Tensor, argument: str) -> None:
+    """An output the group writes: usable, and no leaf that requires grad (gloo refuses it:
+    autograd forbids writing into one in place)."""
+    usable(tensor, argument)
+    if tensor.requires_grad and tensor.is_leaf:
+        raise RuntimeError(f"{argument} is a leaf tensor that requires grad, which cannot be "
+                           "written in place; pass one made without requires_grad (or under "
+                           "torch.no_grad())")
+
+
+def one_tensor(tensors: Any, what: str) -> torch.Tensor:
+    """The one tensor of a call: PyTorch's list of several is its multi-device form."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if len(tensors) != 1:
+        raise ValueError(f"{what} got {len(tensors)} tensors; the collectives process group "
+                         "takes one per call (a list of several is PyTorch's multi-device "
+                         "form): call it once per tensor")
+    usable(tensors[0], f"{what} tensor")
+    return tensors[0]
+
+
+def averaged(op: ReduceOp, tensor: torch.Tensor, what: str) -> None:
+    if op is ReduceOp.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"{what} tensor is {tensor.dtype}: ReduceOp.AVG of integer or bool "
+                        "tensors has no result of their dtype (gloo refuses it too); reduce a "
+                        "floating-point copy, or SUM and divide")
+
+
+def check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -> None:
+    """An all-gather's output list: one tensor per rank, each of the input's shape and dtype
+    (NumPy's broadcasting would otherwise fill a wider one, and a short list lose ranks)."""
+    if len(into) != size:
+        raise ValueError(f"allgather output list {i} holds {len(into)} tensors; pass {size}, "
+                         "one per rank")
+    for rank, out in enumerate(into):
+        if out.shape != tensor.shape or out.dtype != tensor.dtype:
+            raise ValueError(f"allgather output {i}[{rank}] is {out.dtype}{list(out.shape)}; "
+                             f"pass tensors like the input, {tensor.dtype}{list(tensor.shape)}")
+        if out.requires_grad and out.is_leaf:  # (as gloo: autograd forbids writing into it)
+            raise RuntimeError(f"allgather output {i}[{rank}] is a leaf tensor that requires "
+                               "grad, which cannot be written in place; pass outputs made "
+                               "without requires_grad (or under torch.no_grad())")
+
+
+def reduce_op(opts: Any) -> ReduceOp:
+    """The op of an allreduce's options, given as PyTorch's groups take them: AllreduceOptions,
+    a ReduceOp, or nothing (SUM)."""
+    if opts is None:
+        return ReduceOp.SUM
+    given = getattr(opts, "reduceOp", opts)
+    given = getattr(given, "op", given)  # (ReduceOp wraps a RedOpType)
+    op = OPS.get(given)
+    if op is None:
+        raise ValueError(f"reduce op {given} has no collectives equivalent; use one of "
+                         f"{', '.join(str(o) for o in OPS)}")
+    return op
+
+
+def root_of(opts: Any) -> int:
+    """The root of a broadcast's options: BroadcastOptions, a rank, or nothing (rank 0)."""
+    return 0 if opts is None else opts if isinstance(opts, int) else opts.rootRank
+
+
+def carried(tensor: torch.Tensor, op: ReduceOp) -> tuple[torch.Tensor, ReduceOp]:
+    """What a reduction carries, and with which op: bfloat16 and float16 as float32 (cast back
+    after, as torch does), booleans' SUM and PRODUCT as OR and AND (as gloo reduces them)."""
+    wide = tensor.float() if tensor.dtype in UPCAST else tensor
+    return wide, (LOGICAL.get(op, op) if tensor.dtype == torch.bool else op)
+
+
+def sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) -> None:
+    if tensor.numel() != numel or tensor.dtype != other.dtype:
+        raise ValueError(f"{argument} is {tensor.dtype}{list(tensor.shape)}; it must hold "
+                         f"{numel} elements of {other.dtype} (the ranks' blocks, in order)")
+
+
+def write_bits(tensor: torch.Tensor, bits: np.ndarray) -> None:
+    """``tensor`` filled with ``bits`` (its elements, as ``host_view(moved=True)`` reads them)."""
+    source = torch.from_numpy(np.ascontiguousarray(bits)).view(tensor.dtype)
+    tensor.detach().copy_(source.reshape(tensor.shape))
