@@ -5,9 +5,8 @@
 * back-to-back small all-reduces (the hot path), every result checked, past two wraps of
   the calls' sequence numbers;
 * prepared calls of every collective, started again and again on refilled inputs;
-* ``dup`` and ``split`` of the transport, each a communicator of its own; communicators
-  freed while peers' status questions lay unread (a slow rank's wait asks, the peer it asks
-  is through at once), then new ones made, whose calls must not take those questions;
+* ``dup`` and ``split`` of the transport, each a communicator of its own (``freeing.py``:
+  what a freed one leaves behind);
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
   receive that times out, after which the communicator still works;
 * the suite's batch bodies (``tests/suite/bodies.py``, ``kept_bodies.py``): fused batches,
@@ -20,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from _common import WORLD, Report, meet
 from collectives.backends import mpi
-from collectives.backends.mpi import draining, tags
+from collectives.backends.mpi import tags
 
 from collectives import Communicator
 
@@ -159,113 +158,6 @@ def new_communicators() -> None:
     dup.free()
 
 
-def stray_messages() -> list[str]:
-    """Messages of freed communicators that communicators made now would hold."""
-    from mpi4py import MPI
-
-    made = [comm.transport.dup(), comm.transport.split(0, rank), comm.transport.dup()]
-    found = [f"transport {i}'s {name}" for i, t in enumerate(made)
-             for name, c in (("data", t.data.comm), ("control", t.control.comm),
-                             ("notices", t.notices.comm), ("p2p", t.p2p.comm))
-             if c.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)]
-    for t in made:
-        t.free()
-    return found
-
-
-def unread_question() -> None:
-    """A question a peer never read stays with the communicator it was asked on: freed, its
-    context goes to a new communicator (MPICH), which must not find it there."""
-    import time
-
-    from mpi4py import MPI
-
-    old = Communicator(comm.transport.dup(), timeout=30)
-    old.all_reduce(np.ones(1))
-    notices = old.transport.notices
-    if rank == 0:
-        notices.ask_later()  # (asked by a slow wait; this one, nobody serves)
-    else:
-        deadline = time.monotonic() + 5
-        while not notices.comm.Iprobe(0, MPI.ANY_TAG) and time.monotonic() < deadline:
-            time.sleep(0.001)
-    meet()
-    old.free()
-    stray = stray_messages()
-    report.check(not stray, f"a question of a freed communicator reached {stray}")
-
-
-def unreceived_message() -> None:
-    """A message sent on a communicator and never received goes with its free: a new
-    communicator's receive of that source and tag takes its own message (it took the old one,
-    silently, where the shapes matched)."""
-    old = Communicator(comm.transport.dup(), timeout=30)
-    if rank == 0:
-        old.send(np.full(4, 111.0), 1, tag=5)
-    meet()
-    old.free()
-    new = Communicator(comm.transport.dup(), timeout=30)
-    if rank == 0:
-        new.send(np.full(4, 222.0), 1, tag=5)
-    elif rank == 1:
-        got = new.recv(np.zeros(4), 0, tag=5)
-        report.check(np.array_equal(got, np.full(4, 222.0)), f"unreceived message: got {got}")
-    new.free()
-    stray = stray_messages()
-    report.check(not stray, f"a message of a freed communicator reached {stray}")
-
-
-def freed_after_disputes(rounds: int = 30) -> None:
-    """Calls in flight at a free, one rank late: a slow wait may tell its peers it disputes a
-    call (needlessly, as documented), and every call still succeeds. The communicators are
-    freed all the same (a dispute's notice made the transport keep them, leaking five MPI
-    communicators each time)."""
-    import time
-
-    from collectives.backends.mpi import transport
-
-    before = transport.kept()
-    for _ in range(rounds):
-        c = Communicator(comm.transport.dup(), timeout=30)
-        handles = [c.all_reduce(np.full(1000, 1.0), async_op=True, algorithm=a)
-                   for a in ("native", "ring", "native")]
-        if rank == 0:
-            time.sleep(0.05)
-        c.free()
-        report.check(all(np.array_equal(h.wait(), np.full(1000, float(n))) for h in handles),
-                     "freed after disputes: results")
-    report.check(transport.kept() == before, f"{transport.kept() - before} transports kept")
-
-
-def unread_notices(rounds: int = 6) -> None:
-    """A rank that waits asks its peers what they do; a peer through its call at once never
-    reads the question. Freed so, the question must not reach a communicator made after it
-    (MPICH gives the new one the freed one's context): it read as the new one's agreement."""
-    import time
-
-    for k in range(rounds):
-        old = Communicator(comm.transport.dup(), timeout=30)
-        if rank != 0:
-            time.sleep(0.05)  # rank 0 waits: it asks, and the others never serve it
-        old.all_reduce(np.ones(4, np.float32))
-        old.free()
-        part = comm.transport.split(0, rank)
-        assert part is not None
-        new = Communicator(part, timeout=30)
-        try:
-            got = [new.all_gather_object(("x" * k, rank)) for _ in range(2)]
-            report.check(got[1] == [("x" * k, r) for r in range(n)], f"unread notices {k}: {got}")
-        except Exception as exc:  # noqa: BLE001 - what is checked is that nothing raises
-            report.check(False, f"unread notices {k}: {type(exc).__name__}: {exc}")
-        new.free()
-    meet()
-    deadline = time.monotonic() + 5
-    while draining.pending() and time.monotonic() < deadline:
-        draining.progress()  # every rank freed: each free's counts and messages come
-        time.sleep(0.01)
-    report.check(draining.pending() == 0, f"{draining.pending()} frees never finished")
-
-
 def messages() -> None:
     right, left = (rank + 1) % n, (rank - 1) % n
     for k in range(20):  # a ring of messages, several tags, in flight with a collective
@@ -315,15 +207,6 @@ def main() -> None:
     meet()
     new_communicators()
     meet()
-    if n > 1:
-        unread_question()
-        meet()
-        unreceived_message()
-        meet()
-        freed_after_disputes()
-        meet()
-        unread_notices()
-        meet()
     if n > 1:
         messages()
     comm.free()

@@ -1,0 +1,143 @@
+"""What a freed communicator leaves behind, over real MPI ranks: nothing a communicator made
+after it can receive (MPICH gives the new one the freed one's context).
+
+* a status question a peer never read (a slow rank's wait asks; the peer it asks is through
+  its call at once), asked outright, and asked by slow waits in rounds of dup, free and split;
+* a message a user sent and no receive took;
+* calls in flight at a free, one rank late (a needless dispute): the communicators are freed
+  all the same, not kept;
+* every free finishes once every rank has freed (``draining.pending()``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from _common import WORLD, Report, meet
+from collectives.backends import mpi
+from collectives.backends.mpi import draining, transport
+from mpi4py import MPI
+
+from collectives import Communicator
+
+report = Report("freeing")
+n, rank = WORLD.size, WORLD.rank
+comm = mpi.init(timeout=60)
+
+
+def stray_messages() -> list[str]:
+    """Messages of freed communicators that communicators made now would hold."""
+
+    made = [comm.transport.dup(), comm.transport.split(0, rank), comm.transport.dup()]
+    found = [f"transport {i}'s {name}" for i, t in enumerate(made)
+             for name, c in (("data", t.data.comm), ("control", t.control.comm),
+                             ("notices", t.notices.comm), ("p2p", t.p2p.comm))
+             if c.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)]
+    for t in made:
+        t.free()
+    return found
+
+
+def unread_question() -> None:
+    """A question a peer never read stays with the communicator it was asked on: freed, its
+    context goes to a new communicator (MPICH), which must not find it there."""
+
+
+    old = Communicator(comm.transport.dup(), timeout=30)
+    old.all_reduce(np.ones(1))
+    notices = old.transport.notices
+    if rank == 0:
+        notices.ask_later()  # (asked by a slow wait; this one, nobody serves)
+    else:
+        deadline = time.monotonic() + 5
+        while not notices.comm.Iprobe(0, MPI.ANY_TAG) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    meet()
+    old.free()
+    stray = stray_messages()
+    report.check(not stray, f"a question of a freed communicator reached {stray}")
+
+
+def unreceived_message() -> None:
+    """A message sent on a communicator and never received goes with its free: a new
+    communicator's receive of that source and tag takes its own message (it took the old one,
+    silently, where the shapes matched)."""
+    old = Communicator(comm.transport.dup(), timeout=30)
+    if rank == 0:
+        old.send(np.full(4, 111.0), 1, tag=5)
+    meet()
+    old.free()
+    new = Communicator(comm.transport.dup(), timeout=30)
+    if rank == 0:
+        new.send(np.full(4, 222.0), 1, tag=5)
+    elif rank == 1:
+        got = new.recv(np.zeros(4), 0, tag=5)
+        report.check(np.array_equal(got, np.full(4, 222.0)), f"unreceived message: got {got}")
+    new.free()
+    stray = stray_messages()
+    report.check(not stray, f"a message of a freed communicator reached {stray}")
+
+
+def freed_after_disputes(rounds: int = 30) -> None:
+    """Calls in flight at a free, one rank late: a slow wait may tell its peers it disputes a
+    call (needlessly, as documented), and every call still succeeds. The communicators are
+    freed all the same (a dispute's notice made the transport keep them, leaking five MPI
+    communicators each time)."""
+
+
+    before = transport.kept()
+    for _ in range(rounds):
+        c = Communicator(comm.transport.dup(), timeout=30)
+        handles = [c.all_reduce(np.full(1000, 1.0), async_op=True, algorithm=a)
+                   for a in ("native", "ring", "native")]
+        if rank == 0:
+            time.sleep(0.05)
+        c.free()
+        report.check(all(np.array_equal(h.wait(), np.full(1000, float(n))) for h in handles),
+                     "freed after disputes: results")
+    report.check(transport.kept() == before, f"{transport.kept() - before} transports kept")
+
+
+def unread_notices(rounds: int = 6) -> None:
+    """A rank that waits asks its peers what they do; a peer through its call at once never
+    reads the question. Freed so, the question must not reach a communicator made after it
+    (MPICH gives the new one the freed one's context): it read as the new one's agreement."""
+
+    for k in range(rounds):
+        old = Communicator(comm.transport.dup(), timeout=30)
+        if rank != 0:
+            time.sleep(0.05)  # rank 0 waits: it asks, and the others never serve it
+        old.all_reduce(np.ones(4, np.float32))
+        old.free()
+        part = comm.transport.split(0, rank)
+        assert part is not None
+        new = Communicator(part, timeout=30)
+        try:
+            got = [new.all_gather_object(("x" * k, rank)) for _ in range(2)]
+            report.check(got[1] == [("x" * k, r) for r in range(n)], f"unread notices {k}: {got}")
+        except Exception as exc:  # noqa: BLE001 - what is checked is that nothing raises
+            report.check(False, f"unread notices {k}: {type(exc).__name__}: {exc}")
+        new.free()
+    meet()
+    deadline = time.monotonic() + 5
+    while draining.pending() and time.monotonic() < deadline:
+        draining.progress()  # every rank freed: each free's counts and messages come
+        time.sleep(0.01)
+    report.check(draining.pending() == 0, f"{draining.pending()} frees never finished")
+
+
+def main() -> None:
+    unread_question()
+    meet()
+    unreceived_message()
+    meet()
+    freed_after_disputes()
+    meet()
+    unread_notices()
+    comm.free()
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
