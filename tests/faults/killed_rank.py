@@ -1,8 +1,12 @@
 """A rank killed with SIGKILL in the middle of a job: what happens to the others.
 
-    mpiexec [-disable-auto-cleanup] -n N python tests/faults/killed_rank.py WHEN [TIMEOUT]
+    mpiexec [-disable-auto-cleanup] -n N python tests/faults/killed_rank.py WHEN [TIMEOUT [HOW]]
 
 The last rank kills itself; the others keep calling all-reduces with ``timeout=TIMEOUT``.
+HOW is how it dies: ``signal`` (SIGKILL, the default) or ``exit`` (``os._exit(137)``: gone at
+once, no exit hook, no goodbye to its peers, as a crash looks to them). Only ``exit`` leaves
+survivors to report under hydra: its proxy kills every rank as soon as it reaps one that died
+of a signal, whatever ``-disable-auto-cleanup`` says (``pmip.c``: ``PMIP_bcast_signal``).
 WHEN is where it dies:
 
 * ``waiting``: between calls, while the others already wait for it in the next one;
@@ -33,13 +37,16 @@ import numpy as np  # noqa: E402
 from collectives.backends import mpi  # noqa: E402
 
 
-def die() -> None:
+def die(how: str) -> None:
+    if how == "exit":
+        os._exit(137)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
     when = sys.argv[1]
     timeout = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    how = sys.argv[3] if len(sys.argv) > 3 else "signal"
     algorithm = {"waiting": "auto", "native": "native", "mid-ring": "ring"}[when]
     count = 8 << 20 if when == "mid-ring" else 1000  # 32 MiB of float32: a transfer in flight
     comm = mpi.init(timeout=30)
@@ -50,9 +57,9 @@ def main() -> None:
         if when == "mid-ring":  # issued, then gone while its data moves
             comm.all_reduce(x, algorithm=algorithm, async_op=True)
             time.sleep(0.005)
-            die()
+            die(how)
         time.sleep(0.3)  # the others are already waiting in the next call
-        die()
+        die(how)
     start = time.monotonic()
     report: dict = {"rank": comm.rank, "error": "no error", "message": "", "bases": []}
     try:

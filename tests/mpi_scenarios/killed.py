@@ -1,10 +1,13 @@
 """A rank killed with SIGKILL mid-job: the others fail with an error or are torn down, never hang.
 
-Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm [folder]]``. The last rank
-kills itself while the others wait in the next all-reduce. Under hydra's default the launcher
-tears the whole job down at once ("BAD TERMINATION ... Killed (signal 9)"). With
-``-disable-auto-cleanup`` the survivors keep running and each prints one ``SURVIVOR`` line
-with the error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout (or
+Usage: ``mpiexec [-disable-auto-cleanup] -n N python killed.py [algorithm [folder [how]]]``.
+The last rank kills itself while the others wait in the next all-reduce: with SIGKILL (``how``
+``signal``, the default), or ending at once without a signal (``exit``: ``os._exit(137)``, no
+exit hook, no goodbye, as a crash looks to its peers). Under hydra's default the launcher
+tears the whole job down at once ("BAD TERMINATION ... Killed (signal 9)"); so does its proxy
+once it reaps a rank killed by a signal, whatever ``-disable-auto-cleanup`` says. With that
+flag and ``exit`` the survivors keep running and each prints one ``SURVIVOR`` line with the
+error it got: ``CollectiveTimeoutError`` naming the dead rank after the timeout (or
 ``PeerFailedError`` where MPI noticed the dead peer first, or a peer's notice of either).
 Survivors then leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead rank forever.
 A survivor leaves once every survivor has printed its line (a file each in a folder rank 0
@@ -39,6 +42,8 @@ for _ in range(3):
     comm.all_reduce(x, algorithm=algorithm)
 if comm.rank == victim:
     time.sleep(0.3)  # the others are already waiting in the next call
+    if len(sys.argv) > 3 and sys.argv[3] == "exit":
+        os._exit(137)
     os.kill(os.getpid(), signal.SIGKILL)
 start = time.monotonic()
 try:
