@@ -294,7 +294,10 @@ def test_killed_rank_survivors_raise(algorithm, tmp_path):
     proc = launch("killed.py", 3, algorithm, str(tmp_path), "exit",
                   flags=("-disable-auto-cleanup",), timeout=60)
     assert time.monotonic() - start < 30, "the job hung after a rank died"
-    found = re.findall(r"SURVIVOR rank (\d) after ([\d.]+) s: (.*)", proc.stdout)
+    # (the ranks' lines can run into each other in mpiexec's output: each ends where the next
+    # begins)
+    found = re.findall(r"SURVIVOR rank (\d) after ([\d.]+) s: (.*?)(?=SURVIVOR rank |\n|$)",
+                       proc.stdout)
     assert sorted(int(rank) for rank, *_ in found) == [0, 1], proc.stdout + proc.stderr[-3000:]
     for _, took, line in found:
         assert line.startswith(("CollectiveTimeoutError", "PeerFailedError")), line
