@@ -115,7 +115,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             gathered = self.comm.all_gather(host_view(tensor, "allgather tensor", moved=True)[None])
             # (checked after the call, as the library checks out=: a bad list on one rank
             # must not leave its peers waiting for it)
-            check_gather_outputs(outputs[0], tensor, self.comm.size, 0)
+            check_gather_outputs(outputs[0], tensor, self.comm.size)
             for rank, out in enumerate(outputs[0]):
                 host_view(out, "allgather output", moved=True)[...] = gathered[rank]
         return _finished_work(outputs)

@@ -72,20 +72,18 @@ def averaged(op: ReduceOp, tensor: torch.Tensor, what: str) -> None:
                         "floating-point copy, or SUM and divide")
 
 
-def check_gather_outputs(into: list, tensor: torch.Tensor, size: int, i: int) -> None:
+def check_gather_outputs(into: list, tensor: torch.Tensor, size: int) -> None:
     """An all-gather's output list: one tensor per rank, each of the input's shape and dtype
-    (NumPy's broadcasting would otherwise fill a wider one, and a short list lose ranks)."""
+    (NumPy's broadcasting would otherwise fill a wider one, and a short list lose ranks), and
+    each one the group can write."""
     if len(into) != size:
-        raise ValueError(f"allgather output list {i} holds {len(into)} tensors; pass {size}, "
-                         "one per rank")
+        raise ValueError(f"allgather output list holds {len(into)} tensors; pass {size}, one "
+                         "per rank")
     for rank, out in enumerate(into):
         if out.shape != tensor.shape or out.dtype != tensor.dtype:
-            raise ValueError(f"allgather output {i}[{rank}] is {out.dtype}{list(out.shape)}; "
+            raise ValueError(f"allgather output[{rank}] is {out.dtype}{list(out.shape)}; "
                              f"pass tensors like the input, {tensor.dtype}{list(tensor.shape)}")
-        if out.requires_grad and out.is_leaf:  # (as gloo: autograd forbids writing into it)
-            raise RuntimeError(f"allgather output {i}[{rank}] is a leaf tensor that requires "
-                               "grad, which cannot be written in place; pass outputs made "
-                               "without requires_grad (or under torch.no_grad())")
+        writable(out, f"allgather output[{rank}]")
 
 
 def reduce_op(opts: Any) -> ReduceOp:

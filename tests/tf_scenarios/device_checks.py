@@ -146,14 +146,16 @@ def workers(kit, devices) -> None:
         # totals cross as float16 (it came back inf)
         narrow = with_kit(ctf.MultiWorkerAllReduce(communicator=comm, compression="fp16",
                                                    all_reduce_spec=spec), kit)
-        big = per_replica([tf.fill([3], 20000.0) for _ in range(h)], mine)
+        # (40000 on each device: past float16's range summed over the workers for any count,
+        # exact in it as a mean)
+        big = per_replica([tf.fill([3], 40000.0) for _ in range(h)], mine)
         compressed = [p.numpy() for r in (narrow.reduce(MEAN, big, big),) for p in parts(r)]
         return ([p.numpy() for r in eager for p in parts(r)], [p.numpy() for p in step(2.0)],
                 op_types(step, tf.constant(2.0)), compressed)
 
     for means_and_sums, graph, types, compressed in collectives.run(worker, 2, timeout=120):
         for p in compressed:
-            np.testing.assert_array_equal(p, np.full(3, 20000.0, np.float32))
+            np.testing.assert_array_equal(p, np.full(3, 40000.0, np.float32))
         for p in means_and_sums[:h]:
             np.testing.assert_allclose(p, base * total / (2 * h), rtol=1e-6)
         np.testing.assert_allclose(means_and_sums[h], base * total / 2, rtol=1e-6)  # mean over workers
