@@ -76,3 +76,30 @@ def _unsafe_pairs(inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
             if x is not None and x.size and not (j == i and x is y) and np.may_share_memory(x, y):
                 return True
     return False
+
+
+def clashing(backend: ArrayBackend, outs: Sequence[Array],
+             same_results: bool = True) -> tuple[int, int] | None:
+    """The first two of ``outs`` (``(i, j)``, ``i < j``) where writing one spoils the other:
+    any two that share memory, but (``same_results``: every one takes the same result) the
+    same array, or the same view, given twice."""
+    def harmless(a: Any, b: Any) -> bool:
+        return same_results and (a is b or (a.shape == b.shape and a.dtype == b.dtype
+                                             and a.strides == b.strides
+                                             and backend.extent(a) == backend.extent(b)))
+
+    if len(outs) <= 16 and all(type(o) is np.ndarray for o in outs):  # (as _unsafe_pairs)
+        for j, b in enumerate(outs):
+            for i, a in enumerate(outs[:j]):
+                if a.size and b.size and np.may_share_memory(a, b) and not harmless(a, b):
+                    return i, j
+        return None
+    items = sorted((*backend.extent(o), i) for i, o in enumerate(outs) if o.size)
+    active: list[tuple] = []
+    for device, start, end, j in items:
+        active = [a for a in active if a[0] == device and a[2] > start]
+        for *_, i in active:
+            if not harmless(outs[i], outs[j]):
+                return min(i, j), max(i, j)
+        active.append((device, start, end, j))
+    return None

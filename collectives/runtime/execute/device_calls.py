@@ -25,7 +25,7 @@ from ...algorithms.cost import Placement
 from ...algorithms.schedule import Collective
 from ...arrays import NUMPY
 from ...ops import ReduceOp, result_dtype
-from ...overlap import unsafe_outputs
+from ...overlap import clashing, unsafe_outputs
 from ..calls import resolve_algorithm
 from ..validate import check_out, check_shards, resolve_groups
 from .devices import DeviceBackend, run_multi_device
@@ -136,21 +136,12 @@ def apart_outputs(arrays, outs: list, argument: str = "out", same_results: bool 
     blocks); else none but the same array (or the same view) given twice, which takes the same
     result twice. (Overlapping outputs were filled one after another: the last one written
     won where they overlap, and the devices' results differed.)"""
-    items = sorted((*arrays.extent(o), i) for i, o in enumerate(outs) if o.size)
-    active: list[tuple] = []
-    for device, start, end, i in items:
-        active = [a for a in active if a[0] == device and a[2] > start]
-        for _, _, _, j in active:
-            a, b = outs[j], outs[i]
-            if same_results and (a is b or (arrays.extent(a) == arrays.extent(b)
-                                            and a.shape == b.shape and a.dtype == b.dtype
-                                            and a.strides == b.strides)):
-                continue
-            raise ValueError(
-                f"{argument}[{max(i, j)}] shares memory with {argument}[{min(i, j)}]; each "
-                f"device's result needs memory of its own: pass {argument} arrays that do not "
-                "overlap" + (" (or one array for every device)" if same_results else ""))
-        active.append((device, start, end, i))
+    pair = clashing(arrays, outs, same_results)
+    if pair is not None:
+        raise ValueError(
+            f"{argument}[{pair[1]}] shares memory with {argument}[{pair[0]}]; each device's "
+            f"result needs memory of its own: pass {argument} arrays that do not overlap"
+            + (" (or one array for every device)" if same_results else ""))
     return outs
 
 
