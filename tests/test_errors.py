@@ -324,7 +324,9 @@ def test_ranks_per_node_is_read_alike_by_both_transports(value):
     # (MPI's int() took "+2", "1_0" and Arabic digits, which NCCL refused; NCCL's own "²"
     # error named no variable)
     pytest.importorskip("mpi4py")
-    from collectives.backends.mpi.groups import groups_from_env
+    from collectives.backends.mpi import groups
+    from collectives.backends.nccl import bootstrap
 
+    assert bootstrap.ranks_per_node is groups.ranks_per_node  # (one reader, not two alike)
     with pytest.raises(ValueError, match=r"COLLECTIVES_RANKS_PER_NODE=.* must be a positive"):
-        groups_from_env(4, {"COLLECTIVES_RANKS_PER_NODE": value})
+        groups.groups_from_env(4, {"COLLECTIVES_RANKS_PER_NODE": value})
