@@ -25,7 +25,7 @@ from ..runtime.hot_path import FastAllReduce
 from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work
-from ..widened import integer_mean, widened
+from ..widened import widened
 from .comm_parts import CommParts
 from .compressed import spmd_all_reduce
 from .spmd_foreign import foreign_all_reduce, viewed_all_reduce
@@ -157,7 +157,7 @@ class ReductionOps(CommParts):
         # does not run the hot path, but binds it for later calls (a transport whose blocking
         # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
         if (not shards and groups is None and self.arrays.owns(x)
-                and valid_timeout(timeout) and not integer_mean(op, x.dtype)):
+                and valid_timeout(timeout)):
             batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
             fast_key = (x.shape, x.dtype, op, algorithm, batch) if batch else (
                 x.shape, x.dtype, op, algorithm)

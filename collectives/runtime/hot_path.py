@@ -68,7 +68,8 @@ class FastAllReduce:
         if (native is None or not native.persistent
                 or call.run_as != "native"
                 or call.nbytes > native.fast_bytes
-                or call.final != call.dtype or not call.count or comm.debug == "detail"):
+                or call.final != call.dtype or call.passed is not None  # (integer MEAN:
+                or not call.count or comm.debug == "detail"):  # its input goes as a copy)
             return None  # (persistent False: the transport has no persistent collectives)
         if bound is None:
             assert call.op is not None  # an all-reduce's
