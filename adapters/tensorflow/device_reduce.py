@@ -25,7 +25,7 @@ from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.hints import Algorithm, Op
 from collectives.ops import ReduceOp
 
-from .host import Packing, cross_worker_spec, divided_first, local_algorithm, worker_divisors
+from .host import Packing, cross_worker_spec, local_algorithm, worker_division
 from .kits import PinnedBuffer
 
 __all__ = ["all_reduce_batch", "reduce_batch", "reduce_batch_across_workers"]
@@ -90,7 +90,7 @@ def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | 
        into the device arrays of step 1;
     3. MEAN divides by the global device count; floating SUMs by the worker count when
        ``workers_sum="mean"`` (before step 2 where compression carries the total:
-       ``host.divided_first``). (The device path carries floating tensors only.)
+       ``host.worker_division``). (The device path carries floating tensors only.)
     """
     op = ReduceOp.parse(op)
     if not values:
@@ -103,14 +103,13 @@ def reduce_batch_across_workers(kit, values: Sequence[Sequence], op: ReduceOp | 
         rng = next(r for r in ranges if r.limit < 0 or size <= r.limit)
         totals.append(collectives.reduce(list(v), ReduceOp.SUM, root,
                                          cast(Algorithm, local_algorithm(rng.algorithm))))
-    dtypes = [np.dtype(t.dtype) for t in totals]
-    divisors = worker_divisors(op, dtypes, n, comm.size, workers_sum)
-    first = divided_first(compression, dtypes, divisors)
-    totals = [kit.divide(t, d) if early else t for t, d, early in zip(totals, divisors, first)]
+    division = worker_division(op, [np.dtype(t.dtype) for t in totals], n, comm.size,
+                               workers_sum, compression)
+    totals = [kit.divide(t, d) if early else t for t, (d, early) in zip(totals, division)]
     hosts = kit.stage(totals, buffer if buffer is not None else PinnedBuffer())
     reduced = comm.batch_all_reduce(hosts, ReduceOp.SUM, cross_worker_spec(ranges),
                                     timeout=timeout, compression=compression,
                                     **packing.kwargs())
     totals = [kit.unstage(r, like) for r, like in zip(reduced, totals)]
     return [kit.divide(t, d) if d != 1 and not early else t
-            for t, d, early in zip(totals, divisors, first)]
+            for t, (d, early) in zip(totals, division)]

@@ -155,7 +155,7 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     3. MEAN divides by the global device count (workers x local devices); SUM of floating
        values divides by the worker count when ``workers_sum="mean"`` (see
        ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``. A total
-       that compression carries is divided before step 2 (``divided_first``).
+       that compression carries is divided before step 2 (``worker_division``).
 
     Every worker must bring the same number of devices and tensors of the same shapes.
     """
@@ -170,14 +170,13 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
         rng = next(r for r in ranges if r.limit < 0 or sizes[k] <= r.limit)
         locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm),
                                       empty=empty))
-    dtypes = [np.dtype(v[0].dtype) for v in values]
-    divisors = worker_divisors(op, dtypes, n, comm.size, workers_sum)
-    first = divided_first(compression, dtypes, divisors)
-    locals_ = [t / d if early else t for t, d, early in zip(locals_, divisors, first)]
+    division = worker_division(op, [np.dtype(v[0].dtype) for v in values], n, comm.size,
+                               workers_sum, compression)
+    locals_ = [t / d if early else t for t, (d, early) in zip(locals_, division)]
     totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
                                    timeout=timeout, compression=compression, **packing.kwargs())
     out = []
-    for total, d, early in zip(totals, divisors, first):
+    for total, (d, early) in zip(totals, division):
         if d != 1 and not early:  # (integers divide into float64, as NumPy's true division)
             total = (np.true_divide(total, d) if op is ReduceOp.MEAN else
                      np.true_divide(total, d, out=total, casting="unsafe"))
@@ -185,24 +184,21 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     return out
 
 
-def worker_divisors(op: ReduceOp, dtypes: Sequence[np.dtype], devices: int, workers: int,
-                    workers_sum: str) -> list[int]:
-    """What each tensor's total over every worker is divided by: MEAN's, every device
-    (workers x devices); a floating SUM's, the workers where ``workers_sum="mean"``; else 1."""
+def worker_division(op: ReduceOp, dtypes: Sequence[np.dtype], devices: int, workers: int,
+                    workers_sum: str, compression: str | None) -> list[tuple[int, bool]]:
+    """Per tensor, what its total over every worker is divided by (MEAN's: every device,
+    workers x devices; a floating SUM's: the workers where ``workers_sum="mean"``; else 1),
+    and whether before it crosses the workers: where ``compression`` carries it in a narrower
+    float, whose sum over the workers may pass that float's range (65504 for float16) where
+    the mean does not, as the core's compressed MEAN divides first. (It was divided after: a
+    mean of 20000 over 2 workers came back inf.)"""
     if op is ReduceOp.MEAN:
-        return [devices * workers] * len(dtypes)
-    return [workers if workers_sum == "mean" and _is_inexact(d) and workers > 1 else 1
-            for d in dtypes]
-
-
-def divided_first(compression: str | None, dtypes: Sequence[np.dtype],
-                  divisors: Sequence[int]) -> list[bool]:
-    """Which totals are divided before they cross the workers: those that ``compression``
-    carries in a narrower float, whose sum over the workers may pass that float's range
-    (65504 for float16) where their mean does not, as the core's compressed MEAN divides
-    first. (They were divided after: a mean of 20000 over 2 workers came back inf.)"""
+        divisors = [devices * workers] * len(dtypes)
+    else:
+        divisors = [workers if workers_sum == "mean" and _is_inexact(d) and workers > 1 else 1
+                    for d in dtypes]
     carried = for_batch(compression, ReduceOp.SUM, dtypes)
-    return [c is not None and d != 1 for c, d in zip(carried, divisors)]
+    return [(d, c is not None and d != 1) for d, c in zip(divisors, carried)]
 
 
 def gather_ragged(comm, x: np.ndarray, axis: int = 0, *, timeout: float | None = None) -> np.ndarray:
