@@ -16,8 +16,9 @@ what it has not received of theirs. Only then are the transport's communicators
 freed. Nothing waits: a free that cannot finish yet (a peer not freeing yet, a message still
 on its way) stays pending, and moves on at the next free or new transport; until it finishes,
 its communicators are not freed, so no new one can take their context. A peer that never
-frees (its program ends without it) leaves the free pending for good: the communicators are
-kept, as after a failure.
+frees (its program ends without it), or that keeps its transport after a failure it saw (it
+posts no counts: it may not reach every peer), leaves the free pending for good: the
+communicators are kept, as after a failure.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Drain:
         self.mine = np.ascontiguousarray(np.array([sent for _, sent, _ in counted], np.int64).T)
         self.theirs = np.zeros_like(self.mine)
         self.request = self.counted[0].Ialltoall(self.mine, self.theirs)
+        self.waits_for = "its peers' counts"  # what it waited for when last moved on
 
     def finished(self) -> bool:
         """Whether every message sent to this rank has come, and the communicators are freed."""
@@ -60,12 +62,15 @@ class Drain:
             for peer, expected in enumerate(self.theirs[:, c].tolist()):
                 while received[peer] < expected:
                     message = comm.Improbe(peer, MPI.ANY_TAG, status)
-                    if message is None:
-                        return False  # (on its way)
+                    if message is None:  # (on its way)
+                        self.waits_for = (f"{expected - received[peer]} message(s) of rank "
+                                          f"{peer} on counted communicator {c}")
+                        return False
                     message.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
                     received[peer] += 1
         self.sends = [(r, b) for r, b in self.sends if not r.Test()]
         if self.sends:
+            self.waits_for = f"{len(self.sends)} send(s) of its own"
             return False
         for comm in self.comms:
             comm.Free()
@@ -96,7 +101,7 @@ def progress() -> None:
         _PENDING[:] = still
 
 
-def pending() -> int:
-    """How many frees wait for their peers (a test's question)."""
+def pending() -> list[str]:
+    """What each free still pending waits for (a test's question)."""
     with _LOCK:
-        return len(_PENDING)
+        return [drain.waits_for for drain in _PENDING]

@@ -40,7 +40,7 @@ while draining.pending() and time.monotonic() < deadline:
     draining.progress()
     time.sleep(0.01)
 if draining.pending():
-    problems.append(f"{draining.pending()} frees never finished")
+    problems.append(f"frees never finished: {draining.pending()}")
 for problem in problems:
     print(f"FAIL rank {rank}: {problem}", flush=True)
 every = comm.allreduce(len(problems))
