@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ops import ReduceOp
-from ..timeline import record_calls, recorder
+from ..timeline import record_fast, recorder
 from .calls import Call
 from .operation import Operation
 from .transport import PENDING
@@ -122,7 +122,7 @@ class FastAllReduce:
                 if engine.progress_thread is not None:  # it answers peers' questions: tell them
                     self.transport.publish_activity((seq, self.call, False))
             if t0:
-                record_calls.fast_path(self, seq, t0)
+                record_fast.fast_path(self, seq, t0)
             return result
         except BaseException as exc:
             engine.broken_by(exc, engine.seq)
@@ -190,5 +190,5 @@ class FastAllReduce:
         op = Operation(self.engine, seq, call, [self.bound], finish, signature=call.signature,
                        check=call.check, skipped_agreement=True, phase="moving")
         if t0:  # the call's span opens at its start; the operation records its waits in it
-            record_calls.fast_waits(self, seq, t0, op)
+            record_fast.fast_waits(self, seq, t0, op)
         return self.engine.run(op, async_op, timeout)

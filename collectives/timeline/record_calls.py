@@ -12,7 +12,7 @@ row, ``tid = index * LANES``):
   round of the plan as a span whose args list its sends and receives with peer and bytes;
 * a reduction as a complete event, and every wait as one, with ``for``: the ranks still
   pending when it ended (those whose messages it waited for);
-* the fast path as one complete event;
+* the fast path as one complete event (``record_fast``);
 * a multi-device call on every device's row, its plan and rounds (``device_backend``).
 * a point-to-point message as a call of its own (``record_messages``).
 
@@ -299,26 +299,3 @@ def _round_args(rnd: tuple, size: int) -> tuple[str, dict]:
         "round": index, "sends": [[dst, (b - a) * size] for dst, a, b, *_ in sends],
         "recvs": [[list(srcs), (b - a) * size, "reduce" if reduce else "copy"]
                   for srcs, a, b, reduce, *_ in recvs]}
-
-
-def fast_waits(fast: Any, seq: int, t0: int, op: Any) -> None:
-    """A call of the fast path that must wait after all: its span opens (from ``t0``) and the
-    operation that waits records its waits inside it, and ends it."""
-    where = track(fast.comm)
-    name, args = describe(fast.call, fast.comm.size)
-    op.trace = OpTrace(where, where.tid, False, seq, args)
-    op.trace.begin(name, "call", (args, f'"call":{seq},"path":"fast"'), ts=max(t0, where.end))
-    where.fast = seq
-
-
-def fast_path(fast: Any, seq: int, t0: int) -> None:
-    """A call of the fast path, as one span."""
-    where = track(fast.comm)
-    if where.fast == seq:  # the operation that waited ended its span
-        where.fast = 0
-        return
-    name, args = describe(fast.call, fast.comm.size)
-    ts, t0 = rec.now(), max(t0, where.end)
-    rec.complete(where.pid, where.tid, name, "call", t0, ts - t0,
-                 (args, f'"call":{seq},"path":"fast"'))
-    where.end = ts
