@@ -12,8 +12,8 @@ finishes it::
     ddp.register_comm_hook(state, allreduce_hook)
 
 DDP with a hook does not divide by the world size itself; ``mean=True`` makes the hook give
-DDP's mean, in DDP's own order (each rank's bucket divided by the number of ranks, then the
-sum), ``mean=False`` the sum.
+DDP's mean, in DDP's own order (each rank's bucket times 1/size, then the sum), ``mean=False``
+the sum.
 ``compression="fp16"``/``"bf16"`` carries float32/float64 buckets in that narrower float, as
 DDP's ``fp16_compress_hook`` (for a mean each contribution is divided before it is narrowed).
 
@@ -58,8 +58,8 @@ class CommHookState:
     comm
         The `Communicator` every rank of the DDP job holds (its rank and size are DDP's).
     mean
-        True: each gradient becomes the mean over the ranks (what DDP gives without a hook);
-        False: the sum.
+        True: each gradient becomes the mean over the ranks, as DDP gives it without a hook
+        (each rank's share times 1/size, then the sum); False: the sum.
     compression
         ``"fp16"`` or ``"bf16"``: float32/float64 buckets travel in that float (others as
         they are); None: as they are.
@@ -84,8 +84,8 @@ class CommHookState:
                             f"one collectives.run passes), not {type(comm).__name__}")
         if not isinstance(mean, bool):
             raise TypeError(f"mean must be True (DDP's mean) or False (the sum), not {mean!r}")
-        # (the mean as DDP's own hook takes it: each rank's bucket divided by the number of
-        # ranks, then the sum; never past the dtype's range where DDP's is not)
+        # (the mean as DDP takes it: each rank's bucket times 1/size, then the sum; never
+        # past the dtype's range where DDP's is not)
         self.op = ReduceOp.SUM
         wire_dtype(compression, ReduceOp.MEAN if mean else ReduceOp.SUM, np.float32,
                    "compression")  # a bad one raises here
@@ -118,8 +118,8 @@ def allreduce_hook(state: CommHookState,
     state.buckets += 1
     if bucket.index() == 0:  # buckets start in index order: a new step
         state.step_failed = False
-    if state.mean:  # (DDP's order: this rank's share first, in the bucket's dtype)
-        buffer.div_(state.comm.size)
+    if state.mean:  # (DDP's own: this rank's share first, times 1/size, in the bucket's
+        buffer.mul_(1.0 / state.comm.size)  # dtype; a division differs in the last bit)
     if buffer.device.type != "cpu":
         return _on_device(state, buffer)
     future = torch.futures.Future()
@@ -217,5 +217,11 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
                         f"{type(ddp).__name__}; wrap the model first")
     state = CommHookState(comm, mean=mean, compression=compression, algorithm=algorithm,
                           timeout=timeout)
+    group = ddp.process_group  # (a hook over other ranks trains each group apart, silently)
+    if (group.size(), group.rank()) != (comm.size, comm.rank):
+        raise ValueError(f"comm is rank {comm.rank} of {comm.size} where DDP's process group "
+                         f"is rank {group.rank()} of {group.size()}: the hook must reduce over "
+                         f"DDP's ranks; pass the communicator DDP's group was made from (the "
+                         f"one collectives.init() returns, or its split that DDP runs over)")
     ddp.register_comm_hook(state, allreduce_hook)
     return state

@@ -118,7 +118,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             check_gather_outputs(outputs[0], tensor, self.comm.size)
             for rank, out in enumerate(outputs[0]):
                 host_view(out, "allgather output", moved=True)[...] = gathered[rank]
-        return _finished_work(outputs)
+        return _finished_work(outputs[0])  # (the future holds the list, as gloo's does)
 
     @torch.compiler.disable
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -160,7 +160,7 @@ class _CollectivesGroup(_ProcessGroupBase):
     def barrier(self, opts: Any = None) -> Any:
         with self.lock:
             self.comm.barrier()
-        return _finished_work(None)
+        return _finished_work([])  # (as gloo's)
 
 
 # what the group does not run, and the communicator's call that does it

@@ -3,6 +3,7 @@
 their memory, and the results written back.
 """
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -34,14 +35,31 @@ def host_view(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np
 
 
 def usable(tensor: torch.Tensor, argument: str) -> None:
-    """What the group's NumPy views cannot carry: a tensor off the CPU, or a lazily negated
-    or conjugated view (``x.conj().imag``), whose memory holds other values than it shows."""
+    """What the group's NumPy views cannot carry: a tensor off the CPU, of a dtype NumPy has
+    no equivalent of (float8), or a lazily negated or conjugated view
+    (``x.conj().imag``), whose memory holds other values than it shows."""
     if tensor.device.type != "cpu":
         raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
                         f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
+    if not viewable(tensor.dtype):  # (DLPack's "Unsupported dtype in DLTensor" named nothing)
+        raise TypeError(f"{argument} is {tensor.dtype}, which the collectives process group "
+                        "cannot carry (NumPy has no such dtype); pass a copy in one it has "
+                        "(tensor.float()), or its bits (tensor.view(torch.uint8)) to move them")
     if tensor.is_neg() or tensor.is_conj():
         raise TypeError(f"{argument} is a lazily negated or conjugated view (its memory holds "
                         "other values than it shows); pass tensor.resolve_neg().resolve_conj()")
+
+
+@functools.cache
+def viewable(dtype: torch.dtype) -> bool:
+    """Whether the group carries ``dtype``: NumPy views it, or it is reduced in float32."""
+    if dtype in UPCAST:
+        return True
+    try:
+        np.from_dlpack(torch.empty(0, dtype=dtype))
+    except (BufferError, RuntimeError, TypeError):
+        return False
+    return True
 
 
 def writable(tensor: torch.Tensor, argument: str) -> None:

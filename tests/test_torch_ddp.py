@@ -187,6 +187,43 @@ def test_the_mean_is_ddps_at_the_edges_of_the_float32_range(size):
         assert torch.equal(got, want) and torch.isfinite(got).all(), (got, want)
 
 
+def test_the_mean_is_ddps_own_bit_for_bit_where_one_over_size_is_inexact():
+    """DDP without a hook multiplies each rank's share by 1/size, then sums; so does the hook.
+    At 3 ranks a division by 3 differed from it in the last bit (33 of these 100); only rank
+    0's gradient is not zero, so every sum is exact and only the scaling can differ."""
+    def rank_fn(comm):
+        def gradient(hooked):
+            layer = torch.nn.Linear(100, 1, bias=False)
+            with torch.no_grad():
+                layer.weight.zero_()
+            ddp = DDP(layer, process_group=torch_ddp.process_group(comm))
+            if hooked:
+                torch_ddp.register(ddp, comm)
+            ddp(torch.arange(1.0, 101.0)[None] * (comm.rank == 0)).sum().backward()
+            return layer.weight.grad.clone()
+
+        return gradient(False), gradient(True)
+
+    for builtin, hooked in collectives.run(rank_fn, 3):
+        assert torch.equal(hooked, builtin), (hooked != builtin).sum()
+        assert torch.equal(builtin, torch.arange(1.0, 101.0)[None] * (1 / 3))  # (DDP's way)
+
+
+def test_register_refuses_a_communicator_that_is_not_ddps_group():
+    # (a hook over a split of one rank each trained every rank alone: weights drifted apart)
+    def rank_fn(comm):
+        ddp = DDP(torch.nn.Linear(2, 1), process_group=torch_ddp.process_group(comm))
+        alone = comm.split(comm.rank)
+        try:
+            with pytest.raises(ValueError, match=r"comm is rank 0 of 1 where DDP's process "
+                                                 r"group is rank \d of 2"):
+                torch_ddp.register(ddp, alone)
+        finally:
+            alone.free()
+
+    collectives.run(rank_fn, 2)
+
+
 def test_the_hook_works_with_a_gloo_group_of_one():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -96,6 +96,9 @@ REFUSED = {
         torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND, group=group), "ValueError"),
     "a call the group does not run": (lambda group: dist.reduce(
         torch.ones(2), group_dst=0, group=group), "NotImplementedError"),
+    # (DLPack's "Unsupported dtype in DLTensor", naming nothing)
+    "a dtype NumPy does not have": (lambda group: dist.all_reduce(
+        torch.ones(2, dtype=torch.float8_e4m3fn), group=group), "TypeError"),
 }
 
 
@@ -165,3 +168,22 @@ def test_an_allgather_into_outputs_that_require_grad_is_refused_as_gloo_refuses_
     on_gloo(job)
     for messages in on_collectives(job):
         assert all("requires grad" in m for m in messages), messages
+
+
+def test_dtypes_numpy_does_not_have_are_refused_naming_the_dtype_on_every_rank():
+    # (every call raised DLPack's "Unsupported dtype in DLTensor")
+    def job(group, rank):
+        messages = []
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t = torch.zeros(2, dtype=dtype)
+            for call in (lambda t=t: dist.all_reduce(t, group=group),
+                         lambda t=t: dist.broadcast(t, group=group, group_src=0),
+                         lambda t=t: dist.all_gather([torch.zeros_like(t)] * 2, t, group=group)):
+                with pytest.raises(TypeError) as raised:
+                    call()
+                messages.append(str(raised.value))
+        return messages
+
+    for messages in on_collectives(job):
+        assert len(messages) == 6 and all("tensor is torch." in m and "tensor.float()" in m
+                                          for m in messages), messages
