@@ -207,6 +207,12 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
                 said = {v.differs if isinstance(v, BatchTag) else "" for v in seen}
                 if len(said) == 1 and "" not in said:
                     return said.pop().format(by_rank=by_rank)
+                if not all(seen) or len(said) > 1:  # (a plain call, or another caller's)
+                    by_rank = ", ".join(f"rank {r}: {v or f'a plain {collective}'}"
+                                        for r, v in enumerate(seen))
+                    return (f"ranks are in different calls at this point ({by_rank}); every "
+                            "rank must make the same calls in the same order (one that "
+                            "skipped a step, or made another call first, is out of step)")
                 return (f"ranks called batch_all_reduce (or buckets) with different tensor lists "
                         f"or buckets ({by_rank}); every rank must pass the same shapes and "
                         "dtypes in the same order, and the same bucket_bytes and packing "
