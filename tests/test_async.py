@@ -156,6 +156,28 @@ def test_prepared_calls_are_started_and_waited_in_turn():
         collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
 
 
+def test_a_prepared_call_freed_under_a_run_finishes_it_and_starts_no_more():
+    # (on MPI the run was dropped: a stale out on one rank, MEAN divided twice, or an
+    # AttributeError for the other collectives)
+    def body(comm):
+        x, out = np.full(3, comm.rank + 1.0), np.empty(3)
+        got = []
+        for op in ("sum", "mean"):
+            prepared = comm.all_reduce_init(x, op, out=out)
+            for k in (1, 2):  # (the first run waited for, the second freed under its run)
+                x[:] = k * (comm.rank + 1.0)
+                prepared.start()
+                if k == 2:
+                    prepared.free()
+                got.append(prepared.wait().tolist())
+            with pytest.raises(collectives.CollectiveError, match="start\\(\\) after free"):
+                prepared.start()
+        return got
+
+    for got in collectives.run(body, 3):
+        assert got == [[6.0] * 3, [12.0] * 3, [2.0] * 3, [4.0] * 3], got
+
+
 def test_a_breaking_rank_loses_its_peers_only_the_calls_it_abandons():
     """Rank 0 has a receive posted early (never matched) and then times out in a collective:
     its peers lose that collective, not the point-to-point message rank 1 sends rank 2 (a

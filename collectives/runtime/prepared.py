@@ -79,6 +79,7 @@ class PreparedCall:
         self._persistent = None
         self._work: Any = None  # a Work handle, DONE, or the exception the hot path met
         self._waited = True
+        self._freed = False
         self._fast: FastAllReduce | None = None
         if call.run_as == "native":
             self._persistent = comm.transport.native.prepare(call, src, work, call.op.wire_op
@@ -90,6 +91,9 @@ class PreparedCall:
     def start(self) -> PreparedCall:
         """Start one run; ``wait()`` before the next ``start()``."""
         comm = self.comm
+        if self._freed:
+            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() after free(); "
+                                  "prepare the call again")
         if self._work is not None and not self._waited:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
         fast = self._fast
@@ -142,7 +146,17 @@ class PreparedCall:
         return work is not None and work.is_completed()
 
     def free(self) -> None:
-        """Release the transport's persistent request, if any."""
+        """Release the transport's persistent request, if any. A run started and not waited
+        for runs to its end first (within its deadline; its ``wait()`` still gives the result
+        or raises its error); a ``start()`` after ``free()`` raises."""
+        work = self._work
+        if work is not None and not isinstance(work, (Finished, BaseException)):
+            try:  # (freed under a run in flight, its result was never written: stale ``out``)
+                self.wait()
+            except Exception as exc:  # noqa: BLE001 - kept for the wait() that asks
+                self._work = exc
+        self._freed = True
+        self._fast = None
         if self._persistent is not None:
             self._persistent.free()
             self._persistent = None

@@ -21,7 +21,7 @@ from _common import WORLD, Report, meet
 from collectives.backends import mpi
 from collectives.backends.mpi import tags
 
-from collectives import Communicator
+from collectives import CollectiveError, Communicator
 
 report = Report("async")
 n, rank = WORLD.size, WORLD.rank
@@ -132,8 +132,22 @@ def prepared() -> None:
             else:
                 want = total(k, count)[rank * count // n:(rank + 1) * count // n]
             report.check(same(got, want), f"prepared {name}, start {k}")
-    for call in calls.values():
+    for name, call in calls.items():  # freed under a run: it finishes it (it was dropped:
+        x[:] = value(30, count, rank)  # a stale out, or an AttributeError)
+        shared[:] = value(30, count, rank) if rank == n - 1 else -1.0
+        call.start()
         call.free()
+        got = call.wait()
+        want = {"all_reduce": total(30, count), "broadcast": value(30, count, n - 1),
+                "reduce": value(30, count, n - 1) if rank == n - 1 else None,
+                "all_gather": np.concatenate([value(30, count, r) for r in range(n)]),
+                "reduce_scatter": total(30, count)[rank * count // n:(rank + 1) * count // n]}
+        report.check(same(got, want[name]), f"prepared {name}, freed under its run")
+        try:
+            call.start()
+            report.check(False, f"prepared {name}: start() after free() ran")
+        except CollectiveError as exc:
+            report.check("after free" in str(exc), f"prepared {name}: {exc}")
 
 
 def new_communicators() -> None:
