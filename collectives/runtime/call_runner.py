@@ -207,6 +207,7 @@ class CallRunner:
             else:
                 signature = call.signature if call is not None else None
                 agreement = engine.agreement(seq, signature, call.check if call else 0, error,
+                                             always=call is not None and call.always_agrees,
                                              issued=issued)
                 if error is not None and self.comm.size > 1:
                     engine.reject(error, seq)  # peers that skip this agreement must hear

@@ -115,7 +115,13 @@ class Call:
     run_as: str = field(init=False, default="")  # what runs it: "native" or a schedule's name
     choice: Any = field(init=False, default=None, repr=False)  # the runner's (api.runners)
     plans: dict = field(init=False, default_factory=dict, repr=False)  # this rank's, by shards
-    always_agree = False
+
+    @property
+    def always_agrees(self) -> bool:
+        """Whether every call of this signature is agreed, not only the first: a zero-size
+        call moves no data, so no check value rides with it to catch a peer that calls
+        otherwise (it returned at once, beside peers that waited out their timeout)."""
+        return self.count == 0
 
     def __post_init__(self) -> None:
         self.count = math.prod(self.shape)

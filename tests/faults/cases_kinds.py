@@ -1,8 +1,9 @@
 """The fault matrix over call kinds: every way of reducing a tensor list (plain calls, asynchronous
 calls, a fused batch blocking and asynchronous, a batch tensor by tensor, buckets, prepared calls,
 a sub-communicator) under every fault: a bad argument on one rank, lists that differ after both
-were agreed (order, length), a missing rank with the call's own ``timeout=``, a rank whose
-code raises with calls in flight, and a wait refused for its ``timeout=``. Each cell: an error
+were agreed (order, length, zero-size tensors), a missing rank with the call's own
+``timeout=``, a rank whose code raises with calls in flight, and a wait refused for its
+``timeout=``. Each cell: an error
 on every rank naming the cause (and the failing rank), within a second or the call's own
 timeout; nothing hangs; nothing wrong.
 """
@@ -142,6 +143,9 @@ L1, L2 = [(2, 3), (3, 2)], [(3, 2), (2, 3)]  # the same sizes in another order
 PERSISTENT_ORDER = (("mpi", "the check riding in a persistent all-reduce carries no call "
                             "number: asynchronous calls started in other orders pair by request"),)
 LONG, SPLIT = [(6,)], [(3,), (3,)]  # one tensor against two of half its size
+# zero-size tensors move no data, so no check rides with them: two empty shapes, and an empty
+# tensor against data (thread ranks returned at once, beside peers that waited them out)
+EMPTY, EMPTY_FLAT, SOME = [(0, 3)], [(0,)], [(3,)]
 
 
 def differing(kind: str, mine, theirs):
@@ -157,7 +161,9 @@ def differing(kind: str, mine, theirs):
 
 
 for kind in KINDS:
-    for name, (first, second) in {"order": (L1, L2), "length": (LONG, SPLIT)}.items():
+    for name, (first, second) in {"order": (L1, L2), "length": (LONG, SPLIT),
+                                  "zero-size-shape": (EMPTY, EMPTY_FLAT),
+                                  "zero-size-beside-data": (EMPTY_FLAT, SOME)}.items():
         CASES.append(Case(f"kinds-{kind}-mismatch-{name}-after-agreement",
                           (run(kind, first), run(kind, second), differing(kind, first, second)),
                           where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0,
