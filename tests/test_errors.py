@@ -78,6 +78,28 @@ def test_bad_input(call, error, message):
         call()
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda c: c.reduce(np.ones(3), "sum", root=0.0), TypeError, "root must be an integer"),
+    (lambda c: c.reduce(np.ones(3), "sum", root=True), TypeError, "root must be an integer"),
+    (lambda c: c.all_reduce(np.ones(3), "sum", "ring", shards=2.0), ValueError, "shards=2.0"),
+    (lambda c: c.all_reduce(np.ones(3), "sum", "ring", shards=True), ValueError, "shards=True"),
+    (lambda c: c.all_gather(np.ones(3), axis=0.0), TypeError, "axis=0.0 must be an int"),
+])
+def test_bad_input_is_refused_after_an_equal_good_call(call, error, message):
+    # (the validated calls are cached by their arguments, and 0.0 == 0, True == 1: a cached
+    # call of root=0 took root=0.0 without its check)
+    def body(comm):
+        comm.reduce(np.ones(3), "sum", root=0)
+        comm.reduce(np.ones(3), "sum", root=1)
+        comm.all_reduce(np.ones(3), "sum", "ring", shards=2)
+        comm.all_reduce(np.ones(3), "sum", "ring", shards=1)
+        comm.all_gather(np.ones(3), axis=0)
+        with pytest.raises(error, match=message):
+            call(comm)
+
+    collectives.run(body, 2)
+
+
 def test_read_only_out():
     out = [np.empty(5, np.float32) for _ in range(4)]
     out[2].flags.writeable = False

@@ -120,8 +120,10 @@ class CallRunner:
         batch = self.batch
         shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
-            key = (collective, x.shape, x.dtype, op, algorithm, root, shards, groups, axis, batch,
-                   compression, shown)
+            # (the scalars' types too: 0.0 == 0 and True == 1 would skip their checks)
+            key = (collective, x.shape, x.dtype, op, algorithm, root, type(root), shards,
+                   type(shards), groups, type(groups), axis, type(axis), batch, compression,
+                   shown)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None
