@@ -173,6 +173,31 @@ def test_a_callers_own_mismatch_words_are_used_only_where_every_rank_is_that_cal
         assert "rank 0: a hook's bucket, rank 1: a plain all_reduce" in message, message
 
 
+def test_a_rooted_call_one_rank_changes_after_agreement_names_every_ranks_call():
+    # (the root blamed the rank that finished the gather, "with a signature agreed before,
+    # not this rank's", where that rank's was the root's own, and named no field)
+    import time
+
+    def body(comm):
+        comm.gather(np.ones(4), root=0)
+        start = time.monotonic()
+        try:
+            comm.gather(np.ones(5 if comm.rank == 1 else 4), root=0)
+            first = "returned"
+        except collectives.CollectiveError as exc:
+            first = str(exc)
+        took = time.monotonic() - start
+        with pytest.raises(collectives.CollectiveError):  # (the finished rank learns here)
+            comm.barrier()
+        return first, took
+
+    (root, took), *_ = collectives.run(body, 3, timeout=10)
+    assert took < 2, took
+    # (rank 2, in its barrier by then, says only what it runs now)
+    assert "rank 0: gather(float64[4], root=0), rank 1: gather(float64[5], root=0)" in root, root
+    assert "not this rank's" not in root, root
+
+
 def test_a_slow_link_in_an_earlier_asynchronous_call_is_no_mismatch(monkeypatch):
     # (a peer idle after a later blocking call was taken as finished with the earlier
     # asynchronous one, whose part this rank still waited for: every rank raised "rank 1

@@ -87,9 +87,18 @@ class Disputes:
             if finished and (agreeing or op.skipped_agreement and _knows_peers(op)):
                 # (seen twice, DISPUTE_CHECK apart: a verdict or a part may be on its way)
                 if self.suspect == (op.seq, rank):
-                    self._fail_unagreed(op, f"rank {rank} finished it without " + (
-                        "agreeing on it" if agreeing else "sending this rank its part"),
-                        agreeing=agreeing)
+                    how = f"rank {rank} finished it without " + (
+                        "agreeing on it" if agreeing else "sending this rank its part")
+                    # (a late agreement's rank took the call as agreed too, maybe the same:
+                    # the peer that disputed it differs; what every rank runs tells)
+                    if entry[0] != op.seq:  # (its latest call is a later one)
+                        how += ", taking it as agreed"
+                    elif entry[4] == op.check:
+                        how += ", taking it as agreed, as this rank had"
+                    else:
+                        how += ", so with a signature agreed before, not this rank's"
+                    self._fail_unagreed(op, how + _calls(op, self.rank, answers),
+                                        agreeing=agreeing)
                 else:
                     self.suspect = (op.seq, rank)
                 return
@@ -125,7 +134,8 @@ class Disputes:
         if not gone:
             return False
         self._fail_unagreed(op, f"rank {gone[0]} left ({ledger.why[gone[0]]}) having made it "
-                                "without agreeing on it")
+                                "without agreeing on it, so with a signature agreed before, "
+                                "not this rank's")
         return True
 
     def _fail_unagreed(self, op: Operation, how: str, agreeing: bool = True) -> None:
@@ -133,13 +143,24 @@ class Disputes:
         (``how`` it made the call instead: with a signature agreed before, not this rank's)."""
         error = CollectiveMismatchError(
             f"rank {self.rank}: {op.description} (call {op.seq}) cannot "
-            f"{'be agreed' if agreeing else 'finish'}: {how}, so with a signature agreed "
-            f"before, not this rank's: the ranks disagree about call {op.seq}")
+            f"{'be agreed' if agreeing else 'finish'}: {how}: the ranks disagree about call "
+            f"{op.seq}; every rank must make the same calls in the same order")
         with self.state:
             if op.advance() or (agreeing and not _agreeing(op)):
                 return  # (its part came after all)
             op.fail(error)
         self.broken_by(error, op.seq)
+
+
+def _calls(op: Operation, rank: int, answers: dict) -> str:
+    """What each rank that answered runs as call ``op.seq``, as they said (`` (rank 0:
+    gather(float32[4], root=0), ...)``), or nothing where no peer said."""
+    said = {r: entry[6] for r, entry in answers.items()
+            if len(entry) > 6 and entry[0] == op.seq and entry[6]}
+    if not said:
+        return ""
+    said[rank] = op.description
+    return f" ({', '.join(f'rank {r}: {said[r]}' for r in sorted(said))})"
 
 
 def _agreeing(op: Operation) -> bool:
