@@ -1,6 +1,7 @@
 """The pytest side of the fault suite: launch batches of cases, collect and judge each case.
 
-One launch runs many cases (an MPI launch costs about a second); ``faults.worker`` writes each
+One launch runs many cases (an MPI launch costs about a second; one runs at most
+``MPI_CASES_PER_LAUNCH``, for MPI's communicator contexts); ``faults.worker`` writes each
 rank's records. A case whose records are missing hung or crashed its batch: it fails with the
 batch's output, and a new batch starts after it. Each (transport, size) batch runs once per
 session, two at a time in the background (most of a batch is ranks waiting out timeouts), and
@@ -126,16 +127,23 @@ def read(outdir: Path) -> tuple[dict, dict]:
     return records, begun
 
 
+# cases per MPI launch: a case whose call failed keeps its transport's communicators (messages
+# of the failed call may still arrive), and a process has 2048 communicator contexts in all
+# (MPICH: "Too many communicators" once a batch of 338 cases had run out of them)
+MPI_CASES_PER_LAUNCH = 120
+
+
 def run_batch(transport: str, size: int, cases: list[Case]) -> dict[str, Report]:
     ranks = 1 if transport == "multi" else size
     reports: dict[str, Report] = {}
     pending = list(cases)
     while pending and not _STOPPING.is_set():
+        chunk = pending[:MPI_CASES_PER_LAUNCH] if transport.startswith("mpi") else pending
         with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
-            proc = launch(transport, size, pending, Path(tmp))
+            proc = launch(transport, size, chunk, Path(tmp))
             records, begun = read(Path(tmp))
         output = (proc.stdout + proc.stderr)[-5000:]
-        for i, case in enumerate(pending):
+        for i, case in enumerate(chunk):
             got = records.get(case.name, {})
             if len(got) == ranks:
                 reports[case.name] = Report({r: got[r]["steps"] for r in got},
@@ -154,7 +162,7 @@ def run_batch(transport: str, size: int, cases: list[Case]) -> dict[str, Report]
             pending = pending[i + 1:]
             break
         else:
-            pending = []
+            pending = pending[len(chunk):]
     return reports
 
 
