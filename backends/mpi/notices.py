@@ -9,9 +9,11 @@
   number (the oldest native call in flight): peers answer with the call they run under that
   number (check value, description), and the asker compares check values when they come.
   A question and its answer stay small however many calls are in flight.
-* Across hosts, questions go to the ranks of this rank's own node only, and a timeout's notice
-  too: MPI's first message to a peer whose host died can block inside MPI (a connection being
-  retried, holding MPI's lock), and the rank that asks is the one that suspects a dead peer.
+* Across hosts, questions go to the ranks of this rank's own node only, and the notice of a
+  timeout or of a transfer MPI failed here (kind "lost") too: MPI's first message to a peer
+  whose host died can block inside MPI (a connection being retried, holding MPI's lock), one
+  to a peer that exited can crash it (over UCX: SIGSEGV in ``MPI_Isend``, the rank gone
+  without a word), and the rank that asks or tells is the one that suspects a dead peer.
   Peers on other nodes that are alive time out by themselves.
 """
 
@@ -93,7 +95,7 @@ class Notices:
         return status.Get_source(), pickle.loads(blob)
 
     def notify(self, failure: Failure) -> None:
-        for peer in self.near if failure.kind == "timeout" else self.peers:
+        for peer in self.near if failure.kind in ("timeout", "lost") else self.peers:
             self._post(failure.addressed_to(peer), peer, FAILURE)  # (an exit's counts: its own)
 
     def poll(self) -> Failure | None:

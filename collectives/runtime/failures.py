@@ -212,7 +212,9 @@ class Failures(Disputes):
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
         FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
         kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
-                "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
+                "timeout" if isinstance(error, CollectiveTimeoutError) else
+                # (this rank's transport failed a transfer: that peer, maybe others, is gone)
+                "lost" if isinstance(error, PeerFailedError) else "error")
         with self.state:  # every collective in flight here is abandoned, earlier ones too
             # (point-to-point messages carry the call count at their post, not a call's
             # number: they say nothing of which calls are lost)

@@ -72,11 +72,12 @@ def engine_of(transport: Any) -> Any:
 
 @dataclass(frozen=True)
 class Failure:
-    """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch" or
-    "timeout", or "exited" when the peer left (its program ended, or it raised outside the
-    library) after finishing call ``seq``; ``message`` is its exception, as text. ``sent``
-    (an exit's): the messages the peer had posted, destination -> tag -> count (None:
-    unknown; ``collectives.runtime.departures``)."""
+    """A peer's notice that it failed in call ``seq``: ``kind`` is "error", "mismatch",
+    "timeout", "lost" (its transport failed a transfer with a peer: an error, which a
+    transport may tell fewer peers, as it does a timeout), or "exited" when the peer left (its
+    program ended, or it raised outside the library) after finishing call ``seq``;
+    ``message`` is its exception, as text. ``sent`` (an exit's): the messages the peer had
+    posted, destination -> tag -> count (None: unknown; ``collectives.runtime.departures``)."""
 
     rank: int
     seq: int

@@ -5,11 +5,12 @@ rank warms up, prints ``READY rank R host H``, then all-reduces with ``timeout=T
 an error. The test kills a host's ranks or unplugs its cable in the meantime. Each rank that
 gets an error prints one ``ERROR`` line: its rank, hostname, ``time.monotonic()`` when the error
 arrived (the machine's clock, so the test compares it with the moment of the fault), the
-exception's class, the ranks it names (``missing``) and its message. Ranks then leave with
-``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank stuck inside an
-MPI call that never returns is ended by the library's hang guard, with its report; a rank with
-no error and no report ``TIMEOUT + 20`` seconds after ``READY`` dumps its threads' Python
-stacks (``faulthandler``).
+exception's class, the ranks it names (``missing``) and its message. Ranks then wait
+``TIMEOUT`` seconds (a rank that reports late, on a loaded machine, still finds its peers) and
+leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank stuck
+inside an MPI call that never returns is ended by the library's hang guard, with its report;
+a rank with no error and no report ``TIMEOUT + 20`` seconds after ``READY`` dumps its threads'
+Python stacks (``faulthandler``).
 """
 
 from __future__ import annotations
@@ -53,5 +54,10 @@ except CollectiveError as exc:
     missing = sorted(getattr(exc, "missing", None) or [])
     say(f"ERROR rank {comm.rank} host {host} at {time.monotonic():.3f} {type(exc).__name__} "
         f"missing={','.join(map(str, missing))} | {exc}")
-time.sleep(1.0)  # let the other ranks report before the launcher notices anyone leaving
+# Let the other ranks report before this one leaves: a rank still inside the failed call when
+# a peer leaves sees MPI fail with it (another error than the test expects) and tells every
+# rank; over UCX, its message to one that left crashes it (SIGSEGV in MPI_Isend), silently.
+# The test accepts errors up to TIMEOUT + SLACK (3 s) after the fault; every rank's came
+# TIMEOUT after it at the earliest, so TIMEOUT more covers the slowest it accepts
+time.sleep(timeout)
 os._exit(0)
