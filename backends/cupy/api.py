@@ -41,9 +41,14 @@ __all__ = ["all_reduce", "batch_all_reduce", "nccl_request", "reduce"]
 @own_function
 def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "auto", *,
                out: Sequence | None = None, shards: int = 0, groups: Any = None,
-               accumulation_fn: Callable | None = None, async_op: bool = False) -> Any:
+               accumulation_fn: Callable | None = None, shared_result: bool = False,
+               async_op: bool = False) -> Any:
     """``collectives.all_reduce`` for CuPy arrays, with NCCL and ``async_op``: checked once,
-    then run by the first of the runners that takes it (``runners.py``)."""
+    then run by the first of the runners that takes it (``runners.py``). ``shared_result``
+    (one buffer's views for every device) needs devices that share memory: refused."""
+    if shared_result:
+        raise ValueError("shared_result=True needs devices that share memory; CuPy devices do "
+                         "not: each device gets its own result")
     values, shape, dtype, op = prepare(values, op)
     call = runners.DeviceCall("all_reduce", values, shape, dtype, op, algorithm, out=out,
                               shards=shards, groups=groups, accumulation_fn=accumulation_fn)

@@ -37,6 +37,24 @@ from .devices import own_function
 
 
 @own_function
+def gpu_ids(devices: Sequence) -> list[int]:
+    """``devices`` as GPU ids, each checked (``int()`` took 1.5 as GPU 1, and True as 1)."""
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    ids = []
+    for d in devices:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"devices={devices!r} holds {d!r}; pass GPU ids (integers)")
+        if not 0 <= d < count:
+            raise ValueError(f"devices={devices!r} names GPU {d}; this machine has GPUs "
+                             f"0 to {count - 1}")
+        ids.append(int(d))
+    if not ids:
+        raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
+    return ids
+
+
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0, async_op: bool = False) -> Any:
     """``collectives.broadcast`` for a CuPy array. ``devices``: a count (every copy on the
@@ -52,9 +70,7 @@ def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, o
     if isinstance(devices, (str, bytes)):
         raise TypeError(f"devices={devices!r} is text; pass a count or a list of GPU ids")
     if out is None and not isinstance(devices, (int, np.integer)):
-        ids = [int(d) for d in devices]
-        if not ids:
-            raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
+        ids = gpu_ids(devices)
         out = [arrays.empty_on(d, value.shape, value.dtype) for d in ids]
     n = devices if isinstance(devices, (int, np.integer)) else len(devices)
     if out is not None:

@@ -40,7 +40,9 @@ def backend_first(function: Callable) -> Callable:
         return dispatch(values, args, async_op, kwargs)
 
     def dispatch(values, args, async_op, kwargs):
-        first = values[0] if isinstance(values, (list, tuple)) and values else values
+        first = values  # (the first array: a batch's first list holds it)
+        while isinstance(first, (list, tuple)) and first:
+            first = first[0]
         if not requested(kwargs.get("compression")):
             kwargs.pop("compression", None)  # (a backend's own functions never compress)
         if first is not None and not isinstance(first, np.ndarray) and hasattr(first, "shape"):

@@ -154,3 +154,41 @@ def test_an_integer_mean_sums_in_float64(algorithm):
     for got in collectives.all_reduce(values, "mean", algorithm):
         assert got.dtype == np.float64 and host(got).tolist() == [200.0, 7.0]
     assert host(collectives.reduce(values, "mean", 0, algorithm)).tolist() == [200.0, 7.0]
+
+
+def test_compression_and_shared_result_take_cupy_arrays():
+    # (every compressed call on CuPy arrays raised "unexpected keyword argument
+    # 'shared_result'", and so did shared_result=False)
+    numpy_values = [np.arange(6.0, dtype=np.float32) / 3 + k for k in range(2)]
+    values = on_devices(numpy_values, [0, 0])
+    want = collectives.all_reduce(numpy_values, "sum", compression="fp16")
+    for got, w in zip(collectives.all_reduce(values, "sum", compression="fp16"), want):
+        assert same_bits(host(got), w)
+    batch = collectives.batch_all_reduce([values, values], "mean", compression="fp16")
+    assert len(batch) == 2 and all(host(v).dtype == np.float32 for row in batch for v in row)
+    assert same_bits(host(collectives.all_reduce(values, shared_result=False)[1]),
+                     numpy_values[0] + numpy_values[1])
+    with pytest.raises(ValueError, match="shared_result=True needs devices that share memory"):
+        collectives.all_reduce(values, shared_result=True)
+
+
+def test_an_asynchronous_batch_of_cupy_lists_is_the_backends_own_handle():
+    # (collectives.batch_all_reduce(..., async_op=True) ran blocking and handed back a
+    # finished handle, where all_reduce gives the backend's: its wait() waits for the devices)
+    from collectives.backends.cupy.work import DeviceWork
+
+    values = on_devices([np.ones(4, np.float32)] * 2, [0, 0])
+    handle = collectives.batch_all_reduce([values], async_op=True)
+    assert isinstance(handle, DeviceWork)
+    assert [host(v).tolist() for v in handle.wait()[0]] == [[2.0] * 4] * 2
+
+
+@pytest.mark.parametrize("devices, error, words", [
+    ([1.5, 0], TypeError, "holds 1.5"), ([True, 0], TypeError, "holds True"),
+    ([0, 64], ValueError, "names GPU 64"), ([], ValueError, "names no device")])
+def test_broadcasts_device_ids_are_checked(devices, error, words):
+    # (int() took 1.5 as GPU 1 and True as GPU 1; GPU 64 raised CUDA's own error)
+    from collectives.backends import cupy as backend
+
+    with pytest.raises(error, match=words):
+        backend.broadcast(on_devices([np.ones(3)], [0])[0], devices)
