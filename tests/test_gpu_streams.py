@@ -209,6 +209,37 @@ def test_blocking_call_still_orders_the_callers_stream_at_return(order, comm):
     assert not order.violations, order.violations
 
 
+@pytest.mark.parametrize("kind", ["all_gather", "all_reduce mean of int32",
+                                  "reduce mean of int32", "reduce_scatter mean of int32"])
+def test_a_prepared_calls_start_reads_x_after_the_callers_stream(order, comm, monkeypatch,
+                                                                 kind):
+    # (the start copied x into its buffers on the communicator's stream before that stream
+    # waited for the caller's: a GPU could send the previous step's values)
+    import cupy
+
+    copyto = cupy.copyto  # (an integer mean's widening copies x with it)
+
+    def on_copyto(dst, src, casting="same_kind"):
+        order.access(cupy.cuda.get_current_stream(), [span(src)], [span(dst)], "copyto")
+        return copyto(dst, src, casting=casting)
+
+    monkeypatch.setattr(cupy, "copyto", on_copyto)
+    producer = cupy.cuda.Stream(non_blocking=True)
+    name, *mean = kind.split()
+    x = cupy.arange(16, dtype=cupy.int32 if mean else cupy.float32)
+    out = cupy.empty(16, cupy.float64 if mean else cupy.float32)
+    prepared = getattr(comm, f"{name}_init")(x, *(["mean"] if mean else []), out=out)
+    prepared.start().wait()  # (agreed: the next start goes straight to its run)
+    comm.synchronize()  # (the host waited for that run: the record starts anew)
+    order.violations.clear()
+    order.history.clear()
+    with producer:
+        order.access(producer, writes=[span(x)], what="the caller writes x")
+        prepared.start().wait()
+    assert not order.violations, order.violations
+    prepared.free()
+
+
 class Other:
     """A GPU array of another library (what a PyTorch CUDA tensor is to the backend), over a
     stand-in array: a dtype of its own, DLPack on a CUDA device, and that library's own

@@ -86,6 +86,9 @@ class ThreadTransport:
     def publish_activity(self, activity: Any) -> None:
         self.world.activity[self.rank] = activity
 
+    def reading_inputs(self, seq: int) -> None:
+        """Nothing to order: a thread rank's work runs on the calling thread."""
+
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
         world = self.world
         return {r: describe_activity(world.activity[r], _checks_in_flight(world.transports[r]))

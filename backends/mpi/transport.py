@@ -175,6 +175,9 @@ class MPITransport:
     def publish_activity(self, activity: tuple) -> None:
         self.notices.activity = activity
 
+    def reading_inputs(self, seq: int) -> None:
+        """Nothing to order: MPI reads host memory when the call posts it."""
+
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
         return self.notices.ask(min(timeout, ASK_SECONDS))
 

@@ -180,6 +180,11 @@ class NcclTransport(StreamOrder):
         if phase:  # every call, in order on every rank: its digest (see the watchdog)
             self.digest(seq, int(getattr(subject, "check", 0) or 0))
 
+    def reading_inputs(self, seq: int) -> None:
+        """A prepared call's start copies its input in on this transport's stream: that
+        stream waits for the caller's first (its producers), once for the call."""
+        self.follow_caller(seq)
+
     def peer_activity(self, timeout: float) -> dict[int, tuple[int | None, str]]:
         return self.notices_ask(timeout)
 

@@ -105,7 +105,9 @@ class PreparedCall:
 
         def build(seq):
             # agreed (the first time, or again after a failed agreement) and run as a plain
-            # call of this signature would be
+            # call of this signature would be; what place() copies in is the caller's input,
+            # written on the caller's stream (a GPU transport's stream must wait for it)
+            comm.transport.reading_inputs(seq)
             if self.place is not None:
                 self.place()
             if self._persistent is not None:

@@ -261,6 +261,12 @@ class Transport(Protocol):
         disputes. Called on every call: it must be cheap."""
         ...
 
+    def reading_inputs(self, seq: int) -> None:
+        """Call ``seq`` reads its inputs now, before its data stage (a prepared call's start
+        copies them into its buffers): a transport whose work runs on a stream of its own
+        orders it after the caller's (NCCL); the others do nothing."""
+        ...
+
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
         """What other ranks say they are doing: ``(call number or None, description,
         phase)`` (phase as published; None where unknown; ``SILENT`` for a peer that did
