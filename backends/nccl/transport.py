@@ -108,13 +108,14 @@ class NcclTransport(StreamOrder):
         self.watchdog.watch(description, seq if seq is not None else self._last_digest,
                             self.record(), self.timeout)
 
-    def digest(self, seq: int, check: int) -> None:
+    def digest(self, seq: int, check: int, agreeing: bool = False) -> None:
         """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog);
-        a rank alone has no peer to disagree with."""
+        a rank alone has no peer to disagree with. ``agreeing``: the call runs its agreement
+        on this rank, which judges it (the digests then decide nothing)."""
         if seq > self._last_digest:
             self._last_digest = seq
             if self.size > 1:
-                self.watchdog.digest(seq, check, self._digests)
+                self.watchdog.digest(seq, check, self._digests, agreeing)
 
     def pinned(self, nbytes: int):
         """A pinned host buffer (uint8) of at least ``nbytes``, reused across calls; give it
@@ -178,7 +179,7 @@ class NcclTransport(StreamOrder):
             else:
                 self.lead_caller()
         if phase:  # every call, in order on every rank: its digest (see the watchdog)
-            self.digest(seq, int(getattr(subject, "check", 0) or 0))
+            self.digest(seq, int(getattr(subject, "check", 0) or 0), phase == "agreeing")
 
     def reading_inputs(self, seq: int) -> None:
         """A prepared call's start copies its input in on this transport's stream: that

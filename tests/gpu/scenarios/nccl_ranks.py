@@ -8,7 +8,9 @@ error naming the shared GPU. ``two_level_async`` (any -n, with COLLECTIVES_RANKS
 a loop of asynchronous two-level all-reduces, several in flight at once. ``mixed_async``
 (a world over several GPUs): asynchronous calls that run the library's schedules over NCCL
 send/recv in flight with NCCL's own collectives, one rank arriving late each time. ``hot``
-(any -n, one GPU per rank): the hot path of a repeated NCCL all-reduce.
+(any -n, one GPU per rank): the hot path of a repeated NCCL all-reduce. ``refused`` (-n 2,
+as ``two_level``): calls refused at their agreement (ranks disagree on a dtype; one rank's
+bad op) leave the communicator usable.
 """
 
 from __future__ import annotations
@@ -215,6 +217,23 @@ elif mode == "hot":
     comm.all_reduce(overlapping[:8], "sum", "nccl", out=overlapping[1:])
     assert same(cupy.asnumpy(overlapping), np.r_[0, np.arange(8) * size].astype(np.float32))
     checked += 2
+elif mode == "refused":
+    # (each digest of a refused call differed, and the watchdog broke the communicator)
+    for k, (x, error) in enumerate([
+            (cupy.ones(3, np.float32 if rank == 0 else np.float64),
+             collectives.CollectiveMismatchError),
+            (cupy.ones(3, np.bool_ if rank == 1 else np.float32),
+             TypeError if rank == 1 else collectives.PeerFailedError)]):
+        try:
+            comm.all_reduce(x, "sum")
+            raise AssertionError(f"refused call {k} ran")
+        except error:
+            pass
+        comm.synchronize()
+        time.sleep(0.1)  # (the watchdog's checks run meanwhile)
+        got = comm.all_reduce(cupy.ones(2, np.float32), "sum")
+        assert same(cupy.asnumpy(got), np.full(2, size, np.float32)), k
+        checked += 1
 elif mode == "mixed_async":
     # A new signature (a schedule over send/recv, agreed first) then an agreed one (NCCL's
     # all-reduce, no agreement). The early rank's agreement completes while it is busy
