@@ -59,6 +59,14 @@ def check_thread_level() -> None:
             "mpi4py asks for it by default: do not lower mpi4py.rc.thread_level")
 
 
+# Notices that leave no message in flight by themselves: a dispute (a late agreement that finds
+# a mismatch where data moved breaks the communicator, which ``free`` reads; one that finds
+# none moves nothing) and a rejection (a call refused at its agreement moved nothing; a peer
+# that had moved its data joins late and breaks alike). Their notices, read or not, go with
+# the drain at free.
+HARMLESS = ("disputed", "rejected")
+
+
 class MPITransport:
     """One rank's transport over an mpi4py communicator (collective to create and free)."""
 
@@ -142,17 +150,14 @@ class MPITransport:
                                         "later call"))
 
     def notify_failure(self, failure: Failure) -> None:
-        self._troubled = self._troubled or failure.kind != "disputed"
+        self._troubled = self._troubled or failure.kind not in HARMLESS
         self.left = self.left or failure.kind == "exited"
         self.notices.notify(failure)
 
     def poll_failure(self) -> Failure | None:
         failure = self.notices.poll()
         if failure is not None:
-            # (a dispute alone leaves no message in flight: a late agreement that finds a
-            # mismatch tells of it as a failure; one that finds none, needed or not, moves
-            # nothing. Its notice, read or not, goes with the drain at free)
-            self._troubled = self._troubled or failure.kind != "disputed"
+            self._troubled = self._troubled or failure.kind not in HARMLESS
             if failure.kind == "exited":
                 self.gone.add(failure.rank)
         return failure
@@ -220,8 +225,10 @@ class MPITransport:
         cannot cancel) may still arrive."""
         if not self._comms:
             return
+        engine = engine_of(self)  # (broken where every rank broke alike, telling no one)
         troubled = bool(self._troubled or self.native.abandoned or any(
-            c.withdrew for c in (self.data, self.control, self.p2p)))
+            c.withdrew for c in (self.data, self.control, self.p2p)) or (
+            engine is not None and engine.broken_by_failure()))
         shm = self.native.shm
         if shm is not None and shm.win is not None and self.size > 1:
             # (its free waits for every rank: they decide together, unless this one left)

@@ -38,6 +38,9 @@ QUIET_POLLS, EMPTY_POLLS = 1024, 16  # at most so many polls then, ended by so m
 MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
 
 
+FREED = "it was freed"  # why a freed communicator refuses every later call
+
+
 class Failures(Disputes):
     """The engine's failure handling (see the module's docstring)."""
 
@@ -258,7 +261,12 @@ class Failures(Disputes):
                     self.inflight.remove(other)
 
     def close(self) -> None:  # the communicator was freed: every later call raises at once
-        self.freed, self.broken, self.only_exits = True, self.broken or "it was freed", False
+        self.freed, self.broken, self.only_exits = True, self.broken or FREED, False
+
+    def broken_by_failure(self) -> bool:
+        """Whether a failure broke the communicator (not only its ``free``): messages of the
+        failed call may still be in flight."""
+        return self.broken is not None and self.broken != FREED
 
     def break_for(self, reason: str) -> None:  # (no one to tell: every rank breaks alike)
         self.broken, self.only_exits = self.broken or reason, False
