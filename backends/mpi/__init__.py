@@ -102,7 +102,8 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
 
     comm = MPI.COMM_WORLD if comm is None else comm
     # (before anything else: one rank's bad argument raises on every rank)
-    probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init")
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init",
+                            {"check": check})
     abort.install(abort_on_error)
     guard.ENABLED = hang_guard  # (for this communicator and those made after it)
     transport = MPITransport(comm, groups=groups)

@@ -56,7 +56,8 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         ranks_per_node()  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
 
     # (before anything else: one rank's bad argument raises on every rank)
-    probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init")
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init",
+                            {"check": check})
     abort.install(abort_on_error)
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
     communicator = NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")

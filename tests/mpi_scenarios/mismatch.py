@@ -75,6 +75,14 @@ def main() -> None:
         report.check(False, "init groups: no error")
     except ValueError as exc:
         report.check(f"init on rank {n - 1}: groups=" in str(exc), f"init groups: {exc}")
+    # Ranks that pass different check= (one agrees on calls, one does not) are told at init
+    # (the second call raised a mismatch of calls that were alike, and broke the communicator)
+    try:
+        mpi.init(timeout=10, check=not odd)
+        report.check(False, "init check: no error")
+    except ValueError as exc:
+        report.check("ranks passed different check= (rank 0: True" in str(exc),
+                     f"init check: {exc}")
     saved = os.environ.get("COLLECTIVES_RANKS_PER_NODE")
     os.environ["COLLECTIVES_RANKS_PER_NODE"] = "+2" if odd else "1"
     try:
