@@ -20,12 +20,15 @@ class CollectiveMismatchError(CollectiveError, ValueError):
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """Peers did not arrive at a collective within the timeout.
 
-    ``missing`` lists the ranks that never arrived; ``collective`` names the call they were
-    expected in (``message``: a point-to-point message, which waits for its peer alone).
+    ``missing`` lists the ranks that never arrived (or, where ``arrived``, the ranks it still
+    waited for that said they were in the call too: it ran longer than its timeout);
+    ``collective`` names the call they were expected in (``message``: a point-to-point
+    message, which waits for its peer alone).
     """
 
     def __init__(self, collective: str, missing: Iterable[int], timeout: float, rank: int | None,
-                 detail: str = "", call: int | None = None, message: bool = False):
+                 detail: str = "", call: int | None = None, message: bool = False,
+                 arrived: bool = False):
         self.collective = collective
         self.missing = sorted(set(missing))
         self.timeout: float | None = timeout  # None: a peer's, unknown (PeerTimeoutError)
@@ -37,11 +40,13 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         # (three digits, whole seconds from 100 on: a wait given what was left of a deadline
         # waited 0.299999 s, and 1800 s is no 1.8e+03)
         seconds = f"{timeout:.3g}" if timeout < 100 else f"{timeout:.0f}"
+        # (``arrived``: every rank named said it was in the call too, still running it)
+        why = ("which never matched this message" if message else
+               "which were in this collective too: it was still running (it needs more than "
+               "its timeout)" if arrived else "which never arrived in this collective")
         super().__init__(
             f"{who}{collective}{number} timed out after {seconds} s waiting for rank(s) "
-            f"{', '.join(map(str, self.missing))}, "
-            f"{'which never matched this message' if message else 'which never arrived in this collective'}"
-            f"{doing}"
+            f"{', '.join(map(str, self.missing))}, {why}{doing}"
         )
 
 

@@ -352,3 +352,17 @@ def test_ranks_per_node_is_read_alike_by_both_transports(value):
     assert bootstrap.ranks_per_node is groups.ranks_per_node  # (one reader, not two alike)
     with pytest.raises(ValueError, match=r"COLLECTIVES_RANKS_PER_NODE=.* must be a positive"):
         groups.groups_from_env(4, {"COLLECTIVES_RANKS_PER_NODE": value})
+
+
+def test_a_call_slower_than_its_timeout_says_its_peers_were_in_it():
+    # (it said they "never arrived in this collective", quoting them as in this very call)
+    def body(comm):
+        x = np.ones(8 << 20)
+        comm.all_reduce(x[:4], "sum", "ring")
+        with pytest.raises(collectives.CollectiveTimeoutError) as info:
+            comm.all_reduce(x, "sum", "ring", timeout=0.001)
+        return str(info.value)
+
+    messages = collectives.run(body, 2, timeout=30)
+    assert any("which were in this collective too: it was still running" in m
+               for m in messages), messages
