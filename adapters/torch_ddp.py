@@ -15,7 +15,8 @@ DDP with a hook does not divide by the world size itself; ``mean=True`` makes th
 DDP's mean, in DDP's own order (each rank's bucket times 1/size, then the sum), ``mean=False``
 the sum.
 ``compression="fp16"``/``"bf16"`` carries float32/float64 buckets in that narrower float, as
-DDP's ``fp16_compress_hook`` (for a mean each contribution is divided before it is narrowed).
+DDP's ``fp16_compress_hook`` (for a mean each contribution is scaled by 1/size before it is
+narrowed).
 
 A failure (a peer that does not arrive within ``timeout``, ranks that disagree, a broken
 communicator) reaches DDP as the future's exception on every rank, never as an exception the

@@ -31,6 +31,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
                  arrived: bool = False):
         self.collective = collective
         self.missing = sorted(set(missing))
+        self.arrived = arrived
         self.timeout: float | None = timeout  # None: a peer's, unknown (PeerTimeoutError)
         self.rank = rank
         self.call = call

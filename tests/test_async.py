@@ -178,6 +178,21 @@ def test_a_prepared_call_freed_under_a_run_finishes_it_and_starts_no_more():
         assert got == [[6.0] * 3, [12.0] * 3, [2.0] * 3, [4.0] * 3], got
 
 
+def test_a_prepared_call_freed_under_a_failing_run_raises_its_error():
+    # (free() waited for the run and kept its error where no wait() would ever ask for it)
+    def body(comm):
+        x = np.ones(3 if comm.rank == 0 else 4)
+        prepared = comm.all_reduce_init(x, out=np.empty_like(x))
+        prepared.start()
+        with pytest.raises(collectives.CollectiveMismatchError):
+            prepared.free()
+        with pytest.raises(collectives.CollectiveMismatchError):  # (and wait() says it too)
+            prepared.wait()
+        return comm.all_reduce(np.ones(2)).tolist()  # (refused at its agreement: usable)
+
+    assert collectives.run(body, 2) == [[2.0, 2.0]] * 2
+
+
 def test_a_breaking_rank_loses_its_peers_only_the_calls_it_abandons():
     """Rank 0 has a receive posted early (never matched) and then times out in a collective:
     its peers lose that collective, not the point-to-point message rank 1 sends rank 2 (a

@@ -36,7 +36,6 @@ from .call_parts import deliver, gpu_arrays, handle, library_devices, nccl_reque
 from .devices import own_function
 
 
-@own_function
 def gpu_ids(devices: Sequence) -> list[int]:
     """``devices`` as GPU ids, each checked (``int()`` took 1.5 as GPU 1, and True as 1)."""
     import cupy
@@ -55,6 +54,7 @@ def gpu_ids(devices: Sequence) -> list[int]:
     return ids
 
 
+@own_function
 def broadcast(value: Any, devices: int | Sequence, algorithm: Any = "auto", *, out: Any = None,
               shards: int = 0, async_op: bool = False) -> Any:
     """``collectives.broadcast`` for a CuPy array. ``devices``: a count (every copy on the

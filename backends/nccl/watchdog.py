@@ -7,9 +7,9 @@ thread (alive only while calls are outstanding) checks, every few milliseconds:
 * NCCL's ``check_async_error()`` on every communicator: a failed peer or network turns into
   ``PeerFailedError``;
 * the call digests (every call's check value, all-reduced MAX over MPI without waiting, as
-  ``[check, -check, agreeing]``): ranks that called different collectives, each taking its
-  call as agreed, turn into ``CollectiveMismatchError`` (where a rank agrees on the call, its
-  agreement judges it: a call refused there moved no data, and breaks nothing);
+  ``[check, -check, agreeing, -agreeing]``): ranks that called different collectives turn
+  into ``CollectiveMismatchError``, unless every rank agrees on the call (its agreement judges
+  it then: a call refused there moved no data, and breaks nothing);
 * the oldest event's deadline (the communicator's timeout): a call still unfinished then
   turns into ``CollectiveTimeoutError`` naming the ranks that do not say
   they are in it.
@@ -74,7 +74,8 @@ class Watchdog:
     def digest(self, seq: int, check: int, comm: Any, agreeing: bool = False) -> None:
         from mpi4py import MPI
 
-        buf = np.array([check, -check, 1 if agreeing else 0], np.int64)
+        flag = 1 if agreeing else 0
+        buf = np.array([check, -check, flag, -flag], np.int64)  # (MAX: the max and the min)
         with self.lock:
             self.digests.append((seq, buf, comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)))
             self._start()
@@ -132,10 +133,11 @@ class Watchdog:
         with self.lock:
             while self.digests and self.digests[0][2].Test():
                 seq, buf, _ = self.digests.popleft()
-                # (where a rank agrees on the call, the agreement judges it: a call it refuses
-                # moved no data on any rank, and leaves the communicator usable; a rank that
-                # moved it meanwhile is the engine's to find, a dispute)
-                if int(buf[0]) != -int(buf[1]) and not buf[2]:
+                # (where every rank agrees on the call, the agreement judges it: a call it
+                # refuses moved no data on any rank, and leaves the communicator usable; where
+                # one rank took it as agreed, that rank has enqueued NCCL work no peer will
+                # match: a mismatch, as ever)
+                if int(buf[0]) != -int(buf[1]) and int(buf[3]) != -1:
                     error = CollectiveMismatchError(
                         f"rank {t.rank}: call {seq}: ranks called different collectives, or the "
                         "same one with different arguments (their check values differ); every "

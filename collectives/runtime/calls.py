@@ -120,8 +120,10 @@ class Call:
     def always_agrees(self) -> bool:
         """Whether every call of this signature is agreed, not only the first: a zero-size
         call moves no data, so no check value rides with it to catch a peer that calls
-        otherwise (it returned at once, beside peers that waited out their timeout)."""
-        return self.count == 0
+        otherwise (it returned at once, beside peers that waited out their timeout). Not an
+        all-to-all: its call's leading axis is 0 where the ranks pass ``splits=`` (their
+        rows differ), and the data it moves carries the check."""
+        return self.count == 0 and self.collective is not Collective.ALL_TO_ALL
 
     def __post_init__(self) -> None:
         self.count = math.prod(self.shape)

@@ -94,7 +94,7 @@ class Disputes:
                     if entry[0] != op.seq:  # (its latest call is a later one)
                         how += ", taking it as agreed"
                     elif entry[4] == op.check:
-                        how += ", taking it as agreed, as this rank had"
+                        how += ", taking it as agreed with this rank's signature"
                     else:
                         how += ", so with a signature agreed before, not this rank's"
                     self._fail_unagreed(op, how + _calls(op, self.rank, answers),
@@ -140,7 +140,7 @@ class Disputes:
 
     def _fail_unagreed(self, op: Operation, how: str, agreeing: bool = True) -> None:
         """Fail ``op``, whose agreement (``agreeing``; else data) a peer will never send
-        (``how`` it made the call instead: with a signature agreed before, not this rank's)."""
+        (``how``: what that peer did instead, and with which signature where it said)."""
         error = CollectiveMismatchError(
             f"rank {self.rank}: {op.description} (call {op.seq}) cannot "
             f"{'be agreed' if agreeing else 'finish'}: {how}: the ranks disagree about call "

@@ -30,7 +30,7 @@ from .departures import Ledger, left, lost_message, unmatched_receives, waiting_
 from .disputes import Disputes
 from .missing import missing_ranks
 from .operation import Operation
-from .transport import SILENT, Failure, Transport
+from .transport import Failure, Transport
 
 FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
@@ -105,8 +105,8 @@ class Failures(Disputes):
                           if r in missing or r in waited)
         # (every rank named says it is in this call: the call was slower than its timeout)
         arrived = op.breaking and bool(missing) and all(
-            r in activity and isinstance(activity[r][0], int) and activity[r][0] >= op.seq
-            and activity[r][2:3] != (SILENT,) for r in missing)
+            r in activity and activity[r][0] == op.seq and activity[r][2] in ("agreeing", "moving")
+            for r in missing)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
                                        detail=doing, call=op.seq if op.breaking else None,
                                        message=not op.breaking, arrived=arrived)

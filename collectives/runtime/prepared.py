@@ -149,19 +149,23 @@ class PreparedCall:
 
     def free(self) -> None:
         """Release the transport's persistent request, if any. A run started and not waited
-        for runs to its end first (within its deadline; its ``wait()`` still gives the result
-        or raises its error); a ``start()`` after ``free()`` raises."""
-        work = self._work
+        for runs to its end first (within its deadline: it waits for its peers as ``wait()``
+        would; ``wait()`` still gives its result), and its error, if it failed, is raised
+        here, once the call is released; a ``start()`` after ``free()`` raises."""
+        work, unwaited = self._work, not self._waited
+        failed: BaseException | None = None
         if work is not None and not isinstance(work, (Finished, BaseException)):
             try:  # (freed under a run in flight, its result was never written: stale ``out``)
                 self.wait()
-            except Exception as exc:  # noqa: BLE001 - kept for the wait() that asks
-                self._work = exc
+            except Exception as exc:  # noqa: BLE001 - raised below, once released
+                self._work = failed = exc
         self._freed = True
         self._fast = None
         if self._persistent is not None:
             self._persistent.free()
             self._persistent = None
+        if failed is not None and unwaited:  # (nobody had asked for it: it must not be lost)
+            raise failed
 
     def __repr__(self) -> str:
         return f"<PreparedCall {self.call.describe()}>"

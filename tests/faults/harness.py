@@ -149,11 +149,11 @@ def run_batch(transport: str, size: int, cases: list[Case]) -> dict[str, Report]
                 reports[case.name] = Report({r: got[r]["steps"] for r in got},
                                             max(item["seconds"] for item in got.values()))
                 continue
-            if case.name not in begun:  # the batch died before this case: nothing to resume
-                for rest in pending[i:]:
+            if case.name not in begun:  # the launch died before this case: the rest of its
+                for rest in chunk[i:]:    # chunk is lost; a later chunk launches anew
                     reports[rest.name] = Report(lost=f"the batch ended (exit {proc.returncode}) "
                                                      f"before this case began:\n{output}")
-                pending = []
+                pending = pending[len(chunk):]
                 break
             silent = sorted(set(range(ranks)) - set(got))
             reports[case.name] = Report(lost=f"rank(s) {silent} never finished: a hang past the "

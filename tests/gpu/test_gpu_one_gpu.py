@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpukit import STAND_IN, host, is_bfloat16, needs_gpu, on_devices, same_bits
+from gpukit import STAND_IN, gpu_count, host, is_bfloat16, needs_gpu, on_devices, same_bits
 
 import collectives
 from collectives import algorithms
@@ -168,7 +168,7 @@ def test_compression_and_shared_result_take_cupy_arrays():
     assert len(batch) == 2 and all(host(v).dtype == np.float32 for row in batch for v in row)
     assert same_bits(host(collectives.all_reduce(values, shared_result=False)[1]),
                      numpy_values[0] + numpy_values[1])
-    with pytest.raises(ValueError, match="shared_result=True needs devices that share memory"):
+    with pytest.raises(ValueError, match="shared_result=True is for NumPy devices"):
         collectives.all_reduce(values, shared_result=True)
 
 
@@ -188,7 +188,14 @@ def test_an_asynchronous_batch_of_cupy_lists_is_the_backends_own_handle():
     ([0, 64], ValueError, "names GPU 64"), ([], ValueError, "names no device")])
 def test_broadcasts_device_ids_are_checked(devices, error, words):
     # (int() took 1.5 as GPU 1 and True as GPU 1; GPU 64 raised CUDA's own error)
-    from collectives.backends import cupy as backend
-
     with pytest.raises(error, match=words):
-        backend.broadcast(on_devices([np.ones(3)], [0])[0], devices)
+        collectives.broadcast(on_devices([np.ones(3)], [0])[0], devices)
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_a_broadcast_to_a_list_of_gpus_puts_a_copy_on_each():
+    # (through collectives.broadcast, the backend's own function: a list was taken as a
+    # count, every copy on the value's GPU)
+    results = collectives.broadcast(on_devices([np.arange(3.0)], [0])[0], [1, 0])
+    assert [int(r.device.id) for r in results] == [1, 0]
+    assert all(host(r).tolist() == [0.0, 1.0, 2.0] for r in results)
