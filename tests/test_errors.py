@@ -145,6 +145,9 @@ def _run_expect(body, n, error, message, timeout=10.0):
     (lambda c: c.all_reduce(np.ones(3), "sum", "ring" if c.rank else "tree"), "different algorithm"),
     (lambda c: c.reduce(np.ones(3), "sum", root=c.rank % 2), "different root"),
     (lambda c: c.all_reduce(np.ones(3)) if c.rank else c.reduce(np.ones(3)), "different collective"),
+    # (it named the all_gather of the split sizes alone, a call the user never made)
+    (lambda c: c.all_to_all(np.ones(6), splits=[2, 2, 2]) if c.rank else c.all_to_all(np.ones(6)),
+     r"rank 1: all_gather \(the sizes of all_to_all\(splits=\.\.\.\)\), rank 2"),
 ])
 def test_mismatch_raises_everywhere(body, message):
     seen = []

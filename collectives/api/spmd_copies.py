@@ -20,6 +20,7 @@ from ..algorithms.schedule import Collective
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.call_runner import refusing
+from ..runtime.calls import BatchTag
 from ..runtime.execute.exchange import ExchangeRun
 from ..runtime.native_stage import ScheduleInTurn
 from ..runtime.results import Ready, Stacked
@@ -194,7 +195,8 @@ class CopyOps(CommParts):
                 mine, problem = _check_splits(splits, shape[0], n), None
             except (TypeError, ValueError) as exc:
                 mine, problem = np.full(n, -1, np.int64), exc
-            counts = self.all_gather(mine, timeout=timeout).reshape(n, n)
+            with self.calls.part_of(SPLITS):  # (a peer's plain all_to_all is told what it met)
+                counts = self.all_gather(mine, timeout=timeout).reshape(n, n)
             failed = [r for r in range(n) if (counts[r] < 0).any()]
             if problem is not None:
                 raise problem
@@ -237,6 +239,9 @@ class CopyOps(CommParts):
 
         return self.calls.start("all_to_all", build, async_op, timeout)
 
+
+# the all-gather of every rank's split sizes, as part of an all-to-all
+SPLITS = BatchTag("the sizes of all_to_all(splits=...)")
 
 class _Shape:
     """Shape and dtype for describing a call (all-to-all's leading axis may vary)."""

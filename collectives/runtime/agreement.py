@@ -191,8 +191,12 @@ class Agreement:
                                           "could not describe their call"))
         name = next((s[0] for s in signatures if s is not None), "a collective")
         kinds = {s[0] for s in signatures if s is not None}
-        if len(kinds) > 1:
-            by_rank = ", ".join(f"rank {r}: {s[0]}" for r, s in enumerate(signatures))
+        if len(kinds) > 1:  # (with what each call is part of: a hook's bucket, a split's sizes)
+            from .calls import FIELDS
+
+            part = FIELDS.index("batch")
+            by_rank = ", ".join(f"rank {r}: {s[0]}" + (f" ({s[part]})" if len(s) > part and s[part]
+                                                       else "") for r, s in enumerate(signatures))
             text = (f"ranks called different collectives at the same point ({by_rank}); every "
                     "rank must call the same collectives in the same order")
         else:
