@@ -117,10 +117,14 @@ def refused_calls(rounds: int = 20) -> None:
     report.check(transport.kept() == before, f"refused calls: {transport.kept() - before} kept")
     c = Communicator(comm.transport.dup(), timeout=30)
     c.all_reduce(np.ones(3))
-    if rank == 0:
-        time.sleep(0.2)  # (the others move the agreed call's data first)
     try:
-        c.all_reduce(np.ones(3), op="bogus" if rank == 0 else "sum")
+        if rank == 0:
+            meet()  # (the others have issued the agreed call, and moved its data, first)
+            c.all_reduce(np.ones(3), op="bogus")
+        else:
+            handle = c.all_reduce(np.ones(3), async_op=True)
+            meet()
+            handle.wait()
     except (ValueError, CollectiveError):
         pass
     c.free()
