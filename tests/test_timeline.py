@@ -185,7 +185,8 @@ def test_a_late_rank_is_the_one_everybody_waited_for(warm_four_ranks, record, al
         x = np.ones(4096, np.float32)
         for _ in range(3):
             if comm.rank == late:  # (well above what a loaded machine delays a thread rank:
-                time.sleep(0.1)    # at 30 ms, a descheduled rank 3 once outweighed it)
+                time.sleep(0.3)    # at 30 ms, a descheduled rank 3 once outweighed it; at
+                # 100 ms, rank 0, by 0.56 s in three calls, in a run of the whole suite)
             comm.all_reduce(x, algorithm=algorithm)
 
     collectives.run(body, 4)
