@@ -156,9 +156,10 @@ def test_prepared_calls_are_started_and_waited_in_turn():
         collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
 
 
-def test_a_prepared_call_freed_under_a_run_finishes_it_and_starts_no_more():
+def test_a_prepared_call_freed_under_a_run_still_gives_its_result_and_starts_no_more():
     # (on MPI the run was dropped: a stale out on one rank, MEAN divided twice, or an
-    # AttributeError for the other collectives)
+    # AttributeError for the other collectives; tests/mpi_scenarios/async_calls.py runs that
+    # case for every prepared collective, and this one the same promise on thread ranks)
     def body(comm):
         x, out = np.full(3, comm.rank + 1.0), np.empty(3)
         got = []

@@ -369,3 +369,16 @@ def test_a_call_slower_than_its_timeout_says_its_peers_were_in_it():
     messages = collectives.run(body, 2, timeout=30)
     assert any("which were in this collective too: it was still running" in m
                for m in messages), messages
+
+
+def test_an_empty_all_to_all_agreed_before_still_compares_on_every_rank():
+    # (zero-size calls agree every time; an all-to-all was left out whole, for the sake of
+    # splits=, and an empty one of another shape on one rank returned at once on the other)
+    def body(comm):
+        comm.all_to_all(np.zeros((0, 3)))
+        comm.all_to_all(np.zeros((0,)))
+        with pytest.raises(CollectiveMismatchError):
+            comm.all_to_all(np.zeros((0, 3)) if comm.rank == 0 else np.zeros((0,)))
+        return comm.all_to_all(np.arange(4.0), splits=[1, 3] if comm.rank else [2, 2]).tolist()
+
+    assert collectives.run(body, 2, timeout=10) == [[0.0, 1.0, 0.0], [2.0, 3.0, 1.0, 2.0, 3.0]]

@@ -40,18 +40,15 @@ def gpu_ids(devices: Sequence) -> list[int]:
     """``devices`` as GPU ids, each checked (``int()`` took 1.5 as GPU 1, and True as 1)."""
     import cupy
 
+    check_devices(devices)  # (a list, not empty)
     count = cupy.cuda.runtime.getDeviceCount()
-    ids = []
     for d in devices:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
             raise TypeError(f"devices={devices!r} holds {d!r}; pass GPU ids (integers)")
         if not 0 <= d < count:
             raise ValueError(f"devices={devices!r} names GPU {d}; this machine has GPUs "
                              f"0 to {count - 1}")
-        ids.append(int(d))
-    if not ids:
-        raise ValueError(f"devices={devices!r} names no device; pass a count or a list")
-    return ids
+    return [int(d) for d in devices]
 
 
 @own_function

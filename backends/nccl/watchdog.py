@@ -7,7 +7,7 @@ thread (alive only while calls are outstanding) checks, every few milliseconds:
 * NCCL's ``check_async_error()`` on every communicator: a failed peer or network turns into
   ``PeerFailedError``;
 * the call digests (every call's check value, all-reduced MAX over MPI without waiting, as
-  ``[check, -check, agreeing, -agreeing]``): ranks that called different collectives turn
+  ``[check, -check, -agreeing]``): ranks that called different collectives turn
   into ``CollectiveMismatchError``, unless every rank agrees on the call (its agreement judges
   it then: a call refused there moved no data, and breaks nothing);
 * the oldest event's deadline (the communicator's timeout): a call still unfinished then
@@ -33,7 +33,7 @@ from collectives.errors import (
     CollectiveTimeoutError,
     PeerFailedError,
 )
-from collectives.runtime.transport import Failure
+from collectives.runtime.transport import Failure, failure_kind
 
 PERIOD = 2e-3  # seconds between checks while calls are outstanding
 # the thread stays this long after the last outstanding call (starting one costs a call
@@ -74,8 +74,8 @@ class Watchdog:
     def digest(self, seq: int, check: int, comm: Any, agreeing: bool = False) -> None:
         from mpi4py import MPI
 
-        flag = 1 if agreeing else 0
-        buf = np.array([check, -check, flag, -flag], np.int64)  # (MAX: the max and the min)
+        # (MAX of -agreeing: -1 only where every rank agrees on the call)
+        buf = np.array([check, -check, -1 if agreeing else 0], np.int64)
         with self.lock:
             self.digests.append((seq, buf, comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)))
             self._start()
@@ -137,7 +137,7 @@ class Watchdog:
                 # refuses moved no data on any rank, and leaves the communicator usable; where
                 # one rank took it as agreed, that rank has enqueued NCCL work no peer will
                 # match: a mismatch, as ever)
-                if int(buf[0]) != -int(buf[1]) and int(buf[3]) != -1:
+                if int(buf[0]) != -int(buf[1]) and int(buf[2]) != -1:
                     error = CollectiveMismatchError(
                         f"rank {t.rank}: call {seq}: ranks called different collectives, or the "
                         "same one with different arguments (their check values differ); every "
@@ -186,9 +186,7 @@ class Watchdog:
             self.events.clear()
             self.digests.clear()
         if tell:
-            kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
-                    "timeout" if isinstance(error, CollectiveTimeoutError) else "error")
-            t.notify_failure(Failure(t.rank, seq if seq is not None else -1, kind,
+            t.notify_failure(Failure(t.rank, seq if seq is not None else -1, failure_kind(error),
                                      f"{type(error).__name__}: {error}"))
 
     def outstanding(self) -> bool:

@@ -20,8 +20,9 @@ from ..algorithms.base import Layout
 from ..algorithms.cost import Fabric, Placement
 from ..algorithms.schedule import Collective
 from ..hints import CollectiveName, Op, SpmdAlgorithm
+from ..runtime.from_root import Like
 from ..runtime.validate import Groups
-from ..widened import widened
+from ..widened import FLOAT64, integer_mean
 from .comm_parts import CommParts
 
 SELECT = logging.getLogger("collectives.select")
@@ -114,8 +115,10 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
     collective = Collective(collective) if isinstance(collective, str) else collective
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
     passed = comm.adapt(x, "x")
-    # (an integer MEAN travels as float64, ``collectives.widened``: priced so)
-    x = widened(comm.arrays, passed, op) if reducing else passed
+    # (an integer MEAN travels as float64, ``collectives.widened``: priced so, from its shape
+    # alone: the call needs no data)
+    x = (Like(tuple(passed.shape), FLOAT64) if reducing and integer_mean(op, passed.dtype)
+         else passed)
     call = comm.calls.validated(collective, x, op if reducing else None, algorithm, root=root,
                                 groups=groups, passed=passed)
     runner = str(call.choice) if call.choice is not None else ""

@@ -22,6 +22,7 @@ from ..hints import ArrayT, SpmdAlgorithm
 from ..runtime.call_runner import refusing
 from ..runtime.calls import BatchTag
 from ..runtime.execute.exchange import ExchangeRun
+from ..runtime.from_root import Like
 from ..runtime.native_stage import ScheduleInTurn
 from ..runtime.results import Ready, Stacked
 from ..runtime.work import Work
@@ -218,10 +219,11 @@ class CopyOps(CommParts):
                     raise ValueError(f"x has {rows} rows, which do not split into {n} equal "
                                      "blocks; pass splits= with the rows for each rank")
                 counts = np.full((n, n), rows // n, np.int64)
-                shape = tuple(xa.shape)
-            else:
-                shape = (0, *row_shape)  # the leading axis may differ between ranks
-            call = self.calls.validated(Collective.ALL_TO_ALL, _Shape(shape, xa.dtype), None, algorithm)
+                shape, rows_vary = tuple(xa.shape), False
+            else:  # (splits: the leading axis may differ between ranks; every rank's says 0)
+                shape, rows_vary = (0, *row_shape), True
+            call = self.calls.validated(Collective.ALL_TO_ALL, Like(shape, xa.dtype), None,
+                                        algorithm, rows_vary=rows_vary)
             send_at = [0, *np.cumsum(counts[self.rank] * row).tolist()]
             recv_at = [0, *np.cumsum(counts[:, self.rank] * row).tolist()]
             result = arrays.result((int(counts[:, self.rank].sum()), *row_shape), call.dtype,
@@ -242,12 +244,6 @@ class CopyOps(CommParts):
 
 # the all-gather of every rank's split sizes, as part of an all-to-all
 SPLITS = BatchTag("the sizes of all_to_all(splits=...)")
-
-class _Shape:
-    """Shape and dtype for describing a call (all-to-all's leading axis may vary)."""
-
-    def __init__(self, shape: tuple, dtype: Any):
-        self.shape, self.dtype = shape, dtype
 
 
 def _check_splits(splits: Sequence[int], rows: int, n: int) -> np.ndarray:

@@ -113,23 +113,25 @@ class CallRunner:
 
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
               shards: int = 0, groups: Any = None, axis: int | None = None,
-              compression: str | None = None, passed: Any = None) -> Call:
+              compression: str | None = None, passed: Any = None,
+              rows_vary: bool = False) -> Call:
         """The validated call of these arguments, from the cache when they were seen before
         (``compression``: what a compressed call's wire call carries, ``Call.compression``;
-        ``passed``: the caller's array where ``x`` is a widened copy of it, ``Call.passed``)."""
+        ``passed``: the caller's array where ``x`` is a widened copy of it, ``Call.passed``;
+        ``rows_vary``: ``Call.rows_vary``)."""
         batch = self.batch
         shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
             # (the scalars' types too: 0.0 == 0 and True == 1 would skip their checks)
             key = (collective, x.shape, x.dtype, op, algorithm, root, type(root), shards,
                    type(shards), groups, type(groups), axis, type(axis), batch, compression,
-                   shown)
+                   shown, rows_vary)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None
         if call is None:
             call = self._validate(collective, x, op, algorithm, root, shards, groups, axis,
-                                  compression, shown)
+                                  compression, shown, rows_vary)
             if key is not None:
                 if len(self.cache) > 4096:
                     self.cache.clear()
@@ -137,7 +139,7 @@ class CallRunner:
         return call
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis,
-                  compression, shown=None) -> Call:
+                  compression, shown=None, rows_vary=False) -> Call:
         dtype = np.dtype(x.dtype)
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
@@ -156,7 +158,7 @@ class CallRunner:
             layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
                       else self.comm.transport.layout)
         call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch,
-                    compression, passed=shown)
+                    compression, passed=shown, rows_vary=rows_vary)
         call.run_as = self.comm.choose_algorithm(call)
         CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)
         return call

@@ -107,6 +107,9 @@ class Call:
     # the dtype the caller passed, where it travels as another (an integer MEAN's inputs, as
     # float64: ``collectives.widened``): what the ranks agree on, and what errors name
     passed: np.dtype | None = None
+    # the leading axis stands for rows that differ between ranks (0: all_to_all(splits=...),
+    # whose sizes the ranks exchanged first): no zero-size call, whatever its shape says
+    rows_vary: bool = False
     final: np.dtype = field(init=False)  # the result's dtype (integer MEAN: float64)
     count: int = field(init=False)
     nbytes: int = field(init=False)
@@ -120,10 +123,8 @@ class Call:
     def always_agrees(self) -> bool:
         """Whether every call of this signature is agreed, not only the first: a zero-size
         call moves no data, so no check value rides with it to catch a peer that calls
-        otherwise (it returned at once, beside peers that waited out their timeout). Not an
-        all-to-all: its call's leading axis is 0 where the ranks pass ``splits=`` (their
-        rows differ), and the data it moves carries the check."""
-        return self.count == 0 and self.collective is not Collective.ALL_TO_ALL
+        otherwise (it returned at once, beside peers that waited out their timeout)."""
+        return self.count == 0 and not self.rows_vary
 
     def __post_init__(self) -> None:
         self.count = math.prod(self.shape)
@@ -158,7 +159,7 @@ class Call:
 
     def describe_fully(self) -> str:
         """``describe()`` with what else tells two calls apart (shards, groups, compression,
-        the batch a bucket is of): what a mismatch names on each side."""
+        what the call is part of: a batch, a hook): what a mismatch names on each side."""
         extra = []
         if self.shards:
             extra.append(f"shards={self.shards}")
@@ -167,7 +168,7 @@ class Call:
         if self.compression is not None:
             extra.append(f"compression: {self.compression}")
         if self.batch is not None:
-            extra.append(f"a bucket of {self.batch}")
+            extra.append(f"part of {self.batch}")
         return self.describe() + (f" ({'; '.join(extra)})" if extra else "")
 
 

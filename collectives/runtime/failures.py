@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 from ..errors import (
-    CollectiveMismatchError,
     CollectiveTimeoutError,
     CommunicatorBrokenError,
     PeerFailedError,
@@ -28,9 +27,9 @@ from ..errors import (
 from .agreement import AGREED
 from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
 from .disputes import Disputes
-from .missing import missing_ranks
+from .missing import all_in_call, missing_ranks
 from .operation import Operation
-from .transport import Failure, Transport
+from .transport import Failure, Transport, failure_kind
 
 FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
@@ -103,10 +102,7 @@ class Failures(Disputes):
                    if op.breaking or not waited else sorted(waited))
         doing = "; ".join(f"rank {r}: {entry[1]}" for r, entry in sorted(activity.items())
                           if r in missing or r in waited)
-        # (every rank named says it is in this call: the call was slower than its timeout)
-        arrived = op.breaking and bool(missing) and all(
-            r in activity and activity[r][0] == op.seq and activity[r][2] in ("agreeing", "moving")
-            for r in missing)
+        arrived = op.breaking and all_in_call(op.seq, missing, activity)
         error = CollectiveTimeoutError(op.description, missing, timeout, self.rank,
                                        detail=doing, call=op.seq if op.breaking else None,
                                        message=not op.breaking, arrived=arrived)
@@ -218,10 +214,7 @@ class Failures(Disputes):
             return
         self.broken = f"call {seq} failed ({type(error).__name__}: {error})"
         FAILURES.warning("rank %d: communicator broken: %s", self.rank, self.broken)
-        kind = ("mismatch" if isinstance(error, CollectiveMismatchError) else
-                "timeout" if isinstance(error, CollectiveTimeoutError) else
-                # (this rank's transport failed a transfer: that peer, maybe others, is gone)
-                "lost" if isinstance(error, PeerFailedError) else "error")
+        kind = failure_kind(error)
         with self.state:  # every collective in flight here is abandoned, earlier ones too
             # (point-to-point messages carry the call count at their post, not a call's
             # number: they say nothing of which calls are lost)

@@ -28,6 +28,13 @@ def missing_ranks(seq: int, waited: list[int], activity: dict[int, tuple], rank:
             or [r for r in range(size) if r != rank])
 
 
+def all_in_call(seq: int, ranks: list[int], activity: dict[int, tuple]) -> bool:
+    """Whether every one of ``ranks`` (some) says it is in call ``seq`` now, agreeing on it or
+    moving its data: a call that timed out waiting for them was slower than its timeout."""
+    return bool(ranks) and all(r in activity and activity[r][0] == seq
+                               and activity[r][2] in ("agreeing", "moving") for r in ranks)
+
+
 def held_up_by(waited: list[int], seq: int, activity: dict[int, tuple],
                 rank: int) -> list[int]:
     """The ranks at the end of the chains of waits that start at ``waited``: a peer that is

@@ -25,7 +25,13 @@ from typing import Any, Protocol
 from ..algorithms.base import Layout
 from ..algorithms.cost import Fabric
 from ..arrays import ArrayBackend
-from ..errors import CollectiveError, CollectiveMismatchError, PeerFailedError, PeerTimeoutError
+from ..errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerFailedError,
+    PeerTimeoutError,
+)
 from ..ops import ReduceOp
 from .calls import Call
 from .execute.spmd import PointToPoint
@@ -68,6 +74,15 @@ def engine_of(transport: Any) -> Any:
     reference), or None: none yet, or its communicator is gone."""
     ref = transport.engine
     return ref() if ref is not None else None
+
+
+def failure_kind(error: BaseException) -> str:
+    """The ``Failure.kind`` of a notice telling peers of ``error``: "mismatch", "timeout",
+    "lost" (this rank's transport failed a transfer with a peer: that peer, maybe others, is
+    gone), or "error"."""
+    return ("mismatch" if isinstance(error, CollectiveMismatchError) else
+            "timeout" if isinstance(error, CollectiveTimeoutError) else
+            "lost" if isinstance(error, PeerFailedError) else "error")
 
 
 @dataclass(frozen=True)
