@@ -242,3 +242,47 @@ def test_a_slow_link_in_an_earlier_asynchronous_call_is_no_mismatch(monkeypatch)
 
     for got in collectives.run(body, 3, timeout=20):
         assert np.array_equal(got, np.full(3000, 3.0))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_calls_that_waited_for_a_refused_verdict_agree_on_their_own(n):
+    # rank 0 refuses only the first of three asynchronous calls of a new signature: the later
+    # two wait for its verdict (pending_verdict.py), then agree on their own, rank 0's right
+    # ones too: every rank gets their sums, and nothing is broken
+    x = np.ones(6)
+
+    def body(comm):
+        first = comm.all_reduce(x, "median" if comm.rank == 0 else "sum", async_op=True)
+        later = [comm.all_reduce(x, async_op=True) for _ in range(2)]
+        with pytest.raises((ValueError, PeerFailedError), match="median"):
+            first.wait()
+        got = [h.wait().tolist() for h in later]
+        broken = comm.calls.engine.broken  # (before a peer may leave)
+        return got, comm.all_reduce(x).tolist(), broken
+
+    want = ([[float(n)] * 6] * 2, [float(n)] * 6, None)
+    assert collectives.run(body, n, timeout=10) == [want] * n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_bad_out_in_a_call_waiting_for_its_verdict_costs_nobody_else_their_result(n):
+    # the verdict agrees: the call that waited runs with a buffer of its own on the rank whose
+    # out is wrong, which raises at its end, as any call agreed before does
+    x = np.ones(6)
+
+    def body(comm):
+        out = np.empty(7) if comm.rank == 1 else None
+        handles = [comm.all_reduce(x, async_op=True) for _ in range(2)]
+        handles.append(comm.all_reduce(x, out=out, async_op=True))
+        got = [h.wait().tolist() for h in handles[:2]]
+        if comm.rank == 1:
+            with pytest.raises(ValueError, match="out"):
+                handles[2].wait()
+        else:
+            got.append(handles[2].wait().tolist())
+        return got, comm.all_reduce(x).tolist()
+
+    sums = [float(n)] * 6
+    got = collectives.run(body, n, timeout=10)
+    assert got[1] == ([sums] * 2, sums)
+    assert all(g == ([sums] * 3, sums) for r, g in enumerate(got) if r != 1)

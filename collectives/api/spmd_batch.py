@@ -37,7 +37,7 @@ from .batch_checks import (
     unreadable,
 )
 from .comm_parts import CommParts
-from .spmd_buckets import Buckets
+from .spmd_buckets import Buckets, refuse_buckets
 
 
 class BatchOps(CommParts):
@@ -135,8 +135,6 @@ class BatchOps(CommParts):
                 xs = [edge.adopt(x, f"xs[{k}]") for k, x in enumerate(xs)]
             xs = self.adapt_batch(xs, "xs")
         shapes, dtypes = layout_of(arrays, xs, "xs")
-        for dtype in set(dtypes):  # (per dtype, naming its first tensor)
-            check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
         layout = tuple(zip(shapes, dtypes))
         parts = plan_batch(shapes, dtypes,
                            algorithm, num_packs=num_packs,
@@ -145,13 +143,20 @@ class BatchOps(CommParts):
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
                            extra_names=self.calls.native_names, bucket_bytes=bucket_bytes,
                            alone_bytes=arrays.alone_bytes(xs[0]) if xs else None)
-        for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
-        if not isinstance(views, bool):
-            raise TypeError(f"views={views!r} must be True (results are views of their "
-                            "bucket) or False (each result an array of its own)")
+        count = sum(len(p.plan.packs) for p in parts)
+        try:
+            for dtype in set(dtypes):  # (per dtype, naming its first tensor)
+                check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
+            for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
+            if not isinstance(views, bool):
+                raise TypeError(f"views={views!r} must be True (results are views of their "
+                                "bucket) or False (each result an array of its own)")
+        except (TypeError, ValueError) as exc:
+            if async_op and count > 1:  # its peers issue every bucket before waiting on any:
+                refuse_each(self, "batch_all_reduce", exc, count, count)  # each meets a refusal
+            raise
         if async_op:  # every bucket a handle: refused before the first is issued, once for
-            count = sum(len(p.plan.packs) for p in parts)  # each (peers may have room)
-            crowded = self.calls.engine.crowded(count=count)
+            crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
             if crowded is not None:
                 refuse_each(self, "batch_all_reduce", crowded, count, count)
         if not xs:
@@ -260,7 +265,10 @@ class BatchOps(CommParts):
         else:
             arrays = edge.arrays
         layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
-        for dtype in {d for _, d in layout}:
-            check_op_for(op, dtype, "like")
-        return Buckets(self, layout, op, algorithm, bucket_bytes, timeout,
-                       arrays.alone_bytes(xs[0]) if xs else None, edge, groups)
+        alone = arrays.alone_bytes(xs[0]) if xs else None
+        try:
+            for dtype in {d for _, d in layout}:
+                check_op_for(op, dtype, "like")
+        except (TypeError, ValueError) as exc:  # (its peers' buckets each meet a refusal)
+            refuse_buckets(self, exc, layout, algorithm, bucket_bytes, alone)
+        return Buckets(self, layout, op, algorithm, bucket_bytes, timeout, alone, edge, groups)

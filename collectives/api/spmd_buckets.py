@@ -33,6 +33,30 @@ from .batch_checks import (
 )
 
 
+def bucket_order(comm: Any, layout: tuple, algorithm: Any, bucket_bytes: int,
+                 alone_bytes: int | None) -> tuple[list, list]:
+    """The batch plan's parts for a list of ``layout`` (runs of consecutive tensors: a small
+    first one, shrinking last ones), and its buckets as ``(part, pack index)`` in the order
+    they start, that of their first tensor (a bucket never waits behind a later tensor)."""
+    from ..algorithms.batch import plan_batch
+
+    parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
+                       bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
+                       alone_bytes=alone_bytes, in_order=True)
+    by_parts = [(part, j) for part in parts for j in range(len(part.plan.packs))]
+    return parts, sorted(by_parts, key=lambda pj: pj[0].indices[pj[0].plan.packs[pj[1]].indices[0]])
+
+
+def refuse_buckets(comm: Any, error: Exception, layout: tuple, algorithm: Any,
+                   bucket_bytes: int, alone_bytes: int | None) -> NoReturn:
+    """Raise ``error``, a bad argument to ``Communicator.buckets`` found once the list's
+    buckets are known: refused once for each call its peers' buckets make in the first step
+    (an empty list's one call at ``wait()``), so every rank's calls still pair and the
+    communicator stays usable."""
+    count = len(bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)[1])
+    refuse_each(comm, "buckets", error, max(count, 1), max(count, 1))
+
+
 class Buckets(Generic[ArrayT]):
     """A gradient list all-reduced bucket by bucket as its tensors become ready (DDP's
     reducer, Horovod's fusion buffer): see `Communicator.buckets`.
@@ -44,8 +68,6 @@ class Buckets(Generic[ArrayT]):
     def __init__(self, comm: Any, layout: tuple, op: Any, algorithm: Any, bucket_bytes: int,
                  timeout: float | None, alone_bytes: int | None = None, edge: Any = None,
                  groups: Any = None):
-        from ..algorithms.batch import plan_batch
-
         self.comm, self.layout, self.op, self.timeout = comm, layout, op, timeout
         self.groups = groups  # (a two-level name's, for every bucket)
         self.calls = comm.calls
@@ -53,13 +75,8 @@ class Buckets(Generic[ArrayT]):
         # tensors of another library (PyTorch) are packed there; only buckets cross over
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
-        # runs of consecutive tensors (a small first one, shrinking last ones), started in
-        # the order of their first tensor: a bucket never waits behind a later tensor
-        self.parts = plan_batch([s for s, _ in layout], [d for _, d in layout], algorithm,
-                                bucket_bytes=bucket_bytes, extra_names=comm.calls.native_names,
-                                alone_bytes=alone_bytes, in_order=True)
+        self.parts, self.order = bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)
         by_parts = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
-        self.order = sorted(by_parts, key=lambda pj: pj[0].indices[pj[0].plan.packs[pj[1]].indices[0]])
         self.tag = batch_tag(layout, bucket_plan(self.order), True)
         # where each bucket's result goes among the parts' (what StartedBatch.finish reads)
         self.place = [self.order.index(pj) for pj in by_parts]

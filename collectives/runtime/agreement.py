@@ -55,7 +55,9 @@ class Agreement:
     """An agreement stage: ``advance()`` until True, raising the agreed error if any."""
 
     __slots__ = ("comm", "error", "issued", "late", "run", "seq", "signature", "state", "check",
-                 "payload", "_buf", "_lengths", "_blob", "_width")
+                 "payload", "outcome", "_buf", "_lengths", "_blob", "_width")
+
+    agreeing = True  # a stage in which its call agrees (``disputes``)
 
     def __init__(self, engine, seq: int, signature: tuple | None, check: int,
                  error: BaseException | None, late: bool = False, *,
@@ -85,6 +87,7 @@ class Agreement:
         self._buf = np.concatenate([np.array([failed + (2 if late else 0), check, -check, *pair],
                                              np.int64), extra])
         self.payload = b""
+        self.outcome: bool | None = None  # True: agreed; False: refused (or abandoned)
         self.run = self._all_reduce(self._buf, 0)
         self.state = "digest"
 
@@ -101,6 +104,18 @@ class Agreement:
             self._buf[0] += 1
 
     def advance(self) -> bool:
+        """Move on; True once every rank agrees, raising the verdict's error if any (the
+        ``outcome`` calls waiting for this verdict read: ``pending_verdict``)."""
+        try:
+            done = self._advance()
+        except BaseException:
+            self.outcome = False
+            raise
+        if done:
+            self.outcome = True
+        return done
+
+    def _advance(self) -> bool:
         if not self.run.advance():
             return False
         if self.state == "digest":
@@ -116,7 +131,7 @@ class Agreement:
             self._lengths = np.array([len(self._blob)], np.int64)
             self.run = self._all_reduce(self._lengths, 1)
             self.state = "lengths"
-            return self.advance()
+            return self._advance()
         if self.state == "lengths":
             width = int(self._lengths[0])
             comm = self.comm
@@ -128,7 +143,7 @@ class Agreement:
             self.run = SpmdRun(plan, gathered, ReduceOp.SUM, comm.transport.control,
                                granule=width, seq=self.seq, check=2)
             self.state = "details"
-            return self.advance()
+            return self._advance()
         details = [pickle.loads(self._buf[r * self._width:(r + 1) * self._width].tobytes())
                    for r in range(self.comm.size)]
         verdict = self._verdict(details)
@@ -147,7 +162,7 @@ class Agreement:
         value, not only its own: a rank that failed has none (0), and the signatures the
         others had agreed must be agreed again on every rank alike."""
         for d in details:
-            self.comm.forget(d.check)
+            self.comm.forget(d.check, self.seq)
         late = any(d.late for d in details)
         verdict = self._diagnosis(details, late)
         if verdict is not None and late:  # (every later call says why it cannot run)
@@ -210,6 +225,8 @@ class Agreement:
         return self.run.pending_peers()
 
     def abort(self) -> None:
+        if self.outcome is None:
+            self.outcome = False
         self.run.abort()
 
 
@@ -220,6 +237,8 @@ class LateAgreement:
     every rank's signature is the same after all, the call goes on."""
 
     __slots__ = ("agreement", "engine", "op")
+
+    agreeing = True
 
     def __init__(self, engine, op) -> None:
         self.engine, self.op = engine, op

@@ -45,6 +45,7 @@ from .execute.spmd import SpmdRun
 from .hot_path import FastAllReduce
 from .native_stage import NativeStage, ScheduleInTurn
 from .operation import Operation
+from .pending_verdict import PendingVerdict
 from .results import Ready
 from .validate import (
     check_communicable,
@@ -215,7 +216,9 @@ class CallRunner:
                                              issued=issued)
                 if error is not None and self.comm.size > 1:
                     engine.reject(error, seq)  # peers that skip this agreement must hear
-                if agreement is not None and late is not None:
+                if isinstance(agreement, PendingVerdict) and late is not None:
+                    agreement.fail_with(late)  # (into its agreement, should it run one)
+                elif agreement is not None and late is not None:
                     # agreed only now: the bad ``out`` goes into the agreement, nothing moves
                     agreement.fail_with(late)
                     for stage in data or ():
@@ -232,14 +235,18 @@ class CallRunner:
             if call is not None:
                 self.comm.last_algorithm = call.run_as
             # what peers see of this rank: the call, and whether it agrees on it or moves data
-            phase = "agreeing" if agreement is not None or own else "moving"
+            # (a call waiting for its signature's verdict moves data unless it refuses)
+            waits = isinstance(agreement, PendingVerdict)
+            phase = "agreeing" if (agreement is not None and not waits) or own else "moving"
             self.comm.transport.publish_activity((seq, subject, phase))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or Ready(),
                            signature=call.signature if call else None,
                            check=call.check if call else 0,
-                           skipped_agreement=agreement is None and not own, phase=phase,
+                           skipped_agreement=phase == "moving", phase=phase,
                            timeout=timeout)
+            if isinstance(agreement, PendingVerdict):
+                agreement.belongs_to(op)
             if recorder.ON:
                 record_calls.issued(self.comm, op, async_op, t0)
             result = engine.run(op, async_op, timeout)

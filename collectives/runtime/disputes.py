@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from ..errors import CollectiveMismatchError
-from .agreement import Agreement, LateAgreement
+from .agreement import LateAgreement
 from .departures import Ledger
 from .operation import Operation
+from .pending_verdict import PendingVerdict
 from .transport import Failure, Transport
 
 DISPUTE_ANSWER = 0.05  # how long a slow wait waits for its peers' answers (``check_dispute``)
@@ -118,8 +119,12 @@ class Disputes:
         op.skipped_agreement = False
         self.transport.notify_failure(Failure(self.rank, op.seq, "disputed", ""))
         with self.state:
-            if not op.finished:
-                op.stages.insert(op.stage, LateAgreement(self, op))
+            if op.finished:
+                return
+            stage = op.stages[op.stage] if op.stage < len(op.stages) else None
+            if isinstance(stage, PendingVerdict) and stage.agree_now():
+                return  # (still before its verdict: nothing moved, it agrees as a first call)
+            op.stages.insert(op.stage, LateAgreement(self, op))
 
     def _agreed_by_none_that_left(self, op: Operation) -> bool:
         """Whether ``op``'s agreement waits for a rank that left a while ago: it left after
@@ -165,8 +170,7 @@ def _calls(op: Operation, rank: int, answers: dict) -> str:
 
 def _agreeing(op: Operation) -> bool:
     """Whether ``op`` is in its agreement (its own, or a late one a dispute made it join)."""
-    return op.stage < len(op.stages) and isinstance(op.stages[op.stage],
-                                                     (Agreement, LateAgreement))
+    return op.stage < len(op.stages) and getattr(op.stages[op.stage], "agreeing", False)
 
 
 def _knows_peers(op: Operation) -> bool:

@@ -11,7 +11,9 @@ failure into an error on every rank:
   that rank and its error (``CollectiveMismatchError`` where the peer found a mismatch);
 * after either, every call raises ``CommunicatorBrokenError`` at once.
 
-How a failure spreads (breaking, peers' notices, late agreements) is ``failures.py``'s.
+Which signatures are agreed, and what a new call's first stage is, is
+``agreed_signatures.py``'s; how a failure spreads (breaking, peers' notices, late
+agreements) is ``failures.py``'s.
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ import math
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from typing import Any
 
 from ..errors import CommunicatorBrokenError, ConcurrentCallError
 from . import hang_guard, progress_thread
-from .agreement import Agreement
+from .agreed_signatures import AgreedSignatures
 from .call_order import CallOrder
 from .departures import Ledger
 from .failures import MESSAGES, Failures
@@ -34,26 +35,21 @@ from .operation import Operation
 from .transport import Transport
 from .work import Work
 
-AGREED_SIGNATURES = 1024  # signatures remembered as agreed (least recently used forgotten)
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
 TELL_WAITING = 0.1  # how often a slow wait publishes whom it waits for
 
 
-class Engine(CallOrder, InFlight, Failures):
+class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
     """Call numbering, agreement, progress and waiting for one communicator. Its counters
     change only through its methods (call numbers and native turns: ``CallOrder``'s)."""
 
     def __init__(self, transport: Transport, *, timeout: float, check: bool, detail: bool):
         CallOrder.__init__(self)  # (seq, the native turns, claim_timeout)
+        AgreedSignatures.__init__(self)  # (agreed, forgotten, ahead)
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.timeout, self.check, self.detail = timeout, check, detail
-        self.agreed: OrderedDict[int, bool] = OrderedDict()
-        self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
-        # calls a peer rejected or disputed before this rank had them in flight (the notice
-        # came early: the progress thread hears notices between calls): they run their agreement
-        self.ahead: set[int] = set()
         self.inflight: list[Operation] = []
         # handles of asynchronous collectives issued and not yet waited on (nor dropped):
         # counted in program order, so every rank refuses the same call at the limit
@@ -135,35 +131,6 @@ class Engine(CallOrder, InFlight, Failures):
             # not hide a call in flight)
             if op.seq == self.seq == self.finished_through():
                 self.transport.publish_activity((op.seq, op.subject, False))
-
-    def agreement(self, seq: int, signature: tuple | None, check: int,
-                  error: BaseException | None, always: bool = False,
-                  issued: int = 1) -> Agreement | None:
-        """The agreement stage a call needs, or None when its signature was agreed before. A
-        signature counts as agreed from the moment its agreement is *issued*: every rank issues calls in the
-        same order, so every rank decides alike even while asynchronous agreements are in
-        flight (should one fail, every rank forgets it alike; calls issued meanwhile are
-        caught by the check value that rides with their data)."""
-        if self.ahead:
-            with self.state:  # (a notice that came before this call: it agrees after all)
-                always = always or seq in self.ahead
-                self.ahead = {s for s in self.ahead if s > seq}
-        if error is None and not always and not self.detail and check in self.agreed:
-            self.agreed.move_to_end(check)
-            return None
-        if error is None:
-            self.remember(check)
-        return Agreement(self, seq, signature, check, error, issued=issued)
-
-    def remember(self, check: int) -> None:
-        self.agreed[check] = True
-        if len(self.agreed) > AGREED_SIGNATURES:
-            self.agreed.popitem(last=False)
-            self.forgotten += 1
-
-    def forget(self, check: int) -> None:
-        self.agreed.pop(check, None)
-        self.forgotten += 1
 
     def driven_by(self, thread: threading.Thread | None) -> None:
         """``thread`` now drives the calls in flight (``progress_thread``; None: it ended)."""

@@ -82,7 +82,7 @@ class FastAllReduce:
         """Whether this call's signature is still agreed (looked up only after the engine
         forgot some signature: a failed agreement, or the oldest of very many)."""
         engine = self.engine
-        if self.checked and (self.call.check not in engine.agreed or engine.ahead):
+        if self.checked and (not engine.is_agreed(self.call.check) or engine.ahead):
             return False  # (``ahead``: a call a peer rejected early takes the engine's way)
         self.agreed_at = engine.forgotten
         return True

@@ -6,6 +6,7 @@ from faults import (
     cases_agreed,
     cases_calls,
     cases_comms,
+    cases_first_step,
     cases_inflight,
     cases_inputs,
     cases_kinds,
@@ -17,7 +18,7 @@ from faults.kit import Case
 
 SPMD: list[Case] = (cases_ranks.CASES + cases_inputs.CASES + cases_calls.CASES + cases_comms.CASES
                     + cases_inflight.CASES + cases_kinds.CASES + cases_lists.CASES
-                    + cases_agreed.CASES)
+                    + cases_agreed.CASES + cases_first_step.CASES)
 MULTI: list[Case] = cases_multi.CASES + cases_calls.MULTI
 
 # (transport, ranks or devices): thread ranks, MPI ranks (COLLECTIVES_RANKS_PER_NODE=2 for
