@@ -32,6 +32,7 @@ CUDA buckets (the NCCL transport) are all-reduced by a blocking call, which that
 only enqueues on the caller's current stream; the future is a CUDA-aware one completed on it.
 """
 
+import os
 from typing import Any
 
 import numpy as np
@@ -218,11 +219,31 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
                         f"{type(ddp).__name__}; wrap the model first")
     state = CommHookState(comm, mean=mean, compression=compression, algorithm=algorithm,
                           timeout=timeout)
-    group = ddp.process_group  # (a hook over other ranks trains each group apart, silently)
-    if (group.size(), group.rank()) != (comm.size, comm.rank):
-        raise ValueError(f"comm is rank {comm.rank} of {comm.size} where DDP's process group "
-                         f"is rank {group.rank()} of {group.size()}: the hook must reduce over "
-                         f"DDP's ranks; pass the communicator DDP's group was made from (the "
-                         f"one collectives.init() returns, or its split that DDP runs over)")
+    _check_same_ranks(ddp, comm)
     ddp.register_comm_hook(state, allreduce_hook)
     return state
+
+
+def _check_same_ranks(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any) -> None:
+    """Raise unless ``comm`` holds DDP's ranks in DDP's order: a hook over other ranks
+    trains each group apart, silently. Every rank draws a random token and gathers every
+    rank's over both, DDP's process group and ``comm`` (each completes among its own ranks,
+    every one of which registers): the lists are equal only where both hold the same
+    processes in the same order (rank and size alone pass a split of other ranks)."""
+    group = ddp.process_group
+    device = next(iter(ddp.module.parameters()), torch.empty(0)).device
+    token = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64,
+                         device=device)
+    ours = [int(t) for t in comm.all_gather(np.array([int(token)], np.int64)).reshape(-1)]
+    gathered = [torch.empty_like(token) for _ in range(group.size())]
+    group.allgather([gathered], [token]).wait()
+    if [int(t) for t in gathered] == ours:
+        return
+    where = (f"comm is rank {comm.rank} of {comm.size} where DDP's process group is rank "
+             f"{group.rank()} of {group.size()}" if (group.size(), group.rank()) != (
+                 comm.size, comm.rank) else
+             f"comm (rank {comm.rank} of {comm.size}) holds other processes than DDP's "
+             "process group, or holds them in another order")
+    raise ValueError(f"{where}: the hook must reduce over DDP's ranks; pass the communicator "
+                     "DDP's group was made from (the one collectives.init() returns, or its "
+                     "split that DDP runs over)")

@@ -224,6 +224,24 @@ def test_register_refuses_a_communicator_that_is_not_ddps_group():
     collectives.run(rank_fn, 2)
 
 
+def test_register_refuses_a_communicator_of_other_ranks_with_ddps_rank_and_size():
+    # DDP over {0, 1} and {2, 3}, the hook over {0, 3} and {2, 1}: every rank's rank and size
+    # are DDP's, but the hook would average rank 0 with rank 3, silently
+    def rank_fn(comm):
+        ddp_ranks = comm.split(comm.rank // 2)
+        other = comm.split(int(comm.rank in (0, 3)), key=[0, 1, 0, 1][comm.rank])
+        try:
+            assert (other.rank, other.size) == (ddp_ranks.rank, ddp_ranks.size)
+            ddp = DDP(torch.nn.Linear(2, 1), process_group=torch_ddp.process_group(ddp_ranks))
+            with pytest.raises(ValueError, match="holds other processes than DDP's"):
+                torch_ddp.register(ddp, other)
+            torch_ddp.register(ddp, ddp_ranks.dup())  # (the same ranks: taken)
+        finally:
+            other.free()
+
+    collectives.run(rank_fn, 4)
+
+
 def test_the_hook_works_with_a_gloo_group_of_one():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
