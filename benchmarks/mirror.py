@@ -62,6 +62,7 @@ class MirrorTransport:
     def poll_failure(self): return None
     def agreement_waiting(self, seq): return False
     def publish_activity(self, activity): pass
+    def issue_messages(self): pass
     def reading_inputs(self, seq): pass
     def peer_activity(self, timeout): return {}
     def free(self): pass

@@ -86,6 +86,9 @@ class ThreadTransport:
     def publish_activity(self, activity: Any) -> None:
         self.world.activity[self.rank] = activity
 
+    def issue_messages(self) -> None:
+        """Nothing held: a message is posted as it is sent."""
+
     def reading_inputs(self, seq: int) -> None:
         """Nothing to order: a thread rank's work runs on the calling thread."""
 

@@ -180,6 +180,9 @@ class MPITransport:
     def publish_activity(self, activity: tuple) -> None:
         self.notices.activity = activity
 
+    def issue_messages(self) -> None:
+        """Nothing held: MPI posts a message as it is sent."""
+
     def reading_inputs(self, seq: int) -> None:
         """Nothing to order: MPI reads host memory when the call posts it."""
 

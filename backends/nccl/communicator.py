@@ -193,5 +193,6 @@ class NcclCommunicator(Communicator):
         t = self.transport
         if t.failed is not None:
             raise t.failed
+        t.issue_messages()  # (messages posted and held: "every call so far" holds them too)
         host_wait(t, t.record(), self.timeout if timeout is None else float(timeout),
                   "synchronize")

@@ -33,7 +33,7 @@ from collectives.runtime.transport import Failure
 from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
 from .control import MpiChannel, Notices
 from .native_collectives import NcclNative
-from .p2p import NcclChannel
+from .p2p import HeldMessages, NcclChannel
 from .streams import StreamOrder
 from .watchdog import Watchdog
 
@@ -86,7 +86,7 @@ class NcclTransport(StreamOrder):
         self._notice_lock = threading.Lock()
         self._deferred: deque = deque()  # notices the watchdog leaves to the engine
         self.data = NcclChannel(self)
-        self.p2p = NcclChannel(self)  # users' send/recv: a channel (and group) of their own
+        self.p2p = HeldMessages(self)  # users' send/recv: held, issued as one group
         self.objects = self.world.Dup()  # pickled objects between ranks: host-side, over MPI
         self.native = NcclNative(self)
         self.failed: BaseException | None = None
@@ -180,6 +180,11 @@ class NcclTransport(StreamOrder):
                 self.lead_caller()
         if phase:  # every call, in order on every rank: its digest (see the watchdog)
             self.digest(seq, int(getattr(subject, "check", 0) or 0), phase == "agreeing")
+
+    def issue_messages(self) -> None:
+        """Users' messages held since the last wait or call go out now, as one NCCL group
+        (``p2p.HeldMessages``)."""
+        self.p2p.issue()
 
     def reading_inputs(self, seq: int) -> None:
         """A prepared call's start copies its input in on this transport's stream: that

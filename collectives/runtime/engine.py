@@ -85,6 +85,8 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.entered += 1
         self.claim_timeout = timeout
         try:
+            if what not in MESSAGES:  # (messages posted before it go out first: the
+                self.transport.issue_messages()  # transport may hold them, ``Transport``)
             self.back_after_quiet(what)
             if self.broken is not None or self.unreported:
                 self._raise_pending(what)
@@ -209,6 +211,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         """Drive progress until ``op`` finishes; raise on timeout or a peer's failure."""
         timeout = self.timeout if timeout is None else float(timeout)
         transport = self.transport
+        transport.issue_messages()  # (held messages go out before anything waits on them)
         start = time.monotonic()
         deadline = start + timeout
         watched = hang_guard.waiting(self, deadline, timeout, op) if self.guarded else None

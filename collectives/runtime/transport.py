@@ -276,6 +276,13 @@ class Transport(Protocol):
         disputes. Called on every call: it must be cheap."""
         ...
 
+    def issue_messages(self) -> None:
+        """Point-to-point messages posted so far must go out now: a wait, or a call that is
+        not a message, comes. A transport that holds posted messages to issue them together
+        (NCCL, so that a receive posted before a send cannot deadlock) issues them here;
+        the others send as they post, and do nothing."""
+        ...
+
     def reading_inputs(self, seq: int) -> None:
         """Call ``seq`` reads its inputs now, before its data stage (a prepared call's start
         copies them into its buffers): a transport whose work runs on a stream of its own

@@ -30,9 +30,9 @@ from . import recorder as rec
 
 LANES = 100  # tids per communicator: its blocking track, then its asynchronous lanes
 ROOTED = {"reduce", "broadcast", "gather", "scatter"}
-STAGE_NAMES = {"Agreement": "agreement", "PendingVerdict": "verdict", "NativeStage": "native", "PersistentStage": "native",
-               "Bound": "native", "Opening": "opening", "ExchangeRun": "exchange",
-               "Then": "data", "_Message": "message"}
+STAGE_NAMES = {"Agreement": "agreement", "PendingVerdict": "verdict", "NativeStage": "native",
+               "PersistentStage": "native", "Bound": "native", "Opening": "opening",
+               "ExchangeRun": "exchange", "Then": "data", "_Message": "message"}
 _current = threading.local()  # the traced operation this thread is advancing
 
 

@@ -67,6 +67,12 @@ def test_schedules_over_send_recv_in_flight_with_nccl_collectives():
     assert "ranks=2" in out
 
 
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs; this machine shows fewer")
+def test_users_messages_around_a_ring_with_each_receive_posted_first():
+    out = passed(launch("nccl_ranks.py", gpu_count(), "p2p_ring", timeout=180), "p2p_ring")
+    assert "checked=3" in out
+
+
 TORCH = torch_reason()
 
 

@@ -10,7 +10,8 @@ a loop of asynchronous two-level all-reduces, several in flight at once. ``mixed
 send/recv in flight with NCCL's own collectives, one rank arriving late each time. ``hot``
 (any -n, one GPU per rank): the hot path of a repeated NCCL all-reduce. ``refused`` (-n 2,
 as ``two_level``): calls refused at their agreement (ranks disagree on a dtype; one rank's
-bad op) leave the communicator usable.
+bad op) leave the communicator usable. ``p2p_ring`` (a world over several GPUs): users'
+messages around a ring, each receive posted before its send.
 """
 
 from __future__ import annotations
@@ -265,6 +266,24 @@ elif mode == "mixed_async":
         wanted = np.repeat(np.arange(size, dtype=np.int32) * 10 + step, 2 + step)
         assert same(cupy.asnumpy(exchanged.wait()), wanted), step
         checked += 3
+elif mode == "p2p_ring":
+    # The README's ring: irecv from the left, then a blocking send to the right (and the same
+    # with isend first). Each irecv in a NCCL group of its own queued every rank's receive
+    # before its send: every stream waited for a send queued behind its peer's receive.
+    left, right = (rank - 1) % size, (rank + 1) % size
+    for step, count in enumerate((4, 0, 4099)):
+        inbox = cupy.full(count, -1, np.int64)
+        if step % 2 == 0:
+            request = comm.irecv(inbox, left)
+            comm.send(cupy.full(count, rank * 100 + step, np.int64), right)
+        else:
+            sent = comm.isend(cupy.full(count, rank * 100 + step, np.int64), right)
+            request = comm.irecv(inbox, left)
+            sent.wait()
+        request.wait()
+        comm.synchronize()  # (an irecv's handle orders no stream: docs/gpu.md)
+        assert same(cupy.asnumpy(inbox), np.full(count, left * 100 + step, np.int64)), step
+        checked += 1
 comm.barrier()
 if STAND_IN:
     api.close()
