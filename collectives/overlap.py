@@ -5,7 +5,7 @@ library's own, or refused).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,50 +31,42 @@ def any_overlap(backend: ArrayBackend, arrays: Sequence[Array]) -> bool:
     return False
 
 
+def overlapping_pairs(backend: ArrayBackend, arrays: Sequence[Any]) -> Iterator[tuple[int, int]]:
+    """The pairs ``(i, j)``, ``i < j``, of ``arrays`` (None and empty ones left out) whose
+    memory intersects: for a few NumPy arrays, NumPy's bounds test pair by pair (0.2 µs a
+    pair, where a sweep takes 1 µs an array for its extents), else a sweep over extents,
+    ``O(n log n)`` in the usual case."""
+    present = [(k, a) for k, a in enumerate(arrays) if a is not None and a.size]
+    if len(present) <= 16 and all(type(a) is np.ndarray for _, a in present):
+        for n, (j, b) in enumerate(present):
+            for i, a in present[:n]:
+                if np.may_share_memory(a, b):
+                    yield i, j
+        return
+    active: list[tuple] = []
+    for device, start, end, j in sorted((*backend.extent(a), k) for k, a in present):
+        active = [a for a in active if a[0] == device and a[2] > start]
+        for *_, i in active:
+            yield min(i, j), max(i, j)
+        active.append((device, start, end, j))
+
+
 def unsafe_outputs(backend: ArrayBackend, inputs: Sequence[Array],
                    outputs: Sequence[Array]) -> bool:
     """Whether writing ``outputs`` could clobber data still to be read: an output that shares
     memory with another output, or with an input other than exactly its own (``outputs[i] is
-    inputs[i]``: in place). A sweep over memory extents, ``O(n log n)`` in the usual case."""
+    inputs[i]``: in place)."""
     if len(inputs) == 1 and len(outputs) == 1:  # (one device: every call of a one-GPU job)
         (x,), (y,) = inputs, outputs
         return y is not None and y is not x and x is not None and bool(x.size) and \
             bool(y.size) and overlaps(backend, x, y)
-    if len(inputs) + len(outputs) <= 16 and all(  # (a few NumPy arrays: pair by pair, as
-            type(a) is np.ndarray for a in (*inputs, *outputs) if a is not None):  # overlaps)
-        return _unsafe_pairs(inputs, outputs)
-    items = []
-    for kind, arrays in (("in", inputs), ("out", outputs)):
-        for i, a in enumerate(arrays):
-            if a is not None and a.size:
-                device, start, end = backend.extent(a)
-                items.append((device, start, end, kind, i, a))
-    items.sort(key=lambda item: (item[0], item[1]))
-    active: list[tuple] = []
-    for item in items:
-        device, start = item[0], item[1]
-        active = [a for a in active if a[0] == device and a[2] > start]
-        for other in active:
-            kinds = {other[3], item[3]}
-            if kinds == {"in"}:
-                continue  # inputs are only read: sharing memory is harmless
-            if kinds == {"in", "out"} and other[4] == item[4] and other[5] is item[5]:
-                continue  # a device's own input as its output: in place
-            return True
-        active.append(item)
-    return False
-
-
-def _unsafe_pairs(inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
-    """``unsafe_outputs`` of a few NumPy arrays, each output against the rest with NumPy's
-    bounds test (0.2 µs a pair, where the sweep takes 1 µs an array for its extents)."""
-    outs = [(i, y) for i, y in enumerate(outputs) if y is not None and y.size]
-    for k, (i, y) in enumerate(outs):
-        if any(np.may_share_memory(y, z) for _, z in outs[k + 1:]):
-            return True
-        for j, x in enumerate(inputs):
-            if x is not None and x.size and not (j == i and x is y) and np.may_share_memory(x, y):
-                return True
+    n = len(inputs)
+    for i, j in overlapping_pairs(backend, [*inputs, *outputs]):
+        if j < n:
+            continue  # inputs are only read: sharing memory is harmless
+        if i < n and j - n == i and outputs[i] is inputs[i]:
+            continue  # a device's own input as its output: in place
+        return True
     return False
 
 
@@ -88,18 +80,7 @@ def clashing(backend: ArrayBackend, outs: Sequence[Array],
                                              and a.strides == b.strides
                                              and backend.extent(a) == backend.extent(b)))
 
-    if len(outs) <= 16 and all(type(o) is np.ndarray for o in outs):  # (as _unsafe_pairs)
-        for j, b in enumerate(outs):
-            for i, a in enumerate(outs[:j]):
-                if a.size and b.size and np.may_share_memory(a, b) and not harmless(a, b):
-                    return i, j
-        return None
-    items = sorted((*backend.extent(o), i) for i, o in enumerate(outs) if o.size)
-    active: list[tuple] = []
-    for device, start, end, j in items:
-        active = [a for a in active if a[0] == device and a[2] > start]
-        for *_, i in active:
-            if not harmless(outs[i], outs[j]):
-                return min(i, j), max(i, j)
-        active.append((device, start, end, j))
+    for i, j in overlapping_pairs(backend, outs):
+        if not harmless(outs[i], outs[j]):
+            return i, j
     return None
