@@ -4,7 +4,9 @@ every rank remembers alike which calls were agreed."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -286,3 +288,18 @@ def test_a_bad_out_in_a_call_waiting_for_its_verdict_costs_nobody_else_their_res
     got = collectives.run(body, n, timeout=10)
     assert got[1] == ([sums] * 2, sums)
     assert all(g == ([sums] * 3, sums) for r, g in enumerate(got) if r != 1)
+
+
+def test_the_first_steps_results_are_not_kept_by_the_calls_that_waited_for_their_verdicts():
+    # the engine keeps each signature's decider for good: a call that waited for verdicts
+    # must not keep the earlier calls, nor its own result, once it has its outcome
+    def body(comm):
+        handles = [comm.all_reduce(np.ones(4096), async_op=True) for _ in range(6)]
+        refs = [weakref.ref(handle.wait()) for handle in handles]
+        del handles
+        for _ in range(2):
+            comm.all_reduce(np.ones(4096))
+        gc.collect()
+        return sum(ref() is not None for ref in refs)
+
+    assert collectives.run(body, 2, timeout=10) == [0, 0]

@@ -1,20 +1,28 @@
 """Which call signatures are agreed, and the stage each new call begins with (a mixin of
 ``Engine``).
 
-Every rank issues its calls in the same order, so every rank decides alike, at issue, what a
-call's first stage is (``agreement``):
+A call's first stage (``agreement``) is one of:
 
-* an ``Agreement`` where the signature is new (or was forgotten: a failed agreement forgets
-  every rank's signature in it, on every rank, from its call on), or a peer rejected the call
+* an ``Agreement`` where the signature is new (or forgotten), or a peer rejected the call
   before it was issued here (``ahead``), or the call always agrees (``Call.always_agrees``);
-* a ``PendingVerdict`` where the signature's latest agreement is still in flight: the call
-  waits for that verdict (``pending_verdict``);
-* nothing where the signature was agreed: its data moves at once, with its check value riding
-  along (``disputes`` for ranks that disagree even so).
+* nothing where the signature's agreement came and agreed, and no agreement of a call since
+  then is still without its verdict: the data moves at once, its check value riding along
+  (``disputes`` for ranks that disagree even so);
+* a ``PendingVerdict`` otherwise: the call waits for those verdicts, then goes on where each
+  agreed, and agrees on its own where one refused (``pending_verdict``).
+
+A refused verdict (ranks disagree about call ``k``, or one could not start it) forgets every
+signature agreed before call ``k`` (``refused``). Every rank hears the same verdicts, and a
+call waits for those it has not heard yet, so every rank decides alike whether a call
+agrees, whichever verdicts had come when it was issued: a rank whose own call ``k`` was
+refused (its bad argument) and its peers, whose call ``k`` waited for an earlier verdict,
+treat the calls after ``k`` alike. (A call that moved its data before a peer refused it is
+``disputes``' case: a late agreement.)
 
 ``agreed`` maps each signature's check value to the stage that decides it (its agreement, or
-the latest call waiting for one), least recently used first; ``forgotten`` counts
-signatures dropped, the hot paths' cue to look again (``hot_path``).
+the latest call waiting for verdicts), least recently used first; ``unsettled`` holds the
+agreement stages still without a verdict, in call order; ``forgotten`` counts signatures
+dropped, the hot paths' cue to look again (``hot_path``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class AgreedSignatures:
     def __init__(self) -> None:
         # check value -> what decides it (an Agreement, or a PendingVerdict: ``outcome``)
         self.agreed: OrderedDict[int, Agreement | PendingVerdict] = OrderedDict()
+        self.unsettled: list[Agreement | PendingVerdict] = []  # (``issued_agreement``)
         self.forgotten = 0  # how many signatures were forgotten (the hot paths' cue to look)
         # calls a peer rejected or disputed before this rank had them in flight (the notice
         # came early: the progress thread hears notices between calls): they run their agreement
@@ -45,27 +54,35 @@ class AgreedSignatures:
     def agreement(self, seq: int, signature: tuple | None, check: int,
                   error: BaseException | None, always: bool = False,
                   issued: int = 1) -> Agreement | PendingVerdict | None:
-        """The stage a call begins with (see the module's docstring), or None when its
-        signature was agreed before. A signature counts from the moment its agreement is
-        *issued*, so that calls issued meanwhile wait for its verdict alike on every rank."""
-        if self.ahead:
-            with self.state:  # (a notice that came before this call: it agrees after all)
+        """The stage a call begins with, or None where it needs none (see the module's
+        docstring)."""
+        with self.state:  # (the progress thread settles verdicts meanwhile)
+            if self.ahead:  # (a notice that came before this call: it agrees after all)
                 always = always or seq in self.ahead
                 self.ahead = {s for s in self.ahead if s > seq}
-        if error is None and not always and not self.detail:
             decider = self.agreed.get(check)
-            if decider is not None and decider.outcome is not False:
+            if (error is None and not always and not self.detail and decider is not None
+                    and decider.outcome is not False):
                 self.agreed.move_to_end(check)
-                if decider.outcome:
+                since = [s for s in self.unsettled if s.seq > decider.seq and s.outcome is None]
+                if decider.outcome and not since:
                     return None
                 assert signature is not None  # (no error: the call has one)
-                waiting = PendingVerdict(self, seq, signature, check, decider)
+                awaited = since if decider.outcome else [decider, *since]
+                waiting = PendingVerdict(self, seq, signature, check, awaited)
                 self.agreed[check] = waiting  # (the next call of it waits for this one)
                 return waiting
-        agreement = Agreement(self, seq, signature, check, error, issued=issued)
-        if error is None:
-            self.remember(check, agreement)
-        return agreement
+            agreement = Agreement(self, seq, signature, check, error, issued=issued)
+            if error is None:
+                self.remember(check, agreement)
+            return agreement
+
+    def issued_agreement(self, stage: Agreement | PendingVerdict) -> None:
+        """``stage`` decides a call issued now (an agreement, or a call waiting for
+        verdicts): calls issued before its verdict wait for it (``agreement``)."""
+        with self.state:
+            self.unsettled = [s for s in self.unsettled if s.outcome is None]
+            self.unsettled.append(stage)
 
     def remember(self, check: int, decider: Agreement | PendingVerdict) -> None:
         self.agreed[check] = decider
@@ -74,16 +91,18 @@ class AgreedSignatures:
             self.agreed.popitem(last=False)
             self.forgotten += 1
 
-    def forget(self, check: int, seq: int) -> None:
-        """The verdict of call ``seq`` refused signature ``check``: forgotten, unless a later
-        call already waits for a verdict of its own on it (it decides for the calls after
-        it, alike on every rank: those that had not issued it yet forgot the earlier one)."""
-        decider = self.agreed.get(check)
-        if decider is not None and decider.seq <= seq:
-            del self.agreed[check]
-        self.forgotten += 1
+    def refused(self, seq: int) -> None:
+        """The verdict of call ``seq`` refused it: every signature decided before it is
+        forgotten (calls after it agree again; those already waiting for its verdict do as
+        well, ``pending_verdict``), on every rank alike."""
+        with self.state:
+            for check in [c for c, decider in self.agreed.items() if decider.seq <= seq]:
+                del self.agreed[check]
+            self.forgotten += 1
 
     def is_agreed(self, check: int) -> bool:
-        """Whether a call of ``check`` skips its agreement now (its verdict came, and agreed)."""
+        """Whether a call of ``check`` skips its agreement now (its verdict came and agreed,
+        and no agreement since is without its verdict)."""
         decider = self.agreed.get(check)
-        return decider is not None and bool(decider.outcome)
+        return (decider is not None and bool(decider.outcome)
+                and not any(s.seq > decider.seq and s.outcome is None for s in self.unsettled))

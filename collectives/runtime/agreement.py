@@ -90,6 +90,8 @@ class Agreement:
         self.outcome: bool | None = None  # True: agreed; False: refused (or abandoned)
         self.run = self._all_reduce(self._buf, 0)
         self.state = "digest"
+        if not late:  # (a late one joins a call issued before: calls since did not wait)
+            engine.issued_agreement(self)
 
     def _all_reduce(self, buf: np.ndarray, part: int) -> SpmdRun:
         comm = self.comm
@@ -158,13 +160,14 @@ class Agreement:
         return Details(self.signature, error, self.late, self.check, self.issued)
 
     def _verdict(self, details: list[Details]) -> BaseException | None:
-        """The error every rank raises (None: none). Every rank forgets every rank's check
-        value, not only its own: a rank that failed has none (0), and the signatures the
-        others had agreed must be agreed again on every rank alike."""
-        for d in details:
-            self.comm.forget(d.check, self.seq)
+        """The error every rank raises (None: none). A refusal makes every rank forget every
+        signature agreed before this call (``AgreedSignatures.refused``): a rank that failed
+        has no check value, the others' signatures may differ, and what each rank takes as
+        agreed must stay alike."""
         late = any(d.late for d in details)
         verdict = self._diagnosis(details, late)
+        if verdict is not None:
+            self.comm.refused(self.seq)
         if verdict is not None and late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")

@@ -208,7 +208,7 @@ class CallRunner:
                 if error is not None:
                     engine.fail_locally(error, seq)
                     raise error
-                agreement = None
+                agreement = waiting = None
             else:
                 signature = call.signature if call is not None else None
                 agreement = engine.agreement(seq, signature, call.check if call else 0, error,
@@ -216,8 +216,9 @@ class CallRunner:
                                              issued=issued)
                 if error is not None and self.comm.size > 1:
                     engine.reject(error, seq)  # peers that skip this agreement must hear
-                if isinstance(agreement, PendingVerdict) and late is not None:
-                    agreement.fail_with(late)  # (into its agreement, should it run one)
+                waiting = agreement if isinstance(agreement, PendingVerdict) else None
+                if waiting is not None and late is not None:
+                    waiting.fail_with(late)  # (into its agreement, should it run one)
                 elif agreement is not None and late is not None:
                     # agreed only now: the bad ``out`` goes into the agreement, nothing moves
                     agreement.fail_with(late)
@@ -235,9 +236,8 @@ class CallRunner:
             if call is not None:
                 self.comm.last_algorithm = call.run_as
             # what peers see of this rank: the call, and whether it agrees on it or moves data
-            # (a call waiting for its signature's verdict moves data unless it refuses)
-            waits = isinstance(agreement, PendingVerdict)
-            phase = "agreeing" if (agreement is not None and not waits) or own else "moving"
+            # (a call waiting for verdicts moves data unless one refuses)
+            phase = "agreeing" if (agreement is not None and waiting is None) or own else "moving"
             self.comm.transport.publish_activity((seq, subject, phase))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or Ready(),
@@ -245,8 +245,8 @@ class CallRunner:
                            check=call.check if call else 0,
                            skipped_agreement=phase == "moving", phase=phase,
                            timeout=timeout)
-            if isinstance(agreement, PendingVerdict):
-                agreement.belongs_to(op)
+            if waiting is not None:
+                waiting.belongs_to(op)
             if recorder.ON:
                 record_calls.issued(self.comm, op, async_op, t0)
             result = engine.run(op, async_op, timeout)

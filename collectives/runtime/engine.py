@@ -257,5 +257,9 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
                                              tuple(op.pending_peers())))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
-            self.check_dispute(op)
+            # (the earliest call still in flight up to ``op``: where ranks differ, that is
+            # where they part, and the calls after it, waiting for its verdict or its data,
+            # show nothing wrong of their own)
+            first = next((o for o in self._through(op) if not o.finished), op)
+            self.check_dispute(first)
 

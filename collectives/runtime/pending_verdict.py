@@ -1,25 +1,26 @@
-"""A call whose signature's agreement is still in flight: it waits for that verdict.
+"""A call of an agreed signature issued before some verdicts came: it waits for them.
 
 Calls issued together (asynchronous calls, a tensor list's buckets) often share a signature
-no rank has agreed yet. The first of them runs the agreement; each later one, issued before
-that verdict, takes a ``PendingVerdict`` as its first stage and waits for it:
+no rank has agreed yet: the first of them runs the agreement, and the later ones, issued
+before its verdict, must not move their data on the strength of it. Nor may a call of a
+signature agreed long ago move while a later call's agreement has no verdict yet: a refusal
+there (one rank's bad argument) makes every rank agree again on what comes after it
+(``AgreedSignatures.refused``), and a rank whose own call was refused would wait for that
+verdict where its peers moved data. Such a call takes a ``PendingVerdict`` as its first
+stage, holding the stages whose verdicts it waits for (its signature's decider, and every
+agreement issued since):
 
-1. the verdict agrees: the call goes on as a call of a signature agreed before (nothing more
-   is exchanged, and nothing was held up but its start);
-2. the verdict refuses the signature (a rank could not start its call, a bad argument on that
-   rank, or the ranks' calls differ): the call runs its own agreement, as a new signature's
-   first call does, so every rank raises together, nothing moved, and the communicator stays
-   usable (as after a plain call refused).
+1. every verdict agrees: the call goes on as a call of a signature agreed before (nothing
+   more is exchanged; only its start was held up);
+2. one refuses: the call runs its own agreement, as a new signature's first call does, so a
+   rank's bad argument to several calls in flight makes every rank raise with nothing
+   moved, and the communicator stays usable (as after a plain call refused).
 
-Taking such calls as agreed at once moved their data on the ranks that agreed; a refusal then
-met that data, and the communicator broke.
-
-Every rank decides alike: each call waits for the one issued just before it with its
-signature (an ``Agreement``, or another ``PendingVerdict``), and that call's outcome is the
-same on every rank. A peer that disputes the call before the verdict (it runs the call's
-agreement: it refused the call, or already saw the verdict refuse the signature) makes it
-agree at once (``agree_now``): nothing moved here, so this is an agreement like any first
-call's, not a late one.
+Every rank waits for the same verdicts, or had heard them before it issued the call, so
+every rank decides alike. A peer that disputes the call meanwhile (it runs the call's
+agreement: it refused the call, or heard a refusal first) makes it agree at once
+(``agree_now``): nothing moved here, so this is an agreement like any first call's, not a
+late one.
 """
 
 from __future__ import annotations
@@ -30,20 +31,21 @@ from .agreement import Agreement
 
 
 class PendingVerdict:
-    """The first stage of a call that waits for its signature's verdict (see the module)."""
+    """The first stage of a call that waits for verdicts (see the module's docstring)."""
 
     __slots__ = ("agreement", "awaited", "check", "engine", "error", "op", "outcome", "seq",
                  "signature")
 
-    def __init__(self, engine: Any, seq: int, signature: tuple, check: int, awaited: Any):
-        """``awaited``: the stage of the latest call issued before this one with this
-        signature (an ``Agreement`` or a ``PendingVerdict``), whose ``outcome`` decides."""
+    def __init__(self, engine: Any, seq: int, signature: tuple, check: int, awaited: list):
+        """``awaited``: the stages (``Agreement`` or ``PendingVerdict``) of earlier calls
+        whose ``outcome`` decides this one."""
         self.engine, self.seq, self.signature, self.check = engine, seq, signature, check
         self.awaited = awaited
         self.agreement: Agreement | None = None  # this call's own, once it runs one
         self.outcome: bool | None = None  # True: the call goes on; False: it was refused
         self.error: BaseException | None = None  # a bad ``out`` here, for its own agreement
         self.op: Any = None  # the operation it begins (``belongs_to``)
+        engine.issued_agreement(self)
 
     @property
     def agreeing(self) -> bool:
@@ -57,7 +59,7 @@ class PendingVerdict:
 
     def fail_with(self, error: BaseException) -> None:
         """This rank's call cannot take its result (a bad ``out``): where the call runs its
-        own agreement, every rank hears it there and nothing moves; where the verdict
+        own agreement, every rank hears it there and nothing moves; where every verdict
         agrees, the call runs with a buffer of its own and raises at its end, as any call
         agreed before does."""
         self.error = error
@@ -66,7 +68,7 @@ class PendingVerdict:
 
     def agree_now(self) -> bool:
         """A peer disputes the call: run its agreement now (True), unless the call is past
-        its verdict already and may have moved its data (False: a late agreement's case)."""
+        its verdicts already and may have moved its data (False: a late agreement's case)."""
         if self.agreement is None:
             if self.outcome:
                 return False
@@ -77,36 +79,44 @@ class PendingVerdict:
         if self.agreement is None:
             if self.outcome:
                 return True
-            verdict = self.awaited.outcome
-            if verdict is None:
+            verdicts = [stage.outcome for stage in self.awaited]
+            if None in verdicts:
                 return False
-            if verdict:
-                self.outcome = True
+            if all(verdicts):
+                self._settle(True)
                 return True
             self._agree()
         assert self.agreement is not None
         try:
             done = self.agreement.advance()
         except BaseException:
-            self.outcome = False
+            self._settle(False)
             raise
         if done:
-            self.outcome = True
+            self._settle(True)
         return done
 
     def _agree(self) -> None:
-        if self.op is not None:  # (peers asking what it does hear "agreeing" now)
+        if self.op is not None:  # (its slow waits now compare it as agreeing: ``disputes``)
             self.op.skipped_agreement = False
+        self.awaited = []
         self.agreement = Agreement(self.engine, self.seq, self.signature, self.check,
                                    self.error)
+
+    def _settle(self, outcome: bool) -> None:
+        """The call's outcome; what it held for the wait goes (a decider stays in the
+        engine's table for good: it must not keep the earlier calls, nor this one's result)."""
+        self.outcome = outcome
+        self.awaited, self.op = [], None
 
     def abort(self) -> None:
         if self.agreement is not None:
             self.agreement.abort()
         if self.outcome is None:
-            self.outcome = False
+            self._settle(False)
 
     def pending_peers(self) -> list[int]:
-        """The peers its own agreement waits for (none while it waits for a verdict: the
-        earlier call's wait names those)."""
+        """The peers its own agreement waits for. None while it waits for verdicts: those
+        are earlier calls', which their own waits ask about, and a peer that agrees on this
+        call is heard by its agreement's first message (``Engine._look_around``)."""
         return self.agreement.pending_peers() if self.agreement is not None else []
