@@ -260,6 +260,9 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
             # (the earliest call still in flight up to ``op``: where ranks differ, that is
             # where they part, and the calls after it, waiting for its verdict or its data,
             # show nothing wrong of their own)
-            first = next((o for o in self._through(op) if not o.finished), op)
-            self.check_dispute(first)
+            # (collectives only: a message has no agreement, and its number is the latest
+            # collective's, which a peer may have finished long before)
+            first = next((o for o in self._through(op) if not o.finished and o.breaking), None)
+            if first is not None:
+                self.check_dispute(first)
 

@@ -25,6 +25,7 @@ where it paired and returned results of two dtypes).
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 
@@ -242,3 +243,31 @@ for kind in ("reduce", "reduce-init", "gather"):
     # way is seen now, twice 0.2 s apart, and the call fails as a mismatch.)
     CASES.append(Case(f"agreed-root-differs-{kind}", (_both_roots(kind),
                                                       _last_rank_other_root(kind)), sizes=(3,)))
+
+
+def _late_rank_while_a_peer_waits_for_a_message(ctx: Ctx) -> Call:
+    """An agreed gather to root 1, rank 0 1 s late (within the timeout); rank 1 then sends
+    rank 2 a message, which rank 2, done with the gather at once, waits for. Every rank's
+    calls are right. (Rank 2's slow receive carries the gather's number: it asked its peers
+    what they do, took rank 1's gather for a dispute, and every rank failed at its timeout,
+    the communicator broken.)"""
+    x = np.full(8, float(ctx.rank + 1))
+
+    def body(comm):
+        for _ in range(2):
+            comm.gather(x, root=1)
+        comm.barrier()
+        if ctx.rank == 0:
+            time.sleep(1.0)
+        got = comm.gather(x, root=1)
+        if ctx.rank == 1:
+            comm.send(np.ones(4), 2)
+        elif ctx.rank == 2:
+            comm.recv(np.empty(4), 1)
+        return None if got is None else got.tolist()
+    return Call(body, same=False, expect=ok(within=2.5))
+
+
+CASES.append(Case("agreed-gather-late-rank-while-a-peer-waits-for-a-message",
+                  (_late_rank_while_a_peer_waits_for_a_message,), sizes=(3,), timeout=6.0,
+                  limit=30.0))
