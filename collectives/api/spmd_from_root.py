@@ -67,7 +67,8 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
             if not comm.check:
                 raise
             error = exc
-        header = Header(root_, name, kind)  # -1: a root that is not a rank (every rank hears why)
+        # (-1: a root that is not a rank, every rank hears why)
+        header = Header(root_, name, kind, comm.calls.batch)
         # natives start in call order: this call's place is taken now, whatever it runs later
         turn = comm.calls.engine.reserve_turn()
         result = FromRoot(comm, seq, header, src, out, turn)

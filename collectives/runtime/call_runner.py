@@ -61,6 +61,7 @@ BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks
 F = TypeVar("F", bound=Callable[..., Any])
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
+ISSUING = object()  # ``validated``'s batch: the one ``part_of`` holds for the call issued now
 
 
 class CallRunner:
@@ -115,12 +116,14 @@ class CallRunner:
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
               shards: int = 0, groups: Any = None, axis: int | None = None,
               compression: str | None = None, passed: Any = None,
-              rows_vary: bool = False) -> Call:
+              rows_vary: bool = False, batch: Any = ISSUING) -> Call:
         """The validated call of these arguments, from the cache when they were seen before
         (``compression``: what a compressed call's wire call carries, ``Call.compression``;
         ``passed``: the caller's array where ``x`` is a widened copy of it, ``Call.passed``;
-        ``rows_vary``: ``Call.rows_vary``)."""
-        batch = self.batch
+        ``rows_vary``: ``Call.rows_vary``; ``batch``: the batch the call is part of, where it
+        is validated after its issue, on whichever thread, ``part_of``'s then being another
+        call's: by default the one being issued now)."""
+        batch = self.batch if batch is ISSUING else batch
         shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
             # (the scalars' types too: 0.0 == 0 and True == 1 would skip their checks)
@@ -132,7 +135,7 @@ class CallRunner:
             key, call = None, None
         if call is None:
             call = self._validate(collective, x, op, algorithm, root, shards, groups, axis,
-                                  compression, shown, rows_vary)
+                                  compression, shown, rows_vary, batch)
             if key is not None:
                 if len(self.cache) > 4096:
                     self.cache.clear()
@@ -140,7 +143,7 @@ class CallRunner:
         return call
 
     def _validate(self, collective, x, op, algorithm, root, shards, groups, axis,
-                  compression, shown=None, rows_vary=False) -> Call:
+                  compression, shown=None, rows_vary=False, batch=None) -> Call:
         dtype = np.dtype(x.dtype)
         parsed = check_op_for(op, dtype, "x") if collective in REDUCING else None
         check_communicable(dtype, "x")
@@ -158,7 +161,7 @@ class CallRunner:
         if "/" in name or groups is not None:
             layout = (Layout(resolve_groups(groups, self.comm.size)) if groups is not None
                       else self.comm.transport.layout)
-        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, self.batch,
+        call = Call(collective, shape, dtype, parsed, root, name, shards, layout, axis, batch,
                     compression, passed=shown, rows_vary=rows_vary)
         call.run_as = self.comm.choose_algorithm(call)
         CALLS.info("rank %d: %s runs as %s", self.comm.rank, call.describe(), call.run_as)

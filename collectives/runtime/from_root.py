@@ -32,8 +32,11 @@ class Header:
 
     agrees_itself = True  # its opening stage is its agreement
 
-    def __init__(self, root: int, algorithm: str, kind: Collective = Collective.BROADCAST):
+    def __init__(self, root: int, algorithm: str, kind: Collective = Collective.BROADCAST,
+                 batch: Any = None):
+        """``batch``: what the call is part of as it is issued (``CallRunner.part_of``)."""
         self.root, self.algorithm, self.run_as = root, algorithm, ""
+        self.batch = batch  # (its data stage is validated later, on whichever thread)
         self.collective = kind
         self.signature = (kind.value, None, None, None, root, algorithm, 0, None, None)
         self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
@@ -110,7 +113,7 @@ class FromRoot:
         shape, dtype = tuple(desc[0]), from_token(desc[1])
         whole = (comm.size, *shape) if scatter else shape
         call = comm.calls.validated(header.collective, Like(whole, dtype), None,
-                                    header.algorithm, root=header.root)
+                                    header.algorithm, root=header.root, batch=header.batch)
         header.call, header.run_as = call, call.run_as
         comm.last_algorithm = call.run_as
         target, self.out_error = comm.calls.target(self.out, shape, dtype)

@@ -7,6 +7,7 @@ prepared calls, Python objects, logging, and the multi-device calls' own argumen
 from __future__ import annotations
 
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -183,3 +184,35 @@ add_multi("accumulation-fn-right", lambda ctx: Call(
     "all_reduce", (inputs(ctx), "sum"), {"accumulation_fn": lambda xs: np.sum(xs, axis=0)},
     ok([reference(inputs(ctx), "sum")] * ctx.size)))
 
+
+
+def _from_root_then_a_batch(kind: str):
+    """An asynchronous broadcast (or scatter), then a batch, then the broadcast's wait, rank 1
+    10 ms late, ten times: every result right. (A broadcast's data stage is validated once
+    the root's descriptor comes, on whichever thread advances it, and took the batch being
+    issued there into its check value: ranks that saw it at other moments disagreed, a
+    mismatch, and the communicator broke.)"""
+    def step(ctx: Ctx) -> Call:
+        def body(comm):
+            for _ in range(10):
+                if ctx.rank == 1:
+                    time.sleep(0.01)
+                if kind == "broadcast":
+                    handle = comm.broadcast(np.full(5, float(ctx.rank + 1), np.float32), root=0,
+                                            async_op=True)
+                    want = np.full(5, 1.0, np.float32)
+                else:
+                    rows = np.arange(ctx.size * 5, dtype=np.float32).reshape(ctx.size, 5)
+                    handle = comm.scatter(rows if ctx.rank == 0 else None, root=0,
+                                          async_op=True)
+                    want = rows[ctx.rank]
+                summed = comm.batch_all_reduce([np.ones(100000, np.float32)])
+                assert np.array_equal(handle.wait(), want)
+                assert np.array_equal(summed[0], np.full(100000, float(ctx.size), np.float32))
+        return Call(body, expect=ok(None, within=5.0))
+    return step
+
+
+for kind in ("broadcast", "scatter"):
+    add(f"async-{kind}-then-a-batch-with-a-late-rank", _from_root_then_a_batch(kind),
+        timeout=5.0, limit=30.0)
