@@ -247,10 +247,10 @@ def test_a_slow_link_in_an_earlier_asynchronous_call_is_no_mismatch(monkeypatch)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_calls_that_waited_for_a_refused_verdict_agree_on_their_own(n):
+def test_the_calls_after_a_new_signatures_refused_first_call_return_their_sums(n):
     # rank 0 refuses only the first of three asynchronous calls of a new signature: the later
-    # two wait for its verdict (pending_verdict.py), then agree on their own, rank 0's right
-    # ones too: every rank gets their sums, and nothing is broken
+    # two (which wait for its verdict, pending_verdict.py, then agree again) give every rank
+    # their sums, and nothing is broken
     x = np.ones(6)
 
     def body(comm):

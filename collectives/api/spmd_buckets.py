@@ -76,10 +76,10 @@ class Buckets(Generic[ArrayT]):
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
         self.parts, self.order = bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)
-        by_parts = [(part, j) for part in self.parts for j in range(len(part.plan.packs))]
         self.tag = batch_tag(layout, bucket_plan(self.order), True)
         # where each bucket's result goes among the parts' (what StartedBatch.finish reads)
-        self.place = [self.order.index(pj) for pj in by_parts]
+        self.place = [self.order.index((part, j)) for part in self.parts
+                      for j in range(len(part.plan.packs))]
         self.bucket_of = {i: b for b, (part, j) in enumerate(self.order)
                           for i in (part.indices[m] for m in part.plan.packs[j].indices)}
         # a fused bucket is the buckets' own copy: reduced in place, it needs no result buffer

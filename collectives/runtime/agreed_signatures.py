@@ -64,7 +64,7 @@ class AgreedSignatures:
             if (error is None and not always and not self.detail and decider is not None
                     and decider.outcome is not False):
                 self.agreed.move_to_end(check)
-                since = [s for s in self.unsettled if s.seq > decider.seq and s.outcome is None]
+                since = self._unsettled_since(decider)
                 if decider.outcome and not since:
                     return None
                 assert signature is not None  # (no error: the call has one)
@@ -76,6 +76,10 @@ class AgreedSignatures:
             if error is None:
                 self.remember(check, agreement)
             return agreement
+
+    def _unsettled_since(self, decider: Agreement | PendingVerdict) -> list:
+        """The agreement stages issued after ``decider``'s call still without a verdict."""
+        return [s for s in self.unsettled if s.seq > decider.seq and s.outcome is None]
 
     def issued_agreement(self, stage: Agreement | PendingVerdict) -> None:
         """``stage`` decides a call issued now (an agreement, or a call waiting for
@@ -104,5 +108,4 @@ class AgreedSignatures:
         """Whether a call of ``check`` skips its agreement now (its verdict came and agreed,
         and no agreement since is without its verdict)."""
         decider = self.agreed.get(check)
-        return (decider is not None and bool(decider.outcome)
-                and not any(s.seq > decider.seq and s.outcome is None for s in self.unsettled))
+        return decider is not None and bool(decider.outcome) and not self._unsettled_since(decider)

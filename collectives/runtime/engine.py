@@ -257,11 +257,10 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
                                              tuple(op.pending_peers())))
         if now - self._asked > DISPUTE_CHECK and not op.finished:
             self._asked = now
-            # (the earliest call still in flight up to ``op``: where ranks differ, that is
-            # where they part, and the calls after it, waiting for its verdict or its data,
-            # show nothing wrong of their own)
-            # (collectives only: a message has no agreement, and its number is the latest
-            # collective's, which a peer may have finished long before)
+            # (the earliest collective still in flight up to ``op``: where ranks differ, that
+            # is where they part, and the calls after it, waiting for its verdict or its data,
+            # show nothing wrong of their own; a message has no agreement, and its number is
+            # the latest collective's, which a peer may have finished long before)
             first = next((o for o in self._through(op) if not o.finished and o.breaking), None)
             if first is not None:
                 self.check_dispute(first)
