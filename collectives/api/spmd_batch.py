@@ -124,7 +124,6 @@ class BatchOps(CommParts):
         """
         from ..algorithms.batch import in_place, plan_batch, start_batch
 
-        check_timeout(timeout)
         xs = checked_list(xs, "xs")
         edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
         arrays = self.arrays  # the library the tensors are packed and unpacked in
@@ -144,7 +143,9 @@ class BatchOps(CommParts):
                            extra_names=self.calls.native_names, bucket_bytes=bucket_bytes,
                            alone_bytes=arrays.alone_bytes(xs[0]) if xs else None)
         count = sum(len(p.plan.packs) for p in parts)
-        try:
+        try:  # (the arguments checked once the list's buckets are known)
+            check_timeout(timeout)
+            resolve_groups(groups, self.size)
             for dtype in set(dtypes):  # (per dtype, naming its first tensor)
                 check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
             for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
@@ -250,9 +251,7 @@ class BatchOps(CommParts):
             tensors are ready and every bucket before it has started; ``wait()`` returns the
             reduced list, and the buckets are ready for the next step.
         """
-        check_timeout(timeout)
-        check_bucket_bytes(bucket_bytes)
-        resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
+        check_bucket_bytes(bucket_bytes)  # (the buckets' plan needs it)
         xs = checked_list(like, "like", read=False)  # (shapes and dtypes: parameters will do)
         edge = Edge(xs[0]) if xs and is_foreign(xs[0]) else None
         arrays = self.arrays  # the library the buckets are packed and unpacked in
@@ -266,7 +265,9 @@ class BatchOps(CommParts):
             arrays = edge.arrays
         layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
         alone = arrays.alone_bytes(xs[0]) if xs else None
-        try:
+        try:  # (the arguments checked once the list's buckets are known)
+            check_timeout(timeout)
+            resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
             for dtype in {d for _, d in layout}:
                 check_op_for(op, dtype, "like")
         except (TypeError, ValueError) as exc:  # (its peers' buckets each meet a refusal)

@@ -232,25 +232,26 @@ for kind in ("batch", "batch-async", "buckets"):
                       where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
-def bad_op_three_buckets(kind: str):
-    """Rank 0 passes a bad op to a list its peers cut into three buckets, all issued at once
-    (asynchronous, or as buckets): rank 0 raises naming it, its peers a PeerFailedError, and
-    as rank 0 refuses each of their three calls, every rank's next call works (once, the
-    peers' second bucket paired with rank 0's next call; then rank 0 refused one call against
-    their three, and every rank's next call said the ranks were out of step)."""
+def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str):
+    """Rank 0 passes a bad argument (``bad``) to a list its peers cut into three buckets, all
+    issued at once (asynchronous, or as buckets): rank 0 raises naming it, its peers a
+    PeerFailedError, and as rank 0 refuses each of their three calls, every rank's next call
+    works (once, the peers' second bucket paired with rank 0's next call; then rank 0 refused
+    one call against their three, and every rank's next call said the ranks were out of
+    step)."""
     def step(ctx: Ctx) -> Call:
         xs = tensors(ctx, L)
-        op = "median" if ctx.rank == 0 else "sum"
+        kwargs = bad if ctx.rank == 0 else {}
 
         def body(comm):
             if kind == "buckets":
-                buckets = comm.buckets(xs, op, bucket_bytes=0)
+                buckets = comm.buckets(xs, bucket_bytes=0, **kwargs)
                 for k, x in enumerate(xs):
                     buckets.ready(k, x)
                 return buckets.wait()
-            return comm.batch_all_reduce(xs, op, bucket_bytes=0, async_op=True).wait()
-        mine = raises("ValueError", match="median", within=1.0)
-        theirs = peer_failed(0, "median")
+            return comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True, **kwargs).wait()
+        mine = raises(error, match=match, within=1.0)
+        theirs = peer_failed(0, match)
         return Call(body, expect=mine if ctx.rank == 0 else theirs, same=False, caught=True)
     return step
 
@@ -259,10 +260,14 @@ def works_after(ctx: Ctx) -> Call:
     return Call("all_reduce", (np.ones(2),), expect=ok(np.full(2, float(ctx.size)), within=1.0))
 
 
+BAD_FOR_THREE_BUCKETS = {"arg": ({"op": "median"}, "ValueError", "median"),
+                         "timeout": ({"timeout": -1}, "ValueError", "timeout=-1"),
+                         "groups": ({"groups": [[0]]}, "ValueError", r"groups=\[\[0\]\]")}
 for kind in ("batch-async", "buckets"):
-    CASES.append(Case(f"lists-{kind}-bad-arg-one-rank-three-buckets",
-                      (bad_op_three_buckets(kind), works_after), where=BOTH, sizes=SIZES,
-                      timeout=COMM_TIMEOUT, limit=20.0))
+    for what, (bad, error, match) in BAD_FOR_THREE_BUCKETS.items():
+        CASES.append(Case(f"lists-{kind}-bad-{what}-one-rank-three-buckets",
+                          (bad_arg_three_buckets(kind, bad, error, match), works_after),
+                          where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
 # --- one list reduced as different kinds on different ranks: they pair, call for call ------
