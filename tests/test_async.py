@@ -167,9 +167,12 @@ def test_a_prepared_call_freed_under_a_run_still_gives_its_result_and_starts_no_
             prepared = comm.all_reduce_init(x, op, out=out)
             for k in (1, 2):  # (the first run waited for, the second freed under its run)
                 x[:] = k * (comm.rank + 1.0)
+                if k == 2 and comm.rank == 0:
+                    time.sleep(0.2)  # (its peers free() before rank 0 has started the run)
                 prepared.start()
                 if k == 2:
                     prepared.free()
+                    assert prepared.is_completed()  # (free() ran it to its end)
                 got.append(prepared.wait().tolist())
             with pytest.raises(collectives.CollectiveError, match="start\\(\\) after free"):
                 prepared.start()

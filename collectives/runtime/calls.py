@@ -211,14 +211,13 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
         known = [v for v in seen if v is not None] if name in ("shape", "dtype") else seen
         if len(set(map(repr, known))) > 1:
             if name == "batch":  # (the bucket of a batch: the lists differ)
-                by_rank = ", ".join(f"rank {r}: {v or 'no batch'}" for r, v in enumerate(seen))
+                by_rank = ", ".join(f"rank {r}: {v or f'a plain {collective}'}"
+                                    for r, v in enumerate(seen))
                 # (a caller's own words, where every rank's tag is that caller's)
                 said = {v.differs if isinstance(v, BatchTag) else "" for v in seen}
                 if len(said) == 1 and "" not in said:
                     return said.pop().format(by_rank=by_rank)
                 if not all(seen) or len(said) > 1:  # (a plain call, or another caller's)
-                    by_rank = ", ".join(f"rank {r}: {v or f'a plain {collective}'}"
-                                        for r, v in enumerate(seen))
                     return (f"ranks are in different calls at this point ({by_rank}); every "
                             "rank must make the same calls in the same order (one that "
                             "skipped a step, or made another call first, is out of step)")

@@ -94,7 +94,7 @@ class Disputes:
                     # the peer that disputed it differs; what every rank runs tells)
                     if entry[0] != op.seq:  # (its latest call is a later one)
                         how += ", taking it as agreed"
-                    elif entry[4] == op.check:
+                    elif check == op.check:
                         how += ", taking it as agreed with this rank's signature"
                     else:
                         how += ", so with a signature agreed before, not this rank's"

@@ -6,7 +6,7 @@ an error. The test kills a host's ranks or unplugs its cable in the meantime. Ea
 gets an error prints one ``ERROR`` line: its rank, hostname, ``time.monotonic()`` when the error
 arrived (the machine's clock, so the test compares it with the moment of the fault), the
 exception's class, the ranks it names (``missing``) and its message. Ranks then wait
-``TIMEOUT`` seconds (a rank that reports late, on a loaded machine, still finds its peers) and
+``2 * TIMEOUT`` seconds (a rank that reports late, on a loaded machine, still finds its peers) and
 leave with ``os._exit``: ``MPI_Finalize`` could wait for the dead peers forever. A rank stuck
 inside an MPI call that never returns is ended by the library's hang guard, with its report;
 a rank with no error and no report ``TIMEOUT + 20`` seconds after ``READY`` dumps its threads'
