@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -173,17 +173,3 @@ def unreadable(edge: Any, xs: Sequence, names: Sequence[str], exc: Exception) ->
             error.__cause__ = exc
             return error
     return exc
-
-
-def refuse_each(comm: Any, what: str, error: Exception, count: int, issued: int) -> NoReturn:
-    """Raise ``error``, this rank's refusal of ``count`` calls its peers make (the buckets
-    left of a batch of ``issued``, all issued together: ``BatchTag.issued``), refused once
-    each (``CallRunner.refuse``): each of theirs meets a refusal (they raise
-    ``PeerFailedError`` naming this rank at once) and the ranks' calls still pair."""
-    for _ in range(count if comm.size > 1 else 0):
-        try:
-            comm.calls.refuse(what, error, issued)
-        except Exception as got:  # noqa: BLE001 - refuse raises the error it carries
-            if got is not error:  # (broken: no later call pairs, and every rank hears of
-                break             # that; this rank's error is still its own)
-    raise error

@@ -22,8 +22,8 @@ from ..algorithms.reuse import BucketKeeper, keeper_in
 from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
-from ..runtime.call_runner import refusing
 from ..runtime.calls import check_op_for
+from ..runtime.refusals import refusing
 from ..runtime.validate import check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
@@ -33,7 +33,6 @@ from .batch_checks import (
     checked_list,
     layout_of,
     own_copy,
-    refuse_each,
     unreadable,
 )
 from .comm_parts import CommParts
@@ -154,12 +153,12 @@ class BatchOps(CommParts):
                                 "bucket) or False (each result an array of its own)")
         except (TypeError, ValueError) as exc:
             if async_op and count > 1:  # its peers issue every bucket before waiting on any:
-                refuse_each(self, "batch_all_reduce", exc, count, count)  # each meets a refusal
+                self.calls.refuse("batch_all_reduce", exc, count, count)  # each meets a refusal
             raise
         if async_op:  # every bucket a handle: refused before the first is issued, once for
             crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
             if crowded is not None:
-                refuse_each(self, "batch_all_reduce", crowded, count, count)
+                self.calls.refuse("batch_all_reduce", crowded, count, count)
         if not xs:
             return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays
@@ -197,7 +196,7 @@ class BatchOps(CommParts):
                 # buckets not yet made are refused, so that the peers' calls fail at once
                 names = [f"xs[{k}]" for k in range(len(xs))]
                 error = unreadable(edge, xs, names, exc) if crossing else exc
-                refuse_each(self, "batch_all_reduce", error, len(order) - made[0], len(order))
+                self.calls.refuse("batch_all_reduce", error, len(order) - made[0], len(order))
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

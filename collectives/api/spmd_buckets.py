@@ -20,14 +20,13 @@ from typing import Any, Generic, NoReturn
 from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
-from ..runtime.call_runner import BAD_INPUT
+from ..runtime.refusals import BAD_INPUT, refuse
 from ..runtime.validate import check_timeout
 from ..runtime.work import BatchWork
 from .batch_checks import (
     agree_on_empty,
     batch_tag,
     bucket_plan,
-    refuse_each,
     shape_and_dtype,
     unreadable,
 )
@@ -54,7 +53,7 @@ def refuse_buckets(comm: Any, error: Exception, layout: tuple, algorithm: Any,
     (an empty list's one call at ``wait()``), so every rank's calls still pair and the
     communicator stays usable."""
     count = len(bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)[1])
-    refuse_each(comm, "buckets", error, max(count, 1), max(count, 1))
+    refuse(comm.calls, "buckets", error, max(count, 1), max(count, 1))
 
 
 class Buckets(Generic[ArrayT]):
@@ -237,6 +236,6 @@ class Buckets(Generic[ArrayT]):
             self._abandon_step(error)
             raise error
         try:
-            refuse_each(self.comm, "buckets", error, remaining, len(self.order))
+            refuse(self.comm.calls, "buckets", error, remaining, len(self.order))
         finally:
             self._abandon_step(error)

@@ -19,11 +19,11 @@ from .. import algorithms
 from ..algorithms.schedule import Collective
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, SpmdAlgorithm
-from ..runtime.call_runner import refusing
 from ..runtime.calls import BatchTag
 from ..runtime.execute.exchange import ExchangeRun
 from ..runtime.from_root import Like
 from ..runtime.native_stage import ScheduleInTurn
+from ..runtime.refusals import refusing
 from ..runtime.results import Ready, Stacked
 from ..runtime.work import Work
 from .comm_parts import CommParts

@@ -17,8 +17,8 @@ from ..algorithms.schedule import Collective
 from ..array_kinds import viewed_in_place
 from ..hints import Array, Op, SpmdAlgorithm
 from ..overlap import overlaps
-from ..runtime.call_runner import refusing
 from ..runtime.prepared import PreparedCall
+from ..runtime.refusals import refusing
 from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
 from ..widened import widened

@@ -20,8 +20,8 @@ from ..foreign import is_foreign
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..overlap import overlaps
-from ..runtime.call_runner import refusing
 from ..runtime.hot_path import FastAllReduce
+from ..runtime.refusals import refusing
 from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
 from ..runtime.work import Work

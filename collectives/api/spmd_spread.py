@@ -14,7 +14,7 @@ from ..algorithms.schedule import Collective
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Op, SpmdAlgorithm
 from ..overlap import overlaps
-from ..runtime.call_runner import refusing
+from ..runtime.refusals import refusing
 from ..runtime.results import Block, Gathered
 from ..runtime.validate import Groups, gather_axis
 from ..runtime.work import Work

@@ -33,6 +33,11 @@ from .execute.spmd import SpmdRun
 AGREED = "__collectives_agreed__"  # set on errors that every rank raised together
 PAYLOAD_BYTES = 252  # what a broadcast's root tells every rank (its shape and dtype)
 _WORDS = PAYLOAD_BYTES // 7  # packed 7 bytes to an int64, so every word stays non-negative
+# A refusing rank's ``issued`` where it cannot know how many calls its peers issue together at
+# this point (its bad list has no buckets); its verdict then tells it, set on its error under
+# PEERS_ISSUED (``collectives.runtime.refusals``)
+ISSUED_UNKNOWN = 0
+PEERS_ISSUED = "__collectives_peers_issued__"
 
 
 class Details(NamedTuple):
@@ -166,23 +171,29 @@ class Agreement:
         agreed must stay alike."""
         late = any(d.late for d in details)
         verdict = self._diagnosis(details, late)
-        if verdict is not None:
-            self.comm.refused(self.seq)
-        if verdict is not None and late:  # (every later call says why it cannot run)
+        if verdict is None:
+            return None
+        self.comm.refused(self.seq)
+        issued = self._issued(details)
+        if late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")
-        elif verdict is not None and len(set((issued := self._issued(details)).values())) > 1:
+        elif len(set(issued.values())) > 1:
             # (one rank's batch issued more buckets than a peer's calls: they cannot pair)
             counts = ", ".join(f"rank {r}: {n}" for r, n in issued.items())
             self.comm.break_for(f"ranks disagreed about call {self.seq}, which they issued with "
                                 f"different numbers of calls ({counts}: a batch's buckets), so "
                                 f"no later call pairs ({type(verdict).__name__}: {verdict})")
+        elif self.issued == ISSUED_UNKNOWN and verdict is self.error:
+            # (this rank refuses as many calls as its peers issued here: ``refusals``)
+            setattr(verdict, PEERS_ISSUED, max(issued.values(), default=1))
         return verdict
 
     @staticmethod
     def _issued(details: list[Details]) -> dict[int, int]:
-        """How many calls each rank issued together with this one."""
-        return {rank: d.issued for rank, d in enumerate(details)}
+        """How many calls each rank issued together with this one, where it knows
+        (``ISSUED_UNKNOWN``: a refusing rank without its peers' buckets)."""
+        return {rank: d.issued for rank, d in enumerate(details) if d.issued != ISSUED_UNKNOWN}
 
     def _diagnosis(self, details: list[Details], late: bool) -> BaseException | None:
         """``late``: a rank had taken the call as agreed and a peer disputed it. Where every

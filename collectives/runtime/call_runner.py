@@ -25,12 +25,11 @@ runs as (``Communicator.choose_algorithm``, the runner list of ``collectives.api
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -38,6 +37,7 @@ from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..timeline import record_calls, recorder
+from . import refusals
 from .agreement import agreed
 from .calls import BatchTag, Call, check_op_for, resolve_algorithm
 from .engine import Engine
@@ -57,8 +57,6 @@ from .validate import (
 )
 
 CALLS = logging.getLogger("collectives.calls")
-BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks raise
-F = TypeVar("F", bound=Callable[..., Any])
 REDUCING = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, Collective.SCATTER})
 ISSUING = object()  # ``validated``'s batch: the one ``part_of`` holds for the call issued now
@@ -103,15 +101,15 @@ class CallRunner:
         finally:
             self.batch = outer
 
-    def refuse(self, what: str, error: BaseException, issued: int = 1) -> None:
+    def refuse(self, what: str, error: Exception, count: int | None = None,
+               issued: int = 1) -> NoReturn:
         """Raise ``error``, a bad argument this rank found before its call was issued, the way
-        a call raises one: through the agreement of the call its peers make at this point, so
-        that they raise ``PeerFailedError`` naming this rank at once (where they took their
+        a call raises one: through the agreement of each call its peers make at this point,
+        so that they raise ``PeerFailedError`` naming this rank at once (where they took their
         call as agreed, a rejection notice makes them join) instead of waiting their timeout.
-        ``issued``: the calls its peers issue together at this point (a batch's buckets, which
-        this rank refuses one by one): ranks that differ there break at the verdict."""
-        self.start(what, None, False, None, refused=error, issued=issued)
-        raise error  # (start raised it already; this line is for the type checker)
+        ``count``: how many calls they make here (a batch's buckets, ``issued`` together);
+        None: as many as they issued together (``collectives.runtime.refusals``)."""
+        refusals.refuse(self, what, error, count, issued)
 
     def validated(self, collective: Collective, x: Any, op: Any, algorithm: Any, *, root: int = 0,
               shards: int = 0, groups: Any = None, axis: int | None = None,
@@ -282,23 +280,3 @@ class CallRunner:
                       check=call.check if self.comm.check else 0,
                       src=src if src is not None and src is not work else None)
         return ScheduleInTurn(self.engine, run, turn) if in_order else run
-
-
-def refusing(what: str) -> Callable[[F], F]:
-    """A Communicator method whose bad arguments its peers hear of at once: a ``TypeError``,
-    ``ValueError`` or ``IndexError`` raised before the method issued any call goes through
-    ``CallRunner.refuse`` (one raised after, from a call already issued, was reported by it)."""
-    def wrap(method: F) -> F:
-        @functools.wraps(method)
-        def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-            engine = self.calls.engine
-            issued = engine.seq
-            try:
-                return method(self, *args, **kwargs)
-            except BAD_INPUT as exc:
-                if engine.seq != issued or engine.busy.locked() or self.size == 1:
-                    raise  # (issued, or raised inside a call: the pipeline told its peers)
-                self.calls.refuse(what, exc)
-                raise
-        return checked  # type: ignore[return-value]
-    return wrap

@@ -241,15 +241,16 @@ def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str):
     step)."""
     def step(ctx: Ctx) -> Call:
         xs = tensors(ctx, L)
-        kwargs = bad if ctx.rank == 0 else {}
+        kwargs = {"bucket_bytes": 0, **(bad if ctx.rank == 0 else {})}
+        given = kwargs.pop("xs", xs)
 
         def body(comm):
             if kind == "buckets":
-                buckets = comm.buckets(xs, bucket_bytes=0, **kwargs)
+                buckets = comm.buckets(given, **kwargs)
                 for k, x in enumerate(xs):
                     buckets.ready(k, x)
                 return buckets.wait()
-            return comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True, **kwargs).wait()
+            return comm.batch_all_reduce(given, async_op=True, **kwargs).wait()
         mine = raises(error, match=match, within=1.0)
         theirs = peer_failed(0, match)
         return Call(body, expect=mine if ctx.rank == 0 else theirs, same=False, caught=True)
@@ -262,7 +263,11 @@ def works_after(ctx: Ctx) -> Call:
 
 BAD_FOR_THREE_BUCKETS = {"arg": ({"op": "median"}, "ValueError", "median"),
                          "timeout": ({"timeout": -1}, "ValueError", "timeout=-1"),
-                         "groups": ({"groups": [[0]]}, "ValueError", r"groups=\[\[0\]\]")}
+                         "groups": ({"groups": [[0]]}, "ValueError", r"groups=\[\[0\]\]"),
+                         # (this rank cannot know its peers' buckets: the first refusal's
+                         # verdict tells it how many calls they issued)
+                         "bucket-bytes": ({"bucket_bytes": -1}, "ValueError", "bucket_bytes=-1"),
+                         "list": ({"xs": None}, "TypeError", "not NoneType")}
 for kind in ("batch-async", "buckets"):
     for what, (bad, error, match) in BAD_FOR_THREE_BUCKETS.items():
         CASES.append(Case(f"lists-{kind}-bad-{what}-one-rank-three-buckets",
