@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
+from collectives.runtime.transport import ignore
 
 
 class _Done:
@@ -62,6 +63,7 @@ class MirrorTransport:
     def poll_failure(self): return None
     def agreement_waiting(self, seq): return False
     def publish_activity(self, activity): pass
+    def verdict_pending(self, seq): return ignore
     def issue_messages(self): pass
     def reading_inputs(self, seq): pass
     def peer_activity(self, timeout): return {}

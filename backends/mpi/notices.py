@@ -27,7 +27,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from collectives.runtime.transport import SILENT, Failure, describe_activity
+from collectives.runtime.activity import SILENT, describe_activity
+from collectives.runtime.transport import Failure
 
 FAILURE, QUESTION, ANSWER = 1, 2, 3
 ANSWER_POLL = 1e-3  # seconds between polls while waiting for answers

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from collectives.arrays import NUMPY
-from collectives.runtime.transport import SILENT, Failure, describe_activity
+from collectives.runtime.activity import SILENT, describe_activity
+from collectives.runtime.transport import Failure
 
 # Tag fields: call number (12 bits), check part (2), round (7), range position (8).
 _SEQ, _CHECK, _ROUND, _POS = 12, 2, 7, 8

@@ -16,9 +16,11 @@ calls into errors.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from collectives.backends.cupy import nccl_reductions
@@ -28,7 +30,7 @@ from collectives.backends.mpi import draining
 
 from collectives.algorithms.base import Layout
 from collectives.algorithms.select import CostModel
-from collectives.runtime.transport import Failure
+from collectives.runtime.transport import Failure, ignore
 
 from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
 from .control import MpiChannel, Notices
@@ -93,6 +95,7 @@ class NcclTransport(StreamOrder):
         self.watchdog = Watchdog(self)
         self._pinned: list = []
         self._last_digest = 0
+        self._undecided = 0  # the call whose digest waits for its verdicts (verdict_pending)
         self.init_streams()
 
     # --- the watchdog ----------------------------------------------------------------------
@@ -111,11 +114,22 @@ class NcclTransport(StreamOrder):
     def digest(self, seq: int, check: int, agreeing: bool = False) -> None:
         """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog);
         a rank alone has no peer to disagree with. ``agreeing``: the call runs its agreement
-        on this rank, which judges it (the digests then decide nothing)."""
+        on this rank, which judges it (the digests then decide nothing); a call that waits
+        for verdicts is held until it knows (``verdict_pending``)."""
         if seq > self._last_digest:
             self._last_digest = seq
             if self.size > 1:
-                self.watchdog.digest(seq, check, self._digests, agreeing)
+                held = seq == self._undecided
+                self.watchdog.digest(seq, check, self._digests, None if held else agreeing)
+
+    def verdict_pending(self, seq: int) -> Callable[[bool], None]:
+        """Call ``seq``'s digest (published next) waits until the call agrees or moves: said
+        at issue, "moving", it differed from a peer that refused the call (and agreed on
+        it), and the watchdog broke a communicator the refusal leaves usable."""
+        if self.size == 1:
+            return ignore
+        self._undecided = seq
+        return functools.partial(self.watchdog.decided, seq)
 
     def pinned(self, nbytes: int):
         """A pinned host buffer (uint8) of at least ``nbytes``, reused across calls; give it

@@ -61,6 +61,9 @@ class Watchdog:
         # call, held until the event is done
         self.events: deque = deque()
         self.digests: deque = deque()  # (seq, buffer, request)
+        # digests not yet out: the first waits for its call's verdicts (``held``); the calls
+        # after it wait behind it, so that every rank all-reduces them in one order
+        self.held: deque = deque()  # [seq, check, comm, agreeing or None]
         self._thread: threading.Thread | None = None
 
     def watch(self, description: str, seq: int, event: Any, timeout: float,
@@ -71,12 +74,30 @@ class Watchdog:
             self.events.append((seq, description, event, time.monotonic() + timeout, keep))
             self._start()
 
-    def digest(self, seq: int, check: int, comm: Any, agreeing: bool = False) -> None:
+    def digest(self, seq: int, check: int, comm: Any, agreeing: bool | None = False) -> None:
+        """Call ``seq``'s digest over ``comm``; ``agreeing`` None: held until ``decided``
+        says whether the call agrees (it waits for verdicts: ``Transport.verdict_pending``)."""
+        with self.lock:
+            self.held.append([seq, check, comm, agreeing])
+            self._issue_held()
+
+    def decided(self, seq: int, agreeing: bool) -> None:
+        """Held call ``seq`` agrees on its own (True) or moves its data (False): its digest,
+        and those held behind it, go out."""
+        with self.lock:
+            for entry in self.held:
+                if entry[0] == seq:
+                    entry[3] = agreeing
+            self._issue_held()
+
+    def _issue_held(self) -> None:
+        """(Holding the lock.) The held digests up to the first still undecided go out."""
         from mpi4py import MPI
 
-        # (MAX of -agreeing: -1 only where every rank agrees on the call)
-        buf = np.array([check, -check, -1 if agreeing else 0], np.int64)
-        with self.lock:
+        while self.held and self.held[0][3] is not None:
+            seq, check, comm, agreeing = self.held.popleft()
+            # (MAX of -agreeing: -1 only where every rank agrees on the call)
+            buf = np.array([check, -check, -1 if agreeing else 0], np.int64)
             self.digests.append((seq, buf, comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)))
             self._start()
 
@@ -185,6 +206,7 @@ class Watchdog:
         with self.lock:
             self.events.clear()
             self.digests.clear()
+            self.held.clear()
         if tell:
             t.notify_failure(Failure(t.rank, seq if seq is not None else -1, failure_kind(error),
                                      f"{type(error).__name__}: {error}"))

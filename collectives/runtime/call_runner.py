@@ -239,6 +239,8 @@ class CallRunner:
             # what peers see of this rank: the call, and whether it agrees on it or moves data
             # (a call waiting for verdicts moves data unless one refuses)
             phase = "agreeing" if (agreement is not None and waiting is None) or own else "moving"
+            if waiting is not None:  # (before its digest goes out: NCCL holds it)
+                waiting.tell_transport(self.comm.transport.verdict_pending(seq))
             self.comm.transport.publish_activity((seq, subject, phase))
             stages = [agreement, *(data or [])]
             op = Operation(engine, seq, subject, stages, finish or Ready(),

@@ -11,7 +11,7 @@ those on other hosts).
 
 from __future__ import annotations
 
-from .transport import SILENT
+from .activity import SILENT
 
 
 def missing_ranks(seq: int, waited: list[int], activity: dict[int, tuple], rank: int,

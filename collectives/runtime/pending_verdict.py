@@ -25,6 +25,7 @@ late one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .agreement import Agreement
@@ -34,7 +35,7 @@ class PendingVerdict:
     """The first stage of a call that waits for verdicts (see the module's docstring)."""
 
     __slots__ = ("agreement", "awaited", "check", "engine", "error", "op", "outcome", "seq",
-                 "signature")
+                 "signature", "tell")
 
     def __init__(self, engine: Any, seq: int, signature: tuple, check: int, awaited: list):
         """``awaited``: the stages (``Agreement`` or ``PendingVerdict``) of earlier calls
@@ -45,6 +46,7 @@ class PendingVerdict:
         self.outcome: bool | None = None  # True: the call goes on; False: it was refused
         self.error: BaseException | None = None  # a bad ``out`` here, for its own agreement
         self.op: Any = None  # the operation it begins (``belongs_to``)
+        self.tell: Callable[[bool], None] | None = None  # (``tell_transport``)
         engine.issued_agreement(self)
 
     @property
@@ -56,6 +58,16 @@ class PendingVerdict:
         """``op`` is the call this stage begins: it takes its agreement as skipped until one
         of its own runs."""
         self.op = op
+
+    def tell_transport(self, tell: Callable[[bool], None]) -> None:
+        """``tell(agreeing)`` once the call agrees on its own (True) or moves (False; also
+        True where it was aborted first: it moved nothing): ``Transport.verdict_pending``."""
+        self.tell = tell
+
+    def _told(self, agreeing: bool) -> None:
+        tell, self.tell = self.tell, None
+        if tell is not None:
+            tell(agreeing)
 
     def fail_with(self, error: BaseException) -> None:
         """This rank's call cannot take its result (a bad ``out``): where the call runs its
@@ -83,6 +95,7 @@ class PendingVerdict:
             if None in verdicts:
                 return False
             if all(verdicts):
+                self._told(False)
                 self._settle(True)
                 return True
             self._agree()
@@ -100,6 +113,7 @@ class PendingVerdict:
         if self.op is not None:  # (its slow waits now compare it as agreeing: ``disputes``)
             self.op.skipped_agreement = False
         self.awaited = []
+        self._told(True)
         self.agreement = Agreement(self.engine, self.seq, self.signature, self.check,
                                    self.error)
 
@@ -110,6 +124,7 @@ class PendingVerdict:
         self.awaited, self.op = [], None
 
     def abort(self) -> None:
+        self._told(True)
         if self.agreement is not None:
             self.agreement.abort()
         if self.outcome is None:

@@ -18,7 +18,7 @@ through both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -36,37 +36,13 @@ from ..ops import ReduceOp
 from .calls import Call
 from .execute.spmd import PointToPoint
 
-SILENT = "silent"  # the phase ``Transport.peer_activity`` gives a peer that did not answer
 PENDING = "pending"  # what ``PersistentNative.quick`` returns for a call still running
 # payloads up to this size take the hot path (``NativeCollectives.fast_bytes``' default)
 FAST_BYTES = 64 << 10
 
 
-def describe_activity(activity: Any, in_flight: dict[int, int] | None = None
-                      ) -> tuple[int | None, str, Any, tuple[int, ...], int | None,
-                                 dict[int, int], str]:
-    """A peer's answer to ``Transport.peer_activity`` from what it published:
-    ``(seq, text, phase, waiting_for, check, in_flight, call)``. ``activity`` is ``(seq, call,
-    phase)``, or with a fourth item, the ranks a slow wait is waiting for (published by the
-    engine now and then, so a rank that times out can follow the chain of waits to the rank
-    that holds it up). ``check``: the call's check value (None where the subject has none):
-    ranks moving the data of one call under different checks disagree about it (``Engine``'s
-    disputes). ``in_flight``: the check values of the peer's calls in flight, by number
-    (``Engine.checks_in_flight``, read as it answers): a peer shows only its latest call, and
-    an earlier one in flight under another check is a dispute too. ``call``: that call's
-    description alone (what a mismatch found by disputes names)."""
-    in_flight = in_flight or {}
-    if activity is None:
-        return None, "has made no call", None, (), None, in_flight, ""
-    seq, subject, phase, *rest = activity
-    call = subject if isinstance(subject, str) else subject.describe()
-    check = getattr(subject, "check", None)
-    waiting = tuple(rest[0]) if rest else ()
-    text = f"{'in' if phase else 'last finished'} call {seq}, {call}"
-    if phase and waiting:
-        text += f", waiting for rank(s) {', '.join(map(str, waiting))}"
-    return (seq, text, phase, waiting if phase else (), check if isinstance(check, int) else None,
-            in_flight, call)
+def ignore(agreeing: bool) -> None:
+    """``Transport.verdict_pending``'s function where nothing waits for the verdict."""
 
 
 def engine_of(transport: Any) -> Any:
@@ -276,6 +252,14 @@ class Transport(Protocol):
         disputes. Called on every call: it must be cheap."""
         ...
 
+    def verdict_pending(self, seq: int) -> Callable[[bool], None]:
+        """Call ``seq``, issued now, waits for earlier calls' verdicts before it either moves
+        its data or runs an agreement of its own (``pending_verdict``); the function returned
+        is told which, once (True: it agrees). A transport that compares every call's check
+        value on the side (NCCL's digests, where the data carries none) compares this one's
+        once it is told, and the later calls' after it; the others return ``ignore``."""
+        ...
+
     def issue_messages(self) -> None:
         """Point-to-point messages posted so far must go out now: a wait, or a call that is
         not a message, comes. A transport that holds posted messages to issue them together
@@ -291,8 +275,8 @@ class Transport(Protocol):
 
     def peer_activity(self, timeout: float) -> dict[int, tuple]:
         """What other ranks say they are doing: ``(call number or None, description,
-        phase)`` (phase as published; None where unknown; ``SILENT`` for a peer that did
-        not answer in time). A transport may leave peers out that it cannot ask safely."""
+        phase)`` (phase as published; None where unknown; ``activity.SILENT`` for a peer that
+        did not answer in time). A transport may leave peers out that it cannot ask safely."""
         ...
 
     def dup(self) -> Transport:

@@ -147,7 +147,7 @@ def test_watchdog_reads_the_answers_peers_give():
     a late call names the ranks not in it yet, else every peer, with what each says."""
     from collectives.backends.nccl.watchdog import late_ranks
 
-    from collectives.runtime.transport import SILENT, describe_activity
+    from collectives.runtime.activity import SILENT, describe_activity
 
     answers = {1: describe_activity((7, "all_reduce(float32[4], op=sum)", "moving", (2,))),
                2: describe_activity((6, "broadcast(int8[3], root=0)", False)),

@@ -36,7 +36,7 @@ def test_two_level_with_one_rank_per_simulated_node_on_one_gpu():
 def test_a_call_refused_at_its_agreement_leaves_the_communicator_usable():
     out = passed(launch("nccl_ranks.py", 2, "refused", timeout=300,
                         env={"COLLECTIVES_RANKS_PER_NODE": "1"}), "refused")
-    assert "checked=2" in out
+    assert "checked=4" in out
 
 
 def test_async_two_level_loop_with_one_rank_per_node():

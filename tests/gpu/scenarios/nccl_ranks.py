@@ -10,8 +10,9 @@ a loop of asynchronous two-level all-reduces, several in flight at once. ``mixed
 send/recv in flight with NCCL's own collectives, one rank arriving late each time. ``hot``
 (any -n, one GPU per rank): the hot path of a repeated NCCL all-reduce. ``refused`` (-n 2,
 as ``two_level``): calls refused at their agreement (ranks disagree on a dtype; one rank's
-bad op) leave the communicator usable. ``p2p_ring`` (a world over several GPUs): users'
-messages around a ring, each receive posted before its send.
+bad op, also among asynchronous calls of a new signature) leave the communicator usable.
+``p2p_ring`` (a world over several GPUs): users' messages around a ring, each receive posted
+before its send.
 """
 
 from __future__ import annotations
@@ -234,6 +235,27 @@ elif mode == "refused":
         time.sleep(0.1)  # (the watchdog's checks run meanwhile)
         got = comm.all_reduce(cupy.ones(2, np.float32), "sum")
         assert same(cupy.asnumpy(got), np.full(2, size, np.float32)), k
+        checked += 1
+    # A list of three tensors of a new signature, each its own bucket, all issued at once;
+    # rank 1 (0.2 s late) passes a bad op and refuses each bucket. Rank 0's later buckets
+    # wait for the first's verdict, hear the refusal, and agree on their own: their digests
+    # must say so (they said "moving" at issue, beside rank 1's refusals, and the digests'
+    # difference broke the communicator)
+    for step in range(2):
+        xs = [cupy.ones(257 + step, np.float32) for _ in range(3)]  # (a new signature)
+        if rank == 1:
+            time.sleep(0.2)
+        try:
+            comm.batch_all_reduce(xs, "median" if rank == 1 else "sum", bucket_bytes=0,
+                                  async_op=True).wait()
+            raise AssertionError(f"step {step}: the refused list ran")
+        except (ValueError, collectives.PeerFailedError) as exc:
+            mine = isinstance(exc, ValueError)
+            assert mine == (rank == 1) and "median" in str(exc), (step, exc)
+        comm.synchronize()
+        time.sleep(0.1)  # (the watchdog's checks run meanwhile)
+        got = comm.all_reduce(cupy.ones(2, np.float32), "sum")
+        assert same(cupy.asnumpy(got), np.full(2, size, np.float32)), step
         checked += 1
 elif mode == "mixed_async":
     # A new signature (a schedule over send/recv, agreed first) then an agreed one (NCCL's
