@@ -47,8 +47,8 @@ def all_reduce(values: Sequence, op: ReduceOp | str = "sum", algorithm: Any = "a
     then run by the first of the runners that takes it (``runners.py``). ``shared_result``
     (one buffer's views for every device) needs devices that share memory: refused."""
     if shared_result:
-        raise ValueError("shared_result=True is for NumPy devices (views of one host buffer); "
-                         "CuPy arrays get a result on each device")
+        raise ValueError("shared_result=True needs devices that share memory; CuPy's GPUs do "
+                         "not (each gets a result of its own): pass shared_result=False")
     values, shape, dtype, op = prepare(values, op)
     call = runners.DeviceCall("all_reduce", values, shape, dtype, op, algorithm, out=out,
                               shards=shards, groups=groups, accumulation_fn=accumulation_fn)

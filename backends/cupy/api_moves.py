@@ -43,7 +43,7 @@ def gpu_ids(devices: Sequence) -> list[int]:
     check_devices(devices)  # (a list, not empty)
     count = cupy.cuda.runtime.getDeviceCount()
     for d in devices:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
             raise TypeError(f"devices={devices!r} holds {d!r}; pass GPU ids (integers)")
         if not 0 <= d < count:
             raise ValueError(f"devices={devices!r} names GPU {d}; this machine has GPUs "

@@ -27,6 +27,13 @@ import threading
 from typing import Any
 
 
+def enqueue(t: Any, comm: Any, sending: bool, array: Any, peer: int) -> None:
+    """NCCL's send (or receive) of ``array``'s bytes to (from) ``peer`` on transport ``t``'s
+    stream, inside a group the caller opened."""
+    move = comm.send if sending else comm.recv
+    move(array.data.ptr, array.nbytes, t.byte_type, peer, t.stream.ptr)
+
+
 class _Request:
     __slots__ = ("channel", "data")
 
@@ -62,21 +69,16 @@ class NcclChannel:
             self.transport.watch("point-to-point round")
 
     def send(self, data, dst: int, tag: tuple) -> _Request:
-        comm = self._begin()
-        t = self.transport
-        comm.send(data.data.ptr, data.nbytes, t.byte_type, dst, t.stream.ptr)
+        enqueue(self.transport, self._begin(), True, data, dst)
         return _Request(self)
 
     def recv(self, into, src: int, tag: tuple, *, in_place: bool) -> _Request:
         target = into if in_place else self.arrays.empty(into.shape, into.dtype, like=into)
-        comm = self._begin()
-        t = self.transport
-        comm.recv(target.data.ptr, target.nbytes, t.byte_type, src, t.stream.ptr)
+        enqueue(self.transport, self._begin(), False, target, src)
         return _Request(self, target)
 
     def release(self, request: _Request) -> None:
         request.data = None  # scratch goes back to CuPy's pool, in stream order
-
 
     def cancel(self, requests: list) -> None:
         # NCCL cannot withdraw a posted receive: close the group; the watchdog aborts the
@@ -132,10 +134,7 @@ class HeldMessages:
         t.nccl.groupStart()
         try:
             for sending, array, peer, _ in held:
-                if sending:
-                    comm.send(array.data.ptr, array.nbytes, t.byte_type, peer, t.stream.ptr)
-                else:
-                    comm.recv(array.data.ptr, array.nbytes, t.byte_type, peer, t.stream.ptr)
+                enqueue(t, comm, sending, array, peer)
         finally:
             t.nccl.groupEnd()
         t.watch("point-to-point messages")

@@ -168,7 +168,7 @@ def test_compression_and_shared_result_take_cupy_arrays():
     assert len(batch) == 2 and all(host(v).dtype == np.float32 for row in batch for v in row)
     assert same_bits(host(collectives.all_reduce(values, shared_result=False)[1]),
                      numpy_values[0] + numpy_values[1])
-    with pytest.raises(ValueError, match="shared_result=True is for NumPy devices"):
+    with pytest.raises(ValueError, match="shared_result=True needs devices that share memory; CuPy"):
         collectives.all_reduce(values, shared_result=True)
 
 
