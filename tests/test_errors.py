@@ -382,3 +382,36 @@ def test_an_empty_all_to_all_agreed_before_still_compares_on_every_rank():
         return comm.all_to_all(np.arange(4.0), splits=[1, 3] if comm.rank else [2, 2]).tolist()
 
     assert collectives.run(body, 2, timeout=10) == [[0.0, 1.0, 0.0], [2.0, 3.0, 1.0, 2.0, 3.0]]
+
+
+def _bad_ready(comm, xs):
+    buckets = comm.buckets(xs, bucket_bytes=0)
+    buckets.ready(0, np.ones(4))  # (another shape)
+
+
+# One bad argument per call kind, to a rank alone (a one-rank communicator)
+BAD_ALONE = {
+    "plain": lambda comm, xs: comm.all_reduce(xs[0], "median"),
+    "async": lambda comm, xs: comm.all_reduce(xs[0], "median", async_op=True).wait(),
+    "batch": lambda comm, xs: comm.batch_all_reduce(xs, "median", bucket_bytes=0),
+    "batch-async": lambda comm, xs: comm.batch_all_reduce(xs, "median", bucket_bytes=0,
+                                                          async_op=True).wait(),
+    "buckets-op": lambda comm, xs: comm.buckets(xs, "median", bucket_bytes=0),
+    "buckets-list": lambda comm, xs: comm.buckets(None),
+    "buckets-ready": _bad_ready,
+    "prepared": lambda comm, xs: comm.all_reduce_init(xs[0], "median"),
+}
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("kind", BAD_ALONE)
+def test_a_rank_alone_raises_its_bad_argument_and_its_next_call_works(kind, check):
+    """With no peer to tell, a bad argument is only raised: nothing breaks, with or without
+    agreements (check=False broke it, and a list's refusals ran calls no peer makes)."""
+    def body(comm):
+        xs = [np.ones(3) for _ in range(3)]
+        with pytest.raises((TypeError, ValueError)):
+            BAD_ALONE[kind](comm, xs)
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(body, 1, check=check) == [[1.0, 1.0]]

@@ -275,5 +275,8 @@ class Failures(Disputes):
                                               f"{type(error).__name__}: {error}"))
 
     def fail_locally(self, error: BaseException, seq: int) -> None:
-        """A rank-local error in a call that skipped the agreement: peers must hear of it."""
-        self.broken_by(error, seq)
+        """A rank-local error in a call that skipped the agreement: peers must hear of it (the
+        communicator breaks: they would wait for this rank's part). A rank alone only raises:
+        nothing was issued, and no peer waits."""
+        if self.size > 1:
+            self.broken_by(error, seq)
