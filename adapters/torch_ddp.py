@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from collectives.compression import requested, wire_dtype
 from collectives.ops import ReduceOp
+from collectives.runtime.agreement import ISSUED_SEVERAL
 from collectives.runtime.calls import BatchTag
 from collectives.runtime.validate import check_timeout
 
@@ -163,7 +164,11 @@ def allreduce_hook(state: CommHookState,
 # dividing beside one that does not would give gradients that are neither the mean nor the
 # sum. Ranks that differ fail the call on every rank, at its agreement (before data moves)
 # or, for a signature agreed before (``mean`` changed on one rank later), by its check value.
-_TAGS = {mean: BatchTag(f"DDP's hook, mean={mean}", 1, differs=(
+# A step's buckets are all issued before any is waited on, in a number DDP decides
+# (``ISSUED_SEVERAL``): where a peer's call at that point is another kind (its buckets cut
+# otherwise: another ``bucket_cap_mb``), the mismatch breaks the communicator at once; this
+# rank's later buckets waited out their timeout for calls no peer would make.
+_TAGS = {mean: BatchTag(f"DDP's hook, mean={mean}", ISSUED_SEVERAL, differs=(
     "the ranks' DDP hooks disagree on mean ({by_rank}); pass the same mean to every rank's "
     "CommHookState (or register)")) for mean in (True, False)}
 

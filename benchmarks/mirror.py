@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collectives.algorithms.select import CostModel
 from collectives.arrays import NUMPY
-from collectives.runtime.transport import ignore
+from collectives.runtime.transport import ignore_verdict
 
 
 class _Done:
@@ -63,7 +63,7 @@ class MirrorTransport:
     def poll_failure(self): return None
     def agreement_waiting(self, seq): return False
     def publish_activity(self, activity): pass
-    def verdict_pending(self, seq): return ignore
+    def verdict_pending(self, seq): return ignore_verdict
     def issue_messages(self): pass
     def reading_inputs(self, seq): pass
     def peer_activity(self, timeout): return {}

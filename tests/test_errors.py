@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -415,3 +416,28 @@ def test_a_rank_alone_raises_its_bad_argument_and_its_next_call_works(kind, chec
         return comm.all_reduce(np.ones(2)).tolist()
 
     assert collectives.run(body, 1, check=check) == [[1.0, 1.0]]
+
+
+def test_a_bad_argument_after_a_dropped_failed_handle_raises_that_handles_error_first():
+    """A call's start reports an earlier handle's error (dropped unwaited): the call is not
+    issued. A bad argument there raises that error too, as any call would, not its own
+    instead (which lost the earlier error for good); the next call refuses it as usual."""
+    def body(comm):
+        x = np.ones(3)
+        handle = comm.all_reduce(x, "median" if comm.rank == 1 else "sum", async_op=True)
+        if comm.rank == 1:
+            with pytest.raises(ValueError, match="median"):
+                handle.wait()
+            with pytest.raises(PeerFailedError, match="rank 0 .*xs must be a list"):
+                comm.batch_all_reduce([x, x], bucket_bytes=0)
+        else:
+            time.sleep(0.3)  # (its call fails meanwhile, on the progress thread)
+            del handle
+            gc.collect()
+            with pytest.raises(PeerFailedError, match="rank 1 .*median"):
+                comm.batch_all_reduce(None)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="xs must be a list"):
+                comm.batch_all_reduce(None)  # type: ignore[arg-type]
+        return comm.all_reduce(x).tolist()
+
+    assert collectives.run(body, 2, timeout=10) == [[2.0] * 3] * 2

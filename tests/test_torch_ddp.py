@@ -314,6 +314,36 @@ def test_a_mean_changed_on_one_rank_after_the_first_steps_fails_naming_mean():
         assert "hooks disagree on mean" in text and took < 2.0, text
 
 
+def test_ranks_whose_ddp_buckets_differ_fail_the_step_at_once_on_every_rank():
+    """Rank 0 cuts the model into three buckets (its own ``bucket_cap_mb``), rank 1 into one
+    (``find_unused_parameters`` keeps them, and makes DDP all-reduce its map of used
+    parameters after them, through the process group). Rank 1's map met rank 0's second
+    bucket: a mismatch on both, and rank 0's third bucket waited its whole timeout for a call
+    rank 1, alive and idle, would never make. A DDP step's buckets are issued together in a
+    number the hook cannot know, so the mismatch breaks the communicator, and rank 0's
+    step fails at once too, saying why."""
+    finished = threading.Barrier(2, timeout=30)
+
+    def rank_fn(comm):
+        cut = {"bucket_cap_mb": 0.0001} if comm.rank == 0 else {}
+        ddp = DDP(model(), process_group=torch_ddp.process_group(comm),
+                  find_unused_parameters=True, **cut)
+        torch_ddp.register(ddp, comm, timeout=20.0)
+        x, target = batch(0, comm.rank)
+        try:
+            (ddp(x) * target).sum().backward()
+            error = None
+        except Exception as exc:  # noqa: BLE001 - judged below
+            error = exc
+        finished.wait()  # (alive and idle, as a process that caught its error)
+        return error
+
+    error0, error1 = collectives.run(rank_fn, 2, timeout=30)
+    assert isinstance(error1, collectives.CollectiveMismatchError), error1
+    assert "DDP's hook" in str(error1) and "a plain all_reduce" in str(error1), error1
+    assert "different numbers of calls (rank 0: several, rank 1: 1" in str(error0), error0
+
+
 def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():
     done = threading.Event()
 

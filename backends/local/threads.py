@@ -20,7 +20,7 @@ from collectives.arrays import NUMPY
 from collectives.errors import CollectiveTimeoutError, CommunicatorBrokenError, PeerFailedError
 from collectives.runtime.activity import describe_activity
 from collectives.runtime.departures import exit_notice
-from collectives.runtime.transport import Failure, engine_of, ignore
+from collectives.runtime.transport import Failure, engine_of, ignore_verdict
 
 from .p2p import ThreadMessages
 from .world import ThreadChannel, ThreadWorld
@@ -89,7 +89,7 @@ class ThreadTransport:
 
     def verdict_pending(self, seq: int) -> Callable[[bool], None]:
         """Nothing compared on the side: a call's data carries its check value."""
-        return ignore
+        return ignore_verdict
 
     def issue_messages(self) -> None:
         """Nothing held: a message is posted as it is sent."""

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from collectives.arrays import NUMPY
 from collectives.runtime.departures import exit_notice
-from collectives.runtime.transport import Failure, engine_of, ignore
+from collectives.runtime.transport import Failure, engine_of, ignore_verdict
 
 from . import draining, tuning, waiting
 from .channel import MPIChannel
@@ -183,7 +183,7 @@ class MPITransport:
 
     def verdict_pending(self, seq: int) -> Callable[[bool], None]:
         """Nothing compared on the side: a call's data carries its check value."""
-        return ignore
+        return ignore_verdict
 
     def issue_messages(self) -> None:
         """Nothing held: MPI posts a message as it is sent."""

@@ -30,7 +30,7 @@ from collectives.backends.mpi import draining
 
 from collectives.algorithms.base import Layout
 from collectives.algorithms.select import CostModel
-from collectives.runtime.transport import Failure, ignore
+from collectives.runtime.transport import Failure, ignore_verdict
 
 from .bootstrap import Communicators, choose_device, device_identity, node_of_ranks
 from .control import MpiChannel, Notices
@@ -127,7 +127,7 @@ class NcclTransport(StreamOrder):
         at issue, "moving", it differed from a peer that refused the call (and agreed on
         it), and the watchdog broke a communicator the refusal leaves usable."""
         if self.size == 1:
-            return ignore
+            return ignore_verdict
         self._undecided = seq
         return functools.partial(self.watchdog.decided, seq)
 

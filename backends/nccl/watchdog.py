@@ -83,7 +83,9 @@ class Watchdog:
 
     def decided(self, seq: int, agreeing: bool) -> None:
         """Held call ``seq`` agrees on its own (True) or moves its data (False): its digest,
-        and those held behind it, go out."""
+        and those held behind it, go out. (Always after its ``digest``: the call's stages
+        advance only once it is issued, its digest published; one told first would hold
+        every later digest for good.)"""
         with self.lock:
             for entry in self.held:
                 if entry[0] == seq:

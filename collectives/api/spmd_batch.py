@@ -23,7 +23,7 @@ from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
-from ..runtime.refusals import refusing
+from ..runtime.refusals import refuse, refusing
 from ..runtime.validate import check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
@@ -153,12 +153,12 @@ class BatchOps(CommParts):
                                 "bucket) or False (each result an array of its own)")
         except (TypeError, ValueError) as exc:
             if async_op and count > 1:  # its peers issue every bucket before waiting on any:
-                self.calls.refuse("batch_all_reduce", exc, count, count)  # each meets a refusal
+                refuse(self.calls, "batch_all_reduce", exc, count, count)  # each meets a refusal
             raise
         if async_op:  # every bucket a handle: refused before the first is issued, once for
             crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
             if crowded is not None:
-                self.calls.refuse("batch_all_reduce", crowded, count, count)
+                refuse(self.calls, "batch_all_reduce", crowded, count, count)
         if not xs:
             return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays
@@ -196,7 +196,7 @@ class BatchOps(CommParts):
                 # buckets not yet made are refused, so that the peers' calls fail at once
                 names = [f"xs[{k}]" for k in range(len(xs))]
                 error = unreadable(edge, xs, names, exc) if crossing else exc
-                self.calls.refuse("batch_all_reduce", error, len(order) - made[0], len(order))
+                refuse(self.calls, "batch_all_reduce", error, len(order) - made[0], len(order))
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

@@ -38,6 +38,9 @@ _WORDS = PAYLOAD_BYTES // 7  # packed 7 bytes to an int64, so every word stays n
 # PEERS_ISSUED (``collectives.runtime.refusals``)
 ISSUED_UNKNOWN = 0
 PEERS_ISSUED = "__collectives_peers_issued__"
+# ``BatchTag.issued`` of calls issued together in a number their rank cannot tell when it
+# issues the first (a DDP step's buckets: DDP makes them, and rebuilds them after a step)
+ISSUED_SEVERAL = -1
 
 
 class Details(NamedTuple):
@@ -178,15 +181,19 @@ class Agreement:
         if late:  # (every later call says why it cannot run)
             self.comm.break_for(f"ranks disagreed about call {self.seq} after some had already "
                                 f"moved its data ({type(verdict).__name__}: {verdict})")
-        elif len(set(issued.values())) > 1:
-            # (one rank's batch issued more buckets than a peer's calls: they cannot pair)
-            counts = ", ".join(f"rank {r}: {n}" for r, n in issued.items())
+        elif len(set(issued.values())) > 1 or (
+                ISSUED_SEVERAL in issued.values() and len(issued) < len(details)):
+            # (one rank's batch issued more buckets than a peer's calls, or may have: a DDP
+            # step's, beside a plain call or a refusing rank's: their later calls cannot pair)
+            counts = ", ".join(f"rank {r}: {'several' if n == ISSUED_SEVERAL else n}"
+                               for r, n in issued.items())
             self.comm.break_for(f"ranks disagreed about call {self.seq}, which they issued with "
-                                f"different numbers of calls ({counts}: a batch's buckets), so "
-                                f"no later call pairs ({type(verdict).__name__}: {verdict})")
+                                f"different numbers of calls ({counts}: a batch's buckets or a "
+                                f"DDP step's, issued before any is waited on), so no later call "
+                                f"pairs ({type(verdict).__name__}: {verdict})")
         elif self.issued == ISSUED_UNKNOWN and verdict is self.error:
             # (this rank refuses as many calls as its peers issued here: ``refusals``)
-            setattr(verdict, PEERS_ISSUED, max(issued.values(), default=1))
+            setattr(verdict, PEERS_ISSUED, max(issued.values(), default=1))  # (none SEVERAL)
         return verdict
 
     @staticmethod

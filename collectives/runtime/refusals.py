@@ -42,16 +42,18 @@ def refuse(runner: Any, what: str, error: Exception, count: int | None = None,
         vars(error).pop(PEERS_ISSUED, None)  # (a count an earlier refusal left on it)
         if not _refused(runner, what, error, ISSUED_UNKNOWN):
             raise error
-        count = issued = getattr(error, PEERS_ISSUED, 1)
+        count = issued = vars(error).pop(PEERS_ISSUED, 1)  # (the user's error keeps none)
         count -= 1
     # (the rest all at once: each waits for its peer call's agreement, and one after another,
     # a list of hundreds of buckets took seconds)
     handles = []
     for _ in range(count):
         handle = _refused(runner, what, error, issued, async_op=True)
-        if handle is None or runner.engine.broken is not None:
+        if handle is None:
             break
-        handles.append(handle)
+        handles.append(handle)  # (waited below, broken or not: its error is reported here)
+        if runner.engine.broken is not None:
+            break
     for handle in handles:
         try:
             handle.wait()
@@ -64,11 +66,16 @@ def _refused(runner: Any, what: str, error: Exception, issued: int,
              async_op: bool = False) -> Any:
     """One call refused with ``error`` (its handle, where ``async_op``); None where the
     communicator is broken (no later call pairs, and every rank hears of that; this rank's
-    error is still its own)."""
+    error is still its own). An earlier call's error that its start reports (a failed
+    handle dropped unwaited) is raised: the call was not issued, as any call's then."""
     try:
         return runner.start(what, None, async_op, None, refused=error, issued=issued)
     except Exception as got:  # noqa: BLE001 - start raises the error it carries
-        return None if got is not error else True
+        if got is error:
+            return True
+        if runner.engine.broken is not None:
+            return None
+        raise
 
 
 def refusing(what: str) -> Callable[[F], F]:
@@ -85,7 +92,12 @@ def refusing(what: str) -> Callable[[F], F]:
             except BAD_INPUT as exc:
                 if engine.seq != issued or engine.busy.locked() or self.size == 1:
                     raise  # (issued, or raised inside a call: the pipeline told its peers)
-                # (a bucket of a batch: its peers' buckets left are the batch's to refuse)
-                refuse(self.calls, what, exc, 1 if self.calls.batch is not None else None)
+                # (a bucket's own call, which its batch checked before its first, or a DDP
+                # hook's: this one call alone, one of its batch's; its peers' count would be
+                # the whole batch's, not what is left)
+                batch = self.calls.batch
+                if batch is None:
+                    refuse(self.calls, what, exc)
+                refuse(self.calls, what, exc, 1, batch.issued)
         return checked  # type: ignore[return-value]
     return wrap

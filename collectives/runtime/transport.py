@@ -41,7 +41,7 @@ PENDING = "pending"  # what ``PersistentNative.quick`` returns for a call still 
 FAST_BYTES = 64 << 10
 
 
-def ignore(agreeing: bool) -> None:
+def ignore_verdict(agreeing: bool) -> None:
     """``Transport.verdict_pending``'s function where nothing waits for the verdict."""
 
 
@@ -257,7 +257,7 @@ class Transport(Protocol):
         its data or runs an agreement of its own (``pending_verdict``); the function returned
         is told which, once (True: it agrees). A transport that compares every call's check
         value on the side (NCCL's digests, where the data carries none) compares this one's
-        once it is told, and the later calls' after it; the others return ``ignore``."""
+        once it is told, and the later calls' after it; the others return ``ignore_verdict``."""
         ...
 
     def issue_messages(self) -> None:

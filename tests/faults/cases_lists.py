@@ -283,7 +283,7 @@ BAD_FOR_THREE_BUCKETS = {
     "groups": ({"groups": [[0]]}, "ValueError", r"groups=\[\[0\]\]", None)}
 for kind in ("batch-async", "buckets"):
     for what, (bad, error, match, bad_xs) in BAD_FOR_THREE_BUCKETS.items():
-        CASES.append(Case(f"lists-{kind}-bad-{what}-one-rank-three-buckets",
+        CASES.append(Case(f"lists-{kind}-bad-{what.removeprefix('bad-')}-one-rank-three-buckets",
                           (bad_arg_three_buckets(kind, bad, error, match, bad_xs), works_after),
                           where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 

@@ -160,6 +160,37 @@ def test_watchdog_reads_the_answers_peers_give():
     assert missing == [1] and "waiting for rank(s) 2" in doing
 
 
+@needs_mpi
+def test_watchdog_holds_a_digest_until_its_call_moves_or_agrees_and_later_ones_behind_it():
+    """A call waiting for verdicts (``verdict_pending``) sends its digest once it moves or
+    agrees on its own; those issued after it wait behind it, so that every rank all-reduces
+    the digests in call order (over MPI's one-rank communicator here: what goes out, in
+    which order, saying what)."""
+    import types
+
+    from collectives.backends.nccl.watchdog import Watchdog
+    from mpi4py import MPI
+
+    # (a transport already failed: the watchdog's thread, which would check NCCL, ends at once)
+    watchdog = Watchdog(types.SimpleNamespace(rank=0, failed=RuntimeError("nothing to check")))
+
+    def sent():
+        return [(seq, buf.tolist()) for seq, buf, _ in watchdog.digests]
+
+    watchdog.digest(1, 11, MPI.COMM_SELF, None)  # (waits for verdicts)
+    watchdog.digest(2, 22, MPI.COMM_SELF, False)
+    watchdog.digest(3, 33, MPI.COMM_SELF, None)
+    assert sent() == []
+    watchdog.decided(3, False)  # (a later call decided first: still behind call 1)
+    assert sent() == []
+    watchdog.decided(1, True)  # ([check, -check, -1 where it agrees])
+    assert sent() == [(1, [11, -11, -1]), (2, [22, -22, 0]), (3, [33, -33, 0])]
+    watchdog.digest(4, 44, MPI.COMM_SELF, True)  # (nothing held: out at once)
+    assert sent()[-1] == (4, [44, -44, -1])
+    for _, _, request in watchdog.digests:
+        request.Wait()
+
+
 def test_install_lines_name_the_wheels_of_each_cuda_extra():
     """Every wheel a GPU error tells to install is in the extra of its CUDA line, and each
     line's extra holds CuPy 14 or later of that line."""
