@@ -39,10 +39,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from collectives import Communicator
 from collectives.compression import requested, wire_dtype
 from collectives.ops import ReduceOp
 from collectives.runtime.agreement import ISSUED_SEVERAL
-from collectives.runtime.calls import BatchTag
+from collectives.runtime.calls import BatchTag, resolve_algorithm
 from collectives.runtime.validate import check_timeout
 
 from .torch_group import UPCAST as _UPCAST
@@ -93,6 +94,7 @@ class CommHookState:
         wire_dtype(compression, ReduceOp.MEAN if mean else ReduceOp.SUM, np.float32,
                    "compression")  # a bad one raises here
         check_timeout(timeout)
+        resolve_algorithm(algorithm, 1, 0, comm.calls.native_names)  # (not at the first step)
         self.comm, self.mean, self.algorithm, self.timeout = comm, mean, algorithm, timeout
         self.compression = compression if requested(compression) else None
         self.buckets = 0
@@ -218,12 +220,18 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
              compression: str | None = None, algorithm: Any = "auto",
              timeout: float | None = None) -> CommHookState:
     """Register `allreduce_hook` on ``ddp`` (before its first backward) and return its state;
-    the arguments are `CommHookState`'s."""
-    if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"ddp must be a torch.nn.parallel.DistributedDataParallel, not "
-                        f"{type(ddp).__name__}; wrap the model first")
-    state = CommHookState(comm, mean=mean, compression=compression, algorithm=algorithm,
-                          timeout=timeout)
+    the arguments are `CommHookState`'s. A bad one on one rank is refused through ``comm``:
+    its peers, checking that ``comm`` holds DDP's ranks, raise ``PeerFailedError`` at once."""
+    try:
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError(f"ddp must be a torch.nn.parallel.DistributedDataParallel, not "
+                            f"{type(ddp).__name__}; wrap the model first")
+        state = CommHookState(comm, mean=mean, compression=compression, algorithm=algorithm,
+                              timeout=timeout)
+    except (TypeError, ValueError) as exc:
+        if isinstance(comm, Communicator):  # (its peers wait in _check_same_ranks' gather)
+            comm.calls.refuse("register", exc)
+        raise
     _check_same_ranks(ddp, comm)
     ddp.register_comm_hook(state, allreduce_hook)
     return state

@@ -371,6 +371,7 @@ def test_a_peer_that_never_comes_times_out_in_ddp_instead_of_hanging():
     (dict(timeout=-1), ValueError, "timeout"),
     (dict(timeout=True), TypeError, "timeout"),  # (taken as 1 s)
     (dict(timeout=10 ** 400), ValueError, "timeout"),  # (failed at the step's wait)
+    (dict(algorithm="nope"), ValueError, "algorithm='nope'"),  # (failed at the first step)
 ])
 def test_bad_state_arguments_are_named(kwargs, error, words):
     def rank_fn(comm):
@@ -379,6 +380,31 @@ def test_bad_state_arguments_are_named(kwargs, error, words):
             torch_ddp.CommHookState(options.pop("comm"), **options)
 
     collectives.run(rank_fn, 1)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (dict(compression="fp8"), ValueError, "compression='fp8'"),
+    (dict(algorithm="nope"), ValueError, "algorithm='nope'"),
+    (dict(timeout=-1), ValueError, "timeout=-1"),
+    (dict(mean="yes"), TypeError, "mean must be"),
+    (None, TypeError, "ddp must be"),  # (the model itself, not wrapped)
+])
+def test_a_bad_register_argument_on_one_rank_reaches_its_peers_at_once(bad, error, words):
+    """Its peers waited in register's check of the ranks until their timeout (or paired that
+    check with the bad rank's next call: a mismatch); they raise ``PeerFailedError`` naming
+    it, and the next call works on every rank."""
+    def rank_fn(comm):
+        net = model()
+        ddp = DDP(net, process_group=torch_ddp.process_group(comm))
+        if comm.rank == 0:
+            with pytest.raises(error, match=words):
+                torch_ddp.register(net if bad is None else ddp, comm, **(bad or {}))
+        else:
+            with pytest.raises(collectives.PeerFailedError, match=f"rank 0 .*{words}"):
+                torch_ddp.register(ddp, comm)
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(rank_fn, 2, timeout=20) == [[2.0, 2.0]] * 2
 
 
 def test_register_wants_a_ddp_model_and_the_hook_meets_ddps_contract():
