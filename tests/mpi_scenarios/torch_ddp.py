@@ -13,7 +13,8 @@ Then errors: a failure inside the hook reaches DDP on every rank as the future's
 a bad argument (the others hear ``PeerFailedError``), ranks that disagree (compression on one:
 ``CollectiveMismatchError`` everywhere), and a rank that never arrives (``CollectiveTimeoutError``
 after the hook's one-second timeout), and a communicator broken by an earlier failure
-(``CommunicatorBrokenError`` at once, on every rank). After the bad argument the next step
+(``CommunicatorBrokenError`` at once, on every rank); ranks whose buckets differ fail the
+step at once. After the bad argument the next step
 works, or finds the communicator broken (where a rank had moved data before it heard), alike
 on every rank.
 
@@ -221,11 +222,37 @@ def errors() -> None:
         fails(ddp, state, "CollectiveTimeoutError")
 
 
+def layouts(on: collectives.Communicator) -> None:
+    """Ranks whose buckets differ (rank 0 cuts the model finer; ``find_unused_parameters``
+    keeps the buckets DDP made first): rank 1's map of used parameters meets rank 0's second
+    bucket, and every rank fails the step at once (rank 0's last bucket waited out the hook's
+    timeout, here 10 s, for a call rank 1 never makes). ``on``: a communicator of its own,
+    made while all still worked."""
+    cut = {"bucket_cap_mb": 0.0001} if rank == 0 else {}
+    ddp = DDP(model(), process_group=torch_ddp.process_group(on), find_unused_parameters=True,
+              **cut)
+    torch_ddp.register(ddp, on, timeout=10.0)
+    x, target = batch(0, rank)
+    start = time.monotonic()
+    try:
+        (ddp(x) * target).sum().backward()
+        error = "none"
+    except Exception as exc:  # noqa: BLE001 - judged below
+        error = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - start
+    print(f"LAYOUTS rank {rank} after {took:.2f} s: {error[:200]}", flush=True)
+    expected = "different numbers of calls" if rank == 0 else "CollectiveMismatchError"
+    report.check(expected in error and took < 3.0, f"layouts: {error} after {took:.2f} s")
+
+
 if __name__ == "__main__":
     if size < 2:
         report.finish("skipped: needs 2 or more ranks")
         sys.exit(0)
     exact()
+    spare = comm.dup()
     errors()
+    meet()
+    layouts(spare)
     meet()
     report.finish()
