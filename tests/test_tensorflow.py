@@ -244,6 +244,11 @@ def _batch(count: int, devices: int = 2, shape=(3,), op: str = "SUM") -> Signatu
                       "tensors": [["dense", "float32", list(shape)]] * count})
 
 
+def _sparse(table: list) -> Signature:
+    return Signature({"call": "batch_reduce", "op": "SUM", "workers_sum": "mean", "devices": [2],
+                      "route": [None], "tensors": [["sparse", "float32/int64", table]]})
+
+
 def _agree_then_reduce(describe):
     """Every rank agrees on its own signature, then all-reduces (rank + 1): the ranks must still
     be in step after an error, so the sum is right."""
@@ -273,6 +278,12 @@ def test_agreement_passes_identical_batches():
     (lambda rank: _batch(2, op="MEAN" if rank else "SUM"), "different reduce ops"),
     (lambda rank: Signature({"call": "gather"}) if rank == 1 else _batch(1),
      "different operations (rank 0: batch_reduce, rank 1: gather"),
+    # (a sparse value has no route: its tensor is what differs, not the algorithm)
+    (lambda rank: _sparse([5, 4]) if rank == 1 else _batch(1),
+     "different tensors at position 0 (rank 0: dense float32 [3], rank 1: sparse float32/int64 "
+     "[5, 4]"),
+    (lambda rank: _sparse([3 + rank, 4]),
+     "(rank 0: sparse float32/int64 [3, 4], rank 1: sparse float32/int64 [4, 4]"),
 ])
 def test_agreement_mismatch_raises_on_every_worker(describe, fragment):
     for rank, (error, total) in enumerate(_agree_then_reduce(describe)):

@@ -35,11 +35,11 @@ _CALL_FIELDS = (
     ("workers_sum", "workers_sum settings", "construct the cross-device ops alike on every worker"),
     ("axis", "axes", "every worker must gather along the same axis"),
 )
-_TENSOR_FIELDS = (
+_TENSOR_FIELDS = (  # (tensors before routes: a sparse value has no route, a dense one has)
     ("devices", "numbers of devices", "every worker must run the same number of replicas"),
-    ("route", "algorithms or packing", "construct the cross-device ops alike on every worker"),
     ("tensors", "tensors", "every worker must pass tensors of the same kind, dtype and shape, "
                            "in the same order"),
+    ("route", "algorithms or packing", "construct the cross-device ops alike on every worker"),
 )
 
 

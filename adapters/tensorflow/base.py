@@ -24,15 +24,20 @@ from tensorflow.python.distribute import cross_device_ops as tf_cdo
 from collectives.compression import for_batch, requested
 from collectives.hints import Compression
 from collectives.ops import ReduceOp as CoreOp
+from collectives.runtime.refusals import BAD_INPUT
 
 from . import concat, convert, device_path, host, marks
 from .agreement import BatchAgreement, agree
 from .host import Packing
 from .routes import Route
-from .values import check_reduce_op, check_replicas, components_of, is_sparse, static_dims
+from .values import check_reduce_op, check_replicas, components_of, is_sparse, sparse_kind, static_dims
 from .world import Workers, open_communicator
 
 __all__ = ["LibraryCrossDeviceOps", "Route"]
+
+# what TensorFlow's and the adapter's argument checks raise (a shape error while tracing,
+# or from an eager op, is TensorFlow's InvalidArgumentError)
+_BAD_INPUT = (*BAD_INPUT, tf.errors.InvalidArgumentError)
 
 
 def _devices_match(left: Sequence[str], right: Sequence[str]) -> bool:
@@ -110,12 +115,23 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         memo[id(self)] = clone
         return clone
 
+    # TensorFlow's entry points: what its checks and ours find on this worker alone is refused
+    # to the other workers (``Workers.refused_to_peers``)
+    def reduce(self, reduce_op, per_replica_value, destinations, options=None):
+        with self.workers.refused_to_peers("reduce", _BAD_INPUT):
+            return super().reduce(reduce_op, per_replica_value, destinations, options)
+
     def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
         """TensorFlow's ``batch_reduce``; an empty batch returns ``[]`` (TF raises IndexError)."""
         pairs = list(value_destination_pairs)
         if not pairs:
             return []
-        return super().batch_reduce(reduce_op, pairs, options)
+        with self.workers.refused_to_peers("batch_reduce", _BAD_INPUT):
+            return super().batch_reduce(reduce_op, pairs, options)
+
+    def _gather(self, per_replica_value, destinations, axis, options=None):
+        with self.workers.refused_to_peers("gather", _BAD_INPUT):
+            return super()._gather(per_replica_value, destinations, axis, options)
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         return self._reduce_pairs(reduce_op, [(per_replica_value, destinations)], options,
@@ -196,10 +212,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         """What the workers agree on before the batch's data moves: every pair, in order."""
         entries: dict[int, tuple] = {}  # pair -> (devices, route, tensors)
         for job in sparse:
-            first = job.components[0]
-            kind = ("sparse", f"{first.values.dtype.name}/{first.indices.dtype.name}",
-                    (None,) + (static_dims(first.values.shape[1:]) or ()))  # rows may differ
-            entries[job.index] = (len(job.components), None, kind)
+            entries[job.index] = (len(job.components), None, sparse_kind(job.components[0]))
         for job in dense:
             first = job.components[0]
             route = None if job.route is None else job.route.key(packing_override)

@@ -11,7 +11,7 @@ from tensorflow.python.distribute import values as values_lib
 from collectives.ops import ReduceOp as CoreOp
 
 __all__ = ["ReplicaDtypeError", "ReplicaShapeError", "check_reduce_op", "check_replicas",
-           "components_of", "is_sparse", "static_dims"]
+           "components_of", "is_sparse", "sparse_kind", "static_dims"]
 
 
 # Raised as ``Error(None, None, message)``: TensorFlow's error signature, which autograph needs
@@ -68,3 +68,13 @@ def is_sparse(components: Sequence) -> bool:
 
 def static_dims(shape: tf.TensorShape) -> tuple | None:
     return None if shape.rank is None else tuple(shape.as_list())
+
+
+def sparse_kind(slices: tf.IndexedSlices) -> tuple:
+    """What the workers agree on about an ``IndexedSlices`` value: its dtypes, and its table's
+    shape where it is known (each worker's result takes its own ``dense_shape``: workers whose
+    tables differed got results that differ), else its rows' shape (their count may differ)."""
+    table = None if slices.dense_shape is None else tf.get_static_value(slices.dense_shape)
+    shape = (tuple(int(d) for d in table) if table is not None else
+             (None,) + (static_dims(slices.values.shape[1:]) or ()))
+    return ("sparse", f"{slices.values.dtype.name}/{slices.indices.dtype.name}", shape)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from collectives import Communicator
+from collectives.runtime.refusals import refused_to_peers
 from collectives.runtime.validate import check_timeout
 
 from .pinned import PinnedBuffer
@@ -39,6 +41,17 @@ class Workers:
     def rank(self) -> int:
         """This worker's rank among them, from 0 (0 without a communicator)."""
         return self.comm.rank if self.comm is not None else 0
+
+    def refused_to_peers(self, what: str, errors: tuple) -> Any:
+        """A context in which a bad argument this worker finds (``errors``) before its calls
+        across workers (a reduce op, destinations, replicas that differ, a shape error while
+        tracing) reaches the other workers at once: their call's agreement meets its refusal
+        (``PeerFailedError`` naming it; ``collectives.runtime.refusals``). Their call paired
+        with this worker's next one instead, whose sums it returned, silently wrong, or
+        waited out its timeout."""
+        if self.comm is None:
+            return contextlib.nullcontext()
+        return refused_to_peers(self.comm, f"{what} (TensorFlow's cross-device ops)", errors)
 
 # Launchers announce the world size in the environment: MPICH/hydra, Open MPI, PMIx, Slurm.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")

@@ -21,7 +21,8 @@ trip for its peer call's agreement: a list of a thousand buckets took 3.7 s one 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from .agreement import ISSUED_UNKNOWN, PEERS_ISSUED
@@ -78,26 +79,35 @@ def _refused(runner: Any, what: str, error: Exception, issued: int,
         raise
 
 
+@contextmanager
+def refused_to_peers(comm: Any, what: str, errors: tuple = BAD_INPUT) -> Iterator[None]:
+    """Inside, an error of ``errors`` (an argument check's) raised before ``comm`` issued any
+    call reaches its peers at once: ``refuse`` (one raised after, from a call already
+    issued, was reported by it). For callers that check arguments of their own before
+    their calls (``refusing``; an adapter's several calls)."""
+    engine = comm.calls.engine
+    issued = engine.seq
+    try:
+        yield
+    except errors as exc:
+        if engine.seq != issued or engine.busy.locked() or comm.size == 1:
+            raise  # (issued, or raised inside a call: the pipeline told its peers)
+        # (a bucket's own call, which its batch checked before its first, or a DDP hook's:
+        # this one call alone, one of its batch's; its peers' count would be the whole
+        # batch's, not what is left)
+        batch = comm.calls.batch
+        if batch is None:
+            refuse(comm.calls, what, exc)
+        refuse(comm.calls, what, exc, 1, batch.issued)
+
+
 def refusing(what: str) -> Callable[[F], F]:
-    """A Communicator method whose bad arguments its peers hear of at once: a ``TypeError``,
-    ``ValueError`` or ``IndexError`` raised before the method issued any call goes through
-    ``refuse`` (one raised after, from a call already issued, was reported by it)."""
+    """A Communicator method whose bad arguments its peers hear of at once
+    (``refused_to_peers``)."""
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-            engine = self.calls.engine
-            issued = engine.seq
-            try:
+            with refused_to_peers(self, what):
                 return method(self, *args, **kwargs)
-            except BAD_INPUT as exc:
-                if engine.seq != issued or engine.busy.locked() or self.size == 1:
-                    raise  # (issued, or raised inside a call: the pipeline told its peers)
-                # (a bucket's own call, which its batch checked before its first, or a DDP
-                # hook's: this one call alone, one of its batch's; its peers' count would be
-                # the whole batch's, not what is left)
-                batch = self.calls.batch
-                if batch is None:
-                    refuse(self.calls, what, exc)
-                refuse(self.calls, what, exc, 1, batch.issued)
         return checked  # type: ignore[return-value]
     return wrap

@@ -11,7 +11,8 @@ its shard of every global batch of 64 rows (rows 32w..32w+31), 2 passes over the
 epoch (as keras_fit.py: the batches of epochs=2, one distributed iterator). Every worker writes its final
 weights to ``OUT_PREFIX.<rank>.npz``; the test checks they are bitwise identical and within
 float32 rounding of the reference. Eager and tf.function batch reductions are checked first,
-then batches that differ between the workers, and ``CrossDeviceOps(communicator="mpi")``.
+then batches that differ between the workers, a bad argument on one worker, and
+``CrossDeviceOps(communicator="mpi")``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,51 @@ def batch_mismatch(ops) -> None:
                  ops.batch_reduce, SUM, [(x, x)] * (1 + rank))
     for p in ops.reduce(MEAN, x, x).values:
         np.testing.assert_array_equal(p.numpy(), np.full(2, (1 + 2 + 101 + 102) / 4))
+    # sparse values of tables of other shapes (each worker's result took its own table:
+    # results that differ between the workers, silently)
+    rows = per_replica([tf.IndexedSlices(tf.ones([1, 4]), tf.constant([0]),
+                                         tf.constant([3 + 2 * rank, 4])) for _ in range(2)], DEVICES)
+    expect_error(collectives.CollectiveMismatchError,
+                 "(rank 0: sparse float32/int32 [3, 4], rank 1: sparse float32/int32 [5, 4])",
+                 ops.reduce, SUM, rows, rows)
+    for p in ops.reduce(MEAN, x, x).values:
+        np.testing.assert_array_equal(p.numpy(), np.full(2, (1 + 2 + 101 + 102) / 4))
+
+
+def one_bad_worker(ops) -> None:
+    """Worker 1 passes a bad argument its own checks find (before any call across workers):
+    it raises it, worker 0 a PeerFailedError naming it at once (worker 0's call used to pair
+    with worker 1's next one and return its sums, silently wrong, every call after paired
+    one off; or, worker 1 idle, it waited out its timeout). On a communicator's first call
+    nothing moved, and the next reduce is right on both; in the steady state worker 0 had
+    moved its agreement's digest, and the next call says the communicator is broken, on
+    both (as for any call agreed before)."""
+    rank = ops.worker_rank
+    x = per_replica([tf.fill([3], 10.0 * rank + d + 1) for d in range(2)], DEVICES)
+    mixed = per_replica([tf.fill([3], 1.0), tf.fill([3], tf.constant(1.0, tf.float64))], DEVICES)
+    tall = per_replica([tf.ones([3]), tf.ones([4])], DEVICES)
+
+    def traced(o):  # (worker 1's replicas differ in shape: found while tracing)
+        return tf.function(lambda value: o.batch_reduce(SUM, [(value, value)])[0].values)(tall)
+
+    bad = {"a bad reduce_op": (lambda o: o.reduce("sum", x, x), ValueError, "reduce_op"),
+           "empty destinations": (lambda o: o.reduce(SUM, x, ""), ValueError, "destinations"),
+           "replicas of two dtypes": (lambda o: o.reduce(SUM, mixed, mixed), TypeError, "dtype"),
+           "a shape error while tracing": (traced, ValueError, "shape")}
+    for what, (call, error, fragment) in bad.items():
+        fresh, warm = (ctf.MultiWorkerAllReduce(communicator=ops.communicator.dup(), timeout=120)
+                       for _ in range(2))
+        warm.reduce(SUM, x, x)  # (its agreement's digest exchange agreed: the steady state)
+        for each in (fresh, warm):
+            if rank == 1:
+                expect_error(error, fragment, call, each)
+            else:
+                expect_error(collectives.PeerFailedError, "rank 1", each.reduce, SUM, x, x)
+            if each is fresh:  # right on both: (1 + 2 + 11 + 12) / 2
+                for p in each.reduce(SUM, x, x).values:
+                    np.testing.assert_array_equal(p.numpy(), np.full(3, 13.0), err_msg=what)
+            else:
+                expect_error(collectives.CommunicatorBrokenError, "broken", each.reduce, SUM, x, x)
 
 
 def communicator_mpi() -> None:
@@ -111,6 +157,7 @@ def main() -> None:
     assert ops.communicator is not None and ops.communicator.size == ctf.launched_world_size()
     report.check("reductions", reductions, ops)
     report.check("batch mismatch", batch_mismatch, ops)
+    report.check("one bad worker", one_bad_worker, ops)
     report.check("communicator='mpi'", communicator_mpi)
     report.check("fit", train, ops, np.load(reference_path), out_prefix)
     report.finish()
