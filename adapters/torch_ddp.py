@@ -83,7 +83,7 @@ class CommHookState:
 
     def __init__(self, comm: Any, *, mean: bool = True, compression: str | None = None,
                  algorithm: Any = "auto", timeout: float | None = None):
-        if not callable(getattr(comm, "all_reduce", None)) or not hasattr(comm, "size"):
+        if not isinstance(comm, Communicator):
             raise TypeError(f"comm must be a collectives Communicator (collectives.init(), or the "
                             f"one collectives.run passes), not {type(comm).__name__}")
         if not isinstance(mean, bool):
@@ -95,7 +95,8 @@ class CommHookState:
                    "compression")  # a bad one raises here
         check_timeout(timeout)
         resolve_algorithm(algorithm, 1, 0, comm.calls.native_names)  # (not at the first step)
-        self.comm, self.mean, self.algorithm, self.timeout = comm, mean, algorithm, timeout
+        self.comm: Any = comm  # (its calls take the hook's own arguments, checked here)
+        self.mean, self.algorithm, self.timeout = mean, algorithm, timeout
         self.compression = compression if requested(compression) else None
         self.buckets = 0
         self.pending: list = []  # this step's calls in flight (see _drain)

@@ -284,6 +284,24 @@ def test_an_error_in_one_ranks_hook_reaches_ddp_on_every_rank():
     assert max(took0, took1) < 2.0, (text0, text1)  # told, not timed out
 
 
+@pytest.mark.parametrize("bad", [{"algorithm": "no such algorithm"}, {"timeout": -1}])
+def test_a_bad_hook_argument_in_the_first_step_leaves_the_communicator_usable(bad):
+    """Nothing moved in the first step (every bucket's signature is new): every rank's step
+    fails, and the next call works. (Each bucket's refusal said it came alone beside its
+    peers' several, and the communicator broke.)"""
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, timeout=5.0)
+        if comm.rank == 1:
+            for name, value in bad.items():
+                setattr(state, name, value)
+        outcome = _failing_step(ddp, state, comm.rank)
+        return outcome, comm.all_reduce(np.ones(2)).tolist()
+
+    for (took, text, error), after in collectives.run(rank_fn, 2, timeout=10):
+        assert isinstance(error, (ValueError, collectives.PeerFailedError)), text
+        assert after == [2.0, 2.0] and took < 2.0, text
+
+
 def test_hooks_that_disagree_on_the_mean_fail_the_step_on_every_rank():
     # (one rank divided its buckets and its peer did not: the gradients were neither the
     # mean nor the sum, silently). The step fails alike; the next, once they agree, trains

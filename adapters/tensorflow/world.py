@@ -53,6 +53,7 @@ class Workers:
             return contextlib.nullcontext()
         return refused_to_peers(self.comm, f"{what} (TensorFlow's cross-device ops)", errors)
 
+
 # Launchers announce the world size in the environment: MPICH/hydra, Open MPI, PMIx, Slurm.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 

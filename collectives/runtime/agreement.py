@@ -43,6 +43,15 @@ PEERS_ISSUED = "__collectives_peers_issued__"
 ISSUED_SEVERAL = -1
 
 
+def issued_alone(batch: Any) -> int:
+    """How many calls a call of ``batch`` (a ``BatchTag``, or None) that fails on this rank
+    alone, before it is issued, says it comes with. A DDP step's bucket says several: the
+    step goes on to make every bucket's call, each failing alike, so the ranks' counts match
+    and the communicator stays usable. Any other says 1: its batch makes no more calls, and
+    where its peers issued the rest, the communicator breaks at once, saying so."""
+    return ISSUED_SEVERAL if getattr(batch, "issued", 1) == ISSUED_SEVERAL else 1
+
+
 class Details(NamedTuple):
     """What one rank tells the others once the digests disagree."""
 

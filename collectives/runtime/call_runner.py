@@ -38,7 +38,7 @@ from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
 from ..timeline import record_calls, recorder
 from . import refusals
-from .agreement import agreed
+from .agreement import agreed, issued_alone
 from .calls import BatchTag, Call, check_op_for, resolve_algorithm
 from .engine import Engine
 from .execute.spmd import SpmdRun
@@ -179,11 +179,12 @@ class CallRunner:
 
     def start(self, what: str, build, async_op: bool, timeout: float | None,
                subject: str | None = None, refused: BaseException | None = None,
-               issued: int = 1):
+               issued: int | None = None):
         """Run a call: ``build(seq)`` validates and returns ``(call, stages, finish)``.
         ``subject`` names the call in errors (default: the call's own description);
         ``refused``: why this rank cannot take part (``refuse``), carried as a build error,
-        one of ``issued`` calls its peers' batch issues together."""
+        one of ``issued`` calls its peers' batch issues together (None: as a failing call of
+        the batch being issued says, ``agreement.issued_alone``)."""
         engine = self.engine
         t0 = recorder.now() if recorder.ON else 0
         engine.enter(what, timeout)
@@ -214,7 +215,8 @@ class CallRunner:
                 signature = call.signature if call is not None else None
                 agreement = engine.agreement(seq, signature, call.check if call else 0, error,
                                              always=call is not None and call.always_agrees,
-                                             issued=issued)
+                                             issued=issued_alone(self.batch)
+                                             if issued is None else issued)
                 if error is not None and self.comm.size > 1:
                     engine.reject(error, seq)  # peers that skip this agreement must hear
                 waiting = agreement if isinstance(agreement, PendingVerdict) else None

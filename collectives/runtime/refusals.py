@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
-from .agreement import ISSUED_UNKNOWN, PEERS_ISSUED
+from .agreement import ISSUED_UNKNOWN, PEERS_ISSUED, issued_alone
 
 F = TypeVar("F", bound=Callable[..., Any])
 BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks raise
@@ -92,13 +92,12 @@ def refused_to_peers(comm: Any, what: str, errors: tuple = BAD_INPUT) -> Iterato
     except errors as exc:
         if engine.seq != issued or engine.busy.locked() or comm.size == 1:
             raise  # (issued, or raised inside a call: the pipeline told its peers)
-        # (a bucket's own call, which its batch checked before its first, or a DDP hook's:
-        # this one call alone, one of its batch's; its peers' count would be the whole
-        # batch's, not what is left)
         batch = comm.calls.batch
         if batch is None:
             refuse(comm.calls, what, exc)
-        refuse(comm.calls, what, exc, 1, batch.issued)
+        else:  # (a bucket's own call, or a DDP hook's: this one call alone; its peers' count
+            # would be the whole batch's, not what is left)
+            refuse(comm.calls, what, exc, 1, issued_alone(batch))
 
 
 def refusing(what: str) -> Callable[[F], F]:
