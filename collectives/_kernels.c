@@ -18,8 +18,8 @@
  * operation is reassociated or contracted.
  *
  * convert() casts between float32/float64 and the narrow floats the same way NumPy and
- * ml_dtypes do (float64 to float16 rounded once, through float32 rounded to odd; float64 to
- * bfloat16 through float32, as ml_dtypes does). Which NaN comes out is not promised.
+ * ml_dtypes (0.7 on) do: float64 to float16 and to bfloat16 rounded once, through float32
+ * rounded to odd. Which NaN comes out is not promised.
  */
 
 #include <math.h>
@@ -55,6 +55,23 @@ static inline uint16_t float_to_bf16(float f)
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* float64 to a narrow float rounded once, as NumPy (float16) and ml_dtypes 0.7 (bfloat16) do:
+ * to float32 rounded to odd (an inexact result with an even last bit moves one step toward
+ * the double, so the float keeps a sticky bit), which then rounds to the nearest narrow float
+ * exactly as the double would. (Rounded to nearest twice, a double just past the midpoint of
+ * two bfloat16s became the midpoint, then the even one.) */
+static inline float float_to_odd(double d)
+{
+    float f = (float)d;
+    if ((double)f != d && d == d) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        if (!(u & 1u)) u = fabs((double)f) < fabs(d) ? u + 1u : u - 1u;
+        memcpy(&f, &u, sizeof f);
+    }
+    return f;
 }
 
 #define BF_SUM(T, W, a, b) float_to_bf16(bf16_to_float(a) + bf16_to_float(b))
@@ -129,7 +146,7 @@ CLONES static void f64_to_bf16(char *dst, const char *src, Py_ssize_t n)
 {
     const double *in = (const double *)src;
     uint16_t *out = (uint16_t *)dst;
-    for (Py_ssize_t i = 0; i < n; i++) out[i] = float_to_bf16((float)in[i]);
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = float_to_bf16(float_to_odd(in[i]));
 }
 
 CLONES static void bf16_to_f32(char *dst, const char *src, Py_ssize_t n)
@@ -178,21 +195,6 @@ F16C static void f16_to_f64(char *dst, const char *src, Py_ssize_t n)
         _mm256_storeu_pd(out + i + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
     }
     for (; i < n; i++) out[i] = (double)_cvtsh_ss(in[i]);
-}
-
-/* float64 to float16 rounded once, as NumPy does: to float32 rounded to odd (an inexact
- * result with an even last bit moves one step toward the double, so the float keeps a
- * sticky bit), which then rounds to the nearest half exactly as the double would. */
-F16C static inline float float_to_odd(double d)
-{
-    float f = (float)d;
-    if ((double)f != d && d == d) {
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        if (!(u & 1u)) u = fabs((double)f) < fabs(d) ? u + 1u : u - 1u;
-        memcpy(&f, &u, sizeof f);
-    }
-    return f;
 }
 
 F16C static void f64_to_f16(char *dst, const char *src, Py_ssize_t n)
