@@ -114,7 +114,7 @@ def test_wheel_holds_py_typed_and_the_package_version(tmp_path):
     assert 'Requires-Dist: cupy-cuda13x>=14; extra == "cuda13"' in metadata
     assert 'Requires-Dist: nvidia-nccl-cu13>=2.27; extra == "cuda13"' in metadata
     assert f'Requires-Dist: {DIST}[cuda12]; extra == "cuda"' in metadata
-    assert 'Requires-Dist: ml_dtypes>=0.3; extra == "bench"' in metadata  # -d bfloat16 works
+    assert 'Requires-Dist: ml_dtypes>=0.7; extra == "bench"' in metadata  # -d bfloat16 works
     # TensorFlow's CPU build, or its full build instead
     assert 'Requires-Dist: tensorflow-cpu>=2.16; extra == "tensorflow"' in metadata
     assert 'Requires-Dist: tensorflow>=2.16; extra == "tensorflow-full"' in metadata
