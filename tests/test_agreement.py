@@ -5,6 +5,7 @@ every rank remembers alike which calls were agreed."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 
@@ -303,3 +304,31 @@ def test_the_first_steps_results_are_not_kept_by_the_calls_that_waited_for_their
         return sum(ref() is not None for ref in refs)
 
     assert collectives.run(body, 2, timeout=10) == [0, 0]
+
+
+@pytest.mark.parametrize("collective", ["gather", "reduce"])
+def test_a_refusal_after_a_leaf_returned_names_the_refusing_rank(collective):
+    """A gather's or reduce's leaf returns once its data is out (a signature agreed before);
+    rank 2 then refuses the call (a bad timeout). The root's late agreement waits for the
+    leaf, which finished: it raises PeerFailedError naming rank 2 and its error (it named the
+    leaf, as a mismatch, and rank 2 raised that mismatch instead of its own error)."""
+    done = threading.Barrier(3, timeout=20)
+
+    def body(comm):
+        x = np.full(4, comm.rank + 1.0)
+        run = getattr(comm, collective)
+        for _ in range(2):
+            run(x, root=0)  # (agreed)
+        try:
+            outcome = run(x, root=0, timeout=-1 if comm.rank == 2 else None)
+            outcome = None if outcome is None else "result"
+        except Exception as exc:  # noqa: BLE001 - judged below
+            outcome = f"{type(exc).__name__}: {exc}"
+        done.wait()  # (every rank alive until all are done)
+        return outcome
+
+    root, leaf, refusing = collectives.run(body, 3, timeout=10)
+    assert refusing.startswith("ValueError: timeout=-1"), refusing
+    assert leaf is None  # (returned once its data was out)
+    assert root.startswith("PeerFailedError") and "rank 2 failed to start it" in root, root
+    assert "timeout=-1" in root, root

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, PeerFailedError
 from .agreement import LateAgreement
 from .departures import Ledger
 from .operation import Operation
@@ -35,6 +35,7 @@ class Disputes:
     state: Any
     messages: Ledger
     suspect: tuple[int, int] | None  # (call, peer): seen finished while this rank waits for it
+    refusals: dict[int, Failure]  # peers' refusals heard, by call
 
     def broken_by(self, error: BaseException, seq: int, notify: bool | None = None) -> None: ...
 
@@ -145,16 +146,31 @@ class Disputes:
 
     def _fail_unagreed(self, op: Operation, how: str, agreeing: bool = True) -> None:
         """Fail ``op``, whose agreement (``agreeing``; else data) a peer will never send
-        (``how``: what that peer did instead, and with which signature where it said)."""
-        error = CollectiveMismatchError(
-            f"rank {self.rank}: {op.description} (call {op.seq}) cannot "
-            f"{'be agreed' if agreeing else 'finish'}: {how}: the ranks disagree about call "
-            f"{op.seq}; every rank must make the same calls in the same order")
+        (``how``: what that peer did instead, and with which signature where it said).
+        Where a rank refused the call (this rank's own error, or a peer's refusal heard), the
+        peer finished it before the refusal came (a reduce's or gather's leaf returns once
+        its data is out): the refusal is the cause, and the error says so."""
+        stage = op.stages[op.stage] if op.stage < len(op.stages) else None
+        own = getattr(getattr(stage, "agreement", stage), "error", None)
+        refusal = self.refusals.get(op.seq)
+        error: BaseException
+        if own is not None:
+            error = own
+        elif refusal is not None:
+            error = PeerFailedError(
+                f"rank {self.rank}: {op.description} (call {op.seq}) cannot finish because "
+                f"rank {refusal.rank} failed to start it: {refusal.message} ({how}, before "
+                "the refusal came)")
+        else:
+            error = CollectiveMismatchError(
+                f"rank {self.rank}: {op.description} (call {op.seq}) cannot "
+                f"{'be agreed' if agreeing else 'finish'}: {how}: the ranks disagree about "
+                f"call {op.seq}; every rank must make the same calls in the same order")
         with self.state:
             if op.advance() or (agreeing and not _agreeing(op)):
                 return  # (its part came after all)
             op.fail(error)
-        self.broken_by(error, op.seq)
+        self.broken_by(error, op.seq, notify=True)  # (a refusal's rank waits for this one)
 
 
 def _calls(op: Operation, rank: int, answers: dict) -> str:

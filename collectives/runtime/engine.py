@@ -32,7 +32,7 @@ from .departures import Ledger
 from .failures import MESSAGES, Failures
 from .in_flight import InFlight
 from .operation import Operation
-from .transport import Transport
+from .transport import Failure, Transport
 from .work import Work
 
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
@@ -61,6 +61,9 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.only_exits = False
         self.exits_from = math.inf  # the first call a peer that left will not join
         self.suspect: tuple[int, int] | None = None  # (disputes.py: a peer done, unagreed)
+        # the latest peers' refusals, by call: what a call that cannot finish names as its
+        # cause (disputes.py), not the rank that finished it first
+        self.refusals: dict[int, Failure] = {}
         self.messages = Ledger()  # (departures.py: the messages posted, by peer and tag)
         self.freed = False  # Communicator.free() was called: no call may run
         self.last_entered = time.monotonic()  # (failures.back_after_quiet)

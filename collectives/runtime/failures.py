@@ -35,6 +35,7 @@ FAILURES = logging.getLogger("collectives.failures")
 QUIET = 0.05  # a call this long after the last one first reads the notices sent meanwhile
 QUIET_POLLS, EMPTY_POLLS = 1024, 16  # at most so many polls then, ended by so many empty ones
 MESSAGES = ("send", "recv")  # the calls (as they enter) a peer's exit alone does not refuse
+REFUSALS_KEPT = 64  # peers' refusals remembered (``Engine.refusals``)
 
 
 FREED = "it was freed"  # why a freed communicator refuses every later call
@@ -48,6 +49,7 @@ class Failures(Disputes):
     transport: Transport
     state: Any
     inflight: list[Operation]
+    refusals: dict[int, Failure]
     ahead: set[int]
     forgotten: int
     broken: str | None
@@ -119,7 +121,11 @@ class Failures(Disputes):
         peer could not start call ``seq`` and runs its agreement; only a rank that skipped that
         agreement (it had agreed the call before) is affected, and its data may have moved."""
         if failure.kind in ("rejected", "disputed"):
-            with self.state:
+            with self.state:  # (notices are read on the progress thread and the caller's)
+                if failure.kind == "rejected":
+                    self.refusals[failure.seq] = failure
+                    while len(self.refusals) > REFUSALS_KEPT:
+                        del self.refusals[min(self.refusals)]
                 ops = [op for op in self.inflight if op.seq == failure.seq and
                        op.skipped_agreement and not op.finished]
                 if not ops and not any(op.seq == failure.seq for op in self.inflight):
