@@ -99,6 +99,15 @@ class GpuWork:
     def exception(self) -> BaseException | None:
         return self._work.exception() or self._comm.transport.failed
 
+    def reported_elsewhere(self) -> None:
+        """Its outcome is a batch's ``wait()`` to report (``Work.reported_elsewhere``): a
+        failure it comes to later, of the cause that batch raised, does not surface again at
+        the next call (it did, where the refusal of a list's last buckets came after the
+        batch's wait had raised the first's)."""
+        reported = getattr(self._work, "reported_elsewhere", None)
+        if reported is not None:  # (a hot call's finished handle has none)
+            reported()
+
     @property
     def description(self) -> str:
         return self._work.description
