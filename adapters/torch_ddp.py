@@ -33,6 +33,7 @@ only enqueues on the caller's current stream; the future is a CUDA-aware one com
 """
 
 import os
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from collectives.compression import requested, wire_dtype
 from collectives.ops import ReduceOp
 from collectives.runtime.agreement import ISSUED_SEVERAL
 from collectives.runtime.calls import BatchTag, resolve_algorithm
+from collectives.runtime.refusals import refused_to_peers
 from collectives.runtime.validate import check_timeout
 
 from .torch_group import UPCAST as _UPCAST
@@ -223,16 +225,13 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any, *, mean:
     """Register `allreduce_hook` on ``ddp`` (before its first backward) and return its state;
     the arguments are `CommHookState`'s. A bad one on one rank is refused through ``comm``:
     its peers, checking that ``comm`` holds DDP's ranks, raise ``PeerFailedError`` at once."""
-    try:
+    # (its peers wait in _check_same_ranks' gather; a comm that is none is refused below)
+    with refused_to_peers(comm, "register") if isinstance(comm, Communicator) else nullcontext():
         if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             raise TypeError(f"ddp must be a torch.nn.parallel.DistributedDataParallel, not "
                             f"{type(ddp).__name__}; wrap the model first")
         state = CommHookState(comm, mean=mean, compression=compression, algorithm=algorithm,
                               timeout=timeout)
-    except (TypeError, ValueError) as exc:
-        if isinstance(comm, Communicator):  # (its peers wait in _check_same_ranks' gather)
-            comm.calls.refuse("register", exc)
-        raise
     _check_same_ranks(ddp, comm)
     ddp.register_comm_hook(state, allreduce_hook)
     return state

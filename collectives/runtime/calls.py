@@ -31,8 +31,8 @@ class BatchTag(str):
     """A batch's tag (``Call.batch``): the list's description and digest, as text (which is
     what signatures compare), and ``issued``: how many calls the batch issues before it waits
     on any (1 blocking, each bucket one at a time; every bucket, asynchronous or as buckets;
-    ``agreement.ISSUED_SEVERAL``: not known yet). Ranks whose tags differ there no longer pair their
-    calls once a mismatch stops them.
+    ``agreement.ISSUED_SEVERAL``: not known yet). Ranks whose tags differ there no longer pair
+    their calls once a mismatch stops them.
     ``differs``: what a mismatch of tags means, and its fix, for callers other than a batch
     (a DDP hook's tag carries its ``mean``)."""
 

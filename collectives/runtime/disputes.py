@@ -150,8 +150,7 @@ class Disputes:
         Where a rank refused the call (this rank's own error, or a peer's refusal heard), the
         peer finished it before the refusal came (a reduce's or gather's leaf returns once
         its data is out): the refusal is the cause, and the error says so."""
-        stage = op.stages[op.stage] if op.stage < len(op.stages) else None
-        own = getattr(getattr(stage, "agreement", stage), "error", None)
+        own = op.own_error()
         refusal = self.refusals.get(op.seq)
         error: BaseException
         if own is not None:

@@ -158,9 +158,8 @@ class Failures(Disputes):
                     doomed = op.seq >= lost or failure.rank in op.pending_peers()
                 if not doomed:
                     continue
-                own = getattr(op.stages[op.stage], "error", None) if (
-                    op.stage < len(op.stages)) else None
-                if isinstance(own, Exception):  # a rank that could not start the call
+                own = op.own_error()
+                if own is not None:  # a rank that could not start the call
                     op.fail(own)  # raises its own error
                 elif exited and not op.breaking:
                     message = op.stages[0]

@@ -87,6 +87,14 @@ class Operation:
                     abort()
             self.ended()
 
+    def own_error(self) -> Exception | None:
+        """The error this rank's current stage carries of its own: the argument it could not
+        start the call with (a refusal's agreement, a bad ``out`` waiting for verdicts), or
+        None. Where the call cannot finish, that error is this rank's to raise."""
+        stage = self.stages[self.stage] if self.stage < len(self.stages) else None
+        error = getattr(stage, "error", None)
+        return error if isinstance(error, Exception) else None
+
     @property
     def description(self) -> str:
         subject = self.subject
