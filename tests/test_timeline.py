@@ -69,6 +69,8 @@ def test_thread_ranks_trace_keeps_the_format(record):
         comm.reduce_scatter(x, "sum", "ring")
         comm.gather(x, 0)
         comm.barrier()
+        if comm.rank == 2:  # (late: its peers' first call is in flight as they issue the
+            time.sleep(0.3)  # second, whatever the load; rank 2's may finish first)
         first = comm.all_reduce(x, async_op=True)
         second = comm.all_gather(x, async_op=True)
         first.wait(), second.wait()
@@ -96,7 +98,7 @@ def test_thread_ranks_trace_keeps_the_format(record):
         assert [s.name for s in _inside(every, mine[1], "stage")] == ["agreement", "ring plan"]
         # asynchronous calls in flight together: lanes of their own, never the blocking track
         lanes = {mine[k].tid for k in (8, 9)}
-        assert len(lanes) == 2 and mine[1].tid not in lanes
+        assert (len(lanes) == 2 or rank == 2) and mine[1].tid not in lanes
         assert all(mine[k].args.get("async") for k in (8, 9, 10, 11))
 
 
