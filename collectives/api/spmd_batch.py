@@ -36,7 +36,7 @@ from .batch_checks import (
     unreadable,
 )
 from .comm_parts import CommParts
-from .spmd_buckets import Buckets, refuse_buckets
+from .spmd_buckets import Buckets
 
 
 class BatchOps(CommParts):
@@ -141,20 +141,20 @@ class BatchOps(CommParts):
                            bytes_per_pack=bytes_per_pack, shards=check_shards(shards),
                            extra_names=self.calls.native_names, bucket_bytes=bucket_bytes,
                            alone_bytes=arrays.alone_bytes(xs[0]) if xs else None)
+        # The arguments checked once the list's buckets are known. A bad one is refused by
+        # ``refusing`` as many times as the peers issued calls here (they issue an
+        # asynchronous batch's buckets before waiting on any): this rank's count of its own
+        # buckets is no guide, as its list may be what is wrong (a dtype of its own makes a
+        # bucket of its own).
+        check_timeout(timeout)
+        resolve_groups(groups, self.size)
+        for dtype in set(dtypes):  # (per dtype, naming its first tensor)
+            check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
+        for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
+        if not isinstance(views, bool):
+            raise TypeError(f"views={views!r} must be True (results are views of their "
+                            "bucket) or False (each result an array of its own)")
         count = sum(len(p.plan.packs) for p in parts)
-        try:  # (the arguments checked once the list's buckets are known)
-            check_timeout(timeout)
-            resolve_groups(groups, self.size)
-            for dtype in set(dtypes):  # (per dtype, naming its first tensor)
-                check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
-            for_batch(compression, op, [])  # (a compression the op cannot take: raised here)
-            if not isinstance(views, bool):
-                raise TypeError(f"views={views!r} must be True (results are views of their "
-                                "bucket) or False (each result an array of its own)")
-        except (TypeError, ValueError) as exc:
-            if async_op and count > 1:  # its peers issue every bucket before waiting on any:
-                refuse(self.calls, "batch_all_reduce", exc, count, count)  # each meets a refusal
-            raise
         if async_op:  # every bucket a handle: refused before the first is issued, once for
             crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
             if crowded is not None:
@@ -264,11 +264,10 @@ class BatchOps(CommParts):
             arrays = edge.arrays
         layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
         alone = arrays.alone_bytes(xs[0]) if xs else None
-        try:  # (the arguments checked once the list's buckets are known)
-            check_timeout(timeout)
-            resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
-            for dtype in {d for _, d in layout}:
-                check_op_for(op, dtype, "like")
-        except (TypeError, ValueError) as exc:  # (its peers' buckets each meet a refusal)
-            refuse_buckets(self, exc, layout, algorithm, bucket_bytes, alone)
+        # (a bad argument is refused by ``refusing`` once for each bucket its peers issue)
+        check_timeout(timeout)
+        resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
+        dtypes = [d for _, d in layout]
+        for dtype in set(dtypes):  # (per dtype, naming its first tensor)
+            check_op_for(op, dtype, f"like[{dtypes.index(dtype)}]")
         return Buckets(self, layout, op, algorithm, bucket_bytes, timeout, alone, edge, groups)

@@ -46,16 +46,6 @@ def bucket_order(comm: Any, layout: tuple, algorithm: Any, bucket_bytes: int,
     return parts, sorted(by_parts, key=lambda pj: pj[0].indices[pj[0].plan.packs[pj[1]].indices[0]])
 
 
-def refuse_buckets(comm: Any, error: Exception, layout: tuple, algorithm: Any,
-                   bucket_bytes: int, alone_bytes: int | None) -> NoReturn:
-    """Raise ``error``, a bad argument to ``Communicator.buckets`` found once the list's
-    buckets are known: refused once for each call its peers' buckets make in the first step
-    (an empty list's one call at ``wait()``), so every rank's calls still pair and the
-    communicator stays usable."""
-    count = len(bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)[1])
-    refuse(comm.calls, "buckets", error, max(count, 1), max(count, 1))
-
-
 class Buckets(Generic[ArrayT]):
     """A gradient list all-reduced bucket by bucket as its tensors become ready (DDP's
     reducer, Horovod's fusion buffer): see `Communicator.buckets`.

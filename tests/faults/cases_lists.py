@@ -241,7 +241,8 @@ for kind in ("batch", "batch-async", "buckets"):
                       where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
-def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str, bad_xs=None):
+def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str, bad_xs=None,
+                          bucket_bytes: int = 0):
     """Rank 0 passes a bad argument (``bad``, or its list made by ``bad_xs``) to a list its
     peers cut into three buckets, all issued at once (asynchronous, or as buckets), on the
     list's first step: rank 0 raises naming it, its peers a PeerFailedError, and as rank 0
@@ -249,13 +250,15 @@ def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str, bad_xs=N
     bucket paired with rank 0's next call; then rank 0 refused one call against their three,
     and every rank's next call said the ranks were out of step; a bad list or
     ``bucket_bytes``, which leaves rank 0 without the buckets, did so until its first
-    refusal's verdict told it their count)."""
+    refusal's verdict told it their count). With ``bucket_bytes`` the peers fuse their list
+    into one bucket, where rank 0's bad dtype makes a bucket of its own: it counted two, and
+    the communicator broke."""
     if kind == "buckets":  # (their list is ``like``, and its errors name it so)
-        match = match.replace("xs ", "like ")
+        match = match.replace("xs ", "like ").replace("xs\\[", "like\\[")
 
     def step(ctx: Ctx) -> Call:
         xs = tensors(ctx, L)
-        kwargs = {"bucket_bytes": 0, **(bad if ctx.rank == 0 else {})}
+        kwargs = {"bucket_bytes": bucket_bytes, **(bad if ctx.rank == 0 else {})}
         given = bad_xs(xs) if bad_xs is not None and ctx.rank == 0 else xs
 
         def body(comm):
@@ -285,6 +288,19 @@ for kind in ("batch-async", "buckets"):
     for what, (bad, error, match, bad_xs) in BAD_FOR_THREE_BUCKETS.items():
         CASES.append(Case(f"lists-{kind}-bad-{what.removeprefix('bad-')}-one-rank-three-buckets",
                           (bad_arg_three_buckets(kind, bad, error, match, bad_xs), works_after),
+                          where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+# A tensor of a dtype of its own on rank 0: a bucket its peers' fused list does not have
+BAD_OWN_BUCKET = {
+    "object": ({}, "TypeError", r"xs\[2\] has dtype object",
+               lambda xs: [*xs[:2], xs[2].astype(object)]),
+    "complex-max": ({"op": "max"}, "TypeError", r"xs\[2\] of dtype complex64",
+                    lambda xs: [*xs[:2], xs[2].astype(np.complex64)])}
+for kind in ("batch-async", "buckets"):
+    for what, (bad, error, match, bad_xs) in BAD_OWN_BUCKET.items():
+        CASES.append(Case(f"lists-{kind}-bad-{what}-one-rank-bucket-of-its-own",
+                          (bad_arg_three_buckets(kind, bad, error, match, bad_xs, 1 << 20),
+                           works_after),
                           where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
