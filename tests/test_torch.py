@@ -87,26 +87,32 @@ def test_a_lazy_conjugate_or_negation_is_refused_in_place_with_its_own_fix():
     assert collectives.run(body, 1) == [[-1j, -1j, -1j]]
 
 
-UNREADABLE = {  # tensors that pass a list's cheap checks, and fail where they are packed or read
-    "conjugate": lambda: torch.ones(4, dtype=torch.complex64).conj(),
-    "sparse": lambda: torch.ones(4, dtype=torch.complex64).to_sparse(),
-    "nested": lambda: torch.nested.nested_tensor([torch.ones(2, dtype=torch.complex64)] * 2),
-    "quantized": lambda: torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8),
+UNREADABLE = {  # tensors of n complex elements that pass a list's cheap checks, and fail
+    # where they are packed or read
+    "conjugate": lambda n: torch.ones(n, dtype=torch.complex64).conj(),
+    "sparse": lambda n: torch.ones(n, dtype=torch.complex64).to_sparse(),
+    "nested": lambda n: torch.nested.nested_tensor([torch.ones(n // 2, dtype=torch.complex64)] * 2),
+    "quantized": lambda n: torch.quantize_per_tensor(torch.ones(n), 0.1, 0, torch.quint8),
 }
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # (deprecated, still made)
 @pytest.mark.parametrize("kind", ["batch", "batch-async", "fused", "buckets"])
 @pytest.mark.parametrize("bad", list(UNREADABLE))
-def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(kind, bad):
-    """Rank 1's tensor 0 cannot be handed over: it raises a TypeError naming it, its peer a
-    PeerFailedError naming rank 1, both at once (the peer waited out its timeout where the
-    tensor failed in packing or DLPack, after the call had gone out)."""
+@pytest.mark.parametrize("at", [0, 1])
+def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(kind, bad, at):
+    """Rank 1's tensor ``at`` cannot be handed over: it raises a TypeError naming it, its peer
+    a PeerFailedError naming rank 1, both at once (the peer waited out its timeout where the
+    tensor failed in packing or DLPack, after the call had gone out), and the next call works
+    (a blocking batch refused as many calls as an asynchronous one issues, and the
+    communicator broke)."""
     import time
 
     def body(comm):
         good = [torch.ones(4, dtype=torch.complex64), torch.ones(3, dtype=torch.complex64)]
-        xs = [UNREADABLE[bad](), good[1]] if comm.rank == 1 else good
+        xs = list(good)
+        if comm.rank == 1:
+            xs[at] = UNREADABLE[bad](len(good[at]))
         start = time.monotonic()
         try:
             if kind == "buckets":
@@ -120,14 +126,18 @@ def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(k
                 if kind == "batch-async":
                     got.wait()
         except Exception as exc:  # noqa: BLE001 - judged below
-            return type(exc).__name__, str(exc), time.monotonic() - start
-        return "returned", "", time.monotonic() - start
+            outcome = type(exc).__name__, str(exc), time.monotonic() - start
+        else:
+            outcome = "returned", "", time.monotonic() - start
+        return outcome, comm.all_reduce(torch.ones(2)).tolist()
 
-    (kind0, said0, took0), (kind1, said1, took1) = collectives.run(body, 2, timeout=10)
+    ((kind0, said0, took0), next0), ((kind1, said1, took1), next1) = collectives.run(
+        body, 2, timeout=10)
+    assert next0 == next1 == [2.0, 2.0]
     if (bad, kind) == ("conjugate", "fused"):  # (packed by PyTorch, which resolves it)
         assert kind0 == kind1 == "returned", (said0, said1)
         return
-    name = "tensor 0" if kind == "buckets" else "xs[0]"
+    name = f"tensor {at}" if kind == "buckets" else f"xs[{at}]"
     assert kind1 == "TypeError" and said1.startswith(name), said1
     assert kind0 == "PeerFailedError" and "rank 1" in said0 and name in said0, said0
     assert max(took0, took1) < 2.0, (took0, took1)

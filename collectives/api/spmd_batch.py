@@ -193,10 +193,18 @@ class BatchOps(CommParts):
                 if made[1]:  # (a bucket's own call failed: it said so to its peers)
                     raise
                 # packing or reading a bucket failed (a tensor PyTorch cannot hand over): the
-                # buckets not yet made are refused, so that the peers' calls fail at once
+                # calls its peers make of the buckets not yet made are refused, so that they
+                # fail at once: all of them where they issue every bucket before waiting
+                # (asynchronous), else the one they wait on; before any bucket agreed, as
+                # many as they say (this rank's list may not be theirs)
                 names = [f"xs[{k}]" for k in range(len(xs))]
                 error = unreadable(edge, xs, names, exc) if crossing else exc
-                refuse(self.calls, "batch_all_reduce", error, len(order) - made[0], len(order))
+                if made[0] == 0:
+                    refuse(self.calls, "batch_all_reduce", error)
+                if async_op:
+                    refuse(self.calls, "batch_all_reduce", error, len(order) - made[0],
+                           len(order))
+                refuse(self.calls, "batch_all_reduce", error, 1, 1)
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side
