@@ -35,13 +35,13 @@ def foreign_all_reduce(comm: Any, own: Own, x: Any, op: Any, algorithm: Any, out
     key = None
     if (comm.transport.native is not None  # (a hot path is a native one: none without)
             and not shards and groups is None and valid_timeout(timeout)
-            and not requested(compression) and hasattr(x, "shape")
-            and hasattr(x, "dtype")):
+            and not requested(compression)):
         try:
             key = (x.shape, x.dtype, op, algorithm)
             fast = comm.calls.hot_paths.get(key)
-        except TypeError:  # an unhashable spec: no hot path
-            key = fast = None
+        except Exception:  # noqa: BLE001 - no hot path: an unhashable spec, or an array
+            key = fast = None  # without a shape or dtype (a nested tensor's raises): the
+            # edge below says why
         if (fast is not None and not async_op and x.__class__ is fast.cls
                 and (out is None or (out.__class__ is fast.cls and out.shape == fast.shape
                                      and out.dtype == fast.dtype))):

@@ -101,15 +101,17 @@ class ReductionOps(CommParts):
         fast = self.calls.last_hot  # the hot path the last repeated call took
         if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
                 and not shards and groups is None and compression is None):
-            if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
-                    and x.shape == fast.shape):  # (the same arguments: by identity)
-                try:  # another signature's hot path, if it has one
+            try:
+                if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
+                        and x.shape == fast.shape):  # (the same arguments: by identity)
+                    # another signature's hot path, if it has one
                     fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
-                except TypeError:  # an unhashable spec (a list of ranges): no hot path
-                    fast = None
-            if fast is not None and (out is None or (
+                taken = fast is not None and (out is None or (
                     out.__class__ is fast.cls and out.shape == fast.shape
-                    and (out.dtype is fast.dtype or out.dtype == fast.dtype))):
+                    and (out.dtype is fast.dtype or out.dtype == fast.dtype)))
+            except Exception:  # noqa: BLE001 - no hot path: an unhashable spec (a list of
+                taken = False  # ranges), or a tensor without a shape (nested): the call says
+            if taken:
                 self.calls.last_hot = fast
                 result = fast(x, out)
                 if result is not None:
