@@ -24,6 +24,7 @@ from .torch_group_args import (
     reduce_op,
     root_of,
     sized,
+    unaliased,
     writable,
     write_bits,
 )
@@ -70,7 +71,7 @@ class _CollectivesGroup(_ProcessGroupBase):
         peers make at this point, before any data moves, so that they hear of it at once."""
         try:
             return check()
-        except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
+        except (TypeError, ValueError, RuntimeError, NotImplementedError, BufferError) as error:
             self.comm.calls.refuse(what, error)
 
     @torch.compiler.disable
@@ -78,12 +79,13 @@ class _CollectivesGroup(_ProcessGroupBase):
         def check():
             op, tensor = reduce_op(opts), one_tensor(tensors, "allreduce")
             averaged(op, tensor, "allreduce")
-            return op, tensor
+            unaliased(tensor, "allreduce tensor")
+            wide, logical = carried(tensor, op)
+            return tensor, host_view(wide, "allreduce tensor"), logical
 
         with self.lock:
-            op, tensor = self._checked("allreduce", check)
-            wide, logical = carried(tensor, op)
-            result = self.comm.all_reduce(host_view(wide, "allreduce tensor"), logical)
+            tensor, view, logical = self._checked("allreduce", check)
+            result = self.comm.all_reduce(view, logical)
             # (bfloat16 and float16 went as float32: cast back, as torch does)
             tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _finished_work([tensor])
@@ -94,11 +96,12 @@ class _CollectivesGroup(_ProcessGroupBase):
             if getattr(opts, "rootTensor", 0):
                 raise ValueError(f"broadcast options name rootTensor={opts.rootTensor}; the "
                                  "collectives process group takes one tensor per call")
-            return one_tensor(tensors, "broadcast"), root_of(opts)
+            tensor = one_tensor(tensors, "broadcast")
+            unaliased(tensor, "broadcast tensor")
+            return tensor, host_view(tensor, "broadcast tensor", moved=True), root_of(opts)
 
         with self.lock:
-            tensor, root = self._checked("broadcast", check)
-            view = host_view(tensor, "broadcast tensor", moved=True)
+            tensor, view, root = self._checked("broadcast", check)
             view[...] = self.comm.broadcast(view, root=root)
         return _finished_work([tensor])
 
@@ -108,11 +111,12 @@ class _CollectivesGroup(_ProcessGroupBase):
             if len(outputs) != 1:
                 raise ValueError(f"allgather got {len(outputs)} output lists; the collectives "
                                  "process group takes one input and one list per call")
-            return one_tensor(inputs, "allgather")
+            tensor = one_tensor(inputs, "allgather")
+            return tensor, host_view(tensor, "allgather tensor", moved=True)
 
         with self.lock:
-            tensor = self._checked("allgather", check)
-            gathered = self.comm.all_gather(host_view(tensor, "allgather tensor", moved=True)[None])
+            tensor, view = self._checked("allgather", check)
+            gathered = self.comm.all_gather(view[None])
             # (checked after the call, as the library checks out=: a bad list on one rank
             # must not leave its peers waiting for it)
             check_gather_outputs(outputs[0], tensor, self.comm.size)
@@ -128,11 +132,11 @@ class _CollectivesGroup(_ProcessGroupBase):
             writable(output, "all_gather output")
             tensor = one_tensor(input, "all_gather")
             sized(output, tensor, self.comm.size * tensor.numel(), "all_gather output")
-            return tensor
+            return host_view(tensor, "all_gather tensor", moved=True)
 
         with self.lock:
-            tensor = self._checked("all_gather_single", check)
-            gathered = self.comm.all_gather(host_view(tensor, "all_gather tensor", moved=True).reshape(-1))
+            view = self._checked("all_gather_single", check)
+            gathered = self.comm.all_gather(view.reshape(-1))
             write_bits(output, gathered)
         return _finished_work([output])
 
@@ -146,12 +150,12 @@ class _CollectivesGroup(_ProcessGroupBase):
             writable(output, "reduce_scatter output")
             sized(tensor, output, self.comm.size * output.numel(), "reduce_scatter input")
             averaged(op, tensor, "reduce_scatter")
-            return op, tensor
+            wide, logical = carried(tensor, op)
+            return host_view(wide, "reduce_scatter tensor"), logical
 
         with self.lock:
-            op, tensor = self._checked("reduce_scatter_single", check)
-            wide, logical = carried(tensor, op)
-            rows = host_view(wide, "reduce_scatter tensor").reshape(self.comm.size, -1)
+            view, logical = self._checked("reduce_scatter_single", check)
+            rows = view.reshape(self.comm.size, -1)
             block = self.comm.reduce_scatter(rows, logical)
             output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
         return _finished_work([output])

@@ -35,9 +35,13 @@ def host_view(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np
 
 
 def usable(tensor: torch.Tensor, argument: str) -> None:
-    """What the group's NumPy views cannot carry: a tensor off the CPU, of a dtype NumPy has
-    no equivalent of (float8), or a lazily negated or conjugated view
-    (``x.conj().imag``), whose memory holds other values than it shows."""
+    """What the group's NumPy views cannot carry: a sparse or nested tensor, a tensor off the
+    CPU, of a dtype NumPy has no equivalent of (float8), or a lazily negated or conjugated
+    view (``x.conj().imag``), whose memory holds other values than it shows."""
+    if tensor.is_nested or tensor.layout != torch.strided:  # (a nested one's shape raises)
+        kind = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+        raise TypeError(f"{argument} is a {kind} tensor; the collectives process group "
+                        "carries dense tensors: pass a dense one (tensor.to_dense())")
     if tensor.device.type != "cpu":
         raise TypeError(f"{argument}: the collectives process group carries CPU tensors, not "
                         f"tensors on {tensor.device}; use a gloo or NCCL group for the model")
@@ -63,13 +67,23 @@ def viewable(dtype: torch.dtype) -> bool:
 
 
 def writable(tensor: torch.Tensor, argument: str) -> None:
-    """An output the group writes: usable, and no leaf that requires grad (gloo refuses it:
-    autograd forbids writing into one in place)."""
+    """An output the group writes: usable, unaliased, and no leaf that requires grad (gloo
+    refuses it: autograd forbids writing into one in place)."""
     usable(tensor, argument)
+    unaliased(tensor, argument)
     if tensor.requires_grad and tensor.is_leaf:
         raise RuntimeError(f"{argument} is a leaf tensor that requires grad, which cannot be "
                            "written in place; pass one made without requires_grad (or under "
                            "torch.no_grad())")
+
+
+def unaliased(tensor: torch.Tensor, argument: str) -> None:
+    """A tensor the group writes in place has one element per address: an expanded one
+    (stride 0) has several, and its write-back raised on its rank alone, after the data had
+    moved (allreduce), or kept one of the values (broadcast)."""
+    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+        raise ValueError(f"{argument} has elements that share memory (stride 0: an expanded "
+                         "tensor), and the group writes each one; pass tensor.clone()")
 
 
 def one_tensor(tensors: Any, what: str) -> torch.Tensor:

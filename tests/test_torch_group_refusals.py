@@ -99,7 +99,35 @@ REFUSED = {
     # (DLPack's "Unsupported dtype in DLTensor", naming nothing)
     "a dtype NumPy does not have": (lambda group: dist.all_reduce(
         torch.ones(2, dtype=torch.float8_e4m3fn), group=group), "TypeError"),
+    # (a sparse or nested tensor raised PyTorch's BufferError or RuntimeError on its rank
+    # alone, as the group read it after its checks: the peers waited out their timeout)
+    "a sparse tensor": (lambda group: dist.all_reduce(
+        torch.ones(2).to_sparse(), group=group), "TypeError"),
+    "a nested tensor": (lambda group: dist.all_reduce(
+        _nested(), group=group), "TypeError"),
+    "a sparse tensor to broadcast": (lambda group: dist.broadcast(
+        torch.ones(2).to_sparse(), group=group, group_src=0), "TypeError"),
+    "a sparse tensor to gather": (lambda group: dist.all_gather(
+        [torch.zeros(2), torch.zeros(2)], torch.ones(2).to_sparse(), group=group), "TypeError"),
+    "a sparse tensor to gather into one": (lambda group: dist.all_gather_into_tensor(
+        torch.zeros(4), torch.ones(2).to_sparse(), group=group), "TypeError"),
+    "a sparse tensor to scatter": (lambda group: dist.reduce_scatter_tensor(
+        torch.zeros(1), torch.ones(2).to_sparse(), group=group), "TypeError"),
+    # (an expanded tensor's write-back raised on its rank alone, after the data had moved;
+    # a broadcast into one kept one of the values)
+    "an expanded tensor": (lambda group: dist.all_reduce(
+        torch.ones(1).expand(2), group=group), "ValueError"),
+    "an expanded tensor to broadcast into": (lambda group: dist.broadcast(
+        torch.ones(1).expand(2), group=group, group_src=0), "ValueError"),
 }
+
+
+def _nested():
+    import warnings
+
+    with warnings.catch_warnings():  # (PyTorch's nested tensors are a prototype)
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.ones(1), torch.ones(1)])
 
 
 def test_point_to_point_calls_are_refused_at_once_by_the_rank_alone():
