@@ -121,6 +121,33 @@ def test_batches_compress_their_floating_tensors():
         assert np.array_equal(tensors[0], out[0][0]) and np.array_equal(tensors[1], out[1][0])
 
 
+@pytest.mark.parametrize("devices", [2, 3, 7])
+def test_an_integer_mean_in_a_compressed_batch_is_exact(devices):
+    """An integer MEAN is summed exactly in float64, compressed or not: a multi-device batch
+    widened its integers before packing and then compressed the float64 pack (the mean of 7
+    int32 devices came back off in the fourth digit), where the SPMD batch's travel as they
+    are. Its float32 tensors are still compressed."""
+    big = 2.0 ** 12 + 1  # not a float16: it comes back rounded where compressed
+    ints = [np.array([-5, 1, 3 * d, 2 ** 30 + d], np.int32) for d in range(devices)]
+    wides = [np.full(3, 2.0 ** 40 + d) for d in range(devices)]  # (no float16 holds them)
+    floats = [np.full(5, big, np.float32) for _ in range(devices)]
+    for value_lists in ([ints], [floats, ints, wides]):
+        want = [np.mean(np.stack(v).astype(np.float64), axis=0) for v in value_lists]
+        got = collectives.batch_all_reduce(value_lists, "mean", compression="fp16")
+        for k, (values, mean) in enumerate(zip(value_lists, want)):
+            if values[0].dtype == np.int32:
+                assert all(g.tobytes() == mean.tobytes() for g in got[k]), (got[k][0], mean)
+            elif values[0].dtype == np.float32:  # (compressed, as in a list of its own)
+                alone = collectives.batch_all_reduce([values], "mean", compression="fp16")[0]
+                assert all(g.tobytes() == alone[0].tobytes() for g in got[k])
+                assert not np.array_equal(alone[0], np.full(5, big, np.float32))
+        spmd = collectives.run(lambda c, lists=value_lists: c.batch_all_reduce(
+            [v[c.rank] for v in lists], "mean", compression="fp16"), devices)
+        for tensors in spmd:
+            assert all(t.tobytes() == g[0].tobytes() for t, g in zip(tensors, got)
+                       if t.dtype == np.float64 and np.array_equal(t, t.round()))
+
+
 def test_ranks_that_disagree_on_compressing_are_told():
     """The wire carries float16: a rank that sends float32 disagrees, before data moves."""
     def body(comm):

@@ -22,7 +22,7 @@ from ..foreign_calls import accepts_foreign_values
 from ..hints import ArrayT, BatchSpec, Compression, Op
 from ..registry import backend_for_arrays
 from ..runtime.execute.device_calls import check_batch_devices
-from ..runtime.validate import Groups, check_op, check_shards
+from ..runtime.validate import Groups, check_groups, check_op, check_shards
 from ..runtime.work import Work
 from .multi_device import all_reduce
 from .multi_device_parts import backend_first, prepare_batch
@@ -114,6 +114,7 @@ def batch_all_reduce(value_lists: Sequence[Sequence[ArrayT]], op: Op = "sum",
         check_op(op, np.dtype(np.float64))  # (every op takes float64)
         plan_batch([], [], algorithm, **knobs)  # type: ignore[arg-type]
         for_batch(compression, op, [])
+        check_groups(groups)
         return []
     tensors = prepare_batch(value_lists, op)
     n = len(tensors[0][0])

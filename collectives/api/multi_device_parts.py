@@ -67,28 +67,26 @@ def pick_algorithm(collective: Collective, algorithm: Any, size: int, nbytes: in
 
 
 def prepare_batch(value_lists: Sequence, op: Op) -> list[tuple[list[Any], tuple[int, ...],
-                                                                 np.dtype, ReduceOp]]:
-    """``prepare`` of every tensor of a batch (``value_lists[k]``: tensor ``k`` on every
-    device): arrays of one plain type and one layout are taken as they are, the op checked
-    once per dtype (a gradient list has hundreds of tensors and one or two dtypes); any other
-    tensor goes through ``prepare`` itself, its checks and messages."""
+                                                                 np.dtype, ReduceOp | None]]:
+    """``prepare``'s checks of every tensor of a batch (``value_lists[k]``: tensor ``k`` on
+    every device): arrays of one plain type and one layout are taken as they are, the op
+    checked once per dtype (a gradient list has hundreds of tensors and one or two dtypes);
+    any other tensor goes through the checks and messages of ``prepare``. An integer MEAN's
+    tensors stay integers: their packs are widened as each is reduced, and travel as they
+    are (widened first, they joined the float64 packs, which a compression rounds)."""
     checked: dict[np.dtype, ReduceOp] = {}
     prepared = []
     for k, values in enumerate(value_lists):
         argument = f"value_lists[{k}]"
         layout = _one_layout(values)
         if layout is None:
-            prepared.append(prepare(values, op, argument))
-            continue
-        shape, dtype = layout
-        parsed = checked.get(dtype)
-        if parsed is None:
-            parsed = checked[dtype] = check_op(op, dtype, argument)
-        if integer_mean(parsed, dtype):  # (summed in float64: ``collectives.widened``)
-            prepared.append(widened_values(backend_for_arrays(values).arrays, list(values),
-                                           shape, dtype, parsed))
+            values, shape, dtype, parsed = checked_values(values, op, argument)
         else:
-            prepared.append((list(values), shape, dtype, parsed))
+            shape, dtype = layout
+            parsed = checked.get(dtype)
+            if parsed is None:
+                parsed = checked[dtype] = check_op(op, dtype, argument)
+        prepared.append((list(values), shape, dtype, parsed))
     return prepared
 
 
@@ -127,6 +125,16 @@ def prepare(values: Any, op: Op | None, argument: str = "values", *, reducing: b
             ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp | None]:
     """``values`` as arrays of one shape and dtype, and ``op`` parsed for that dtype;
     ``reducing=False``: a collective with no op (``op`` None)."""
+    values, shape, dtype, parsed = checked_values(values, op, argument, reducing=reducing)
+    if parsed is None or not integer_mean(parsed, dtype):
+        return values, shape, dtype, parsed
+    return widened_values(backend_for_arrays(values).arrays, values, shape, dtype, parsed)
+
+
+def checked_values(values: Any, op: Op | None, argument: str, *, reducing: bool = True
+                   ) -> tuple[list[Any], tuple[int, ...], np.dtype, ReduceOp | None]:
+    """``prepare``'s checks: ``values`` as arrays of one shape and dtype, ``op`` parsed for
+    that dtype (an integer MEAN's values not widened yet)."""
     if reducing and op is None:
         ReduceOp.parse(op)  # type: ignore[arg-type]  # (raises naming op: None passed the checks)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -134,7 +142,4 @@ def prepare(values: Any, op: Op | None, argument: str = "values", *, reducing: b
                         f"not {type(values).__name__}")
     values = [as_array(v, f"{argument}[{i}]") for i, v in enumerate(values)]
     shape, dtype = same_layout(values, argument, op)
-    op = check_op(op, dtype, argument) if op is not None else None
-    if op is None or not integer_mean(op, dtype):
-        return values, shape, dtype, op
-    return widened_values(backend_for_arrays(values).arrays, values, shape, dtype, op)
+    return values, shape, dtype, check_op(op, dtype, argument) if op is not None else None

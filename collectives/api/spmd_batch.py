@@ -23,6 +23,7 @@ from ..compression import for_batch
 from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
+from ..runtime.in_flight import MAX_IN_FLIGHT
 from ..runtime.refusals import refuse, refusing
 from ..runtime.validate import check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
@@ -155,6 +156,13 @@ class BatchOps(CommParts):
             raise TypeError(f"views={views!r} must be True (results are views of their "
                             "bucket) or False (each result an array of its own)")
         count = sum(len(p.plan.packs) for p in parts)
+        if async_op and count > MAX_IN_FLIGHT:  # (on every rank, however idle: not "crowded")
+            how = (f"fewer num_packs: num_packs={num_packs} makes that many packs of each "
+                   "dtype" if num_packs else "a larger bucket_bytes, or TensorFlow's knobs")
+            raise ValueError(f"this asynchronous batch would issue {count} calls, one per "
+                             f"bucket, and a communicator holds at most {MAX_IN_FLIGHT} "
+                             f"handles unwaited; fuse the list into fewer buckets ({how}), or "
+                             "call it blocking")
         if async_op:  # every bucket a handle: refused before the first is issued, once for
             crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
             if crowded is not None:

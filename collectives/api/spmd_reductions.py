@@ -106,12 +106,13 @@ class ReductionOps(CommParts):
                         and x.shape == fast.shape):  # (the same arguments: by identity)
                     # another signature's hot path, if it has one
                     fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
-                taken = fast is not None and (out is None or (
-                    out.__class__ is fast.cls and out.shape == fast.shape
-                    and (out.dtype is fast.dtype or out.dtype == fast.dtype)))
+                if fast is not None and not (out is None or (
+                        out.__class__ is fast.cls and out.shape == fast.shape
+                        and (out.dtype is fast.dtype or out.dtype == fast.dtype))):
+                    fast = None  # (its out= another kind of array)
             except Exception:  # noqa: BLE001 - no hot path: an unhashable spec (a list of
-                taken = False  # ranges), or a tensor without a shape (nested): the call says
-            if taken:
+                fast = None  # ranges), or a tensor without a shape (nested): the call says
+            if fast is not None:
                 self.calls.last_hot = fast
                 result = fast(x, out)
                 if result is not None:

@@ -225,6 +225,16 @@ def resolve_groups(groups: Groups, size: int) -> tuple[tuple[int, ...], ...] | N
     return out
 
 
+def check_groups(groups: Groups) -> None:
+    """``groups`` checked where no participants are known (an empty batch): a group size, or
+    a partition of as many participants as it names."""
+    try:
+        named = sum(len(group) for group in groups)  # type: ignore[union-attr, arg-type]
+    except TypeError:  # (None, a group size, or no list of lists: resolve_groups says which)
+        named = 1
+    resolve_groups(groups, named)
+
+
 def gather_axis(axis: int, shape: tuple[int, ...], argument: str = "arrays") -> int:
     """All-gather's ``axis`` for ``argument`` of ``shape`` (a scalar gathers as one element),
     checked and made non-negative."""
