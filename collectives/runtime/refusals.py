@@ -8,12 +8,12 @@ that carries the error into that call's agreement: each of theirs meets a refusa
 call before.
 
 How many calls is that? Most calls are one call on every rank. A batch's buckets, issued
-before it waits on any (asynchronous, or as ``comm.buckets``), are several: a bad ``op`` found
-once the buckets are known is refused once for each (``count``). A bad list, or a bad
-``bucket_bytes``, leaves this rank without the buckets its peers made of their lists: it
-refuses the first call saying it does not know (``ISSUED_UNKNOWN``), the verdict of that call
-tells it how many calls its peers issued together there (``PEERS_ISSUED``, set on its error),
-and it refuses the rest. The rest go out at once, as asynchronous calls (each waits a round
+before it waits on any (asynchronous, or as ``comm.buckets``), are several, and only its peers
+know how many they made of their lists (this rank's list may be what is wrong: a tensor of a
+dtype of its own makes a bucket of its own). So this rank refuses the first call saying it
+does not know (``ISSUED_UNKNOWN``), the verdict of that call tells it how many calls its
+peers issued together there (``PEERS_ISSUED``, set on its error), and it refuses the rest.
+Where the ranks agreed a bucket of the list already, its count is theirs (``count``). The rest go out at once, as asynchronous calls (each waits a round
 trip for its peer call's agreement: a list of a thousand buckets took 3.7 s one after another,
 1 s so). A rank alone has nobody to tell: it only raises.
 """
