@@ -164,9 +164,9 @@ class BatchOps(CommParts):
                              f"handles unwaited; fuse the list into fewer buckets ({how}), or "
                              "call it blocking")
         if async_op:  # every bucket a handle: refused before the first is issued, once for
-            crowded = self.calls.engine.crowded(count=count)  # each (peers may have room)
-            if crowded is not None:
-                refuse(self.calls, "batch_all_reduce", crowded, count, count)
+            crowded = self.calls.engine.crowded(count=count)  # each of the calls its peers
+            if crowded is not None:  # make (they may have room)
+                refuse(self.calls, "batch_all_reduce", crowded)
         if not xs:
             return agree_on_empty(self, op, timeout, async_op)
         crossing = arrays is not self.arrays
