@@ -5,8 +5,9 @@ over the destination, each reading and writing it. The compiled kernels (``_kern
 built with the package where a C compiler is present) read every operand once and write the
 destination once, through an accumulator block that stays in L1, with the GIL released, and
 in exactly the order of the binary passes, so their results are bitwise NumPy's (but for the
-sign of a NaN born of ``inf + -inf``, which the IEEE standard leaves open: NumPy's own sign
-differs between its vector loop and its tail; a NaN stays a NaN, on every rank alike).
+sign of a NaN born of ``inf + -inf``, and which operand's payload a sum or product of NaNs
+keeps, which the IEEE standard leaves open: NumPy's own choice differs between its vector
+loop and its tail; a NaN stays a NaN, on every rank alike).
 
 They cover SUM (and MEAN, which travels as SUM) and PROD on float32, float64, every integer
 type and the narrow floats of wire compression (bfloat16; float16 where the CPU converts
