@@ -26,7 +26,7 @@ from mpi4py import MPI
 from collectives.arrays import NUMPY
 from collectives.errors import CollectiveMismatchError, PeerFailedError
 
-from . import tuning
+from . import leftovers, tuning
 from .tags import TagSpace
 
 if TYPE_CHECKING:
@@ -39,12 +39,11 @@ PROBE_EVERY = 4  # polls between two such looks (few: a wait older than 2 ms sle
 class Arena:
     """Receive buffers reused across calls: a bump allocator reset whenever nothing is held."""
 
-    __slots__ = ("buf", "held", "old", "used", "want")
+    __slots__ = ("buf", "held", "used", "want")
 
     def __init__(self) -> None:
         self.buf = np.empty(0, np.uint8)
         self.used = self.held = self.want = 0
-        self.old: list[np.ndarray] = []  # abandoned arenas MPI may still write into
 
     def take(self, nbytes: int) -> np.ndarray:
         start = (self.used + 63) & ~63
@@ -68,8 +67,9 @@ class Arena:
             self.want = 0
 
     def abandon(self) -> None:
-        """Receives were withdrawn: their memory may still be written, so keep it, unused."""
-        self.old.append(self.buf)
+        """Receives were withdrawn: their memory may still be written, so keep it, unused
+        (until the process ends: ``leftovers``)."""
+        leftovers.keep(self.buf)
         self.buf = np.empty(0, np.uint8)
         self.used = self.held = self.want = 0
 

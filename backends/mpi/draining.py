@@ -30,8 +30,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-_PENDING: list[Drain] = []  # frees waiting for their peers' counts or messages
-_GIVEN_UP: list[Drain] = []  # frees MPI failed: kept (MPI may still write their buffers)
+from . import leftovers
+
+# (held past the interpreter's teardown: MPI_Finalize may still write their counts' buffers)
+_PENDING: list[Drain] = leftovers.hold([])  # frees waiting for their peers' counts or messages
+_GIVEN_UP: list[Drain] = leftovers.hold([])  # frees MPI failed: kept (MPI may still write)
 _LOCK = threading.Lock()
 
 

@@ -32,11 +32,11 @@ from mpi4py import MPI
 
 from collectives.runtime.transport import engine_of
 
-from . import waiting
+from . import leftovers, waiting
 
 FREEING = logging.getLogger("collectives.failures")
 DEFAULT_TIMEOUT = 300.0  # when a free's wait for its peers is worth a warning (init's default)
-_POSTED: list = []  # agreements given up on: MPI may still write their buffers
+_POSTED: list = leftovers.hold([])  # agreements given up on: MPI may still write their buffers
 
 
 def agree_to_free(transport: Any, would_keep: bool) -> bool:

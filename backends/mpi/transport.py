@@ -19,7 +19,7 @@ from collectives.arrays import NUMPY
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, engine_of, ignore_verdict
 
-from . import draining, tuning, waiting
+from . import draining, leftovers, tuning, waiting
 from .channel import MPIChannel
 from .freeing import agree_to_free
 from .groups import groups_from_env, layout_for, local_place, shared_nodes
@@ -30,7 +30,7 @@ from .shm_window import SharedWindow
 from .tags import control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
-_KEPT: list = []  # communicators of failed transports, never freed (see MPITransport.free)
+_KEPT: list = leftovers.hold([])  # failed transports' communicators, never freed (MPITransport.free)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
 

@@ -229,7 +229,7 @@ def check_groups(groups: Groups) -> None:
     """``groups`` checked where no participants are known (an empty batch): a group size, or
     a partition of as many participants as it names."""
     try:
-        named = sum(len(group) for group in groups)  # type: ignore[union-attr, arg-type]
+        named = sum(len(group) for group in groups)  # type: ignore[union-attr, misc]
     except TypeError:  # (None, a group size, or no list of lists: resolve_groups says which)
         named = 1
     resolve_groups(groups, named)
