@@ -13,9 +13,10 @@ know how many they made of their lists (this rank's list may be what is wrong: a
 dtype of its own makes a bucket of its own). So this rank refuses the first call saying it
 does not know (``ISSUED_UNKNOWN``), the verdict of that call tells it how many calls its
 peers issued together there (``PEERS_ISSUED``, set on its error), and it refuses the rest.
-Where the ranks agreed a bucket of the list already, its count is theirs (``count``). The rest go out at once, as asynchronous calls (each waits a round
-trip for its peer call's agreement: a list of a thousand buckets took 3.7 s one after another,
-1 s so). A rank alone has nobody to tell: it only raises.
+Where the ranks agreed a bucket of the list already, its count is theirs (``count``). The
+rest go out at once, as asynchronous calls (each waits a round trip for its peer call's
+agreement: a list of a thousand buckets took 3.7 s one after another, 1 s so). A rank alone
+has nobody to tell: it only raises.
 """
 
 from __future__ import annotations

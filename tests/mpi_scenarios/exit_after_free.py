@@ -19,7 +19,6 @@ import weakref
 
 import numpy as np
 from _common import Report
-
 from collectives.backends import mpi
 from collectives.backends.mpi import draining
 
