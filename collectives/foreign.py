@@ -74,6 +74,16 @@ def adopt(x: Any, argument: str, kind: Kind | None = None) -> Any:
     return as_numpy(x, argument, None if kind is None else kind.as_numpy)
 
 
+def attribute(x: Any, name: str) -> Any:
+    """``x``'s attribute ``name``, None where it has none or reading it raises (a deleted JAX
+    array's ``device`` raises RuntimeError, and so does a nested tensor's ``shape``: a
+    getattr default covers AttributeError alone, and the error escaped the refusal)."""
+    try:
+        return getattr(x, name, None)
+    except Exception:  # noqa: BLE001 - whatever its library raises: no such attribute here
+        return None
+
+
 def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = None) -> np.ndarray:
     """A NumPy view of ``x`` (a copy only where its producer cannot share memory); ``view``:
     its array kind's own way to one (``as_numpy``: PyTorch's bfloat16, which NumPy's DLPack
@@ -82,11 +92,11 @@ def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = N
         try:
             return np.from_dlpack(x) if view is None else view(x)
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
-            device = getattr(x, "device", None)
+            device = attribute(x, "device")
             if device is not None and "cpu" not in str(device).lower():
                 raise TypeError(f"{argument} lives on {device}; pass it to a GPU backend (CuPy: "
                                 "cupy.from_dlpack) or move it to the CPU first") from exc
-            if getattr(x, "requires_grad", False):
+            if attribute(x, "requires_grad"):
                 raise TypeError(f"{argument} requires grad; pass {argument}.detach()") from exc
     try:
         return np.asarray(x)

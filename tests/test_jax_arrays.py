@@ -185,6 +185,46 @@ def test_a_jax_out_is_refused_on_every_rank_before_any_data_moves(n):
         collectives.all_reduce(xs, out=values)  # (NumPy in, JAX out: refused as well)
 
 
+DELETED_CALLS = {
+    "all_reduce": lambda comm, x: comm.all_reduce(x),
+    "async": lambda comm, x: comm.all_reduce(x, async_op=True).wait(),
+    "batch": lambda comm, x: comm.batch_all_reduce([x, x]),
+    "broadcast": lambda comm, x: comm.broadcast(x, 1),
+    "all_gather": lambda comm, x: comm.all_gather(x),
+    "reduce_scatter": lambda comm, x: comm.reduce_scatter(x),
+}
+
+
+@pytest.mark.parametrize("call", list(DELETED_CALLS))
+def test_a_deleted_array_on_one_rank_is_refused_on_every_rank_at_once(call):
+    """A deleted (donated) JAX array on rank 0: a TypeError naming it there, a PeerFailedError
+    on its peer at once, and the next call works (reading its device raised JAX's bare
+    RuntimeError past the refusal: the peer waited out its timeout)."""
+    import time
+
+    def body(comm):
+        x = jnp.arange(4, dtype=jnp.float32) + comm.rank
+        if comm.rank == 0:
+            x.delete()
+        start = time.monotonic()
+        with pytest.raises((TypeError, collectives.PeerFailedError)) as raised:
+            DELETED_CALLS[call](comm, x)
+        return (type(raised.value).__name__, str(raised.value), time.monotonic() - start,
+                comm.all_reduce(np.ones(2)).tolist())
+
+    (kind0, said0, took0, next0), (kind1, said1, took1, next1) = collectives.run(
+        body, 2, timeout=10)
+    name = "xs[0]" if call == "batch" else "x"
+    assert kind0 == "TypeError" and said0.startswith(f"{name} ("), said0
+    assert "has been deleted" in said0, said0
+    assert kind1 == "PeerFailedError" and "rank 0" in said1, said1
+    assert max(took0, took1) < 2.0 and next0 == next1 == [2.0, 2.0]
+    with pytest.raises(TypeError, match=r"values\[1\] .*has been deleted"):
+        doomed = jnp.ones(3)
+        doomed.delete()
+        collectives.all_reduce([jnp.ones(3), doomed])
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_asynchronous_handles_hand_back_jax_arrays(n):
     xs = inputs(n, 7, "float32", seed=4)
