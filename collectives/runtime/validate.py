@@ -109,6 +109,11 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str =
     same kind as the inputs (``arrays``: their backend)."""
     if not (hasattr(out, "shape") and hasattr(out, "dtype")):
         raise TypeError(f"{argument} must be an array, not {type(out).__name__}")
+    if isinstance(out, np.matrix):  # (2-D whatever it is reshaped to: a call's flat view of
+        # it was a row, which took one element, and the ranks' calls disagreed)
+        raise TypeError(f"{argument} is a numpy.matrix, which stays 2-D when flattened; pass "
+                        f"its plain array ({argument}.A, or np.asarray({argument})), which "
+                        "shares its memory")
     if isinstance(out, np.generic):  # (immutable: it cannot take the result)
         raise TypeError(f"{argument} is a numpy.{type(out).__name__} scalar, which cannot be "
                         "filled in place; pass an array (e.g. numpy.zeros((), "

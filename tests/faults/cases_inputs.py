@@ -4,6 +4,8 @@ two threads on one communicator. ``faults.table`` gathers them."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from collectives.tools.reference import expected_outputs, reference
@@ -35,6 +37,13 @@ def read_only(x: np.ndarray) -> np.ndarray:
     x = x.copy()
     x.flags.writeable = False
     return x
+
+
+def matrix(shape: tuple[int, int]) -> np.ndarray:
+    """An empty ``np.matrix`` (NumPy warns that the subclass is not recommended: not here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        return np.matrix(np.empty(shape))
 
 
 X = np.arange(COUNT, dtype=np.float64)
@@ -85,6 +94,12 @@ BAD = {  # name: (method, args, kwargs, error, message)
                            "not C-contiguous"),
     "out-a-list": ("all_reduce", (X,), {"out": [0.0] * COUNT}, "TypeError",
                    "out must be an array"),
+    # (a matrix stays 2-D when flattened: the call's flat view of it took one element, and
+    # the ranks disagreed, breaking the communicator; all_gather's raised NumPy's words)
+    "out-matrix": ("all_reduce", (X.reshape(2, -1),), {"out": matrix((2, COUNT // 2))},
+                   "TypeError", r"out is a numpy\.matrix.*out\.A"),
+    "out-matrix-all-gather": ("all_gather", (X,), {"out": matrix((1, 3 * COUNT))},
+                              "TypeError", r"out is a numpy\.matrix"),
     # (a NumPy scalar was adopted as a copy, filled, and handed back unchanged)
     "out-numpy-scalar": ("all_reduce", (np.float64(1.0),), {"out": np.float64(0.0)}, "TypeError",
                          "scalar, which cannot be filled in place"),

@@ -14,7 +14,7 @@ import numpy as np
 
 from collectives.tools.reference import reference
 from faults import bodies
-from faults.cases_inputs import HUGE, memmapped, read_only
+from faults.cases_inputs import HUGE, matrix, memmapped, read_only
 from faults.kit import Call, Case, Ctx, ok, raises
 from faults.steps import COUNT, inputs
 
@@ -66,6 +66,9 @@ BAD = {  # name: (function, args, kwargs, error(s), message)
                            "ValueError", "exactly one"),
     "out-count": ("all_reduce", (X3,), {"out": [np.empty(COUNT)] * 2}, "ValueError",
                   "2 arrays for 3 devices"),
+    # (a combine into its flat view, still 2-D, said "operands of a combine differ in length")
+    "out-matrix": ("all_reduce", (X3,), {"out": [matrix((1, COUNT))] * 3},
+                   "TypeError", r"out\[0\] is a numpy\.matrix"),
     "out-shape": ("all_reduce", (X3,), {"out": [np.empty(COUNT + 1)] * 3}, "ValueError",
                   r"out\[0\] has shape"),
     "out-dtype": ("all_reduce", (X3,), {"out": [np.empty(COUNT, np.float32)] * 3}, "TypeError",
