@@ -226,7 +226,8 @@ class TorchArrays:
         """The address of CPU tensor ``x``'s first element where it may be read and written
         by address: contiguous, untracked by autograd, no lazy conjugate or negation (the
         edge refuses those, naming the fix); else None."""
-        if x.is_cuda or x.requires_grad or not x.is_contiguous() or x.is_conj() or x.is_neg():
+        if (x.device.type != "cpu" or x.requires_grad or not x.is_contiguous() or x.is_conj()
+                or x.is_neg()):  # (a meta tensor's address is 0: read, it crashed the process)
             return None
         return x.data_ptr()
 

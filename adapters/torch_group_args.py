@@ -80,10 +80,17 @@ def writable(tensor: torch.Tensor, argument: str) -> None:
 def unaliased(tensor: torch.Tensor, argument: str) -> None:
     """A tensor the group writes in place has one element per address: an expanded one
     (stride 0) has several, and its write-back raised on its rank alone, after the data had
-    moved (allreduce), or kept one of the values (broadcast)."""
-    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
-        raise ValueError(f"{argument} has elements that share memory (stride 0: an expanded "
-                         "tensor), and the group writes each one; pass tensor.clone()")
+    moved (allreduce), or kept one of the values (broadcast); an ``as_strided`` view whose
+    rows overlap took ranks' writes in different orders. Every dimension's stride must pass
+    the span of the smaller-strided ones (which holds for every view that does not overlap,
+    but for odd interleavings ``as_strided`` can make: refused too, naming the fix)."""
+    span = 1
+    for stride, size in sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n > 1):
+        if stride < span:
+            raise ValueError(f"{argument} has elements that share memory (an expanded or "
+                             "overlapping view), and the group writes each one; pass "
+                             "tensor.clone()")
+        span = stride * size
 
 
 def one_tensor(tensors: Any, what: str) -> torch.Tensor:
@@ -112,10 +119,10 @@ def check_gather_outputs(into: list, tensor: torch.Tensor, size: int) -> None:
         raise ValueError(f"allgather output list holds {len(into)} tensors; pass {size}, one "
                          "per rank")
     for rank, out in enumerate(into):
+        writable(out, f"allgather output[{rank}]")  # (first: a nested one's shape raises)
         if out.shape != tensor.shape or out.dtype != tensor.dtype:
             raise ValueError(f"allgather output[{rank}] is {out.dtype}{list(out.shape)}; "
                              f"pass tensors like the input, {tensor.dtype}{list(tensor.shape)}")
-        writable(out, f"allgather output[{rank}]")
 
 
 def reduce_op(opts: Any) -> ReduceOp:

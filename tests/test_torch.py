@@ -88,8 +88,8 @@ def test_a_lazy_conjugate_or_negation_is_refused_in_place_with_its_own_fix():
     assert collectives.run(body, 1) == [[-1j, -1j, -1j]]
 
 
-UNREADABLE = {  # tensors of n complex elements that pass a list's cheap checks, and fail
-    # where they are packed or read
+UNREADABLE = {  # tensors in place of one of n complex elements, which pass a list's cheap
+    # checks and fail where they are packed or read
     "conjugate": lambda n: torch.ones(n, dtype=torch.complex64).conj(),
     "sparse": lambda n: torch.ones(n, dtype=torch.complex64).to_sparse(),
     "nested": lambda n: torch.nested.nested_tensor([torch.ones(n // 2, dtype=torch.complex64)] * 2),

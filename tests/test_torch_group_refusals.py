@@ -119,6 +119,9 @@ REFUSED = {
         torch.ones(1).expand(2), group=group), "ValueError"),
     "an expanded tensor to broadcast into": (lambda group: dist.broadcast(
         torch.ones(1).expand(2), group=group, group_src=0), "ValueError"),
+    # (rows that overlap took the ranks' write-backs in different orders: results differed)
+    "an overlapping view": (lambda group: dist.all_reduce(
+        torch.arange(4.0).as_strided((3, 2), (1, 1)), group=group), "ValueError"),
 }
 
 
@@ -196,6 +199,18 @@ def test_an_allgather_into_outputs_that_require_grad_is_refused_as_gloo_refuses_
     on_gloo(job)
     for messages in on_collectives(job):
         assert all("requires grad" in m for m in messages), messages
+
+
+def test_an_allgather_into_a_nested_output_names_it():
+    # (its shape, read first, raised PyTorch's "NestedTensorImpl doesn't support sizes")
+    def job(group, rank):
+        outputs = [_nested(), torch.zeros(2)]
+        with pytest.raises(TypeError) as raised:
+            dist.all_gather(outputs, torch.ones(2), group=group)
+        return str(raised.value)
+
+    for message in on_collectives(job):
+        assert message.startswith("allgather output[0] is a nested tensor"), message
 
 
 def test_dtypes_numpy_does_not_have_are_refused_naming_the_dtype_on_every_rank():

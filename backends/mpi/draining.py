@@ -33,8 +33,8 @@ from mpi4py import MPI
 from . import leftovers
 
 # (held past the interpreter's teardown: MPI_Finalize may still write their counts' buffers)
-_PENDING: list[Drain] = leftovers.hold([])  # frees waiting for their peers' counts or messages
-_GIVEN_UP: list[Drain] = leftovers.hold([])  # frees MPI failed: kept (MPI may still write)
+_PENDING: list[Drain] = leftovers.keep([])  # frees waiting for their peers' counts or messages
+_GIVEN_UP: list[Drain] = leftovers.keep([])  # frees MPI failed: kept (MPI may still write)
 _LOCK = threading.Lock()
 
 

@@ -36,7 +36,7 @@ from . import leftovers, waiting
 
 FREEING = logging.getLogger("collectives.failures")
 DEFAULT_TIMEOUT = 300.0  # when a free's wait for its peers is worth a warning (init's default)
-_POSTED: list = leftovers.hold([])  # agreements given up on: MPI may still write their buffers
+_POSTED: list = leftovers.keep([])  # agreements given up on: MPI may still write their buffers
 
 
 def agree_to_free(transport: Any, would_keep: bool) -> bool:

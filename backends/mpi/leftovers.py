@@ -7,31 +7,27 @@ and ``MPI_Finalize`` wrote the messages still arriving into freed memory: glibc 
 the process ("malloc(): unsorted double linked list corrupted"), in one launch of three of a
 program that freed a communicator just before it ended.
 
-So such buffers are held here (``keep``), or the lists that hold them (``hold``), and at exit
-(before the teardown) this module's list takes a reference that nothing gives back: what it
-holds outlives the teardown, and ``MPI_Finalize`` writes into live memory. Only a program's
-end leaves them, once.
+So such buffers are held here (``keep``), or the lists that hold them, and at exit (before
+the teardown) this module's list takes a reference that nothing gives back: what it holds
+outlives the teardown, and ``MPI_Finalize`` writes into live memory. Only a program's end
+leaves them, once.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 _HELD: list[Any] = []  # buffers, and lists of them, that MPI may still write into
 
 
-def keep(buffer: Any) -> None:
-    """Hold ``buffer`` (MPI may still write into it) until the process ends."""
-    _HELD.append(buffer)
-
-
-def hold(holder: list) -> list:
-    """Keep whatever ``holder`` holds at the program's end alive past the teardown (a module's
-    list of requests and their buffers, changed in place); returns it."""
-    _HELD.append(holder)
-    return holder
+def keep(held: T) -> T:
+    """Keep ``held`` alive until the process ends, and return it: a buffer MPI may still
+    write into, or a list of such (a module's, changed in place: what it holds at the end)."""
+    _HELD.append(held)
+    return held
 
 
 @atexit.register

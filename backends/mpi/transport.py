@@ -30,7 +30,7 @@ from .shm_window import SharedWindow
 from .tags import control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
-_KEPT: list = leftovers.hold([])  # failed transports' communicators, never freed (MPITransport.free)
+_KEPT: list = leftovers.keep([])  # failed transports' communicators, never freed (MPITransport.free)
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # transports a rank's exit tells its peers about
 
 

@@ -56,7 +56,7 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
 def _has(x: Any, name: str) -> bool:
     """Whether ``x`` has an attribute ``name``; one whose reading raises counts (a nested
     tensor's ``shape``: it is an array, named where it is read; ``hasattr`` let the error
-    out, past the refusal)."""
+    out, past the refusal). ``foreign.attribute`` reads one, None where reading raises."""
     try:
         getattr(x, name)
     except AttributeError:

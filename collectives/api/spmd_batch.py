@@ -112,13 +112,14 @@ class BatchOps(CommParts):
         ------
         TypeError
             ``xs`` is not a list of arrays of one library; ValueError for a bad spec or knob,
-            or a ``compression`` the op cannot take (on this rank, before any data moves: its
-            peers raise `PeerFailedError` naming it).
+            a ``compression`` the op cannot take, or ``async_op=True`` with more buckets than
+            a communicator holds handles (on this rank, before any data moves: its peers
+            raise `PeerFailedError` naming it).
         CollectiveMismatchError
             The ranks passed different tensors or arguments (checked on every call).
         CollectiveError
-            ``async_op=True`` with more buckets than the in-flight limit leaves room for
-            (none is issued).
+            ``async_op=True`` with more buckets than the handles already unwaited leave room
+            for (none is issued).
         CollectiveTimeoutError
             A peer did not arrive within ``timeout``.
         """
@@ -209,10 +210,11 @@ class BatchOps(CommParts):
                 error = unreadable(edge, xs, names, exc) if crossing else exc
                 if made[0] == 0:
                     refuse(self.calls, "batch_all_reduce", error)
-                if async_op:
+                elif async_op:
                     refuse(self.calls, "batch_all_reduce", error, len(order) - made[0],
                            len(order))
-                refuse(self.calls, "batch_all_reduce", error, 1, 1)
+                else:
+                    refuse(self.calls, "batch_all_reduce", error, 1, 1)
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

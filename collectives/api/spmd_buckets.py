@@ -20,6 +20,7 @@ from typing import Any, Generic, NoReturn
 from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
+from ..runtime.in_flight import MAX_IN_FLIGHT
 from ..runtime.refusals import BAD_INPUT, refuse
 from ..runtime.validate import check_timeout
 from ..runtime.work import BatchWork
@@ -65,6 +66,11 @@ class Buckets(Generic[ArrayT]):
         self.edge = edge
         self.arrays = comm.arrays if edge is None else edge.arrays
         self.parts, self.order = bucket_order(comm, layout, algorithm, bucket_bytes, alone_bytes)
+        if len(self.order) > MAX_IN_FLIGHT:  # (each bucket a handle until wait(), which cannot
+            # come before the last bucket: the step would stop at the limit, data moved)
+            raise ValueError(f"the list makes {len(self.order)} buckets, and a communicator "
+                             f"holds at most {MAX_IN_FLIGHT} handles unwaited; fuse it into "
+                             f"fewer (bucket_bytes={bucket_bytes}: pass a larger one)")
         self.tag = batch_tag(layout, bucket_plan(self.order), True)
         # where each bucket's result goes among the parts' (what StartedBatch.finish reads)
         self.place = [self.order.index((part, j)) for part in self.parts
@@ -79,6 +85,7 @@ class Buckets(Generic[ArrayT]):
                          for pack in (part.plan.packs[j] for part, j in self.order)]
         # each step's fused buckets and views, kept for the next step (algorithms/reuse.py)
         self.keeper = BucketKeeper(self.arrays)
+        self.agreed = False  # whether a step's buckets have all returned: the peers' are these
         self._reset()
 
     def _reset(self) -> None:
@@ -206,6 +213,7 @@ class Buckets(Generic[ArrayT]):
             self._abandon_step(exc)
             raise
         self._reset()
+        self.agreed = True
         if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
             reduced = [self.edge.back(buf) for buf in reduced]
         reduced = [reduced[b] for b in self.place]
@@ -220,12 +228,15 @@ class Buckets(Generic[ArrayT]):
         ranks' calls still pair; the buckets then take the next step's tensors. Where every
         bucket has started, the error is this rank's alone (its peers' buckets pair with the
         ones in flight), and the step is over all the same: the next ``ready`` is the next
-        step's, as the docstring of the module says."""
+        step's, as the docstring of the module says. Before the ranks have agreed on any bucket
+        of the list, its peers say how many they issued (this rank's list may not be theirs)."""
         remaining = len(self.order) - self.started
         if remaining == 0:
             self._abandon_step(error)
             raise error
         try:
+            if not self.agreed and self.started == 0:
+                refuse(self.comm.calls, "buckets", error)
             refuse(self.comm.calls, "buckets", error, remaining, len(self.order))
         finally:
             self._abandon_step(error)

@@ -416,33 +416,45 @@ CASES.append(Case("buckets-one-rank-bad-ready-index", (run("buckets", XS), bad_r
                   where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
-def too_many_buckets(ctx: Ctx) -> Call:
-    """An asynchronous batch of more buckets than the in-flight limit: refused on every rank
-    before any bucket is issued, as a ValueError saying how many and naming the knob (it
-    said the rank had too many handles unwaited, with none), and the communicator still
-    works."""
+def too_many_buckets(kind: str):
+    """An asynchronous batch, or buckets, of more buckets than the in-flight limit: refused on
+    every rank before any bucket is issued, as a ValueError saying how many and naming the
+    knob, and the communicator still works (the batch said the rank had too many handles
+    unwaited, with none; the buckets issued 1024 of theirs, then said so: a wait() cannot come
+    before the last bucket)."""
     from collectives.runtime.in_flight import MAX_IN_FLIGHT
 
-    xs = [np.full(2, float(ctx.rank + 1), np.float32) for _ in range(MAX_IN_FLIGHT + 1)]
+    def step(ctx: Ctx) -> Call:
+        xs = [np.full(2, float(ctx.rank + 1), np.float32) for _ in range(MAX_IN_FLIGHT + 1)]
 
-    def body(comm):
-        try:
-            comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True)
-        except Exception as exc:  # noqa: BLE001 - what it says is the outcome
-            refusal = f"{type(exc).__name__}: {exc}"
-        else:
-            return "issued"
-        after = comm.all_reduce(np.ones(3))
-        return refusal if float(after[0]) == ctx.size else f"then wrong: {after}"
+        def body(comm):
+            try:
+                if kind == "buckets":
+                    buckets = comm.buckets(xs, bucket_bytes=0)
+                    for k, x in enumerate(xs):
+                        buckets.ready(k, x)
+                    buckets.wait()
+                else:
+                    comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True)
+            except Exception as exc:  # noqa: BLE001 - what it says is the outcome
+                refusal = f"{type(exc).__name__}: {exc}"
+            else:
+                return "issued"
+            after = comm.all_reduce(np.ones(3))
+            return refusal if float(after[0]) == ctx.size else f"then wrong: {after}"
 
-    def refused(got) -> str | None:
-        said = f"ValueError: this asynchronous batch would issue {MAX_IN_FLIGHT + 1} calls"
-        return None if got.startswith(said) and "bucket_bytes" in got else f"got {got!r}"
-    return Call(body, expect=ok(check=refused), same=False)
+        def refused(got) -> str | None:
+            said = (f"ValueError: the list makes {MAX_IN_FLIGHT + 1} buckets" if kind == "buckets"
+                    else f"ValueError: this asynchronous batch would issue {MAX_IN_FLIGHT + 1} "
+                    "calls")
+            return None if got.startswith(said) and "bucket_bytes" in got else f"got {got!r}"
+        return Call(body, expect=ok(check=refused), same=False)
+    return step
 
 
-CASES.append(Case("batch-async-over-the-limit-refused-up-front", (too_many_buckets,),
-                  where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+for kind in ("batch-async", "buckets"):
+    CASES.append(Case(f"{kind}-over-the-limit-refused-up-front", (too_many_buckets(kind),),
+                      where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 
 def waited_twice(ctx: Ctx) -> Call:

@@ -278,6 +278,29 @@ def works_after(ctx: Ctx) -> Call:
     return Call("all_reduce", (np.ones(2),), expect=ok(np.full(2, float(ctx.size)), within=1.0))
 
 
+def cut_differently_bad_ready(ctx: Ctx) -> Call:
+    """The last rank cuts the list into a bucket per tensor, its peers into one, and its
+    first ``ready`` is bad: it raises naming the tensor, its peers a PeerFailedError, and the
+    next call works (it refused its own three buckets against their one, and broke the
+    communicator: before any bucket agreed, its peers say how many they issued)."""
+    xs = tensors(ctx, L)
+    last = ctx.rank == ctx.size - 1
+
+    def body(comm):
+        buckets = comm.buckets(xs, **({"bucket_bytes": 0} if last else {}))
+        for k, x in enumerate(xs):
+            buckets.ready(k, x.astype(np.float64) if last and k == 0 else x)
+        return buckets.wait()
+    mine = raises("ValueError", match="tensor 0 is float64", within=1.0)
+    return Call(body, expect=mine if last else peer_failed(ctx.size - 1, "tensor 0"),
+                same=False, caught=True)
+
+
+CASES.append(Case("lists-buckets-cut-into-other-buckets-bad-ready-first-step",
+                  (cut_differently_bad_ready, works_after),
+                  where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+
 # Every bad argument of a blocking batch's matrix (cases_kinds), and those a list's buckets
 # check once they are known (JAX's list left out: its import takes seconds in every process)
 BAD_FOR_THREE_BUCKETS = {
