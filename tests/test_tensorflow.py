@@ -329,6 +329,10 @@ def test_open_communicator_accepts_the_documented_values(monkeypatch):
         open_communicator("auto", auto=True, timeout="x")
     with pytest.raises(ValueError, match="timeout=-1 must be a positive number"):
         open_communicator(None, timeout=-1)
+    # (a timeout beside a Communicator was ignored: its own, maybe 300 s, applied)
+    with pytest.raises(ValueError, match=r"timeout=3 applies to a communicator this opens.*"
+                                         r"keeps its own \(init\(timeout=\.\.\.\)\)"):
+        collectives.run(lambda comm: open_communicator(comm, timeout=3), 2)
 
 
 # --- TensorFlow, one process per configuration --------------------------------------------------

@@ -122,12 +122,15 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             return super().reduce(reduce_op, per_replica_value, destinations, options)
 
     def batch_reduce(self, reduce_op, value_destination_pairs, options=None):
-        """TensorFlow's ``batch_reduce``; an empty batch returns ``[]`` (TF raises IndexError)."""
-        pairs = list(value_destination_pairs)
-        if not pairs:
-            return []
+        """TensorFlow's ``batch_reduce``; an empty batch returns ``[]`` (TF raises IndexError),
+        agreed across workers as any batch (``Workers.agree_on_empty``)."""
         with self.workers.refused_to_peers("batch_reduce", _BAD_INPUT):
-            return super().batch_reduce(reduce_op, pairs, options)
+            pairs = list(value_destination_pairs)
+            if pairs:
+                return super().batch_reduce(reduce_op, pairs, options)
+            timeout = options.timeout_seconds if options is not None else None
+            self.workers.agree_on_empty(check_reduce_op(reduce_op), timeout)
+            return []
 
     def _gather(self, per_replica_value, destinations, axis, options=None):
         with self.workers.refused_to_peers("gather", _BAD_INPUT):

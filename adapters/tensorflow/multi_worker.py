@@ -33,6 +33,8 @@ class MultiWorkerAllReduce(CrossDeviceOps):
       processes. Given, ``worker_devices`` must name as many workers as there are processes.
     * ``communicator``: ``"auto"`` (MPI when launched by ``mpiexec`` with more than one
       process, else a single worker), ``"mpi"``, None, or any ``collectives.Communicator``.
+    * ``timeout``: seconds the MPI communicator it opens waits for a worker (300 by
+      default); a ``Communicator`` passed keeps its own, and a ``timeout`` beside it raises.
     * MEAN divides by the global device count. SUM: Keras (and most loops) scale each
       replica's loss by ``strategy.num_replicas_in_sync``, which counts only a worker's own
       devices, so by default (``workers_sum="mean"``) floating SUMs are averaged over workers
@@ -50,7 +52,7 @@ class MultiWorkerAllReduce(CrossDeviceOps):
                  num_gpus_per_worker: int | None = None,
                  all_reduce_spec=("pscpu/pscpu", 2, -1), num_packs: int = 0,
                  agg_small_grads_max_bytes: int = 0, agg_small_grads_max_group: int = 10, *,
-                 communicator="auto", workers_sum: str = "mean", timeout: float = 300.0,
+                 communicator="auto", workers_sum: str = "mean", timeout: float | None = None,
                  compression: Compression = None):
         if num_gpus_per_worker is not None and (isinstance(num_gpus_per_worker, bool) or
                                                 not isinstance(num_gpus_per_worker, int) or

@@ -9,10 +9,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from collectives import Communicator
 from collectives.runtime.refusals import refused_to_peers
 from collectives.runtime.validate import check_timeout
 
+from . import convert
+from .agreement import agree, signature
 from .pinned import PinnedBuffer
 
 __all__ = ["Workers", "launched_world_size", "open_communicator"]
@@ -53,6 +57,25 @@ class Workers:
             return contextlib.nullcontext()
         return refused_to_peers(self.comm, f"{what} (TensorFlow's cross-device ops)", errors)
 
+    def agree_on_empty(self, op: Any, timeout: float | None) -> None:
+        """An empty batch's agreement across workers (one host call, at every step in a
+        graph): a worker whose batch is empty beside another's tensors returned at once, and
+        the other's call paired with its next step's (silently wrong sums); now both raise
+        ``CollectiveMismatchError``."""
+        if self.comm is None:
+            return
+        agreed = signature({"call": "batch_reduce", "op": op.name, "workers_sum": self.sum,
+                            "compression": self.compression, "devices": (), "route": (),
+                            "tensors": ()})
+
+        def run():
+            with self.lock:
+                agree(self.comm, agreed, timeout=timeout)
+            return [np.zeros((), np.int8)]  # (a host call has an output to order the next)
+        convert.host_call(run, [], [np.int8], [()], name="collectives_empty_batch")
+
+
+DEFAULT_TIMEOUT = 300.0  # seconds, for the MPI communicator open_communicator makes
 
 # Launchers announce the world size in the environment: MPICH/hydra, Open MPI, PMIx, Slurm.
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
@@ -68,16 +91,22 @@ def launched_world_size(env=None) -> int:
     return 1
 
 
-def open_communicator(communicator, *, timeout: float = 300.0, auto: bool = False):
+def open_communicator(communicator, *, timeout: float | None = None, auto: bool = False):
     """The ``Communicator`` that ``communicator`` names, or None for a single worker.
 
-    Accepted: a ``collectives.Communicator`` (used as is), ``"mpi"`` (a new
-    ``collectives.backends.mpi.init(timeout=timeout)``; every process must construct it, as it
-    is collective), or None (one worker). With ``auto``, also ``"auto"``: MPI when an MPI
-    launcher started more than one process, else None. Anything else raises now, not at the
-    first reduction.
+    Accepted: a ``collectives.Communicator`` (used as is, with its own timeout: a ``timeout``
+    given beside it raises, as it would be ignored), ``"mpi"`` (a new
+    ``collectives.backends.mpi.init(timeout=timeout)``, 300 s by default; every process must
+    construct it, as it is collective), or None (one worker). With ``auto``, also ``"auto"``:
+    MPI when an MPI launcher started more than one process, else None. Anything else raises
+    now, not at the first reduction.
     """
     check_timeout(timeout)  # (now, on one worker too: not first under mpiexec)
+    if timeout is not None and isinstance(communicator, Communicator):
+        raise ValueError(f"timeout={timeout!r} applies to a communicator this opens; the "
+                         "Communicator passed keeps its own (init(timeout=...)): drop timeout=, "
+                         "or give it there (CommunicationOptions(timeout_seconds=...) per call)")
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     choices = "a collectives.Communicator, 'mpi' (collectives.backends.mpi.init()), " + \
         ("'auto' or None" if auto else "or None")
     if communicator is None or isinstance(communicator, Communicator):

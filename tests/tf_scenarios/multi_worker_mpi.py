@@ -95,9 +95,12 @@ def one_bad_worker(ops) -> None:
     bad = {"a bad reduce_op": (lambda o: o.reduce("sum", x, x), ValueError, "reduce_op"),
            "empty destinations": (lambda o: o.reduce(SUM, x, ""), ValueError, "destinations"),
            "replicas of two dtypes": (lambda o: o.reduce(SUM, mixed, mixed), TypeError, "dtype"),
-           "a shape error while tracing": (traced, ValueError, "shape")}
+           "a shape error while tracing": (traced, ValueError, "shape"),
+           # (read before the refusal's context: worker 0's call paired with its next one)
+           "a batch that is no list": (lambda o: o.batch_reduce(SUM, None), TypeError,
+                                       "not iterable")}
     for what, (call, error, fragment) in bad.items():
-        fresh, warm = (ctf.MultiWorkerAllReduce(communicator=ops.communicator.dup(), timeout=120)
+        fresh, warm = (ctf.MultiWorkerAllReduce(communicator=ops.communicator.dup())
                        for _ in range(2))
         warm.reduce(SUM, x, x)  # (its agreement's digest exchange agreed: the steady state)
         for each in (fresh, warm):

@@ -145,7 +145,9 @@ def batch_mismatch(comm):
     """Worker 0 reduces a batch of one tensor, worker 1 of two: both raise
     CollectiveMismatchError before any data moves (eagerly, and inside tf.function, where
     TensorFlow reports it as InvalidArgumentError), and stay in step for the next batch.
-    Likewise a gather against a batch, and sparse batches of different lengths."""
+    Likewise a gather against a batch, sparse batches of different lengths, and an empty
+    batch beside one tensor (it returned [] at once, and the other worker's call paired with
+    its next: silently wrong sums), eagerly and inside tf.function."""
     devices = local(comm.rank)
     ops = ctf.MultiWorkerAllReduce(communicator=comm, all_reduce_spec="ring", workers_sum="sum")
 
@@ -188,6 +190,17 @@ def batch_mismatch(comm):
                                            tf.constant([3, 2])) for d in range(2)], devices)
     expect_error(collectives.CollectiveMismatchError, "batches of different lengths",
                  ops.batch_reduce, SUM, [(slices, devices[0])] * (1 + comm.rank))
+    expect_error(collectives.CollectiveMismatchError,
+                 "batches of different lengths (rank 0: 0 tensor(s), rank 1: 1 tensor(s))",
+                 ops.batch_reduce, SUM, [(x, x)] * comm.rank)
+
+    @tf.function
+    def empty_on_one(scale):
+        xs = value(scale)
+        return [r.values for r in ops.batch_reduce(SUM, [(xs, xs)] * comm.rank)]
+
+    expect_error(tf.errors.InvalidArgumentError, "rank 0: 0 tensor(s), rank 1: 1 tensor(s)",
+                 empty_on_one, tf.constant(1.0))
     out["after"] = parts(ops.reduce(SUM, x, x))
     return out
 
