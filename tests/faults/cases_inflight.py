@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from faults.kit import Call, Case, Ctx, ok, raises
-from faults.steps import timed_out
+from faults.steps import bucket_step, timed_out
 
 CASES: list[Case] = []
 BOTH = ("threads", "mpi")
@@ -164,10 +164,7 @@ def one_rank_over_the_limit(kind: str):
                 if kind == "batch":
                     comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True).wait()
                 elif kind == "buckets":
-                    buckets = comm.buckets(xs, bucket_bytes=0)
-                    for k, x in enumerate(xs):
-                        buckets.ready(k, x)
-                    buckets.wait()
+                    bucket_step(comm, xs, bucket_bytes=0)
                 else:
                     comm.all_reduce(np.ones(5), async_op=True).wait()
                 outcome = "ran"

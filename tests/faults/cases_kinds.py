@@ -17,7 +17,7 @@ import numpy as np
 
 from collectives.ops import ReduceOp, result_dtype
 from faults.kit import Call, Case, Ctx, ok, raises
-from faults.steps import peer_failed
+from faults.steps import bucket_step, peer_failed
 
 CASES: list[Case] = []
 BOTH = ("threads", "mpi")
@@ -50,10 +50,7 @@ def _batch_unfused(comm, xs, op="sum", timeout=None):
 
 
 def _buckets(comm, xs, op="sum", timeout=None):
-    buckets = comm.buckets(xs, op, timeout=timeout, bucket_bytes=0)
-    for k, x in enumerate(xs):
-        buckets.ready(k, x)
-    return buckets.wait()
+    return bucket_step(comm, xs, None, op, timeout=timeout, bucket_bytes=0)
 
 
 def _prepared(comm, xs, op="sum", timeout=None):
@@ -430,10 +427,7 @@ def too_many_buckets(kind: str):
         def body(comm):
             try:
                 if kind == "buckets":
-                    buckets = comm.buckets(xs, bucket_bytes=0)
-                    for k, x in enumerate(xs):
-                        buckets.ready(k, x)
-                    buckets.wait()
+                    bucket_step(comm, xs, bucket_bytes=0)
                 else:
                     comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True)
             except Exception as exc:  # noqa: BLE001 - what it says is the outcome

@@ -27,17 +27,14 @@ from faults.cases_kinds import (
     tensors,
 )
 from faults.kit import Call, Case, Ctx, ok, raises
-from faults.steps import peer_failed
+from faults.steps import bucket_step, peer_failed
 
 CASES: list[Case] = []
 L = [(2, 3), (5,), (3, 2)]
 
 
 def _buckets_fused(comm, xs, op="sum", timeout=None):
-    buckets = comm.buckets(xs, op, timeout=timeout)
-    for k, x in enumerate(xs):
-        buckets.ready(k, x)
-    return buckets.wait()
+    return bucket_step(comm, xs, None, op, timeout=timeout)
 
 
 LIST_KINDS = {**{k: KINDS[k] for k in ("batch", "batch-async", "batch-unfused", "buckets",
@@ -207,10 +204,7 @@ def cut_differently(kind: str):
 
         def body(comm):
             if kind == "buckets":
-                buckets = comm.buckets(xs, **cut)
-                for k, x in enumerate(xs):
-                    buckets.ready(k, x)
-                return buckets.wait()
+                return bucket_step(comm, xs, **cut)
             if kind == "batch-async":
                 return comm.batch_all_reduce(xs, async_op=True, **cut).wait()
             return comm.batch_all_reduce(xs, **cut)
@@ -263,10 +257,7 @@ def bad_arg_three_buckets(kind: str, bad: dict, error: str, match: str, bad_xs=N
 
         def body(comm):
             if kind == "buckets":
-                buckets = comm.buckets(given, **kwargs)
-                for k, x in enumerate(xs):
-                    buckets.ready(k, x)
-                return buckets.wait()
+                return bucket_step(comm, given, xs, **kwargs)
             return comm.batch_all_reduce(given, async_op=True, **kwargs).wait()
         mine = raises(error, match=match, within=1.0)
         theirs = peer_failed(0, match)
@@ -287,10 +278,8 @@ def cut_differently_bad_ready(ctx: Ctx) -> Call:
     last = ctx.rank == ctx.size - 1
 
     def body(comm):
-        buckets = comm.buckets(xs, **({"bucket_bytes": 0} if last else {}))
-        for k, x in enumerate(xs):
-            buckets.ready(k, x.astype(np.float64) if last and k == 0 else x)
-        return buckets.wait()
+        given = [x.astype(np.float64) if last and k == 0 else x for k, x in enumerate(xs)]
+        return bucket_step(comm, xs, given, **({"bucket_bytes": 0} if last else {}))
     mine = raises("ValueError", match="tensor 0 is float64", within=1.0)
     return Call(body, expect=mine if last else peer_failed(ctx.size - 1, "tensor 0"),
                 same=False, caught=True)
@@ -356,10 +345,7 @@ def _reduced_as(kind: str):
         def body(comm):
             mine = kind if ctx.rank == ctx.size - 1 else "batch"
             if mine == "buckets":
-                buckets = comm.buckets(xs, bucket_bytes=0)
-                for k, x in enumerate(xs):
-                    buckets.ready(k, x)
-                return buckets.wait()
+                return bucket_step(comm, xs, bucket_bytes=0)
             if mine == "batch-async":
                 return comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True).wait()
             return comm.batch_all_reduce(xs, bucket_bytes=0)

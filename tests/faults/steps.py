@@ -16,6 +16,15 @@ from faults.kit import Call, Ctx, Expect, Step, ok, raises
 COUNT = 6  # elements per rank: more than any rank count, and not a multiple of 4
 
 
+def bucket_step(comm, like, xs=None, *args, **kwargs):
+    """One step of ``comm.buckets(like, *args, **kwargs)``: each tensor of ``xs`` (``like``
+    itself by default) marked ready in order, then the step's ``wait()``."""
+    buckets = comm.buckets(like, *args, **kwargs)
+    for k, x in enumerate(like if xs is None else xs):
+        buckets.ready(k, x)
+    return buckets.wait()
+
+
 def inputs(ctx: Ctx, *, dtype=np.float64, op="sum", count: int = COUNT, seed: int = 0) -> list:
     """Every rank's input (this rank's is ``inputs(...)[ctx.rank]``)."""
     return exact_inputs(ctx.size, count, dtype, ReduceOp.parse(op), seed=seed)
