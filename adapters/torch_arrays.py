@@ -224,12 +224,16 @@ class TorchArrays:
     @staticmethod
     def host_address(x: Any) -> int | None:
         """The address of CPU tensor ``x``'s first element where it may be read and written
-        by address: contiguous, untracked by autograd, no lazy conjugate or negation (the
-        edge refuses those, naming the fix); else None."""
-        if (x.device.type != "cpu" or x.requires_grad or not x.is_contiguous() or x.is_conj()
-                or x.is_neg()):  # (a meta tensor's address is 0: read, it crashed the process)
+        by address: a dense tensor with memory of its own (not a meta, mkldnn or zero
+        tensor), contiguous, untracked by autograd, no lazy conjugate or negation (the edge
+        refuses those, naming the fix); else None. (A meta or zero tensor's address is 0,
+        which the compiled path read: the process crashed; an mkldnn tensor's raised inside
+        the call, which broke the communicator.)"""
+        if (x.device.type != "cpu" or x.layout is not _torch().strided or x.requires_grad
+                or not x.is_contiguous() or x.is_conj() or x.is_neg() or x._is_zerotensor()):
             return None
-        return x.data_ptr()
+        address = x.data_ptr()
+        return address if address else None
 
     @staticmethod
     def empty_like(x: Any) -> Any:

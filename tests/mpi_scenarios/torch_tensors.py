@@ -80,17 +80,20 @@ UNREADABLE = {"nested": lambda: torch.nested.nested_tensor([torch.ones(3)] * 4),
               "jagged": lambda: torch.nested.nested_tensor([torch.ones(3)] * 4,  # its shape
                                                            layout=torch.jagged),  # raises)
               "sparse": lambda: torch.ones(4, 3).to_sparse(),
-              # (the hot path's signature, its address 0: the hot path read it, and the
-              # process crashed)
-              "meta": lambda: torch.ones(1000, device="meta")}
+              # (the hot path's signature: a meta or zero tensor's address is 0, which the
+              # hot path read, and the process crashed; an mkldnn tensor's raised inside the
+              # call, which broke the communicator)
+              "meta": lambda: torch.ones(1000, device="meta"),
+              "zero": lambda: torch._efficientzerotensor(1000),
+              "mkldnn": lambda: torch.ones(1000).to_mkldnn()}
 
 
 def unreadable_on_one_rank() -> list[str]:
-    """A tensor the library cannot read (nested, sparse, meta) on rank 1, in a call of a new
-    signature right after a hot-path call of another: rank 1 raises a TypeError naming ``x``,
-    its peers a PeerFailedError naming rank 1, and the next call works (a nested tensor's
-    RuntimeError, raised as the hot path's check read its shape, escaped on rank 1 alone: its
-    peers were never told, and its next call paired with their call)."""
+    """A tensor the library cannot read (nested, sparse, meta, zero, mkldnn) on rank 1, in a
+    call of a new signature right after a hot-path call of another: rank 1 raises a TypeError
+    naming ``x``, its peers a PeerFailedError naming rank 1, and the next call works (a nested
+    tensor's RuntimeError, raised as the hot path's check read its shape, escaped on rank 1
+    alone: its peers were never told, and its next call paired with their call)."""
     wrong = []
     for kind, bad in UNREADABLE.items():
         comm.all_reduce(torch.ones(1000))  # (the hot path is the last call's)
