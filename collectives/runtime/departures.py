@@ -65,10 +65,26 @@ class Ledger:
 
 def exit_notice(transport: Any, seq: int, message: str) -> Failure:
     """The notice a rank that leaves after call ``seq`` sends its peers, with the messages
-    it posted to each (from its engine's ledger, if it has one)."""
+    it posted to each and the calls it issued and had in flight (from its engine, if it has
+    one)."""
     engine = engine_of(transport)
-    sent = engine.messages.sent_by_peer() if engine is not None else None
-    return Failure(transport.rank, seq, "exited", message, sent)
+    if engine is None:
+        return Failure(transport.rank, seq, "exited", message, None)
+    return Failure(transport.rank, seq, "exited", message, engine.messages.sent_by_peer(),
+                   engine.seq, engine.calls_pending())
+
+
+def lost_with(notice: Failure, call: int) -> bool:
+    """Whether a peer's ``call`` cannot finish for ``notice``'s rank: the call it failed in,
+    and every later one; for a rank that left, the calls after ``seq`` that it had not
+    finished (in flight when it left, or never issued; every one where it did not say). A
+    call it finished after one still in flight is not lost: it said "after call 1" where
+    call 4 had finished, and a peer still in call 4 failed it (thread ranks after a list's
+    mismatch, whose later buckets were still agreeing)."""
+    if notice.kind != "exited":
+        return call >= notice.seq
+    return call > notice.seq and (notice.issued is None or call > notice.issued
+                                  or call in notice.pending)
 
 
 def left(ledger: Ledger, notice: Failure, rank: int) -> None:

@@ -18,7 +18,6 @@ agreements) is ``failures.py``'s.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import weakref
@@ -59,7 +58,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         # point-to-point messages still run while every cause of ``broken`` is a peer that
         # left, to and from the ranks still there, and from it as far as it sent them
         self.only_exits = False
-        self.exits_from = math.inf  # the first call a peer that left will not join
+        self.exits: list[Failure] = []  # the notices of peers that left (``exit_loses``)
         self.suspect: tuple[int, int] | None = None  # (disputes.py: a peer done, unagreed)
         # the latest peers' refusals, by call: what a call that cannot finish names as its
         # cause (disputes.py), not the rank that finished it first
@@ -121,7 +120,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
         if self.broken is not None and (not self.only_exits or (
-                what not in MESSAGES and self.seq + 1 >= self.exits_from)):
+                what not in MESSAGES and self.exit_loses(self.seq + 1))):
             raise self.broken_error(what)  # (peers that left joined the calls before theirs)
 
     def reported(self, op: Operation) -> None:

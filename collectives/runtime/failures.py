@@ -25,7 +25,14 @@ from ..errors import (
     PeerFailedError,
 )
 from .agreement import AGREED
-from .departures import Ledger, left, lost_message, unmatched_receives, waiting_receives
+from .departures import (
+    Ledger,
+    left,
+    lost_message,
+    lost_with,
+    unmatched_receives,
+    waiting_receives,
+)
 from .disputes import Disputes
 from .missing import all_in_call, missing_ranks
 from .operation import Operation
@@ -54,7 +61,7 @@ class Failures(Disputes):
     forgotten: int
     broken: str | None
     only_exits: bool  # every cause of ``broken`` is a peer that left
-    exits_from: float  # the first call one of them will not join (inf: none left)
+    exits: list[Failure]  # their notices: which calls each will not join (``lost_with``)
     messages: Ledger
     freed: bool
     last_entered: float  # when this rank's last call began (``back_after_quiet``)
@@ -89,8 +96,7 @@ class Failures(Disputes):
                 continue
             empty = 0
             self.peer_failed(failure)
-            lost = failure.seq + 1 if failure.kind == "exited" else failure.seq
-            if failure.kind not in ("rejected", "disputed") and self.seq + 1 >= lost:
+            if failure.kind not in ("rejected", "disputed") and lost_with(failure, self.seq + 1):
                 raise failure.error(
                     f"rank {self.rank}: {what} (call {self.seq + 1}) cannot run because rank "
                     f"{failure.rank} {'left after' if failure.kind == 'exited' else 'failed in'}"
@@ -148,7 +154,7 @@ class Failures(Disputes):
                 kept = [m for m in messages if m.receiving and m not in lost_receives]
             for op in list(self.inflight):
                 if op.breaking:
-                    doomed = op.seq >= lost
+                    doomed = lost_with(failure, op.seq)
                 elif op.advance():  # a message that got through is not lost
                     doomed = False
                 elif exited:  # a message to or from the rank that left, unless it sent it
@@ -172,17 +178,21 @@ class Failures(Disputes):
                 self.inflight.remove(op)
         self.only_exits = exited and (self.broken is None or self.only_exits)
         if exited:
-            self.exits_from = min(self.exits_from, lost)
+            self.exits.append(failure)
         self.broken = self.broken or f"rank {failure.rank} {where} {failure.seq} ({failure.message})"
 
     def _messages_in_flight(self) -> list[Any]:
         """The stages of the point-to-point messages in flight, in the order posted."""
         return [op.stages[0] for op in self.inflight if not op.breaking and not op.finished]
 
+    def exit_loses(self, call: int) -> bool:
+        """Whether a peer that left will not join ``call`` (its notice says: ``lost_with``)."""
+        return any(lost_with(notice, call) for notice in self.exits)
+
     def refusal(self, op: Operation) -> BaseException | None:
         """Why a broken communicator refuses ``op`` now (None: it may run): every call, but a
         message while every cause is a peer that left (``message_refusal``)."""
-        if not self.only_exits or (op.breaking and op.seq >= self.exits_from):
+        if not self.only_exits or (op.breaking and self.exit_loses(op.seq)):
             return self.broken_error(op.description)
         if op.breaking:  # a call the peers that left joined before they left
             return None

@@ -82,9 +82,13 @@ class InFlight:
     def finished_through(self) -> int:
         """The latest call before which every call here has finished: what a rank that leaves
         tells its peers (its calls in flight are lost with it: peers must not wait for them)."""
-        with self.state:
-            pending = [op.seq for op in self.inflight if op.breaking and not op.finished]
+        pending = self.calls_pending()
         return min(pending) - 1 if pending else self.seq
+
+    def calls_pending(self) -> frozenset[int]:
+        """The collectives in flight here: those a rank that leaves loses with it."""
+        with self.state:
+            return frozenset(op.seq for op in self.inflight if op.breaking and not op.finished)
 
     def drain(self) -> None:
         """Before the communicator is freed: every collective in flight runs to its end, each

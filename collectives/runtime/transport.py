@@ -67,14 +67,17 @@ class Failure:
     "timeout", "lost" (its transport failed a transfer with a peer: an error, which a
     transport may tell fewer peers, as it does a timeout), or "exited" when the peer left (its
     program ended, or it raised outside the library) after finishing call ``seq``;
-    ``message`` is its exception, as text. ``sent`` (an exit's): the messages the peer had
-    posted, destination -> tag -> count (None: unknown; ``collectives.runtime.departures``)."""
+    ``message`` is its exception, as text. An exit's ``sent``: the messages the peer had
+    posted, destination -> tag -> count (None: unknown); ``issued`` and ``pending``: the last
+    call it issued, and those still in flight when it left (None: unknown; ``departures``)."""
 
     rank: int
     seq: int
     kind: str
     message: str
     sent: Mapping[int, Mapping[int, int]] | None = field(default_factory=dict)
+    issued: int | None = None
+    pending: frozenset[int] = frozenset()
 
     def addressed_to(self, peer: int) -> Failure:
         """The notice as ``peer`` needs it: of the messages sent, only those to it."""
