@@ -98,6 +98,7 @@ UNREADABLE = {  # tensors in place of one of n complex elements, which pass a li
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # (deprecated, still made)
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # (a prototype)
 @pytest.mark.parametrize("kind", ["batch", "batch-async", "fused", "buckets"])
 @pytest.mark.parametrize("bad", list(UNREADABLE))
 @pytest.mark.parametrize("at", [0, 1])
