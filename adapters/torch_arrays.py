@@ -224,16 +224,19 @@ class TorchArrays:
     @staticmethod
     def host_address(x: Any) -> int | None:
         """The address of CPU tensor ``x``'s first element where it may be read and written
-        by address: a dense tensor with memory of its own (not a meta, mkldnn or zero
-        tensor), contiguous, untracked by autograd, no lazy conjugate or negation (the edge
-        refuses those, naming the fix); else None. (A meta or zero tensor's address is 0,
-        which the compiled path read: the process crashed; an mkldnn tensor's raised inside
-        the call, which broke the communicator.)"""
-        if (x.device.type != "cpu" or x.layout is not _torch().strided or x.requires_grad
-                or not x.is_contiguous() or x.is_conj() or x.is_neg() or x._is_zerotensor()):
+        by address: memory of its own (not a meta, zero, empty, mkldnn or sparse tensor),
+        contiguous, untracked by autograd, no lazy conjugate or negation (the edge refuses
+        those, naming the fix); else None. (A meta or zero tensor's address is 0, which the
+        compiled path read: the process crashed; an mkldnn tensor's raised inside the call,
+        which broke the communicator.)"""
+        if (not x.is_cpu or x.requires_grad or not x.is_contiguous() or x.is_conj()
+                or x.is_neg()):  # (attributes, not x.device or x.layout: twice a call)
             return None
-        address = x.data_ptr()
-        return address if address else None
+        try:
+            address = x.data_ptr()
+        except RuntimeError:  # (no storage: an mkldnn or sparse tensor)
+            return None
+        return address or None  # (0: a meta, zero or empty tensor)
 
     @staticmethod
     def empty_like(x: Any) -> Any:

@@ -147,8 +147,8 @@ class MPITransport:
         engine = engine_of(self)
         if engine is not None:  # (calls still in flight here are lost: peers must not wait)
             seq = min(seq, engine.finished_through())
-        self.notify_failure(exit_notice(self, seq, f"{why} after its call {seq}, and joins no "
-                                        "later call"))
+        self.notify_failure(exit_notice(self, seq, f"{why} with every call through {seq} "
+                                        "finished, and joins no later call"))
 
     def notify_failure(self, failure: Failure) -> None:
         self._troubled = self._troubled or failure.kind not in HARMLESS

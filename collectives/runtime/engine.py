@@ -76,7 +76,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.waits: dict[int, tuple[float, float, Operation]] = {}
         self.entered, self.beat = 0, 0.0  # (beat: when the progress thread began a round)
         self.guarded = hang_guard.watch(self)
-        transport.engine = weakref.ref(self)  # (a leaving rank asks it: finished_through)
+        transport.engine = weakref.ref(self)  # (a leaving rank asks it what it finished)
 
     # --- entering a call ----------------------------------------------------------------
 

@@ -5,8 +5,8 @@ of ``Engine``, over its ``outstanding``, ``inflight``, ``state``, ``seq`` and ``
 At most ``MAX_IN_FLIGHT`` asynchronous collectives may be issued and not yet waited on (or
 dropped) on one rank; a call past it is refused before any data moves, through its agreement
 as a bad argument is (``CallRunner.start``): a peer that waited for its handles has room, and
-hears of the refusal. A rank that leaves with calls in flight tells its peers after which call
-it left (``finished_through``): the calls it still had in flight are lost with it.
+hears of the refusal. A rank that leaves with calls in flight tells its peers which ones
+(``calls_pending``, after ``finished_through``): they are lost with it.
 
 Freed with calls in flight (``drain``), a communicator first lets its collectives finish,
 each within its deadline, as MPI lets pending operations complete, and withdraws its

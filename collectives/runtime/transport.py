@@ -69,7 +69,8 @@ class Failure:
     program ended, or it raised outside the library) after finishing call ``seq``;
     ``message`` is its exception, as text. An exit's ``sent``: the messages the peer had
     posted, destination -> tag -> count (None: unknown); ``issued`` and ``pending``: the last
-    call it issued, and those still in flight when it left (None: unknown; ``departures``)."""
+    call it issued (None: unknown, every call after ``seq`` is lost), and those still in
+    flight when it left (``departures.lost_with``)."""
 
     rank: int
     seq: int

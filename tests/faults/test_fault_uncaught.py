@@ -59,7 +59,8 @@ def test_a_non_zero_sys_exit_ends_the_job_naming_the_rank_and_status():
 
 
 @pytest.mark.parametrize("mode, says", [
-    ("exit0", "rank 1 left after call 11: it exited (status 0) after its call 11,"),
+    ("exit0", "rank 1 left after call 11: it exited (status 0) with every call through 11 "
+              "finished,"),
     # (abort_on_error=False turned the exit's notice off too: the peers waited it out)
     ("keep-raise", "rank 1 left after call 1: it raised an uncaught RuntimeError: an error"),
 ])
