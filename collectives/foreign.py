@@ -84,6 +84,19 @@ def attribute(x: Any, name: str) -> Any:
         return None
 
 
+def has_attribute(x: Any, name: str) -> bool:
+    """Whether ``x`` has an attribute ``name``; one whose reading raises counts (a nested
+    tensor's ``shape``: it is an array, named where it is read; ``hasattr`` let the error
+    out, past the refusal)."""
+    try:
+        getattr(x, name)
+    except AttributeError:
+        return False
+    except Exception:  # noqa: BLE001 - its library's error: the attribute is there
+        return True
+    return True
+
+
 def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = None) -> np.ndarray:
     """A NumPy view of ``x`` (a copy only where its producer cannot share memory); ``view``:
     its array kind's own way to one (``as_numpy``: PyTorch's bfloat16, which NumPy's DLPack

@@ -62,7 +62,7 @@ class Workers:
         graph): a worker whose batch is empty beside another's tensors returned at once, and
         the other's call paired with its next step's (silently wrong sums); now both raise
         ``CollectiveMismatchError``."""
-        if self.comm is None:
+        if self.size == 1:
             return
         agreed = signature({"call": "batch_reduce", "op": op.name, "workers_sum": self.sum,
                             "compression": self.compression, "devices": (), "route": (),

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..foreign import has_attribute
 from ..runtime.calls import BatchTag
 from ..runtime.work import BatchWork
 
@@ -38,7 +39,7 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
         return items  # (arrays of one type, none requiring grad: nothing to name)
     first = None
     for k, x in enumerate(items):
-        if not (_has(x, "shape") and _has(x, "dtype")):
+        if not (has_attribute(x, "shape") and has_attribute(x, "dtype")):
             what = "None" if x is None else f"a {_name(x)}"
             raise TypeError(f"{argument}[{k}] is {what}, not an array; pass a list of arrays "
                             "(NumPy, or one other library's)")
@@ -51,19 +52,6 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
                             f"{_name(first)}; one batch takes arrays of one library: convert "
                             "them to one first (np.asarray, torch.as_tensor, jnp.asarray)")
     return items
-
-
-def _has(x: Any, name: str) -> bool:
-    """Whether ``x`` has an attribute ``name``; one whose reading raises counts (a nested
-    tensor's ``shape``: it is an array, named where it is read; ``hasattr`` let the error
-    out, past the refusal). ``foreign.attribute`` reads one, None where reading raises."""
-    try:
-        getattr(x, name)
-    except AttributeError:
-        return False
-    except Exception:  # noqa: BLE001 - its library's error: the attribute is there
-        return True
-    return True
 
 
 @functools.cache

@@ -24,7 +24,7 @@ from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
 from ..runtime.in_flight import MAX_IN_FLIGHT
-from ..runtime.refusals import refuse, refusing
+from ..runtime.refusals import refuse, refuse_rest, refusing
 from ..runtime.validate import check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
@@ -203,18 +203,10 @@ class BatchOps(CommParts):
                     raise
                 # packing or reading a bucket failed (a tensor PyTorch cannot hand over): the
                 # calls its peers make of the buckets not yet made are refused, so that they
-                # fail at once: all of them where they issue every bucket before waiting
-                # (asynchronous), else the one they wait on; before any bucket agreed, as
-                # many as they say (this rank's list may not be theirs)
+                # fail at once
                 names = [f"xs[{k}]" for k in range(len(xs))]
                 error = unreadable(edge, xs, names, exc) if crossing else exc
-                if made[0] == 0:
-                    refuse(self.calls, "batch_all_reduce", error)
-                elif async_op:
-                    refuse(self.calls, "batch_all_reduce", error, len(order) - made[0],
-                           len(order))
-                else:
-                    refuse(self.calls, "batch_all_reduce", error, 1, 1)
+                refuse_rest(self.calls, "batch_all_reduce", error, made[0], len(order), async_op)
 
         def finish(reduced: list) -> list:
             if crossing:  # the buckets go back, then unpack on the tensors' side

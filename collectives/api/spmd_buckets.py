@@ -21,7 +21,7 @@ from ..algorithms.reuse import BucketKeeper
 from ..hints import ArrayT
 from ..ops import ReduceOp, result_dtype
 from ..runtime.in_flight import MAX_IN_FLIGHT
-from ..runtime.refusals import BAD_INPUT, refuse
+from ..runtime.refusals import BAD_INPUT, refuse_rest
 from ..runtime.validate import check_timeout
 from ..runtime.work import BatchWork
 from .batch_checks import (
@@ -85,7 +85,6 @@ class Buckets(Generic[ArrayT]):
                          for pack in (part.plan.packs[j] for part, j in self.order)]
         # each step's fused buckets and views, kept for the next step (algorithms/reuse.py)
         self.keeper = BucketKeeper(self.arrays)
-        self.agreed = False  # whether a step's buckets have all returned: the peers' are these
         self._reset()
 
     def _reset(self) -> None:
@@ -213,7 +212,6 @@ class Buckets(Generic[ArrayT]):
             self._abandon_step(exc)
             raise
         self._reset()
-        self.agreed = True
         if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
             reduced = [self.edge.back(buf) for buf in reduced]
         reduced = [reduced[b] for b in self.place]
@@ -228,15 +226,11 @@ class Buckets(Generic[ArrayT]):
         ranks' calls still pair; the buckets then take the next step's tensors. Where every
         bucket has started, the error is this rank's alone (its peers' buckets pair with the
         ones in flight), and the step is over all the same: the next ``ready`` is the next
-        step's, as the docstring of the module says. Before the ranks have agreed on any bucket
-        of the list, its peers say how many they issued (this rank's list may not be theirs)."""
-        remaining = len(self.order) - self.started
-        if remaining == 0:
+        step's, as the docstring of the module says."""
+        if self.started == len(self.order):
             self._abandon_step(error)
             raise error
         try:
-            if not self.agreed and self.started == 0:
-                refuse(self.comm.calls, "buckets", error)
-            refuse(self.comm.calls, "buckets", error, remaining, len(self.order))
+            refuse_rest(self.comm.calls, "buckets", error, self.started, len(self.order), True)
         finally:
             self._abandon_step(error)

@@ -143,7 +143,6 @@ class Failures(Disputes):
                 self.join_late(op)
             return  # (a rank in the agreement already hears the verdict there)
         exited = failure.kind == "exited"
-        lost = failure.seq + 1 if exited else failure.seq
         where = "left after call" if exited else "failed in call"
         with self.state:
             kept: list[Any] = []  # the receives from a rank that left that it will match
@@ -161,7 +160,7 @@ class Failures(Disputes):
                     doomed = failure.rank in op.pending_peers() and op.stages[0] not in kept
                 else:  # messages stop with the communicator, and those to or from the failed
                     # rank, whatever call they follow
-                    doomed = op.seq >= lost or failure.rank in op.pending_peers()
+                    doomed = lost_with(failure, op.seq) or failure.rank in op.pending_peers()
                 if not doomed:
                     continue
                 own = op.own_error()

@@ -64,6 +64,20 @@ def refuse(runner: Any, what: str, error: Exception, count: int | None = None,
     raise error
 
 
+def refuse_rest(runner: Any, what: str, error: Exception, started: int, total: int,
+                ahead: bool) -> NoReturn:
+    """Raise ``error``, met while a list's buckets (``total``) are issued, ``started`` of them
+    on their way: refused for the calls its peers make of the rest. Before any has started,
+    as many as they say (this rank's list may not be theirs: ``refuse``'s unknown count);
+    else every one left where they issue them all before waiting on any (``ahead``:
+    asynchronous, or buckets), or the one they wait on."""
+    if started == 0:
+        refuse(runner, what, error)
+    if ahead:
+        refuse(runner, what, error, total - started, total)
+    refuse(runner, what, error, 1, 1)
+
+
 def _refused(runner: Any, what: str, error: Exception, issued: int,
              async_op: bool = False) -> Any:
     """One call refused with ``error`` (its handle, where ``async_op``); None where the
