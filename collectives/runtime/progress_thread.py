@@ -39,7 +39,9 @@ def start(engine: Any) -> None:
 def _drive(engine: Any) -> None:
     start_time = time.monotonic()
     idle_since = None
-    oldest: list = [None, 0.0]  # the oldest call in flight, and since when it is
+    # the oldest call in flight (its number: the call itself would keep its result alive
+    # while this thread idles), and since when it is
+    oldest: list = [None, 0.0]
     transport = engine.transport
     while True:
         engine.heartbeat()  # (a round that never ends: the hang guard looks)
@@ -70,11 +72,12 @@ def _drive(engine: Any) -> None:
 def _expire(engine: Any, seen: list) -> None:
     """Time out the oldest call in flight once it has been the oldest for its timeout, unless a
     ``wait()`` watches it (a wait applies its own deadline; the calls after it wait behind
-    it). ``seen``: ``[that call, since when]``, kept between rounds."""
+    it). ``seen``: ``[that call's number, since when]``, kept between rounds."""
     op = next((op for op in list(engine.inflight) if op.breaking and not op.finished), None)
     now = time.monotonic()
-    if op is not seen[0]:
-        seen[0], seen[1] = op, now
+    seq = None if op is None else op.seq
+    if seq != seen[0]:
+        seen[0], seen[1] = seq, now
         return
     timeout = engine.timeout if op is None or op.timeout is None else op.timeout
     if op is not None and not op.waited_by and now - seen[1] > timeout:
