@@ -354,6 +354,19 @@ def test_a_second_recording_of_one_process_keeps_the_first(tmp_path):
     assert {"all_reduce", "broadcast"} <= names
 
 
+def test_making_communicators_is_one_row_per_kind_of_call(record, capsys):
+    # (a dup's, a split's and a shared array's rows were named by the Python object behind
+    # them: one row per rank and call, which the summary could not line up across ranks)
+    def body(comm):
+        comm.dup().free()
+        comm.split(0).free()
+        comm.shared_empty(4)
+
+    collectives.run(body, 2)
+    names = [s.args.get("collective") for s in traces.spans(_events(record)) if s.cat == "call"]
+    assert sorted(names) == ["dup", "dup", "shared_empty", "shared_empty", "split", "split"]
+
+
 @pytest.mark.parametrize("name, contents, says", [
     ("r.json", '{"a": 1}', "without traceEvents, not a timeline file"),
     ("x.trace.json", "just a line\n", "line 2 is not a trace event"),
@@ -471,6 +484,7 @@ def test_a_timeline_folder_that_cannot_be_made_is_named_and_spares_the_import(tm
     ("summary", {"traceEvents": [{"ph": "X"}]}, "event 0 ({'ph': 'X'}) is a span without"),
     ("summary", {"traceEvents": 5}, "its traceEvents (5) are not a list"),
     ("summary", [1, 2, 3], "event 0 is 1, not a trace event"),
+    ("summary", [], "t.trace.json is empty"),  # (it said: no collective calls, exit 0)
     ("merge-into-folder", [], "-o {tmp}: is a folder; name a file"),
     ("plot-without-format", [], "name a .png, .svg, .pdf file"),
 ])

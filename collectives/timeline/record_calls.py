@@ -99,8 +99,9 @@ def _describe(subject: Any, size: int) -> tuple[str, dict]:
         return subject.split("(")[0], {"what": subject, "ranks": size}
     call = subject if hasattr(subject, "nbytes") else getattr(subject, "call", None)
     if call is None:  # a broadcast's non-root before the root described it
-        kind = getattr(subject, "collective", None)
-        args: dict[str, Any] = {"collective": kind.value if kind else str(subject), "ranks": size}
+        kind = getattr(subject, "collective", None)  # (else a dup or split: it says its name)
+        name = kind.value if kind else subject.describe()
+        args: dict[str, Any] = {"collective": name, "ranks": size}
         if hasattr(subject, "root"):
             args["root"] = subject.root
         return args["collective"], args

@@ -164,7 +164,8 @@ def merge(folder: str | Path, leave_out: str | Path | None = None) -> dict:
                                      "name": f"{event['args'].get('name', pid)} ({path.stem})"}
             events.append(event)
     if not any(e.get("ph") != "M" for e in events):
-        raise ValueError(f"{folder} holds no timeline events (its files hold names only)")
+        raise ValueError(f"{folder} holds no timeline events (its files are empty or hold "
+                         "names only)")
     events = _repaired(events)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"clock_offsets_us": offsets, "left_out": notes}}
@@ -224,7 +225,10 @@ def load(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         return merge(path)["traceEvents"]
-    return read_events(path)
+    events = read_events(path)
+    if not events:  # (an empty file read as a trace without calls, and a summary said so)
+        raise ValueError(f"{path} is empty: a timeline file holds trace events")
+    return events
 
 
 def spans(events: list[dict]) -> list[Span]:
