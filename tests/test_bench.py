@@ -251,6 +251,32 @@ def test_count_wrong_counts_corrupted_elements():
     assert bench.count_wrong(outputs, expected) == 4 + 1000
     outputs[2] = expected[2][:10]  # the wrong size: likewise
     assert bench.count_wrong(outputs, expected) == 4 + 1000
+    # the right values in the wrong dtype or shape: likewise (they counted as right)
+    outputs[2] = expected[2].astype(np.float64)
+    assert bench.count_wrong(outputs, expected) == 4 + 1000
+    outputs[2] = expected[2].reshape(10, 100)
+    assert bench.count_wrong(outputs, expected) == 4 + 1000
+    outputs[2] = [expected[2][:500], expected[2][500:].astype(np.float64)]  # a batch's
+    assert bench.count_wrong(outputs, expected) == 4 + 1000
+    outputs[2] = [expected[2][:500], expected[2][500:]]
+    assert bench.count_wrong(outputs, expected) == 4
+
+
+@pytest.mark.parametrize("lie", ["out= left unwritten", "float64 results"])
+def test_the_check_reads_the_out_buffers_and_the_dtype(lie, monkeypatch):
+    # (a call returning right values but leaving out= unwritten, or returning float64 for
+    # float32, was reported "0 wrong" in both halves)
+    def all_reduce(xs, op, algorithm, out=None):
+        results = collectives.all_reduce(xs, op, algorithm)  # (out= not passed on)
+        return results if lie == "out= left unwritten" else [r.astype(np.float64) for r in results]
+
+    config = bench.BenchConfig(participants=4, minbytes=64, maxbytes=64, algorithms=("ring",),
+                               warmup=0, iters=1, repeats=1)
+    (honest,) = bench.bench_devices(config)
+    assert honest["wrong"] == honest["inplace"]["wrong"] == 0
+    monkeypatch.setattr(bench.NUMPY_KIT, "api", type("Api", (), {"all_reduce": all_reduce}))
+    (row,) = bench.bench_devices(config)
+    assert row["wrong"] > 0 and row["inplace"]["wrong"] > 0
 
 
 @pytest.mark.parametrize("collective", bench.COLLECTIVES)
@@ -283,7 +309,7 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
     elif collective == "all_gather":
         want = [np.concatenate(inputs)] * n
     elif collective == "gather":
-        want = [None, np.concatenate(inputs), None]
+        want = [None, np.stack(inputs), None]  # (one row per participant, as it returns)
     elif collective == "scatter":
         want = blocks[1]
     elif collective == "all_to_all":
@@ -302,7 +328,7 @@ def test_expected_outputs_match_a_direct_reduction(collective, dtype, op):
             assert g is None and d is None
         else:
             assert g.dtype == d.dtype == w.dtype
-            assert np.array_equal(g, w) and np.array_equal(d.reshape(-1), w)
+            assert np.array_equal(g, w) and np.array_equal(d.reshape(w.shape), w)
 
 
 def test_bench_reports_wrong_results_and_fails(monkeypatch, capsys):

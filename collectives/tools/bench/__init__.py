@@ -1,13 +1,14 @@
 """``collectives bench``: time a collective over a sweep of sizes, in the style of nccl-tests.
 
 The tool's names, from its parts: ``config`` (what to measure), ``run`` (the sweep and its modes),
-``timing`` (one measurement), ``report`` (rows, the table, JSON), ``common`` (runners and
-array kits), ``command`` (the command line) and one record per collective (``all_reduce``,
-``reduce``, ``broadcast``, ``all_gather``, ``reduce_scatter``, ``gather``, ``scatter``,
-``all_to_all``, ``batch_all_reduce``).
+``timing`` (one measurement), ``check`` (wrong elements), ``report`` (rows, the table, JSON),
+``common`` (runners and array kits), ``command`` (the command line) and one record per
+collective (``all_reduce``, ``reduce``, ``broadcast``, ``all_gather``, ``reduce_scatter``,
+``gather``, ``scatter``, ``all_to_all``, ``batch_all_reduce``).
 """
 
 from ..reference import COLLECTIVES, REDUCING
+from .check import count_wrong
 from .common import NUMPY_KIT, ArrayKit, Runner
 from .config import COPIES, MODES, BenchConfig, kind, parse_dtype, parse_size
 from .report import HEADER, TITLE, Row, format_row, machine_info, make_row, metadata, write_json
@@ -17,7 +18,6 @@ from .run import (
     bench_devices,
     bench_spmd,
     bus_factor,
-    count_wrong,
     expected_output,
     expected_outputs,
     resolve_algorithm,

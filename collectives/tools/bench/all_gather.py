@@ -16,7 +16,7 @@ def devices(case, algorithm: str, inputs: list, kit) -> Runner:
     """Out of place: each device's result goes to a preallocated output of n blocks."""
     n, c = case.n, case.count
     outs = [kit.zeros(n * c, case.dtype, p) for p in range(n)]
-    return Runner(lambda: kit.api.all_gather(inputs, 0, algorithm, out=outs), zero(outs))
+    return Runner(lambda: kit.api.all_gather(inputs, 0, algorithm, out=outs), zero(outs), outs)
 
 
 def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
@@ -29,7 +29,7 @@ def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
         for o, x in zip(own, inputs):
             kit.copyto(o, x)
 
-    return Runner(lambda: kit.api.all_gather(own, 0, algorithm, out=bufs), reset)
+    return Runner(lambda: kit.api.all_gather(own, 0, algorithm, out=bufs), reset, bufs)
 
 
 def spmd(comm, case, algorithm: str) -> tuple[Runner, None]:

@@ -17,7 +17,7 @@ def devices(case, algorithm: str, inputs: list, kit) -> Runner:
     """Out of place: results go to preallocated outputs; the inputs stay untouched."""
     outs = [kit.zeros(case.count, result_dtype(case.op, case.dtype), p) for p in range(case.n)]
     op = case.op.value
-    return Runner(lambda: kit.api.all_reduce(inputs, op, algorithm, out=outs), zero(outs))
+    return Runner(lambda: kit.api.all_reduce(inputs, op, algorithm, out=outs), zero(outs), outs)
 
 
 def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
@@ -29,7 +29,7 @@ def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
             kit.copyto(b, x)
 
     op = case.op.value
-    return Runner(lambda: kit.api.all_reduce(bufs, op, algorithm, out=bufs), restore)
+    return Runner(lambda: kit.api.all_reduce(bufs, op, algorithm, out=bufs), restore, bufs)
 
 
 def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner | None]:
@@ -37,9 +37,9 @@ def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner | None]:
     dtype differs from the input's: integer MEAN)."""
     op, final, x = case.op.value, result_dtype(case.op, case.dtype), case.input(comm.rank)
     out = np.zeros(case.count, final)
-    oop = Runner(lambda: [comm.all_reduce(x, op, algorithm, out=out)], zero([out]))
+    oop = Runner(lambda: [comm.all_reduce(x, op, algorithm, out=out)], zero([out]), [out])
     if final != case.dtype:
         return oop, None
     mine = np.zeros_like(x)  # zeros while timed; the checked call gets x
     return oop, Runner(lambda: [comm.all_reduce(mine, op, algorithm, out=mine)],
-                       lambda: np.copyto(mine, x))
+                       lambda: np.copyto(mine, x), [mine])

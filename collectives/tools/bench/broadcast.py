@@ -16,7 +16,8 @@ def devices(case, algorithm: str, inputs: list, kit) -> Runner:
     """Out of place: the root's input goes to preallocated outputs."""
     n, root = case.n, case.root
     outs = [kit.zeros(case.count, case.dtype, p) for p in range(n)]
-    return Runner(lambda: kit.api.broadcast(inputs[root], n, algorithm, out=outs), zero(outs))
+    return Runner(lambda: kit.api.broadcast(inputs[root], n, algorithm, out=outs), zero(outs),
+                  outs)
 
 
 def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
@@ -28,7 +29,7 @@ def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
         for b, x in zip(bufs, inputs):
             kit.copyto(b, x)
 
-    return Runner(lambda: kit.api.broadcast(bufs[root], n, algorithm, out=bufs), restore)
+    return Runner(lambda: kit.api.broadcast(bufs[root], n, algorithm, out=bufs), restore, bufs)
 
 
 def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner]:
@@ -42,6 +43,6 @@ def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner]:
         if x is not None:
             np.copyto(mine, x)
 
-    oop = Runner(lambda: [comm.broadcast(x, root, algorithm, out=out)], zero([out]))
+    oop = Runner(lambda: [comm.broadcast(x, root, algorithm, out=out)], zero([out]), [out])
     return oop, Runner(lambda: [comm.broadcast(mine if x is not None else None, root,
-                                               algorithm, out=mine)], restore)
+                                               algorithm, out=mine)], restore, [mine])

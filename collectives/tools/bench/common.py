@@ -21,10 +21,13 @@ from .. import reference
 class Runner:
     """One way of calling the collective on preallocated buffers: ``call()`` runs it once and
     returns this side's outputs (one per participant it holds); ``reset()`` restores what the
-    timed calls overwrote, so that the checked call starts from the original inputs."""
+    timed calls overwrote, so that the checked call starts from the original inputs.
+    ``out``: the buffers passed as ``out=`` (one per participant), checked beside what the
+    call returns, since they are what a caller passing them reads."""
 
     call: Callable[[], list]
     reset: Callable[[], object]  # (what it returns is ignored)
+    out: list | None = None
 
 
 def zero(buffers: list) -> Callable[[], object]:

@@ -9,10 +9,10 @@ from .common import Runner, cached
 
 
 def expected(case, participant: int, cache: dict) -> np.ndarray | None:
-    """Every input in participant order on the root (as one flat buffer); None elsewhere."""
+    """Every input in participant order on the root, one row each; None elsewhere."""
     if participant != case.root:
         return None
-    return cached(cache, ("moved", case), lambda: np.concatenate(case.inputs()))
+    return cached(cache, ("stacked", case), lambda: np.stack(case.inputs()))
 
 
 def devices(case, algorithm: str, inputs: list, kit) -> Runner:

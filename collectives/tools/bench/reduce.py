@@ -19,7 +19,8 @@ def devices(case, algorithm: str, inputs: list, kit) -> Runner:
     """Out of place: the result goes to a preallocated output on the root."""
     out = kit.zeros(case.count, result_dtype(case.op, case.dtype), case.root)
     op, root = case.op.value, case.root
-    return Runner(lambda: [kit.api.reduce(inputs, op, root, algorithm, out=out)], zero([out]))
+    return Runner(lambda: [kit.api.reduce(inputs, op, root, algorithm, out=out)], zero([out]),
+                  [out])
 
 
 def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
@@ -31,7 +32,8 @@ def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
             kit.copyto(b, x)
 
     op, root = case.op.value, case.root
-    return Runner(lambda: [kit.api.reduce(bufs, op, root, algorithm, out=bufs[root])], restore)
+    return Runner(lambda: [kit.api.reduce(bufs, op, root, algorithm, out=bufs[root])], restore,
+                  [bufs[root]])
 
 
 def spmd(comm, case, algorithm: str) -> tuple[Runner, None]:

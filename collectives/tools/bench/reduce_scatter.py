@@ -18,7 +18,8 @@ def devices(case, algorithm: str, inputs: list, kit) -> Runner:
     """Out of place: each device's block goes to a preallocated output."""
     outs = [kit.zeros(case.count, result_dtype(case.op, case.dtype), p) for p in range(case.n)]
     op = case.op.value
-    return Runner(lambda: kit.api.reduce_scatter(inputs, op, algorithm, out=outs), zero(outs))
+    return Runner(lambda: kit.api.reduce_scatter(inputs, op, algorithm, out=outs), zero(outs),
+                  outs)
 
 
 def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
@@ -32,7 +33,7 @@ def devices_in_place(case, algorithm: str, inputs: list, kit) -> Runner:
             kit.copyto(b, x)
 
     op = case.op.value
-    return Runner(lambda: kit.api.reduce_scatter(bufs, op, algorithm, out=blocks), restore)
+    return Runner(lambda: kit.api.reduce_scatter(bufs, op, algorithm, out=blocks), restore, blocks)
 
 
 def spmd(comm, case, algorithm: str) -> tuple[Runner, None]:

@@ -15,7 +15,9 @@ Sizes, algbw and busbw follow nccl-tests' PERFORMANCE.md, through the per-collec
 of ``collectives.tools.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
 buffer of one participant, ``busbw = algbw * factor``. ``#wrong`` counts the output elements,
 over every participant, that differ from ``collectives.tools.reference``'s float64 reference for
-its exact inputs, so the comparison is exact.
+its exact inputs, so the comparison is exact (``check``): in what the call returns and in the
+buffers it was given as ``out=``, the larger count; a result of the wrong dtype or shape is
+wrong throughout.
 
 Modes: ``devices`` drives the multi-device API from one thread (``bench_devices``); ``spmd``
 runs ``bench_spmd(comm, config)`` on every rank of a ``Communicator`` (``collectives.run``
@@ -24,7 +26,7 @@ launches thread ranks; under ``mpiexec`` the ``mpi`` mode passes the MPI communi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -46,6 +48,7 @@ from . import (
     reduce_scatter,
     scatter,
 )
+from .check import count_wrong
 from .common import NUMPY_KIT, ArrayKit, Runner
 from .config import COPIES, BenchConfig, kind
 from .report import Row, half, make_row
@@ -132,25 +135,6 @@ def expected_outputs(case: Case) -> list[np.ndarray | None]:
     return [expected_output(case, p, cache) for p in range(case.n)]
 
 
-def count_wrong(outputs: Sequence, expected: Sequence) -> int:
-    """Elements of ``outputs`` that differ from ``expected`` (participant by participant).
-
-    A participant whose output is missing or of the wrong size counts all its expected
-    elements as wrong; NaN never equals anything, so it counts too.
-    """
-    wrong = 0
-    for out, exp in zip(outputs, expected, strict=True):
-        if exp is None:
-            continue
-        if isinstance(out, list):  # a batch: the participant's tensors, in order
-            out = np.concatenate([np.ravel(t) for t in out]) if out else None
-        if out is None or np.size(out) != exp.size:
-            wrong += exp.size
-            continue
-        wrong += int(np.count_nonzero(np.asarray(out).reshape(-1) != exp.reshape(-1)))
-    return wrong
-
-
 def resolve_algorithm(case: Case, algorithm: str, cost_model) -> str:
     """The algorithm ``algorithm`` stands for in this case (what "auto" picks)."""
     try:
@@ -171,7 +155,10 @@ def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfi
     runner.reset()
     outputs = [[kit.host(t) for t in o] if isinstance(o, list) else kit.host(o)
                for o in runner.call()]
-    return m, total_wrong(count_wrong(outputs, expected))
+    wrong = count_wrong(outputs, expected)
+    if runner.out is not None:  # (a call could return right results and leave out= unwritten)
+        wrong = max(wrong, count_wrong([kit.host(o) for o in runner.out], expected))
+    return m, total_wrong(wrong)
 
 
 # --- multi-device ----------------------------------------------------------------------------

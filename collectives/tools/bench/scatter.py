@@ -32,7 +32,7 @@ def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner]:
     n, c, root = case.n, case.count, case.root
     x = case.input(root).reshape(n, c) if comm.rank == root else None
     out = np.zeros(c, case.dtype)
-    oop = Runner(lambda: [comm.scatter(x, root, algorithm, out=out)], lambda: out.fill(0))
+    oop = Runner(lambda: [comm.scatter(x, root, algorithm, out=out)], lambda: out.fill(0), [out])
     mine = np.zeros((n, c), case.dtype) if x is not None else None
     own = mine[root] if mine is not None else np.zeros(c, case.dtype)
 
@@ -41,4 +41,4 @@ def spmd(comm, case, algorithm: str) -> tuple[Runner, Runner]:
             assert mine is not None  # made when x is
             np.copyto(mine, x)
 
-    return oop, Runner(lambda: [comm.scatter(mine, root, algorithm, out=own)], restore)
+    return oop, Runner(lambda: [comm.scatter(mine, root, algorithm, out=own)], restore, [own])
