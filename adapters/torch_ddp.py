@@ -32,6 +32,7 @@ CUDA buckets (the NCCL transport) are all-reduced by a blocking call, which that
 only enqueues on the caller's current stream; the future is a CUDA-aware one completed on it.
 """
 
+import functools
 import os
 from contextlib import nullcontext
 from typing import Any
@@ -136,7 +137,7 @@ def allreduce_hook(state: CommHookState,
         wire = buffer.float() if buffer.dtype in _UPCAST else buffer
         view = np.from_dlpack(wire)
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None
-        with state.comm.calls.part_of(_tag(state)):
+        with state.comm.calls.part_of(_tag(state.mean, buffer.dtype)):
             handle = state.comm.all_reduce(view, state.op, state.algorithm, out=view,
                                            timeout=state.timeout, compression=compression,
                                            async_op=True)
@@ -164,22 +165,23 @@ def allreduce_hook(state: CommHookState,
     return future
 
 
-# Every bucket's all-reduce carries the hook's ``mean`` in its signature: the library agrees
-# each all-reduce's own arguments, but the division before it is the hook's, and a rank
-# dividing beside one that does not would give gradients that are neither the mean nor the
-# sum. Ranks that differ fail the call on every rank, at its agreement (before data moves)
-# or, for a signature agreed before (``mean`` changed on one rank later), by its check value.
+# Every bucket's all-reduce carries the hook's ``mean`` and the bucket's dtype in its
+# signature: the library agrees each all-reduce's own arguments, but the division before it
+# is the hook's, and a rank dividing beside one that does not would give gradients that are
+# neither the mean nor the sum; and a float16 or bfloat16 bucket travels as float32, which
+# hides its dtype (a float16 model's gradients were averaged with a float32 one's, quietly).
+# Ranks that differ fail the call on every rank, at its agreement (before data moves) or, for
+# a signature agreed before (``mean`` changed on one rank later), by its check value.
 # A step's buckets are all issued before any is waited on, in a number DDP decides
 # (``ISSUED_SEVERAL``): where a peer's call at that point is another kind (its buckets cut
 # otherwise: another ``bucket_cap_mb``), the mismatch breaks the communicator at once; this
 # rank's later buckets waited out their timeout for calls no peer would make.
-_TAGS = {mean: BatchTag(f"DDP's hook, mean={mean}", ISSUED_SEVERAL, differs=(
-    "the ranks' DDP hooks disagree on mean ({by_rank}); pass the same mean to every rank's "
-    "CommHookState (or register)")) for mean in (True, False)}
-
-
-def _tag(state: CommHookState) -> BatchTag:
-    return _TAGS[state.mean]
+@functools.cache
+def _tag(mean: bool, dtype: torch.dtype) -> BatchTag:
+    return BatchTag(f"DDP's hook, mean={mean}, a {dtype} bucket", ISSUED_SEVERAL, differs=(
+        "the ranks' DDP hooks disagree on mean or on the bucket's dtype ({by_rank}); pass the "
+        "same mean to every rank's CommHookState (or register), and give every rank's model "
+        "the same dtypes"))
 
 
 def _drain(state: CommHookState) -> None:
@@ -209,7 +211,7 @@ def _on_device(state: CommHookState, buffer: torch.Tensor) -> torch.futures.Futu
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
     try:
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None
-        with state.comm.calls.part_of(_tag(state)):
+        with state.comm.calls.part_of(_tag(state.mean, buffer.dtype)):
             state.comm.all_reduce(buffer, state.op, state.algorithm, out=buffer,
                                   timeout=state.timeout, compression=compression)
     except Exception as exc:  # noqa: BLE001 - DDP must get it through the future

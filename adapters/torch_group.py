@@ -3,8 +3,7 @@
 sends besides its gradients (construction: an all-gather and a broadcast; each forward: the
 buffers' broadcast; ``find_unused_parameters``: an all-reduce), as blocking calls of the
 communicator. No ``init_process_group``, gloo, store or address is needed, and it works on
-thread ranks. Built on PyTorch's support for process groups written in Python, through a
-private helper of ``torch.distributed`` (``_create_work_from_future``).
+thread ranks. Built on PyTorch's support for process groups written in Python.
 """
 
 import threading
@@ -22,6 +21,7 @@ from .torch_group_args import (
     host_view,
     one_tensor,
     reduce_op,
+    reduced_as,
     root_of,
     sized,
     unaliased,
@@ -32,16 +32,31 @@ from .torch_group_args import (
 __all__ = ["UPCAST", "process_group"]
 
 
-def _finished_work(value: Any) -> Any:
-    """A finished ``torch.distributed`` Work holding ``value``, through PyTorch's helper for
-    process groups written in Python (private; torch's own tests of such groups use it)."""
-    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
-    if make is None:
-        raise RuntimeError(f"torch {torch.__version__} has no _create_work_from_future: the "
-                           f"collectives process group needs it; use a gloo group instead")
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(value)
-    return make(future)
+class _Finished(dist.Work):
+    """The Work of a call the group ran to its end before returning (its calls block): done,
+    holding ``value``. Its ``wait`` takes a ``timeout`` as gloo's does (the Work PyTorch's
+    private helper makes from a future raised "not implemented" for one)."""
+
+    def __init__(self, value: Any):
+        super().__init__()
+        self.value = value
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.future.set_result(value)
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def result(self) -> Any:
+        return self.value
 
 
 # (typed as Any: the C++ base's stubs overload its methods for callers, not for subclasses)
@@ -85,10 +100,11 @@ class _CollectivesGroup(_ProcessGroupBase):
 
         with self.lock:
             tensor, view, logical = self._checked("allreduce", check)
-            result = self.comm.all_reduce(view, logical)
+            with self.comm.calls.part_of(reduced_as("allreduce", tensor.dtype)):
+                result = self.comm.all_reduce(view, logical)
             # (bfloat16 and float16 went as float32: cast back, as torch does)
             tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
-        return _finished_work([tensor])
+        return _Finished([tensor])
 
     @torch.compiler.disable
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
@@ -98,12 +114,12 @@ class _CollectivesGroup(_ProcessGroupBase):
                                  "collectives process group takes one tensor per call")
             tensor = one_tensor(tensors, "broadcast")
             unaliased(tensor, "broadcast tensor")
-            return tensor, host_view(tensor, "broadcast tensor", moved=True), root_of(opts)
+            return tensor, host_view(tensor, "broadcast tensor"), root_of(opts)
 
         with self.lock:
             tensor, view, root = self._checked("broadcast", check)
             view[...] = self.comm.broadcast(view, root=root)
-        return _finished_work([tensor])
+        return _Finished([tensor])
 
     @torch.compiler.disable
     def allgather(self, outputs: list, inputs: Any, opts: Any = None) -> Any:
@@ -112,7 +128,7 @@ class _CollectivesGroup(_ProcessGroupBase):
                 raise ValueError(f"allgather got {len(outputs)} output lists; the collectives "
                                  "process group takes one input and one list per call")
             tensor = one_tensor(inputs, "allgather")
-            return tensor, host_view(tensor, "allgather tensor", moved=True)
+            return tensor, host_view(tensor, "allgather tensor")
 
         with self.lock:
             tensor, view = self._checked("allgather", check)
@@ -121,8 +137,8 @@ class _CollectivesGroup(_ProcessGroupBase):
             # must not leave its peers waiting for it)
             check_gather_outputs(outputs[0], tensor, self.comm.size)
             for rank, out in enumerate(outputs[0]):
-                host_view(out, "allgather output", moved=True)[...] = gathered[rank]
-        return _finished_work(outputs[0])  # (the future holds the list, as gloo's does)
+                host_view(out, "allgather output")[...] = gathered[rank]
+        return _Finished(outputs[0])  # (the future holds the list, as gloo's does)
 
     @torch.compiler.disable
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -132,13 +148,13 @@ class _CollectivesGroup(_ProcessGroupBase):
             writable(output, "all_gather output")
             tensor = one_tensor(input, "all_gather")
             sized(output, tensor, self.comm.size * tensor.numel(), "all_gather output")
-            return host_view(tensor, "all_gather tensor", moved=True)
+            return host_view(tensor, "all_gather tensor")
 
         with self.lock:
             view = self._checked("all_gather_single", check)
             gathered = self.comm.all_gather(view.reshape(-1))
             write_bits(output, gathered)
-        return _finished_work([output])
+        return _Finished([output])
 
     @torch.compiler.disable
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -151,20 +167,21 @@ class _CollectivesGroup(_ProcessGroupBase):
             sized(tensor, output, self.comm.size * output.numel(), "reduce_scatter input")
             averaged(op, tensor, "reduce_scatter")
             wide, logical = carried(tensor, op)
-            return host_view(wide, "reduce_scatter tensor"), logical
+            return tensor, host_view(wide, "reduce_scatter tensor"), logical
 
         with self.lock:
-            view, logical = self._checked("reduce_scatter_single", check)
+            tensor, view, logical = self._checked("reduce_scatter_single", check)
             rows = view.reshape(self.comm.size, -1)
-            block = self.comm.reduce_scatter(rows, logical)
+            with self.comm.calls.part_of(reduced_as("reduce_scatter", tensor.dtype)):
+                block = self.comm.reduce_scatter(rows, logical)
             output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
-        return _finished_work([output])
+        return _Finished([output])
 
     @torch.compiler.disable
     def barrier(self, opts: Any = None) -> Any:
         with self.lock:
             self.comm.barrier()
-        return _finished_work([])  # (as gloo's)
+        return _Finished([])  # (as gloo's)
 
 
 # what the group does not run, and the communicator's call that does it
@@ -211,7 +228,7 @@ def process_group(comm: Any) -> dist.ProcessGroup:
 
     It carries CPU tensors with blocking calls (allreduce, broadcast, allgather, barrier):
     what DDP needs besides its gradients, which `allreduce_hook` carries. Built on PyTorch's
-    Python process-group support (a private helper of ``torch.distributed``)."""
+    Python process-group support."""
     if not callable(getattr(comm, "broadcast", None)) or not hasattr(comm, "rank"):
         raise TypeError(f"comm must be a collectives Communicator, not {type(comm).__name__}")
     return _CollectivesGroup(comm)

@@ -10,7 +10,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from collectives.ops import ReduceOp
+from collectives.extras import install_line
+from collectives.ops import BFLOAT16, ReduceOp
+from collectives.runtime.calls import BatchTag
 
 # reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
 # sum may pass its range where the mean does not (DDP's own hook divides first)
@@ -24,14 +26,19 @@ OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
 LOGICAL = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}
 
 
-def host_view(tensor: torch.Tensor, argument: str, *, moved: bool = False) -> np.ndarray:
-    """A NumPy view of a CPU tensor; ``moved``: its bits only (bfloat16 as int16, which is
-    right for copies such as broadcast, wrong for arithmetic)."""
+def host_view(tensor: torch.Tensor, argument: str) -> np.ndarray:
+    """A NumPy view of a CPU tensor, in its own dtype (bfloat16 as ``ml_dtypes.bfloat16``), so
+    that the ranks' calls agree on it: moved as bits (int16), a float16 tensor paired with a
+    bfloat16 one, whose values arrived as nonsense. Reductions pass float32 copies of both
+    (``carried``), with the dtype in their tag (``reduced_as``)."""
     usable(tensor, argument)
     tensor = tensor.detach()  # (as gloo's: a collective works on the data, outside autograd;
-    if tensor.dtype in UPCAST and moved:  # DLPack refused a tensor that requires grad)
-        tensor = tensor.view(torch.int16)
-    return np.from_dlpack(tensor)
+    if tensor.dtype is not torch.bfloat16:  # DLPack refused a tensor that requires grad)
+        return np.from_dlpack(tensor)
+    if BFLOAT16 is None:
+        raise TypeError(f"{argument} is bfloat16, which the collectives process group moves "
+                        f"as ml_dtypes.bfloat16: {install_line('bfloat16')}")
+    return tensor.view(torch.int16).numpy().view(BFLOAT16)
 
 
 def usable(tensor: torch.Tensor, argument: str) -> None:
@@ -82,15 +89,16 @@ def unaliased(tensor: torch.Tensor, argument: str) -> None:
     (stride 0) has several, and its write-back raised on its rank alone, after the data had
     moved (allreduce), or kept one of the values (broadcast); an ``as_strided`` view whose
     rows overlap took ranks' writes in different orders. Every dimension's stride must pass
-    the span of the smaller-strided ones (which holds for every view that does not overlap,
-    but for odd interleavings ``as_strided`` can make: refused too, naming the fix)."""
-    span = 1
+    the farthest element the smaller-strided ones reach (which holds for every view that does
+    not overlap, a stepped slice's too, but for odd interleavings ``as_strided`` can make:
+    refused too, naming the fix)."""
+    reach = 0  # the offset of the farthest element of the dimensions seen so far
     for stride, size in sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n > 1):
-        if stride < span:
+        if stride <= reach:
             raise ValueError(f"{argument} has elements that share memory (an expanded or "
-                             "overlapping view), and the group writes each one; pass "
-                             "tensor.clone()")
-        span = stride * size
+                             "overlapping view), and the group writes each one; pass a tensor "
+                             "of its own (tensor.clone()) and copy the result back")
+        reach += stride * (size - 1)
 
 
 def one_tensor(tensors: Any, what: str) -> torch.Tensor:
@@ -151,6 +159,15 @@ def carried(tensor: torch.Tensor, op: ReduceOp) -> tuple[torch.Tensor, ReduceOp]
     return wide, (LOGICAL.get(op, op) if tensor.dtype == torch.bool else op)
 
 
+@functools.cache
+def reduced_as(what: str, dtype: torch.dtype) -> BatchTag:
+    """The tag a reduction's call carries: the tensor's own dtype, which the float32 it
+    travels in hides (a float16 tensor summed with a float32 one, or a bfloat16 one, quietly)."""
+    return BatchTag(f"the process group's {what} of {dtype}", differs=(
+        f"ranks passed the process group's {what} tensors of different dtypes ({{by_rank}}); "
+        "every rank must pass the same dtype"))
+
+
 def sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) -> None:
     if tensor.numel() != numel or tensor.dtype != other.dtype:
         raise ValueError(f"{argument} is {tensor.dtype}{list(tensor.shape)}; it must hold "
@@ -158,6 +175,7 @@ def sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) 
 
 
 def write_bits(tensor: torch.Tensor, bits: np.ndarray) -> None:
-    """``tensor`` filled with ``bits`` (its elements, as ``host_view(moved=True)`` reads them)."""
-    source = torch.from_numpy(np.ascontiguousarray(bits)).view(tensor.dtype)
-    tensor.detach().copy_(source.reshape(tensor.shape))
+    """``tensor`` filled with ``bits`` (its elements, as ``host_view`` reads them)."""
+    bits = np.ascontiguousarray(bits)
+    source = torch.from_numpy(bits.view(np.int16) if bits.dtype == BFLOAT16 else bits)
+    tensor.detach().copy_(source.view(tensor.dtype).reshape(tensor.shape))

@@ -258,6 +258,28 @@ def test_the_hook_works_with_a_gloo_group_of_one():
         assert torch.equal(got, want.float())
 
 
+def test_a_float16_model_beside_a_bfloat16_one_fails_the_step_on_every_rank():
+    # (gloo builds DDP from either, as their bits are of one size, and the hook carried both
+    # buckets as float32: each rank's gradients were averaged with the other's, quietly)
+    from torch_group_kit import gloo_group
+
+    store = dist.HashStore()
+
+    def rank_fn(comm):
+        net = model(torch.bfloat16 if comm.rank == 0 else torch.float16)
+        ddp = DDP(net, process_group=gloo_group(store, comm.rank, comm.size))
+        state = torch_ddp.register(ddp, comm, timeout=5.0)
+        x, target = batch(0, comm.rank, next(net.parameters()).dtype)
+        with pytest.raises(RuntimeError) as raised:
+            (ddp(x) * target).sum().backward()
+        return str(raised.value), state.last_error, comm.all_reduce(np.ones(2)).tolist()
+
+    for text, error, after in collectives.run(rank_fn, 2, timeout=10):
+        assert isinstance(error, collectives.CollectiveMismatchError), text
+        assert "a torch.bfloat16 bucket" in text and "a torch.float16 bucket" in text, text
+        assert after == [2.0, 2.0]
+
+
 def _failing_step(ddp, state, rank):
     x, target = batch(0, rank)
     start = time.monotonic()
@@ -313,8 +335,9 @@ def test_hooks_that_disagree_on_the_mean_fail_the_step_on_every_rank():
 
     for (took, text, error), params in collectives.run(rank_fn, 2, timeout=10):
         assert isinstance(error, collectives.CollectiveMismatchError), text
-        assert ("disagree on mean (rank 0: DDP's hook, mean=True, rank 1: DDP's hook, "
-                "mean=False)") in text and took < 2.0
+        assert ("disagree on mean or on the bucket's dtype (rank 0: DDP's hook, mean=True, a "
+                "torch.float32 bucket, rank 1: DDP's hook, mean=False, a torch.float32 "
+                "bucket)") in text and took < 2.0
         assert all(torch.isfinite(p).all() for p in params)
 
 
@@ -358,7 +381,7 @@ def test_ranks_whose_ddp_buckets_differ_fail_the_step_at_once_on_every_rank():
 
     error0, error1 = collectives.run(rank_fn, 2, timeout=30)
     assert isinstance(error1, collectives.CollectiveMismatchError), error1
-    assert "DDP's hook" in str(error1) and "a plain all_reduce" in str(error1), error1
+    assert "DDP's hook" in str(error1) and "the process group's allreduce" in str(error1), error1
     assert "different numbers of calls (rank 0: several, rank 1: 1" in str(error0), error0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+import numpy as np
 import pytest
 from torch_group_kit import on_collectives, on_gloo
 
@@ -230,3 +231,35 @@ def test_dtypes_numpy_does_not_have_are_refused_naming_the_dtype_on_every_rank()
     for messages in on_collectives(job):
         assert len(messages) == 6 and all("tensor is torch." in m and "tensor.float()" in m
                                           for m in messages), messages
+
+
+DTYPE_PAIRS = [("float32", "float16"), ("float16", "bfloat16"), ("bfloat16", "int16")]
+GROUP_CALLS = {
+    "allreduce": lambda t, group: dist.all_reduce(t, group=group),
+    "broadcast": lambda t, group: dist.broadcast(t, group=group, group_src=0),
+    "allgather": lambda t, group: dist.all_gather([torch.empty_like(t)] * 2, t, group=group),
+    "all_gather_into_tensor": lambda t, group: dist.all_gather_into_tensor(
+        torch.empty(2 * t.numel(), dtype=t.dtype), t, group=group),
+    "reduce_scatter_tensor": lambda t, group: dist.reduce_scatter_tensor(
+        torch.empty(t.numel() // 2, dtype=t.dtype), t, group=group),
+}
+
+
+@pytest.mark.parametrize("call", list(GROUP_CALLS))
+@pytest.mark.parametrize("dtypes", DTYPE_PAIRS, ids="-".join)
+def test_ranks_whose_tensors_differ_in_dtype_fail_on_every_rank(dtypes, call):
+    # (float16 and bfloat16 moved as their bits and were reduced as float32: a float16 tensor
+    # broadcast into a bfloat16 one arrived as nonsense (1.5 as 0.125), a float16 tensor was
+    # summed with a float32 one; none raised, and DDP trained on)
+    def job(group, rank):
+        t = torch.full((4,), 1.5, dtype=getattr(torch, dtypes[rank]))
+        before = t.clone()
+        with pytest.raises(collectives.CollectiveMismatchError) as raised:
+            GROUP_CALLS[call](t, group)
+        return torch.equal(t, before), str(raised.value), group.comm.all_reduce(
+            np.ones(2)).tolist()
+
+    for unchanged, message, after in on_collectives(job):
+        assert unchanged and "different dtype" in message, message
+        assert all(name in message for name in dtypes), message
+        assert after == [2.0, 2.0]  # (the communicator stays usable)

@@ -10,17 +10,12 @@ import collectives
 
 def on_gloo(job, size=2) -> list:
     """``job(group, rank)`` on ``size`` thread ranks of a gloo group over a ``HashStore``."""
-    import torch
     import torch.distributed as dist
 
     store, results = dist.HashStore(), [None] * size
 
     def rank_fn(rank):
-        prefixed = dist.PrefixStore("gloo", store)
-        group = dist.ProcessGroup(prefixed, rank, size)
-        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
-                                dist.ProcessGroupGloo(prefixed, rank, size))
-        group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        group = gloo_group(store, rank, size)
         try:
             results[rank] = job(group, rank)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -35,6 +30,20 @@ def on_gloo(job, size=2) -> list:
         if isinstance(result, BaseException):
             raise result
     return results
+
+
+def gloo_group(store, rank: int, size: int):
+    """Rank ``rank``'s gloo process group of ``size`` over ``store`` (a ``HashStore`` the
+    ranks' threads share), as ``init_process_group`` would make it."""
+    import torch
+    import torch.distributed as dist
+
+    prefixed = dist.PrefixStore("gloo", store)
+    group = dist.ProcessGroup(prefixed, rank, size)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                            dist.ProcessGroupGloo(prefixed, rank, size))
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return group
 
 
 def on_collectives(job, size=2, **kwargs) -> list:
