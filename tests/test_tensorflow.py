@@ -169,6 +169,27 @@ def test_a_compressed_mean_across_workers_divides_before_the_narrow_float(compre
         assert mean.dtype == averaged.dtype == np.float32
 
 
+@pytest.mark.parametrize("compression", [None, "fp16"])
+@pytest.mark.parametrize("dtype, value", [("int8", 100), ("uint8", 200), ("int32", 1_500_000_000),
+                                          ("int64", 2 ** 62)])
+def test_an_integer_mean_across_workers_is_one_process_mean(dtype, value, compression):
+    """2 workers x 2 devices give what one process over the 4 devices gives, the float64
+    mean (summed in its own dtype it wrapped: int8 100s gave -28.0, int32 1.5e9s 4.26e8;
+    compression leaves integers exact). A float32 tensor beside it is still compressed."""
+    odd = np.float32(1.0 + 2.0 ** -12)  # rounds to 1.0 in float16
+
+    def worker(comm):
+        values = [[np.full(5, value, dtype) for _ in range(2)], [np.full(3, odd)] * 2]
+        return host.reduce_batch_across_workers(values, "mean", "ring/ring", comm,
+                                                compression=compression)
+
+    one = host.reduce_batch([[np.full(5, value, dtype)] * 4], "mean")[0]
+    assert np.array_equal(one, np.full(5, float(value)))
+    for mean, floats in collectives.run(worker, 2):
+        assert mean.dtype == one.dtype and np.array_equal(mean, one), mean
+        assert np.array_equal(floats, np.full(3, 1.0 if compression else odd)), floats
+
+
 def test_gather_ragged():
     def worker(comm):
         x = np.full((comm.rank + 1, 2), float(comm.rank))

@@ -32,7 +32,7 @@ def reduce_sparse(workers: Workers, op: CoreOp, job, options,
         divisor = 1
         if workers.size > 1:
             values, indices = _gather_slices(workers, values, indices, options, device,
-                                             agreement)
+                                             agreement, _open_table(components[0]))
         if op is CoreOp.MEAN:
             divisor = len(components) * workers.size
         elif (workers.sum == "mean" and workers.size > 1
@@ -44,22 +44,39 @@ def reduce_sparse(workers: Workers, op: CoreOp, job, options,
     return convert.mirrored([convert.place(result, d) for d in job.destinations])
 
 
+def _open_table(slices: tf.IndexedSlices):
+    """The ``dense_shape`` of ``slices`` where it is known only as the graph runs (None
+    where it is known now, and the batch's agreement holds it: ``values.sparse_kind``)."""
+    table = slices.dense_shape
+    if table is None or tf.get_static_value(table) is not None:
+        return None
+    return tf.cast(table, tf.int64)
+
+
 def _gather_slices(workers: Workers, values, indices, options, device,
-                   agreement: BatchAgreement | None):
+                   agreement: BatchAgreement | None, table=None):
+    """Every worker's slices, in worker order, in one host call. A table known only now
+    (``table``) is agreed first: each worker's result takes its own table, and workers whose
+    tables differed got results that differ (an index past the end of one's table), quietly."""
     timeout = options.timeout_seconds
     np_values, np_indices = convert.numpy_dtype(values.dtype), convert.numpy_dtype(indices.dtype)
 
-    def run(v, i):
+    def run(v, i, *known):
         with workers.lock:
             if agreement is not None:
                 agree(workers.comm, agreement.signature(), timeout=timeout)
+            for dims in known:
+                kind = ("sparse", f"{v.dtype.name}/{i.dtype.name}", tuple(dims.tolist()))
+                agree(workers.comm, signature({"call": "batch_reduce's IndexedSlices",
+                                               "tensors": (kind,)}), timeout=timeout)
             return (convert.as_output(host.gather_ragged(workers.comm, v, 0, timeout=timeout),
                                       np_values),
                     convert.as_output(host.gather_ragged(workers.comm, i, 0, timeout=timeout),
                                       np_indices))
 
     shapes = [tf.TensorShape([None]).concatenate(values.shape[1:]), tf.TensorShape([None])]
-    return convert.host_call(run, [values, indices], [values.dtype, indices.dtype], shapes,
+    inputs = [values, indices] + ([] if table is None else [table])
+    return convert.host_call(run, inputs, [values.dtype, indices.dtype], shapes,
                              device=device, name="collectives_gather_slices")
 
 

@@ -26,10 +26,11 @@ from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.packing import make_plan
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.arrays import NUMPY
-from collectives.compression import for_batch
+from collectives.compression import for_batch, requested
 from collectives.hints import Algorithm
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
+from collectives.widened import integer_mean
 
 __all__ = [
     "Packing",
@@ -157,6 +158,11 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
        ``MultiWorkerAllReduce``), and is the plain total when ``workers_sum="sum"``. A total
        that compression carries is divided before step 2 (``worker_division``).
 
+    An integer MEAN is summed in float64 from step 1 on, as the core's is
+    (``collectives.widened``): summed in its own dtype it wrapped across workers where one
+    process over the same devices did not (int8 100s gave -28.0), and it never travels
+    compressed (a call of its own where compression is asked for).
+
     Every worker must bring the same number of devices and tensors of the same shapes.
     """
     op = ReduceOp.parse(op)
@@ -165,16 +171,26 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     ranges = parse_spec(spec)
     n = len(values[0])
     sizes = [int(np.prod(np.shape(v[0]))) for v in values]
+    dtypes = [np.dtype(v[0].dtype) for v in values]
+    wide = [integer_mean(op, d) for d in dtypes]
     locals_ = []
     for k, v in enumerate(values):
         rng = next(r for r in ranges if r.limit < 0 or sizes[k] <= r.limit)
-        locals_.append(reduce_to_root(list(v), ReduceOp.SUM, local_algorithm(rng.algorithm),
+        parts = [np.asarray(x, np.float64) for x in v] if wide[k] else list(v)
+        locals_.append(reduce_to_root(parts, ReduceOp.SUM, local_algorithm(rng.algorithm),
                                       empty=empty))
-    division = worker_division(op, [np.dtype(v[0].dtype) for v in values], n, comm.size,
-                               workers_sum, compression)
+    division = worker_division(op, dtypes, n, comm.size, workers_sum, compression)
     locals_ = [t / d if early else t for t, (d, early) in zip(locals_, division)]
-    totals = comm.batch_all_reduce(locals_, ReduceOp.SUM, cross_worker_spec(ranges),
-                                   timeout=timeout, compression=compression, **packing.kwargs())
+    exact = [k for k in range(len(values)) if wide[k]] if requested(compression) else []
+    carried = [k for k in range(len(values)) if k not in exact]
+    totals: list = [None] * len(values)
+    for ks, carrying in ((carried, compression), (exact, None)):
+        if ks:
+            reduced = comm.batch_all_reduce([locals_[k] for k in ks], ReduceOp.SUM,
+                                            cross_worker_spec(ranges), timeout=timeout,
+                                            compression=carrying, **packing.kwargs())
+            for k, total in zip(ks, reduced):
+                totals[k] = total
     out = []
     for total, (d, early) in zip(totals, division):
         if d != 1 and not early:  # (integers divide into float64, as NumPy's true division)

@@ -201,6 +201,19 @@ def batch_mismatch(comm):
 
     expect_error(tf.errors.InvalidArgumentError, "rank 0: 0 tensor(s), rank 1: 1 tensor(s)",
                  empty_on_one, tf.constant(1.0))
+
+    @tf.function(input_signature=[tf.TensorSpec([2], tf.int64)])
+    def table_known_late(table):  # (each worker's result took its own table: they differed)
+        rows = per_replica([tf.IndexedSlices(tf.ones([1, 2]), tf.constant([d], tf.int64), table)
+                            for d in range(2)], devices)
+        result = ops.reduce(SUM, rows, devices[0])
+        return result.indices, result.dense_shape
+
+    expect_error(tf.errors.InvalidArgumentError, "(rank 0: sparse float32/int64 [3, 2], rank 1: "
+                 "sparse float32/int64 [5, 2])", table_known_late,
+                 tf.constant([3 + 2 * comm.rank, 2], tf.int64))
+    out["table known late"] = [t.numpy() for t in table_known_late(tf.constant([3, 2],
+                                                                               tf.int64))]
     out["after"] = parts(ops.reduce(SUM, x, x))
     return out
 
@@ -214,6 +227,8 @@ def check_batch_mismatch(results) -> None:
             np.testing.assert_array_equal(p, 2 * want)
         for p in out["unknown length"]:
             np.testing.assert_array_equal(p, np.full(3, 6.0))  # (1 + 2) on each of 2 workers
+        indices, table = out["table known late"]  # rows 0 and 1 of each worker, in order
+        assert indices.tolist() == [0, 1, 0, 1] and table.tolist() == [3, 2]
 
 
 def timeout(comm):
