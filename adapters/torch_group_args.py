@@ -14,8 +14,9 @@ from collectives.extras import install_line
 from collectives.ops import BFLOAT16, ReduceOp
 from collectives.runtime.calls import BatchTag
 
-# reduced in float32 and copied back: bfloat16, which NumPy cannot view, and float16, whose
-# sum may pass its range where the mean does not (DDP's own hook divides first)
+# reduced in float32 and copied back: bfloat16, which NumPy has no arithmetic of its own for,
+# and float16, whose sum may pass its range where the mean does not (DDP's own hook divides
+# first)
 UPCAST = (torch.bfloat16, torch.float16)
 
 OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.MEAN,
@@ -177,5 +178,6 @@ def sized(tensor: torch.Tensor, other: torch.Tensor, numel: int, argument: str) 
 def write_bits(tensor: torch.Tensor, bits: np.ndarray) -> None:
     """``tensor`` filled with ``bits`` (its elements, as ``host_view`` reads them)."""
     bits = np.ascontiguousarray(bits)
-    source = torch.from_numpy(bits.view(np.int16) if bits.dtype == BFLOAT16 else bits)
+    bfloat16 = BFLOAT16 is not None and bits.dtype == BFLOAT16  # (dtype == None: float64's)
+    source = torch.from_numpy(bits.view(np.int16) if bfloat16 else bits)
     tensor.detach().copy_(source.view(tensor.dtype).reshape(tensor.shape))

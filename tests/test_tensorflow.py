@@ -190,6 +190,21 @@ def test_an_integer_mean_across_workers_is_one_process_mean(dtype, value, compre
         assert np.array_equal(floats, np.full(3, 1.0 if compression else odd)), floats
 
 
+def test_workers_whose_lists_differ_raise_before_an_integer_mean_takes_a_call_of_its_own():
+    # (with compression, which tensors go in the uncompressed call depends on the list: worker
+    # 1's float32 tensor paired with worker 0's second one, and returned, quietly)
+    floats = [np.full(3, 1.0, np.float32)] * 2
+
+    def worker(comm):
+        values = [[np.full(5, 7, np.int8)] * 2, floats] if comm.rank == 0 else [floats]
+        with pytest.raises(collectives.CollectiveMismatchError, match="different lengths"):
+            host.reduce_batch_across_workers(values, "mean", "ring/ring", comm,
+                                             compression="fp16")
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(worker, 2, timeout=10) == [[2.0, 2.0]] * 2
+
+
 def test_gather_ragged():
     def worker(comm):
         x = np.full((comm.rank + 1, 2), float(comm.rank))

@@ -295,7 +295,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             return host.reduce_batch_across_workers(values, op, list(route.spec), workers.comm,
                                                     packing=packing, workers_sum=workers.sum,
                                                     timeout=timeout, empty=convert.POOL.empty,
-                                                    compression=workers.compression)
+                                                    compression=workers.compression, agreed=True)
         return host.reduce_batch(values, op, list(route.spec), packing=packing,
                                  groups=route.groups, empty=convert.POOL.empty)
 

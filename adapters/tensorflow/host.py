@@ -32,6 +32,8 @@ from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
 from collectives.widened import integer_mean
 
+from .agreement import agree, signature
+
 __all__ = [
     "Packing",
     "check_packing",
@@ -145,7 +147,8 @@ def cross_worker_spec(ranges: Sequence[SpecRange]) -> list[tuple[str, int, int]]
 def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: ReduceOp | str, spec,
                                 comm, *, packing: Packing = Packing(), workers_sum: str = "mean",
                                 timeout: float | None = None, empty: Callable = np.empty,
-                                compression: str | None = None) -> list[np.ndarray]:
+                                compression: str | None = None,
+                                agreed: bool = False) -> list[np.ndarray]:
     """Reduce over this worker's devices, then over every worker through ``comm``.
 
     1. each tensor is reduced over the local devices with the local algorithm of its spec
@@ -161,7 +164,10 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     An integer MEAN is summed in float64 from step 1 on, as the core's is
     (``collectives.widened``): summed in its own dtype it wrapped across workers where one
     process over the same devices did not (int8 100s gave -28.0), and it never travels
-    compressed (a call of its own where compression is asked for).
+    compressed: a call of its own where compression is asked for, after the workers agree on
+    the whole list (which tensors go in which call depends on it, and a worker whose list
+    differed would pair its compressed call with a peer's, quietly), unless ``agreed``: the
+    caller's workers agreed on it already (the adapter's batches do).
 
     Every worker must bring the same number of devices and tensors of the same shapes.
     """
@@ -181,7 +187,14 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
                                       empty=empty))
     division = worker_division(op, dtypes, n, comm.size, workers_sum, compression)
     locals_ = [t / d if early else t for t, (d, early) in zip(locals_, division)]
-    exact = [k for k in range(len(values)) if wide[k]] if requested(compression) else []
+    exact = []
+    if op is ReduceOp.MEAN and requested(compression):
+        if not agreed:
+            agree(comm, signature({"call": "reduce_batch_across_workers", "op": op.name,
+                                   "compression": compression, "tensors": tuple(
+                                       ("dense", d.name, tuple(np.shape(v[0])))
+                                       for d, v in zip(dtypes, values))}), timeout=timeout)
+        exact = [k for k in range(len(values)) if wide[k]]
     carried = [k for k in range(len(values)) if k not in exact]
     totals: list = [None] * len(values)
     for ks, carrying in ((carried, compression), (exact, None)):

@@ -73,8 +73,12 @@ def static_dims(shape: tf.TensorShape) -> tuple | None:
 def sparse_kind(slices: tf.IndexedSlices) -> tuple:
     """What the workers agree on about an ``IndexedSlices`` value: its dtypes, and its table's
     shape where it is known (each worker's result takes its own ``dense_shape``: workers whose
-    tables differed got results that differ), else its rows' shape (their count may differ)."""
+    tables differed got results that differ), else its rows' shape (their count may differ).
+    A table known only as the graph runs is agreed then (``concat``): its kind says so, so
+    that every worker makes that agreement or none does."""
     table = None if slices.dense_shape is None else tf.get_static_value(slices.dense_shape)
     shape = (tuple(int(d) for d in table) if table is not None else
              (None,) + (static_dims(slices.values.shape[1:]) or ()))
-    return ("sparse", f"{slices.values.dtype.name}/{slices.indices.dtype.name}", shape)
+    late = slices.dense_shape is not None and table is None
+    return ("sparse (table at run time)" if late else "sparse",
+            f"{slices.values.dtype.name}/{slices.indices.dtype.name}", shape)

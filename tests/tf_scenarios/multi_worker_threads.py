@@ -202,16 +202,25 @@ def batch_mismatch(comm):
     expect_error(tf.errors.InvalidArgumentError, "rank 0: 0 tensor(s), rank 1: 1 tensor(s)",
                  empty_on_one, tf.constant(1.0))
 
-    @tf.function(input_signature=[tf.TensorSpec([2], tf.int64)])
-    def table_known_late(table):  # (each worker's result took its own table: they differed)
-        rows = per_replica([tf.IndexedSlices(tf.ones([1, 2]), tf.constant([d], tf.int64), table)
-                            for d in range(2)], devices)
-        result = ops.reduce(SUM, rows, devices[0])
-        return result.indices, result.dense_shape
+    def slices_reduced(with_table: bool):
+        @tf.function(input_signature=[tf.TensorSpec([2], tf.int64)])
+        def step(table):  # (a table known only as it runs: each worker's result took its own)
+            rows = per_replica([tf.IndexedSlices(tf.ones([1, 2]), tf.constant([d], tf.int64),
+                                                 table if with_table else None)
+                                for d in range(2)], devices)
+            result = ops.reduce(SUM, rows, devices[0])
+            return result.indices, result.dense_shape if with_table else result.indices
+        return step
 
+    table_known_late = slices_reduced(True)
     expect_error(tf.errors.InvalidArgumentError, "(rank 0: sparse float32/int64 [3, 2], rank 1: "
                  "sparse float32/int64 [5, 2])", table_known_late,
                  tf.constant([3 + 2 * comm.rank, 2], tf.int64))
+    # (one worker without a table: only the other agreed on its table, and the calls fell
+    # out of step, breaking the communicator)
+    expect_error(tf.errors.InvalidArgumentError, "(rank 0: sparse float32/int64 [?, 2], rank 1: "
+                 "sparse (table at run time) float32/int64 [?, 2])",
+                 slices_reduced(comm.rank == 1), tf.constant([3, 2], tf.int64))
     out["table known late"] = [t.numpy() for t in table_known_late(tf.constant([3, 2],
                                                                                tf.int64))]
     out["after"] = parts(ops.reduce(SUM, x, x))
