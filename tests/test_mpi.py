@@ -311,7 +311,7 @@ def test_killed_rank_survivors_raise(algorithm, tmp_path):
     for _, took, line in found:
         assert line.startswith(("CollectiveTimeoutError", "PeerFailedError")), line
         assert "rank(s) 2" in line or "rank 2" in line, line
-        assert float(took) < 2.5, took
+        assert float(took) < 8.0, took  # (its 1 s timeout, and the asking: not the 30 s one)
 
 
 @needs_mpi
