@@ -260,6 +260,12 @@ def test_count_wrong_counts_corrupted_elements():
     assert bench.count_wrong(outputs, expected) == 4 + 1000
     outputs[2] = [expected[2][:500], expected[2][500:]]
     assert bench.count_wrong(outputs, expected) == 4
+    # out= buffers beside what was returned: an element wrong in either counts once
+    buffers = [e.copy() for e in expected]
+    buffers[1][[3, 7]] += 1  # 3 is wrong in both, 7 in the buffer alone
+    assert bench.count_wrong(outputs, expected, buffers) == 4 + 1
+    buffers[0] = expected[0][:10]  # a buffer of the wrong size: all of it wrong
+    assert bench.count_wrong(outputs, expected, buffers) == 4 + 1 + 1000
 
 
 @pytest.mark.parametrize("lie", ["out= left unwritten", "float64 results"])

@@ -15,9 +15,9 @@ Sizes, algbw and busbw follow nccl-tests' PERFORMANCE.md, through the per-collec
 of ``collectives.tools.reference``: ``algbw = S / t`` with ``S`` the larger of the input and output
 buffer of one participant, ``busbw = algbw * factor``. ``#wrong`` counts the output elements,
 over every participant, that differ from ``collectives.tools.reference``'s float64 reference for
-its exact inputs, so the comparison is exact (``check``): in what the call returns and in the
-buffers it was given as ``out=``, the larger count; a result of the wrong dtype or shape is
-wrong throughout.
+its exact inputs, so the comparison is exact (``check``): an element is wrong where it is in
+what the call returns or in the buffer it was given as ``out=``; a result of the wrong dtype
+or shape is wrong throughout.
 
 Modes: ``devices`` drives the multi-device API from one thread (``bench_devices``); ``spmd``
 runs ``bench_spmd(comm, config)`` on every rank of a ``Communicator`` (``collectives.run``
@@ -155,10 +155,8 @@ def _measure_and_check(runner: Runner, expected: list | None, config: BenchConfi
     runner.reset()
     outputs = [[kit.host(t) for t in o] if isinstance(o, list) else kit.host(o)
                for o in runner.call()]
-    wrong = count_wrong(outputs, expected)
-    if runner.out is not None:  # (a call could return right results and leave out= unwritten)
-        wrong = max(wrong, count_wrong([kit.host(o) for o in runner.out], expected))
-    return m, total_wrong(wrong)
+    buffers = None if runner.out is None else [kit.host(o) for o in runner.out]
+    return m, total_wrong(count_wrong(outputs, expected, buffers))
 
 
 # --- multi-device ----------------------------------------------------------------------------
