@@ -293,6 +293,13 @@ def test_killed_rank_tears_down_the_job(tmp_path):
 
 
 @needs_mpi
+def test_init_settings_one_rank_gives_otherwise_raise_on_every_rank():
+    # (calibration asked for on one rank alone, even COLLECTIVES_CALIBRATE=0, waited forever
+    # there; a bad COLLECTIVES_DEBUG or COLLECTIVES_HANG_GUARD raised on that rank alone)
+    assert_passed(launch("init_settings.py", 2, timeout=60), "init_settings")
+
+
+@needs_mpi
 @pytest.mark.parametrize("algorithm", ["native", "ring"])
 def test_killed_rank_survivors_raise(algorithm, tmp_path):
     # -disable-auto-cleanup keeps the survivors alive where the dead rank ended without a

@@ -80,6 +80,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         The ranks run different versions of the library.
     """
     from collectives.extras import require
+    from collectives.log import debug_setting
     from collectives.runtime import hang_guard as guard
     from collectives.runtime.validate import check_default_timeout, check_flag
     from collectives.timeline import clock
@@ -97,7 +98,12 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
                            ("hang_guard", hang_guard)):
             check_flag(flag, name)
         size = comm.Get_size()
-        groups_from_env(size)  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
+        # (a bad COLLECTIVES_RANKS_PER_NODE, COLLECTIVES_DEBUG or COLLECTIVES_HANG_GUARD, on
+        # one rank too: read later, they raised there alone, its peers waiting their timeout)
+        groups_from_env(size)
+        debug_setting()
+        if hang_guard:
+            guard.setting()
         layout_for(groups, ((r,) for r in range(size)), size)
 
     comm = MPI.COMM_WORLD if comm is None else comm

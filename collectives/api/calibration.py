@@ -52,6 +52,23 @@ METHOD = 6  # 1: the local link on a pair of ranks alone; 2: on every rank of a 
 # wait per round, from small all-reduces on every rank
 
 
+OFF = ("", "0", "false", "off", "none")
+ON = ("1", "true", "on", "cached", "fresh")
+
+
+def mode_of(mode: Any) -> str:
+    """``mode`` (True, ``"cached"``, ``"fresh"``, an environment variable's text) as
+    ``apply`` takes it: ``""`` for off, else ``"1"``, ``"cached"`` or ``"fresh"``; a
+    ValueError naming the choices for anything else."""
+    text = str(mode).strip().lower()
+    if text in OFF:
+        return ""
+    if text not in ON:
+        raise ValueError(f"calibrate={mode!r}: use True, 'cached' or 'fresh' (or {ENV}=1, "
+                         "cached, fresh)")
+    return "1" if text in ("1", "true", "on") else text
+
+
 def cache_dir() -> Path:
     """``$COLLECTIVES_CACHE_DIR``, else ``$XDG_CACHE_HOME/collectives``, else
     ``~/.cache/collectives``."""
@@ -100,12 +117,9 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
     ValueError
         ``mode`` is none of the above.
     """
-    mode = str(mode).strip().lower()
-    if mode in ("", "0", "false", "off", "none"):
+    mode = mode_of(mode)
+    if not mode:
         return comm.fabric
-    if mode not in ("1", "true", "on", "cached", "fresh"):
-        raise ValueError(f"calibrate={mode!r}: use True, 'cached' or 'fresh' (or {ENV}=1, "
-                         "cached, fresh)")
     key = host_set(comm)
     path = cache_file(key)
     text = None

@@ -1,0 +1,55 @@
+"""Settings of ``collectives.init`` that one rank gives otherwise: every rank raises the same
+error before any communicator is used, and a later ``init`` works. Calibration asked for on
+one rank alone (``calibrate=`` or ``COLLECTIVES_CALIBRATE``, even ``"0"``) made a
+communicator and calls only there: that rank waited forever. A bad ``COLLECTIVES_DEBUG`` or
+``COLLECTIVES_HANG_GUARD`` on one rank raised there alone, its peers waiting their timeout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from _common import WORLD, Report
+
+import collectives
+
+report = Report("init_settings")
+rank = WORLD.rank
+
+
+def attempt(name: str, says: str, calibrate=None, env: dict | None = None) -> None:
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        collectives.init(timeout=5, calibrate=calibrate, abort_on_error=False)
+        report.check(not says, f"{name}: init returned")
+    except ValueError as exc:
+        report.check(bool(says) and says in str(exc), f"{name}: {exc}")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def main() -> None:
+    one = rank == WORLD.size - 1
+    attempt("calibrate on one rank", "ranks asked for different calibrations (rank 0: off",
+            calibrate="cached" if one else None)
+    attempt("a bad calibrate on one rank", f"rank {WORLD.size - 1}: calibrate='bogus'",
+            calibrate="bogus" if one else None)
+    attempt("a bad COLLECTIVES_DEBUG on one rank", "COLLECTIVES_DEBUG='bogus'",
+            env={"COLLECTIVES_DEBUG": "bogus"} if one else None)
+    attempt("a bad COLLECTIVES_HANG_GUARD on one rank", "COLLECTIVES_HANG_GUARD",
+            env={"COLLECTIVES_HANG_GUARD": "nan"} if one else None)
+    attempt("calibration off, spelled two ways", "", calibrate="0" if one else None)
+    comm = collectives.init(timeout=5, calibrate="0" if one else None, abort_on_error=False)
+    total = comm.all_reduce(np.ones(2))
+    report.check(total.tolist() == [WORLD.size] * 2, f"after: {total}")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
