@@ -294,8 +294,9 @@ def test_killed_rank_tears_down_the_job(tmp_path):
 
 @needs_mpi
 def test_init_settings_one_rank_gives_otherwise_raise_on_every_rank():
-    # (calibration asked for on one rank alone, even COLLECTIVES_CALIBRATE=0, waited forever
-    # there; a bad COLLECTIVES_DEBUG or COLLECTIVES_HANG_GUARD raised on that rank alone)
+    # (COLLECTIVES_CALIBRATE=0 on one rank alone calibrated, and waited forever there; a bad
+    # COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD or COLLECTIVES_PURE_PYTHON raised on that rank
+    # alone, or not at all)
     assert_passed(launch("init_settings.py", 2, timeout=60), "init_settings")
 
 

@@ -88,6 +88,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     MPI = require("mpi4py.MPI", "mpi", "the MPI transport")
 
     from . import abort
+    from .compiled import pure_python
     from .groups import groups_from_env, layout_for
     from .start import agree_to_start
     from .transport import MPITransport
@@ -98,10 +99,12 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
                            ("hang_guard", hang_guard)):
             check_flag(flag, name)
         size = comm.Get_size()
-        # (a bad COLLECTIVES_RANKS_PER_NODE, COLLECTIVES_DEBUG or COLLECTIVES_HANG_GUARD, on
-        # one rank too: read later, they raised there alone, its peers waiting their timeout)
+        # (a bad COLLECTIVES_RANKS_PER_NODE, COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD or
+        # COLLECTIVES_PURE_PYTHON, on one rank too: read later, they raised there alone, or
+        # not at all, its peers waiting their timeout)
         groups_from_env(size)
         debug_setting()
+        pure_python()
         if hang_guard:
             guard.setting()
         layout_for(groups, ((r,) for r in range(size)), size)

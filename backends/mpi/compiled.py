@@ -56,12 +56,25 @@ def _library() -> Any:
     return lib
 
 
+def pure_python() -> bool:
+    """Whether ``COLLECTIVES_PURE_PYTHON`` switches the compiled path off (``1``, ``true``,
+    ``on``, ``yes``; unset, ``0``, ``false``, ``off``, ``no`` leave it on); any other value
+    raises ValueError naming it (``false`` switched it off: any text but ``0`` did)."""
+    value = os.environ.get(ENV_PURE, "").strip().lower()
+    if value in ("", "0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes"):
+        return True
+    raise ValueError(f"{ENV_PURE}={value!r}: use 1 to switch the compiled hot path off, or 0 "
+                     "(or leave it unset) to keep it")
+
+
 def functions() -> tuple[int, int] | None:
     """The addresses of ``MPI_Start`` and ``MPI_Test``, or None where the compiled path is off."""
     global _functions
     if _functions is False:
         _functions = None
-        if (_hot is not None and os.environ.get(ENV_PURE, "") in ("", "0")
+        if (_hot is not None and not pure_python()
                 and MPI._sizeof(MPI.Status) <= STATUS_ROOM):
             lib = _library()
             if lib is not None:

@@ -116,11 +116,11 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
                           ) from None
     comm = module.init(**options)
-    mode = _agreed_calibration(comm, calibrate if calibrate is not None
-                               else os.environ.get(ENV_CALIBRATE, ""))
-    if mode:
-        from .calibration import apply
+    from .calibration import apply, mode_of
 
+    # (off spelled "0" or "false" calibrated: on one rank alone, it waited there forever)
+    mode = mode_of(calibrate if calibrate is not None else os.environ.get(ENV_CALIBRATE, ""))
+    if mode:
         scratch = module.init(**options)  # its calls, not the user's, measure
         try:
             comm.fabric = apply(scratch, mode)
@@ -128,33 +128,6 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
             scratch.free()
     _ACTIVE[name] = comm, options
     return comm
-
-
-def _agreed_calibration(comm: Any, given: Any) -> str:
-    """The calibration every rank of ``comm`` asked for (``calibration.mode_of``); raises
-    the same ValueError on every rank, with ``comm`` freed, where one asked for a bad one or
-    the ranks asked for different ones (the ranks that calibrate make a communicator and
-    calls the others never make: they waited forever, ``0`` on one rank included)."""
-    from .calibration import ENV, mode_of
-
-    def checked(value: Any) -> tuple[str, str | None]:
-        try:
-            return mode_of(value), None
-        except ValueError as exc:
-            return "", str(exc)
-
-    mine = checked(given)
-    asked = comm.all_gather_object(mine) if comm.size > 1 else [mine]
-    problem = next((f"rank {r}: {error}" for r, (_, error) in enumerate(asked) if error), None)
-    modes = [mode for mode, _ in asked]
-    if problem is None and len(set(modes)) > 1:
-        by_rank = ", ".join(f"rank {r}: {m or 'off'}" for r, m in enumerate(modes))
-        problem = (f"ranks asked for different calibrations ({by_rank}); pass the same "
-                   f"calibrate= (or {ENV}) on every rank")
-    if problem is not None:
-        comm.free()
-        raise ValueError(f"collectives.init: {problem}")
-    return modes[0]
 
 
 def _spelled(options: dict[str, Any]) -> str:
