@@ -209,11 +209,14 @@ def cut_differently(kind: str):
                 return comm.batch_all_reduce(xs, async_op=True, **cut).wait()
             return comm.batch_all_reduce(xs, **cut)
         # (a rank still issuing its buckets may hear the verdict first: a broken
-        # communicator then, and the error says by what)
+        # communicator then, and the error says by what; a rank slower still may hear first
+        # that a peer left, broken so: about one run in 200 on a loaded machine)
         return Call(body, expect=raises("CollectiveMismatchError", match="in 3 buckets",
                                         within=1.0) | raises(
             "CommunicatorBrokenError", match="different numbers of calls.*in 3 buckets",
-            within=1.0), same=False, caught=True)
+            within=1.0) | raises("PeerFailedError", match="left after call .*: "
+                                 "CommunicatorBrokenError", within=1.0),
+                    same=False, caught=True)
     return step
 
 
