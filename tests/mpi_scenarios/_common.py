@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Scripts run from a source checkout without installing it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +21,27 @@ from mpi4py import MPI  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
-__all__ = ["WORLD", "Report", "meet"]
+__all__ = ["WORLD", "Report", "environment", "meet"]
+
+
+@contextmanager
+def environment(env: dict | None) -> Iterator[None]:
+    """Inside, the environment with ``env`` set (a value of None unsets the variable); as it
+    was, after."""
+    saved = {name: os.environ.get(name) for name in env or {}}
+    for name, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def meet() -> None:

@@ -9,10 +9,8 @@ path off).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-from _common import WORLD, Report
+from _common import WORLD, Report, environment
 
 import collectives
 
@@ -21,19 +19,12 @@ rank = WORLD.rank
 
 
 def attempt(name: str, says: str, calibrate=None, env: dict | None = None) -> None:
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
     try:
-        collectives.init(timeout=5, calibrate=calibrate, abort_on_error=False)
+        with environment(env):
+            collectives.init(timeout=5, calibrate=calibrate, abort_on_error=False)
         report.check(not says, f"{name}: init returned")
     except ValueError as exc:
         report.check(bool(says) and says in str(exc), f"{name}: {exc}")
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def main() -> None:

@@ -18,33 +18,23 @@ import os
 import runpy
 import sys
 
-from _common import WORLD, meet
+from _common import WORLD, environment, meet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(item: dict) -> int:
     path = os.path.join(HERE, item["script"])
-    saved_env = {name: os.environ.get(name) for name in item.get("env", {})}
     saved_argv = sys.argv
-    for name, value in item.get("env", {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = str(value)
     sys.argv = [path, *item.get("args", [])]
     try:
-        runpy.run_path(path, run_name="__main__")
+        with environment(item.get("env")):
+            runpy.run_path(path, run_name="__main__")
         return 0
     except SystemExit as exc:  # Report.finish on a failure: every rank exits alike
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.argv = saved_argv
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def main() -> None:
