@@ -399,6 +399,35 @@ def test_thread_ranks_take_their_cache_unchecked(tmp_path, monkeypatch):
     assert all(got == slow for got in collectives.run(body, 2, timeout=300))
 
 
+@pytest.mark.parametrize("field, value", [("gamma", "fast"), ("cores", -2),
+                                          ("net", {"alpha": None, "beta": 1e-9}),
+                                          ("gammas", [["float32", "x"]]), ("speed", 1.0)])
+def test_a_corrupt_cache_is_a_warning_naming_its_file_not_a_broken_auto(tmp_path, monkeypatch,
+                                                                        field, value):
+    # (a field of the wrong kind was read as it was: ``auto`` then raised a bare TypeError
+    # at the communicator's next call)
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path))
+    fields = json.loads(Fabric(source="measured").to_json())
+    fields[field] = value
+
+    def body(comm):
+        key = calibration.host_set(comm)
+        if comm.rank == 0:
+            path = calibration.cache_file(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, "fabric": json.dumps(fields)}))
+        comm.barrier()
+        before = comm.fabric
+        after = calibration.apply(comm, "cached")
+        return before == after == comm.fabric, comm.all_reduce(np.arange(5.0)).tolist()
+
+    with pytest.warns(RuntimeWarning, match=r"the cache .*fabric-.*\.json cannot be read"):
+        results = collectives.run(body, 2)
+    assert results == [(True, [0.0, 2.0, 4.0, 6.0, 8.0])] * 2
+    with pytest.raises(ValueError, match=field.split("[")[0]):
+        Fabric.from_json(json.dumps(fields))
+
+
 def test_a_tie_is_said_to_be_one_not_a_win_by_nothing():
     # (two candidates priced alike read "tree wins by 0 ns (0%) over one_device")
     text = collectives.run(lambda c: str(c.explain("all_reduce", np.ones(1))), 2)[0]

@@ -19,7 +19,7 @@ job), ``transport`` (the transport itself). Importing the package does not initi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from collectives import Communicator
@@ -37,7 +37,8 @@ __all__ = ["ENV_RANKS_PER_NODE", "MPICommunicator", "MPITransport", "NATIVE_NAME
 
 def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
          groups: str | int | Sequence[Sequence[int]] | None = "node",
-         abort_on_error: bool = True, hang_guard: bool = True) -> Communicator:
+         abort_on_error: bool = True, hang_guard: bool = True,
+         agreed_settings: Callable[[], Mapping[str, Any]] | None = None) -> Communicator:
     """This rank's communicator over ``comm``. Collective: every rank calls it, with the
     same arguments.
 
@@ -65,6 +66,11 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         returns, as MPICH's may after a peer died) prints where it is stuck and ends with exit
         code 124, so the job ends instead of hanging (``collectives.runtime.hang_guard``;
         ``COLLECTIVES_HANG_GUARD=off`` also turns it off, a number there sets its grace).
+    agreed_settings
+        Settings of the caller's that every rank must hold alike (``collectives.init``
+        passes its calibration): a function returning name -> value, called with the
+        arguments' checks. Where it raises TypeError or ValueError on any rank, or the
+        values differ between ranks, every rank raises before the communicator exists.
 
     Returns
     -------
@@ -108,11 +114,13 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         if hang_guard:
             guard.setting()
         layout_for(groups, ((r,) for r in range(size)), size)
+        if agreed_settings is not None:
+            alike.update(agreed_settings())
 
     comm = MPI.COMM_WORLD if comm is None else comm
+    alike: dict[str, Any] = {"check=": check}  # (and agreed_settings', once checked)
     # (before anything else: one rank's bad argument raises on every rank)
-    probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init",
-                            {"check": check})
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init", alike)
     abort.install(abort_on_error)
     guard.ENABLED = hang_guard  # (for this communicator and those made after it)
     transport = MPITransport(comm, groups=groups)

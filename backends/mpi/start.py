@@ -21,18 +21,19 @@ def agree_to_start(comm: Any, check_arguments: Callable[[], None], call: str,
                    alike: dict[str, Any] | None = None) -> list:
     """Gather over ``comm`` (an mpi4py communicator), raise on every rank where any rank's
     ``check_arguments()`` failed, the versions differ, or an argument of ``alike`` (name ->
-    value: ``check=``, which decides whether calls agree) differs between ranks; return each
+    value, the name as the error says it: ``"check="``, which decides whether calls agree)
+    differs between ranks; return each
     rank's clock probe, in rank order, for ``clock.align``. ``call``: the function named in
-    the error."""
-    gathered = comm.allgather((__version__, clock.probe(), argument_problem(check_arguments),
-                               alike or {}))
+    the error. ``alike`` is read after ``check_arguments()``, which may add to it."""
+    problem = argument_problem(check_arguments)
+    gathered = comm.allgather((__version__, clock.probe(), problem, alike or {}))
     raise_gathered_problems([problem for _, _, problem, _ in gathered], call)
     check_versions([version for version, _, _, _ in gathered])
     for name in alike or {}:
-        values = [theirs[name] for _, _, _, theirs in gathered]
+        values = [theirs.get(name) for _, _, _, theirs in gathered]
         if len(set(map(repr, values))) > 1:
             by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
-            raise ValueError(f"{call}: ranks passed different {name}= ({by_rank}); pass the "
+            raise ValueError(f"{call}: ranks passed different {name} ({by_rank}); pass the "
                              "same on every rank")
     return [probe for _, probe, _, _ in gathered]
 

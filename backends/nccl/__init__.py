@@ -10,6 +10,7 @@ failures, and ``docs/gpu.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .bootstrap import broadcast_unique_id, node_of_ranks, ranks_per_node, shared_gpu
@@ -22,7 +23,8 @@ __all__ = ["GpuWork", "NcclCommunicator", "broadcast_unique_id", "init", "node_o
 
 def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
          timeout: float = 300.0, check: bool = True,
-         abort_on_error: bool = True) -> NcclCommunicator:
+         abort_on_error: bool = True,
+         agreed_settings: Callable[[], Mapping[str, Any]] | None = None) -> NcclCommunicator:
     """This rank's communicator over ``comm`` (default: ``MPI.COMM_WORLD``).
 
     ``device``: the GPU (default: local rank modulo the visible GPUs); ``stream``: the CUDA
@@ -31,7 +33,8 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
     events); ``timeout``: seconds before an unfinished call is an error; ``check``: agree on
     each call's arguments across ranks the first time its signature is seen;
     ``abort_on_error``: an exception the program does not catch aborts the whole MPI job,
-    as under the MPI transport (``collectives.backends.mpi.abort``).
+    as under the MPI transport (``collectives.backends.mpi.abort``); ``agreed_settings``:
+    settings every rank must hold alike, as the MPI transport's ``init`` takes them.
     """
     from collectives.backends.cupy.probe import nccl_module, require_gpu
 
@@ -54,10 +57,12 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         check_flag(check, "check")
         check_flag(abort_on_error, "abort_on_error")
         ranks_per_node()  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
+        if agreed_settings is not None:
+            alike.update(agreed_settings())
 
+    alike: dict[str, Any] = {"check=": check}  # (and agreed_settings', once checked)
     # (before anything else: one rank's bad argument raises on every rank)
-    probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init",
-                            {"check": check})
+    probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init", alike)
     abort.install(abort_on_error)
     transport = NcclTransport(comm, device=device, stream=stream, timeout=timeout)
     communicator = NcclCommunicator(transport, timeout=timeout, check=check, name="nccl")

@@ -34,6 +34,7 @@ participants costs about one plan's rounds.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -42,6 +43,9 @@ from .schedule import Collective
 
 PROC, HOST, NET = 0, 1, 2
 CLASSES = ("proc", "host", "net")
+# a Fabric's fields that are numbers of seconds (or counts) at least 0
+NUMBERS = ("gamma", "overhead", "round_overhead", "native_overhead", "call_overhead", "cores",
+           "crowding", "crowding_message")
 
 
 @dataclass(frozen=True)
@@ -137,20 +141,40 @@ class Fabric:
 
     @classmethod
     def from_json(cls, text: str) -> Fabric:
-        """The fabric ``to_json`` (or ``collectives probe --json``) wrote; ValueError where
-        ``text`` is not JSON, KeyError or TypeError where a link class is missing or has
-        other fields. Fields an older file lacks keep their defaults."""
+        """The fabric ``to_json`` (or ``collectives probe --json``) wrote. Fields an older
+        file lacks keep their defaults.
+
+        Raises
+        ------
+        ValueError
+            ``text`` is not JSON, or a field is missing, unknown or of the wrong kind (the
+            message names it): read as it was, a wrong field broke ``auto`` later with a
+            bare TypeError.
+        """
         data = json.loads(text)
-        for name in CLASSES:
-            data[name] = Link(**data[name])
-        data["gammas"] = tuple(tuple(g) for g in data.get("gammas", ()))
-        data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
-                                 for m, c, n, pts in data.get("measured", ()))
-        data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
-        data["checks"] = tuple(tuple(c) for c in data.get("checks", ()))
-        data["flags"] = tuple(data.get("flags", ()))
-        data["probed"] = tuple(data["probed"]) if data.get("probed") is not None else None
-        return cls(**data)
+        if not isinstance(data, dict):
+            raise ValueError(f"a fabric is a JSON object of fields, not {type(data).__name__}")
+        try:
+            for name in CLASSES:
+                data[name] = Link(**data[name])
+                for part in ("alpha", "beta", "two_way"):
+                    _check_number(getattr(data[name], part), f"{name}.{part}")
+            data["gammas"] = tuple((str(n), _check_number(g, f"gammas[{n!r}]"))
+                                   for n, g in data.get("gammas", ()))
+            data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
+                                     for m, c, n, pts in data.get("measured", ()))
+            data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
+            data["checks"] = tuple(tuple(c) for c in data.get("checks", ()))
+            data["flags"] = tuple(data.get("flags", ()))
+            data["probed"] = tuple(data["probed"]) if data.get("probed") is not None else None
+            for name in NUMBERS:
+                if name in data:
+                    _check_number(data[name], name)
+            fabric = cls(**data)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a fabric's fields are missing or of the wrong kind: "
+                             f"{type(exc).__name__}: {exc}") from None
+        return fabric
 
     def describe(self) -> str:
         """The constants, one line per link class, then gamma and the overheads."""
@@ -282,3 +306,11 @@ def human_bytes(n: float, digits: int = 4) -> str:
         if n >= scale:
             return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
+
+
+def _check_number(value: object, name: str) -> float:
+    """``value``, a finite number at least 0; else a ValueError naming the field ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"a fabric's {name} is {value!r}: a finite number at least 0 is due")
+    return value

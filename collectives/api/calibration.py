@@ -122,15 +122,11 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
         return comm.fabric
     key = host_set(comm)
     path = cache_file(key)
-    text = None
+    cached = None
     if comm.rank == 0 and mode != "fresh" and path.exists():
-        try:
-            text = json.loads(path.read_text())["fabric"]
-        except (OSError, ValueError, KeyError):
-            text = None
-    text = comm.broadcast_object(text, 0)
-    if text is not None:  # unless the schedules now contradict it (a busy spell then)
-        cached = Fabric.from_json(text)
+        cached = read_cache(path)
+    cached = comm.broadcast_object(cached, 0)
+    if cached is not None:  # unless the schedules now contradict it (a busy spell then)
         checked = mode != "cached" and comm.placement.processes
         worst = disagreement(verify(comm, cached)) if checked else 1.0
         if worst <= CONTRADICTED:
@@ -148,6 +144,17 @@ def apply(comm: Any, mode: Calibrate | str = True, **options: Any) -> Fabric:
             warnings.warn(f"calibration: {flag}", RuntimeWarning, stacklevel=2)
     comm.fabric = fabric
     return fabric
+
+
+def read_cache(path: Path) -> Fabric | None:
+    """The fabric cached in ``path``; None, with a warning naming the file, where it cannot
+    be read (a corrupt file is measured again, and overwritten, rather than break ``auto``)."""
+    try:
+        return Fabric.from_json(json.loads(path.read_text())["fabric"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"calibration: the cache {path} cannot be read ({exc}); it is not "
+                      "used", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def save(path: Path, key: dict, fabric: Fabric) -> None:

@@ -6,11 +6,14 @@ MPI), else one local rank. Calling it again returns the same communicator.
 
 Backends whose ranks are processes check that every rank runs the same version of the library
 (``collectives.version.check_versions``) with their own means, before the communicator exists, so that the
-program's first call is call 1 in every message about it.
+program's first call is call 1 in every message about it. Such a backend's ``init`` takes
+``agreed_settings=``, a function whose settings (here: the calibration) every rank must hold
+alike; where one rank's differ or are bad, every rank raises, before the communicator exists.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -115,11 +118,21 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
         how = f": {install_line(extra)}" if extra else ""
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
                           ) from None
-    comm = module.init(**options)
     from .calibration import apply, mode_of
 
-    # (off spelled "0" or "false" calibrated: on one rank alone, it waited there forever)
-    mode = mode_of(calibrate if calibrate is not None else os.environ.get(ENV_CALIBRATE, ""))
+    setting = calibrate if calibrate is not None else os.environ.get(ENV_CALIBRATE, "")
+
+    def agreed_settings() -> dict[str, str]:
+        return {f"calibrate= or ${ENV_CALIBRATE}": mode_of(setting) or "off"}
+
+    # (calibration runs collective calls: where some ranks asked for it and others did not,
+    # or spelled "off" as "0" that calibrated, those that did waited for the others forever)
+    if "agreed_settings" in inspect.signature(module.init).parameters:
+        comm = module.init(**options, agreed_settings=agreed_settings)
+    else:  # (one process: nobody to agree with)
+        agreed_settings()
+        comm = module.init(**options)
+    mode = mode_of(setting)
     if mode:
         scratch = module.init(**options)  # its calls, not the user's, measure
         try:
