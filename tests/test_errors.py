@@ -336,6 +336,16 @@ def test_a_bad_hang_guard_setting_names_the_variable(monkeypatch):
         hang_guard.setting()
 
 
+@pytest.mark.parametrize("grace", [1e-9, 0.02, 2.0, 600.0])
+def test_the_hang_guard_looks_at_most_every_hundredth_of_a_second(grace, monkeypatch):
+    # (a grace of 1e-9 made its thread look without pause, holding the GIL from the calls)
+    from collectives.runtime import hang_guard
+
+    monkeypatch.setattr(hang_guard, "_fixed", grace)
+    assert 0.01 <= hang_guard.period() <= 1.0
+    assert hang_guard.period() == min(1.0, max(0.01, grace / 4))
+
+
 @pytest.mark.parametrize("groups", [[[0, 1], [2, 3.5]], [[0, 1.9], [2, 3]], "0123", ["01", "23"],
                                     "node", [["a", "b"], [2, 3]], [[True, 1], [2, 3]]])
 def test_groups_of_anything_but_participant_numbers_are_refused_by_name(groups):

@@ -57,6 +57,7 @@ MIN_GRACE = 5.0  # seconds past a deadline before a call counts as stuck, at lea
 GRACE_SHARE = 0.1  # ...or this share of its timeout, if longer
 CONFIRM = 2.0  # how long a call must stay overdue before the guard acts
 PERIOD = 1.0  # how often the guard looks (at most: a short grace makes it look more often)
+SHORTEST_PERIOD = 0.01  # (a grace of 1e-9 made it look without pause, holding the GIL)
 
 ENABLED = True  # what the latest mpi.init(hang_guard=...) asked for
 _engines: weakref.WeakSet = weakref.WeakSet()
@@ -88,6 +89,12 @@ def setting() -> float | None:
 def grace(timeout: float) -> float:
     """How long past a deadline of ``timeout`` seconds a call may still run."""
     return _fixed or max(MIN_GRACE, GRACE_SHARE * timeout)
+
+
+def period() -> float:
+    """How long the guard sleeps between two looks: a quarter of the grace, within
+    ``SHORTEST_PERIOD`` and ``PERIOD``."""
+    return min(PERIOD, max(SHORTEST_PERIOD, grace(0.0) / 4))
 
 
 def watch(engine: Any) -> bool:
@@ -129,7 +136,7 @@ def done_waiting(engine: Any, watched: tuple[int, Any]) -> None:
 def _run() -> None:
     suspects: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # (the call, first seen)
     while True:
-        time.sleep(min(PERIOD, grace(0.0) / 4))
+        time.sleep(period())
         now = time.monotonic()
         with _lock:
             engines = list(_engines)
