@@ -42,3 +42,16 @@ def configure() -> None:
         handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
         handler._collectives = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+
+
+_configured = False
+
+
+def configure_once() -> None:
+    """``configure()``, the first time it succeeds: for the multi-device API, whose calls
+    make no communicator (where the setting is read otherwise). A bad value raises at every
+    call, as at every communicator made."""
+    global _configured
+    if not _configured:
+        configure()
+        _configured = True

@@ -186,6 +186,22 @@ def test_debug_variable_checks_every_call(tmp_path):
     assert "COLLECTIVES_DEBUG='loud'" in bad.stderr
 
 
+@pytest.mark.parametrize("call", ["all_reduce(values, algorithm='ring')",
+                                  "batch_all_reduce([values], algorithm='ring')",
+                                  "broadcast(values[0], 2, algorithm='tree')"])
+def test_debug_variable_holds_for_the_multi_device_api(call):
+    # (it was read only where a communicator was made: calls across devices alone neither
+    # logged under info nor refused a bad value)
+    code = f"import numpy as np, collectives; values = [np.ones(3)] * 2; collectives.{call}"
+    run = lambda value: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={"COLLECTIVES_DEBUG": value, "PATH": ""}, timeout=120)
+    info = run("info")
+    assert info.returncode == 0 and "collectives.plans INFO: plan:" in info.stderr, info.stderr
+    bad = run("loud")
+    assert bad.returncode == 1 and "COLLECTIVES_DEBUG='loud'" in bad.stderr, bad.stderr
+
+
 def test_debug_variable_agrees_on_calls_check_false_skips():
     # (check=False skipped the agreement before the variable was looked at: ranks that
     # disagreed about the op returned the sum on both, silently, where the documentation

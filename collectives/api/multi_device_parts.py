@@ -16,6 +16,7 @@ from ..algorithms import select
 from ..algorithms.schedule import Collective
 from ..compression import requested
 from ..hints import Op
+from ..log import configure_once
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime.execute.device_calls import pick
@@ -34,6 +35,7 @@ def backend_first(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def wrapper(values, *args, async_op: bool = False, **kwargs):
+        configure_once()  # (COLLECTIVES_DEBUG: where no communicator is made, never read)
         if recorder.ON:  # the call as a span on every device's row
             return record_devices.device_call(function, values, args, kwargs,
                                                lambda: dispatch(values, args, async_op, kwargs))
