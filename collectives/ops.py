@@ -103,6 +103,8 @@ def supported_dtypes() -> list[np.dtype]:
 def _kind(dtype: np.dtype) -> str:
     if BFLOAT16 is not None and dtype == BFLOAT16:
         return "f"
+    if dtype.kind == "f" and dtype.type.__module__ != "numpy":
+        return "V"  # (ml_dtypes' float8_e5m2 says "f" where its float8 siblings say "V")
     return dtype.kind
 
 
@@ -121,7 +123,8 @@ def check_dtype(op: ReduceOp, dtype: np.dtype, argument: str = "values") -> None
     if allowed is None:
         raise TypeError(
             f"{argument} has dtype {np.dtype(dtype)}, which cannot be reduced; use a boolean, "
-            "integer, floating or complex dtype"
+            "integer, floating (float16, bfloat16, float32, float64) or complex dtype "
+            "(cast it first, with .astype(np.float32))"
         )
     if op not in allowed:
         ok = ", ".join(sorted(m.value for m in allowed))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from collectives.ops import ReduceOp, result_dtype
@@ -129,6 +130,25 @@ def bad_op_on(kind: str, bad_rank: int = 0):
 
 for kind in KINDS:
     CASES.append(Case(f"kinds-{kind}-bad-arg-one-rank", (run(kind, L), bad_op_on(kind)),
+                      where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+# --- a dtype no op reduces, on every rank: refused at once, and nothing breaks ---------------------
+
+
+def unreducible(kind: str):
+    """ml_dtypes' float8_e5m2 (its kind "f", where its siblings' is "V") was reduced in eight
+    bits; it is refused like them, on every rank, before any data moves."""
+    def step(ctx: Ctx) -> Call:
+        xs = [x.astype(ml_dtypes.float8_e5m2) for x in tensors(ctx, L)]
+        return Call(lambda comm: KINDS[kind](comm, xs),
+                    expect=raises("TypeError", match="float8_e5m2, which cannot be reduced",
+                                  within=1.0), caught=True)
+    return step
+
+
+for kind in KINDS:
+    CASES.append(Case(f"kinds-{kind}-unreducible-dtype", (run(kind, L), unreducible(kind),
+                                                          run(kind, L)),
                       where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
 
 # --- lists that differ after both were agreed: a mismatch on every rank --------------------------
