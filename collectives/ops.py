@@ -100,10 +100,13 @@ def supported_dtypes() -> list[np.dtype]:
     return dtypes
 
 
+_NUMPY_FLOATS = (np.float16, np.float32, np.float64, np.longdouble)
+
+
 def _kind(dtype: np.dtype) -> str:
     if BFLOAT16 is not None and dtype == BFLOAT16:
         return "f"
-    if dtype.kind == "f" and dtype.type.__module__ != "numpy":
+    if dtype.kind == "f" and dtype.type not in _NUMPY_FLOATS:
         return "V"  # (ml_dtypes' float8_e5m2 says "f" where its float8 siblings say "V")
     return dtype.kind
 

@@ -18,8 +18,10 @@ agreements) is ``failures.py``'s.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -91,7 +93,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
                 self.transport.issue_messages()  # transport may hold them, ``Transport``)
             self.back_after_quiet(what)
             if self.broken is not None or self.unreported:
-                self._raise_pending(what)
+                self._raise_if_unusable(what)
         except BaseException:
             self.busy.release()
             raise
@@ -108,15 +110,19 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
     def leave(self) -> None:
         self.busy.release()
 
-    def _raise_pending(self, what: str) -> None:
+    def _raise_if_unusable(self, what: str) -> None:
         if self.freed:
             raise CommunicatorBrokenError(
                 f"rank {self.rank}: {what} cannot run: this communicator was freed (free(), or "
                 "the end of its with block); use a communicator that is still alive")
         for ref, op in list(self.unreported):
-            if ref() is None and not op.waited_by:  # dropped without wait(): it surfaces here
-                self.unreported.remove((ref, op))
-                raise op.error  # type: ignore[misc]
+            if ref() is None and not op.waited_by:  # dropped without wait(): said here
+                # (a warning, not a raise: raised, this call was not issued here alone, and
+                # this rank's later calls met its peers' calls of other numbers: wrong sums
+                # where their shapes agreed. A peer learns of its own failure at another call)
+                warnings.warn(f"rank {self.rank}: call {op.seq} failed, and its handle was "
+                              f"dropped without wait(): {type(op.error).__name__}: "
+                              f"{op.error}", RuntimeWarning, stacklevel=_callers_level())
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
         if self.broken is not None and (not self.only_exits or (
@@ -267,3 +273,12 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
             if first is not None:
                 self.check_dispute(first)
 
+
+def _callers_level() -> int:
+    """The ``stacklevel`` at which a warning issued by this function's caller names the
+    program's line: the first frame outside the library."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+            "collectives"):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import CollectiveError
 from ..timeline import record_calls
 
 PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread's lock
@@ -77,7 +78,7 @@ class Operation:
 
     def fail(self, exc: BaseException) -> None:
         if not self.finished:
-            self.error = exc
+            self.error = detached(exc)
             self.finished = True
             if self.trace is not None:
                 record_calls.failed(self, exc)
@@ -120,3 +121,20 @@ class Operation:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+
+def detached(exc: BaseException) -> BaseException:
+    """``exc`` without the frames it was raised through, nor those of the errors it chains
+    (a bad argument's or the library's own: the message says what went wrong), so that it
+    can be kept for a later ``wait()``. Its frames include the call's own, still running as
+    it failed, which then took the call's handle: an error kept by the engine kept the
+    handle, and so its inputs, for good (and a dropped handle was never seen as dropped)."""
+    seen = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (CollectiveError, TypeError, ValueError)):
+            error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    return exc

@@ -138,7 +138,15 @@ class PreparedCall:
         elif isinstance(work, BaseException):
             raise work
         else:
-            result = work.wait(timeout)
+            try:
+                result = work.wait(timeout)
+            except CollectiveError:
+                raise
+            except BaseException:
+                # (a KeyboardInterrupt: the run is still in flight, and a start() now would
+                # share its buffers)
+                self._waited = False
+                raise
         return result if self.returns is None else self.returns
 
     def is_completed(self) -> bool:

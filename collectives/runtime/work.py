@@ -72,7 +72,15 @@ class Work(Generic[T]):
         op = self._op
         op.waited_by = True
         if not op.finished:
-            op.engine.wait(op, op.timeout if timeout is None else timeout)
+            try:
+                op.engine.wait(op, op.timeout if timeout is None else timeout)
+            except CollectiveError:
+                raise  # (its outcome: reported)
+            except BaseException:
+                # (a KeyboardInterrupt: nobody waits for it now. Marked waited, the progress
+                # thread never timed it out, nor, it being the oldest, any later call)
+                op.waited_by = False
+                raise
         op.engine.reported(op)
         return op.outcome()
 
