@@ -217,3 +217,46 @@ def test_assign_ranges_partitions_and_respects_limits(
             assert limit == -1 or sizes[i] <= limit
             # The first matching range wins: no earlier range would have taken it.
             assert all(sizes[i] > r.limit for r in ranges[:slot])
+
+
+# --- a valid argument's cached plan lets no equal but invalid one through ----------------------
+# (the plan caches were keyed by value: 2.0 == 2 and True == 1, so after one call with 2, a
+# call with 2.0 skipped the checks that refuse it; whether a rank raised depended on the
+# calls before it, and on thread ranks on which rank ran first)
+
+
+@pytest.mark.parametrize("knob, good, bad", [("num_packs", 2, 2.0), ("num_packs", 1, True),
+                                             ("agg_small_grads_max_bytes", 64, 64.0),
+                                             ("bytes_per_pack", 16, 16.0)])
+def test_packing_knobs_are_checked_after_an_equal_valid_one(knob, good, bad) -> None:
+    import numpy as np
+
+    import collectives
+
+    lists = [[np.ones(5)] * 2, [np.ones(7)] * 2]  # (two tensors, each on two devices)
+    collectives.batch_all_reduce(lists, "sum", "pscpu", **{knob: good})
+    with pytest.raises(TypeError, match=f"{knob}={bad!r} must be a whole number"):
+        collectives.batch_all_reduce(lists, "sum", "pscpu", **{knob: bad})
+
+
+@pytest.mark.parametrize("good, bad", [(("ring", 2), ("ring", 2.0)), (("ring", 1), ("ring", True)),
+                                       (("ring", 1, -1), ("ring", 1, -1.0))])
+def test_spec_tuples_are_checked_after_an_equal_valid_one(good, bad) -> None:
+    import numpy as np
+
+    import collectives
+
+    values = [np.ones(6), np.ones(6)]
+    collectives.all_reduce(values, "sum", good)
+    with pytest.raises(ValueError, match="must be a whole number"):
+        collectives.all_reduce(values, "sum", bad)
+
+    def body(comm):
+        comm.all_reduce(np.ones(6), "sum", good)
+        try:
+            comm.all_reduce(np.ones(6), "sum", bad)
+        except ValueError as exc:
+            return "whole number" in str(exc)
+        return False
+
+    assert collectives.run(body, 2) == [True, True]

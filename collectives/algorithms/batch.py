@@ -25,7 +25,7 @@ from ..ops import ReduceOp, result_dtype
 from .fusion import DEFAULT_BUCKET_BYTES, check_bucket_bytes
 from .packing import PackPlan, make_plan
 from .reuse import BucketKeeper
-from .spec import SpecRange, assign_ranges, parse_spec
+from .spec import SpecRange, assign_ranges, parse_spec, spec_key
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,6 @@ class BatchPart:
     spec: SpecRange
     indices: tuple[int, ...]  # which tensors of the batch this part carries, in order
     plan: PackPlan
-
-
-def _freeze(spec):
-    """A hashable copy of a spec (lists become tuples) for the plan cache."""
-    if isinstance(spec, (list, tuple)):
-        return type(spec).__name__, tuple(_freeze(s) for s in spec)
-    return type(spec).__name__, spec  # (2.0 and 2 are equal keys, but not the same spec)
 
 
 def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], algorithm,
@@ -54,26 +47,18 @@ def plan_batch(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype], al
     are fused into buckets of ``bucket_bytes`` (0: each alone), those of ``alone_bytes`` or
     more alone (the array backend's ``alone_bytes``: where a copy costs more than a call)."""
     check_bucket_bytes(bucket_bytes)  # (before the cache: "64M" would be a key)
-    key = (tuple(map(tuple, shapes)), tuple(map(np.dtype, dtypes)), _freeze(algorithm),
-           num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack, shards,
-           tuple(extra_names), bucket_bytes, alone_bytes, in_order)
+    knobs = (num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group, bytes_per_pack,
+             shards)
+    key = (tuple(map(tuple, shapes)), tuple(map(np.dtype, dtypes)), spec_key(algorithm),
+           spec_key(knobs), tuple(extra_names), bucket_bytes, alone_bytes, in_order)
     try:
-        return _plan_cached(key, algorithm)
+        plan = _CACHE.get(key)
     except TypeError:  # an unhashable part of a spec: plan without the cache
-        return _plan(*key[:2], algorithm, *key[3:])
-
-
-# plan_batch's cache key: _plan's arguments but the algorithm, which comes frozen instead
-_Key = tuple[tuple[tuple[int, ...], ...], tuple[np.dtype, ...], tuple[str, Any], int, int, int,
-             int | None, int, tuple[str, ...], int, int | None, bool]
-
-
-def _plan_cached(key: _Key, algorithm) -> list[BatchPart]:
-    plan = _CACHE.get(key)
+        return _plan(*key[:2], algorithm, *knobs, *key[4:])
     if plan is None:
         if len(_CACHE) > 256:
             _CACHE.clear()
-        plan = _CACHE[key] = _plan(*key[:2], algorithm, *key[3:])
+        plan = _CACHE[key] = _plan(*key[:2], algorithm, *knobs, *key[4:])
     return plan
 
 

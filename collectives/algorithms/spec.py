@@ -219,6 +219,16 @@ def _parse(spec, extra_names: tuple[str, ...]) -> list[SpecRange]:
     raise TypeError(f"all_reduce_spec must be {_ACCEPTED}, not {type(spec).__name__} {spec!r}")
 
 
+def spec_key(spec: Any) -> tuple:
+    """A key for caches of what a spec (or any argument) validated to: lists become tuples,
+    and every part carries its type (``("ring", 2.0)`` and ``("ring", 2)``, ``True`` and
+    ``1`` are equal, but only one of each is valid: a cache keyed by the value let the
+    other skip its checks)."""
+    if isinstance(spec, (list, tuple)):
+        return type(spec).__name__, tuple(spec_key(s) for s in spec)
+    return type(spec).__name__, spec
+
+
 def pick_range(ranges: Sequence[SpecRange], count: int) -> SpecRange:
     """The range a tensor of ``count`` elements belongs to (the first whose limit admits it)."""
     for rng in ranges:

@@ -36,6 +36,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
+from ..algorithms.spec import spec_key
 from ..timeline import record_calls, recorder
 from . import refusals
 from .agreement import agreed, issued_alone
@@ -125,9 +126,10 @@ class CallRunner:
         shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
             # (the scalars' types too: 0.0 == 0 and True == 1 would skip their checks)
-            key = (collective, x.shape, x.dtype, op, algorithm, root, type(root), shards,
-                   type(shards), groups, type(groups), axis, type(axis), batch, compression,
-                   shown, rows_vary)
+            # (and the spec's parts': ("ring", 2.0) == ("ring", 2), and only one is valid)
+            key = (collective, x.shape, x.dtype, op, spec_key(algorithm), root, type(root),
+                   shards, type(shards), groups, type(groups), axis, type(axis), batch,
+                   compression, shown, rows_vary)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
             key, call = None, None

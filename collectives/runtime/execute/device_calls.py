@@ -23,6 +23,7 @@ from ...algorithms import select
 from ...algorithms.base import Layout
 from ...algorithms.cost import Placement
 from ...algorithms.schedule import Collective
+from ...algorithms.spec import spec_key
 from ...arrays import NUMPY
 from ...ops import ReduceOp, result_dtype
 from ...overlap import clashing, unsafe_outputs
@@ -57,8 +58,8 @@ def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tu
     model = getattr(backend, "fabric", None) or backend.cost_model
     count = math.prod(shape)
     # (types too: True == 1 and 2.0 == 2, where a bool or a float must raise as it did)
-    key: tuple | None = (collective, algorithm, n, count, dtype.itemsize, model, type(shards),
-                         shards, type(groups), groups, root)
+    key: tuple | None = (collective, spec_key(algorithm), n, count, dtype.itemsize, model,
+                         type(shards), shards, type(groups), groups, root)
     try:
         found = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # (a list of groups, a spec list, an unhashable model: not kept)
