@@ -260,3 +260,23 @@ def test_spec_tuples_are_checked_after_an_equal_valid_one(good, bad) -> None:
         return False
 
     assert collectives.run(body, 2) == [True, True]
+
+
+@pytest.mark.parametrize("spec", ["native", "mpi:2k:xring", ("shm", 1), [("xring", 1, 64), ("native", 1)]])
+def test_a_transports_own_collective_in_a_spec_is_named_as_such(spec) -> None:
+    # (a batch, buckets or any spec of more than a name said "unknown algorithm 'native'",
+    # where a single call's plain name said which transport runs it)
+    with pytest.raises(ValueError, match="names a transport's own collective.*has none"):
+        parse_spec(spec)
+    assert parse_spec(spec, extra_names=("native", "mpi", "shm"))
+
+    import numpy as np
+
+    import collectives
+
+    def body(comm):
+        with pytest.raises(ValueError, match="names a transport's own collective"):
+            comm.batch_all_reduce([np.ones(3)], "sum", spec)
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(body, 2) == [[2.0, 2.0]] * 2

@@ -77,10 +77,27 @@ def parse_general_int(text: str) -> int:
     return int(text)
 
 
+# what transports call their own collectives (MPI's; its shared window): asked of a transport
+# that has none, they are no unknown algorithm
+TRANSPORT_WORDS = ("native", "mpi", "shm", "shared_memory")
+
+
+def not_this_transports(algorithm: str, extra_names: Sequence[str]) -> ValueError:
+    """The error for ``algorithm``, one of ``TRANSPORT_WORDS`` that is not among the
+    transport's own ``extra_names``."""
+    has = (f"its own are {', '.join(repr(n) for n in extra_names)}" if extra_names
+           else "it has none (thread ranks, one process's devices)")
+    return ValueError(f"algorithm={algorithm!r} names a transport's own collective, and this "
+                      f"call's transport does not run that one: {has}; use 'auto' or one of "
+                      "the library's schedules ('ring', 'rechd', 'tree', ...)")
+
+
 def _check_algorithm(alg: Any, where: str, extra_names: Sequence[str] = ()) -> None:
     # Re-raise canonical()'s error with the spec fragment, keeping its exception type.
     if isinstance(alg, str) and alg.strip().lower() in extra_names:
         return
+    if isinstance(alg, str) and alg.strip().lower() in TRANSPORT_WORDS:
+        raise ValueError(f"all_reduce_spec {where}: {not_this_transports(alg, extra_names)}")
     try:
         canonical(alg, argument="algorithm")
     except (TypeError, ValueError) as err:

@@ -21,7 +21,7 @@ import numpy as np
 from .. import algorithms
 from ..algorithms.base import Layout
 from ..algorithms.schedule import Collective
-from ..algorithms.spec import parse_spec, pick_range
+from ..algorithms.spec import TRANSPORT_WORDS, not_this_transports, parse_spec, pick_range
 from ..ops import ReduceOp, check_dtype, result_dtype
 
 CHECK_BITS = 30
@@ -251,22 +251,13 @@ def resolve_algorithm(algorithm: Any, count: int, shards: int, extra_names=()) -
     return _resolve(algorithm, count, shards, tuple(extra_names))
 
 
-# what transports call their own collectives (MPI's; its shared window): asked of a transport
-# that has none, they are no unknown algorithm
-TRANSPORT_WORDS = ("native", "mpi", "shm", "shared_memory")
-
-
 def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tuple[str, int]:
     if isinstance(algorithm, str):
         text = algorithm.strip().lower()
         if text in extra_names:
             return text, shards
         if text in TRANSPORT_WORDS:
-            has = (f"its own are {', '.join(repr(n) for n in extra_names)}" if extra_names
-                   else "it has none (thread ranks, one process's devices)")
-            raise ValueError(f"algorithm={algorithm!r} names a transport's own collective, and "
-                             f"this call's transport does not run that one: {has}; use 'auto' "
-                             "or one of the library's schedules ('ring', 'rechd', 'tree', ...)")
+            raise not_this_transports(algorithm, extra_names)
         if ":" not in text and "#" not in text:
             return algorithms.canonical(algorithm), shards
     chosen = pick_range(parse_spec(algorithm, extra_names=extra_names), count)
