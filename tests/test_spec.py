@@ -280,3 +280,38 @@ def test_a_transports_own_collective_in_a_spec_is_named_as_such(spec) -> None:
         return comm.all_reduce(np.ones(2)).tolist()
 
     assert collectives.run(body, 2) == [[2.0, 2.0]] * 2
+
+
+@pytest.mark.parametrize("spec, shards", [("pscpu:2k:xring", 2), (("xring",), 2), ("xring#2", 2),
+                                          ("xring#1", 3), ("xring#2", 3), ("xring", 3),
+                                          ("pscpu#1", 0), ("pscpu", 0)])
+def test_single_calls_and_batches_read_a_spec_and_shards_alike(spec, shards) -> None:
+    # (a batch refused shards= beside any spec, even one that sets no count of its own,
+    # where a single call took it)
+    import numpy as np
+
+    import collectives
+    from collectives.algorithms.batch import plan_batch
+    from collectives.runtime.calls import resolve_algorithm
+
+    def single():
+        name, count = resolve_algorithm(spec, 3000, shards)
+        return collectives.algorithms.canonical(name), count
+
+    def batch():
+        part, = plan_batch([(3000,)], [np.float32], spec, shards=shards)
+        return collectives.algorithms.canonical(part.spec.algorithm), part.spec.shards
+
+    outcomes = []
+    for read in (single, batch):
+        try:
+            outcomes.append(read())
+        except ValueError as exc:
+            outcomes.append("conflicts" if "conflicts with" in str(exc) else str(exc))
+    assert outcomes[0] == outcomes[1], outcomes
+    values = [np.arange(6, dtype=np.float32) + d for d in range(4)]
+    if outcomes[0] != "conflicts":  # (and both run it)
+        want = sum(values)
+        assert np.array_equal(collectives.all_reduce(values, "sum", spec, shards=shards)[0], want)
+        assert np.array_equal(
+            collectives.batch_all_reduce([values], "sum", spec, shards=shards)[0][0], want)

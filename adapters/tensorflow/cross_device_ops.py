@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from collectives.algorithms.spec import SpecRange, parse_spec
+from collectives.algorithms.spec import SpecRange, parse_spec, with_shards
 from collectives.hints import Compression
 from collectives.runtime.validate import check_shards, resolve_groups
 
@@ -162,12 +162,8 @@ def spec_ranges(spec, shards: int = 0) -> tuple[SpecRange, ...]:
     """A checked, hashable spec; ``shards`` replaces the shards of a plain algorithm name."""
     ranges = parse_spec(spec)
     check_shards(shards)
-    if shards:
-        if not (isinstance(spec, str) and ":" not in spec and "#" not in spec):
-            raise ValueError(f"shards={shards} conflicts with the all-reduce spec {spec!r}: a "
-                             "spec gives each range its shards; put them in the spec (e.g. "
-                             "'xring#2', ('xring', 2)) or pass the plain name")
-        ranges = [ranges[0]._replace(shards=int(shards))]
+    if shards:  # (none given, a plain name keeps TensorFlow's one shard)
+        ranges = with_shards(spec, ranges, int(shards))
     return tuple(ranges)
 
 

@@ -25,7 +25,7 @@ from ..ops import ReduceOp, result_dtype
 from .fusion import DEFAULT_BUCKET_BYTES, check_bucket_bytes
 from .packing import PackPlan, make_plan
 from .reuse import BucketKeeper
-from .spec import SpecRange, assign_ranges, parse_spec, spec_key
+from .spec import SpecRange, assign_ranges, parse_spec, spec_key, with_shards
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,7 @@ _CACHE: dict = {}
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
           agg_small_grads_max_group, bytes_per_pack, shards, extra_names=(),
           bucket_bytes=DEFAULT_BUCKET_BYTES, alone_bytes=None, in_order=False) -> list[BatchPart]:
-    ranges = parse_spec(algorithm, extra_names=extra_names)
-    plain = isinstance(algorithm, str) and ":" not in algorithm and "#" not in algorithm
-    if plain:
-        # a plain name takes ``shards`` (0: the algorithm's default), as a single call does
-        ranges = [ranges[0]._replace(shards=shards)]
-    elif shards:  # a spec carries its own shard counts (a tuple or a "#", or none: 0)
-        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {algorithm!r}: "
-                         "a spec gives each range its shards; put them in the spec (e.g. "
-                         "'xring#2', ('xring', 2)) or pass the plain name")
+    ranges = with_shards(algorithm, parse_spec(algorithm, extra_names=extra_names), shards)
     sizes = [int(np.prod(s)) for s in shapes]
     parts = []
     for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):

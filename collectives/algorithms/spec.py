@@ -246,6 +246,22 @@ def spec_key(spec: Any) -> tuple:
     return type(spec).__name__, spec
 
 
+def with_shards(spec: Any, ranges: Sequence[SpecRange], shards: int) -> list[SpecRange]:
+    """``spec``'s ``ranges`` with a call's ``shards=`` (0: none given), as every call reads
+    them: a plain name (no ``:`` or ``#``) takes it (0: the algorithm's default); the ranges
+    of a spec that set no count of their own (1) take it, and one that sets another raises
+    ``ValueError``."""
+    if isinstance(spec, str) and ":" not in spec and "#" not in spec:
+        return [ranges[0]._replace(shards=shards)]
+    if not shards:
+        return list(ranges)
+    if any(r.shards not in (1, shards) for r in ranges):
+        raise ValueError(f"shards={shards} conflicts with the all-reduce spec {spec!r}, which "
+                         "sets its own; put them in the spec (e.g. 'xring#2', ('xring', 2)) "
+                         "or pass the plain name")
+    return [r._replace(shards=shards) for r in ranges]
+
+
 def pick_range(ranges: Sequence[SpecRange], count: int) -> SpecRange:
     """The range a tensor of ``count`` elements belongs to (the first whose limit admits it)."""
     for rng in ranges:

@@ -262,7 +262,7 @@ def errors_and_edges() -> None:
                  [("pscpu", 1, 64)])
     expect_error(ValueError, "num_packs", ctf.CrossDeviceOps, "ring", num_packs=-1)
     expect_error(ValueError, "conflicts with the all-reduce spec", ctf.CrossDeviceOps,
-                 "pscpu:4:ring", shards=2)
+                 "pscpu#3:4:ring", shards=2)
     expect_error(ValueError, "mpiexec -n 2", ctf.MultiWorkerAllReduce,
                  worker_devices=["/job:worker/task:0", "/job:worker/task:1"])
     expect_error(ValueError, "num_gpus_per_worker", ctf.MultiWorkerAllReduce, num_gpus_per_worker=-1)
