@@ -54,18 +54,23 @@ def test_runs_split_at_a_dtype_change_and_take_zero():
     assert _groups(runs([(4,), (4,)], [np.float32] * 2, 0)) == [[0], [1]]
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "pscpu:20k:xring"])
 @pytest.mark.parametrize("size", [1, 2])
-def test_each_bucket_starts_once_its_run_is_ready(size):
+def test_each_bucket_starts_once_its_run_is_ready(size, algorithm):
     """ResNet-like: many small tensors, a few large ones; after each ready(k), every bucket
-    whose tensors are all ready has started (none waits behind a later tensor)."""
+    whose tensors are all ready has started (none waits behind a later tensor), and every
+    bucket is a run of consecutive tensors, with a spec whose ranges interleave too (a
+    bucket of one range's tensors 0 and 2 waited for tensor 2, and the buckets after it)."""
     rng = np.random.default_rng(0)
     shapes = [(int(n),) for n in rng.integers(1, 200_000, 40)]
 
     def body(comm):
         like = [np.zeros(s, np.float32) for s in shapes]
-        buckets = comm.buckets(like, bucket_bytes=256 << 10)
-        plan_runs = sorted((min(p.indices), max(p.indices)) for part in buckets.parts
-                           for p in part.plan.packs)
+        buckets = comm.buckets(like, "sum", algorithm, bucket_bytes=256 << 10)
+        members = [[part.indices[i] for i in p.indices] for part in buckets.parts
+                   for p in part.plan.packs]
+        assert all(m == list(range(m[0], m[-1] + 1)) for m in members), members
+        plan_runs = sorted((min(m), max(m)) for m in members)
         late = []
         for k, x in enumerate(like):
             buckets.ready(k, np.full(x.shape, float(comm.rank + 1), np.float32))

@@ -74,13 +74,29 @@ def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
     for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):
         if not indices:
             continue
-        plan = make_plan([shapes[i] for i in indices], [dtypes[i] for i in indices],
-                         num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                         agg_small_grads_max_group=agg_small_grads_max_group,
-                         bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes,
-                         alone_bytes=alone_bytes, in_order=in_order)
-        parts.append(BatchPart(spec, tuple(indices), plan))
+        # (in order, one part per run of consecutive tensors of the range: a range's tensors
+        # lie between other ranges', and a bucket of tensors 0 and 2 waited for tensor 2,
+        # and the buckets after it for that one)
+        for run in _consecutive(indices) if in_order else [indices]:
+            plan = make_plan([shapes[i] for i in run], [dtypes[i] for i in run],
+                             num_packs=num_packs,
+                             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                             agg_small_grads_max_group=agg_small_grads_max_group,
+                             bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes,
+                             alone_bytes=alone_bytes, in_order=in_order)
+            parts.append(BatchPart(spec, tuple(run), plan))
     return parts
+
+
+def _consecutive(indices: Sequence[int]) -> list[list[int]]:
+    """``indices`` (increasing) cut into runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 @dataclass
