@@ -137,3 +137,18 @@ def test_a_wait_after_a_wait_that_timed_out_says_what_ended_the_step():
 
     message = collectives.run(step, 2, timeout=5)[0]
     assert "the last step ended here when it raised CollectiveTimeoutError" in message, message
+
+
+def test_a_tensor_ready_twice_says_the_step_is_open_and_how_to_end_it():
+    # (it said only "already marked ready this step": a program whose own exception left a
+    # step midway had no word of the open step, nor of wait() ending it)
+    def body(comm):
+        like = [np.zeros(4) for _ in range(3)]
+        buckets = comm.buckets(like, bucket_bytes=0)
+        buckets.ready(0, np.ones(4))
+        with pytest.raises(ValueError, match=r"still open \(1 of 3 tensors ready\).*call "
+                                             r"wait\(\) first"):
+            buckets.ready(0, np.ones(4))
+        return True
+
+    assert collectives.run(body, 1) == [True]

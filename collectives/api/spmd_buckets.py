@@ -146,7 +146,12 @@ class Buckets(Generic[ArrayT]):
             raise ValueError(f"tensor {k} is {x.dtype}{tuple(x.shape)}; the buckets were made "
                              f"for {dtype}{tuple(shape)}")
         if self.tensors[k] is not None:
-            raise ValueError(f"tensor {k} was already marked ready this step")
+            ready = sum(t is not None for t in self.tensors)
+            raise ValueError(
+                f"tensor {k} was already marked ready this step, which is still open ({ready} "
+                f"of {len(self.layout)} tensors ready): a step ends at its wait(). Where the "
+                "program left a step midway (its own exception), call wait() first: it ends "
+                "that step, raising, and its peers hear why")
         return x
 
     def _start_complete(self) -> None:
