@@ -6,7 +6,9 @@ communicator. No ``init_process_group``, gloo, store or address is needed, and i
 thread ranks. Built on PyTorch's support for process groups written in Python.
 """
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,47 @@ class _Finished(dist.Work):
         return self.value
 
 
+class _Failed(dist.Work):
+    """The Work of a call that failed: its ``wait()`` raises the error, as its future does."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.future.set_exception(error)
+
+    def wait(self, timeout: Any = None) -> bool:
+        raise self.error
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return False
+
+    def exception(self) -> Exception:
+        return self.error
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+
+def _group_call(method: Callable) -> Callable:
+    """A call of the group: left out of ``torch.compile``'s graphs, and failing through its
+    Work (``wait()`` raises), never by raising itself, as gloo's calls fail. DDP makes some
+    of its calls (``find_unused_parameters``' all-reduce) from inside its reducer's backward:
+    an error raised there left the reducer broken for good, and the next step failed with
+    PyTorch's internal assert instead of the communicator's error. ``dist.all_reduce(t)``
+    without ``async_op`` waits, and so raises as before."""
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - raised at the Work's wait()
+            return _Failed(error)
+    return torch.compiler.disable(call)
+
+
 # (typed as Any: the C++ base's stubs overload its methods for callers, not for subclasses)
 _ProcessGroupBase: Any = dist.ProcessGroup
 
@@ -70,9 +113,9 @@ class _CollectivesGroup(_ProcessGroupBase):
     autograd thread while the user's thread does.
 
     Each call takes the forms PyTorch's own groups take (options, a ReduceOp or a root rank
-    instead of options, or none; one tensor or a list), and is left out of ``torch.compile``'s
-    graphs: DDP's reducer calls it from a compiled model's forward (its bucket rebuild), and
-    a communicator's call cannot be traced."""
+    instead of options, or none; one tensor or a list), fails through its Work, and is left
+    out of ``torch.compile``'s graphs: DDP's reducer calls it from a compiled model's forward
+    (its bucket rebuild), and a communicator's call cannot be traced (``_group_call``)."""
 
     def __init__(self, comm: Any):
         super().__init__(comm.rank, comm.size)
@@ -89,7 +132,7 @@ class _CollectivesGroup(_ProcessGroupBase):
         except (TypeError, ValueError, RuntimeError, NotImplementedError, BufferError) as error:
             self.comm.calls.refuse(what, error)
 
-    @torch.compiler.disable
+    @_group_call
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         def check():
             op, tensor = reduce_op(opts), one_tensor(tensors, "allreduce")
@@ -106,7 +149,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             tensor.detach().copy_(torch.from_numpy(np.asarray(result)))
         return _Finished([tensor])
 
-    @torch.compiler.disable
+    @_group_call
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         def check():
             if getattr(opts, "rootTensor", 0):
@@ -121,7 +164,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             view[...] = self.comm.broadcast(view, root=root)
         return _Finished([tensor])
 
-    @torch.compiler.disable
+    @_group_call
     def allgather(self, outputs: list, inputs: Any, opts: Any = None) -> Any:
         def check():
             if len(outputs) != 1:
@@ -140,7 +183,7 @@ class _CollectivesGroup(_ProcessGroupBase):
                 host_view(out, "allgather output")[...] = gathered[rank]
         return _Finished(outputs[0])  # (the future holds the list, as gloo's does)
 
-    @torch.compiler.disable
+    @_group_call
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor``: every rank's input, in rank order, in ``output``."""
@@ -156,7 +199,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             write_bits(output, gathered)
         return _Finished([output])
 
-    @torch.compiler.disable
+    @_group_call
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Any:
         """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of every rank's
@@ -177,7 +220,7 @@ class _CollectivesGroup(_ProcessGroupBase):
             output.detach().copy_(torch.from_numpy(np.asarray(block)).reshape(output.shape))
         return _Finished([output])
 
-    @torch.compiler.disable
+    @_group_call
     def barrier(self, opts: Any = None) -> Any:
         with self.lock:
             self.comm.barrier()

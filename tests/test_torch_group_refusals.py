@@ -77,7 +77,7 @@ def test_calls_the_group_does_not_run_name_the_communicators_call_on_every_rank(
             "all_to_all": lambda: dist.all_to_all_single(torch.zeros(2), torch.ones(2),
                                                          group=group),
             "batch_all_reduce": lambda: dist.all_reduce_coalesced([torch.ones(2)], group=group),
-            "all_reduce": lambda: group.allreduce([torch.ones(2), torch.ones(2)]),
+            "all_reduce": lambda: group.allreduce([torch.ones(2), torch.ones(2)]).wait(),
         }.items():
             with pytest.raises((NotImplementedError, ValueError)) as raised:
                 call()

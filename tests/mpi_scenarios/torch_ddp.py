@@ -225,8 +225,8 @@ def errors() -> None:
 def layouts(on: collectives.Communicator) -> None:
     """Ranks whose buckets differ (rank 0 cuts the model finer; ``find_unused_parameters``
     keeps the buckets DDP made first): rank 1's map of used parameters meets rank 0's second
-    bucket, and every rank fails the step at once (rank 0's last bucket waited out the hook's
-    timeout, here 10 s, for a call rank 1 never makes). ``on``: a communicator of its own,
+    bucket, and every rank fails the step at once (rank 0's last bucket once waited out the
+    hook's timeout, here 10 s, for a call rank 1 never makes). ``on``: a communicator of its own,
     made while all still worked."""
     cut = {"bucket_cap_mb": 0.0001} if rank == 0 else {}
     ddp = DDP(model(), process_group=torch_ddp.process_group(on), find_unused_parameters=True,
@@ -241,8 +241,12 @@ def layouts(on: collectives.Communicator) -> None:
         error = f"{type(exc).__name__}: {exc}"
     took = time.monotonic() - start
     print(f"LAYOUTS rank {rank} after {took:.2f} s: {error[:200]}", flush=True)
-    expected = "different numbers of calls" if rank == 0 else "CollectiveMismatchError"
-    report.check(expected in error and took < 3.0, f"layouts: {error} after {took:.2f} s")
+    # (rank 0 hears the mismatch at the process group's all-reduce, whose Work fails, or,
+    # where its buckets went first, that the ranks issued different numbers of calls)
+    expected = ("CollectiveMismatchError", "different numbers of calls") if rank == 0 else (
+        "CollectiveMismatchError",)
+    report.check(any(e in error for e in expected) and took < 3.0,
+                 f"layouts: {error} after {took:.2f} s")
 
 
 if __name__ == "__main__":
