@@ -107,8 +107,22 @@ class CommHookState:
         self.step_failed = False  # whether a bucket of this step has failed yet
 
     def __repr__(self) -> str:
-        return (f"CommHookState(rank {self.comm.rank} of {self.comm.size}, mean={self.mean}, "
-                f"compression={self.compression!r}, buckets={self.buckets})")
+        where = "no communicator" if self.comm is None else \
+            f"rank {self.comm.rank} of {self.comm.size}"
+        return (f"CommHookState({where}, mean={self.mean}, compression={self.compression!r}, "
+                f"buckets={self.buckets})")
+
+    def __getstate__(self) -> dict:
+        """What a pickle keeps (``torch.save(ddp)``, ``copy.deepcopy(ddp)``: DDP keeps its
+        hook's state): how to reduce, not the communicator (live connections to the peers,
+        as PyTorch's PowerSGD state leaves out its process group) nor this step's calls.
+        Restored, set ``state.comm`` before the next step."""
+        kept = dict(self.__dict__)
+        kept.update(comm=None, pending=[], last_error=None, step_failed=False)
+        return kept
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
 
 def allreduce_hook(state: CommHookState,
@@ -124,6 +138,12 @@ def allreduce_hook(state: CommHookState,
         all-reduce has finished, or with its exception where it failed.
     """
     buffer = bucket.buffer()
+    if state.comm is None:  # (restored from a pickle; raised here, it would break DDP)
+        refused: torch.futures.Future = torch.futures.Future()
+        refused.set_exception(RuntimeError(
+            "the hook's CommHookState has no communicator (it was restored from a pickle, "
+            "which leaves it out): set state.comm to this rank's Communicator first"))
+        return refused
     state.buckets += 1
     if bucket.index() == 0:  # buckets start in index order: a new step
         state.step_failed = False

@@ -8,8 +8,11 @@ slow test runs ``tests/mpi_scenarios/torch_ddp.py`` on 2 MPI ranks, against DDP 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import io
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -530,3 +533,31 @@ def test_doc_examples_run_as_written(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert proc.stdout.count("loss ") == 1, proc.stdout  # rank 0 alone prints
     exec(compile(blocks[1], "docs/torch.md (thread ranks)", "exec"), {"__name__": "__main__"})
+
+
+def test_the_hooks_state_pickles_and_takes_a_communicator_again():
+    # (the state held the communicator: pickling it, and so torch.save(ddp) or
+    # copy.deepcopy(ddp) over a default gloo group with this hook, raised "cannot pickle
+    # '_thread.lock' object"; DDP over the library's own group cannot pickle, PyTorch's rule)
+    def rank_fn(comm):
+        net, ddp, state = ddp_over(comm, mean=False, timeout=5.0)
+        train(net, ddp, comm.rank, steps=1)
+        torch.save(state, io.BytesIO())
+        assert copy.deepcopy(state).comm is None
+        restored = pickle.loads(pickle.dumps(state))
+        assert restored.comm is None and restored.mean is False and restored.timeout == 5.0
+        net2 = model()
+        ddp2 = DDP(net2, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0001)
+        ddp2.register_comm_hook(restored, torch_ddp.allreduce_hook)
+        x, target = batch(1, comm.rank)
+        with pytest.raises(RuntimeError, match="has no communicator.*set state.comm"):
+            (ddp2(x) * target).sum().backward()
+        comm.barrier()
+        restored.comm = comm  # (a new DDP object: the failed step broke nothing else)
+        net3 = model()
+        ddp3 = DDP(net3, process_group=torch_ddp.process_group(comm), bucket_cap_mb=0.0001)
+        ddp3.register_comm_hook(restored, torch_ddp.allreduce_hook)
+        return train(net3, ddp3, comm.rank, steps=2)
+
+    first, second = collectives.run(rank_fn, 2, timeout=20)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
