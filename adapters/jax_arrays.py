@@ -15,9 +15,12 @@ imports JAX only from the arrays it is given.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
+
+from collectives.log import program_level
 
 
 def _jax() -> Any:
@@ -42,6 +45,12 @@ class JaxArrays:
         jax = _jax()
         if not isinstance(result, np.ndarray):  # GPU memory (CuPy): shared, not copied
             return jax.numpy.from_dlpack(result)
+        if result.dtype == np.float64 and not jax.config.jax_enable_x64:
+            # (an integer MEAN's float64 result: JAX would hold it as float32, silently)
+            warnings.warn("this result is float64 (an integer MEAN's), which JAX holds as "
+                          "float32 unless 64-bit types are on: jax.config.update("
+                          "'jax_enable_x64', True), or cast the inputs to a float first",
+                          RuntimeWarning, stacklevel=program_level())
         sharding: Any = getattr(like, "sharding", None)
         if getattr(like, "committed", False) and len(sharding.device_set) == 1:
             return jax.device_put(result, sharding)  # (committed to its device: there too)

@@ -106,7 +106,10 @@ def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = N
             return np.from_dlpack(x) if view is None else view(x)
         except (BufferError, TypeError, RuntimeError, ValueError) as exc:
             device = attribute(x, "device")
-            if device is not None and "cpu" not in str(device).lower():
+            if str(device) == "meta":
+                raise TypeError(f"{argument} is a meta tensor, which holds no data; pass one "
+                                "that does") from exc
+            if device is not None and not _on_host(x, device):
                 raise TypeError(f"{argument} lives on {device}; pass it to a GPU backend (CuPy: "
                                 "cupy.from_dlpack) or move it to the CPU first") from exc
             if attribute(x, "requires_grad"):
@@ -116,6 +119,18 @@ def as_numpy(x: Any, argument: str, view: Callable[[Any], np.ndarray] | None = N
     except Exception as exc:  # noqa: BLE001 - the producer's message is the useful part
         raise TypeError(f"{argument} ({type(x).__name__}) cannot be read as an array: {exc}") \
             from exc
+
+
+def _on_host(x: Any, device: Any) -> bool:
+    """Whether ``x``, on ``device``, lives in host memory: a CPU device, or a JAX array
+    sharded over CPU devices alone (its ``device`` is the sharding; NumPy reads it whole)."""
+    if "cpu" in str(device).lower():
+        return True
+    devices = attribute(x, "devices")
+    try:
+        return callable(devices) and all(getattr(d, "platform", "") == "cpu" for d in devices())
+    except Exception:  # noqa: BLE001 - a producer that cannot say is not on the host
+        return False
 
 
 # --- array kinds (``array_kinds``), re-exported for the callers of this module ---------------
@@ -157,6 +172,21 @@ def refuse_out(out: Any, argument: str) -> None:
         raise TypeError(f"{argument} is a {name} array ({type(out).__name__}), which cannot be "
                         f"filled in place: {kind.out_refusal}; drop out= and use the returned "
                         f"{'arrays' if argument.startswith('out[') else 'array'} instead")
+
+
+def adopt_out(out: Any, argument: str) -> Any:
+    """``out`` adopted as the memory the call fills: an array kind that cannot be filled in
+    place is refused (``refuse_out``), and so is one whose library hands over a copy each time
+    it is read (a TensorFlow variable, any ``__array__`` that copies): filled, the copy was
+    dropped, and ``out`` kept its old values without a word."""
+    refuse_out(out, argument)
+    adopted = adopt(out, argument)
+    if isinstance(adopted, np.ndarray) and adopted.size and not np.shares_memory(
+            adopted, adopt(out, argument)):
+        raise TypeError(f"{argument} ({type(out).__name__}) cannot be filled in place: its "
+                        "library hands over a copy of its memory each time; drop out= and use "
+                        "the returned array (for a TensorFlow variable: variable.assign(it))")
+    return adopted
 
 
 # --- the edge of a call -----------------------------------------------------------------------

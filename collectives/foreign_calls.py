@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .arrays import kind_name, library_of
-from .foreign import Edge, adopt, handed_back, is_foreign, refuse_out
+from .foreign import Edge, adopt, adopt_out, handed_back, is_foreign
 
 
 def accepts_foreign(method: Callable) -> Callable:
@@ -35,13 +35,13 @@ def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict)
     out = kwargs.get("out")
     foreign_out = out is not None and is_foreign(out)
     if foreign_out:
-        refuse_out(out, "out")
+        adopted_out = adopt_out(out, "out")
     edge = None
     if is_foreign(x):
         edge = Edge(x)
         x = edge.adopt(x, "x")
     if foreign_out:
-        kwargs = {**kwargs, "out": adopt(out, "out")}
+        kwargs = {**kwargs, "out": adopted_out}
         result = method(self, x, *args, **kwargs)  # filled in place: the caller's own
         return None if result is None else handed_back(result, lambda r: None if r is None else out)
     result = method(self, x, *args, **kwargs)
@@ -63,12 +63,10 @@ def _adopt_all(values: Any, argument: str) -> Any:
     return adopt(values, argument)
 
 
-def _refuse_all(out: Any, argument: str) -> None:
+def _adopt_outs(out: Any, argument: str) -> Any:
     if isinstance(out, (list, tuple)):
-        for i, o in enumerate(out):
-            _refuse_all(o, f"{argument}[{i}]")
-    elif is_foreign(out):
-        refuse_out(out, argument)
+        return [_adopt_outs(o, f"{argument}[{i}]") for i, o in enumerate(out)]
+    return adopt_out(out, argument) if is_foreign(out) else out
 
 
 def _refuse_mixed(values: Any, argument: str) -> None:
@@ -93,28 +91,56 @@ def accepts_foreign_values(function: Callable) -> Callable:
     argument (or one, for broadcast and scatter; or a list of lists, for a batch); results
     come back as that type, each placed as the input of its device."""
 
-    argument = next(iter(inspect.signature(function).parameters))  # values, value_lists
+    signature = inspect.signature(function)
+    argument = next(iter(signature.parameters))  # values, value_lists
 
     @functools.wraps(function)
     def wrapper(values, *args, **kwargs):
         out = kwargs.get("out")
         if not is_foreign(_first(values)) and not is_foreign(_first(out)):
             return function(values, *args, **kwargs)
-        _refuse_all(out, "out")
+        adopted_out = None if out is None else _adopt_outs(out, "out")
         _refuse_mixed(values, argument)
         edge = Edge(_first(values)) if is_foreign(_first(values)) else None
-        likes = list(values) if isinstance(values, (list, tuple)) else []
+        if kwargs.get("shared_result") and edge is not None and edge.returner is not None and (
+                edge.kind is None or edge.kind.out_refusal is None):
+            # (handed back, the read-only views became writable tensors over one buffer: a
+            # device's in-place step changed every device's result)
+            raise ValueError(f"shared_result=True returns read-only views of one buffer, which "
+                             f"{kind_name(_first(values))} arrays cannot be; drop it (each "
+                             "device then gets a result of its own)")
+        likes = _placed_as(signature, values, args, kwargs)
         values = _adopt_all(values, argument)
         if is_foreign(_first(out)):
-            kwargs = {**kwargs, "out": _adopt_all(out, "out")}
+            kwargs = {**kwargs, "out": adopted_out}
             result = function(values, *args, **kwargs)  # filled in place: the caller's own
             return handed_back(result, lambda _: list(out) if isinstance(out, (list, tuple)) else out)
         result = function(values, *args, **kwargs)
-        if edge is None or edge.returner is None:
-            return result
+        if edge is None or edge.returner is None or out is not None:
+            return result  # (results written to NumPy ``out`` arrays are those arrays)
         if likes and isinstance(likes[0], (list, tuple)):  # a batch: tensor k on device d
             return handed_back(result, lambda r: [edge.back_each(t, list(like))
                                               for t, like in zip(r, likes, strict=True)])
+        if len(likes) == 1:  # (one result, a root's: placed as the root's input)
+            return handed_back(result, lambda r: edge.back(r, likes[0]))
         return handed_back(result, lambda r: edge.back_each(r, likes))
 
     return wrapper
+
+
+def _placed_as(signature: inspect.Signature, values: Any, args: tuple, kwargs: dict) -> list:
+    """The arrays the results go back beside: the root's input for a rooted call's one result
+    (``reduce``, ``gather``), the arrays ``devices`` lists where it lists them (``broadcast``,
+    ``scatter``: "the arrays to place the copies beside"), else one per device, as the
+    inputs (or none: the call's first array)."""
+    given = signature.bind_partial(values, *args, **kwargs).arguments
+    devices = given.get("devices")
+    if isinstance(devices, (list, tuple)) and devices and is_foreign(devices[0]):
+        return list(devices)
+    if not isinstance(values, (list, tuple)):
+        return []
+    if "root" in signature.parameters and "devices" not in signature.parameters:
+        root = given.get("root", signature.parameters["root"].default)
+        if isinstance(root, int) and 0 <= root < len(values):
+            return [values[root]]
+    return list(values)

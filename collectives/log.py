@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 ENV = "COLLECTIVES_DEBUG"
 LEVELS = {"": None, "0": None, "off": None, "info": logging.INFO, "detail": logging.DEBUG}
@@ -55,3 +56,13 @@ def configure_once() -> None:
     if not _configured:
         configure()
         _configured = True
+
+
+def program_level() -> int:
+    """The ``stacklevel`` at which a warning issued by this function's caller names the
+    program's line: the first frame outside the library (``collectives`` and its adapters)."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+            "collectives"):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -222,3 +222,32 @@ def test_a_kind_that_crosses_its_own_way_still_refuses_an_out():
 
     for got in collectives.run(body, 1):
         assert isinstance(got, _Viewed) and np.array_equal(got.data, [0.0, 1.0, 2.0])
+
+
+class _CopyingOut:
+    """An ``out=`` whose ``__array__`` hands over a copy each time (as a TensorFlow variable's)."""
+
+    def __init__(self, n: int):
+        self.values = np.zeros(n, np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values.copy()
+
+
+def test_an_out_that_can_only_be_read_as_a_copy_is_refused_on_every_rank():
+    # (filled, the copy was dropped: out kept its old values, and the call returned it)
+    def body(comm):
+        out = _CopyingOut(3) if comm.rank == 0 else None
+        try:
+            comm.all_reduce(np.ones(3, np.float32), out=out)
+            outcome = "returned"
+        except collectives.CollectiveError as exc:
+            outcome = type(exc).__name__
+        except TypeError as exc:
+            outcome = "refused" if "cannot be filled in place" in str(exc) else str(exc)
+        return outcome, comm.all_reduce(np.ones(2)).tolist()
+
+    assert collectives.run(body, 2, timeout=10) == [("refused", [2.0, 2.0]),
+                                                    ("PeerFailedError", [2.0, 2.0])]
+    with pytest.raises(TypeError, match=r"out\[0\] \(_CopyingOut\) cannot be filled in place"):
+        collectives.all_reduce([np.ones(3, np.float32)] * 2, out=[_CopyingOut(3), _CopyingOut(3)])

@@ -263,3 +263,14 @@ def test_tensors_on_mpi_ranks():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
     assert "SUMMARY torch_tensors PASS" in out, out[-6000:]
+
+
+def test_shared_result_is_refused_for_tensors_which_cannot_be_read_only():
+    # (the read-only views of one buffer came back as writable tensors over it: one device's
+    # in-place step changed every device's result)
+    values = [torch.arange(4.0) + d for d in range(3)]
+    with pytest.raises(ValueError, match="shared_result=True .* torch.Tensor arrays cannot be"):
+        collectives.all_reduce(values, shared_result=True)
+    separate = collectives.all_reduce(values)
+    separate[0].div_(3)
+    assert separate[1].tolist() == [3.0, 6.0, 9.0, 12.0]

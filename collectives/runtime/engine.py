@@ -18,7 +18,6 @@ agreements) is ``failures.py``'s.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import warnings
@@ -26,6 +25,7 @@ import weakref
 from typing import Any
 
 from ..errors import CommunicatorBrokenError, ConcurrentCallError
+from ..log import program_level
 from . import hang_guard, progress_thread
 from .agreed_signatures import AgreedSignatures
 from .call_order import CallOrder
@@ -122,7 +122,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
                 # where their shapes agreed. A peer learns of its own failure at another call)
                 warnings.warn(f"rank {self.rank}: call {op.seq} failed, and its handle was "
                               f"dropped without wait(): {type(op.error).__name__}: "
-                              f"{op.error}", RuntimeWarning, stacklevel=_callers_level())
+                              f"{op.error}", RuntimeWarning, stacklevel=program_level())
         self.unreported = [(r, o) for r, o in self.unreported
                            if r() is not None and not o.waited_by]
         if self.broken is not None and (not self.only_exits or (
@@ -272,13 +272,3 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
             first = next((o for o in self._through(op) if not o.finished and o.breaking), None)
             if first is not None:
                 self.check_dispute(first)
-
-
-def _callers_level() -> int:
-    """The ``stacklevel`` at which a warning issued by this function's caller names the
-    program's line: the first frame outside the library."""
-    frame, level = sys._getframe(2), 2
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            "collectives"):
-        frame, level = frame.f_back, level + 1
-    return level
