@@ -10,6 +10,8 @@ timeout; nothing hangs; nothing wrong.
 
 from __future__ import annotations
 
+import gc
+import time
 import weakref
 from collections.abc import Callable
 
@@ -499,3 +501,34 @@ def waited_twice(ctx: Ctx) -> Call:
 
 CASES.append(Case("every-wait-of-a-run-returns-its-result", (waited_twice,), where=BOTH,
                   sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
+
+
+def dropped_failure(bad: str):
+    """Every rank issues an asynchronous all-reduce and drops its handle unwaited; it fails
+    (rank 0's ``out=`` does not fit, after the signature was agreed: on rank 0 alone; or
+    rank 0's dtype cannot be reduced: on every rank). The next calls run, with their sums, on
+    every rank: the failure raised at the next call made that call go unissued on the ranks
+    that had heard of it, so that the ranks' calls paired off by one (wrong sums, no error)."""
+    def step(ctx: Ctx) -> Call:
+        x = np.full(4, float(ctx.rank + 1))
+        out = np.empty(5) if bad == "out" and ctx.rank == 0 else None
+        if bad == "dtype" and ctx.rank == 0:
+            x = x.astype(object)
+
+        def body(comm):
+            if bad == "out":
+                comm.all_reduce(np.ones(4))  # (agreed: the bad out= fails on rank 0 alone)
+            comm.all_reduce(x, out=out, async_op=True)  # dropped at once
+            time.sleep(0.2)  # (it fails meanwhile)
+            gc.collect()
+            return [float(comm.all_reduce(np.full(4, 10.0 * k))[0]) for k in (1, 2, 3)]
+
+        want = [10.0 * k * ctx.size for k in (1, 2, 3)]
+        return Call(body, expect=ok(check=lambda got: None if got == want else
+                                    f"got {got}, want {want}"))
+    return step
+
+
+for bad in ("out", "dtype"):
+    CASES.append(Case(f"dropped-failed-handle-{bad}-later-calls-pair-alike", (dropped_failure(bad),),
+                      where=BOTH, sizes=SIZES, timeout=COMM_TIMEOUT, limit=20.0))
