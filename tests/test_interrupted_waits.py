@@ -44,15 +44,32 @@ def ctrl_c_soon():
     signal.signal(signal.SIGALRM, previous)
 
 
-def test_a_handle_whose_wait_was_interrupted_still_times_out(ctrl_c_soon):
-    # (its wait marked it waited for before waiting: the progress thread never timed it out,
-    # nor, it being the oldest call in flight, any later one; a handle only polled, as a
-    # done-callback's, never finished)
+def _issue(comm: Communicator, kind: str):
+    """One step of ``kind`` in flight; what its ``wait()`` is."""
+    if kind == "plain":
+        return comm.all_reduce(np.ones(4), async_op=True)
+    if kind == "batch":
+        return comm.batch_all_reduce([np.ones(4), np.ones(1000)], async_op=True)
+    buckets = comm.buckets([np.ones(4), np.ones(3)], bucket_bytes=0)
+    buckets.ready(0, np.ones(4))
+    buckets.ready(1, np.ones(3))
+    return buckets
+
+
+@pytest.mark.parametrize("kind", ["plain", "batch", "buckets"])
+def test_a_handle_whose_wait_was_interrupted_still_times_out(ctrl_c_soon, kind):
+    # (its wait marked it waited for before waiting, as did a batch's or the buckets' wait
+    # for every call of theirs: the progress thread never timed them out, nor, the oldest
+    # call in flight, any later one; a handle only polled, as a done-callback's, never
+    # finished)
     comm, absent = _pair()
-    first = comm.all_reduce(np.ones(4), async_op=True)  # rank 1 never comes
+    first = _issue(comm, kind)  # rank 1 never comes
     ctrl_c_soon()
     with pytest.raises(KeyboardInterrupt):
         first.wait()
+    if kind == "buckets":  # (the step is still open: its buckets are in flight)
+        with pytest.raises(ValueError, match="still open"):
+            first.ready(0, np.ones(4))
     del first
     ended: list[str] = []
     second = comm.all_reduce(np.ones(3), async_op=True)

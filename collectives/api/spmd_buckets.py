@@ -213,9 +213,9 @@ class Buckets(Generic[ArrayT]):
         took = frozenset(self.took)
         try:
             reduced = BatchWork(self.pending, list, "buckets").wait(timeout)
-        except BaseException as exc:  # (a later wait() says what ended the step)
-            self._abandon_step(exc)
-            raise
+        except Exception as exc:  # (a later wait() says what ended the step; an interruption,
+            self._abandon_step(exc)  # KeyboardInterrupt, ends nothing: its buckets are still
+            raise                    # in flight, and a wait() again takes them)
         self._reset()
         if self.edge is not None:  # the buckets go back, then unpack on the tensors' side
             reduced = [self.edge.back(buf) for buf in reduced]

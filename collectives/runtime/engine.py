@@ -18,23 +18,24 @@ agreements) is ``failures.py``'s.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
 from ..errors import CommunicatorBrokenError, ConcurrentCallError
-from ..log import program_level
 from . import hang_guard, progress_thread
 from .agreed_signatures import AgreedSignatures
 from .call_order import CallOrder
 from .departures import Ledger
 from .failures import MESSAGES, Failures
 from .in_flight import InFlight
-from .operation import Operation
+from .operation import Operation, detached
 from .transport import Failure, Transport
 from .work import Work
+
+CALLS = logging.getLogger("collectives.calls")
 
 SLOW_WAIT = progress_thread.SLOW_WAIT  # after this long a wait also hears peers' notices
 DISPUTE_CHECK = 0.2  # how often a slow wait asks the ranks it waits for what they do
@@ -115,19 +116,26 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
             raise CommunicatorBrokenError(
                 f"rank {self.rank}: {what} cannot run: this communicator was freed (free(), or "
                 "the end of its with block); use a communicator that is still alive")
-        for ref, op in list(self.unreported):
-            if ref() is None and not op.waited_by:  # dropped without wait(): said here
-                # (a warning, not a raise: raised, this call was not issued here alone, and
-                # this rank's later calls met its peers' calls of other numbers: wrong sums
-                # where their shapes agreed. A peer learns of its own failure at another call)
-                warnings.warn(f"rank {self.rank}: call {op.seq} failed, and its handle was "
-                              f"dropped without wait(): {type(op.error).__name__}: "
-                              f"{op.error}", RuntimeWarning, stacklevel=program_level())
-        self.unreported = [(r, o) for r, o in self.unreported
-                           if r() is not None and not o.waited_by]
+        if self.unreported:
+            self._say_dropped_failures()
         if self.broken is not None and (not self.only_exits or (
                 what not in MESSAGES and self.exit_loses(self.seq + 1))):
             raise self.broken_error(what)  # (peers that left joined the calls before theirs)
+
+    def _say_dropped_failures(self) -> None:
+        """Log the failures of calls whose handles were dropped without ``wait()`` (logger
+        ``collectives.calls``, as asyncio logs a task's exception never retrieved), and stop
+        keeping them. Never raised: raised, this call would not be issued on this rank alone
+        (each rank learns of its own failure at its own time), and this rank's later calls
+        would meet its peers' calls of other numbers: wrong sums where their shapes agreed.
+        Nor a warning: where warnings are errors, it would be raised all the same."""
+        dropped = [op for ref, op in self.unreported
+                   if ref() is None and not (op.waited_by or op.claimed)]
+        self.unreported = [(r, o) for r, o in self.unreported
+                           if r() is not None and not (o.waited_by or o.claimed)]
+        for op in dropped:
+            CALLS.warning("rank %d: call %d failed, and its handle was dropped without wait(): "
+                          "%s: %s", self.rank, op.seq, type(op.error).__name__, op.error)
 
     def reported(self, op: Operation) -> None:
         """``op``'s outcome reached its handle's ``wait()``: no later call reports it again,
@@ -184,6 +192,7 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
             if not done:
                 progress_thread.start(self)
             elif op.error is not None:
+                detached(op.error)
                 self.unreported.append((weakref.ref(work), op))
             return work
         if not done:
@@ -204,7 +213,8 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
                         self.inflight.remove(op)
                     if op.error is not None:
                         self.failed(op)
-                        if op.handle is not None and not op.waited_by:
+                        if op.handle is not None and not (op.waited_by or op.claimed):
+                            detached(op.error)
                             self.unreported.append((op.handle, op))
 
     def _through(self, op: Operation | None) -> list[Operation]:

@@ -10,6 +10,8 @@ progress thread).
 
 from __future__ import annotations
 
+import os
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +24,8 @@ PEERS_LOCK_SECONDS = 0.1  # how long pending_peers waits for the progress thread
 class Operation:
     """One collective in flight on one communicator."""
 
-    __slots__ = ("breaking", "callbacks", "check", "counted", "engine", "error", "finish",
+    __slots__ = ("breaking", "callbacks", "check", "claimed", "counted", "engine", "error",
+                 "finish",
                  "finished", "handle", "result", "timeout",
                  "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
                  "subject", "trace", "waited_by")
@@ -40,6 +43,10 @@ class Operation:
         self.result: Any = None
         self.error: BaseException | None = None
         self.waited_by = False  # a Work.wait() will report the error; no one else must
+        # its outcome is another wait's to report (``Work.reported_elsewhere``): no warning
+        # when its handle is dropped, though nobody waits for it (the progress thread still
+        # ends it at its deadline)
+        self.claimed = False
         self.handle: Any = None  # a weak reference to the Work handle of an asynchronous call
         self.counted = False  # its handle counts among the engine's outstanding ones
         # what the call's late agreement needs, should a peer start one
@@ -78,7 +85,7 @@ class Operation:
 
     def fail(self, exc: BaseException) -> None:
         if not self.finished:
-            self.error = detached(exc)
+            self.error = exc
             self.finished = True
             if self.trace is not None:
                 record_calls.failed(self, exc)
@@ -124,17 +131,27 @@ class Operation:
 
 
 
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (collectives/)
+
+
 def detached(exc: BaseException) -> BaseException:
-    """``exc`` without the frames it was raised through, nor those of the errors it chains
-    (a bad argument's or the library's own: the message says what went wrong), so that it
-    can be kept for a later ``wait()``. Its frames include the call's own, still running as
-    it failed, which then took the call's handle: an error kept by the engine kept the
-    handle, and so its inputs, for good (and a dropped handle was never seen as dropped)."""
+    """``exc`` without the frames it was raised through, nor those of the errors it chains,
+    for the engine to keep for a handle that may be dropped. Its frames include the call's
+    own, still running as it failed, which then took the call's handle: kept, the error kept
+    the handle, and so its inputs, for good (and a dropped handle was never seen as dropped).
+    Where it was raised outside the library (a user's ``accumulation_fn``), or is no error the
+    library raises on purpose, a note says where."""
     seen = set()
     error: BaseException | None = exc
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (CollectiveError, TypeError, ValueError)):
+        trace = error.__traceback__
+        if trace is not None:
+            frame = traceback.extract_tb(trace)[-1]
+            said = isinstance(error, (CollectiveError, TypeError, ValueError))
+            if not (said and frame.filename.startswith(_LIBRARY)):  # (the library's own
+                # errors say what went wrong; another's, or a fault of the library's, needs where)
+                error.add_note(f"(raised in {frame.name}, {frame.filename}:{frame.lineno})")
             error.__traceback__ = None
         error = error.__cause__ or error.__context__
     return exc

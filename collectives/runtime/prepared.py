@@ -140,7 +140,7 @@ class PreparedCall:
         else:
             try:
                 result = work.wait(timeout)
-            except CollectiveError:
+            except Exception:
                 raise
             except BaseException:
                 # (a KeyboardInterrupt: the run is still in flight, and a start() now would

@@ -74,11 +74,11 @@ class Work(Generic[T]):
         if not op.finished:
             try:
                 op.engine.wait(op, op.timeout if timeout is None else timeout)
-            except CollectiveError:
+            except Exception:
                 raise  # (its outcome: reported)
             except BaseException:
-                # (a KeyboardInterrupt: nobody waits for it now. Marked waited, the progress
-                # thread never timed it out, nor, it being the oldest, any later call)
+                # (an interruption, KeyboardInterrupt: nobody waits for it now. Marked waited,
+                # the progress thread never timed it out, nor, it being the oldest, any later)
                 op.waited_by = False
                 raise
         op.engine.reported(op)
@@ -87,7 +87,7 @@ class Work(Generic[T]):
     def reported_elsewhere(self) -> None:
         """Its outcome is another wait's to report (a batch's ``wait()``, which raised a
         sibling call's error first): its own failure does not surface again at a later call."""
-        self._op.waited_by = True
+        self._op.claimed = True
 
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
         """Call ``callback(handle)`` once the collective has finished (or failed), on the
@@ -199,9 +199,10 @@ class BatchWork(Work[T]):
                     left = None if deadline is None else max(deadline - time.monotonic(),
                                                               LAST_LOOK)
                     results.append(handle.wait(left))
-            except BaseException:
+            except Exception:
                 # this error is the batch's: the later calls' failures (the same cause, as a
-                # rest of the step refused) must not surface again at a later call
+                # rest of the step refused) must not surface again at a later call (an
+                # interruption, KeyboardInterrupt, claims none: its calls are still in flight)
                 for handle in self._handles:
                     if hasattr(handle, "reported_elsewhere"):
                         handle.reported_elsewhere()
