@@ -152,3 +152,24 @@ def test_a_tensor_ready_twice_says_the_step_is_open_and_how_to_end_it():
         return True
 
     assert collectives.run(body, 1) == [True]
+
+
+def test_a_spec_of_ranges_cuts_buckets_as_a_plain_name_does_and_prices_each_by_its_size():
+    # (cut by each tensor's range, weights and biases of alternating ranges made a bucket of
+    # every tensor: 100 buckets for 50 layers, and 1200 for 600 refused the list; before
+    # that, a bucket of one range's tensors waited for later tensors)
+    like = [np.zeros(n, np.float32) for _ in range(50) for n in (40_000, 40)]
+
+    def body(comm):
+        plain = comm.buckets(like, "sum", "ring")
+        ranged = comm.buckets(like, "sum", "ring:2k:rechd")
+        cut = [[[part.indices[i] for i in pack.indices] for pack in part.plan.packs]
+               for buckets in (plain, ranged) for part in buckets.parts]
+        names = {part.spec.algorithm for part in ranged.parts
+                 for _ in part.plan.packs if sum(like[i].size for i in part.indices) > 2048}
+        return [m for part in cut[:len(plain.parts)] for m in part], \
+            [m for part in cut[len(plain.parts):] for m in part], names
+
+    plain, ranged, names = collectives.run(body, 1)[0]
+    assert ranged == plain and len(plain) < 10, (len(plain), len(ranged))
+    assert names == {"rechd"}  # (every bucket of more than 2k elements: the second range)

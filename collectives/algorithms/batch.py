@@ -23,9 +23,10 @@ import numpy as np
 
 from ..ops import ReduceOp, result_dtype
 from .fusion import DEFAULT_BUCKET_BYTES, check_bucket_bytes
+from .pack_plan import whole_packs
 from .packing import PackPlan, make_plan
 from .reuse import BucketKeeper
-from .spec import SpecRange, assign_ranges, parse_spec, spec_key, with_shards
+from .spec import SpecRange, assign_ranges, parse_spec, pick_range, spec_key, with_shards
 
 
 @dataclass(frozen=True)
@@ -69,34 +70,39 @@ def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
           agg_small_grads_max_group, bytes_per_pack, shards, extra_names=(),
           bucket_bytes=DEFAULT_BUCKET_BYTES, alone_bytes=None, in_order=False) -> list[BatchPart]:
     ranges = with_shards(algorithm, parse_spec(algorithm, extra_names=extra_names), shards)
+    if in_order and len(ranges) > 1:
+        return _runs_by_size(shapes, dtypes, ranges, bucket_bytes)
     sizes = [int(np.prod(s)) for s in shapes]
     parts = []
     for spec, indices in zip(ranges, assign_ranges(sizes, ranges)):
         if not indices:
             continue
-        # (in order, one part per run of consecutive tensors of the range: a range's tensors
-        # lie between other ranges', and a bucket of tensors 0 and 2 waited for tensor 2,
-        # and the buckets after it for that one)
-        for run in _consecutive(indices) if in_order else [indices]:
-            plan = make_plan([shapes[i] for i in run], [dtypes[i] for i in run],
-                             num_packs=num_packs,
-                             agg_small_grads_max_bytes=agg_small_grads_max_bytes,
-                             agg_small_grads_max_group=agg_small_grads_max_group,
-                             bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes,
-                             alone_bytes=alone_bytes, in_order=in_order)
-            parts.append(BatchPart(spec, tuple(run), plan))
+        plan = make_plan([shapes[i] for i in indices], [dtypes[i] for i in indices],
+                         num_packs=num_packs, agg_small_grads_max_bytes=agg_small_grads_max_bytes,
+                         agg_small_grads_max_group=agg_small_grads_max_group,
+                         bytes_per_pack=bytes_per_pack, bucket_bytes=bucket_bytes,
+                         alone_bytes=alone_bytes, in_order=in_order)
+        parts.append(BatchPart(spec, tuple(indices), plan))
     return parts
 
 
-def _consecutive(indices: Sequence[int]) -> list[list[int]]:
-    """``indices`` (increasing) cut into runs of consecutive numbers."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and runs[-1][-1] == i - 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+def _runs_by_size(shapes, dtypes, ranges: Sequence[SpecRange],
+                  bucket_bytes: int) -> list[BatchPart]:
+    """Buckets started as their tensors become ready (``in_order``), under a spec of several
+    ranges: the list's runs of consecutive tensors, as without one, each bucket taking the
+    range of the elements it carries. (Cut by each tensor's range first, a bucket of one
+    range's tensors 0 and 2 waited for tensor 2, and the buckets after it for that one; cut by
+    range and run, weights and biases of alternating ranges made a bucket of every tensor.)"""
+    whole = make_plan(shapes, dtypes, bucket_bytes=bucket_bytes, in_order=True)
+    parts = []
+    for pack in whole.packs:
+        members = list(pack.indices)
+        sub_shapes = tuple(whole.shapes[i] for i in members)
+        sub_dtypes = tuple(whole.dtypes[i] for i in members)
+        plan = PackPlan(sub_shapes, sub_dtypes,
+                        whole_packs([list(range(len(members)))], sub_shapes, sub_dtypes))
+        parts.append(BatchPart(pick_range(ranges, pack.size), tuple(members), plan))
+    return parts
 
 
 @dataclass
