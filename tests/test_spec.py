@@ -315,3 +315,26 @@ def test_single_calls_and_batches_read_a_spec_and_shards_alike(spec, shards) -> 
         assert np.array_equal(collectives.all_reduce(values, "sum", spec, shards=shards)[0], want)
         assert np.array_equal(
             collectives.batch_all_reduce([values], "sum", spec, shards=shards)[0][0], want)
+
+
+def test_groups_are_checked_after_an_equal_valid_one() -> None:
+    # (keyed by the partition's value, ((0, 1), (2, 3.0)) met the cached ((0, 1), (2, 3)))
+    import numpy as np
+
+    import collectives
+
+    good, bad = ((0, 1), (2, 3)), ((0, 1), (2, 3.0))
+    values = [np.ones(6) for _ in range(4)]
+    collectives.all_reduce(values, "sum", "ring/ring", groups=good)
+    with pytest.raises(TypeError, match="groups"):
+        collectives.all_reduce(values, "sum", "ring/ring", groups=bad)
+
+    def body(comm):
+        comm.all_reduce(np.ones(6), "sum", "ring/ring", groups=good)
+        try:
+            comm.all_reduce(np.ones(6), "sum", "ring/ring", groups=bad)
+        except TypeError as exc:
+            return "groups" in str(exc)
+        return False
+
+    assert collectives.run(body, 4) == [True] * 4

@@ -241,6 +241,8 @@ def spec_key(spec: Any) -> tuple:
     and every part carries its type (``("ring", 2.0)`` and ``("ring", 2)``, ``True`` and
     ``1`` are equal, but only one of each is valid: a cache keyed by the value let the
     other skip its checks)."""
+    if spec is None or type(spec) is str:  # (the common case, its own key: no cost per call)
+        return spec
     if isinstance(spec, (list, tuple)):
         return type(spec).__name__, tuple(spec_key(s) for s in spec)
     return type(spec).__name__, spec

@@ -126,11 +126,10 @@ class CallRunner:
         shown = None if passed is None or passed is x else np.dtype(passed.dtype)
         try:
             # (the scalars' types too: 0.0 == 0 and True == 1 would skip their checks)
-            # (and the spec's parts': ("ring", 2.0) == ("ring", 2), and only one is valid;
-            # a name, the common case, is its own key)
-            spec = algorithm if type(algorithm) is str else spec_key(algorithm)
-            key = (collective, x.shape, x.dtype, op, spec, root, type(root),
-                   shards, type(shards), groups, type(groups), axis, type(axis), batch,
+            # (and the spec's and groups' parts': ("ring", 2.0) == ("ring", 2), and only one
+            # is valid)
+            key = (collective, x.shape, x.dtype, op, spec_key(algorithm), root, type(root),
+                   shards, type(shards), spec_key(groups), axis, type(axis), batch,
                    compression, shown, rows_vary)
             call = self.cache.get(key)
         except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache

@@ -58,9 +58,8 @@ def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tu
     model = getattr(backend, "fabric", None) or backend.cost_model
     count = math.prod(shape)
     # (types too: True == 1 and 2.0 == 2, where a bool or a float must raise as it did)
-    spec = algorithm if type(algorithm) is str else spec_key(algorithm)  # (a name: its own)
-    key: tuple | None = (collective, spec, n, count, dtype.itemsize, model,
-                         type(shards), shards, type(groups), groups, root)
+    key: tuple | None = (collective, spec_key(algorithm), n, count, dtype.itemsize, model,
+                         type(shards), shards, spec_key(groups), root)
     try:
         found = _PLANS.get(key)  # type: ignore[arg-type]
     except TypeError:  # (a list of groups, a spec list, an unhashable model: not kept)
