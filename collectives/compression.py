@@ -6,10 +6,12 @@ is cast to float16 (or bfloat16), the all-reduce runs on those (the wire carries
 bytes of float32, a quarter of float64), and the result is cast back to the input's dtype.
 The additions happen in the narrow type, each rounded, so the result carries their error
 (``docs/performance.md`` measures it). MEAN divides each contribution by the number of
-participants *before* compressing, as torch's hook does, so a mean never overflows float16
-where its inputs do not; SUM compresses the values as they are (float16 overflows past
-65504; bfloat16 has float32's range). Every participant casts the same bits back, so results
-stay bitwise identical everywhere.
+participants *before* compressing, as torch's hook does, so a mean overflows float16 only
+where its inputs lie within a few float16 steps of its largest value, 65504 (each share
+rounds up: 65504 / 3 rounds to 21840, and three of them make 65520, ``inf``); SUM compresses
+the values as they are (float16 overflows past 65504; bfloat16, whose exponent is float32's,
+past about 3.39e38, just short of float32's largest). Every participant casts the same bits
+back, so results stay bitwise identical everywhere.
 
 bfloat16 comes from ``ml_dtypes``: ``pip install 'collective-schedules[bfloat16]'``.
 """
@@ -76,7 +78,7 @@ def wire_dtype(compression: Any, op: Any, dtype: Any, argument: str = "x") -> np
         raise ValueError(f"compression={compression!r} applies to sum and mean all-reduces; "
                          f"op={op.value!r} must travel uncompressed: pass compression=None")
     dtype = np.dtype(dtype)
-    if dtype not in _COMPRESSIBLE:
+    if dtype.newbyteorder("=") not in _COMPRESSIBLE:  # (">f4" is float32 too)
         raise TypeError(f"compression={compression!r} compresses float32 and float64; "
                         f"{argument} has dtype {dtype}: pass compression=None")
     if name == "float16":
@@ -94,7 +96,8 @@ def for_batch(compression: Any, op: Any, dtypes: Any) -> list:
     if not requested(compression):
         return [None] * len(dtypes)
     wire_dtype(compression, op, np.float32, "the batch")  # the name, the op, ml_dtypes
-    return [compression if np.dtype(d) in _COMPRESSIBLE else None for d in dtypes]
+    return [compression if np.dtype(d).newbyteorder("=") in _COMPRESSIBLE else None
+            for d in dtypes]
 
 
 def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1) -> Any:

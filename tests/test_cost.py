@@ -401,7 +401,9 @@ def test_thread_ranks_take_their_cache_unchecked(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("field, value", [("gamma", "fast"), ("cores", -2),
                                           ("net", {"alpha": None, "beta": 1e-9}),
-                                          ("gammas", [["float32", "x"]]), ("speed", 1.0)])
+                                          ("gammas", [["float32", "x"]]), ("speed", 1.0),
+                                          ("serial", "no"),
+                                          ("measured", [["mpi", "all_reduce", 4, [["x", None]]]])])
 def test_a_corrupt_cache_is_a_warning_naming_its_file_not_a_broken_auto(tmp_path, monkeypatch,
                                                                         field, value):
     # (a field of the wrong kind was read as it was: ``auto`` then raised a bare TypeError

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import re
-import traceback
 import time
+import traceback
 
 import numpy as np
 import pytest

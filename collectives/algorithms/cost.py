@@ -170,6 +170,13 @@ class Fabric:
             for name in NUMBERS:
                 if name in data:
                     _check_number(data[name], name)
+            for name in ("serial", "nic_shared"):
+                if not isinstance(data.get(name, False), bool):
+                    raise ValueError(f"a fabric's {name} is {data[name]!r}: true or false")
+            for method, _, count, points in data["measured"]:
+                for nbytes, seconds in points:
+                    _check_number(nbytes, f"measured {method} ({count} elements) bytes")
+                    _check_number(seconds, f"measured {method} ({count} elements) seconds")
             fabric = cls(**data)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a fabric's fields are missing or of the wrong kind: "
