@@ -150,6 +150,19 @@ def test_reduce_batch_across_workers_compressed(compression):
         assert floats.tobytes() == results[0][0].tobytes()
 
 
+@pytest.mark.parametrize("spellings", [("fp16", "half"), ("bf16", "bfloat16")])
+def test_workers_that_spell_one_compression_two_ways_agree(spellings):
+    # (the workers agreed on the name as spelled: "fp16" beside "half" was a mismatch, where
+    # every call of the core takes them for one wire type)
+    def worker(comm):
+        values = [[np.full(4, 3.0, np.float32) for _ in range(2)]]
+        return host.reduce_batch_across_workers(values, "mean", "ring/ring", comm,
+                                                compression=spellings[comm.rank])[0]
+
+    for result in collectives.run(worker, 2):
+        np.testing.assert_array_equal(result, np.full(4, 3.0, np.float32))
+
+
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_a_compressed_mean_across_workers_divides_before_the_narrow_float(compression):
     """A mean (or a sum averaged over the workers) whose total over the workers passes

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
-from collectives.compression import for_batch, requested
+from collectives.compression import NAMES, for_batch, requested
 from collectives.hints import Compression
 from collectives.ops import ReduceOp as CoreOp
 from collectives.runtime.refusals import BAD_INPUT
@@ -79,8 +79,11 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             raise ValueError(f"workers_sum={workers_sum!r} must be 'mean' or 'sum'")
         for_batch(compression, CoreOp.SUM, [])  # a bad name, or bf16 without ml_dtypes: now
         self.route = route
+        # (by its wire type: workers that spell it "fp16" and "half" agree)
         self.workers = Workers(open_communicator(communicator), workers_sum,
-                               compression if requested(compression) else None)
+                               NAMES[compression.lower()]
+                               if isinstance(compression, str) and requested(compression)
+                               else None)
         self.reduce_to_device = reduce_to_device
         self.accumulation_fn = accumulation_fn
         self._device_kit = None  # a kit for every device (kits.NUMPY: the device path on CPUs)

@@ -236,7 +236,7 @@ def _parse(spec, extra_names: tuple[str, ...]) -> list[SpecRange]:
     raise TypeError(f"all_reduce_spec must be {_ACCEPTED}, not {type(spec).__name__} {spec!r}")
 
 
-def spec_key(spec: Any) -> tuple:
+def spec_key(spec: Any) -> Any:
     """A key for caches of what a spec (or any argument) validated to: lists become tuples,
     and every part carries its type (``("ring", 2.0)`` and ``("ring", 2)``, ``True`` and
     ``1`` are equal, but only one of each is valid: a cache keyed by the value let the
