@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -141,6 +142,10 @@ def _placed_as(signature: inspect.Signature, values: Any, args: tuple, kwargs: d
         return []
     if "root" in signature.parameters and "devices" not in signature.parameters:
         root = given.get("root", signature.parameters["root"].default)
-        if isinstance(root, int) and 0 <= root < len(values):
-            return [values[root]]
+        try:
+            at = operator.index(root)  # (a NumPy integer too)
+        except TypeError:
+            at = -1  # (the call refuses it)
+        if 0 <= at < len(values):
+            return [values[at]]
     return list(values)

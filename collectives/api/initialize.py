@@ -9,6 +9,9 @@ Backends whose ranks are processes check that every rank runs the same version o
 program's first call is call 1 in every message about it. Such a backend's ``init`` takes
 ``agreed_settings=``, a function whose settings (here: the calibration) every rank must hold
 alike; where one rank's differ or are bad, every rank raises, before the communicator exists.
+A backend whose ``init`` has no such parameter is taken to have one process (the embedded
+one); a backend of several processes must take it, or ranks that ask for calibration
+differently wait for one another forever.
 """
 
 from __future__ import annotations
