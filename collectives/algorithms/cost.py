@@ -34,7 +34,6 @@ participants costs about one plan's rounds.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -43,9 +42,6 @@ from .schedule import Collective
 
 PROC, HOST, NET = 0, 1, 2
 CLASSES = ("proc", "host", "net")
-# a Fabric's fields that are numbers of seconds (or counts) at least 0
-NUMBERS = ("gamma", "overhead", "round_overhead", "native_overhead", "call_overhead", "cores",
-           "crowding", "crowding_message")
 
 
 @dataclass(frozen=True)
@@ -151,37 +147,12 @@ class Fabric:
             message names it): read as it was, a wrong field broke ``auto`` later with a
             bare TypeError.
         """
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"a fabric is a JSON object of fields, not {type(data).__name__}")
+        from .fabric_file import fields  # (it builds the Links this module defines)
+
         try:
-            for name in CLASSES:
-                data[name] = Link(**data[name])
-                for part in ("alpha", "beta", "two_way"):
-                    _check_number(getattr(data[name], part), f"{name}.{part}")
-            data["gammas"] = tuple((str(n), _check_number(g, f"gammas[{n!r}]"))
-                                   for n, g in data.get("gammas", ()))
-            data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
-                                     for m, c, n, pts in data.get("measured", ()))
-            data["raw"] = tuple(tuple(r) for r in data.get("raw", ()))
-            data["checks"] = tuple(tuple(c) for c in data.get("checks", ()))
-            data["flags"] = tuple(data.get("flags", ()))
-            data["probed"] = tuple(data["probed"]) if data.get("probed") is not None else None
-            for name in NUMBERS:
-                if name in data:
-                    _check_number(data[name], name)
-            for name in ("serial", "nic_shared"):
-                if not isinstance(data.get(name, False), bool):
-                    raise ValueError(f"a fabric's {name} is {data[name]!r}: true or false")
-            for method, _, count, points in data["measured"]:
-                for nbytes, seconds in points:
-                    _check_number(nbytes, f"measured {method} ({count} elements) bytes")
-                    _check_number(seconds, f"measured {method} ({count} elements) seconds")
-            fabric = cls(**data)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"a fabric's fields are missing or of the wrong kind: "
-                             f"{type(exc).__name__}: {exc}") from None
-        return fabric
+            return cls(**fields(text))
+        except TypeError as exc:  # (a field a Fabric does not have)
+            raise ValueError(f"a fabric's fields are not a Fabric's: {exc}") from None
 
     def describe(self) -> str:
         """The constants, one line per link class, then gamma and the overheads."""
@@ -314,10 +285,3 @@ def human_bytes(n: float, digits: int = 4) -> str:
             return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
 
-
-def _check_number(value: object, name: str) -> float:
-    """``value``, a finite number at least 0; else a ValueError naming the field ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"a fabric's {name} is {value!r}: a finite number at least 0 is due")
-    return value
