@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 from .base import Layout
+from .fabric_file import fields
 from .schedule import Collective
 
 PROC, HOST, NET = 0, 1, 2
@@ -147,11 +148,12 @@ class Fabric:
             message names it): read as it was, a wrong field broke ``auto`` later with a
             bare TypeError.
         """
-        from .fabric_file import fields  # (it builds the Links this module defines)
-
+        data = fields(text, CLASSES)
         try:
-            return cls(**fields(text))
-        except TypeError as exc:  # (a field a Fabric does not have)
+            for name in CLASSES:
+                data[name] = Link(**data[name])
+            return cls(**data)
+        except TypeError as exc:  # (a field a Fabric or a Link does not have)
             raise ValueError(f"a fabric's fields are not a Fabric's: {exc}") from None
 
     def describe(self) -> str:

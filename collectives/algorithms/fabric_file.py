@@ -8,26 +8,27 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
-
-from .cost import CLASSES, Link
 
 # a Fabric's fields that are numbers of seconds (or counts) at least 0
 NUMBERS = ("gamma", "overhead", "round_overhead", "native_overhead", "call_overhead", "cores",
            "crowding", "crowding_message")
 
 
-def fields(text: str) -> dict[str, Any]:
+def fields(text: str, links: Sequence[str]) -> dict[str, Any]:
     """The keyword arguments of ``Fabric`` that ``text`` holds (fields an older file lacks
-    are left out: they keep their defaults); ValueError naming what is wrong."""
+    are left out: they keep their defaults), its ``links`` (the link classes' names) as the
+    keyword arguments of their ``Link``; ValueError naming what is wrong."""
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"a fabric is a JSON object of fields, not {type(data).__name__}")
     try:
-        for name in CLASSES:
-            data[name] = Link(**data[name])
+        for name in links:
+            link = data[name]
             for part in ("alpha", "beta", "two_way"):
-                number(getattr(data[name], part), f"{name}.{part}")
+                if part in link or part != "two_way":
+                    number(link[part], f"{name}.{part}")
         data["gammas"] = tuple((str(n), number(g, f"gammas[{n!r}]"))
                                for n, g in data.get("gammas", ()))
         data["measured"] = tuple((m, c, n, tuple(tuple(p) for p in pts))
