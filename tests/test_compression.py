@@ -206,3 +206,16 @@ def test_a_big_endian_float_compresses_as_its_native_twin(compression):
     batch = collectives.run(lambda c: c.batch_all_reduce([swapped, native], "sum",
                                                           compression=compression), 2)[0]
     np.testing.assert_array_equal(batch[0], batch[1])
+
+
+def test_errors_name_a_compressed_call_as_the_caller_made_it():
+    # (they named its wire call: "all_reduce(float16[1000], op=sum)" for a float32 mean)
+    def body(comm):
+        if comm.rank == 1:
+            return None  # (leaves: rank 0's call cannot finish)
+        with pytest.raises(collectives.PeerFailedError) as raised:
+            comm.all_reduce(np.ones(1000, np.float32), "mean", compression="fp16", timeout=5)
+        return str(raised.value)
+
+    said = collectives.run(body, 2, timeout=10)[0]
+    assert "all_reduce(float32[1000], op=mean, compression=float16)" in said, said

@@ -148,14 +148,22 @@ class Call:
     def _describe(self) -> str:
         if self.shown_as is not None:
             return self.shown_as
-        parts = [f"{self.passed or self.dtype}[{','.join(map(str, self.shape))}]"]
-        if self.op is not None:
-            parts.append(f"op={self.op.value}")
+        dtype = str(self.passed or self.dtype)
+        op = self.op.value if self.op is not None else None
+        wire = None
+        if self.compression is not None:  # ("float16 of float32, mean": the caller's dtype
+            wire, _, passed = self.compression.partition(" of ")  # and op, not the wire's)
+            dtype, _, op = passed.partition(", ")
+        parts = [f"{dtype}[{','.join(map(str, self.shape))}]"]
+        if op is not None:
+            parts.append(f"op={op}")
         if self.collective in (Collective.REDUCE, Collective.BROADCAST, Collective.GATHER,
                                Collective.SCATTER):
             parts.append(f"root={self.root}")
         if self.algorithm != "auto":
             parts.append(f"algorithm={self.algorithm}")
+        if wire is not None:
+            parts.append(f"compression={wire}")
         return f"{self.collective.value}({', '.join(parts)})"
 
     def describe_fully(self) -> str:
