@@ -25,12 +25,18 @@ import numpy as np
 from .extras import install_line
 from .ops import BFLOAT16, ReduceOp
 
-__all__ = ["NAMES", "compress", "decompress", "for_batch", "requested", "wire_dtype"]
+__all__ = ["NAMES", "compress", "decompress", "for_batch", "requested", "wire_dtype", "wire_name"]
 
 #: the accepted spellings, by the dtype the wire carries
 NAMES = {"fp16": "float16", "float16": "float16", "half": "float16",
          "bf16": "bfloat16", "bfloat16": "bfloat16"}
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def wire_name(compression: str) -> str:
+    """``compression`` (a name ``NAMES`` knows, in any case) as its wire type's name, what
+    every spelling of one wire agrees on: "fp16" and "half" are "float16"."""
+    return NAMES[compression.lower()]
 
 
 def requested(compression: Any) -> bool:

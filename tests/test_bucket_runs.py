@@ -139,15 +139,15 @@ def test_a_wait_after_a_wait_that_timed_out_says_what_ended_the_step():
     assert "the last step ended here when it raised CollectiveTimeoutError" in message, message
 
 
-def test_a_tensor_ready_twice_says_the_step_is_open_and_how_to_end_it():
+def test_a_tensor_ready_twice_says_what_ends_the_step_and_what_takes_the_rest():
     # (it said only "already marked ready this step": a program whose own exception left a
-    # step midway had no word of the open step, nor of wait() ending it)
+    # step midway had no word of wait() taking the rest of it)
     def body(comm):
         like = [np.zeros(4) for _ in range(3)]
         buckets = comm.buckets(like, bucket_bytes=0)
         buckets.ready(0, np.ones(4))
-        with pytest.raises(ValueError, match=r"still open \(1 of 3 tensors ready\).*call "
-                                             r"wait\(\) first"):
+        with pytest.raises(ValueError, match=r"ready this step \(1 of 3 tensors ready\).*call "
+                                             r"wait\(\) before the next step"):
             buckets.ready(0, np.ones(4))
         return True
 
@@ -173,3 +173,26 @@ def test_a_spec_of_ranges_cuts_buckets_as_a_plain_name_does_and_prices_each_by_i
     plain, ranged, names = collectives.run(body, 1)[0]
     assert ranged == plain and len(plain) < 10, (len(plain), len(ranged))
     assert names == {"rechd"}  # (every bucket of more than 2k elements: the second range)
+
+
+def test_a_spec_of_ranges_keeps_every_bucket_between_steps_as_a_plain_name_does():
+    # (a bucket per part under a spec of ranges, and a keeper of 4 parts' buckets: of 20
+    # buckets, 16 were made anew every step)
+    sizes = [n for _ in range(20) for n in (3000, 7)]
+    like = [np.zeros(n, np.float32) for n in sizes]
+
+    def body(comm):
+        kept = []
+        for spec in ("ring", "ring:2k:rechd"):
+            buckets = comm.buckets(like, "sum", spec, bucket_bytes=16384)
+            for step in range(3):
+                for k, n in enumerate(sizes):
+                    buckets.ready(k, np.full(n, step + 1.0, np.float32))
+                kept.append(len(buckets.took))
+                assert float(buckets.wait()[1][0]) == (step + 1.0) * comm.size
+        return kept
+
+    plain_first, plain, plain_again, ranged_first, ranged, ranged_again = \
+        collectives.run(body, 2)[0]
+    assert plain_first == ranged_first == 0 and plain == plain_again > 10
+    assert ranged == ranged_again == plain

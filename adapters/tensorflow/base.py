@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_util, device_util
 from tensorflow.python.distribute import cross_device_ops as tf_cdo
 
-from collectives.compression import NAMES, for_batch, requested
+from collectives.compression import for_batch, requested, wire_name
 from collectives.hints import Compression
 from collectives.ops import ReduceOp as CoreOp
 from collectives.runtime.refusals import BAD_INPUT
@@ -81,7 +81,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self.route = route
         # (by its wire type: workers that spell it "fp16" and "half" agree)
         self.workers = Workers(open_communicator(communicator), workers_sum,
-                               NAMES[compression.lower()]
+                               wire_name(compression)
                                if isinstance(compression, str) and requested(compression)
                                else None)
         self.reduce_to_device = reduce_to_device

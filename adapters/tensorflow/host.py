@@ -26,7 +26,7 @@ from collectives.algorithms.batch import plan_batch, start_batch
 from collectives.algorithms.packing import make_plan
 from collectives.algorithms.spec import SpecRange, parse_spec
 from collectives.arrays import NUMPY
-from collectives.compression import NAMES, for_batch, requested
+from collectives.compression import for_batch, requested, wire_name
 from collectives.hints import Algorithm
 from collectives.ops import BFLOAT16, ReduceOp, result_dtype
 from collectives.runtime.validate import check_op, same_layout
@@ -191,7 +191,7 @@ def reduce_batch_across_workers(values: Sequence[Sequence[np.ndarray]], op: Redu
     if op is ReduceOp.MEAN and requested(compression):
         if not agreed:
             agree(comm, signature({"call": "reduce_batch_across_workers", "op": op.name,
-                                   "compression": NAMES[str(compression).lower()],
+                                   "compression": wire_name(str(compression)),
                                    "tensors": tuple(
                                        ("dense", d.name, tuple(np.shape(v[0])))
                                        for d, v in zip(dtypes, values))}), timeout=timeout)

@@ -3,7 +3,9 @@
 ``plan_batch`` turns an all-reduce spec (any form of ``spec.parse_spec``) and the packing
 knobs into a list of ``(range, plan)`` pairs: the spec's size ranges decide which algorithm
 and shard count each tensor gets (by element count), and the packing plan decides how that
-range's tensors travel as buffers. Results always come back in input order with input
+range's tensors travel as buffers. Buckets started as their tensors become ready
+(``in_order``, ``comm.buckets``) are the list's runs instead, each taking the range of the
+elements it carries. Results always come back in input order with input
 shapes, whatever the ranges (TensorFlow's MultiWorkerAllReduce reordered them).
 
 ``start_batch`` is the batch loop, the one every batched call runs (the multi-device API, the

@@ -18,8 +18,8 @@ bucket is a view of an owner buffer that every view of it refers to, so the owne
 are counted; PyTorch's and CuPy's count the references to the memory; each counts the
 views' own holders with ``result_pool.held_by_one``). Backends without them never reuse. A
 keeper holds at most ``KEPT_PLANS`` plans' buckets (the memory of one step's
-buckets each, as DDP holds), and belongs to one communicator, or one thread of multi-device
-calls.
+buckets each, as DDP holds), or as many as its owner asks, and belongs to one communicator,
+or one thread of multi-device calls.
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ class Kept:
 class BucketKeeper:
     """The buckets of the last call of each of a few plans, by ``(plan, pack, member)``."""
 
-    def __init__(self, arrays: Any) -> None:
+    def __init__(self, arrays: Any, plans: int = 0) -> None:
+        """``plans``: how many plans' buckets it holds at most (0: ``KEPT_PLANS``; a step of
+        ``comm.buckets`` under a spec of ranges has a plan per bucket, all kept)."""
         self.arrays = arrays
+        self.plans = max(plans, KEPT_PLANS)
         self.enabled = all(hasattr(arrays, name) for name in ("keep", "unshared", "address"))
         self._plans: OrderedDict[int, tuple[Any, dict]] = OrderedDict()
 
@@ -55,7 +58,7 @@ class BucketKeeper:
             return held[1]
         if not create:
             return None
-        if len(self._plans) >= KEPT_PLANS:
+        if len(self._plans) >= self.plans:
             self._plans.popitem(last=False)
         entries: dict = {}
         self._plans[id(plan)] = (plan, entries)

@@ -84,7 +84,7 @@ class Buckets(Generic[ArrayT]):
         self.in_place = [len(pack.indices) > 1 and result_dtype(reduce_op, pack.dtype) == pack.dtype
                          for pack in (part.plan.packs[j] for part, j in self.order)]
         # each step's fused buckets and views, kept for the next step (algorithms/reuse.py)
-        self.keeper = BucketKeeper(self.arrays)
+        self.keeper = BucketKeeper(self.arrays, plans=len(self.parts))  # (every bucket's)
         self._reset()
 
     def _reset(self) -> None:
@@ -148,10 +148,12 @@ class Buckets(Generic[ArrayT]):
         if self.tensors[k] is not None:
             ready = sum(t is not None for t in self.tensors)
             raise ValueError(
-                f"tensor {k} was already marked ready this step, which is still open ({ready} "
-                f"of {len(self.layout)} tensors ready): a step ends at its wait(). Where the "
-                "program left a step midway (its own exception), call wait() first: it ends "
-                "that step, raising, and its peers hear why")
+                f"tensor {k} was already marked ready this step ({ready} of "
+                f"{len(self.layout)} tensors ready): a step ends at its wait(). This ends the "
+                "step here, on every rank (its results are lost), and the next ready(k, x) "
+                "starts the next one; where the program leaves a step midway (its own "
+                "exception, Ctrl-C in wait()), call wait() before the next step's ready(): it "
+                "takes the rest of the step")
         return x
 
     def _start_complete(self) -> None:

@@ -132,7 +132,7 @@ class CallRunner:
                    shards, type(shards), spec_key(groups), axis, type(axis), batch,
                    compression, shown, rows_vary)
             call = self.cache.get(key)
-        except TypeError:  # unhashable arguments (a list of groups, a spec list): no cache
+        except TypeError:  # unhashable arguments (an array as groups): no cache
             key, call = None, None
         if call is None:
             call = self._validate(collective, x, op, algorithm, root, shards, groups, axis,

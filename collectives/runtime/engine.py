@@ -129,10 +129,11 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         (each rank learns of its own failure at its own time), and this rank's later calls
         would meet its peers' calls of other numbers: wrong sums where their shapes agreed.
         Nor a warning: where warnings are errors, it would be raised all the same."""
-        dropped = [op for ref, op in self.unreported
-                   if ref() is None and not (op.waited_by or op.claimed)]
-        self.unreported = [(r, o) for r, o in self.unreported
-                           if r() is not None and not (o.waited_by or o.claimed)]
+        with self.state:  # (the progress thread adds to it under this lock)
+            dropped = [op for ref, op in self.unreported
+                       if ref() is None and not (op.waited_by or op.claimed)]
+            self.unreported = [(r, o) for r, o in self.unreported
+                               if r() is not None and not (o.waited_by or o.claimed)]
         for op in dropped:
             CALLS.warning("rank %d: call %d failed, and its handle was dropped without wait(): "
                           "%s: %s", self.rank, op.seq, type(op.error).__name__, op.error)

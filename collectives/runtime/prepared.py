@@ -140,13 +140,9 @@ class PreparedCall:
         else:
             try:
                 result = work.wait(timeout)
-            except Exception:
-                raise
-            except BaseException:
-                # (a KeyboardInterrupt: the run is still in flight, and a start() now would
-                # share its buffers)
-                self._waited = False
-                raise
+            finally:
+                if not work.is_completed():  # (a KeyboardInterrupt: the run is still in
+                    self._waited = False  # flight, and a start() now would share its buffers)
         return result if self.returns is None else self.returns
 
     def is_completed(self) -> bool:

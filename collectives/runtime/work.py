@@ -74,13 +74,11 @@ class Work(Generic[T]):
         if not op.finished:
             try:
                 op.engine.wait(op, op.timeout if timeout is None else timeout)
-            except Exception:
-                raise  # (its outcome: reported)
-            except BaseException:
-                # (an interruption, KeyboardInterrupt: nobody waits for it now. Marked waited,
-                # the progress thread never timed it out, nor, it being the oldest, any later)
-                op.waited_by = False
-                raise
+            finally:
+                if not op.finished:  # (an interruption, KeyboardInterrupt, or a fault of the
+                    # wait's own: nobody waits for it now. Marked waited, the progress thread
+                    # never timed it out, nor, it being the oldest, any later call)
+                    op.waited_by = False
         op.engine.reported(op)
         return op.outcome()
 

@@ -62,7 +62,7 @@ def plan(backend: Any, collective: Collective, algorithm: Any, n: int, shape: tu
                          type(shards), shards, spec_key(groups), root)
     try:
         found = _PLANS.get(key)  # type: ignore[arg-type]
-    except TypeError:  # (a list of groups, a spec list, an unhashable model: not kept)
+    except TypeError:  # (an array as groups, an unhashable model: not kept)
         key = found = None
     if found is not None:
         return found
