@@ -180,9 +180,11 @@ def adopt_out(out: Any, argument: str) -> Any:
     it is read (a TensorFlow variable, any ``__array__`` that copies): filled, the copy was
     dropped, and ``out`` kept its old values without a word."""
     refuse_out(out, argument)
-    adopted = adopt(out, argument)
-    if isinstance(adopted, np.ndarray) and adopted.size and not np.shares_memory(
-            adopted, adopt(out, argument)):
+    kind = kind_of(out)
+    adopted = adopt(out, argument, kind)
+    # (an array kind's own way across shares memory: PyTorch's; others are read twice)
+    if kind is None and isinstance(adopted, np.ndarray) and adopted.size and \
+            not np.shares_memory(adopted, adopt(out, argument, kind)):
         raise TypeError(f"{argument} ({type(out).__name__}) cannot be filled in place: its "
                         "library hands over a copy of its memory each time; drop out= and use "
                         "the returned array (for a TensorFlow variable: variable.assign(it))")
