@@ -16,6 +16,7 @@ from ..algorithms.schedule import Collective
 from ..compression import compress, decompress, wire_dtype
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
+from ..runtime.calls import compression_text
 from ..runtime.execute import DeviceBackend
 from ..runtime.execute.device_calls import outputs
 from ..runtime.results import Decompressed
@@ -34,8 +35,8 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         divisor = comm.size if parsed is ReduceOp.MEAN else 1
         small = compress(arrays, xa, wire, divisor)
         call = comm.calls.validated(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
-                                    groups=groups, compression=f"{wire} of {xa.dtype}, "
-                                    f"{parsed.value}")  # (any spelling of one wire agrees)
+                                    groups=groups,  # (any spelling of one wire agrees)
+                                    compression=compression_text(wire, xa.dtype, parsed))
         target, late = comm.calls.target(out, call.shape, xa.dtype)
         data = comm.calls.data_stage(call, seq, None, small.reshape(-1))
         return call, [data], Decompressed(arrays, small, call.shape, xa.dtype, xa, target, late)

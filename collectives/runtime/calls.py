@@ -151,9 +151,8 @@ class Call:
         dtype = str(self.passed or self.dtype)
         op = self.op.value if self.op is not None else None
         wire = None
-        if self.compression is not None:  # ("float16 of float32, mean": the caller's dtype
-            wire, _, passed = self.compression.partition(" of ")  # and op, not the wire's)
-            dtype, _, op = passed.partition(", ")
+        if self.compression is not None:  # (the caller's dtype and op, not the wire's)
+            wire, dtype, op = compression_parts(self.compression)
         parts = [f"{dtype}[{','.join(map(str, self.shape))}]"]
         if op is not None:
             parts.append(f"op={op}")
@@ -179,6 +178,19 @@ class Call:
         if self.batch is not None:
             extra.append(f"part of {self.batch}")
         return self.describe() + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def compression_text(wire: np.dtype, dtype: np.dtype, op: ReduceOp) -> str:
+    """A compressed all-reduce's ``Call.compression``: "float16 of float32, mean", the wire's
+    dtype, the caller's and its op (what ranks agree on, and what errors name)."""
+    return f"{wire} of {dtype}, {op.value}"
+
+
+def compression_parts(text: str) -> tuple[str, str, str]:
+    """``compression_text``'s wire dtype, the caller's dtype and op, as names."""
+    wire, _, passed = text.partition(" of ")
+    dtype, _, op = passed.partition(", ")
+    return wire, dtype, op
 
 
 def described_fully(subject: Any) -> str:

@@ -25,10 +25,9 @@ class Operation:
     """One collective in flight on one communicator."""
 
     __slots__ = ("breaking", "callbacks", "check", "claimed", "counted", "engine", "error",
-                 "finish",
-                 "finished", "handle", "result", "timeout",
-                 "phase", "seq", "signature", "skipped_agreement", "stage", "stages",
-                 "subject", "trace", "waited_by")
+                 "finish", "finished", "handle", "result", "timeout", "phase", "seq",
+                 "signature", "skipped_agreement", "stage", "stages", "subject", "trace",
+                 "waited_by")
 
     def __init__(self, engine: Any, seq: int, subject: Any, stages: Sequence[Any],
                  finish: Callable[[], Any], *, signature: tuple | None = None, check: int = 0,
@@ -130,13 +129,12 @@ class Operation:
         return self.result
 
 
-
 _LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (collectives/)
 
 
-def detached(exc: BaseException) -> BaseException:
-    """``exc`` without the frames it was raised through, nor those of the errors it chains,
-    for the engine to keep for a handle that may be dropped. Its frames include the call's
+def detached(exc: BaseException) -> None:
+    """Strip ``exc`` of the frames it was raised through, and the errors it chains of theirs,
+    for the engine to keep it for a handle that may be dropped. Its frames include the call's
     own, still running as it failed, which then took the call's handle: kept, the error kept
     the handle, and so its inputs, for good (and a dropped handle was never seen as dropped).
     Where it was raised outside the library (a user's ``accumulation_fn``), or is no error the
@@ -154,4 +152,3 @@ def detached(exc: BaseException) -> BaseException:
                 error.add_note(f"(raised in {frame.name}, {frame.filename}:{frame.lineno})")
             error.__traceback__ = None
         error = error.__cause__ or error.__context__
-    return exc

@@ -84,7 +84,7 @@ class Work(Generic[T]):
 
     def reported_elsewhere(self) -> None:
         """Its outcome is another wait's to report (a batch's ``wait()``, which raised a
-        sibling call's error first): its own failure does not surface again at a later call."""
+        sibling call's error first): its own failure is not logged as a dropped handle's."""
         self._op.claimed = True
 
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
