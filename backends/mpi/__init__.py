@@ -86,7 +86,6 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         The ranks run different versions of the library.
     """
     from collectives.extras import require
-    from collectives.log import debug_setting
     from collectives.runtime import hang_guard as guard
     from collectives.runtime.validate import check_default_timeout, check_flag
     from collectives.timeline import clock
@@ -96,7 +95,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
     from . import abort
     from .compiled import pure_python
     from .groups import groups_from_env, layout_for
-    from .start import agree_to_start
+    from .start import agree_to_start, check_settings
     from .transport import MPITransport
 
     def check_arguments() -> None:
@@ -109,10 +108,8 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         # COLLECTIVES_PURE_PYTHON, on one rank too: read later, they raised there alone, or
         # not at all, its peers waiting their timeout)
         groups_from_env(size)
-        debug_setting()
+        check_settings(hang_guard)
         pure_python()
-        if hang_guard:
-            guard.setting()
         layout_for(groups, ((r,) for r in range(size)), size)
         if agreed_settings is not None:
             alike.update(agreed_settings())

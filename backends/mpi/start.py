@@ -38,6 +38,19 @@ def agree_to_start(comm: Any, check_arguments: Callable[[], None], call: str,
     return [probe for _, probe, _, _ in gathered]
 
 
+def check_settings(hang_guard: bool) -> None:
+    """Read now, with the arguments' checks, the environment variables every communicator
+    reads as it is made: ``COLLECTIVES_DEBUG``, and ``COLLECTIVES_HANG_GUARD`` where the
+    guard is on (bad on one rank, read later, they raised there alone, its peers waiting
+    their timeout)."""
+    from collectives.log import debug_setting
+    from collectives.runtime import hang_guard as guard
+
+    debug_setting()
+    if hang_guard:
+        guard.setting()
+
+
 def argument_problem(check: Callable[[], None]) -> tuple[str, str] | None:
     """What ``check()`` raised, as (``"TypeError"`` or ``"ValueError"``, message), or None:
     gathered across ranks, so that one rank's bad argument raises on every rank."""

@@ -45,8 +45,9 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
 
         comm = MPI.COMM_WORLD
     from collectives.backends.mpi import abort
-    from collectives.backends.mpi.start import agree_to_start
+    from collectives.backends.mpi.start import agree_to_start, check_settings
 
+    from collectives.runtime import hang_guard as guard
     from collectives.runtime.validate import check_default_timeout, check_flag
     from collectives.timeline import clock
 
@@ -57,6 +58,7 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         check_flag(check, "check")
         check_flag(abort_on_error, "abort_on_error")
         ranks_per_node()  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
+        check_settings(guard.ENABLED)  # (COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD: as MPI's)
         if agreed_settings is not None:
             alike.update(agreed_settings())
 
