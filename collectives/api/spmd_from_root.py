@@ -1,10 +1,11 @@
 """Broadcast's and scatter's arguments: what each rank checks before the opening all-reduce
 that tells non-roots what they will receive (``collectives.runtime.from_root``).
 
-Non-roots may pass ``x=None``; every error (a bad root, algorithm, or the root's ``x``) goes
-into the opening agreement, so every rank hears of it before any data moves. A non-root whose
-``out`` does not fit receives into a buffer of its own and raises afterwards, so no rank is
-left with half a broadcast.
+Non-roots may pass ``x=None``; every error (a bad root, algorithm, the root's ``x``, or any
+rank's ``out``) goes into the opening agreement, so every rank hears of it before any data
+moves. A non-root that passes ``out`` but no ``x`` knows the shape and dtype it will receive
+from it: those are agreed with the root's like an ``x``'s, so an ``out`` unlike the root's
+array is a mismatch on every rank, not an error on its own rank after the root has returned.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 from .. import algorithms
 from ..algorithms.schedule import Collective
 from ..runtime.calls import resolve_algorithm
-from ..runtime.from_root import FromRoot, Header, Opening, check_describable, dtype_token
-from ..runtime.validate import check_root
+from ..runtime.from_root import FromRoot, Header, Opening, check_describable, dtype_token, from_token
+from ..runtime.validate import check_out, check_root
 
 
 def build_broadcast(comm, x: Any, root: int, algorithm: Any, out: Any):
@@ -58,11 +59,15 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                 if scatter:
                     _check_rows(xa, comm.size, ", as the root's, or pass None")
                 known = tuple(xa.shape[1:] if scatter else xa.shape), dtype_token(xa.dtype)
-            elif not comm.check:
-                if out is None:
-                    raise ValueError("with check=False, non-root ranks must pass x or out (the "
-                                     "shape and dtype to receive); or use check=True")
+            elif out is not None:  # (what it will receive, agreed with the root's)
+                check_out(out, getattr(out, "shape", ()), getattr(out, "dtype", None), "out",
+                          arrays)
                 known = tuple(out.shape), dtype_token(out.dtype)
+            elif not comm.check:
+                raise ValueError("with check=False, non-root ranks must pass x or out (the "
+                                 "shape and dtype to receive); or use check=True")
+            if out is not None and known is not None:  # (the root's too: it returns out)
+                check_out(out, known[0], from_token(known[1]), "out", arrays)
         except (TypeError, ValueError, MemoryError) as exc:
             if not comm.check:
                 raise

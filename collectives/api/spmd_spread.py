@@ -53,7 +53,8 @@ class SpreadOps(CommParts):
         """Every rank gets root's ``x``.
 
         Every rank learns the root's shape and dtype in the call's opening exchange: a
-        non-root's ``x`` is agreed with them, its ``out`` checked against them. With
+        non-root's ``x`` or ``out`` is agreed with them (one unlike the root's array raises
+        on every rank, before any data moves). With
         ``check=False`` there is no opening exchange: non-roots must pass ``x`` or ``out``.
 
         Parameters

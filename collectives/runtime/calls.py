@@ -252,6 +252,11 @@ def differences(signatures: list[tuple], collective: str) -> str | None:
             where = (" (where a call names none, its transport's: init's groups= or "
                      "COLLECTIVES_RANKS_PER_NODE, alike on every rank)" if name == "groups"
                      else "")
+            if collective in ("broadcast", "scatter") and name in ("shape", "dtype"):
+                where = (" (a non-root that passes x or out= gives them the root's shape and "
+                         "dtype; or passes None)" if collective == "broadcast" else
+                         " (a non-root that passes x gives it the root's shape and dtype, and "
+                         "out= those of one row; or passes None)")
             return (f"ranks called {collective} with different {name} ({by_rank}); every rank "
                     f"must pass the same {name}{where}")
     return None

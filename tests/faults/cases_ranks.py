@@ -134,24 +134,34 @@ add("one-rank-bad-broadcast-root-x-none", _one_rank_bad(
     timeout=1.2)
 
 
-def _broadcast_step(k: int, *, bad_out: bool = False):
-    """Broadcast number ``k`` of root 0's ``[k, k, k, k]``; ``bad_out``: rank 1's out is wrong."""
+def _rooted_step(k: int, kind: str = "broadcast", *, bad_out: bool = False,
+                 async_op: bool = False):
+    """Broadcast number ``k`` of root 0's ``[k, k, k, k]`` (or scatter it, one such row per
+    rank); ``bad_out``: rank 1 passes no x and an ``out`` of 5 elements. It tells the shape it
+    expects in the opening agreement, so every rank raises the mismatch before any data moves
+    (the root does not return while rank 1 raises), and the calls after it run."""
     def step(ctx: Ctx) -> Call:
         data = np.full(4, float(k))
-        x = data if ctx.rank == 0 else None
-        if bad_out and ctx.rank == 1:
-            return Call("broadcast", (x,), {"out": np.empty(5)},
-                        raises("ValueError", match="out", within=0.5), caught=True)
-        if bad_out:  # the others may finish, or hear of rank 1's error: never wait it out
-            return Call("broadcast", (x,), {"out": np.empty(4)},
-                        ok(data, within=1.0) | peer_failed(1, "ValueError"), caught=True)
-        return Call("broadcast", (x,), {"out": np.empty(4)},
-                    ok(data) | raises("CommunicatorBrokenError", within=0.5), caught=True)
+        x = None
+        if ctx.rank == 0:
+            x = data if kind == "broadcast" else np.tile(data, (ctx.size, 1))
+        out = np.empty(5 if bad_out and ctx.rank == 1 else 4)
+
+        def call(comm):
+            got = getattr(comm, kind)(x, out=out, async_op=async_op)
+            return got.wait() if async_op else got
+        if bad_out:
+            return Call(call, expect=raises("CollectiveMismatchError", match="out=",
+                                            within=0.5), caught=True)
+        return Call(call, expect=ok(data), caught=True)
     return step
 
 
-add("one-rank-bad-broadcast-out", _broadcast_step(0, bad_out=True), _broadcast_step(1),
-    _broadcast_step(2), timeout=1.0)
+for kind in ("broadcast", "scatter"):
+    for async_op in (False, True):
+        add(f"one-rank-bad-{kind}-out" + ("-async" if async_op else ""),
+            *(_rooted_step(k, kind, bad_out=k == 0, async_op=async_op) for k in range(3)),
+            timeout=1.0)
 
 # --- every kind of cross-rank mismatch --------------------------------------------------------------
 
