@@ -60,8 +60,7 @@ def build_rooted(comm, kind: Collective, x: Any, root: int, algorithm: Any, out:
                     _check_rows(xa, comm.size, ", as the root's, or pass None")
                 known = tuple(xa.shape[1:] if scatter else xa.shape), dtype_token(xa.dtype)
             elif out is not None:  # (what it will receive, agreed with the root's)
-                check_out(out, getattr(out, "shape", ()), getattr(out, "dtype", None), "out",
-                          arrays)
+                check_out(out, None, None, "out", arrays)
                 known = tuple(out.shape), dtype_token(out.dtype)
             elif not comm.check:
                 raise ValueError("with check=False, non-root ranks must pass x or out (the "

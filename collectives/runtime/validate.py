@@ -103,10 +103,11 @@ def check_devices(devices: Any, argument: str = "devices") -> int:
     return count
 
 
-def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str = "out",
-              arrays: Any = None) -> None:
+def check_out(out: Any, shape: tuple[int, ...] | None, dtype: np.dtype | None,
+              argument: str = "out", arrays: Any = None) -> None:
     """``out`` must be a writable, C-contiguous array of the result's shape and dtype, of the
-    same kind as the inputs (``arrays``: their backend)."""
+    same kind as the inputs (``arrays``: their backend). ``shape`` and ``dtype`` None: any
+    (a broadcast's non-root tells the root's in its opening agreement)."""
     if not (hasattr(out, "shape") and hasattr(out, "dtype")):
         raise TypeError(f"{argument} must be an array, not {type(out).__name__}")
     if isinstance(out, np.matrix):  # (2-D whatever it is reshaped to: a call's flat view of
@@ -121,9 +122,9 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, argument: str =
     if arrays is not None and not arrays.owns(out):
         raise TypeError(f"{argument} is a {type(out).__module__}.{type(out).__name__}; the "
                         f"inputs are {arrays.name} arrays, so pass one of those")
-    if tuple(out.shape) != tuple(shape):
+    if shape is not None and tuple(out.shape) != tuple(shape):
         raise ValueError(f"{argument} has shape {tuple(out.shape)}; the result has shape {shape}")
-    if np.dtype(out.dtype) != np.dtype(dtype):
+    if dtype is not None and np.dtype(out.dtype) != np.dtype(dtype):
         raise TypeError(f"{argument} has dtype {np.dtype(out.dtype)}; the result has dtype "
                         f"{np.dtype(dtype)}")
     if arrays is not None:
