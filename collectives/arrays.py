@@ -76,6 +76,12 @@ class ArrayBackend(Protocol):
         """MEAN's one division (integers divide into float64)."""
         ...
 
+    def round_inward(self, narrow: Array, exact: Array, ceiling: float) -> None:
+        """Where ``narrow`` (``exact`` rounded to its narrower dtype) reached ``±ceiling``
+        though ``|exact| < ceiling``, ``narrow`` takes the value just inside ``ceiling``: the
+        other rounding of ``exact`` (wire compression's shares, ``compression.compress``)."""
+        ...
+
     def concatenate(self, arrays: Sequence[Array], axis: int) -> Array: ...
 
     def fuse(self, arrays: Sequence[Array]) -> Array:
@@ -173,6 +179,12 @@ class NumpyArrays:
 
     def divide(self, total, count, out=None):
         return np.true_divide(total, count, out=out, casting="unsafe")
+
+    def round_inward(self, narrow, exact, ceiling) -> None:
+        if not narrow.size or (narrow.max() < ceiling and narrow.min() > -ceiling):
+            return  # (two reads of the narrow array: the usual case ends here)
+        inside = np.nextafter(narrow.dtype.type(ceiling), narrow.dtype.type(0))
+        np.clip(narrow, -inside, inside, out=narrow, where=np.abs(exact) < ceiling)
 
     def concatenate(self, arrays, axis):
         arrays = list(arrays)

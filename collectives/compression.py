@@ -6,11 +6,11 @@ is cast to float16 (or bfloat16), the all-reduce runs on those (the wire carries
 bytes of float32, a quarter of float64), and the result is cast back to the input's dtype.
 The additions happen in the narrow type, each rounded, so the result carries their error
 (``docs/performance.md`` measures it). MEAN divides each contribution by the number of
-participants *before* compressing, as torch's hook does, so a mean overflows float16 only
-where its inputs lie within a few float16 steps of its largest value, 65504 (each share
-rounds up: 65504 / 3 rounds to 21840, and three of them make 65520, ``inf``); SUM compresses
-the values as they are (float16 overflows past 65504; bfloat16, whose exponent is float32's,
-past about 3.39e38, just short of float32's largest). Every participant casts the same bits
+participants *before* compressing, as torch's hook does, so a mean of values within the wire's
+range never overflows (a share that would round up past the largest that ``n`` of them can
+sum to takes the rounding below: ``compress``); SUM compresses the values as they are, so a
+sum overflows where it passes the wire's range (float16's 65504; bfloat16's, whose exponent
+is float32's, about 3.39e38, just short of float32's largest). Every participant casts the same bits
 back, so results stay bitwise identical everywhere.
 
 bfloat16 comes from ``ml_dtypes``: ``pip install 'collective-schedules[bfloat16]'``.
@@ -106,13 +106,33 @@ def for_batch(compression: Any, op: Any, dtypes: Any) -> list:
             for d in dtypes]
 
 
-def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1) -> Any:
-    """A new array of dtype ``wire`` holding ``x / divisor`` (``arrays``: ``x``'s backend)."""
+def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1, parts: int = 1) -> Any:
+    """A new array of dtype ``wire`` holding ``x / divisor`` (``arrays``: ``x``'s backend),
+    one of ``parts`` contributions to a sum on the wire.
+
+    Each element is rounded to the nearest wire value, except where that rounds a share up
+    past the largest value ``parts`` of which sum within the wire's range: there it takes the
+    other rounding, the value below (``ArrayBackend.round_inward``). So a sum (or a mean) of
+    ``parts`` values within the wire's range never overflows on the wire (65504 / 3 would
+    round up to 21840, and three of them make ``inf``)."""
     small = arrays.empty(tuple(x.shape), wire, like=x)
     if divisor != 1:  # divided in x's precision, then rounded once to the wire's
         x = arrays.divide(x, divisor, out=arrays.empty(tuple(x.shape), x.dtype, like=x))
     arrays.copy(small, x)
+    if parts > 1:
+        arrays.round_inward(small, x, share_ceiling(wire, parts))
     return small
+
+
+def share_ceiling(wire: np.dtype, parts: int) -> float:
+    """The least ``wire`` value that ``parts`` shares may not all reach: the one just above
+    the largest ``s`` with ``parts * s`` within ``wire``'s range."""
+    biggest = float(np.finfo(wire).max)
+    kind = np.dtype(wire).type
+    share = kind(biggest / parts)  # (the nearest: one step above the largest at most)
+    if float(share) * parts > biggest:
+        share = np.nextafter(share, kind(0))
+    return float(np.nextafter(share, kind(np.inf)))
 
 
 def decompress(arrays: Any, small: Any, out: Any) -> Any:

@@ -16,6 +16,7 @@ import pytest
 import collectives
 from collectives import compression as compression_module
 from collectives.errors import CollectiveMismatchError
+from collectives.ops import BFLOAT16
 
 UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}  # unit roundoff of float16, bfloat16
 TINY = {"fp16": 2.0 ** -25, "bf16": 2.0 ** -134}  # half their smallest subnormal
@@ -219,3 +220,43 @@ def test_errors_name_a_compressed_call_as_the_caller_made_it():
 
     said = collectives.run(body, 2, timeout=10)[0]
     assert "all_reduce(float32[1000], op=mean, compression=float16)" in said, said
+
+
+def _at_the_edge(wire: str, n: int) -> list[np.ndarray]:
+    """Every participant's values at the wire type's largest (and just inside it), which a
+    mean of ``n`` of them keeps, and shares just above ``largest / n`` whose sum it keeps."""
+    largest = float(np.finfo(np.float16 if wire == "fp16" else BFLOAT16).max)
+    edge = [largest, -largest, largest * (1 - 2 ** -12), largest / n * (1 + 2 ** -14), 1.5]
+    return [np.array(edge, np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+@pytest.mark.parametrize("n", [2, 3, 5, 7])
+def test_a_mean_within_the_wires_range_never_overflows(compression, n):
+    """Each share is rounded to the nearest wire value except where that passes the largest
+    share n of which sum within range (65504 / 3 rounded up to 21840: three made ``inf``).
+    Every call kind: plain, ``out=``, async, a fused batch (blocking and async), the
+    multi-device list and its batch."""
+    values = _at_the_edge(compression, n)
+    shares = np.array([v[3] for v in values], np.float64)  # sum within range: never inf
+
+    def body(comm):
+        x = values[comm.rank]
+        return [comm.all_reduce(x, "mean", compression=compression),
+                comm.all_reduce(x, "mean", out=np.empty_like(x), compression=compression),
+                comm.all_reduce(x, "mean", compression=compression, async_op=True).wait(),
+                comm.batch_all_reduce([x, x], "mean", compression=compression)[1],
+                comm.batch_all_reduce([x], "mean", compression=compression,
+                                      async_op=True).wait()[0],
+                comm.all_reduce(x, "sum", compression=compression)]
+
+    per_rank = collectives.run(body, n)
+    kinds = [*per_rank[0], collectives.all_reduce(values, "mean", compression=compression)[0],
+             collectives.batch_all_reduce([values], "mean", compression=compression)[0][1]]
+    for result in kinds[:-3] + kinds[-2:]:  # the means
+        assert np.isfinite(result).all(), result
+        _check_bound(result, values, "mean", compression)
+    assert np.isfinite(kinds[-3][3]) and abs(kinds[-3][3] - shares.sum()) <= (
+        (n + 1) * UNIT[compression] * shares.sum())
+    for results in per_rank[1:]:
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(results, per_rank[0]))

@@ -121,6 +121,15 @@ def divide_operation(dtype: np.dtype) -> tuple[str, str, str]:
     return "T t, int64 n", "T out", f"out = {fn}(t, (T)n);"
 
 
+def inward_operation() -> tuple[str, str, str]:
+    """``(in_params, out_params, operation)`` of ``ArrayBackend.round_inward``: ``narrow``
+    steps back to ``low`` or ``high`` where it reached ``ceiling`` though ``exact`` is below
+    it (read in double: every float16, bfloat16 and float32 value is exact there)."""
+    return ("T exact, float64 ceiling, N low, N high", "N narrow",
+            "if (fabs((double)exact) < ceiling && fabs((double)(float)narrow) >= ceiling) "
+            "narrow = exact < 0 ? low : high;")
+
+
 def key_operations(dtype: np.dtype, op: ReduceOp) -> tuple[str, str, str]:
     """``(key dtype, to_key, from_key)``: in-place operations on a buffer of ``dtype`` floats
     seen as integers ``k`` of the same width. ``to_key`` turns each float into a key whose
@@ -174,6 +183,13 @@ def divide_kernel(dtype: np.dtype):
     in_params, out_params, operation = divide_operation(np.dtype(dtype))
     return _cupy().ElementwiseKernel(in_params, out_params, operation,
                                      f"collectives_mean_{np.dtype(dtype).name}", no_return=True)
+
+
+@cache
+def inward_kernel():
+    """The cached ``ElementwiseKernel`` of ``inward_operation``."""
+    return _cupy().ElementwiseKernel(*inward_operation(), "collectives_round_inward",
+                                     no_return=True)
 
 
 @cache

@@ -33,7 +33,7 @@ def spmd_all_reduce(comm: Any, x: Any, op: Any, algorithm: Any, compression: Any
         parsed = ReduceOp.parse(op)
         wire = wire_dtype(compression, parsed, xa.dtype, "x")
         divisor = comm.size if parsed is ReduceOp.MEAN else 1
-        small = compress(arrays, xa, wire, divisor)
+        small = compress(arrays, xa, wire, divisor, parts=comm.size)
         call = comm.calls.validated(Collective.ALL_REDUCE, small, ReduceOp.SUM, algorithm, shards=shards,
                                     groups=groups,  # (any spelling of one wire agrees)
                                     compression=compression_text(wire, xa.dtype, parsed))
@@ -67,7 +67,7 @@ def multi_device_all_reduce(all_reduce: Callable, values: Sequence, op: Any, alg
     # out= checked (or the results made) before any data moves
     results = None if shared_result else outputs(arrays, out, values, shape, dtype)
     divisor = len(values) if parsed is ReduceOp.MEAN else 1
-    small = [compress(arrays, v, wire, divisor) for v in values]
+    small = [compress(arrays, v, wire, divisor, parts=len(values)) for v in values]
     reduced = all_reduce(small, ReduceOp.SUM, algorithm, shared_result=shared_result, **kwargs)
     if shared_result:
         result = decompress(arrays, reduced[0], arrays.result(shape, dtype, like=values[0]))

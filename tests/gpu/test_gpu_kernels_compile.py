@@ -49,6 +49,18 @@ def test_combine_and_divide_kernels_compile(nvrtc, dtype):
         compile_source(source("mean", i, o, operation, {"T": dtype}))
 
 
+@pytest.mark.parametrize("narrow", [np.float16] + ([BFLOAT16] if BFLOAT16 is not None else []),
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("exact", [np.float32, np.float64])
+def test_round_inward_kernel_compiles(nvrtc, narrow, exact):
+    """Wire compression's step back inside the largest share (``round_inward``)."""
+    from collectives.backends.cupy import kernels
+
+    compile_source, source = nvrtc
+    i, o, operation = kernels.inward_operation()
+    compile_source(source("inward", i, o, operation, {"T": np.dtype(exact), "N": np.dtype(narrow)}))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_nan_key_kernels_compile(nvrtc, dtype):
     from collectives.backends.cupy import kernels

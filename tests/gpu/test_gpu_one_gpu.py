@@ -172,6 +172,17 @@ def test_compression_and_shared_result_take_cupy_arrays():
         collectives.all_reduce(values, shared_result=True)
 
 
+def test_a_compressed_mean_at_float16s_largest_stays_finite_on_cupy_arrays():
+    # (65504 / 3 rounds up to 21840, and three of them made inf: the CuPy backend's
+    # round_inward takes the rounding below there, as NumPy's does)
+    numpy_values = [np.array([65504, -65504, 1.5], np.float32)] * 3
+    want = collectives.all_reduce(numpy_values, "mean", compression="fp16")
+    got = collectives.all_reduce(on_devices(numpy_values, [0, 0, 0]), "mean", compression="fp16")
+    assert np.isfinite(want[0]).all()
+    for g, w in zip(got, want):
+        assert same_bits(host(g), w)
+
+
 def test_an_asynchronous_batch_of_cupy_lists_is_the_backends_own_handle():
     # (collectives.batch_all_reduce(..., async_op=True) ran blocking and handed back a
     # finished handle, where all_reduce gives the backend's: its wait() waits for the devices)
