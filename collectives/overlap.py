@@ -22,6 +22,14 @@ def overlaps(backend: ArrayBackend, a: Array, b: Array) -> bool:
     return da == db and sa < eb and sb < ea
 
 
+def same_memory(backend: ArrayBackend, a: Array, b: Array) -> bool:
+    """Whether ``a`` and ``b`` are views of the very same elements (one extent, shape and
+    dtype, both C-contiguous): a call reading one and writing the other runs in place."""
+    return (tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+            and backend.contiguous(a) and backend.contiguous(b)
+            and backend.extent(a) == backend.extent(b))
+
+
 def any_overlap(backend: ArrayBackend, arrays: Sequence[Array]) -> bool:
     """Whether any two of ``arrays`` share memory (``O(n log n)``: a sweep over extents)."""
     spans = sorted(backend.extent(a) for a in arrays if a is not None and a.size)

@@ -19,7 +19,7 @@ from ..compression import requested
 from ..foreign import is_foreign
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
-from ..overlap import overlaps
+from ..overlap import overlaps, same_memory
 from ..runtime.hot_path import FastAllReduce
 from ..runtime.refusals import refusing
 from ..runtime.results import Ready, Reduced
@@ -153,7 +153,9 @@ class ReductionOps(CommParts):
         if requested(compression):
             return spmd_all_reduce(self, x, op, algorithm, compression, out=out, shards=shards,
                                    groups=groups, timeout=timeout, async_op=async_op)
+        asked = algorithm
         algorithm = through_shared(self.transport, x, out, algorithm)
+        shared = algorithm is not asked  # (peers read this rank's x where it lies)
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
         # timeout= takes the checked path, which raises naming it). An asynchronous call
@@ -184,12 +186,21 @@ class ReductionOps(CommParts):
             seen.append(call)
             target, late = self.calls.target(out, call.shape, call.final)
             same = call.final == call.dtype
-            if target is not None and same and (target is xa or not overlaps(arrays, target, xa)):
+            src = arrays.flat(xa)
+            if target is None or not same:
+                work = arrays.result(call.shape, call.dtype, like=xa)
+            elif target is xa or same_memory(arrays, target, xa):
+                work = src = target  # (in place: another view of x's memory too)
+            elif not overlaps(arrays, target, xa):
                 work = target
+            elif shared:  # (x and out must stay where they lie: x's values go into out first,
+                staged = arrays.empty(call.shape, call.dtype, like=xa)  # and run in place)
+                arrays.copy(staged, xa)
+                arrays.copy(target, staged)
+                work = src = target
             else:
                 work = arrays.result(call.shape, call.dtype, like=xa)
-            src = arrays.flat(xa)
-            data = self.calls.data_stage(call, seq, src if work is not xa else None,
+            data = self.calls.data_stage(call, seq, src if work is not src else None,
                                          work.reshape(-1))
             return call, [data], Reduced(arrays, call, work, self.size, target, late, xa)
 

@@ -15,7 +15,8 @@ reduction, or every rank raises.
   peers still get theirs right), calls in flight, and ranks where some pass shared arrays and
   some not, or arrays of different ``shared_empty`` calls: ``CollectiveMismatchError``;
 * ``auto`` on shared arrays runs the shared-memory all-reduce from its threshold up (and not
-  below it, nor out of place into a new result); a rank whose arrays are not shared makes
+  below it, nor out of place into a new result), also where one rank's ``out`` is another
+  view of its ``x`` or overlaps it in part; a rank whose arrays are not shared makes
   every rank raise ``CollectiveMismatchError`` naming the algorithm each ran, also where both
   signatures were agreed before (each rank moves data at once, on paths that never meet);
 * a bad ``shared_empty`` shape on one rank: its ValueError there, PeerFailedError elsewhere.
@@ -182,6 +183,21 @@ def auto_shared(comm) -> None:
         report.check(native.last == "shm", f"auto, shared, prepared start {k}: ran {native.last}")
     report.check(np.array_equal(big, np.full(1500, (n * (n + 1) / 2) * n, np.float32)),
                  "auto, shared, prepared: wrong sums")
+    # the last rank's out is another view of x's memory, or overlaps x in part (the others
+    # in place): every rank runs the shared all-reduce (they mismatched: that rank's result
+    # went to a buffer of its own), the right sum (rank + 1) * 10 ** k from index 0 up
+    wide = comm.shared_empty(1501, np.float32)
+    for views in ((slice(0, 1500), slice(0, 1500)), (slice(0, 1500), slice(1, 1501))):
+        for k in range(2):
+            x = wide[:1500]
+            x[:] = (rank + 1) * 10 ** k
+            out = wide[views[1]] if rank == n - 1 else x
+            native.last = None
+            got = comm.all_reduce(x, out=out)
+            report.check(got is out and np.array_equal(out, np.full(1500, n * (n + 1) / 2
+                                                                    * 10 ** k, np.float32)),
+                         f"auto, shared, out {views[1]} of x {views[0]}: wrong sum")
+            report.check(native.last == "shm", f"auto, shared, out {views[1]}: ran {native.last}")
     native.last = None
     comm.all_reduce(big)  # a new result: not shared
     report.check(native.last != "shm", "auto, shared input into a new result: ran shm")
