@@ -96,7 +96,7 @@ class CommHookState:
         self.op = ReduceOp.SUM
         wire_dtype(compression, ReduceOp.MEAN if mean else ReduceOp.SUM, np.float32,
                    "compression")  # a bad one raises here
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         resolve_algorithm(algorithm, 1, 0, comm.calls.native_names)  # (not at the first step)
         self.comm: Any = comm  # (its calls take the hook's own arguments, checked here)
         self.mean, self.algorithm, self.timeout = mean, algorithm, timeout

@@ -334,3 +334,35 @@ def test_every_wait_checks_its_timeout(timeout):
         return handle.wait().tolist()
 
     assert collectives.run(body, 2, timeout=10) == [[2.0] * 3] * 2
+
+
+@pytest.mark.parametrize("kind", ["batch", "buckets", "plain", "prepared"])
+def test_a_numpy_float_timeout_counts_as_seconds_on_a_host_up_for_years(kind, monkeypatch):
+    """A wait's deadline is ``time.monotonic()`` (seconds since boot) plus the timeout: a NumPy
+    float32 timeout made the sum a float32, rounded to 8 s at three years up, so a batch's
+    wait(np.float32(2.0)) beside a peer 0.3 s late timed out at once (float16: ``inf`` after
+    18 hours, then nan). Every wait counts in Python floats."""
+    boot = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: boot() + 1e8)  # (up three years)
+
+    def body(comm):
+        x = np.ones(4)
+        prepared = comm.all_reduce_init(x, out=np.empty(4))
+        for timeout in (np.float32(2.0), np.float16(2.0)):
+            if comm.rank == 1:
+                time.sleep(0.3)
+            if kind == "batch":
+                got = comm.batch_all_reduce([x, x], async_op=True).wait(timeout)[1]
+            elif kind == "buckets":
+                buckets = comm.buckets([x, x])
+                buckets.ready(0, x)
+                buckets.ready(1, x)
+                got = buckets.wait(timeout)[1]
+            elif kind == "plain":
+                got = comm.all_reduce(x, async_op=True).wait(timeout)
+            else:
+                got = prepared.start().wait(timeout)
+            assert got.tolist() == [2.0] * 4
+        return True
+
+    assert collectives.run(body, 2, timeout=10) == [True, True]

@@ -466,7 +466,7 @@ def test_keras_fit_four_devices(four_devices):
 @pytest.mark.slow
 def test_multi_worker_threads(four_devices):
     report, _ = four_devices
-    assert len(_names(report, "threads: ")) == 7
+    assert len(_names(report, "threads: ")) == 8
 
 
 @needs_tf

@@ -31,7 +31,7 @@ from .agreement import BatchAgreement, agree
 from .host import Packing
 from .routes import Route
 from .values import check_reduce_op, check_replicas, components_of, is_sparse, sparse_kind, static_dims
-from .world import Workers, open_communicator
+from .world import Workers, call_timeout, open_communicator
 
 __all__ = ["LibraryCrossDeviceOps", "Route"]
 
@@ -131,7 +131,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
             pairs = list(value_destination_pairs)
             if pairs:
                 return super().batch_reduce(reduce_op, pairs, options)
-            timeout = options.timeout_seconds if options is not None else None
+            timeout = call_timeout(options)
             self.workers.agree_on_empty(check_reduce_op(reduce_op), timeout)
             return []
 
@@ -257,7 +257,7 @@ class LibraryCrossDeviceOps(tf.distribute.CrossDeviceOps):
         for k, job in enumerate(jobs):
             batches.setdefault((job.route, counts[k]), []).append(k)
         inputs = [c for job in jobs for c in job.components]
-        timeout = options.timeout_seconds
+        timeout = call_timeout(options)
 
         def run(*arrays):
             per_job, at = [], 0

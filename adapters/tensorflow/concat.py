@@ -14,7 +14,7 @@ from collectives.ops import ReduceOp as CoreOp
 
 from . import convert, host
 from .agreement import BatchAgreement, agree, signature
-from .world import Workers
+from .world import Workers, call_timeout
 
 __all__ = ["gather_across_workers", "reduce_sparse"]
 
@@ -58,7 +58,7 @@ def _gather_slices(workers: Workers, values, indices, options, device,
     """Every worker's slices, in worker order, in one host call. A table known only now
     (``table``) is agreed first: each worker's result takes its own table, and workers whose
     tables differed got results that differ (an index past the end of one's table), quietly."""
-    timeout = options.timeout_seconds
+    timeout = call_timeout(options)
     np_values, np_indices = convert.numpy_dtype(values.dtype), convert.numpy_dtype(indices.dtype)
 
     def run(v, i, *known):
@@ -84,7 +84,7 @@ def gather_across_workers(workers: Workers, joined, axis: int, count: int, optio
                           device: str):
     """Every worker's ``joined`` (its ``count`` replicas concatenated along ``axis``) gathered
     along ``axis`` in worker order, in one host call on ``device``, after the workers agree."""
-    timeout = options.timeout_seconds
+    timeout = call_timeout(options)
     np_dtype = convert.numpy_dtype(joined.dtype)
 
     def run(x):

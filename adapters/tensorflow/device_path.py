@@ -25,6 +25,7 @@ from . import convert, device_reduce, kits, marks
 from .agreement import BatchAgreement, agree
 from .device_call import Output, device_call, same_device
 from .routes import ONE_DEVICE
+from .world import call_timeout
 
 __all__ = ["kit_for", "nccl_unavailable", "reduce_dense", "with_nccl_fallback"]
 
@@ -110,7 +111,7 @@ def reduce_dense(cdo, op: CoreOp, jobs: list, options, packing_override, results
     batches: dict[tuple, list[int]] = {}
     for k, (job, (ins, _, spread, root)) in enumerate(zip(jobs, plans)):
         batches.setdefault((job.route, len(ins), spread, root), []).append(k)
-    timeout = options.timeout_seconds
+    timeout = call_timeout(options)
 
     def run(arrays: list) -> list:
         per_job = [[arrays[i] for i in ins] for ins, *_ in plans]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -19,7 +20,15 @@ from . import convert
 from .agreement import agree, signature
 from .pinned import PinnedBuffer
 
-__all__ = ["Workers", "launched_world_size", "open_communicator"]
+__all__ = ["Workers", "call_timeout", "launched_world_size", "open_communicator"]
+
+
+def call_timeout(options: Any) -> float | None:
+    """A call's ``timeout`` from its ``CommunicationOptions``: ``timeout_seconds`` None (or no
+    options) is the communicator's own; 0, which TensorFlow reads as no timeout, is
+    ``math.inf`` (the library refuses ``timeout=0``, and said so on every worker)."""
+    timeout = options.timeout_seconds if options is not None else None
+    return math.inf if timeout == 0 and not isinstance(timeout, bool) else timeout
 
 
 @dataclass
@@ -101,7 +110,7 @@ def open_communicator(communicator, *, timeout: float | None = None, auto: bool 
     MPI when an MPI launcher started more than one process, else None. Anything else raises
     now, not at the first reduction.
     """
-    check_timeout(timeout)  # (now, on one worker too: not first under mpiexec)
+    timeout = check_timeout(timeout)  # (now, on one worker too: not first under mpiexec)
     if timeout is not None and isinstance(communicator, Communicator):
         raise ValueError(f"timeout={timeout!r} applies to a communicator this opens; the "
                          "Communicator passed keeps its own (init(timeout=...)): drop timeout=, "

@@ -42,7 +42,7 @@ class DeviceWork:
         With ``timeout`` (seconds), raise ``CollectiveTimeoutError`` if the
         devices have not finished by then (the work stays enqueued).
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if timeout is None:
             for e in self._events:
                 e.synchronize()

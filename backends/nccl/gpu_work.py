@@ -61,7 +61,7 @@ class GpuWork:
         """The result, ordered before later work on the current stream of its library (in
         the calling thread, on the communicator's GPU), without waiting on the host; with a
         ``timeout``, once the GPU has finished the call (or its error)."""
-        check_timeout(timeout)  # (first, as every wait's: a finished call's too)
+        timeout = check_timeout(timeout)  # (first, as every wait's: a finished call's too)
         t = self._comm.transport
         result = self._work.wait(timeout)
         if t.failed is not None:
@@ -131,7 +131,7 @@ class Issued:
         return f"all_reduce({getattr(self.x, 'dtype', '?')}{tuple(self.x.shape)}, op={self.op})"
 
     def wait(self, timeout: float | None = None) -> Any:
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return self.result
 
     def is_completed(self) -> bool:

@@ -148,7 +148,7 @@ class BatchOps(CommParts):
         # asynchronous batch's buckets before waiting on any): this rank's count of its own
         # buckets is no guide, as its list may be what is wrong (a dtype of its own makes a
         # bucket of its own).
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         resolve_groups(groups, self.size)
         for dtype in set(dtypes):  # (per dtype, naming its first tensor)
             check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")
@@ -275,7 +275,7 @@ class BatchOps(CommParts):
         layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
         alone = arrays.alone_bytes(xs[0]) if xs else None
         # (a bad argument is refused by ``refusing`` once for each bucket its peers issue)
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
         dtypes = [d for _, d in layout]
         for dtype in set(dtypes):  # (per dtype, naming its first tensor)

@@ -197,7 +197,7 @@ class Buckets(Generic[ArrayT]):
         refusal, which its peers hear of at once."""
         from ..algorithms.batch import StartedBatch
 
-        check_timeout(timeout)  # (first: a bad one must not end the step)
+        timeout = check_timeout(timeout)  # (first: a bad one must not end the step)
         if self.started < len(self.order):
             missing = [k for k, t in enumerate(self.tensors) if t is None]
             again = (" (a step ends at its wait(): this one had none of its tensors yet; wait() "

@@ -116,7 +116,7 @@ class PointToPointOps(CommParts):
         CollectiveTimeoutError
             The message was not taken within ``timeout``.
         """
-        check_timeout(timeout)  # before anything is posted
+        timeout = check_timeout(timeout)  # before anything is posted
         self._post("send", x, dst, tag, blocking=True).wait(timeout)
 
     def recv(self, out: ArrayT, src: int, tag: int = 0, *, timeout: float | None = None) -> ArrayT:
@@ -146,7 +146,7 @@ class PointToPointOps(CommParts):
         CollectiveTimeoutError
             No message came within ``timeout``.
         """
-        check_timeout(timeout)  # before anything is posted
+        timeout = check_timeout(timeout)  # before anything is posted
         return self._post("recv", out, src, tag, blocking=True).wait(timeout)
 
     def isend(self, x: Array, dst: int, tag: int = 0) -> Work[None]:

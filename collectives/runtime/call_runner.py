@@ -198,7 +198,7 @@ class CallRunner:
             call = data = finish = None
             error: BaseException | None = None
             try:
-                check_timeout(timeout)
+                timeout = check_timeout(timeout)
                 if refused is None:
                     call, data, finish = build(seq)
             except (TypeError, ValueError, MemoryError) as exc:

@@ -125,7 +125,7 @@ class PreparedCall:
         work = self._work
         if work is None:
             raise CollectiveError(f"rank {self.comm.rank}: {self.what}: wait() before start()")
-        check_timeout(timeout)  # (before the run counts as waited for: a bad one ends nothing,
+        timeout = check_timeout(timeout)  # (before the run counts as waited for: a bad one ends nothing,
         self._waited = True  # and a start() after it would share the running call's buffers)
         if work is DONE:  # the hot path ran it: finished once (MEAN divides ``out`` in place),
             try:  # and every later wait() says the same

@@ -144,10 +144,13 @@ def check_out(out: Any, shape: tuple[int, ...] | None, dtype: np.dtype | None,
         raise ValueError(f"{argument} {reason}")
 
 
-def check_timeout(timeout: Any) -> None:
-    """None (the communicator's default) or a positive number of seconds."""
+def check_timeout(timeout: Any) -> float | None:
+    """None (the communicator's default) or a positive number of seconds, returned as a
+    Python float: every deadline is counted in those (a NumPy float16's or float32's sum with
+    ``time.monotonic()``, seconds since boot, rounds to its own precision: float16 made it
+    ``inf`` after 18 hours up, float32 a second off after 97 days)."""
     if timeout is None:
-        return
+        return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
                                                              np.floating)):
         raise TypeError(f"timeout={timeout!r} must be a number of seconds (or None for the "
@@ -155,7 +158,7 @@ def check_timeout(timeout: Any) -> None:
     if not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
     try:  # (waits count in floats: an integer past them failed after the call went out)
-        float(timeout)
+        return float(timeout)
     except OverflowError:
         raise ValueError(f"timeout (an integer of {len(str(timeout))} digits) is too large for "
                          "a number of seconds: pass math.inf for no limit") from None

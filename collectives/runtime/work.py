@@ -68,7 +68,7 @@ class Work(Generic[T]):
         CollectiveError
             The call failed (the error it failed with).
         """
-        check_timeout(timeout)  # (a bad one raises here, and breaks nothing)
+        timeout = check_timeout(timeout)  # (a bad one raises here, and breaks nothing)
         op = self._op
         op.waited_by = True
         if not op.finished:
@@ -141,7 +141,7 @@ class Completed(Work[T]):
 
     def wait(self, timeout: float | None = None) -> T:
         """The result, at once (``timeout`` is not needed, but checked as every wait's is)."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return self.result
 
     def is_completed(self) -> bool:
@@ -184,7 +184,7 @@ class BatchWork(Work[T]):
         CollectiveTimeoutError
             A call did not finish in time; CollectiveError: a call failed (its error).
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if self._outcome is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             results = []

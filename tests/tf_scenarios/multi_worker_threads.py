@@ -6,7 +6,7 @@ Four logical CPU devices; worker w (a thread rank of the embedded transport,
 both ``workers_sum`` modes, MEAN over the global device count, batches with other
 destinations, the same batch in ``tf.function`` (traced once), IndexedSlices, ragged gather,
 ``broadcast_variables``, the device-count check, batches that differ between workers and
-``timeout_seconds``.
+``timeout_seconds`` (0: none, as TensorFlow reads it).
 """
 
 from __future__ import annotations
@@ -252,6 +252,21 @@ def timeout(comm):
         time.sleep(1.5)
 
 
+def no_timeout(comm):
+    """``timeout_seconds=0``, which TensorFlow reads as no timeout, waits for a worker 0.3 s
+    late (it was refused as the library's timeout=0 on every worker), in a reduce and in an
+    empty batch."""
+    devices = local(comm.rank)
+    x = per_replica([tf.ones([2])] * 2, devices)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=0)
+    ops = ctf.MultiWorkerAllReduce(communicator=comm, all_reduce_spec="ring")
+    if comm.rank == 1:
+        time.sleep(0.3)
+    got = parts(ops.reduce(SUM, x, x, options=options))
+    assert ops.batch_reduce(SUM, [], options=options) == []
+    return got
+
+
 def compressed(comm):
     """compression="fp16": the totals cross between workers as float16 (1 + 2**-12 per
     device sums to 2 + 2**-11 on each worker, which float16 rounds to 2), eagerly and in
@@ -305,4 +320,11 @@ def run(report, devices: list[str]) -> None:
     report.check("threads: device count mismatch", lambda: spmd(device_count_mismatch, 2))
     report.check("threads: batch mismatch", lambda: check_batch_mismatch(spmd(batch_mismatch, 2)))
     report.check("threads: timeout_seconds", lambda: spmd(timeout, 2, timeout=10))
+
+    def check_no_timeout():
+        for got in spmd(no_timeout, 2, timeout=10):
+            for p in got:
+                np.testing.assert_array_equal(p, np.full(2, 2.0, np.float32))  # (workers_sum="mean")
+
+    report.check("threads: timeout_seconds=0 is none", check_no_timeout)
     report.check("threads: compression", lambda: check_compressed(spmd(compressed, 2)))
