@@ -194,6 +194,30 @@ def test_prepared_calls_are_started_and_waited_in_turn():
         collectives.run(lambda c: c.all_reduce_init(np.ones(3), out=None), 1)
 
 
+def test_a_prepared_call_waited_on_another_thread_is_not_started_again_until_it_returns():
+    """(``wait()`` marked the run waited for as it began: a second thread's ``start()`` then
+    ran in the running call's buffers; on MPI its persistent request started again while
+    active, and a rank that did nothing wrong got 5 where 3 was right)"""
+    def body(comm):
+        x, out = np.full(3, comm.rank + 1.0), np.empty(3)
+        prepared = comm.all_reduce_init(x, out=out)
+        prepared.start().wait()
+        if comm.rank == 1:
+            time.sleep(0.5)  # (rank 0's run stays in flight meanwhile)
+            return [prepared.start().wait().tolist() for _ in range(2)]
+        prepared.start()
+        waiter = threading.Thread(target=prepared.wait, kwargs={"timeout": 5})
+        waiter.start()
+        time.sleep(0.2)  # (the waiter is inside wait())
+        with pytest.raises(collectives.CollectiveError, match="another thread's wait"):
+            prepared.start()
+        waiter.join()
+        first = out.tolist()
+        return [first, prepared.start().wait().tolist()]
+
+    assert collectives.run(body, 2, timeout=10) == [[[3.0] * 3] * 2] * 2
+
+
 def test_a_prepared_call_freed_under_a_run_still_gives_its_result_and_starts_no_more():
     # (on MPI the run was dropped: a stale out on one rank, MEAN divided twice, or an
     # AttributeError for the other collectives; tests/mpi_scenarios/async_calls.py runs that

@@ -94,8 +94,14 @@ class PreparedCall:
         if self._freed:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() after free(); "
                                   "prepare the call again")
-        if self._work is not None and not self._waited:
+        work = self._work
+        if work is not None and not self._waited:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
+        if work is DONE or (work is not None and not self.is_completed()):  # (waited for, on
+            # another thread: a run now would share the running one's buffers)
+            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() while another "
+                                  "thread's wait() for the last run has not returned; start() "
+                                  "once it has")
         fast = self._fast
         if fast is not None:
             got = fast.start(self.finish)

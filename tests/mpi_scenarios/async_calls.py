@@ -4,7 +4,8 @@
   an order that differs from rank to rank, mixed with blocking calls;
 * back-to-back small all-reduces (the hot path), every result checked, past two wraps of
   the calls' sequence numbers;
-* prepared calls of every collective, started again and again on refilled inputs;
+* prepared calls of every collective, started again and again on refilled inputs, and not
+  started again while another thread's ``wait()`` for the last run has not returned;
 * ``dup`` and ``split`` of the transport, each a communicator of its own (``freeing.py``:
   what a freed one leaves behind);
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
@@ -15,6 +16,9 @@
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 from _common import WORLD, Report, meet
@@ -132,6 +136,23 @@ def prepared() -> None:
             else:
                 want = total(k, count)[rank * count // n:(rank + 1) * count // n]
             report.check(same(got, want), f"prepared {name}, start {k}")
+    for name, call in calls.items():  # waited on another thread, the last rank 0.3 s late:
+        x[:] = value(31, count, rank)  # start() is refused until that wait() returns (it ran
+        shared[:] = value(31, count, rank) if rank == n - 1 else -1.0  # in the running call's
+        if rank == n - 1:  # buffers: a persistent request started again while active)
+            time.sleep(0.3)
+            call.start().wait()
+        else:
+            call.start()
+            waiter = threading.Thread(target=call.wait)
+            waiter.start()
+            time.sleep(0.1)
+            try:
+                call.start()
+                report.check(n == 1, f"prepared {name}: start() under another thread's wait()")
+            except CollectiveError as exc:
+                report.check("another thread's wait" in str(exc), f"prepared {name}: {exc}")
+            waiter.join()
     for name, call in calls.items():  # freed under a run: it finishes it (it was dropped:
         x[:] = value(30, count, rank)  # a stale out, or an AttributeError)
         shared[:] = value(30, count, rank) if rank == n - 1 else -1.0
