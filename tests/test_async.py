@@ -172,6 +172,43 @@ def test_a_second_thread_is_refused_and_never_gets_a_wrong_result():
         assert got.min() == got.max()
 
 
+def test_batches_refused_on_other_threads_leave_nothing_behind():
+    """Two threads' batches, refused (ConcurrentCallError) while a third thread's call holds
+    the communicator: each batch's tag was the communicator's, not the thread's, so two that
+    overlapped left one behind, and every later plain call on that rank carried it (a
+    mismatch on every rank, which broke the communicator)."""
+    def body(comm):
+        if comm.rank == 0:
+            stop, refused = threading.Event(), []
+
+            def racer(k):
+                xs = [np.ones(10, np.float32) for _ in range(3 + k)]
+                while not stop.is_set():
+                    try:
+                        comm.batch_all_reduce(xs, bucket_bytes=0)
+                    except ConcurrentCallError:
+                        refused.append(k)
+
+            holder = threading.Thread(target=comm.all_reduce, args=(np.ones(3),),
+                                      kwargs={"timeout": 10})
+            holder.start()
+            time.sleep(0.2)  # (inside its call, waiting for rank 1)
+            racers = [threading.Thread(target=racer, args=(k,)) for k in range(2)]
+            for t in racers:
+                t.start()
+            time.sleep(1.0)
+            stop.set()
+            for t in racers + [holder]:
+                t.join()
+            assert refused and comm.calls.batch is None
+        else:
+            time.sleep(1.5)
+            comm.all_reduce(np.ones(3), timeout=10)
+        return comm.all_reduce(np.ones(4), timeout=5).tolist()
+
+    assert collectives.run(body, 2, timeout=10) == [[2.0] * 4] * 2
+
+
 def test_prepared_calls_are_started_and_waited_in_turn():
     def body(comm):
         x, out = np.ones(3), np.empty(3)

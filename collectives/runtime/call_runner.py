@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -74,9 +75,11 @@ class CallRunner:
         self.cache: dict[Any, Call] = {}  # call arguments (or "barrier") -> validated call
         self.hot_paths: dict[Any, FastAllReduce | None] = {}  # all-reduce args -> hot path
         self.last_hot: FastAllReduce | None = None  # the one the latest hot all-reduce took
-        # the batch whose bucket the calls now validated carry (``part_of``): its tensor list
-        # joins their signatures, so ranks with different lists never pair their buckets
-        self.batch: BatchTag | None = None
+        # per thread, the batch whose bucket the calls it validates now carry (``part_of``):
+        # its tensor list joins their signatures, so ranks with different lists never pair
+        # their buckets (one communicator's: another thread's batch, refused with
+        # ConcurrentCallError as it overlapped, left its tag to this thread's plain calls)
+        self._thread = threading.local()
         native = transport.native
         self.native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
@@ -89,18 +92,23 @@ class CallRunner:
         self.hot_paths.clear()
         self.last_hot = None
 
+    @property
+    def batch(self) -> BatchTag | None:
+        """The batch that the calls this thread makes now are buckets of (``part_of``)."""
+        return getattr(self._thread, "batch", None)
+
     @contextmanager
     def part_of(self, batch: BatchTag) -> Iterator[None]:
         """The calls made inside are buckets of ``batch`` (a batch's description and digest,
         ``collectives.api.batch_checks.batch_tag``): it joins each call's signature and so the
         check value that rides with its data, and ranks that pass different tensor lists fail
         with ``CollectiveMismatchError`` on every call, not only the first."""
-        outer, self.batch = self.batch, batch
+        outer, self._thread.batch = self.batch, batch
         self.last_hot = None  # (a plain call's hot path must not take a bucket)
         try:
             yield
         finally:
-            self.batch = outer
+            self._thread.batch = outer
 
     def refuse(self, what: str, error: Exception, count: int | None = None,
                issued: int = 1) -> NoReturn:
