@@ -172,6 +172,32 @@ def test_a_second_thread_is_refused_and_never_gets_a_wrong_result():
         assert got.min() == got.max()
 
 
+def test_a_collective_called_from_a_done_callback_is_refused():
+    """A done-callback runs on whatever thread finishes the call: one that called the
+    communicator ran beside the program's own calls and paired with its peers' calls in
+    another order (30 expected, 110 given, quietly). It raises ConcurrentCallError there,
+    and the program's calls are right."""
+    def body(comm):
+        seen = []
+
+        def callback(handle):
+            try:
+                seen.append(comm.all_reduce(np.full(3, 10.0 * (comm.rank + 1))).tolist())
+            except ConcurrentCallError as exc:
+                seen.append(str(exc))
+
+        handle = comm.all_reduce(np.ones(3), async_op=True)
+        handle.add_done_callback(callback)
+        total = comm.all_reduce(np.full(3, 100.0), timeout=5).tolist()
+        handle.wait()
+        handle.add_done_callback(callback)  # (finished: it runs at once, here, refused alike)
+        return total, seen
+
+    for total, seen in collectives.run(body, 2, timeout=10):
+        assert total == [200.0] * 3
+        assert len(seen) == 2 and all("from a done-callback" in s for s in seen), seen
+
+
 def test_batches_refused_on_other_threads_leave_nothing_behind():
     """Two threads' batches, refused (ConcurrentCallError) while a third thread's call holds
     the communicator: each batch's tag was the communicator's, not the thread's, so two that

@@ -33,7 +33,7 @@ from .failures import MESSAGES, Failures
 from .in_flight import InFlight
 from .operation import Operation, detached
 from .transport import Failure, Transport
-from .work import Work
+from .work import Work, in_done_callback
 
 CALLS = logging.getLogger("collectives.calls")
 
@@ -102,6 +102,12 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
     def claim(self, what: str) -> None:
         """Hold the communicator for this thread (``leave`` lets go), or raise
         ``ConcurrentCallError`` where another thread is inside a call on it."""
+        if in_done_callback():
+            raise ConcurrentCallError(
+                f"rank {self.rank}: {what} was called from a done-callback "
+                "(Work.add_done_callback), which runs on whatever thread finishes a call, "
+                "beside the program's own calls; hand the result on from the callback (e.g. "
+                "to a future or a queue) and make the call from the program's thread")
         if not self.busy.acquire(blocking=False):
             raise ConcurrentCallError(
                 f"rank {self.rank}: {what} was called while another thread is inside a call on "

@@ -29,6 +29,7 @@ from ..timeline import record_fast, recorder
 from .calls import Call
 from .operation import Operation
 from .transport import PENDING
+from .work import in_done_callback
 
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
@@ -98,7 +99,7 @@ class FastAllReduce:
         """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
         engine's way must run it (nothing was started)."""
         engine = self.engine
-        if not self.acquire(False):
+        if in_done_callback() or not self.acquire(False):
             return None  # (the engine's way raises ConcurrentCallError)
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
@@ -137,8 +138,8 @@ class FastAllReduce:
         ``finish()``'s), None where the engine's way must start it, or the exception it
         failed with (the communicator is broken)."""
         engine = self.engine
-        if not self.acquire(False):
-            return None
+        if in_done_callback() or not self.acquire(False):
+            return None  # (the engine's way raises ConcurrentCallError)
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
                     or engine.native_next != engine.native_issued

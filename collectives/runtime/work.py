@@ -25,14 +25,28 @@ T = TypeVar("T")
 CALLBACKS = logging.getLogger("collectives.calls")
 
 
+_CALLING_BACK = threading.local()  # per thread: how many done-callbacks it is running
+
+
 def call_back(callback: Callable[[Any], None], handle: Any) -> None:
     """Run a done-callback. One that raises is logged and the rest go on: it runs on whatever
     thread finishes the call (another call's wait, the progress thread, a failure being
-    spread to every call in flight), where its error is no one's to raise."""
+    spread to every call in flight), where its error is no one's to raise. A collective it
+    calls raises (``in_done_callback``)."""
+    _CALLING_BACK.depth = getattr(_CALLING_BACK, "depth", 0) + 1
     try:
         callback(handle)
     except Exception:  # noqa: BLE001 - logged, as concurrent.futures does
         CALLBACKS.exception("a done-callback of %r raised", handle)
+    finally:
+        _CALLING_BACK.depth -= 1
+
+
+def in_done_callback() -> bool:
+    """Whether this thread is running a done-callback: a collective called there would run
+    on whatever thread finished the call (the progress thread, beside the program's own
+    calls, paired with its peers' calls in another order: the wrong sums, quietly)."""
+    return getattr(_CALLING_BACK, "depth", 0) > 0
 
 
 class Work(Generic[T]):
@@ -92,8 +106,9 @@ class Work(Generic[T]):
         thread that finishes it: the communicator's progress thread, a ``wait()``, or this
         one at once where it has finished already. ``wait()`` in the callback returns at once.
 
-        The callback must be quick and must not call the communicator (it may run while the
-        communicator drives other calls): hand the result on, e.g. to a future. A callback
+        The callback must be quick and must not call a collective (it may run while the
+        communicator drives other calls; one called there raises ``ConcurrentCallError``):
+        hand the result on, e.g. to a future. A callback
         that raises is logged (logger ``collectives.calls``) and the others still run, as
         with ``concurrent.futures``.
         """

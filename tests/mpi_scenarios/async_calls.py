@@ -6,6 +6,7 @@
   the calls' sequence numbers;
 * prepared calls of every collective, started again and again on refilled inputs, and not
   started again while another thread's ``wait()`` for the last run has not returned;
+* a collective called from a done-callback: refused there, the hot path's too;
 * ``dup`` and ``split`` of the transport, each a communicator of its own (``freeing.py``:
   what a freed one leaves behind);
 * point-to-point messages (``send``/``recv``, ``isend``/``irecv``) between collectives, and a
@@ -171,6 +172,33 @@ def prepared() -> None:
             report.check("after free" in str(exc), f"prepared {name}: {exc}")
 
 
+def callbacks_call_nothing() -> None:
+    """A collective called from a done-callback raises there (it ran beside the program's own
+    calls, paired in another order), the hot path's signature too: the callback runs on
+    whatever thread finishes the call, here this one at once (a communicator of its own:
+    the hot path runs only where nothing earlier is left to report)."""
+    comm = mpi.init(timeout=20)
+    x = np.ones(4)
+    for _ in range(3):
+        comm.all_reduce(x)  # (its hot path bound)
+    refused = []
+
+    def callback(handle):
+        try:
+            comm.all_reduce(x)
+        except CollectiveError as exc:
+            refused.append(str(exc))
+
+    handle = comm.all_reduce(np.full(4, 2.0), async_op=True)
+    report.check(same(handle.wait(), np.full(4, 2.0 * n)), "a call before the callback")
+    report.check(same(comm.all_reduce(x), np.full(4, float(n))), "the hot path before it")
+    handle.add_done_callback(callback)
+    report.check(len(refused) == 1 and "from a done-callback" in refused[0],
+                 f"a collective from a done-callback: {refused}")
+    report.check(same(comm.all_reduce(x), np.full(4, float(n))), "the hot path after it")
+    comm.free()
+
+
 def new_communicators() -> None:
     dup = Communicator(comm.transport.dup(), timeout=30)
     got = dup.all_reduce(np.full(3, rank + 1.0), algorithm="native")
@@ -239,6 +267,8 @@ def main() -> None:
     back_to_back()
     meet()
     prepared()
+    meet()
+    callbacks_call_nothing()
     meet()
     new_communicators()
     meet()
