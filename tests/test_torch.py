@@ -107,7 +107,8 @@ def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(k
     a PeerFailedError naming rank 1, both at once (the peer waited out its timeout where the
     tensor failed in packing or DLPack, after the call had gone out), and the next call works
     (a blocking batch refused as many calls as an asynchronous one issues, and the
-    communicator broke)."""
+    communicator broke). A lazy conjugate is refused in a fused batch too (PyTorch's packing
+    resolved it, where every other call kind refuses it)."""
     import time
 
     def body(comm):
@@ -136,9 +137,6 @@ def test_a_tensor_the_library_cannot_read_on_one_rank_fails_every_rank_at_once(k
     ((kind0, said0, took0), next0), ((kind1, said1, took1), next1) = collectives.run(
         body, 2, timeout=10)
     assert next0 == next1 == [2.0, 2.0]
-    if (bad, kind) == ("conjugate", "fused"):  # (packed by PyTorch, which resolves it)
-        assert kind0 == kind1 == "returned", (said0, said1)
-        return
     name = f"tensor {at}" if kind == "buckets" else f"xs[{at}]"
     assert kind1 == "TypeError" and said1.startswith(name), said1
     assert kind0 == "PeerFailedError" and "rank 1" in said0 and name in said0, said0

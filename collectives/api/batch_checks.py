@@ -35,7 +35,7 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
         return items
     kind = next(iter(kinds)) if len(kinds) == 1 else None
     if kind is not None and _array_type(kind) and not (
-            read and _tracks_grad(kind) and any(x.requires_grad for x in items)):
+            read and _tracks_grad(kind) and any(x.requires_grad or _lazy(x) for x in items)):
         return items  # (arrays of one type, none requiring grad: nothing to name)
     first = None
     for k, x in enumerate(items):
@@ -45,6 +45,11 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
                             "(NumPy, or one other library's)")
         if read and getattr(x, "requires_grad", False):
             raise TypeError(f"{argument}[{k}] requires grad; pass {argument}[{k}].detach()")
+        if read and _tracks_grad(type(x)) and _lazy(x):  # (as a single call's x: a fused
+            what, fix = ("conjugate", "resolve_conj") if x.is_conj() else ("negation",
+                                                                            "resolve_neg")
+            raise TypeError(f"{argument}[{k}] is a lazy {what} (its memory holds the values "
+                            f"before it); pass {argument}[{k}].{fix}()")  # (batch's copy read it)
         if first is None:
             first = x
         elif _library(x) != _library(first):
@@ -63,6 +68,13 @@ def _array_type(kind: Any) -> bool:
 @functools.cache
 def _tracks_grad(kind: Any) -> bool:
     return hasattr(kind, "requires_grad")
+
+
+def _lazy(x: Any) -> bool:
+    """Whether the tensor ``x`` is PyTorch's lazy conjugate or negation: its memory holds the
+    values before the conjugate (negation), which a single call refuses to read."""
+    is_conj, is_neg = getattr(x, "is_conj", None), getattr(x, "is_neg", None)
+    return bool((is_conj is not None and is_conj()) or (is_neg is not None and is_neg()))
 
 
 def layout_of(arrays: Any, xs: list, argument: str) -> tuple[list, list]:
