@@ -45,11 +45,11 @@ def checked_list(xs: Any, argument: str, *, read: bool = True) -> list:
                             "(NumPy, or one other library's)")
         if read and getattr(x, "requires_grad", False):
             raise TypeError(f"{argument}[{k}] requires grad; pass {argument}[{k}].detach()")
-        if read and _tracks_grad(type(x)) and _lazy(x):  # (as a single call's x: a fused
+        if read and _lazy(x):  # (refused as a single call's x is: a fused batch's copy read it)
             what, fix = ("conjugate", "resolve_conj") if x.is_conj() else ("negation",
                                                                             "resolve_neg")
             raise TypeError(f"{argument}[{k}] is a lazy {what} (its memory holds the values "
-                            f"before it); pass {argument}[{k}].{fix}()")  # (batch's copy read it)
+                            f"before it); pass {argument}[{k}].{fix}()")
         if first is None:
             first = x
         elif _library(x) != _library(first):

@@ -18,7 +18,7 @@ from typing import Any
 from ..compression import requested
 from ..foreign import array_kind, host_view
 from ..foreign_calls import call_foreign
-from ..runtime.hot_path import FastAllReduce
+from ..runtime.hot_path import FastAllReduce, hot_key, no_shards
 from ..runtime.validate import valid_timeout
 
 # ReductionOps' all-reduce of the transport's own arrays: (x, op, algorithm, out, shards,
@@ -34,10 +34,10 @@ def foreign_all_reduce(comm: Any, own: Own, x: Any, op: Any, algorithm: Any, out
     NCCL), which it learns at the first agreed call of a signature."""
     key = None
     if (comm.transport.native is not None  # (a hot path is a native one: none without)
-            and not shards and groups is None and valid_timeout(timeout)
+            and no_shards(shards) and groups is None and valid_timeout(timeout)
             and not requested(compression)):
         try:
-            key = (x.shape, x.dtype, op, algorithm)
+            key = hot_key(x, op, algorithm)
             fast = comm.calls.hot_paths.get(key)
         except Exception:  # noqa: BLE001 - no hot path: an unhashable spec, or an array
             key = fast = None  # without a shape or dtype (a nested tensor's raises): the
@@ -88,7 +88,7 @@ def learn_kind(comm: Any, x: Any, key: tuple) -> None:
     if kind is None:
         comm.calls.hot_paths[key] = None
         return
-    _, _, op, algorithm = key
+    _, _, op, algorithm = key  # (as hot_key made them)
     adopted = (tuple(x.shape), kind.dtype_of(x), op, algorithm)
     if adopted == key or adopted not in comm.calls.hot_paths:
         return  # (a kind whose dtypes are NumPy's shares NumPy's signatures; or no agreed

@@ -20,7 +20,7 @@ from ..foreign import is_foreign
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..overlap import overlaps, same_memory
-from ..runtime.hot_path import FastAllReduce
+from ..runtime.hot_path import FastAllReduce, hot_key, no_shards
 from ..runtime.refusals import refusing
 from ..runtime.results import Ready, Reduced
 from ..runtime.validate import Groups, valid_timeout
@@ -100,12 +100,12 @@ class ReductionOps(CommParts):
         """
         fast = self.calls.last_hot  # the hot path the last repeated call took
         if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
-                and not shards and groups is None and compression is None):
+                and no_shards(shards) and groups is None and compression is None):
             try:
                 if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
                         and x.shape == fast.shape):  # (the same arguments: by identity)
                     # another signature's hot path, if it has one
-                    fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
+                    fast = self.calls.hot_paths.get(hot_key(x, op, algorithm))
                 if fast is not None and not (out is None or (
                         out.__class__ is fast.cls and out.shape == fast.shape
                         and (out.dtype is fast.dtype or out.dtype == fast.dtype))):
@@ -161,11 +161,10 @@ class ReductionOps(CommParts):
         # timeout= takes the checked path, which raises naming it). An asynchronous call
         # does not run the hot path, but binds it for later calls (a transport whose blocking
         # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
-        if (not shards and groups is None and self.arrays.owns(x)
+        if (no_shards(shards) and groups is None and self.arrays.owns(x)
                 and valid_timeout(timeout)):
             batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
-            fast_key = (x.shape, x.dtype, op, algorithm, batch) if batch else (
-                x.shape, x.dtype, op, algorithm)
+            fast_key = hot_key(x, op, algorithm) + ((batch,) if batch else ())
             try:
                 fast = self.calls.hot_paths.get(fast_key)
             except TypeError:  # an unhashable spec (a list of ranges): no hot path
@@ -230,7 +229,7 @@ class ReductionOps(CommParts):
             True where the call would run at once, without an operation in flight.
         """
         try:
-            fast = self.calls.hot_paths.get((x.shape, x.dtype, op, algorithm))
+            fast = self.calls.hot_paths.get(hot_key(x, op, algorithm))
         except (TypeError, AttributeError):  # unhashable spec, or not an array
             return False
         engine = self.calls.engine

@@ -4,7 +4,8 @@ Run as ``hot.py PURE``: PURE names the ranks that set ``COLLECTIVES_PURE_PYTHON=
 ``all`` or a comma-separated list), so one run can mix the two paths across ranks. On every
 rank, for several dtypes, ops and lengths up to the hot path's limit: repeated calls with
 ``out``, without it, and from a strided input (the compiled path declines it and Python's
-runs), and prepared calls restarted on new data, out of place and in place.
+runs), and prepared calls restarted on new data, out of place and in place; arguments equal
+to a hot signature's but refused (``("native", 1.0)``, ``shards=None``) are refused still.
 Every result must equal the float64 oracle (exactly, for inputs whose sums are exact; within
 float32's rounding for random ones), be bitwise the same on every rank, and leave the input as
 it was; each rank must have taken the path it was told to (compiled wherever it is built and
@@ -150,6 +151,24 @@ def prepared(comm, op: str, dtype, count: int) -> None:
         call.free()
 
 
+def equal_but_refused(comm) -> None:
+    """Arguments equal to a hot signature's but refused (``("native", 1.0)`` beside
+    ``("native", 1)``, ``shards=None`` or ``False`` beside the default 0) are refused after
+    its hot path is bound too (a key by value ran them): on every rank, before data moves."""
+    x = np.ones(8)
+    for _ in range(3):
+        comm.all_reduce(x, "sum", ("native", 1))
+        comm.all_reduce(x)
+    for args, kwargs in (((("native", 1.0),), {}), ((("native", True),), {}),
+                         ((), {"shards": None}), ((), {"shards": 0.0}), ((), {"shards": False})):
+        try:
+            comm.all_reduce(x, "sum", *args, **kwargs)
+            report.check(False, f"hot path bound, then {args} {kwargs}: ran")
+        except ValueError as exc:
+            report.check("shards" in str(exc), f"hot path bound, then {args} {kwargs}: {exc}")
+    report.check(np.array_equal(comm.all_reduce(x), np.full(8, float(n))), "the hot path after")
+
+
 def main() -> None:
     if not pure_here:
         report.check(compiled._hot is None or compiled.functions() is not None,
@@ -161,6 +180,7 @@ def main() -> None:
         for count in LENGTHS:
             repeated(comm, op, dtype, count)
             prepared(comm, op, dtype, count)
+    equal_but_refused(comm)
     meet()
     comm.free()
     report.finish(f"pure={PURE} compiled_built={compiled._hot is not None}")
