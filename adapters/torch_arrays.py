@@ -39,6 +39,12 @@ from collectives.ops import BFLOAT16
 from collectives.result_pool import held_by_one
 
 
+def _form(view: Any) -> tuple:
+    """What a kept result must still be to be handed out again (its holder may change it in
+    place): shape, strides, dtype, and not requiring grad."""
+    return view.shape, view.stride(), view.dtype, view.requires_grad
+
+
 def _torch() -> Any:
     return sys.modules["torch"]  # (a tensor exists: PyTorch is imported)
 
@@ -156,15 +162,16 @@ class TorchArrays:
         count = getattr(_torch()._C, "_storage_Use_Count", None)
         if count is None:
             return None
-        return self._stream(bucket), self._users(bucket, views)
+        return self._stream(bucket), self._users(bucket, views), tuple(map(_form, views))
 
     def unshared(self, bucket: Any, views: tuple, record: Any) -> bool:
         """Whether only the keeper refers to ``bucket`` and ``views``: no tensor made from
         them since (a view of a result shares its memory), no reference to a view (a kept
-        result), and packing goes on the same stream."""
-        stream, users = record
+        result), packing goes on the same stream, and each view has the form it was handed
+        out in (a caller may have resized one, or made it require grad, then dropped it)."""
+        stream, users, forms = record
         return (self._stream(bucket) == stream and self._users(bucket, views) == users
-                and held_by_one(views))
+                and held_by_one(views) and list(map(_form, views)) == list(forms))
 
     @staticmethod
     def _users(bucket: Any, views: tuple) -> tuple[int, ...]:

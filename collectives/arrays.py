@@ -107,6 +107,12 @@ class ArrayBackend(Protocol):
         ...
 
 
+def form(view: np.ndarray) -> tuple:
+    """What a kept result must still be to be handed out again: its shape, strides, dtype and
+    writability, which its holder may set in place (``collectives.algorithms.reuse``)."""
+    return view.shape, view.strides, view.dtype, view.flags.writeable
+
+
 def kind_name(x: Any) -> str:
     """``x``'s type as its library spells it: ``numpy.ndarray``, ``torch.Tensor``."""
     return f"{library_of(x)}.{type(x).__qualname__}"
@@ -216,17 +222,23 @@ class NumpyArrays:
         return x.__array_interface__["data"][0]
 
     def keep(self, bucket, views) -> Any:
-        """Whether ``bucket`` can be kept: a view of an owner from ``result`` (so that every
-        array on its memory refers to that owner); None where it owns its memory."""
-        return True if bucket.base is not None and bucket.base.base is None else None
+        """The views' forms (``form``), where ``bucket`` can be kept: a view of an owner from
+        ``result`` (so that every array on its memory refers to that owner); None where it
+        owns its memory."""
+        if bucket.base is None or bucket.base.base is not None:
+            return None
+        return tuple(map(form, views))
 
     def unshared(self, bucket, views, record) -> bool:
         """Whether only the bucket and its kept views refer to their memory: the owner's
         holders are exactly those (a result kept, a view, reshape or DLPack export of one, a
-        ``memoryview``: each one more) and nothing but the keeper holds a view."""
+        ``memoryview``: each one more), nothing but the keeper holds a view, and each view
+        has the form it was handed out in (a caller may set a result's ``shape`` or make it
+        read-only, then drop it)."""
         owner = bucket.base
         # (the holders: this frame's ``owner``, the bucket, each view)
-        return held_by_one(views) and self.pool.holders(owner) == 2 + len(views)
+        return (held_by_one(views) and self.pool.holders(owner) == 2 + len(views)
+                and list(map(form, views)) == list(record))
 
     def split(self, buffer, shapes):
         return split_by_slicing(buffer, shapes)

@@ -65,6 +65,63 @@ def test_a_call_whose_results_are_gone_reuses_bucket_and_views(lib):
         assert reused and same_memory and values and shapes
 
 
+CHANGES = {  # what a caller may do to a result in place before it drops it, by library
+    "its shape set": ("numpy", lambda lib, r: setattr(r, "shape", (-1,))),
+    "made read-only": ("numpy", lambda lib, r: setattr(r.flags, "writeable", False)),
+    "resized": ("torch", lambda lib, r: r.resize_(2, 6)),
+    "made to require grad": ("torch", lambda lib, r: r.requires_grad_(True)),
+    "as_strided_": ("torch", lambda lib, r: r.as_strided_((4, 3), (1, 4))),
+}
+
+
+@pytest.mark.parametrize("kind", ["batch", "buckets", "multi-device"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_result_changed_in_place_then_dropped_is_not_handed_back(kind, change):
+    """Kept views were handed back as they were left: a (3, 4) result whose shape was set to
+    (12,) came back (12,), a read-only one read-only, and a tensor made to require grad
+    failed the next call's packing on that rank (and broke the communicator)."""
+    library, alter = CHANGES[change]
+    lib = Library(library)
+
+    def step(c, k: int) -> list:
+        xs = grads(lib, c, k)
+        if kind == "batch":
+            return c.batch_all_reduce(xs)
+        buckets = c.buckets(xs)
+        for i, x in enumerate(xs):
+            buckets.ready(i, x)
+        return buckets.wait()
+
+    def body(c):
+        first = step(c, 1)
+        alter(lib, first[0])
+        del first
+        gc.collect()
+        second = step(c, 2)
+        return ([tuple(r.shape) for r in second], holds(second, 2),
+                all(getattr(r, "flags", None) is None or r.flags.writeable for r in second),
+                not any(getattr(r, "requires_grad", False) for r in second))
+
+    if kind == "multi-device":  # (a list per tensor, of one value per device)
+        def lists(k: int) -> list:
+            per_device = [grads(lib, type("Device", (), {"rank": d}), k) for d in range(RANKS)]
+            return [list(values) for values in zip(*per_device)]
+
+        first = collectives.batch_all_reduce(lists(1))
+        alter(lib, first[0][0])
+        del first
+        gc.collect()
+        second = list(zip(*collectives.batch_all_reduce(lists(2))))  # (per device)
+        outcomes = [([tuple(r.shape) for r in row], holds(list(row), 2),
+                     all(getattr(r, "flags", None) is None or r.flags.writeable for r in row),
+                     not any(getattr(r, "requires_grad", False) for r in row))
+                    for row in second]
+    else:
+        outcomes = collectives.run(body, RANKS)
+    for shapes, values, writable, no_grad in outcomes:
+        assert shapes == SHAPES and values and writable and no_grad
+
+
 HOLDERS = {  # what may refer to a result, by library
     "the result list": ("numpy", "torch", lambda lib, rs: rs),
     "one result": ("numpy", "torch", lambda lib, rs: [rs[2]]),

@@ -33,16 +33,21 @@ class KeptBuckets:
         if not gather.available() or not hasattr(bucket.data, "mem"):
             return None  # (no local may hold the memory: it would count as a pointer)
         pointers = tuple(v.data for v in views)
-        return self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem), pointers
+        forms = tuple((v.shape, v.strides, v.dtype) for v in views)
+        return (self.stream(bucket.device.id).ptr, sys.getrefcount(bucket.data.mem), pointers,
+                forms)
 
     def unshared(self, bucket, views, record) -> bool:
         """Whether only the keeper refers to ``bucket`` and ``views``: no new pointer into the
         memory (a view of a view, ``x.data + k``), no reference to a view or its pointer (a
-        kept result, a DLPack export), and packing goes on the same stream."""
-        stream, count, pointers = record  # (the views' pointers: each view's, and ours)
+        kept result, a DLPack export), packing goes on the same stream, and each view has the
+        shape, strides and dtype it was handed out with (a caller may set them, then drop
+        it)."""
+        stream, count, pointers, forms = record  # (the views' pointers: each view's, ours)
         return (self.stream(bucket.device.id).ptr == stream
                 and sys.getrefcount(bucket.data.mem) == count and held_by_one(views)
-                and held_by_one(pointers, holders=2))
+                and held_by_one(pointers, holders=2)
+                and [(v.shape, v.strides, v.dtype) for v in views] == list(forms))
 
     def split(self, buffer, shapes):
         """One array constructor per view, on the bucket's memory (a slice then a reshape
