@@ -7,9 +7,10 @@ call's results are no longer referenced by the time the next call of the same pl
 nothing can tell the buckets were used before: that call packs into the same buckets and
 hands back the same view objects (results are still fresh values, still views of their
 bucket), where each still has the form it was handed out in (a caller may set a dropped
-result's shape, make it read-only or make a tensor require grad: then the views are new). Where anything still refers to a bucket or a result of the last call (a result kept
-across steps, a view of one, a handle in flight, a DLPack export), the call makes new ones,
-as it would without this.
+result's shape, make it read-only or make a tensor require grad: then the views are new).
+Where anything still refers to a bucket or a result of the last call (a result kept across
+steps, a view of one, a handle in flight, a DLPack export), the call makes new ones, as it
+would without this.
 
 An array backend takes part by having ``keep(bucket, views)``, which returns what it needs to
 tell later (for instance how many references the bucket's memory has now), or None where it
