@@ -18,8 +18,8 @@ from typing import Any
 from ..compression import requested
 from ..foreign import array_kind, host_view
 from ..foreign_calls import call_foreign
-from ..runtime.hot_path import FastAllReduce, hot_key, no_shards
-from ..runtime.validate import valid_timeout
+from ..runtime.hot_path import FastAllReduce
+from ..runtime.validate import hot_key, no_shards, valid_timeout
 
 # ReductionOps' all-reduce of the transport's own arrays: (x, op, algorithm, out, shards,
 # groups, timeout, async_op, compression) -> result

@@ -20,10 +20,10 @@ from ..foreign import is_foreign
 from ..foreign_calls import accepts_foreign
 from ..hints import ArrayT, Compression, Op, SpmdAlgorithm
 from ..overlap import overlaps, same_memory
-from ..runtime.hot_path import FastAllReduce, hot_key, no_shards
+from ..runtime.hot_path import FastAllReduce
 from ..runtime.refusals import refusing
 from ..runtime.results import Ready, Reduced
-from ..runtime.validate import Groups, valid_timeout
+from ..runtime.validate import Groups, hot_key, no_shards, valid_timeout
 from ..runtime.work import Work
 from ..widened import widened
 from .comm_parts import CommParts

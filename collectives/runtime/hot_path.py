@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..algorithms.spec import spec_key
 from ..ops import ReduceOp
 from ..timeline import record_fast, recorder
 from .calls import Call
@@ -33,18 +32,6 @@ from .transport import PENDING
 from .work import in_done_callback
 
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
-
-
-def hot_key(x: Any, op: Any, algorithm: Any) -> tuple:
-    """The key of a signature's hot path: each argument by type and value (``spec_key``: a
-    plain name is its own key; ``("native", 1.0)`` equals ``("native", 1)`` but is refused,
-    and a key by value let it skip the checks once the other had run)."""
-    return x.shape, x.dtype, spec_key(op), spec_key(algorithm)
-
-
-def no_shards(shards: Any) -> bool:
-    """Whether ``shards`` is the default 0 (None, 0.0 and False are refused by the checks)."""
-    return type(shards) is int and shards == 0
 
 
 class FastAllReduce:

@@ -11,6 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ..algorithms.spec import spec_key
 from ..arrays import kind_name, library_of, plain_ndarray
 from ..ops import ReduceOp, check_dtype
 
@@ -177,6 +178,18 @@ def check_flag(value: Any, argument: str) -> None:
     """True or False (a NumPy bool too): a string such as "no" must not read as True."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{argument}={value!r} must be True or False")
+
+
+def hot_key(x: Any, op: Any, algorithm: Any) -> tuple:
+    """The key of a signature's hot path: each argument by type and value (``spec_key``: a
+    plain name is its own key; ``("native", 1.0)`` equals ``("native", 1)`` but is refused,
+    and a key by value let it skip the checks once the other had run)."""
+    return x.shape, x.dtype, spec_key(op), spec_key(algorithm)
+
+
+def no_shards(shards: Any) -> bool:
+    """Whether ``shards`` is the default 0 (None, 0.0 and False are refused by the checks)."""
+    return type(shards) is int and shards == 0
 
 
 def valid_timeout(timeout: Any) -> bool:
