@@ -209,8 +209,10 @@ class NcclTransport(StreamOrder):
         return self.notices_ask(timeout)
 
     def dup(self) -> NcclTransport:
-        return NcclTransport(self.world, device=self.device, stream=self.stream,
-                             timeout=self.timeout)
+        """A transport over the same ranks with a stream of its own: NCCL runs what one
+        stream holds in order, so two threads' communicators on one stream, whose calls the
+        ranks enqueue in different orders, would wait for each other's calls on the GPU."""
+        return NcclTransport(self.world, device=self.device, timeout=self.timeout)
 
     def split(self, color: int | None, key: int) -> NcclTransport | None:
         from mpi4py import MPI
@@ -218,7 +220,7 @@ class NcclTransport(StreamOrder):
         sub = self.world.Split(MPI.UNDEFINED if color is None else color, key)
         if sub == MPI.COMM_NULL:
             return None
-        return NcclTransport(sub, device=self.device, stream=self.stream, timeout=self.timeout)
+        return NcclTransport(sub, device=self.device, timeout=self.timeout)  # (as dup's)
 
     def free(self) -> None:
         """NCCL's communicators go at once; the MPI ones once the notices nobody read are

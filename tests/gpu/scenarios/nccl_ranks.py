@@ -1,7 +1,8 @@
 """Under mpiexec on a GPU: the NCCL backend's Communicator, checked against the reference.
 
 ``one_rank`` (mpiexec -n 1): every collective, op and dtype on a one-rank NCCL communicator,
-blocking and async, plus the errors for host arrays. ``two_level`` (mpiexec -n 2 with
+blocking and async, plus the errors for host arrays, and ``dup``/``split`` on streams of
+their own. ``two_level`` (mpiexec -n 2 with
 COLLECTIVES_RANKS_PER_NODE=1, every rank on GPU 0): all-reduce through NCCL inside each
 simulated node and MPI between them; calls that need a NCCL world communicator raise a clear
 error naming the shared GPU. ``two_level_async`` (any -n, with COLLECTIVES_RANKS_PER_NODE):
@@ -105,6 +106,15 @@ if mode == "one_rank":
         raise AssertionError("a NumPy array was accepted")
     except TypeError as exc:
         assert "CuPy arrays" in str(exc), exc
+    # dup() and split() run on streams of their own (on one stream, two threads' calls that
+    # ranks enqueue in different orders would wait for each other on the GPU)
+    for child in (comm.dup(), comm.split(0)):
+        assert child.transport.stream.ptr != comm.transport.stream.ptr
+        got = child.all_reduce(cupy.full(5, 3.0, np.float32))
+        assert same(cupy.asnumpy(got), np.full(5, 3.0 * size, np.float32))
+        child.synchronize()
+        child.free()
+        checked += 1
     comm.barrier()
     comm.synchronize()
 elif mode == "two_level":
