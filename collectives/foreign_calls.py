@@ -44,11 +44,23 @@ def call_foreign(method: Callable, self: Any, x: Any, args: tuple, kwargs: dict)
     if foreign_out:
         kwargs = {**kwargs, "out": adopted_out}
         result = method(self, x, *args, **kwargs)  # filled in place: the caller's own
-        return None if result is None else handed_back(result, lambda r: None if r is None else out)
+        return None if result is None else handed_back(
+            result, lambda r: None if r is None else filled(out, r))
     result = method(self, x, *args, **kwargs)
     if edge is None or edge.returner is None or result is None or out is not None:
         return result  # (a result written to a NumPy ``out`` is that array)
     return handed_back(result, edge.back)
+
+
+def filled(out: Any, result: Any) -> Any:
+    """The caller's ``out`` (an array or a list of them), filled with ``result`` (the library's
+    view of it), handed back. On a GPU its library's current stream is first ordered after the
+    call, as a fresh result's is: ``result`` goes back through the edge (whose DLPack
+    handshake makes, e.g., PyTorch's current stream wait for the call's end) and is dropped."""
+    edge = Edge(_first(out))
+    if edge.gpu and edge.returner is not None:
+        edge.back(result)
+    return list(out) if isinstance(out, (list, tuple)) else out
 
 
 def _first(values: Any) -> Any:
@@ -115,7 +127,7 @@ def accepts_foreign_values(function: Callable) -> Callable:
         if is_foreign(_first(out)):
             kwargs = {**kwargs, "out": adopted_out}
             result = function(values, *args, **kwargs)  # filled in place: the caller's own
-            return handed_back(result, lambda _: list(out) if isinstance(out, (list, tuple)) else out)
+            return handed_back(result, lambda r: filled(out, r))
         result = function(values, *args, **kwargs)
         if edge is None or edge.returner is None or out is not None:
             return result  # (results written to NumPy ``out`` arrays are those arrays)

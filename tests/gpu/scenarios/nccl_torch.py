@@ -3,7 +3,9 @@
 ``hot`` (any -n, one GPU per rank): a repeated all-reduce of tensors made on a PyTorch stream
 of their own takes the hot path through the tensors' pointers (``KindAllReduce``, no DLPack),
 into a new tensor, into ``out=`` and in place; asynchronous calls too; MEAN (not hot) and a
-batch of tensors give tensors as well. Every result is checked bitwise against the reference.
+batch of tensors give tensors as well; a blocking call's ``out=`` read on PyTorch's side
+stream holds the result (that stream is ordered after the call). Every result is checked
+bitwise against the reference.
 A tensor that requires grad is refused, naming ``detach()``, on every kind of call.
 ``buckets`` (any -n): docs/gpu.md's training step, each parameter's gradient hooked into
 ``comm.buckets`` during the backward pass; the waited buckets hold the mean of every rank's
@@ -83,6 +85,22 @@ if mode == "hot":
         assert isinstance(got, torch.Tensor) and same(got, expected)
         assert not hot_runs, hot_runs
         checked += 1
+    # a blocking call's out= tensor, read on PyTorch's side stream: that stream is ordered
+    # after the call's end (a fresh result's DLPack hand-back ordered it; an out= handed back
+    # as it was did not), with the communicator's stream made late by a spinning kernel
+    import cupy
+
+    spin = cupy.RawKernel(r"""extern "C" __global__ void spin(long long cycles) {
+        long long start = clock64(); while (clock64() - start < cycles) {}}""", "spin")
+    with torch.cuda.stream(side):
+        for step in range(4):
+            x = torch.full((1 << 22,), float(step + 2), dtype=torch.float32, device=device)
+            out = torch.full_like(x, -1.0)
+            with cupy.cuda.Device(comm.transport.device), comm.transport.stream:
+                spin((1,), (1,), (cupy.int64(40_000_000),))
+            assert comm.all_reduce(x, "mean", "nccl", out=out) is out
+            assert float(out.min()) == step + 2, (step, float(out.min()))
+            checked += 1
     # a batch of tensors: fused by PyTorch, tensors back
     counts = (5, 0, 70, 1, 1009)
     lists = [[exact_input(size, p, c, np.dtype(np.float32), ReduceOp.SUM) for p in range(size)]
