@@ -47,8 +47,8 @@ class GpuWork:
 
     ``work``: the core's handle (or a finished one, for a hot call); ``done``: the event after
     the call's work on the transport's stream, where it was recorded at issue (else it is
-    recorded once ``work`` has enqueued everything); ``keep``: the call's arrays, held until
-    that event is done."""
+    recorded as ``work`` finishes, having enqueued everything: its done-callback); ``keep``:
+    the call's arrays, held until that event is done."""
 
     __slots__ = ("_comm", "_done", "_keep", "_work")
 
@@ -56,6 +56,14 @@ class GpuWork:
                  keep: list | None = None):
         self._comm, self._work, self._done = comm, work, done
         self._keep = keep if keep is not None else []
+        if done is None:  # (recorded at wait(), the event would follow every call since)
+            work.add_done_callback(self._enqueued)
+
+    def _enqueued(self, work: Any) -> None:
+        """The core's handle has finished: the call's work is enqueued, and nothing after it
+        yet (calls enqueue in order), so the event after it is recorded now."""
+        if work.exception() is None:
+            self._ended(work.wait())
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result, ordered before later work on the current stream of its library (in
@@ -79,8 +87,8 @@ class GpuWork:
         self.wait(self._comm.timeout if timeout is None else timeout)
 
     def _ended(self, result: Any = None) -> Any:
-        """The event after the call's work, recorded now where it was not at issue (the
-        core's handle has enqueued everything once its ``wait()`` returned)."""
+        """The event after the call's work, recorded now where it was not yet (the core's
+        handle has enqueued everything once it has finished)."""
         if self._done is None:
             t = self._comm.transport
             self._keep.append(result)

@@ -106,6 +106,17 @@ if mode == "one_rank":
         raise AssertionError("a NumPy array was accepted")
     except TypeError as exc:
         assert "CuPy arrays" in str(exc), exc
+    # an asynchronous call off the hot path (MEAN) records the event after its work as its
+    # work is enqueued (at wait() the event followed every call enqueued since: a wait with a
+    # timeout waited for them too, and is_completed() asked whether the stream was idle)
+    handle = comm.all_reduce(cupy.ones(1009, np.float32), "mean", async_op=True)
+    while not handle._work.is_completed():
+        time.sleep(0.001)
+    assert handle._done is not None, "no event after the call's work before wait()"
+    later = comm.all_reduce(cupy.ones(7, np.float32), "mean", async_op=True)
+    assert same(cupy.asnumpy(handle.wait(timeout=30)), np.ones(1009, np.float32))
+    assert same(cupy.asnumpy(later.wait()), np.ones(7, np.float32))
+    checked += 1
     # dup() and split() run on streams of their own (on one stream, two threads' calls that
     # ranks enqueue in different orders would wait for each other on the GPU)
     for child in (comm.dup(), comm.split(0)):
