@@ -119,6 +119,10 @@ JOBS: dict[str, tuple[int, tuple[Scenario, ...]]] = {
     "one": (1, (Scenario("test_matrix[1-None]", "matrix.py"),)),
     "hot three, rank 1 in Python": (3, (
         Scenario("test_hot_path_compiled_and_in_python[3-1]", "hot.py", ("1",)),)),
+    # (alone: it stops a rank and leaves communicators broken)
+    "late peer": (3, (
+        Scenario("test_a_late_peers_data_never_lands_in_memory_handed_out_again[3]",
+                 "late_peer.py"),)),
     "hot two in Python": (2, (
         Scenario("test_hot_path_compiled_and_in_python[2-all]", "hot.py", ("all",)),)),
 }
@@ -262,6 +266,15 @@ def test_a_free_pending_at_the_end_keeps_its_buffers_until_mpi_finalizes():
     # judges the process's end)
     out = assert_passed(launch("exit_after_free.py", 2), "exit_after_free")
     assert "FREED" not in out, out[-3000:]
+
+
+@needs_mpi
+@shared
+@pytest.mark.parametrize("n", [3])
+def test_a_late_peers_data_never_lands_in_memory_handed_out_again(n, jobs, request):
+    """A peer stopped with MPI's all-reduce in flight: its peers' failed call keeps the memory
+    MPI may still write (``tests/mpi_scenarios/late_peer.py``)."""
+    jobs.passed(request.node.name, "late_peer")
 
 
 @needs_mpi

@@ -171,16 +171,29 @@ class MPIChannel:
 
 
     def cancel(self, requests: list) -> None:
+        """Withdraw a failed call's messages. A receive MPI has matched already cannot be
+        cancelled (a large message's data is still on its way), and a send a late peer has
+        not taken yet still reads its buffer: their memory is kept (``leftovers``), or a
+        late peer's data would land in a buffer the pool hands out again, and a late peer
+        would read one that holds another call's data."""
         withdrawn = False
         for request in requests:
+            if isinstance(request, _Send):
+                if request.reqs:
+                    leftovers.keep((request.reqs, request.buf))
+                continue
             if not isinstance(request, _Recv):
                 continue
+            active = []
             for req in request.reqs:
                 try:
                     req.Cancel()
-                    req.Test()  # a cancelled request is freed once tested
+                    if not req.Test():  # (a cancelled request is freed once tested)
+                        active.append(req)
                 except MPI.Exception:
                     pass  # already complete, or the library cannot cancel it
+            if active and not request.scratch:  # (the arena keeps scratch: ``abandon``)
+                leftovers.keep((active, request.data))
             withdrawn = withdrawn or (request.scratch and bool(request.reqs))
             self.withdrew = self.withdrew or bool(request.reqs)
             request.reqs = []

@@ -114,7 +114,7 @@ class NativeRun:
                 self.natives.inflight.pop(self.seq, None)
                 return True
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
         self.polls += 1
         if self.polls % STALL_POLLS == 0:
@@ -172,8 +172,12 @@ class NativeRun:
     def _stalled(self) -> None:
         note_stall(self)
 
-    def _abandon(self) -> None:
-        """The run failed: nothing more is issued; what MPI still holds stays alive."""
+    def abandon(self) -> None:
+        """The run failed (raising here, or from outside: its call's timeout, a peer's
+        failure, ``NativeStage.abort``): nothing more is issued; what MPI still holds stays
+        alive (a late peer's data would land in a buffer handed out again)."""
+        if self.finished:
+            return
         self.finished = True
         self.natives.inflight.pop(self.seq, None)
         self.natives.lane.leave(self)

@@ -54,8 +54,9 @@ class _Message:
     def pending_peers(self) -> list[int]:
         return [self.peer]
 
-    def abort(self) -> None:  # a timed-out receive is withdrawn, so nothing lands later
-        self.channel.cancel([self.request])
+    def abort(self) -> None:  # a timed-out receive is withdrawn: its message goes to the
+        self.channel.cancel([self.request])  # next receive (a piece MPI is already writing
+        # still lands in this one's buffer: docs/reliability.md)
 
 
 class PointToPointOps(CommParts):

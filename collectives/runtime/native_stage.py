@@ -72,6 +72,9 @@ class NativeStage:
         if self.run is None or self.holding:  # later calls must not wait for it
             self.holding = False
             self.engine.release_turn(self.turn)
+        abandon = getattr(self.run, "abandon", None)  # (what the transport may still write
+        if abandon is not None:  # into stays alive: ``NativeRun``)
+            abandon()
 
     def pending_peers(self) -> list[int]:
         if self.done:

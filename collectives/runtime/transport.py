@@ -112,6 +112,10 @@ class NativeRun(Protocol):
         """The ranks it still waits for (for timeout messages; every peer where unknown)."""
         ...
 
+    # optional: ``abandon()``, called when the call fails from outside the run (its timeout,
+    # a peer's failure): issue nothing more, and keep alive what the transport may still
+    # read or write (a late peer's data must not land in memory handed out again)
+
 
 class NativeCollectives(Protocol):
     """Collectives a transport runs itself. ``names`` are the ``algorithm=`` spellings that
