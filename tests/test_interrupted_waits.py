@@ -118,3 +118,48 @@ def test_a_prepared_call_whose_wait_was_interrupted_refuses_a_second_start(ctrl_
     assert call.wait()[0] in (11.0, 21.0)  # (the run in flight: x as it was when it read it)
     thread.join(4 * TIMEOUT)
     assert peer_sums and peer_sums[0] == float(out[0]), (peer_sums, out)
+
+
+class _Timeout(float):
+    """A timeout whose comparison raises ``failure``: an exception of any type (or Ctrl-C)
+    while a call is set up, after its number was taken."""
+
+    failure: BaseException = RuntimeError("set-up failed")
+
+    def __gt__(self, other):
+        raise self.failure
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("set-up failed"), KeyboardInterrupt()],
+                         ids=["RuntimeError", "KeyboardInterrupt"])
+def test_a_call_that_fails_as_it_is_set_up_tells_its_peers(failure):
+    """Only TypeError, ValueError and MemoryError went into the call's agreement: any other
+    exception left the call's number taken and the call never issued, and the peer met this
+    rank's next call in its place (a mismatch, 0.3 s later). Another exception goes into the
+    agreement (the peer: PeerFailedError at once; the communicator usable); Ctrl-C breaks the
+    communicator (the ranks are out of step), and the peer hears of it at once."""
+    import collectives
+
+    _Timeout.failure = failure
+
+    def body(comm):
+        x = np.ones(4)
+        start = time.monotonic()
+        try:
+            comm.all_gather(x, timeout=_Timeout(1.0) if comm.rank == 1 else None)
+            first = "returned"
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            first = type(exc).__name__
+        took = time.monotonic() - start
+        try:
+            after = str(comm.all_reduce(x)[0])
+        except CollectiveError as exc:
+            after = type(exc).__name__
+        return first, took, after
+
+    (first0, took0, after0), (first1, _, after1) = collectives.run(body, 2, timeout=5)
+    assert first1 == type(failure).__name__ and first0 == "PeerFailedError", (first0, first1)
+    assert took0 < 1.0, took0
+    usable = isinstance(failure, Exception)
+    assert (after0, after1) == (("2.0", "2.0") if usable else
+                                ("CommunicatorBrokenError", "CommunicatorBrokenError"))

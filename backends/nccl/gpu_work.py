@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from collectives.errors import CollectiveTimeoutError
 from collectives.runtime.validate import check_timeout
+from collectives.runtime.work import Work
 
 if TYPE_CHECKING:
     from .communicator import NcclCommunicator
@@ -56,8 +57,9 @@ class GpuWork:
                  keep: list | None = None):
         self._comm, self._work, self._done = comm, work, done
         self._keep = keep if keep is not None else []
-        if done is None:  # (recorded at wait(), the event would follow every call since)
-            work.add_done_callback(self._enqueued)
+        if done is None and isinstance(work, Work):  # (recorded at wait(), the event would
+            work.add_done_callback(self._enqueued)  # follow every call enqueued since; another
+            # library's handle over this transport's own, ``HandedBack``, waits on that one)
 
     def _enqueued(self, work: Any) -> None:
         """The core's handle has finished: the call's work is enqueued, and nothing after it

@@ -164,10 +164,11 @@ class ReductionOps(CommParts):
         if (no_shards(shards) and groups is None and self.arrays.owns(x)
                 and valid_timeout(timeout)):
             batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
-            fast_key = hot_key(x, op, algorithm) + ((batch,) if batch else ())
             try:
+                fast_key = hot_key(x, op, algorithm) + ((batch,) if batch else ())
                 fast = self.calls.hot_paths.get(fast_key)
-            except TypeError:  # an unhashable spec (a list of ranges): no hot path
+            except Exception:  # noqa: BLE001 - an unhashable spec (a list of ranges): no
+                # hot path (anything else raises again where the call reaches its peers)
                 fast_key = fast = None
             if fast is not None and not async_op and (out is None or self._fits(out, x)):
                 self.calls.last_hot = fast if not batch else None

@@ -209,9 +209,14 @@ class CallRunner:
                 timeout = check_timeout(timeout)
                 if refused is None:
                     call, data, finish = build(seq)
-            except (TypeError, ValueError, MemoryError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever failed here, before any data
+                # moved, goes into the agreement: peers hear of it (any other type left them
+                # waiting out their timeout for a call this rank never issued)
                 call, data, finish, error = None, None, None, exc
                 timeout = None  # (it may be the bad argument) the agreement waits the default
+            except BaseException as exc:  # (Ctrl-C, SystemExit: the call's number is taken
+                engine.broken_by(exc, seq)  # and never issued; the ranks are out of step)
+                raise
             if refused is not None:
                 error = refused
             late = getattr(finish, "late", None)

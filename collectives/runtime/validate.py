@@ -193,10 +193,11 @@ def no_shards(shards: Any) -> bool:
 
 
 def valid_timeout(timeout: Any) -> bool:
-    """Whether ``check_timeout`` accepts ``timeout``."""
+    """Whether ``check_timeout`` accepts ``timeout`` (whatever it raises: the call checks it
+    again, where its error reaches the peers)."""
     try:
         check_timeout(timeout)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001
         return False
     return True
 

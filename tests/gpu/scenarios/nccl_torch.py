@@ -85,6 +85,12 @@ if mode == "hot":
         assert isinstance(got, torch.Tensor) and same(got, expected)
         assert not hot_runs, hot_runs
         checked += 1
+    for _ in range(2):  # (asynchronous, off the hot path: another library's handle wrapped)
+        handle = comm.all_reduce(torch.from_numpy(inputs[rank]).to(device), "mean", "nccl",
+                                 async_op=True)
+        got = handle.wait()
+        assert isinstance(got, torch.Tensor) and same(got, expected)
+        checked += 1
     # a blocking call's out= tensor, read on PyTorch's side stream: that stream is ordered
     # after the call's end (a fresh result's DLPack hand-back ordered it; an out= handed back
     # as it was did not), with the communicator's stream made late by a spinning kernel
