@@ -2,11 +2,11 @@
 
 DDP hands its gradients to a *communication hook* one bucket at a time, during the backward
 pass, as soon as a bucket's last gradient is ready; the hook returns a ``torch.futures.Future``
-that DDP waits on at the end of the backward pass. `allreduce_hook` all-reduces each bucket
-through a `collectives` `Communicator` (thread ranks from ``collectives.run``, MPI ranks from
-``collectives.init()``) without waiting: the call runs while backward goes on, and the future
-is completed from the call's done callback (``Work.add_done_callback``), on the thread that
-finishes it::
+that DDP waits on at the end of the backward pass. `allreduce_hook` all-reduces each CPU
+bucket through a `collectives` `Communicator` (thread ranks from ``collectives.run``, MPI ranks
+from ``collectives.init()``) without waiting: the call runs while backward goes on, and the
+future is completed from the call's done callback (``Work.add_done_callback``), on the thread
+that finishes it (CUDA buckets: below)::
 
     state = CommHookState(comm, mean=True, compression=None)
     ddp.register_comm_hook(state, allreduce_hook)
@@ -22,14 +22,21 @@ A failure (a peer that does not arrive within ``timeout``, ranks that disagree, 
 communicator) reaches DDP as the future's exception on every rank, never as an exception the
 hook raises (one raised by a hook leaves the DDP object unusable). PyTorch turns it into a
 ``RuntimeError`` carrying the message; the original exception stays on ``state.last_error``.
+(For CUDA buckets only what the call finds before it has enqueued its work; see below.)
 
 DDP still needs a ``torch.distributed`` process group to be built (it checks the parameters'
 shapes, broadcasts rank 0's parameters and, each forward, its buffers). `process_group(comm)`
-gives one over the same communicator, so no gloo group, store or address is needed; a gloo
-group works as well.
+gives one over the same communicator, for CPU tensors, so no gloo group, store or address is
+needed; a gloo group works as well (an NCCL group for CUDA models).
 
-CUDA buckets (the NCCL transport) are all-reduced by a blocking call, which that transport
-only enqueues on the caller's current stream; the future is a CUDA-aware one completed on it.
+CUDA buckets (the NCCL transport; not yet run on a GPU) are all-reduced by a blocking call,
+which that transport enqueues on the communicator's own stream after making it wait for the
+caller's current stream; the caller's stream then waits for the communicator's, so backward's
+later kernels run after the bucket's all-reduce (no overlap on the GPU). The future is a
+CUDA-aware one, completed once the call is enqueued. What goes wrong after that (a peer that
+never comes, found by the watchdog at the communicator's own timeout whatever ``timeout``
+says; calls that differ; an error NCCL reports) breaks the communicator and comes as
+``CommunicatorBrokenError`` at a later bucket's call, through that bucket's future.
 """
 
 import functools
@@ -73,7 +80,9 @@ class CommHookState:
     algorithm
         The all-reduce algorithm (``"auto"``, ``"ring"``, ...; see `Communicator.all_reduce`).
     timeout
-        Seconds a bucket's all-reduce may wait for its peers (None: the communicator's).
+        Seconds a bucket's all-reduce may wait for its peers (None: the communicator's). For
+        a CUDA bucket it bounds the waits on the host only (the first step's agreement); its
+        work on the GPU is bounded by the communicator's timeout.
 
     Attributes
     ----------
@@ -135,7 +144,8 @@ def allreduce_hook(state: CommHookState,
     -------
     torch.futures.Future
         Completed with the reduced bucket (the bucket's own buffer, reduced in place) once the
-        all-reduce has finished, or with its exception where it failed.
+        all-reduce has finished, or with its exception where it failed; a CUDA bucket's once
+        the all-reduce is enqueued (a CUDA-aware future: its consumers wait on the device).
     """
     buffer = bucket.buffer()
     if state.comm is None:  # (restored from a pickle; raised here, it would break DDP)
@@ -225,9 +235,10 @@ def _fail(state: CommHookState, future: torch.futures.Future, exc: BaseException
 
 
 def _on_device(state: CommHookState, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """A CUDA bucket: a blocking all-reduce (the NCCL transport enqueues it on the current
-    stream and returns), and a future completed on that stream, so DDP's consumers wait on
-    the device, not the host."""
+    """A CUDA bucket: a blocking all-reduce (the NCCL transport enqueues it on the
+    communicator's stream, after the caller's current stream, and returns with the caller's
+    stream waiting for it), and a CUDA-aware future completed at once, so DDP's consumers
+    wait on the device, not the host."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
     try:
         compression = state.compression if buffer.dtype in _COMPRESSIBLE else None
@@ -269,7 +280,8 @@ def _check_same_ranks(ddp: torch.nn.parallel.DistributedDataParallel, comm: Any)
     device = next(iter(ddp.module.parameters()), torch.empty(0)).device
     token = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64,
                          device=device)
-    ours = [int(t) for t in comm.all_gather(np.array([int(token)], np.int64)).reshape(-1)]
+    # (as objects: an NCCL communicator's arrays are CuPy's, and it refused a NumPy token)
+    ours = [int(t) for t in comm.all_gather_object(int(token))]
     gathered = [torch.empty_like(token) for _ in range(group.size())]
     group.allgather([gathered], [token]).wait()
     if [int(t) for t in gathered] == ours:
