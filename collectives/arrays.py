@@ -76,10 +76,10 @@ class ArrayBackend(Protocol):
         """MEAN's one division (integers divide into float64)."""
         ...
 
-    def round_inward(self, narrow: Array, exact: Array, ceiling: float) -> None:
-        """Where ``narrow`` (``exact`` rounded to its narrower dtype) reached ``±ceiling``
-        though ``|exact| < ceiling``, ``narrow`` takes the value just inside ``ceiling``: the
-        other rounding of ``exact`` (wire compression's shares, ``compression.compress``)."""
+    def round_inward(self, narrow: Array, exact: Array, limit: float, inside: float) -> None:
+        """Where ``|exact| <= limit`` and ``narrow`` (``exact`` rounded to its narrower dtype)
+        lies beyond ``±inside``, ``narrow`` takes ``±inside`` (wire compression's shares,
+        ``compression.compress``)."""
         ...
 
     def concatenate(self, arrays: Sequence[Array], axis: int) -> Array: ...
@@ -186,11 +186,10 @@ class NumpyArrays:
     def divide(self, total, count, out=None):
         return np.true_divide(total, count, out=out, casting="unsafe")
 
-    def round_inward(self, narrow, exact, ceiling) -> None:
-        if not narrow.size or (narrow.max() < ceiling and narrow.min() > -ceiling):
+    def round_inward(self, narrow, exact, limit, inside) -> None:
+        if not narrow.size or (narrow.max() <= inside and narrow.min() >= -inside):
             return  # (two reads of the narrow array: the usual case ends here)
-        inside = np.nextafter(narrow.dtype.type(ceiling), narrow.dtype.type(0))
-        np.clip(narrow, -inside, inside, out=narrow, where=np.abs(exact) < ceiling)
+        np.clip(narrow, -inside, inside, out=narrow, where=np.abs(exact) <= limit)
 
     def concatenate(self, arrays, axis):
         arrays = list(arrays)

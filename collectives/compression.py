@@ -7,9 +7,10 @@ bytes of float32, a quarter of float64), and the result is cast back to the inpu
 The additions happen in the narrow type, each rounded, so the result carries their error
 (``docs/performance.md`` measures it). MEAN divides each contribution by the number of
 participants *before* compressing, as torch's hook does, so a mean of values within the wire's
-range never overflows (a share that would round up past the largest that ``n`` of them can
-sum to takes the rounding below: ``compress``); SUM compresses the values as they are, so a
-sum overflows where it passes the wire's range (float16's 65504; bfloat16's, whose exponent
+range never overflows (a share at the very top of its range goes a few steps down, so that
+the additions' roundings cannot carry ``n`` of them past it: ``compress``); SUM compresses
+the values as they are (the same few steps down for values within the range over ``n``), so
+a sum overflows where it passes the wire's range (float16's 65504; bfloat16's, whose exponent
 is float32's, about 3.39e38, just short of float32's largest). Every participant casts the same bits
 back, so results stay bitwise identical everywhere.
 
@@ -18,6 +19,7 @@ bfloat16 comes from ``ml_dtypes``: ``pip install 'collective-schedules[bfloat16]
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -110,29 +112,59 @@ def compress(arrays: Any, x: Any, wire: np.dtype, divisor: int = 1, parts: int =
     """A new array of dtype ``wire`` holding ``x / divisor`` (``arrays``: ``x``'s backend),
     one of ``parts`` contributions to a sum on the wire.
 
-    Each element is rounded to the nearest wire value, except where that rounds a share up
-    past the largest value ``parts`` of which sum within the wire's range: there it takes the
-    other rounding, the value below (``ArrayBackend.round_inward``). So a sum (or a mean) of
-    ``parts`` values within the wire's range never overflows on the wire (65504 / 3 would
-    round up to 21840, and three of them make ``inf``)."""
+    Each element is rounded to the nearest wire value, except a share within the wire's range
+    over ``parts`` (at most its largest value / ``parts``) that would round above the largest
+    share whose ``parts`` copies, added in the wire's rounding, stay within range: it takes
+    that share instead (``share_bounds``, ``ArrayBackend.round_inward``; a few steps down at
+    most, within the error the additions make). So a mean of values within the wire's range,
+    or a sum of values within its range over ``parts``, never overflows on the wire (65504 / 3
+    rounded up to 21840, and three of them made ``inf``; ten shares of 6548 added one after
+    another rounded up past 65504)."""
     small = arrays.empty(tuple(x.shape), wire, like=x)
     if divisor != 1:  # divided in x's precision, then rounded once to the wire's
         x = arrays.divide(x, divisor, out=arrays.empty(tuple(x.shape), x.dtype, like=x))
     arrays.copy(small, x)
     if parts > 1:
-        arrays.round_inward(small, x, share_ceiling(wire, parts))
+        arrays.round_inward(small, x, *share_bounds(np.dtype(wire), parts))
     return small
 
 
-def share_ceiling(wire: np.dtype, parts: int) -> float:
-    """The least ``wire`` value that ``parts`` shares may not all reach: the one just above
-    the largest ``s`` with ``parts * s`` within ``wire``'s range."""
+@functools.cache
+def share_bounds(wire: np.dtype, parts: int) -> tuple[float, float]:
+    """``(limit, inside)``: a share whose exact magnitude is at most ``limit`` (``wire``'s
+    largest value / ``parts``) goes on the wire as at most ``inside``, the largest ``wire``
+    value whose ``parts`` copies stay within range added in ``wire``'s rounding in the orders
+    the algorithms add in: one after another (ring, one device, shuffle) and in pairs
+    (recursive halving, tree). Rounding is monotone, so smaller shares, or shares of either
+    sign, stay within range too."""
     biggest = float(np.finfo(wire).max)
-    kind = np.dtype(wire).type
+    kind = wire.type
     share = kind(biggest / parts)  # (the nearest: one step above the largest at most)
     if float(share) * parts > biggest:
         share = np.nextafter(share, kind(0))
-    return float(np.nextafter(share, kind(np.inf)))
+    while not (_within(_one_after_another(share, parts, wire), biggest)
+               and _within(_in_pairs(share, parts, wire), biggest)):
+        share = np.nextafter(share, kind(0))  # (a few steps at most: the additions' error)
+    return biggest / parts, float(share)
+
+
+def _within(total: Any, biggest: float) -> bool:
+    return bool(np.isfinite(total)) and float(total) <= biggest
+
+
+def _one_after_another(share: Any, parts: int, wire: np.dtype) -> Any:
+    with np.errstate(over="ignore"):
+        return np.add.accumulate(np.full(parts, share, wire), dtype=wire)[-1]
+
+
+def _in_pairs(share: Any, parts: int, wire: np.dtype) -> Any:
+    values = np.full(parts, share, wire)
+    with np.errstate(over="ignore"):
+        while len(values) > 1:  # (an odd one out is carried to the next level)
+            paired = (values[0:len(values) - 1:2] + values[1::2]).astype(wire)
+            values = np.concatenate([paired, values[len(values) - 1:]]) if len(values) % 2 \
+                else paired
+    return values[0]
 
 
 def decompress(arrays: Any, small: Any, out: Any) -> Any:

@@ -224,24 +224,29 @@ def test_errors_name_a_compressed_call_as_the_caller_made_it():
 
 def _at_the_edge(wire: str, n: int) -> list[np.ndarray]:
     """Every participant's values at the wire type's largest (and just inside it), which a
-    mean of ``n`` of them keeps, and shares just above ``largest / n`` whose sum it keeps."""
+    mean of ``n`` of them keeps, and values just inside ``largest / n``, whose sum it keeps."""
     largest = float(np.finfo(np.float16 if wire == "fp16" else BFLOAT16).max)
-    edge = [largest, -largest, largest * (1 - 2 ** -12), largest / n * (1 + 2 ** -14), 1.5]
+    edge = [largest, -largest, largest * (1 - 2 ** -12), largest / n * (1 - 2 ** -20), 1.5]
     return [np.array(edge, np.float32) for _ in range(n)]
 
 
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
-@pytest.mark.parametrize("n", [2, 3, 5, 7])
+@pytest.mark.parametrize("n", [2, 3, 5, 7, 10, 18])
 def test_a_mean_within_the_wires_range_never_overflows(compression, n):
-    """Each share is rounded to the nearest wire value except where that passes the largest
-    share n of which sum within range (65504 / 3 rounded up to 21840: three made ``inf``).
-    Every call kind: plain, ``out=``, async, a fused batch (blocking and async), the
-    multi-device list and its batch."""
+    """Each share is rounded to the nearest wire value except at the very top of its range,
+    where it goes a few steps down, so that n of them added in the wire's rounding stay within
+    range (65504 / 3 rounded up to 21840: three made ``inf``; ten shares of 6548 added one
+    after another rounded past 65504 on the ring). Every call kind: plain (on each algorithm),
+    ``out=``, async, a fused batch (blocking and async), the multi-device list and its batch."""
     values = _at_the_edge(compression, n)
     shares = np.array([v[3] for v in values], np.float64)  # sum within range: never inf
 
     def body(comm):
         x = values[comm.rank]
+        for algorithm in ("ring", "rechd", "tree", "shuffle", "one_device"):
+            got = comm.all_reduce(x, "mean", algorithm, compression=compression)
+            assert np.isfinite(got).all(), (algorithm, got)
+            _check_bound(got, values, "mean", compression)
         return [comm.all_reduce(x, "mean", compression=compression),
                 comm.all_reduce(x, "mean", out=np.empty_like(x), compression=compression),
                 comm.all_reduce(x, "mean", compression=compression, async_op=True).wait(),

@@ -132,21 +132,20 @@ class CupyArrays(KeptBuckets, Placement):
                 elif part:
                     kernels.combine_kernel(op.wire_op, len(part), False)(*part, dst)
 
-    def round_inward(self, narrow, exact, ceiling) -> None:
+    def round_inward(self, narrow, exact, limit, inside) -> None:
         if not narrow.size:
             return
         kind = narrow.dtype.type
-        inside = np.nextafter(kind(ceiling), kind(0))
         device = narrow.device.id
         stream = self.enter(narrow, (exact,))
         if not gather.available():  # (an array module without kernels of its own: on the host)
             host = narrow.get()
-            np.clip(host, -inside, inside, out=host, where=np.abs(exact.get()) < ceiling)
+            np.clip(host, -inside, inside, out=host, where=np.abs(exact.get()) <= limit)
             with self.context(device, stream):
                 narrow.set(host)
             return
         with self.context(device, stream):  # (one pass, no look at the values first: a wait)
-            kernels.inward_kernel()(exact, float(ceiling), -inside, inside, narrow)
+            kernels.inward_kernel()(exact, float(limit), kind(-inside), kind(inside), narrow)
 
     def spread(self, op: ReduceOp, dsts: Sequence, srcs: Sequence) -> bool:
         """Every ``dsts[i] = op(srcs[0], srcs[1], ...)``, left to right, in one launch: True

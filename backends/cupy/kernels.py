@@ -123,10 +123,11 @@ def divide_operation(dtype: np.dtype) -> tuple[str, str, str]:
 
 def inward_operation() -> tuple[str, str, str]:
     """``(in_params, out_params, operation)`` of ``ArrayBackend.round_inward``: ``narrow``
-    steps back to ``low`` or ``high`` where it reached ``ceiling`` though ``exact`` is below
-    it (read in double: every float16, bfloat16 and float32 value is exact there)."""
-    return ("T exact, float64 ceiling, N low, N high", "N narrow",
-            "if (fabs((double)exact) < ceiling && fabs((double)(float)narrow) >= ceiling) "
+    takes ``low`` or ``high`` where ``|exact| <= limit`` and it lies beyond them (read in
+    double: every float16, bfloat16 and float32 value is exact there)."""
+    return ("T exact, float64 limit, N low, N high", "N narrow",
+            "if (fabs((double)exact) <= limit && "
+            "fabs((double)(float)narrow) > (double)(float)high) "
             "narrow = exact < 0 ? low : high;")
 
 
