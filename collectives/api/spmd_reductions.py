@@ -189,10 +189,12 @@ class ReductionOps(CommParts):
             src = arrays.flat(xa)
             if target is None or not same:
                 work = arrays.result(call.shape, call.dtype, like=xa)
-            elif target is xa or same_memory(arrays, target, xa):
-                work = src = target  # (in place: another view of x's memory too)
+            elif target is xa:
+                work = src = target  # (in place)
             elif not overlaps(arrays, target, xa):
                 work = target
+            elif same_memory(arrays, target, xa):
+                work = src = target  # (in place: another view of x's memory)
             elif shared:  # (x and out must stay where they lie: x's values go into out first,
                 staged = arrays.empty(call.shape, call.dtype, like=xa)  # and run in place)
                 arrays.copy(staged, xa)

@@ -64,6 +64,13 @@ ROOTED = frozenset({Collective.REDUCE, Collective.BROADCAST, Collective.GATHER, 
 ISSUING = object()  # ``validated``'s batch: the one ``part_of`` holds for the call issued now
 
 
+class _ThreadBatch(threading.local):
+    """Per thread, the batch its calls are buckets of (a class default: read at once by a
+    thread that never set one)."""
+
+    batch: BatchTag | None = None
+
+
 class CallRunner:
     """The call machinery of one communicator (see the module's docstring)."""
 
@@ -79,7 +86,7 @@ class CallRunner:
         # its tensor list joins their signatures, so ranks with different lists never pair
         # their buckets (one communicator's: another thread's batch, refused with
         # ConcurrentCallError as it overlapped, left its tag to this thread's plain calls)
-        self._thread = threading.local()
+        self._thread = _ThreadBatch()
         native = transport.native
         self.native_names: tuple[str, ...] = native.names if native is not None else ()
         # schedules' rounds take native turns where they share the natives' order (NCCL)
@@ -95,7 +102,7 @@ class CallRunner:
     @property
     def batch(self) -> BatchTag | None:
         """The batch that the calls this thread makes now are buckets of (``part_of``)."""
-        return getattr(self._thread, "batch", None)
+        return self._thread.batch
 
     @contextmanager
     def part_of(self, batch: BatchTag) -> Iterator[None]:

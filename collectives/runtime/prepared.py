@@ -99,9 +99,9 @@ class PreparedCall:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
         if work is DONE or (work is not None and not self.is_completed()):  # (waited for, on
             # another thread: a run now would share the running one's buffers)
-            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() while another "
-                                  "thread's wait() for the last run has not returned; start() "
-                                  "once it has")
+            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() while the last run, "
+                                  "which another thread's wait() is waiting for, is still in "
+                                  "flight; start() once that wait() has returned")
         fast = self._fast
         if fast is not None:
             got = fast.start(self.finish)

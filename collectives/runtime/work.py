@@ -25,7 +25,14 @@ T = TypeVar("T")
 CALLBACKS = logging.getLogger("collectives.calls")
 
 
-_CALLING_BACK = threading.local()  # per thread: how many done-callbacks it is running
+class _CallingBack(threading.local):
+    """Per thread: how many done-callbacks it is running (a class default: a thread that
+    never ran one reads 0 at once, where a missing attribute's lookup cost 0.4 us a call)."""
+
+    depth = 0
+
+
+_CALLING_BACK = _CallingBack()
 
 
 def call_back(callback: Callable[[Any], None], handle: Any) -> None:
@@ -33,7 +40,7 @@ def call_back(callback: Callable[[Any], None], handle: Any) -> None:
     thread finishes the call (another call's wait, the progress thread, a failure being
     spread to every call in flight), where its error is no one's to raise. A collective it
     calls raises (``in_done_callback``)."""
-    _CALLING_BACK.depth = getattr(_CALLING_BACK, "depth", 0) + 1
+    _CALLING_BACK.depth += 1
     try:
         callback(handle)
     except Exception:  # noqa: BLE001 - logged, as concurrent.futures does
@@ -46,7 +53,7 @@ def in_done_callback() -> bool:
     """Whether this thread is running a done-callback: a collective called there would run
     on whatever thread finished the call (the progress thread, beside the program's own
     calls, paired with its peers' calls in another order: the wrong sums, quietly)."""
-    return getattr(_CALLING_BACK, "depth", 0) > 0
+    return _CALLING_BACK.depth > 0
 
 
 class Work(Generic[T]):
