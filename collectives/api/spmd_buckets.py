@@ -182,11 +182,15 @@ class Buckets(Generic[ArrayT]):
                 self._refuse_rest(exc if self.edge is None else
                                   unreadable(self.edge, tensors, names, exc))
             in_place = self.in_place[self.started]
+            # (the arguments left at their defaults are not passed: a transport whose
+            # asynchronous calls take its hot path, NCCL's, takes it for those alone)
+            given = {name: value for name, value, default in (
+                ("shards", part.spec.shards, 0), ("groups", self.groups, None),
+                ("timeout", self.timeout, None)) if value is not default and value != default}
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
                     buf, self.op, part.spec.algorithm, out=buf if in_place else None,
-                    shards=part.spec.shards, groups=self.groups, timeout=self.timeout,
-                    async_op=True))
+                    async_op=True, **given))
 
     def wait(self, timeout: float | None = None) -> list[ArrayT]:
         """The reduced tensors in the list's order, once every bucket has finished; the
