@@ -46,6 +46,9 @@ def usable(tensor: torch.Tensor, argument: str) -> None:
     """What the group's NumPy views cannot carry: a sparse or nested tensor, a tensor off the
     CPU, of a dtype NumPy has no equivalent of (float8), or a lazily negated or conjugated
     view (``x.conj().imag``), whose memory holds other values than it shows."""
+    if not isinstance(tensor, torch.Tensor):  # (the group called directly: dist's calls check)
+        raise TypeError(f"{argument} is a {type(tensor).__name__}, not a torch.Tensor; pass "
+                        "tensors")
     if tensor.is_nested or tensor.layout != torch.strided:  # (a nested one's shape raises)
         kind = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
         raise TypeError(f"{argument} is a {kind} tensor; the collectives process group "

@@ -63,6 +63,16 @@ def filled(out: Any, result: Any) -> Any:
     return list(out) if isinstance(out, (list, tuple)) else out
 
 
+def first_argument(function: Callable, name: str, args: tuple, kwargs: dict) -> tuple:
+    """``(the first argument, the rest of args)``, where it may come by its own ``name`` (as
+    the signature shows it: ``value_lists=``, ``value=``); taken out of ``kwargs``."""
+    if args:
+        return args[0], args[1:]
+    if name in kwargs:
+        return kwargs.pop(name), ()
+    raise TypeError(f"{function.__name__}() missing its first argument: '{name}'")
+
+
 def _first(values: Any) -> Any:
     """The first array of ``values`` (an array, or lists of them, as deep as they go)."""
     while isinstance(values, (list, tuple)) and values:
@@ -108,7 +118,8 @@ def accepts_foreign_values(function: Callable) -> Callable:
     argument = next(iter(signature.parameters))  # values, value_lists
 
     @functools.wraps(function)
-    def wrapper(values, *args, **kwargs):
+    def wrapper(*args, **kwargs):
+        values, args = first_argument(function, argument, args, kwargs)
         out = kwargs.get("out")
         if not is_foreign(_first(values)) and not is_foreign(_first(out)):
             return function(values, *args, **kwargs)

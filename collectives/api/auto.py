@@ -24,6 +24,7 @@ from ..runtime.from_root import Like
 from ..runtime.validate import Groups
 from ..widened import FLOAT64, integer_mean
 from .comm_parts import CommParts
+from .spmd_spread import SCALAR_REDUCE_SCATTER
 
 SELECT = logging.getLogger("collectives.select")
 GATHERED = (Collective.ALL_GATHER, Collective.GATHER)
@@ -112,9 +113,15 @@ def explain(comm: Any, collective: CollectiveName | Collective, x: Any, op: Any 
             root: int = 0, groups: Any = None, algorithm: Any = "auto") -> select.Decision:
     """What runs this call, and why: the runner that takes it and why those before it did
     not; for ``auto``, every candidate's price (``str()`` of it: a table and a sentence)."""
-    collective = Collective(collective) if isinstance(collective, str) else collective
+    names = [c.value for c in Collective]
+    if not isinstance(collective, Collective) and collective not in names:
+        raise ValueError(f"collective={collective!r} is not a collective explain knows; pass "
+                         f"one of {', '.join(repr(n) for n in names)}")
+    collective = Collective(collective)
     reducing = collective in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
     passed = comm.adapt(x, "x")
+    if collective is Collective.REDUCE_SCATTER and len(passed.shape) == 0:
+        raise ValueError(SCALAR_REDUCE_SCATTER)  # (as the call itself would)
     # (an integer MEAN travels as float64, ``collectives.widened``: priced so, from its shape
     # alone: the call needs no data)
     x = (Like(tuple(passed.shape), FLOAT64) if reducing and integer_mean(op, passed.dtype)

@@ -21,6 +21,7 @@ from ..runtime.execute import DeviceBackend
 from ..runtime.execute.device_calls import run_all_reduce, run_reduce
 from ..runtime.validate import (
     Groups,
+    check_flag,
     check_root,
 )
 from ..runtime.work import Work
@@ -97,6 +98,10 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
         ``out`` that does not fit, a ``compression`` the call cannot take (another op,
         another dtype, ``accumulation_fn``); before any data moves.
     """
+    check_flag(shared_result, "shared_result")
+    if accumulation_fn is not None and not callable(accumulation_fn):
+        raise TypeError(f"accumulation_fn={accumulation_fn!r} must be a function of the "
+                        "devices' arrays (a list) returning their reduction, or None")
     if requested(compression):
         return multi_device_all_reduce(all_reduce, values, op, algorithm, compression, out=out,
                                        shared_result=shared_result, shards=shards,

@@ -7,6 +7,7 @@ groups, for the benchmark's tables."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -15,12 +16,13 @@ import numpy as np
 from ..algorithms import select
 from ..algorithms.schedule import Collective
 from ..compression import requested
+from ..foreign_calls import first_argument
 from ..hints import Op
 from ..log import configure_once
 from ..ops import ReduceOp
 from ..registry import backend_for_arrays
 from ..runtime.execute.device_calls import pick
-from ..runtime.validate import as_array, check_op, same_layout
+from ..runtime.validate import as_array, check_flag, check_op, same_layout
 from ..runtime.work import Completed
 from ..timeline import record_devices, recorder
 from ..widened import integer_mean, widened_values
@@ -33,8 +35,12 @@ def backend_first(function: Callable) -> Callable:
     returns the results. A backend that checked a call and does not run it its own way hands
     it to the runtime's forms (``runtime.execute.device_calls``), never back to ``function``."""
 
+    first_name = next(iter(inspect.signature(function).parameters))  # (values, value_lists)
+
     @functools.wraps(function)
-    def wrapper(values, *args, async_op: bool = False, **kwargs):
+    def wrapper(*args, async_op: bool = False, **kwargs):
+        values, args = first_argument(function, first_name, args, kwargs)
+        check_flag(async_op, "async_op")
         configure_once()  # (COLLECTIVES_DEBUG: where no communicator is made, never read)
         if recorder.ON:  # the call as a span on every device's row
             return record_devices.device_call(function, values, args, kwargs,

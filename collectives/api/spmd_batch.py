@@ -25,7 +25,7 @@ from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
 from ..runtime.in_flight import MAX_IN_FLIGHT
 from ..runtime.refusals import refuse, refuse_rest, refusing
-from ..runtime.validate import check_shards, check_timeout, resolve_groups
+from ..runtime.validate import check_flag, check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
     agree_on_empty,
@@ -149,6 +149,7 @@ class BatchOps(CommParts):
         # buckets is no guide, as its list may be what is wrong (a dtype of its own makes a
         # bucket of its own).
         timeout = check_timeout(timeout)
+        check_flag(async_op, "async_op")
         resolve_groups(groups, self.size)
         for dtype in set(dtypes):  # (per dtype, naming its first tensor)
             check_op_for(op, dtype, f"xs[{dtypes.index(dtype)}]")

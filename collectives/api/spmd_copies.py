@@ -10,6 +10,7 @@ checker as the reductions' (every block lands exactly once, where it belongs).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
@@ -247,12 +248,16 @@ SPLITS = BatchTag("the sizes of all_to_all(splits=...)")
 
 
 def _check_splits(splits: Sequence[int], rows: int, n: int) -> np.ndarray:
-    try:
-        mine = np.asarray(splits, np.int64)
+    try:  # (each an integer: 6.5 or "6" cast quietly to 6; a scalar is no list)
+        if any(isinstance(s, bool) for s in splits):
+            raise TypeError
+        counts = [operator.index(s) for s in splits]
+        mine = np.asarray(counts, np.int64)
     except (TypeError, ValueError, OverflowError):
-        raise TypeError(f"splits={splits!r} must be {n} whole numbers of rows") from None
+        raise TypeError(f"splits={splits!r} must be a list of {n} whole numbers of rows (one "
+                        "per rank)") from None
     # (summed as Python integers: an int64 sum may wrap round to the right total)
-    if mine.shape != (n,) or (mine < 0).any() or sum(map(int, mine)) != rows:
-        raise ValueError(f"splits={list(splits)!r} must be {n} non-negative row counts (one per "
+    if mine.shape != (n,) or (mine < 0).any() or sum(counts) != rows:
+        raise ValueError(f"splits={counts!r} must be {n} non-negative row counts (one per "
                          f"rank) summing to x's leading axis, {rows}")
     return mine

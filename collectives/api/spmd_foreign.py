@@ -42,7 +42,7 @@ def foreign_all_reduce(comm: Any, own: Own, x: Any, op: Any, algorithm: Any, out
         except Exception:  # noqa: BLE001 - no hot path: an unhashable spec, or an array
             key = fast = None  # without a shape or dtype (a nested tensor's raises): the
             # edge below says why
-        if (fast is not None and not async_op and x.__class__ is fast.cls
+        if (fast is not None and async_op is False and x.__class__ is fast.cls
                 and (out is None or (out.__class__ is fast.cls and out.shape == fast.shape
                                      and out.dtype == fast.dtype))):
             comm.calls.last_hot = fast
@@ -50,7 +50,7 @@ def foreign_all_reduce(comm: Any, own: Own, x: Any, op: Any, algorithm: Any, out
             if result is not None:
                 return result
     result = None  # (without a native transport, all_reduce has tried the host view)
-    if not async_op and comm.transport.native is not None:
+    if async_op is False and comm.transport.native is not None:
         result = viewed_all_reduce(comm, own, x, op, algorithm, out, shards, groups, timeout,
                                    compression)
     if result is None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Collective
+from ..runtime.validate import check_root
 from .comm_parts import CommParts
 
 
@@ -89,11 +90,21 @@ class ObjectOps(CommParts):
         """
         from .spmd_from_root import build_rooted
 
-        blob, problem = _pickled(obj) if self.rank == root else (None, None)
+        mine = _is_root(root, self.rank, self.size)  # (a bad root: refused in the opening)
+        blob, problem = _pickled(obj) if mine else (None, None)
         # a root that cannot pickle says so in the broadcast's opening: every rank raises
         got = self.calls.start("broadcast", build_rooted(self, Collective.BROADCAST, blob, root, "auto",
                                                     None, problem=problem), False, timeout)
-        return obj if self.rank == root else pickle.loads(got.tobytes())
+        return obj if mine else pickle.loads(got.tobytes())
+
+
+def _is_root(root: Any, rank: int, size: int) -> bool:
+    """Whether this rank is ``root``; False for a root that is no rank (an array's ``==``
+    raised here, on its rank alone, before the call could tell its peers)."""
+    try:
+        return check_root(root, size) == rank
+    except (TypeError, ValueError):
+        return False
 
 
 def _pickled(obj: Any) -> tuple[np.ndarray | None, TypeError | None]:

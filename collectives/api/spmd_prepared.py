@@ -24,6 +24,7 @@ from ..runtime.validate import check_out
 from ..widened import widened
 from .comm_parts import CommParts
 from .spmd_reductions import through_shared
+from .spmd_spread import SCALAR_REDUCE_SCATTER
 
 
 class PreparedOps(CommParts):
@@ -264,6 +265,8 @@ class PreparedOps(CommParts):
             A bad argument; ValueError likewise.
         """
         xa, out, returns = self._bound(x, out)
+        if len(xa.shape) == 0:  # (as a single call's: its rows were read, an IndexError)
+            raise ValueError(SCALAR_REDUCE_SCATTER)
         wide, place = self._widened(xa, op)
         call = self.calls.validated(Collective.REDUCE_SCATTER, wide, op, algorithm,
                                     shards=shards, groups=groups, passed=xa)

@@ -99,7 +99,7 @@ class ReductionOps(CommParts):
             A peer did not arrive within ``timeout``; the communicator is broken after it.
         """
         fast = self.calls.last_hot  # the hot path the last repeated call took
-        if (fast is not None and x.__class__ is fast.cls and timeout is None and not async_op
+        if (fast is not None and x.__class__ is fast.cls and timeout is None and async_op is False
                 and no_shards(shards) and groups is None and compression is None):
             try:
                 if not (op is fast.op and algorithm is fast.algorithm and x.dtype is fast.dtype
@@ -130,7 +130,7 @@ class ReductionOps(CommParts):
             if isinstance(x, np.ndarray):
                 x = plain_ndarray(x, "x")  # (np.matrix, memmap: plain; masked: raises)
             else:
-                if self.transport.native is None and not async_op:  # (no hot path to learn)
+                if self.transport.native is None and async_op is False:  # (no hot path to learn)
                     result = viewed_all_reduce(self, self._own_all_reduce, x, op, algorithm,
                                                out, shards, groups, timeout, compression)
                     if result is not None:
@@ -170,7 +170,7 @@ class ReductionOps(CommParts):
             except Exception:  # noqa: BLE001 - an unhashable spec (a list of ranges): no
                 # hot path (anything else raises again where the call reaches its peers)
                 fast_key = fast = None
-            if fast is not None and not async_op and (out is None or self._fits(out, x)):
+            if fast is not None and async_op is False and (out is None or self._fits(out, x)):
                 self.calls.last_hot = fast if not batch else None
                 result = fast(x, out, timeout)
                 if result is not None:

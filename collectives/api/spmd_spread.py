@@ -21,6 +21,7 @@ from ..runtime.work import Work
 from ..widened import widened
 from .comm_parts import CommParts
 
+SCALAR_REDUCE_SCATTER = "x is a scalar; reduce_scatter splits axis 0, so pass an array"
 
 class SpreadOps(CommParts):
     """Broadcast, all-gather and reduce-scatter (mixed into Communicator)."""
@@ -213,7 +214,7 @@ class SpreadOps(CommParts):
             passed = self.adapt(x, "x")
             xa = widened(arrays, passed, op)
             if len(xa.shape) == 0:
-                raise ValueError("x is a scalar; reduce_scatter splits axis 0, so pass an array")
+                raise ValueError(SCALAR_REDUCE_SCATTER)
             call = self.calls.validated(Collective.REDUCE_SCATTER, xa, op, algorithm, shards=shards,
                                         groups=groups, passed=passed)
             rows, n, i = call.shape[0], self.size, self.rank

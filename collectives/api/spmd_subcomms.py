@@ -13,6 +13,7 @@ instead of leaving its peers inside ``MPI_Comm_split`` forever. The agreement ru
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -133,13 +134,16 @@ class SubcommOps(CommParts):
         CollectiveTimeoutError
             A rank did not call it in time.
         """
-        checked, error = _attempt(lambda: (_check_shape(shape), _check_dtype(dtype)))
+        checked, error = _attempt(lambda: _check_size(_check_shape(shape), _check_dtype(dtype)))
         if checked is not None:
             shape, dtype = checked
         shared = self.transport.shared_memory
-        if shared is None:
+        if shared is None:  # (made before the agreement: memory that cannot be had is refused
+            made, error = (None, error) if error is not None else _attempt(  # on every rank)
+                lambda: np.zeros(shape, dtype))
             self._agree_then("shared_empty", error, lambda: None)
-            return np.zeros(shape, dtype)
+            assert made is not None  # (an error raised in the agreement)
+            return made
         # (a bad shape or dtype raises in the agreement, on every rank: sized here, it raised
         # on this rank alone, and its peers waited in the agreement)
         nbytes = math.prod(shape) * dtype.itemsize if error is None else 0
@@ -166,12 +170,21 @@ class SubcommOps(CommParts):
 
 
 def _attempt(check: Callable[[], T]) -> tuple[T | None, BaseException | None]:
-    """What ``check()`` returns, or the TypeError or ValueError it raised (which the agreement
-    raises on this rank, and as ``PeerFailedError`` on the others)."""
+    """What ``check()`` returns, or the TypeError, ValueError or MemoryError it raised (which
+    the agreement raises on this rank, and as ``PeerFailedError`` on the others)."""
     try:
         return check(), None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, MemoryError) as exc:
         return None, exc
+
+
+def _check_size(shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+    """``(shape, dtype)``, where an array of them could exist: its bytes within an index."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > sys.maxsize:
+        raise ValueError(f"shape={shape!r} of {dtype} makes {nbytes} bytes, more than an array "
+                         f"can hold ({sys.maxsize}); pass a smaller shape")
+    return shape, dtype
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:

@@ -51,6 +51,7 @@ from .pending_verdict import PendingVerdict
 from .results import Ready
 from .validate import (
     check_communicable,
+    check_flag,
     check_out,
     check_root,
     check_shards,
@@ -207,6 +208,12 @@ class CallRunner:
         t0 = recorder.now() if recorder.ON else 0
         engine.enter(what, timeout)
         try:
+            if async_op.__class__ is not bool:  # ("no" read as True; an array's truth raised
+                try:  # on this rank alone): refused like a bad argument, peers told
+                    check_flag(async_op, "async_op")
+                    async_op = bool(async_op)
+                except TypeError as exc:
+                    refused, async_op = refused or exc, False
             if async_op and refused is None:  # too many handles unwaited here: refused like
                 refused = engine.crowded()    # a bad argument (peers may have room: they hear)
             seq = engine.next_seq()

@@ -87,8 +87,13 @@ def check_root(root: Any, size: int) -> int:
     return int(root)
 
 
+MAX_DEVICES = 1 << 17  # the most devices one process's call names (the cost model's plans,
+# and one array a device, are made for each: 2**70 of them ran until memory ran out)
+
+
 def check_devices(devices: Any, argument: str = "devices") -> int:
-    """How many devices ``devices`` names: a positive count, or a list (of ids or arrays)."""
+    """How many devices ``devices`` names: a positive count (at most ``MAX_DEVICES``), or a
+    list (of ids or arrays)."""
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         count = int(devices)
     else:
@@ -101,6 +106,9 @@ def check_devices(devices: Any, argument: str = "devices") -> int:
                             f"them, not {type(devices).__name__}") from None
     if count < 1:
         raise ValueError(f"{argument}={devices!r} names no device; pass a count or a list")
+    if count > MAX_DEVICES:
+        raise ValueError(f"{argument}={devices!r} names more devices than one process holds "
+                         f"(at most {MAX_DEVICES:,})")
     return count
 
 

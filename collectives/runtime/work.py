@@ -49,6 +49,14 @@ def call_back(callback: Callable[[Any], None], handle: Any) -> None:
         _CALLING_BACK.depth -= 1
 
 
+def callable_callback(callback: Any) -> Any:
+    """``callback``, a function of the handle (refused now, not logged when the call ends)."""
+    if not callable(callback):
+        raise TypeError(f"callback={callback!r} must be a function of the handle (called with "
+                        "it once the call has finished)")
+    return callback
+
+
 def in_done_callback() -> bool:
     """Whether this thread is running a done-callback: a collective called there would run
     on whatever thread finished the call (the progress thread, beside the program's own
@@ -119,6 +127,7 @@ class Work(Generic[T]):
         that raises is logged (logger ``collectives.calls``) and the others still run, as
         with ``concurrent.futures``.
         """
+        callable_callback(callback)
         op = self._op
         with op.engine.state:  # (the progress thread finishes calls under this lock)
             if not op.finished:
@@ -170,7 +179,7 @@ class Completed(Work[T]):
         return True
 
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
-        call_back(callback, self)
+        call_back(callable_callback(callback), self)
 
     def exception(self) -> BaseException | None:
         return None
@@ -235,6 +244,7 @@ class BatchWork(Work[T]):
 
     def add_done_callback(self, callback: Callable[[Work[T]], None]) -> None:
         """Call ``callback(handle)`` once every call has finished (see `Work.add_done_callback`)."""
+        callable_callback(callback)
         handles = [h for h in self._handles if hasattr(h, "add_done_callback")]
         left = [len(handles)]
         lock = threading.Lock()

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
+from ..runtime.validate import MAX_DEVICES
 from .bench.config import parse_size
 
 
@@ -26,8 +27,8 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def count(least: int) -> Callable[[str], int]:
-    """A type for integers of at least ``least``."""
+def count(least: int, most: int | None = None) -> Callable[[str], int]:
+    """A type for integers of at least ``least`` (and at most ``most``)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -35,12 +36,16 @@ def count(least: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < least:
             raise argparse.ArgumentTypeError(f"must be at least {least}, not {text}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:,}, not {text}")
         return value
 
     return parse
 
 
 non_negative, positive = count(0), count(1)
+# devices, or thread ranks, in one process (a sweep's plans and buffers are made for each)
+in_one_process = count(1, MAX_DEVICES)
 
 
 def add_root_and_shards(parser: argparse.ArgumentParser) -> None:

@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="measure and cache the cost model's constants on this job",
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-n", "--ranks", type=positive, default=2,
+    p.add_argument("-n", "--ranks", type=arguments.in_one_process, default=2,
                    help="thread ranks when not under an MPI launcher; default 2")
     p.add_argument("-r", "--repeats", type=positive, default=7,
                    help="timed repeats; the median counts; default 7")

@@ -45,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="algorithm(s) to compare, repeatable or comma-separated "
                         "(auto, one_device, ring, rechd, tree, shuffle, TensorFlow's names, "
                         "'A/B'; under --mode mpi also native and shm); default: auto")
-    b.add_argument("-n", "--participants", type=arguments.positive, default=4,
+    b.add_argument("-n", "--participants", type=arguments.in_one_process, default=4,
                    help="devices (devices mode) or thread ranks (spmd mode); default 4")
     b.add_argument("--mode", default="devices", choices=MODES,
                    help="devices: the multi-device API from one thread; spmd: thread ranks "
