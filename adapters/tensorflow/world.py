@@ -110,9 +110,9 @@ def open_communicator(communicator, *, timeout: float | None = None, auto: bool 
     MPI when an MPI launcher started more than one process, else None. Anything else raises
     now, not at the first reduction.
     """
-    timeout = check_timeout(timeout)  # (now, on one worker too: not first under mpiexec)
+    given, timeout = timeout, check_timeout(timeout)  # (now, on one worker too)
     if timeout is not None and isinstance(communicator, Communicator):
-        raise ValueError(f"timeout={timeout!r} applies to a communicator this opens; the "
+        raise ValueError(f"timeout={given!r} applies to a communicator this opens; the "
                          "Communicator passed keeps its own (init(timeout=...)): drop timeout=, "
                          "or give it there (CommunicationOptions(timeout_seconds=...) per call)")
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
