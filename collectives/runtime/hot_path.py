@@ -29,7 +29,7 @@ from ..timeline import record_fast, recorder
 from .calls import Call
 from .operation import Operation
 from .transport import PENDING
-from .work import in_done_callback
+from .work import CALLING_BACK
 
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
@@ -99,7 +99,7 @@ class FastAllReduce:
         """The result of a blocking all-reduce of ``x`` (into ``out``), or None where the
         engine's way must run it (nothing was started)."""
         engine = self.engine
-        if in_done_callback() or not self.acquire(False):
+        if CALLING_BACK.depth or not self.acquire(False):  # (in_done_callback)
             return None  # (the engine's way raises ConcurrentCallError)
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight
@@ -138,7 +138,7 @@ class FastAllReduce:
         ``finish()``'s), None where the engine's way must start it, or the exception it
         failed with (the communicator is broken)."""
         engine = self.engine
-        if in_done_callback() or not self.acquire(False):
+        if CALLING_BACK.depth or not self.acquire(False):  # (in_done_callback)
             return None  # (the engine's way raises ConcurrentCallError)
         try:
             if (engine.broken is not None or engine.unreported or engine.inflight

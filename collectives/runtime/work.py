@@ -32,7 +32,7 @@ class _CallingBack(threading.local):
     depth = 0
 
 
-_CALLING_BACK = _CallingBack()
+CALLING_BACK = _CallingBack()  # (read by the hot path itself: a call less a call)
 
 
 def call_back(callback: Callable[[Any], None], handle: Any) -> None:
@@ -40,13 +40,13 @@ def call_back(callback: Callable[[Any], None], handle: Any) -> None:
     thread finishes the call (another call's wait, the progress thread, a failure being
     spread to every call in flight), where its error is no one's to raise. A collective it
     calls raises (``in_done_callback``)."""
-    _CALLING_BACK.depth += 1
+    CALLING_BACK.depth += 1
     try:
         callback(handle)
     except Exception:  # noqa: BLE001 - logged, as concurrent.futures does
         CALLBACKS.exception("a done-callback of %r raised", handle)
     finally:
-        _CALLING_BACK.depth -= 1
+        CALLING_BACK.depth -= 1
 
 
 def callable_callback(callback: Any) -> Any:
@@ -61,7 +61,7 @@ def in_done_callback() -> bool:
     """Whether this thread is running a done-callback: a collective called there would run
     on whatever thread finished the call (the progress thread, beside the program's own
     calls, paired with its peers' calls in another order: the wrong sums, quietly)."""
-    return _CALLING_BACK.depth > 0
+    return CALLING_BACK.depth > 0
 
 
 class Work(Generic[T]):
