@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +151,27 @@ LONG_MODULES = ("test_tensorflow.py", "test_mpi.py", "test_benchmark_scripts.py"
 def pytest_collection_modifyitems(config, items):
     rank = {name: k for k, name in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))  # (stable)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the shared-memory segments of MPI jobs the suite ended on purpose.
+
+    A rank killed (or ended by the hang guard) before MPICH unlinks its segment leaves it in
+    ``/dev/shm``: RAM held until the machine restarts (a few MiB a job, gigabytes over many
+    runs). A live job's segment is mapped by its ranks; one no process maps, a minute old or
+    more, belongs to no job (run in the controller only, once the workers have ended)."""
+    if hasattr(session.config, "workerinput") or not os.path.isdir("/dev/shm"):
+        return
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split()[-1] for line in maps.read_text().splitlines()
+                          if "/dev/shm/mpich_shm" in line)
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    for segment in Path("/dev/shm").glob("mpich_shm_*"):
+        try:
+            if str(segment) not in mapped and segment.stat().st_mtime < time.time() - 60:
+                segment.unlink()
+        except OSError:
+            continue
