@@ -44,13 +44,17 @@ def ctrl_c_soon():
     signal.signal(signal.SIGALRM, previous)
 
 
-def _issue(comm: Communicator, kind: str):
-    """One step of ``kind`` in flight; what its ``wait()`` is."""
+def _issue(comm: Communicator, peer: Communicator, kind: str):
+    """One step of ``kind`` in flight, ``peer`` absent from it; what its ``wait()`` is."""
     if kind == "plain":
         return comm.all_reduce(np.ones(4), async_op=True)
     if kind == "batch":
         return comm.batch_all_reduce([np.ones(4), np.ones(1000)], async_op=True)
-    buckets = comm.buckets([np.ones(4), np.ones(3)], bucket_bytes=0)
+    like = [np.ones(4), np.ones(3)]  # (the buckets are made on both ranks: a step they take)
+    made = threading.Thread(target=peer.buckets, args=(like,), kwargs={"bucket_bytes": 0})
+    made.start()
+    buckets = comm.buckets(like, bucket_bytes=0)
+    made.join()
     buckets.ready(0, np.ones(4))
     buckets.ready(1, np.ones(3))
     return buckets
@@ -63,7 +67,7 @@ def test_a_handle_whose_wait_was_interrupted_still_times_out(ctrl_c_soon, kind):
     # call in flight, any later one; a handle only polled, as a done-callback's, never
     # finished)
     comm, absent = _pair()
-    first = _issue(comm, kind)  # rank 1 never comes
+    first = _issue(comm, absent, kind)  # rank 1 never comes
     ctrl_c_soon()
     with pytest.raises(KeyboardInterrupt):
         first.wait()

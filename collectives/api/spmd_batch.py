@@ -24,7 +24,7 @@ from ..foreign import Edge, is_foreign
 from ..hints import ArrayT, BatchSpec, Compression, Op, SpmdAlgorithm
 from ..runtime.calls import check_op_for
 from ..runtime.in_flight import MAX_IN_FLIGHT
-from ..runtime.refusals import refuse, refuse_rest, refusing
+from ..runtime.refusals import refuse, refuse_rest, refusing, setting_up
 from ..runtime.validate import check_flag, check_shards, check_timeout, resolve_groups
 from ..runtime.work import BatchWork, Work
 from .batch_checks import (
@@ -226,7 +226,7 @@ class BatchOps(CommParts):
         """This communicator's keeper of fused buckets in ``arrays``' library (reuse.py)."""
         return keeper_in(self.__dict__.setdefault("_bucket_keepers", {}), arrays)
 
-    @refusing("buckets")
+    @setting_up("buckets")
     def buckets(self, like: Sequence[ArrayT], op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
                 *, bucket_bytes: int = OVERLAP_BUCKET_BYTES, groups: Any = None,
                 timeout: float | None = None) -> Buckets[ArrayT]:
@@ -237,7 +237,8 @@ class BatchOps(CommParts):
         like
             Tensors of the list's shapes and dtypes, **in the order they become ready** (for a
             backward pass: the last layer's first, as DDP orders its buckets). Every rank
-            passes the same list.
+            passes the same list, and makes its buckets at the same point among its calls (a
+            bad argument on one rank raises there on every rank).
         op, algorithm
             As in `all_reduce`.
         bucket_bytes
@@ -275,7 +276,7 @@ class BatchOps(CommParts):
             arrays = edge.arrays
         layout = tuple(zip(*layout_of(arrays, xs, "like"), strict=True))
         alone = arrays.alone_bytes(xs[0]) if xs else None
-        # (a bad argument is refused by ``refusing`` once for each bucket its peers issue)
+        # (a bad argument is refused on every rank at the set-up call: ``setting_up``)
         timeout = check_timeout(timeout)
         resolve_groups(groups, self.size)  # (a bad one raises now, not at a bucket)
         dtypes = [d for _, d in layout]

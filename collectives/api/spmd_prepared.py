@@ -1,7 +1,9 @@
 """The ``*_init`` methods of ``Communicator``: prepared collectives.
 
-Each validates its call and buffers once and returns a
-``PreparedCall``. ``x`` must be C-contiguous (it is read in place at
+Each validates its call and buffers once and returns a ``PreparedCall``. Making one is a step
+every rank takes at the same point among its calls, as MPI's ``MPI_Allreduce_init``: it moves
+no data, but a bad argument on one rank raises on every rank there (``refusals.setting_up``).
+``x`` must be C-contiguous (it is read in place at
 every ``start()``); ``out`` is required, and is either ``x`` itself (in place) or shares no
 memory with it. A host array of another library that takes ``out=`` (a PyTorch CPU tensor) is
 bound through its NumPy view, and ``wait()`` hands back the caller's own array.
@@ -18,7 +20,7 @@ from ..array_kinds import viewed_in_place
 from ..hints import Array, Op, SpmdAlgorithm
 from ..overlap import overlaps
 from ..runtime.prepared import PreparedCall
-from ..runtime.refusals import refusing
+from ..runtime.refusals import setting_up
 from ..runtime.results import Block, Ready, Reduced
 from ..runtime.validate import check_out
 from ..widened import widened
@@ -71,9 +73,10 @@ class PreparedOps(CommParts):
                              "place at every start)")
         return xa
 
-    @refusing("all_reduce_init")
+    @setting_up("all_reduce_init")
     def all_reduce_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto", *,
-                        out: Array, shards: int = 0, groups: Any = None) -> PreparedCall:
+                        out: Array, shards: int = 0, groups: Any = None,
+                        timeout: float | None = None) -> PreparedCall:
         """A prepared all-reduce of ``x`` into ``out``, agreed once and started many times.
 
         Parameters
@@ -90,6 +93,9 @@ class PreparedOps(CommParts):
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
         groups
             The groups of a two-level ``"A/B"``.
+        timeout
+            Seconds making it waits for the peers to make it too (None: the
+            communicator's).
 
         Returns
         -------
@@ -101,6 +107,8 @@ class PreparedOps(CommParts):
         TypeError
             A bad argument; ValueError likewise (an ``out`` that overlaps ``x`` without
             being it).
+        PeerFailedError
+            A peer's argument was bad (every rank makes the prepared call at this point).
         """
         xa, out, returns = self._bound(x, out)
         wide, place = self._widened(xa, op)
@@ -115,10 +123,11 @@ class PreparedOps(CommParts):
                             Reduced(arrays, call, work, self.size, out), returns=returns,
                             place=place)
 
-    @refusing("reduce_init")
+    @setting_up("reduce_init")
     def reduce_init(self, x: Array, op: Op = "sum", root: int = 0,
                     algorithm: SpmdAlgorithm = "auto", *, out: Array | None = None,
-                    shards: int = 0, groups: Any = None) -> PreparedCall:
+                    shards: int = 0, groups: Any = None,
+                    timeout: float | None = None) -> PreparedCall:
         """A prepared reduce onto ``root``.
 
         Parameters
@@ -137,6 +146,9 @@ class PreparedOps(CommParts):
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
         groups
             The groups of a two-level ``"A/B"``.
+        timeout
+            Seconds making it waits for the peers to make it too (None: the
+            communicator's).
 
         Returns
         -------
@@ -164,9 +176,9 @@ class PreparedOps(CommParts):
                             work.reshape(-1), finish, returns=returns if mine else None,
                             place=place)
 
-    @refusing("broadcast_init")
-    def broadcast_init(self, x: Array, root: int = 0,
-                       algorithm: SpmdAlgorithm = "auto") -> PreparedCall:
+    @setting_up("broadcast_init")
+    def broadcast_init(self, x: Array, root: int = 0, algorithm: SpmdAlgorithm = "auto", *,
+                       timeout: float | None = None) -> PreparedCall:
         """A prepared broadcast of root's ``x`` into every rank's ``x``.
 
         Parameters
@@ -178,6 +190,9 @@ class PreparedOps(CommParts):
             The rank whose ``x`` everyone gets.
         algorithm
             As for `broadcast`.
+        timeout
+            Seconds making it waits for the peers to make it too (None: the
+            communicator's).
 
         Returns
         -------
@@ -196,9 +211,9 @@ class PreparedOps(CommParts):
         return PreparedCall(self, "broadcast", call, None, xa.reshape(-1), lambda: xa,
                             returns=x if viewed is not x else None)
 
-    @refusing("all_gather_init")
+    @setting_up("all_gather_init")
     def all_gather_init(self, x: Array, algorithm: SpmdAlgorithm = "auto", *,
-                        out: Array) -> PreparedCall:
+                        out: Array, timeout: float | None = None) -> PreparedCall:
         """A prepared all-gather along the leading axis into ``out``.
 
         Parameters
@@ -209,6 +224,9 @@ class PreparedOps(CommParts):
             As for `all_gather`.
         out
             The array every run writes: ``size`` times ``x``'s leading axis.
+        timeout
+            Seconds making it waits for the peers to make it too (None: the
+            communicator's).
 
         Returns
         -------
@@ -234,9 +252,10 @@ class PreparedOps(CommParts):
                             granule=count if count else 1, place=lambda: arrays.copy(mine, src),
                             returns=returns)
 
-    @refusing("reduce_scatter_init")
+    @setting_up("reduce_scatter_init")
     def reduce_scatter_init(self, x: Array, op: Op = "sum", algorithm: SpmdAlgorithm = "auto",
-                            *, out: Array, shards: int = 0, groups: Any = None) -> PreparedCall:
+                            *, out: Array, shards: int = 0, groups: Any = None,
+                            timeout: float | None = None) -> PreparedCall:
         """A prepared reduce-scatter: ``out`` takes this rank's rows of the total.
 
         Parameters
@@ -253,6 +272,9 @@ class PreparedOps(CommParts):
             Ring sub-chunks or shuffle gather ranks (0: the algorithm's default).
         groups
             The groups of a two-level ``"A/B"``.
+        timeout
+            Seconds making it waits for the peers to make it too (None: the
+            communicator's).
 
         Returns
         -------

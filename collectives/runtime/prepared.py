@@ -102,12 +102,21 @@ class PreparedCall:
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() while the last run, "
                                   "which another thread's wait() is waiting for, is still in "
                                   "flight; start() once that wait() has returned")
+        try:
+            self._work, self._waited = self._issue(), False
+        except BaseException as exc:  # (a wait() now raises it: the run it would wait for
+            self._work, self._waited = exc, True  # never started, and the last run's ``out``
+            raise  # is no result of this start's input)
+        return self
+
+    def _issue(self) -> Any:
+        """Issue one run: its handle, or what the hot path gives (``_work``)."""
+        comm = self.comm
         fast = self._fast
         if fast is not None:
             got = fast.start(self.finish)
             if got is not None:
-                self._work, self._waited = got, False
-                return self
+                return got
 
         def build(seq):
             # agreed (the first time, or again after a failed agreement) and run as a plain
@@ -122,9 +131,7 @@ class PreparedCall:
                 data = comm.calls.data_stage(self.call, seq, self.src, self.work, granule=self.granule)
             return self.call, [data], self.finish
 
-        self._work = comm.calls.start(self.what, build, True, None)
-        self._waited = False
-        return self
+        return comm.calls.start(self.what, build, True, None)
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result of the last ``start()`` (the bound ``out``, or None off the root)."""

@@ -17,16 +17,29 @@ Where the ranks agreed a bucket of the list already, its count is theirs (``coun
 rest go out at once, as asynchronous calls (each waits a round trip for its peer call's
 agreement: a list of a thousand buckets took 3.7 s one after another, 1 s so). A rank alone
 has nobody to tell: it only raises.
+
+A method that makes something for later calls (a prepared call, buckets) makes no call of its
+own, and a refusal there would meet whatever call its peers make next: they lose that call,
+the refusing rank makes it after them, and every later call pairs with the next one of its
+peers (sums of other steps, without a word, where the signatures agree). So such a method
+makes a call all the same (``setting_up``): one that moves no data and is agreed every time,
+which a bad argument on one rank refuses on every rank.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
+import numpy as np
+
+from ..algorithms.schedule import Collective
 from .agreement import ISSUED_UNKNOWN, PEERS_ISSUED, issued_alone
+from .calls import CHECK_BITS, Call
+from .results import Ready
 
 F = TypeVar("F", bound=Callable[..., Any])
 BAD_INPUT = (TypeError, ValueError, IndexError)  # what a call's argument checks raise
@@ -125,3 +138,39 @@ def refusing(what: str) -> Callable[[F], F]:
                 return method(self, *args, **kwargs)
         return checked  # type: ignore[return-value]
     return wrap
+
+
+def setting_up(what: str) -> Callable[[F], F]:
+    """A Communicator method that makes, on every rank at one point of its calls, what later
+    calls use (``*_init``'s prepared call, ``buckets``) and otherwise makes no call: it makes
+    one (``set_up``), so that its bad argument on one rank is refused there on every rank and
+    the ranks' later calls still pair (see the module's docstring); a ``timeout`` argument
+    bounds that call's wait for its peers."""
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with refused_to_peers(self, what):
+                made = method(self, *args, **kwargs)
+            set_up(self, what, kwargs.get("timeout"))
+            return made
+        return checked  # type: ignore[return-value]
+    return wrap
+
+
+def set_up(comm: Any, what: str, timeout: float | None = None) -> None:
+    """The call a ``setting_up`` method makes on every rank: it moves no data, and its
+    signature (``what``'s alone) is agreed every time, so a peer that refused its own set-up
+    is heard of here, and one that makes another call here is told it disagrees."""
+    if comm.size == 1:
+        return  # (no peer to pair with)
+    runner = comm.calls
+    key = ("set up", what)
+    call = runner.cache.get(key)
+    if call is None:
+        call = Call(Collective.ALL_REDUCE, (0,), np.dtype(np.uint8), None, 0, what, 0, None,
+                    shown_as=what)
+        call.signature = (what,) + (None,) * (len(call.signature) - 1)
+        call.check = zlib.crc32(repr(call.signature).encode()) & ((1 << CHECK_BITS) - 1)
+        call.run_as = what  # (no data stage: a zero-size call is agreed every time)
+        runner.cache[key] = call
+    runner.start(what, lambda seq: (call, [], Ready()), False, timeout)

@@ -492,6 +492,33 @@ def prepared_mismatch_twice(ctx: Ctx) -> Call:
     return Call(body, expect=expecting_value(["CollectiveMismatchError"] * 2 + [True]))
 
 
+def prepared_failed_start(ctx: Ctx) -> Call:
+    """A prepared call's ``start()`` that fails (here the communicator broke after a timeout)
+    leaves nothing to wait for: ``wait()`` raises its error (it returned the last run's
+    ``out`` without a word, though the input had changed since)."""
+    def body(comm):
+        x, out = np.ones(COUNT), np.zeros(COUNT)
+        prepared = comm.all_reduce_init(x, out=out)
+        outcomes = [_right(prepared.start().wait(), np.full(COUNT, float(comm.size)))]
+        if comm.rank == 1:
+            time.sleep(0.6)
+        try:  # rank 0 times out: the communicator breaks on every rank
+            comm.all_reduce(np.ones(3), timeout=0.2)
+        except CollectiveError:
+            pass
+        x[:] = 50.0
+        for then in (prepared.start, prepared.wait):
+            try:
+                then()
+                outcomes.append("returned")
+            except CollectiveError as exc:
+                outcomes.append(name_of(exc))
+        return outcomes
+
+    return Call(body, expect=expecting_value([True, "CommunicatorBrokenError",
+                                              "CommunicatorBrokenError"]))
+
+
 # --- timeouts told by a peer, logging ---------------------------------------------------------
 
 def told_of_a_timeout(ctx: Ctx) -> Call | None:

@@ -136,15 +136,28 @@ CASES.append(Case("raising-rank-wakes-a-grandchild-communicator",
 def _plain_and_prepared_broadcast(ctx: Ctx) -> Call:
     def body(comm):
         x = np.full(4, float(comm.rank + 1))
+        prepared = comm.broadcast_init(x, root=0)  # (made on every rank: a step they all take)
         if comm.rank == 0:
             return comm.broadcast(x, root=0)
-        return comm.broadcast_init(x, root=0).start().wait()
+        return prepared.start().wait()
     return Call(body, expect=raises("CollectiveMismatchError", match="two forms", within=1.0),
                 caught=True)
 
 
+def _plain_beside_making_a_prepared_broadcast(ctx: Ctx) -> Call:
+    def body(comm):
+        x = np.full(4, float(comm.rank + 1))
+        if comm.rank == 0:
+            return comm.broadcast(x, root=0)
+        return comm.broadcast_init(x, root=0).start().wait()
+    return Call(body, expect=raises("CollectiveMismatchError", match="broadcast_init",
+                                    within=1.0), caught=True)
+
+
 CASES.append(Case("broadcast-plain-beside-prepared", (_plain_and_prepared_broadcast,),
                   sizes=(2,)))
+CASES.append(Case("broadcast-plain-beside-making-a-prepared-one",
+                  (_plain_beside_making_a_prepared_broadcast,), sizes=(2,)))
 
 
 def _compressed_beside_wire_dtype(ctx: Ctx) -> Call:

@@ -112,6 +112,41 @@ add("prepared-failed-agreement-agrees-again", cb.prepared_mismatch_twice, timeou
 add("bad-broadcast-init-read-only-x",
     bad("broadcast_init", read_only(X), error="ValueError", match="x is read-only"), then_usable)
 
+
+# Making a prepared call or buckets makes no call of its own but is a step every rank takes: a
+# bad argument on one rank raises there on every rank, and the ranks' later calls still pair
+# (refused through the peers' next call, whatever it was, every later call met the peers' next
+# one: 101 and 301 where 1 and 201 were right, without a word).
+MAKING = {
+    "all-reduce-init": lambda comm, bad: comm.all_reduce_init(
+        X, out=np.empty(3) if bad else np.empty_like(X)),
+    "reduce-init": lambda comm, bad: comm.reduce_init(X, root=-1 if bad else 0,
+                                                      out=np.empty_like(X)),
+    "broadcast-init": lambda comm, bad: comm.broadcast_init(read_only(X) if bad else X.copy()),
+    "all-gather-init": lambda comm, bad: comm.all_gather_init(
+        X, out=np.empty(3) if bad else np.empty(comm.size * COUNT)),
+    "reduce-scatter-init": lambda comm, bad: comm.reduce_scatter_init(
+        np.ones(2 * comm.size), out=np.empty(3) if bad else np.empty(2)),
+    "buckets": lambda comm, bad: comm.buckets([X], bucket_bytes=-1 if bad else 0),
+}
+
+
+def _one_rank_bad_making(make):
+    def step(ctx: Ctx) -> Call:
+        if ctx.rank == 1:
+            return Call(lambda comm: make(comm, True), expect=raises(
+                "ValueError", "TypeError", within=1.0), caught=True)
+        return Call(lambda comm: make(comm, False), expect=peer_failed(1, "Error"),
+                    caught=True, same=False)
+    return step
+
+
+for name, make in MAKING.items():
+    add(f"one-rank-bad-{name}-then-plain-calls", _one_rank_bad_making(make), good(seed=7),
+        good(seed=8), timeout=2.0)
+add("prepared-failed-start-leaves-nothing-to-wait-for", cb.prepared_failed_start, timeout=2.0,
+    sizes=(2,))
+
 # --- objects, mismatches found in the data, timeouts told by a peer, logging ------------------
 
 

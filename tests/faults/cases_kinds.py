@@ -58,7 +58,7 @@ def _buckets(comm, xs, op="sum", timeout=None):
 
 def _prepared(comm, xs, op="sum", timeout=None):
     outs = [np.empty(x.shape, _result_dtype(op, x.dtype)) for x in xs]
-    calls = [comm.all_reduce_init(x, op, out=o) for x, o in zip(xs, outs)]
+    calls = [comm.all_reduce_init(x, op, out=o, timeout=timeout) for x, o in zip(xs, outs)]
     for call in calls:
         call.start().wait(timeout)
     return outs

@@ -347,8 +347,12 @@ def _reduced_as(kind: str):
 
         def body(comm):
             mine = kind if ctx.rank == ctx.size - 1 else "batch"
+            if kind == "buckets":  # (made on every rank: a step they all take)
+                buckets = comm.buckets(xs, bucket_bytes=0)
             if mine == "buckets":
-                return bucket_step(comm, xs, bucket_bytes=0)
+                for k, x in enumerate(xs):
+                    buckets.ready(k, x)
+                return buckets.wait()
             if mine == "batch-async":
                 return comm.batch_all_reduce(xs, bucket_bytes=0, async_op=True).wait()
             return comm.batch_all_reduce(xs, bucket_bytes=0)
