@@ -40,6 +40,7 @@ class ThreadTransport:
     processes = False  # every rank is a thread of this process (the cost model's "proc" links)
     # the transport's optional hooks (``collectives.runtime.transport``), as their defaults
     nodes = fabric = link = shared_memory = None  # (threads share one process's memory anyway)
+    calls_apart = None  # (a call's messages carry its whole number)
     schedules_in_native_order = calls_may_not_return = False
 
     def __init__(self, world: ThreadWorld, rank: int):

@@ -7,8 +7,11 @@ list them by position) and MPI never lets a message overtake an earlier one with
 tag between the same two ranks, so the n-th send pairs with the n-th receive.
 
 Sequence numbers wrap, which is harmless as long as no rank can have two calls with the same
-low bits outstanding at once: ``SEQ_BITS = 11`` allows 2047 calls in flight, and the engine
-allows 1024 asynchronous calls plus the blocking one. Check bits make ranks that disagree
+low bits in flight at once: the transport says so (``calls_apart``, 2**11), and the engine
+issues no call 2**11 numbers past one still in flight before that one has finished
+(``InFlight.make_room``). (The limit of 1024 handles not waited on did not bound it: a dropped
+handle leaves its call in flight, and with one rank behind, 2049 dropped calls paired call 0's
+messages with call 2048's: other sums on each rank, without a word.) Check bits make ranks that disagree
 about a call post tags that never match (their receives wait, and the slow-receive probe
 sees the other call's tag); MPICH's ``TAG_UB`` of 2^29 - 1 leaves 18 of the check's 30 bits,
 the standard's minimum of 32767 only 4 (one mismatch in 16 then pairs up; the length check

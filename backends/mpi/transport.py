@@ -27,7 +27,7 @@ from .messages import MessageChannel
 from .native_collectives import MPINatives
 from .notices import Notices
 from .shm_window import SharedWindow
-from .tags import control_tags, data_tags, user_tags
+from .tags import SEQ_BITS, control_tags, data_tags, user_tags
 from .waiting import node_oversubscribed
 
 _KEPT: list = leftovers.keep([])  # failed transports' communicators, never freed (MPITransport.free)
@@ -79,6 +79,9 @@ class MPITransport:
     calls_may_not_return = True
     # the other optional hooks (``collectives.runtime.transport``), as their defaults
     schedules_in_native_order = False
+    # a schedule's messages carry the low SEQ_BITS of their call's number (``.tags``): two
+    # calls that many apart in flight at once would take each other's messages
+    calls_apart = 1 << SEQ_BITS
     processes = True
     fabric = link = None
 

@@ -59,7 +59,7 @@ class NcclTransport(StreamOrder):
     calls_may_not_return = True
     # the other optional hooks (``collectives.runtime.transport``), as their defaults
     processes = True
-    nodes = fabric = link = shared_memory = None
+    nodes = fabric = link = shared_memory = calls_apart = None
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):

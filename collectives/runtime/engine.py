@@ -52,7 +52,8 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
         self.timeout, self.check, self.detail = timeout, check, detail
-        self.inflight: list[Operation] = []
+        self.inflight: list[Operation] = []  # in call order
+        self.calls_apart = transport.calls_apart  # (``make_room``)
         # handles of asynchronous collectives issued and not yet waited on (nor dropped):
         # counted in program order, so every rank refuses the same call at the limit
         self.outstanding = 0
@@ -169,6 +170,8 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
 
     def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
         """Advance a new operation; block for it, or hand back its handle."""
+        if self.inflight and self.calls_apart is not None:
+            self.make_room(op)
         with self.state:
             # broken since ``enter`` (the progress thread saw a failure): the call must not
             # start, as it would wait for peers that will not. A message is posted already:

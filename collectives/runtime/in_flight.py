@@ -40,6 +40,7 @@ class InFlight:
     transport: Any
     broken: str | None
     only_exits: bool
+    calls_apart: int | None  # (the transport's)
     wait: Any  # (Engine.wait)
 
     def crowded(self, collective: bool = True, count: int = 1) -> CollectiveError | None:
@@ -52,6 +53,27 @@ class InFlight:
         what = "collective handles would be unwaited" if collective else "calls would be in flight"
         return CollectiveError(f"rank {self.rank}: more than {MAX_IN_FLIGHT} {what} on this "
                                "communicator; wait() for some first (this call was not issued)")
+
+    def make_room(self, op: Operation) -> None:
+        """Before ``op`` is issued: wait for each collective still in flight ``calls_apart``
+        or more call numbers before it (the transport's messages carry only the low bits of
+        a call's number: theirs would pair with ``op``'s). Handles dropped unwaited leave
+        their calls in flight, so the limit on handles does not bound this. A call waited
+        for here still reports its outcome at its own ``wait()`` (or, dropped, logs it)."""
+        apart = self.calls_apart
+        while apart is not None:
+            with self.state:  # (calls leave the list on the progress thread meanwhile)
+                if not self.inflight or op.seq - self.inflight[0].seq < apart:
+                    return  # (the list is in call order: its first is the oldest)
+                oldest = next((o for o in self.inflight if o.breaking and not o.finished),
+                              None)
+            if oldest is None or op.seq - oldest.seq < apart:
+                return
+            try:
+                self.wait(oldest, oldest.timeout)
+            except CollectiveError:  # (its own handle reports it; a broken communicator
+                if not oldest.finished:  # refuses ``op`` next)
+                    return
 
     def handed_out(self, op: Operation, work: Work) -> None:
         self.outstanding += 1  # (``work``, op's handle, counts until waited on or dropped)

@@ -236,6 +236,11 @@ class Transport(Protocol):
     link: Any = None  # a collectives.algorithms.select.LinkModel, or None: the default
     # memory the ranks of a host share (``SharedMemory``); None: the transport has none
     shared_memory: SharedMemory | None = None
+    # how many call numbers apart two collectives in flight at once may be, where the
+    # transport's messages carry only the low bits of a call's number (MPI's tags: 2**11);
+    # the engine issues no call that far past one still in flight before that one is done
+    # (``InFlight.make_room``). None: any
+    calls_apart: int | None = None
 
     def idle(self, waited: float) -> None:
         """Nothing progressed for ``waited`` seconds: spin, yield or sleep accordingly."""

@@ -3,7 +3,8 @@
 * many calls in flight (every collective, natives and schedules, small and large), waited in
   an order that differs from rank to rank, mixed with blocking calls;
 * back-to-back small all-reduces (the hot path), every result checked, past two wraps of
-  the calls' sequence numbers;
+  the calls' sequence numbers; and asynchronous calls whose handles were dropped, more in
+  flight than a wrap, with one rank behind;
 * prepared calls of every collective, started again and again on refilled inputs, and not
   started again while another thread's ``wait()`` for the last run has not returned;
 * a collective called from a done-callback: refused there, the hot path's too;
@@ -106,6 +107,22 @@ def back_to_back(calls: int = BACK_TO_BACK) -> None:
         wrong += not (got[0] == i * n and got[1] == n * (n - 1) // 2
                       and got[2] == i * n * (n - 1) // 2 and got[3] == n)
     report.check(wrong == 0, f"{wrong} of {calls} back-to-back all-reduces wrong")
+
+
+def dropped_past_a_wrap(calls: int = 2**tags.SEQ_BITS + 52) -> None:
+    """Asynchronous ring all-reduces, their handles dropped (results land in ``out=``), with
+    the last rank a second behind: more calls in flight than a wrap of the tags' sequence
+    bits. The limit on handles not waited on let them all out, and call 0's messages paired
+    with call 2048's: other sums on each rank, without a word."""
+    outs = [np.zeros(8) for _ in range(calls)]
+    if rank == n - 1:
+        time.sleep(1.0)
+    for i in range(calls):
+        comm.all_reduce(np.full(8, float(i) + rank), "sum", "ring", out=outs[i], async_op=True)
+    comm.barrier()
+    want = [np.full(8, float(n * i + n * (n - 1) // 2)) for i in range(calls)]
+    wrong = [i for i in range(calls) if not np.array_equal(outs[i], want[i])]
+    report.check(not wrong, f"{len(wrong)} of {calls} dropped calls wrong, from {wrong[:5]}")
 
 
 def prepared() -> None:
@@ -265,6 +282,8 @@ def main() -> None:
     many_in_flight()
     meet()
     back_to_back()
+    meet()
+    dropped_past_a_wrap()
     meet()
     prepared()
     meet()
