@@ -157,6 +157,18 @@ def test_make_plan_chooses_like_tf(kwargs: dict, expected: Callable[..., PackPla
     assert make_plan(shapes, dtypes, **kwargs) == expected(shapes, dtypes)
 
 
+@pytest.mark.parametrize("narrow", [np.int8, np.uint8, np.int16])
+@pytest.mark.parametrize("kwargs", [
+    {"num_packs": 2}, {"agg_small_grads_max_bytes": 100, "agg_small_grads_max_group": 3},
+    {"agg_small_grads_max_bytes": 8, "agg_small_grads_max_group": 0, "bytes_per_pack": 40},
+])
+def test_make_plan_takes_narrow_numpy_integers(narrow, kwargs: dict) -> None:
+    # (the plan's sums took an int8 num_packs' dtype: 1300 // int8(2) overflowed)
+    shapes, dtypes = [(1000,), (300,), (7,), (5,)], [np.float32] * 4
+    narrowed = {k: narrow(v) for k, v in kwargs.items()}
+    assert make_plan(shapes, dtypes, **narrowed) == make_plan(shapes, dtypes, **kwargs)
+
+
 def test_make_plan_rejects_negative_num_packs() -> None:
     with pytest.raises(ValueError, match=r"num_packs.*-2"):
         make_plan([(1,)], [np.float32], num_packs=-2)

@@ -202,12 +202,16 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
     ``alone_bytes`` or more alone (see ``fuse``); ``in_order``: runs of consecutive tensors
     with a small first bucket and shrinking last ones instead (``runs``, for buckets started
     as they become ready)."""
-    _check_whole(num_packs, "num_packs", "0 (no concat-and-split) or more")
-    _check_whole(agg_small_grads_max_bytes, "agg_small_grads_max_bytes", "0 (no aggregation) or more")
-    _check_whole(agg_small_grads_max_group, "agg_small_grads_max_group",
-                 "0 (as TensorFlow: no aggregation) or more")
+    # (as Python ints: a NumPy int8 num_packs made the plan's sums int8, which overflowed)
+    num_packs = _check_whole(num_packs, "num_packs", "0 (no concat-and-split) or more")
+    agg_small_grads_max_bytes = _check_whole(agg_small_grads_max_bytes,
+                                             "agg_small_grads_max_bytes",
+                                             "0 (no aggregation) or more")
+    agg_small_grads_max_group = _check_whole(agg_small_grads_max_group,
+                                             "agg_small_grads_max_group",
+                                             "0 (as TensorFlow: no aggregation) or more")
     if bytes_per_pack is not None:
-        _check_whole(bytes_per_pack, "bytes_per_pack", "0 (one pack) or more")
+        bytes_per_pack = _check_whole(bytes_per_pack, "bytes_per_pack", "0 (one pack) or more")
     check_bucket_bytes(bucket_bytes)
     if num_packs > 0:
         return concat_and_split(shapes, dtypes, num_packs)
@@ -223,10 +227,11 @@ def make_plan(shapes: Sequence[Sequence[int]], dtypes: Sequence[DTypeLike], *,
     return fuse(shapes, dtypes, bucket_bytes, alone_bytes)
 
 
-def _check_whole(value: object, name: str, wanted: str) -> None:
-    """``value`` is a whole number, 0 or more, or raise naming ``name``: a float raised a bare
-    TypeError deep in the plan, and True passed as 1."""
+def _check_whole(value: object, name: str, wanted: str) -> int:
+    """``value`` as a Python int, where it is a whole number, 0 or more; else raise naming
+    ``name`` (a float raised a bare TypeError deep in the plan, and True passed as 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}={value!r} must be a whole number, {wanted}")
     if value < 0:
         raise ValueError(f"{name} must be {wanted}, not {value}")
+    return int(value)
