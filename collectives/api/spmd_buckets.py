@@ -150,7 +150,8 @@ class Buckets(Generic[ArrayT]):
             raise ValueError(
                 f"tensor {k} was already marked ready this step ({ready} of "
                 f"{len(self.layout)} tensors ready): a step ends at its wait(). This ends the "
-                "step here, on every rank (its results are lost), and the next ready(k, x) "
+                "step here (this rank's results are lost; its peers raise PeerFailedError "
+                "where buckets had yet to start), and the next ready(k, x) "
                 "starts the next one; where the program leaves a step midway (its own "
                 "exception, Ctrl-C in wait()), call wait() before the next step's ready(): it "
                 "takes the rest of the step")
