@@ -94,7 +94,7 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
 
     from . import abort
     from .compiled import pure_python
-    from .groups import groups_from_env, layout_for
+    from .groups import ENV_RANKS_PER_NODE, groups_from_env, layout_for, ranks_per_node
     from .start import agree_to_start, check_settings
     from .transport import MPITransport
 
@@ -108,6 +108,9 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         # COLLECTIVES_PURE_PYTHON, on one rank too: read later, they raised there alone, or
         # not at all, its peers waiting their timeout)
         groups_from_env(size)
+        # (alike on every rank: each rank's auto prices its own simulated nodes, and ranks
+        # that ran different algorithms returned a root's sums short of a rank, silently)
+        alike[f"{ENV_RANKS_PER_NODE} (an environment variable)"] = ranks_per_node()
         check_settings(hang_guard)
         pure_python()
         layout_for(groups, ((r,) for r in range(size)), size)

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .bootstrap import broadcast_unique_id, node_of_ranks, ranks_per_node, shared_gpu
+from .bootstrap import (
+    ENV_RANKS_PER_NODE,
+    broadcast_unique_id,
+    node_of_ranks,
+    ranks_per_node,
+    shared_gpu,
+)
 from .communicator import NcclCommunicator
 from .gpu_work import GpuWork
 
@@ -57,7 +63,9 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         check_default_timeout(timeout)
         check_flag(check, "check")
         check_flag(abort_on_error, "abort_on_error")
-        ranks_per_node()  # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too)
+        # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too; and alike on every rank: it
+        # decides the nodes each rank's choices price)
+        alike[f"{ENV_RANKS_PER_NODE} (an environment variable)"] = ranks_per_node()
         check_settings(guard.ENABLED)  # (COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD: as MPI's)
         if agreed_settings is not None:
             alike.update(agreed_settings())

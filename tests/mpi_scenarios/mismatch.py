@@ -91,6 +91,16 @@ def main() -> None:
     except ValueError as exc:
         report.check(f"init on rank {n - 1}: COLLECTIVES_RANKS_PER_NODE='+2'" in str(exc),
                      f"init env: {exc}")
+    # ... and a good value on one rank, another (or none) on the others: each rank's auto
+    # priced its own simulated nodes (a float16 reduce ran as tree on some ranks, one_device on
+    # others, and the root's sum lacked a rank, without a word)
+    os.environ["COLLECTIVES_RANKS_PER_NODE"] = "2" if odd else "1"
+    try:
+        mpi.init(timeout=10)
+        report.check(False, "init env alike: no error")
+    except ValueError as exc:
+        report.check("ranks passed different COLLECTIVES_RANKS_PER_NODE (an environment "
+                     "variable) (rank 0: 1" in str(exc), f"init env alike: {exc}")
     finally:
         if saved is None:
             del os.environ["COLLECTIVES_RANKS_PER_NODE"]
