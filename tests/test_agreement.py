@@ -341,3 +341,17 @@ def test_a_refusal_after_a_leaf_returned_names_the_refusing_rank(collective):
     assert leaf is None  # (returned once its data was out)
     assert root.startswith("PeerFailedError") and "rank 2 failed to start it" in root, root
     assert "timeout=-1" in root, root
+
+
+def test_settled_agreements_are_not_kept_to_be_scanned_by_every_call():
+    # (each signature's last agreement stayed in the engine's list of unsettled ones, settled,
+    # and every later call that skipped its agreement scanned them all: 59 here, up to 1024)
+    def body(comm):
+        xs = [np.ones(k) for k in range(1, 60)]  # 59 signatures agreed together
+        for handle in [comm.all_reduce(x, async_op=True) for x in xs]:
+            handle.wait()
+        for x in xs:
+            assert (comm.all_reduce(x, async_op=True).wait() == 2).all()
+        return len(comm.calls.engine.unsettled)
+
+    assert collectives.run(body, 2) == [0, 0]

@@ -61,6 +61,9 @@ class AgreedSignatures:
                 always = always or seq in self.ahead
                 self.ahead = {s for s in self.ahead if s > seq}
             decider = self.agreed.get(check)
+            unsettled = self.unsettled  # (settled ones leave from the front: verdicts come in
+            while unsettled and unsettled[0].outcome is not None:  # call order, and else the
+                del unsettled[0]  # last agreement of every signature stayed, scanned per call)
             if (error is None and not always and not self.detail and decider is not None
                     and decider.outcome is not False):
                 self.agreed.move_to_end(check)
