@@ -7,6 +7,7 @@ in flight) keeps its values through the next call. CuPy's side runs in tests/gpu
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -225,6 +226,34 @@ def test_buckets_keep_theirs_from_step_to_step(lib):
 
     for reused, kept, third in collectives.run(body, RANKS):
         assert reused and kept and third
+
+
+@pytest.mark.parametrize("kind", ["buckets", "batch"])
+def test_a_loop_that_holds_a_steps_results_into_the_next_alternates_two_buckets(lib, kind):
+    # (``averaged = buckets.wait()`` holds a step's results while the next step packs: with
+    # one bucket kept, every step made new ones; the step before's is free by then)
+    def body(c):
+        buckets = c.buckets(grads(lib, c, 1), bucket_bytes=1 << 20)
+
+        def step(s):
+            if kind == "batch":
+                return c.batch_all_reduce(grads(lib, c, s))
+            for k, x in enumerate(grads(lib, c, s)):
+                buckets.ready(k, x)
+            return buckets.wait()
+
+        handed, right = [], True
+        averaged = None
+        for s in range(1, 7):
+            averaged = step(s)  # (the last step's results live until this returns)
+            handed.append(weakref.ref(averaged[0]))
+            right = right and holds(averaged, s)
+        # step 6 handed back step 4's view objects, and steps 3 to 6 took turns in two
+        # buckets (the keeper holds their views: alive)
+        return right, handed[3]() is averaged[0], all(h() is not None for h in handed[2:])
+
+    for right, same, alive in collectives.run(body, RANKS):
+        assert right and same and alive
 
 
 def test_a_list_with_tensors_alone_reuses_its_fused_bucket(lib):
