@@ -4,8 +4,9 @@ the same work (``gpu_peers.py`` runs it as the ``resnet50`` part).
 The library's ``batch_all_reduce`` packs the list into buckets, all-reduces them and returns
 the results as views of the reduced buckets; where the last step's results are gone, it packs
 into the same buckets and hands back the same views (``collectives/algorithms/reuse.py``).
-``library_*_kept`` holds each step's results until the next step's, so nothing is reused
-(every bucket and view made anew, as torch's reference makes them). Beside it:
+``library_*_kept`` holds each step's results for two steps more (the keeper's two
+generations), so nothing is reused (every bucket and view made anew, as torch's reference
+makes them). Beside it:
 
 * ``torch_flat_views``: torch with the same semantics: ``_flatten_dense_tensors``, one
   ``dist.all_reduce``, ``_unflatten_dense_tensors`` (views);
@@ -59,8 +60,8 @@ def _torch_ways(torch, dist, comm, shapes) -> dict:
 
     held: list = []
 
-    def library_kept():  # each step's results held until the next step's: no bucket reused
-        held[:] = [comm.batch_all_reduce(grads)]
+    def library_kept():  # each step's results held two steps more: no bucket reused
+        held[:] = [*held[-1:], comm.batch_all_reduce(grads)]  # (kept buckets: the last two steps')
 
     ways = {"library_torch": lambda: comm.batch_all_reduce(grads),
             "library_torch_kept": library_kept,
@@ -130,8 +131,8 @@ def resnet50_part(out: Path, args) -> None:
 
     held: list = []
 
-    def cupy_kept():  # each step's results held until the next step's: no bucket reused
-        held[:] = [comm.batch_all_reduce(grads)]
+    def cupy_kept():  # each step's results held two steps more: no bucket reused
+        held[:] = [*held[-1:], comm.batch_all_reduce(grads)]  # (kept buckets: the last two steps')
 
     ways: dict = {"library_cupy": lambda: comm.batch_all_reduce(grads),
                   "library_cupy_kept": cupy_kept,

@@ -11,7 +11,7 @@
 * the gradient list (ResNet-50's shapes, 4 arrays per tensor, each device's tensors views of
   one buffer): ``collectives.batch_all_reduce`` beside the naive loop, a loop of the fused
   kernel per tensor, and one fused kernel over each device's whole buffer
-  (``library_batch_kept`` holds each step's results until the next step's, so no bucket is
+  (``library_batch_kept`` holds each step's results for two steps more, so no bucket is
   reused: see ``gpu_peers_grads.py``).
 """
 
@@ -100,8 +100,8 @@ def _gradient_list(record: Record, fence, args) -> None:
 
     held: list = []
 
-    def batch_kept():  # each step's results held until the next step's: no bucket reused
-        held[:] = [collectives.batch_all_reduce(value_lists)]
+    def batch_kept():  # each step's results held two steps more: no bucket reused
+        held[:] = [*held[-1:], collectives.batch_all_reduce(value_lists)]  # (kept: two steps')
 
     ways = {"library_batch": lambda: collectives.batch_all_reduce(value_lists),
             "library_batch_kept": batch_kept,
