@@ -52,6 +52,7 @@ class MirrorTransport:
     name, native, layout, local_rank, arrays = "mirror", None, None, 0, NUMPY
     processes, nodes, fabric, link, shared_memory = True, None, None, None, None
     schedules_in_native_order = calls_may_not_return = False
+    calls_apart = None
     cost_model = CostModel(latency=30e-6, seconds_per_byte=1 / 8e9, message_overhead=20e-6)
 
     def __init__(self, rank: int, size: int):
