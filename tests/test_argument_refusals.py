@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -115,6 +116,29 @@ def test_reduce_scatter_init_refuses_a_scalar_as_the_call_does():
     (said0, next0), (said1, next1) = collectives.run(body, 2, timeout=10)
     assert said0.startswith("x is a scalar; reduce_scatter splits axis 0"), said0
     assert "rank 0 failed to start it: ValueError: x is a scalar" in said1, said1
+    assert next0 == next1 == [2.0, 2.0]
+
+
+def test_making_a_prepared_call_refuses_any_error_of_one_rank_on_every_rank():
+    # (only a TypeError, ValueError or IndexError reached the peers: a MemoryError on one
+    # rank left them waiting out their timeout in the step they all take)
+    def body(comm):
+        if comm.rank == 1:
+            def no_memory(*args, **kwargs):
+                raise MemoryError("no memory for the call")
+            comm.calls.validated = no_memory  # (this rank's runner alone)
+        start = time.monotonic()
+        try:
+            comm.all_reduce_init(np.ones(4), out=np.empty(4))
+            outcome = "returned"
+        except (MemoryError, PeerFailedError) as exc:
+            outcome = type(exc).__name__
+        took = time.monotonic() - start
+        vars(comm.calls).pop("validated", None)  # (memory again)
+        return outcome, took, comm.all_reduce(np.ones(2)).tolist()
+
+    (said0, took0, next0), (said1, _, next1) = collectives.run(body, 2, timeout=10)
+    assert (said0, said1) == ("PeerFailedError", "MemoryError") and took0 < 5
     assert next0 == next1 == [2.0, 2.0]
 
 

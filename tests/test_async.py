@@ -366,3 +366,22 @@ def test_a_numpy_float_timeout_counts_as_seconds_on_a_host_up_for_years(kind, mo
         return True
 
     assert collectives.run(body, 2, timeout=10) == [True, True]
+
+
+def test_finished_result_is_a_done_callbacks_view_of_the_result():
+    # (what a transport's handle reads in its done-callback: the result, without marking the
+    # handle waited for; refused while the call still runs)
+    def body(comm):
+        seen = []
+        if comm.rank == 1:
+            time.sleep(0.2)  # (rank 0's call is still running when it asks)
+        handle = comm.all_reduce(np.full(3, comm.rank + 1.0), async_op=True)
+        if comm.rank == 0:
+            with pytest.raises(RuntimeError, match="still running"):
+                handle.finished_result()
+        handle.add_done_callback(lambda work: seen.append(work.finished_result()))
+        result = handle.wait()
+        return seen[0].tolist(), result.tolist(), comm.calls.engine.outstanding
+
+    for seen, result, outstanding in collectives.run(body, 2):
+        assert seen == result == [3.0, 3.0, 3.0] and outstanding == 0

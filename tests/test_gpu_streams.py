@@ -179,6 +179,21 @@ def test_hot_async_all_reduce_runs_beside_the_caller_and_wait_orders_the_current
     np.testing.assert_array_equal(cupy.asnumpy(out), np.arange(1024, dtype=np.float32))
 
 
+def test_a_dropped_handle_stops_counting_while_the_gpu_still_runs_its_call(comm, monkeypatch):
+    # (its handle was kept until the GPU had finished: with the GPU behind, 1024 dropped
+    # handles refused the next call, though the program held none)
+    import cupy
+    from cupy import cuda
+
+    x = cupy.arange(4, dtype=cupy.float64)
+    comm.all_reduce(x, "mean", "nccl", async_op=True).wait()  # (agreed)
+    monkeypatch.setattr(cuda.Event, "done", property(lambda self: False))  # the GPU is behind
+    for _ in range(3):
+        comm.all_reduce(x, "mean", "nccl", async_op=True)  # (MEAN: never hot) dropped
+    gc.collect()
+    assert comm.calls.engine.outstanding == 0
+
+
 def test_engine_way_async_call_orders_the_current_stream_at_wait(order, comm):
     import cupy
 

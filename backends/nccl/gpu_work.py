@@ -63,12 +63,12 @@ class GpuWork:
 
     def _enqueued(self, work: Any) -> None:
         """The core's handle has finished: the call's work is enqueued, and nothing after it
-        yet (calls enqueue in order), so the event after it is recorded now. The handle (and
-        so the result it holds) is kept until that event is done; not ``work.wait()``, which
-        reports the call waited for: at issue, that made the issuing stream wait for the
-        call (no overlap)."""
+        yet (calls enqueue in order), so the event after it is recorded now, and the result
+        kept until it is done. Not through ``work.wait()``, which reports the call waited
+        for: at issue, that made the issuing stream wait for the call (no overlap); nor by
+        keeping ``work``, which kept a dropped handle counted until the GPU had finished."""
         if work.exception() is None:
-            self._ended(work)
+            self._ended(work.finished_result())
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result, ordered before later work on the current stream of its library (in
@@ -91,13 +91,13 @@ class GpuWork:
         the communicator's)."""
         self.wait(self._comm.timeout if timeout is None else timeout)
 
-    def _ended(self, holder: Any = None) -> Any:
+    def _ended(self, result: Any = None) -> Any:
         """The event after the call's work, recorded now where it was not yet (the core's
-        handle has enqueued everything once it has finished); ``holder``, the result or what
-        holds it, is kept until then."""
+        handle has enqueued everything once it has finished); ``result`` is kept until
+        then."""
         if self._done is None:
             t = self._comm.transport
-            self._keep.append(holder)
+            self._keep.append(result)
             self._done = t.record()
             t.keep_until_done(self.description, self._done, self._keep)
         return self._done

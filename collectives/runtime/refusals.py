@@ -149,7 +149,9 @@ def setting_up(what: str) -> Callable[[F], F]:
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with refused_to_peers(self, what):
+            # (any error: the method makes no call, and its peers wait in their set-up's; a
+            # MemoryError on one rank left them waiting out their timeout)
+            with refused_to_peers(self, what, (Exception,)):
                 made = method(self, *args, **kwargs)
             set_up(self, what, kwargs.get("timeout"))
             return made

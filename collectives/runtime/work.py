@@ -151,6 +151,18 @@ class Work(Generic[T]):
         """The error it finished with, or None (also while still running)."""
         return self._op.error
 
+    def finished_result(self) -> T:
+        """The result of a call that has finished, as a done-callback sees it, without what
+        ``wait()`` does besides: the handle still counts as not waited for (until it is, or
+        is dropped), and the transport is not told the call ended on this thread (NCCL's
+        would order the thread's current stream after it). Raises the call's error, or
+        ``RuntimeError`` while it is still running."""
+        op = self._op
+        if not op.finished:
+            raise RuntimeError(f"{op.description} is still running: finished_result() is for "
+                               "a call that has finished (a done-callback's); wait() for it")
+        return op.outcome()
+
     @property
     def description(self) -> str:
         """What the call is, e.g. ``all_reduce(float32[1000], op=sum)``."""
