@@ -167,3 +167,20 @@ def test_a_call_that_fails_as_it_is_set_up_tells_its_peers(failure):
     usable = isinstance(failure, Exception)
     assert (after0, after1) == (("2.0", "2.0") if usable else
                                 ("CommunicatorBrokenError", "CommunicatorBrokenError"))
+
+
+def test_a_call_interrupted_while_it_waits_for_room_breaks_the_communicator(ctrl_c_soon):
+    # (a transport whose messages carry few bits of a call's number makes a call wait for an
+    # old one still in flight: interrupted there, its number was taken and never issued, and
+    # the peers' calls paired with this rank's next ones)
+    comm, absent = _pair()
+    comm.calls.engine.calls_apart = 2  # (as MPI's 2**11, made small)
+    handles = [comm.all_reduce(np.ones(4), async_op=True) for _ in range(2)]  # rank 1 never comes
+    ctrl_c_soon()
+    with pytest.raises(KeyboardInterrupt):
+        comm.all_reduce(np.ones(4), async_op=True)  # waits for call 1 first
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match="KeyboardInterrupt"):  # (at once: not the old
+        comm.all_reduce(np.ones(4))  # calls' timeout, 2 s on)
+    assert time.monotonic() - start < TIMEOUT / 2
+    del handles

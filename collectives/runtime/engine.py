@@ -171,7 +171,11 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
     def run(self, op: Operation, async_op: bool, timeout: float | None) -> Any:
         """Advance a new operation; block for it, or hand back its handle."""
         if self.inflight and self.calls_apart is not None:
-            self.make_room(op)
+            try:
+                self.make_room(op)
+            except BaseException as exc:  # (Ctrl-C: this call's number is taken and never
+                self.broken_by(exc, op.seq)  # issued; the ranks are out of step)
+                raise
         with self.state:
             # broken since ``enter`` (the progress thread saw a failure): the call must not
             # start, as it would wait for peers that will not. A message is posted already:
