@@ -194,6 +194,19 @@ def test_a_dropped_handle_stops_counting_while_the_gpu_still_runs_its_call(comm,
     assert comm.calls.engine.outstanding == 0
 
 
+def test_an_async_batchs_handle_is_left_to_its_wait(comm, caplog):
+    # (a done-callback recorded the batch's event at enqueue through its handle: a batch's
+    # handle has no one call's result to keep, and the callback raised, logged at every step)
+    import cupy
+
+    xs = [cupy.full(10, 1.0), cupy.full(7, 2.0)]
+    with caplog.at_level("WARNING", logger="collectives"):
+        for _ in range(2):
+            out = comm.batch_all_reduce(xs, async_op=True).wait()
+    assert [float(o[0]) for o in out] == [1.0, 2.0]
+    assert not [r for r in caplog.records if "done-callback" in r.getMessage()]
+
+
 def test_engine_way_async_call_orders_the_current_stream_at_wait(order, comm):
     import cupy
 

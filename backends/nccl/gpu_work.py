@@ -48,7 +48,8 @@ class GpuWork:
 
     ``work``: the core's handle (or a finished one, for a hot call); ``done``: the event after
     the call's work on the transport's stream, where it was recorded at issue (else it is
-    recorded as ``work`` finishes, having enqueued everything: its done-callback); ``keep``:
+    recorded as ``work`` finishes, having enqueued everything: its done-callback, for one
+    call's handle; a batch's at ``wait()``); ``keep``:
     the call's arrays, held until that event is done."""
 
     __slots__ = ("_comm", "_done", "_keep", "_work")
@@ -57,9 +58,12 @@ class GpuWork:
                  keep: list | None = None):
         self._comm, self._work, self._done = comm, work, done
         self._keep = keep if keep is not None else []
-        if done is None and isinstance(work, Work):  # (recorded at wait(), the event would
-            work.add_done_callback(self._enqueued)  # follow every call enqueued since; another
-            # library's handle over this transport's own, ``HandedBack``, waits on that one)
+        if done is None and type(work) is Work:  # (recorded at wait(), the event would
+            work.add_done_callback(self._enqueued)  # follow every call enqueued since. One
+            # call's handle only: a batch's assembles its result at wait(), on the caller's
+            # thread (its packs' buckets are unpacked there, beside the caller's next batch);
+            # another library's handle over this transport's own, ``HandedBack``, waits on
+            # that one)
 
     def _enqueued(self, work: Any) -> None:
         """The core's handle has finished: the call's work is enqueued, and nothing after it
