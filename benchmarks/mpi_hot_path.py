@@ -8,7 +8,8 @@ On one rank nothing waits for a peer, so the CPU time a call takes (``time.threa
 its work alone, free of the scheduler's noise on a loaded machine: the CPU time per call of
 mpi4py's ``Allreduce``, of a persistent ``Allreduce_init`` started and tested (MPI's own floor
 for a repeated call), and of this library's ``all_reduce(x, out=out)``, ``all_reduce(x)``,
-MEAN, and a prepared call's ``start().wait()`` (each naming ``"native"``, what ``auto`` runs
+MEAN, a prepared call's ``start().wait()`` and an asynchronous call's issue and ``wait()``
+(beside mpi4py's ``Iallreduce`` and ``Wait``) (each naming ``"native"``, what ``auto`` runs
 at these sizes on two ranks); each the best of ``-r`` interleaved repeats.
 Then ``cProfile`` over ``-n`` calls of each of the library's two ways: the Python functions
 one call runs, and where their time goes. (What the ranks' MPI adds on top, the transfer and
@@ -70,12 +71,15 @@ def one_size(world, comm, nbytes: int, calls: int, repeats: int) -> None:
         request.Wait()
 
     ways = {"mpi4py Allreduce": lambda: world.Allreduce(x, out),
+            "mpi4py Iallreduce + Wait": lambda: world.Iallreduce(x, out).Wait(),
             "MPI persistent Start+Wait": persistent,
             "all_reduce(x, out=out)": lambda: comm.all_reduce(x, "sum", "native", out=out),
             "all_reduce(x)": lambda: comm.all_reduce(x, "sum", "native"),
             "all_reduce(x, 'mean', out=out)": lambda: comm.all_reduce(x, "mean", "native",
                                                                       out=out),
-            "prepared start().wait()": lambda: prepared.start().wait()}
+            "prepared start().wait()": lambda: prepared.start().wait(),
+            "all_reduce(x, out=out, async_op=True).wait()": lambda: comm.all_reduce(
+                x, "sum", "native", out=out, async_op=True).wait()}
     for fn in ways.values():  # agreed, bound and warm
         for _ in range(3):
             fn()
@@ -88,8 +92,9 @@ def one_size(world, comm, nbytes: int, calls: int, repeats: int) -> None:
     print(f"\n{nbytes // 1024} KiB, one rank: CPU µs per call (best of {repeats} interleaved "
           f"repeats of {iters} calls)")
     for name, t in best.items():
-        print(f"  {name:<34} {t * 1e6:8.3f}  (+{(t - base) * 1e6:6.3f} over mpi4py)")
-    for name in ("all_reduce(x, out=out)", "prepared start().wait()"):
+        print(f"  {name:<46} {t * 1e6:8.3f}  (+{(t - base) * 1e6:6.3f} over mpi4py)")
+    for name in ("all_reduce(x, out=out)", "prepared start().wait()",
+                 "all_reduce(x, out=out, async_op=True).wait()"):
         profile = cProfile.Profile()
         fn = ways[name]
         profile.enable()

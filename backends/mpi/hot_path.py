@@ -36,13 +36,17 @@ from .runs import STALL_POLLS, mpi_error, note_stall
 
 SPIN_SECONDS = 20e-6  # quick() spins this long on its request, then yields between tests...
 HOLD_SECONDS = 1e-3  # ...until this long (the engine's wait answers peers' questions after it)
+# an asynchronous call's issue (``issue``) tests its request this long and no more: peers in
+# step finish a small all-reduce within it, and a caller whose peers are late goes on at once
+ISSUE_SECONDS = 5e-6
 
 
 class Bound:
     """A call bound to ``src`` and ``dst`` (``prepare``): ``start`` runs it as a plain call
     would; ``quick`` runs a hot small all-reduce on any input of the call's shape."""
 
-    __slots__ = ("call", "compiled", "dst", "dst_bytes", "entry", "expected", "head", "head_bytes",
+    __slots__ = ("call", "compiled", "compiled_issue", "dst", "dst_bytes", "entry", "expected",
+                 "head", "head_bytes",
                  "lane", "mine", "natives", "op", "out", "polls", "req", "result", "result_bytes",
                  "run", "seq", "since", "src", "src_bytes", "tail", "trailer", "__weakref__")
 
@@ -54,6 +58,7 @@ class Bound:
         self.req: Any = None  # its request and views, bound once it exists (_bind)
         self.out: Any = None  # where a PENDING quick run delivers
         self.compiled: Any = None  # the compiled hot path (compiled.py), where there is one
+        self.compiled_issue: Any = None  # the same, testing briefly (``issue``)
         self.seq = self.polls = 0
         self.since = 0.0
 
@@ -98,18 +103,19 @@ class Bound:
             return True
         return self._landed(code, landing())
 
-    def quick(self, x: Any, out: Any, seq: int) -> Any:
+    def quick(self, x: Any, out: Any, seq: int, brief: bool = False) -> Any:
         """Run call ``seq`` on ``x`` (an array of the call's shape and dtype) into ``out`` (the
         same, C-contiguous and writable; None: a new array). Returns the result; or
         ``PENDING`` when the spin ran out (then ``advance()`` until True, then
         ``deliver``); or None, having done nothing, where the hot path is closed: no
-        entry yet, the entry busy, earlier runs queued, or an ``out`` it cannot write."""
+        entry yet, the entry busy, earlier runs queued, or an ``out`` it cannot write.
+        ``brief``: test for ``ISSUE_SECONDS`` only (``issue``)."""
         entry = self.entry
         if entry is None or entry.owner is not None or self.lane.runs or self.req is None:
             return self._closed()
         self.natives.last = "mpi"  # (MPI's own, persistent: what a benchmark reports as run)
         if out is not None:
-            compiled = self.compiled
+            compiled = self.compiled_issue if brief else self.compiled
             if compiled is not None:
                 self.seq = seq
                 code = compiled.run(x, out)
@@ -125,7 +131,7 @@ class Bound:
         req = self.req
         try:
             req.Start()
-            if not req.Test() and self._spin(req):
+            if not req.Test() and self._spin(req, brief):
                 self.out = out
                 return PENDING
         except MPI.Exception as exc:
@@ -136,6 +142,11 @@ class Bound:
             return self.result.copy()
         out[...] = self.result
         return out
+
+    def issue(self, x: Any, out: Any, seq: int) -> Any:
+        """``quick`` for an asynchronous call: it tests its request for ``ISSUE_SECONDS``
+        only, then hands it over (``PENDING``): its caller goes on while its peers come."""
+        return self.quick(x, out, seq, True)
 
     def rerun(self, seq: int) -> Any:
         """``quick`` on the buffers this call was prepared with (``dst`` holds the input
@@ -196,12 +207,14 @@ class Bound:
             self.entry.verify(self.natives.rank, self.seq)  # raises, saying why
         raise self._failed(MPI.Exception(-code))
 
-    def _spin(self, req: Any) -> bool:
+    def _spin(self, req: Any, brief: bool = False) -> bool:
         """Test ``req``: spinning for ``natives.spin`` seconds, then yielding the core between tests
         (a peer on this core must run) until ``HOLD_SECONDS``, as the engine's wait would
-        before it looks around; True (the request handed to the engine) if still running."""
+        before it looks around (``brief``: for ``ISSUE_SECONDS`` only); True (the request
+        handed to the engine) if still running."""
         now = time.perf_counter()
-        spin, hold = now + self.natives.spin, now + HOLD_SECONDS
+        spin, hold = ((now + ISSUE_SECONDS,) * 2 if brief else
+                      (now + self.natives.spin, now + HOLD_SECONDS))
         while not req.Test():
             now = time.perf_counter()
             if now > spin:
@@ -242,6 +255,7 @@ class Bound:
         entry.rider.fill(mine, False)
         self.mine = mine.tobytes()  # this rank's trailer, written before every start
         self.compiled = compiled.bind(entry, self.mine, self.natives.spin, HOLD_SECONDS)
+        self.compiled_issue = compiled.bind(entry, self.mine, ISSUE_SECONDS, ISSUE_SECONDS)
         self.head_bytes = entry.head.view(np.uint8).data
         self.result_bytes = entry.result.view(np.uint8).data
         if self.dst is not None:  # prepared: its buffers are C-contiguous

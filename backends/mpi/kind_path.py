@@ -54,6 +54,10 @@ class KindBound:
         self.bound, self.kind = bound, kind
         self.out: Any = None  # the array a PENDING run delivers into
 
+    def issue(self, x: Any, out: Any, seq: int) -> Any:
+        """None: another library's arrays take the engine's way when asynchronous."""
+        return None
+
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         """Run call ``seq`` on ``x`` into ``out`` (None: a new array): the result, ``PENDING``
         or None where the engine's way must run it (nothing was started)."""

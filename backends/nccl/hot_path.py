@@ -95,6 +95,11 @@ class HotAllReduce:
         gives device pointers (``DevicePointers``); else None."""
         return KindAllReduce(self, kind) if with_pointers(kind) is not None else None
 
+    def issue(self, x: Any, out: Any, seq: int) -> Any:
+        """None: an asynchronous call takes this hot path through the communicator, as a
+        blocking call that only enqueues (``NcclCommunicator.all_reduce``, ``hot_ready``)."""
+        return None
+
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         """Run call ``seq`` on ``x`` into ``out`` (None: a new array); None where the engine's
         way must run it (nothing was enqueued)."""
@@ -137,6 +142,10 @@ class KindAllReduce:
 
     def __init__(self, hot: HotAllReduce, kind: DevicePointers):
         self.hot, self.kind = hot, kind
+
+    def issue(self, x: Any, out: Any, seq: int) -> Any:
+        """None, as ``HotAllReduce.issue``."""
+        return None
 
     def quick(self, x: Any, out: Any, seq: int) -> Any:
         hot, kind = self.hot, self.kind

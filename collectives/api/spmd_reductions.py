@@ -99,7 +99,8 @@ class ReductionOps(CommParts):
             A peer did not arrive within ``timeout``; the communicator is broken after it.
         """
         fast = self.calls.last_hot  # the hot path the last repeated call took
-        if (fast is not None and x.__class__ is fast.cls and timeout is None and async_op is False
+        if (fast is not None and x.__class__ is fast.cls and timeout is None
+                and (async_op is False or async_op is True)
                 and shards.__class__ is int and not shards and groups is None  # (no_shards)
                 and compression is None):
             try:
@@ -115,7 +116,7 @@ class ReductionOps(CommParts):
                 fast = None  # ranges), or a tensor without a shape (nested): the call says
             if fast is not None:
                 self.calls.last_hot = fast
-                result = fast(x, out)
+                result = fast(x, out) if async_op is False else fast.issue(x, out)
                 if result is not None:
                     return result
         return self._all_reduce(x, op, algorithm, out, shards, groups, timeout, async_op,
@@ -160,8 +161,10 @@ class ReductionOps(CommParts):
         fast_key = None
         # (with COLLECTIVES_DEBUG=detail every call is agreed and logged: no hot path; a bad
         # timeout= takes the checked path, which raises naming it). An asynchronous call
-        # does not run the hot path, but binds it for later calls (a transport whose blocking
-        # calls only enqueue runs it for asynchronous ones too, see ``hot_ready``).
+        # without timeout= (its timeout is its wait's) runs it where the transport tests its
+        # request briefly (``FastAllReduce.issue``: MPI's), and binds it for later calls (a
+        # transport whose blocking calls only enqueue runs it for asynchronous ones through
+        # the blocking call, see ``hot_ready``).
         if (no_shards(shards) and groups is None and self.arrays.owns(x)
                 and valid_timeout(timeout)):
             batch = self.calls.batch  # (a batch's bucket: a hot path of its own, never last)
@@ -171,9 +174,11 @@ class ReductionOps(CommParts):
             except Exception:  # noqa: BLE001 - an unhashable spec (a list of ranges): no
                 # hot path (anything else raises again where the call reaches its peers)
                 fast_key = fast = None
-            if fast is not None and async_op is False and (out is None or self._fits(out, x)):
+            if fast is not None and (async_op is False or (async_op is True and timeout is None)
+                                     ) and (out is None or self._fits(out, x)):
                 self.calls.last_hot = fast if not batch else None
-                result = fast(x, out, timeout)
+                result = (fast(x, out, timeout) if async_op is False else
+                          fast.issue(x, out))  # (an asynchronous call's timeout is its wait's)
                 if result is not None:
                     return result
         seen: list = []

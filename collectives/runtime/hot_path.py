@@ -29,7 +29,7 @@ from ..timeline import record_fast, recorder
 from .calls import Call
 from .operation import Operation
 from .transport import PENDING
-from .work import CALLING_BACK
+from .work import CALLING_BACK, Completed
 
 DONE = "done"  # what FastAllReduce.start returns for a call that completed at once
 
@@ -125,6 +125,47 @@ class FastAllReduce:
             if t0:
                 record_fast.fast_path(self, seq, t0)
             return result
+        except BaseException as exc:
+            engine.broken_by(exc, engine.seq)
+            raise
+        finally:
+            self.release()
+
+    def issue(self, x: Any, out: Any) -> Any:
+        """An asynchronous all-reduce of ``x`` (into ``out``): its handle, finished where the
+        transport's brief test saw the call finish (``PersistentNative.issue``), else an
+        operation's in flight; or None where the engine's way must run it (nothing was
+        started: as ``__call__``, and where a handle more would be refused, or a timeline is
+        being recorded)."""
+        engine = self.engine
+        if CALLING_BACK.depth or recorder.ON or not self.acquire(False):
+            return None
+        try:
+            if (engine.broken is not None or engine.unreported or engine.inflight
+                    or engine.native_next != engine.native_issued
+                    or engine.crowded() is not None
+                    or (engine.forgotten != self.agreed_at and not self._still_agreed())
+                    or not self._unbroken_after_quiet()):
+                return None
+            seq = engine.hot_call(None)
+            result = self.bound.issue(x, out, seq)
+            if result is None:
+                engine.hot_call_dropped(seq)
+                return None
+            self.comm.last_algorithm = "native"
+            if result is PENDING:
+                def finish():
+                    delivered = self.bound.deliver()
+                    if self.mean:
+                        self.arrays.divide(delivered, self.size, out=delivered)
+                    return delivered
+
+                return self._operation(seq, finish, True, None)
+            if self.mean:
+                self.arrays.divide(result, self.size, out=result)
+            if engine.progress_thread is not None:  # it answers peers' questions: tell them
+                self.transport.publish_activity((seq, self.call, False))
+            return Completed(result, self.call.describe())
         except BaseException as exc:
             engine.broken_by(exc, engine.seq)
             raise

@@ -180,6 +180,12 @@ class PersistentNative(Protocol):
         """The hot path's call (see above); a transport without one returns None."""
         ...
 
+    def issue(self, x: Any, out: Any, seq: int) -> Any:
+        """``quick`` for an asynchronous call, which must not hold its caller while peers
+        come: it tests briefly, then returns ``PENDING``; a transport without returns None
+        (the engine's way runs the call)."""
+        ...
+
     def free(self) -> None: ...
 
 

@@ -174,13 +174,14 @@ class Work(Generic[T]):
 
 
 class Completed(Work[T]):
-    """The handle of a multi-device call that finished before returning (host backends): a
-    ``Work`` whose ``wait()`` returns at once."""
+    """The handle of a call that finished before returning (a multi-device call on host
+    backends, an asynchronous all-reduce its hot path finished at once): a ``Work`` whose
+    ``wait()`` returns at once."""
 
-    __slots__ = ("result",)
+    __slots__ = ("result", "what")
 
-    def __init__(self, result: T):  # (no operation: nothing is in flight)
-        self.result = result
+    def __init__(self, result: T, what: str = "a finished multi-device call"):
+        self.result, self.what = result, what  # (no operation: nothing is in flight)
 
     def wait(self, timeout: float | None = None) -> T:
         """The result, at once (``timeout`` is not needed, but checked as every wait's is)."""
@@ -196,12 +197,18 @@ class Completed(Work[T]):
     def exception(self) -> BaseException | None:
         return None
 
+    def finished_result(self) -> T:
+        return self.result
+
+    def reported_elsewhere(self) -> None:
+        """Nothing to report: it finished without an error."""
+
     @property
     def description(self) -> str:
-        return "a finished multi-device call"
+        return self.what
 
     def __repr__(self) -> str:
-        return "<Work a finished multi-device call: done>"
+        return f"<Work {self.what}: done>"
 
 
 class BatchWork(Work[T]):
