@@ -197,7 +197,8 @@ class _CollectivesGroup(_ProcessGroupBase):
             view = self._checked("all_gather_single", check)
             gathered = self.comm.all_gather(view.reshape(-1))
             write_bits(output, gathered)
-        return _Finished([output])
+        # (its future holds every rank's block, shaped as the input, as gloo's does)
+        return _Finished(list(output.detach().reshape(self.comm.size, *input.shape).unbind(0)))
 
     @_group_call
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002

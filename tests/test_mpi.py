@@ -471,7 +471,9 @@ def test_a_long_wait_gives_the_core_back():
         waiting.idle(waited)
     cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     assert wall >= polls * min(waiting.SLEEP_SECONDS, waited * waiting.SLEEP_SHARE), wall
-    assert cpu < wall / 4, (cpu, wall)  # asleep, not polling
+    # asleep, not polling (a poll's yield counts as running: cpu near wall; on a loaded
+    # machine each sleep's wake-up took 0.1 ms of CPU, 30% of the wall time)
+    assert cpu < wall / 2, (cpu, wall)
 
 
 def test_a_stalled_native_call_looks_at_the_clock_often_enough():

@@ -57,6 +57,9 @@ FORMS = {
     "allgather(outs, [t])": lambda group, t: (
         lambda outs: (group.allgather([outs], [t]), outs))([torch.zeros(2), torch.zeros(2)]),
     "barrier()": lambda group, t: (group.barrier(), []),
+    # (dist.all_gather_single: its future held the whole output, gloo's every rank's block)
+    "all_gather_single(out, t)": lambda group, t: (lambda out: (
+        dist.all_gather_single(out, t, group=group, async_op=True), [out]))(torch.zeros(4)),
 }
 
 
