@@ -165,7 +165,7 @@ class FastAllReduce:
                 self.arrays.divide(result, self.size, out=result)
             if engine.progress_thread is not None:  # it answers peers' questions: tell them
                 self.transport.publish_activity((seq, self.call, False))
-            return Completed(result, self.call.describe())
+            return Completed(result, self.call.describe(), seq)
         except BaseException as exc:
             engine.broken_by(exc, engine.seq)
             raise

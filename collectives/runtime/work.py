@@ -178,10 +178,11 @@ class Completed(Work[T]):
     backends, an asynchronous all-reduce its hot path finished at once): a ``Work`` whose
     ``wait()`` returns at once."""
 
-    __slots__ = ("result", "what")
+    __slots__ = ("result", "seq", "what")
 
-    def __init__(self, result: T, what: str = "a finished multi-device call"):
-        self.result, self.what = result, what  # (no operation: nothing is in flight)
+    def __init__(self, result: T, what: str = "a finished multi-device call",
+                 seq: int | None = None):  # (no operation: nothing is in flight)
+        self.result, self.what, self.seq = result, what, seq  # (seq: the call's number)
 
     def wait(self, timeout: float | None = None) -> T:
         """The result, at once (``timeout`` is not needed, but checked as every wait's is)."""
@@ -208,7 +209,8 @@ class Completed(Work[T]):
         return self.what
 
     def __repr__(self) -> str:
-        return f"<Work {self.what}: done>"
+        call = f" call {self.seq}" if self.seq is not None else ""
+        return f"<Work {self.what}{call}: done>"
 
 
 class BatchWork(Work[T]):
