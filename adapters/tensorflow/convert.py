@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.ops import control_flow_util
 
 from .pool import ALIGNMENT, BufferPool, aligned_empty
 
@@ -181,6 +182,15 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     if tf.executing_eagerly():
         results = fn(*[to_numpy(t) for t in inputs])
         return [to_tensor(r, d) for r, d in zip(results, out_dtypes)]
+
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        # (XLA compiles no tf.numpy_function: its own error came when the function first ran,
+        # naming a PyFunc kernel; MirroredStrategy on CPU devices reduces here under XLA)
+        raise NotImplementedError(
+            f"{name}: the collectives cross-device ops run on the host (a tf.numpy_function), "
+            "which XLA cannot compile; drop jit_compile=True from the tf.function that "
+            "reduces (its other work can stay compiled in a function of its own), or use "
+            "TensorFlow's own cross-device ops where the step must be compiled whole")
 
     def run(*arrays):
         return tuple(fn(*arrays))

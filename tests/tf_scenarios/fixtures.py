@@ -9,7 +9,7 @@ again inside ``tf.function``. Then IndexedSlices, gather, Mirrored values, mixed
 dtypes, spec ranges, options and the argument errors, against TensorFlow's own
 ``ReductionToOneDevice`` where TensorFlow defines the answer; Mirrored values whose copies
 diverged; replicas that disagree in dtype or shape; denormals; memory over 200 steps of
-varying sizes.
+varying sizes; a replica's all-reduce under XLA, refused while tracing.
 """
 
 from __future__ import annotations
@@ -459,6 +459,23 @@ def strategy_paths() -> None:
         np.testing.assert_array_equal(p.numpy(), [N, N + 4])
 
 
+def under_xla() -> None:
+    """A replica's all-reduce in a jit-compiled function (MirroredStrategy reduces through the
+    cross-device ops there on CPU devices): refused while tracing, saying what to do (XLA's
+    own error came when the function first ran, naming a PyFunc kernel)."""
+    strategy = tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=ctf.CrossDeviceOps("ring"))
+
+    @tf.function(jit_compile=True)
+    def replica_step(x):
+        return tf.distribute.get_replica_context().all_reduce(SUM, x)
+
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.ones([3]) * tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32))
+    step = tf.function(lambda v: strategy.run(replica_step, (v,)))
+    expect_error(NotImplementedError, "drop jit_compile=True", step.get_concrete_function,
+                 value)
+
+
 def run(report, devices: list[str], counts, once: bool = True) -> None:
     """Every check for every class, for each device count in ``counts``, with ``devices`` as
     the N devices (the first N of the process's: the checks name and use no others).
@@ -488,5 +505,7 @@ def run(report, devices: list[str], counts, once: bool = True) -> None:
             report.check("denormals", denormals)
         report.check("hierarchical copy, odd counts", hierarchical_odd)
         report.check("options", options_honoured)
+        if N >= 2:
+            report.check("under XLA", under_xla)
     report.check(f"results stay valid k={N}", results_stay_valid)
     report.check(f"strategy paths k={N}", strategy_paths)
