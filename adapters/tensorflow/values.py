@@ -44,10 +44,17 @@ def components_of(value) -> tuple:
 
 
 def check_replicas(components: Sequence, name: str) -> None:
-    """Every replica of a dense value has one dtype and (as far as known) one shape; raised
-    while tracing, as TensorFlow's ``add_n`` does, rather than at the first step."""
+    """Every replica of a dense value has one dtype, a number's, and (as far as known) one
+    shape; raised while tracing, as TensorFlow's ``add_n`` does, rather than at the first
+    step."""
     # Each .dtype / .shape of an eager tensor asks TensorFlow anew: read them once.
     dtype, shape = components[0].dtype, components[0].shape
+    if not (dtype.is_floating or dtype.is_integer or dtype.is_complex) or dtype.is_quantized:
+        # (bool and strings: the core's message named its own argument and offered MAX, which
+        # cross-device ops cannot ask for; in tf.function it came at the first step)
+        raise TypeError(f"{name} holds {dtype.name} tensors, which cross-device ops cannot sum "
+                        "or average (nor can TensorFlow's); cast them to a number first, e.g. "
+                        "tf.cast(value, tf.int32)")
     for i, c in enumerate(components[1:], 1):
         if c.dtype != dtype:
             raise ReplicaDtypeError(

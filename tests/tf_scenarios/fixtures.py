@@ -249,6 +249,13 @@ def errors_and_edges() -> None:
             expect_error(ValueError, "destinations can not be empty", ops.reduce, SUM, pr, "")
         expect_error(ValueError, "must be non-empty", ops.reduce, SUM,
                      values_lib.PerReplica(()), DEVICES[0])
+        # bool and strings: named as the argument, eagerly and while tracing (the core's
+        # message named its own argument and offered MAX; in tf.function it came at a step)
+        for value in (tf.constant([True, False]), tf.constant(["a", "b"])):
+            held = per_replica([value] * max(N, 1), DEVICES[:max(N, 1)])
+            expect_error(TypeError, "per_replica_value holds", ops.reduce, SUM, held, held)
+            traced = tf.function(lambda v=held, o=ops: o.reduce(SUM, v, v))
+            expect_error(TypeError, "cast them to a number", traced.get_concrete_function)
     expect_error(ValueError, "NCCL all-reduce requires num_packs >= 0, but -1 is specified",
                  ctf.NcclAllReduce, num_packs=-1)
     expect_error(ValueError, "HierarchicalCopy requires num_packs >= 0, but -2 is specified",
