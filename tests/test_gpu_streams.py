@@ -207,6 +207,33 @@ def test_an_async_batchs_handle_is_left_to_its_wait(comm, caplog):
     assert not [r for r in caplog.records if "done-callback" in r.getMessage()]
 
 
+@pytest.mark.parametrize("kind", ["blocking", "async", "hot"])
+def test_the_watchdog_gives_a_calls_work_its_own_timeout(comm, monkeypatch, kind):
+    # (it gave every call's work the communicator's timeout: a call's timeout=5 failed only at
+    # 300 s where a peer never came to the work it had enqueued)
+    import cupy
+
+    watchdog = comm.transport.watchdog
+    given: list = []
+    watch = watchdog.watch
+    monkeypatch.setattr(watchdog, "watch", lambda *args: (given.append(args[3]), watch(*args)))
+    x = cupy.arange(4, dtype=cupy.float64)
+    if kind == "hot":
+        _agreed(comm, x)
+        given.clear()
+        comm.all_reduce(x, timeout=7)
+    elif kind == "async":
+        comm.all_reduce(x, "mean", "nccl", async_op=True, timeout=7).wait()
+    else:
+        comm.all_reduce(x, "mean", "nccl", timeout=7)
+    # (its work's events: within 7 s; an asynchronous handle's own event, recorded after the
+    # call's, is kept with the communicator's)
+    assert given and given[0] == 7 and (kind == "async" or set(given) == {7}), given
+    given.clear()
+    comm.all_reduce(x, "mean", "nccl")  # (no timeout=: the communicator's)
+    assert given and all(limit == comm.timeout for limit in given), given
+
+
 def test_engine_way_async_call_orders_the_current_stream_at_wait(order, comm):
     import cupy
 

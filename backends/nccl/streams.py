@@ -33,6 +33,23 @@ class StreamOrder:
     arrays: Any
     watchdog: Any
     timeout: float
+    engine: Any  # a weak reference to the engine (set by it)
+
+    def call_limit(self) -> float:
+        """The seconds the watchdog gives the work of the call being issued: the call's own
+        ``timeout=`` (the engine's ``claim_timeout``: what a blocking call, or an
+        asynchronous call's ``wait()``, would allow it on the host), else the communicator's.
+        The communicator's alone left a call's ``timeout=5`` to fail at 300 s, where a peer
+        never came to work the call had enqueued."""
+        engine = self.engine() if self.engine is not None else None
+        limit = engine.claim_timeout if engine is not None else None
+        if limit is None or limit.__class__ is bool:
+            return self.timeout
+        try:
+            limit = float(limit)
+        except (TypeError, ValueError):  # (a bad one: the call raises saying so)
+            return self.timeout
+        return limit if limit > 0 else self.timeout
 
     def init_streams(self) -> None:
         self.followed: int | None = None  # the call whose input made this stream wait
@@ -135,7 +152,7 @@ class StreamOrder:
         if issue is not None:
             event = self.record() if caller is None else self.record_here()
             issue.event = event
-            self.watchdog.watch(description, seq, event, self.timeout, issue.keep)
+            self.watchdog.watch(description, seq, event, self.call_limit(), issue.keep)
             return
         if caller is None:
             event = self.record()
@@ -144,7 +161,7 @@ class StreamOrder:
             event = self.record_here()
             if caller.ptr != self.stream.ptr:
                 caller.wait_event(event)
-        self.watchdog.watch(description, seq, event, self.timeout)
+        self.watchdog.watch(description, seq, event, self.call_limit())
 
     def issuing(self, keep: list) -> Issue:
         """Start issuing an asynchronous call whose arrays are ``keep`` (see ``Issue``); end

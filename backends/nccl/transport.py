@@ -60,6 +60,7 @@ class NcclTransport(StreamOrder):
     # the other optional hooks (``collectives.runtime.transport``), as their defaults
     processes = True
     nodes = fabric = link = shared_memory = calls_apart = None
+    engine: Any = None  # (a weak reference to the engine, set by it: ``call_limit``)
 
     def __init__(self, comm: Any, *, device: int | None = None, stream: Any = None,
                  timeout: float = 300.0):
@@ -109,7 +110,7 @@ class NcclTransport(StreamOrder):
     def watch(self, description: str, seq: int | None = None) -> None:
         """Hand what was just enqueued to the watchdog."""
         self.watchdog.watch(description, seq if seq is not None else self._last_digest,
-                            self.record(), self.timeout)
+                            self.record(), self.call_limit())
 
     def digest(self, seq: int, check: int, agreeing: bool = False) -> None:
         """Every call's check value goes into a non-blocking MPI all-reduce (see watchdog);
