@@ -34,8 +34,8 @@ which that transport enqueues on the communicator's own stream after making it w
 caller's current stream; the caller's stream then waits for the communicator's, so backward's
 later kernels run after the bucket's all-reduce (no overlap on the GPU). The future is a
 CUDA-aware one, completed once the call is enqueued. What goes wrong after that (a peer that
-never comes, found by the watchdog at the communicator's own timeout whatever ``timeout``
-says; calls that differ; an error NCCL reports) breaks the communicator and comes as
+never comes, found by the watchdog at ``timeout``, or the communicator's own where it is
+None; calls that differ; an error NCCL reports) breaks the communicator and comes as
 ``CommunicatorBrokenError`` at a later bucket's call, through that bucket's future.
 """
 
@@ -81,8 +81,8 @@ class CommHookState:
         The all-reduce algorithm (``"auto"``, ``"ring"``, ...; see `Communicator.all_reduce`).
     timeout
         Seconds a bucket's all-reduce may wait for its peers (None: the communicator's). For
-        a CUDA bucket it bounds the waits on the host only (the first step's agreement); its
-        work on the GPU is bounded by the communicator's timeout.
+        a CUDA bucket it bounds the waits on the host (the first step's agreement) and, through
+        the transport's watchdog, its work on the GPU.
 
     Attributes
     ----------
