@@ -41,6 +41,9 @@ def test_init_rejects_unknown_backends_with_a_suggestion():
         collectives.init("locl")
     with pytest.raises(TypeError, match="backend must be a name"):
         collectives.init(3)
+    # (the multi-device backend has no communicator: an AttributeError named no fix)
+    with pytest.raises(ValueError, match=r"backend='cupy' makes no communicator.*init\('nccl'\)"):
+        collectives.init("cupy")
 
 
 def test_backends_are_reachable_after_import_collectives_alone():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import collectives
 from collectives.algorithms.spec import (
     SpecRange,
     assign_ranges,
@@ -338,3 +340,23 @@ def test_groups_are_checked_after_an_equal_valid_one() -> None:
         return False
 
     assert collectives.run(body, 4) == [True] * 4
+
+
+@pytest.mark.parametrize(("spec", "error", "start"), [
+    ("rign", ValueError, "algorithm='rign': unknown algorithm"),
+    (5, TypeError, "algorithm must be a string"),
+    (("ring", 2.5), ValueError, "algorithm tuple ('ring', 2.5): shards must be a whole number"),
+    ("pscpu:2k:bogus", ValueError, "algorithm 'pscpu:2k:bogus' part 'bogus'"),
+])
+def test_the_librarys_calls_name_their_own_argument(spec, error, start) -> None:
+    # (a batch's or buckets' bad algorithm= was named all_reduce_spec, TensorFlow's argument)
+    with pytest.raises(error) as info:
+        parse_spec(spec, argument="algorithm")
+    assert str(info.value).startswith(start) and "all_reduce_spec" not in str(info.value)
+
+    def body(comm):
+        with pytest.raises(error) as info:
+            comm.batch_all_reduce([np.ones(3), np.ones(4)], algorithm=spec)
+        return str(info.value)
+
+    assert collectives.run(body, 1)[0].startswith(start)

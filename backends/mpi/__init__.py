@@ -118,6 +118,15 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
             alike.update(agreed_settings())
 
     comm = MPI.COMM_WORLD if comm is None else comm
+    # (this rank's own mistakes, told before any exchange: raised inside mpi4py, they named
+    # no argument)
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm={comm!r} must be an mpi4py communicator (MPI.COMM_WORLD, or a "
+                        "split of it), or None")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL (this rank is in no group of the split that "
+                         "made it: a color of MPI.UNDEFINED); call init only on the ranks "
+                         "the communicator holds")
     alike: dict[str, Any] = {"check=": check}  # (and agreed_settings', once checked)
     # (before anything else: one rank's bad argument raises on every rank)
     probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init", alike)

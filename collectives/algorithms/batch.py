@@ -71,7 +71,8 @@ _CACHE: dict = {}
 def _plan(shapes, dtypes, algorithm, num_packs, agg_small_grads_max_bytes,
           agg_small_grads_max_group, bytes_per_pack, shards, extra_names=(),
           bucket_bytes=DEFAULT_BUCKET_BYTES, alone_bytes=None, in_order=False) -> list[BatchPart]:
-    ranges = with_shards(algorithm, parse_spec(algorithm, extra_names=extra_names), shards)
+    ranges = with_shards(algorithm, parse_spec(algorithm, extra_names=extra_names,
+                                               argument="algorithm"), shards)
     if in_order and len(ranges) > 1:
         return _runs_by_size(shapes, dtypes, ranges, bucket_bytes)
     sizes = [int(np.prod(s)) for s in shapes]

@@ -196,18 +196,36 @@ def _parse_grammar(spec: str, extra_names: Sequence[str] = ()) -> list[SpecRange
 
 
 def parse_spec(spec: str | tuple | Sequence[tuple],
-               extra_names: Sequence[str] = ()) -> list[SpecRange]:
+               extra_names: Sequence[str] = (), argument: str = "all_reduce_spec"
+               ) -> list[SpecRange]:
     """Normalise any accepted all-reduce spec form to a checked list of ``SpecRange``.
 
-    ``extra_names``: algorithm names a transport adds (e.g. MPI's "native").
+    ``extra_names``: algorithm names a transport adds (e.g. MPI's "native"); ``argument``:
+    the argument errors name (the library's calls take a spec as ``algorithm``; TensorFlow's
+    name, ``all_reduce_spec``, by default).
     """
-    try:  # (keyed by the parts' types too: ("ring", 2.0) must not hit ("ring", 2)'s entry)
-        kinds = tuple(map(type, spec)) if isinstance(spec, tuple) else type(spec)
-        return list(_parse_cached(spec, kinds, tuple(extra_names)))
-    except TypeError as exc:  # an unhashable spec (a list): parse without the cache
-        if "unhashable" not in str(exc):
+    try:
+        try:  # (keyed by the parts' types too: ("ring", 2.0) must not hit ("ring", 2)'s entry)
+            kinds = tuple(map(type, spec)) if isinstance(spec, tuple) else type(spec)
+            return list(_parse_cached(spec, kinds, tuple(extra_names)))
+        except TypeError as exc:  # an unhashable spec (a list): parse without the cache
+            if "unhashable" not in str(exc):
+                raise
+            return _parse(spec, tuple(extra_names))
+    except (TypeError, ValueError) as exc:
+        if argument == "all_reduce_spec":
             raise
-        return _parse(spec, tuple(extra_names))
+        raise type(exc)(_named(str(exc), spec, argument)) from None
+
+
+def _named(message: str, spec: Any, argument: str) -> str:
+    """A spec's error as ``argument`` names it: ``algorithm='rign': unknown algorithm ...``
+    where the whole spec is that one bad name, else ``algorithm`` for ``all_reduce_spec``
+    (the batch calls named TensorFlow's argument, which their callers never wrote)."""
+    whole = f"all_reduce_spec {spec!r}: "
+    if message.startswith(whole) and message[len(whole):].startswith(f"{argument}="):
+        return message[len(whole):]
+    return argument + message.removeprefix("all_reduce_spec")
 
 
 @lru_cache(maxsize=512)

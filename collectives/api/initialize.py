@@ -121,6 +121,12 @@ def init(backend: str = "auto", *, calibrate: Calibrate = None,
         how = f": {install_line(extra)}" if extra else ""
         raise ImportError(f"backend={backend!r} needs a package that is missing ({exc}){how}"
                           ) from None
+    if not callable(getattr(module, "init", None)):  # (the multi-device backends: cupy)
+        raise ValueError(
+            f"backend={backend!r} makes no communicator: it runs the multi-device calls on "
+            "its arrays (collectives.all_reduce([x0, x1, ...])); for one rank per GPU use "
+            "init('nccl')" if name == "cupy" else
+            f"backend={backend!r} makes no communicator (its module has no init())")
     from .calibration import apply, mode_of
 
     setting = calibrate if calibrate is not None else os.environ.get(ENV_CALIBRATE, "")

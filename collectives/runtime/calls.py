@@ -285,7 +285,8 @@ def _resolve(algorithm: Any, count: int, shards: int, extra_names: tuple) -> tup
             raise not_this_transports(algorithm, extra_names)
         if ":" not in text and "#" not in text:
             return algorithms.canonical(algorithm), shards
-    chosen = pick_range(parse_spec(algorithm, extra_names=extra_names), count)
+    chosen = pick_range(parse_spec(algorithm, extra_names=extra_names, argument="algorithm"),
+                        count)
     name = chosen.algorithm.strip().lower()
     name = name if name in extra_names else algorithms.canonical(name)
     if shards and chosen.shards != 1 and shards != chosen.shards:

@@ -106,6 +106,16 @@ def main() -> None:
             del os.environ["COLLECTIVES_RANKS_PER_NODE"]
         else:
             os.environ["COLLECTIVES_RANKS_PER_NODE"] = saved
+    # A communicator that is none (not mpi4py's, or the null one a split leaves a rank out
+    # with): this rank's own mistake, named (mpi4py's AttributeError or raw error named none)
+    from mpi4py import MPI
+    for bad, error, fragment in ((5, TypeError, "comm=5 must be an mpi4py communicator"),
+                                 (MPI.COMM_NULL, ValueError, "comm is MPI.COMM_NULL")):
+        try:
+            mpi.init(bad)
+            report.check(False, f"init({bad!r}): no error")
+        except error as exc:
+            report.check(fragment in str(exc), f"init({bad!r}): {exc}")
     everyone = WORLD.gather(seen, root=0)
     if rank == 0:
         for name in CASES:
