@@ -175,3 +175,11 @@ def test_the_process_group_names_a_non_tensor():
 
     assert collectives.run(body, 1, timeout=10) == [[1.0]]
 
+
+
+def test_run_names_a_bad_function_or_arguments():
+    # (every rank raised "'int' object is not callable", or "Value after * must be an iterable")
+    with pytest.raises(TypeError, match=r"fn=5 must be a function of the communicator"):
+        collectives.run(5, 2)
+    with pytest.raises(TypeError, match=r"args=5 must be a tuple"):
+        collectives.run(lambda comm, a: a, 2, args=5)

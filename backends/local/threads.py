@@ -191,6 +191,10 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     that waits for it in a later collective is told so at once, as when an MPI rank's
     program ends.
     """
+    if not callable(fn):  # (else every rank raised "'int' object is not callable")
+        raise TypeError(f"fn={fn!r} must be a function of the communicator, fn(comm, *args)")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args={args!r} must be a tuple of fn's arguments after comm")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size={size!r} must be a positive number of ranks")
     world = ThreadWorld(size, timeout)

@@ -96,7 +96,9 @@ class PreparedCall:
                                   "prepare the call again")
         work = self._work
         if work is not None and not self._waited:
-            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait()")
+            raise CollectiveError(f"rank {comm.rank}: {self.what}: start() again before wait(); "
+                                  "wait() for the run in flight first (its buffers are the "
+                                  "next run's)")
         if work is DONE or (work is not None and not self.is_completed()):  # (waited for, on
             # another thread: a run now would share the running one's buffers)
             raise CollectiveError(f"rank {comm.rank}: {self.what}: start() while the last run, "
