@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,10 @@ class ReductionToOneDevice(LibraryCrossDeviceOps):
 
     def __init__(self, reduce_to_device: str | None = None,
                  accumulation_fn: Callable | None = None):
+        # (checked now: else the first reduce raised "'int' object is not callable")
+        if accumulation_fn is not None and not callable(accumulation_fn):
+            raise TypeError(f"accumulation_fn={accumulation_fn!r} must be a function of the "
+                            "list of per-device tensors, such as tf.math.add_n, or None")
         super().__init__(route=ONE_DEVICE, reduce_to_device=reduce_to_device,
                          accumulation_fn=accumulation_fn)
 
@@ -85,8 +90,8 @@ class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
 
     def __init__(self, all_reduce_alg: str = "nccl", num_packs: int = 1):
         self._all_reduce_alg = all_reduce_alg
-        self._num_packs = num_packs
-        packing = Packing(num_packs=max(int(num_packs), 0))
+        self._num_packs = num_packs = _whole_packs(num_packs)
+        packing = Packing(num_packs=max(num_packs, 0))
         if all_reduce_alg == "nccl":
             route = Route((SpecRange("nccl", 1, -1),), packing)
         else:
@@ -107,13 +112,22 @@ class AllReduceCrossDeviceOps(LibraryCrossDeviceOps):
         return self.route
 
 
+def _whole_packs(num_packs: Any) -> int:
+    """``num_packs`` as an int, where it is a whole number (TensorFlow's raised Python's own
+    TypeError for "2", truncated 1.5 to 1, and so did this)."""
+    if isinstance(num_packs, bool) or not isinstance(num_packs, (int, np.integer)):
+        raise TypeError(f"num_packs={num_packs!r} must be a whole number (0 or more packs; "
+                        "0: no packing)")
+    return int(num_packs)
+
+
 class NcclAllReduce(AllReduceCrossDeviceOps):
     """TensorFlow's ``NcclAllReduce``: NCCL's all-reduce through CuPy where every device is a
     GPU of its own; otherwise ``ReductionToOneDevice`` (on the GPU where the values are on
     GPUs), and it logs once why."""
 
     def __init__(self, num_packs: int = 1):
-        if num_packs < 0:
+        if _whole_packs(num_packs) < 0:
             raise ValueError(f"NCCL all-reduce requires num_packs >= 0, but {num_packs} is specified")
         super().__init__(all_reduce_alg="nccl", num_packs=num_packs)
 
@@ -122,7 +136,7 @@ class HierarchicalCopyAllReduce(AllReduceCrossDeviceOps):
     """TensorFlow's ``HierarchicalCopyAllReduce``, correct for odd device counts too."""
 
     def __init__(self, num_packs: int = 1):
-        if num_packs < 0:
+        if _whole_packs(num_packs) < 0:
             raise ValueError(f"HierarchicalCopy requires num_packs >= 0, but {num_packs} is specified")
         super().__init__(all_reduce_alg="hierarchical_copy", num_packs=num_packs)
 

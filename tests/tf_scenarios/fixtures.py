@@ -261,6 +261,14 @@ def errors_and_edges() -> None:
     expect_error(ValueError, "HierarchicalCopy requires num_packs >= 0, but -2 is specified",
                  ctf.HierarchicalCopyAllReduce, num_packs=-2)
     ctf.AllReduceCrossDeviceOps("anything", num_packs=-3)  # TensorFlow validates nothing here
+    # (but a num_packs that is no whole number: Python's own TypeError, or 1.5 read as 1)
+    for make in (ctf.NcclAllReduce, ctf.HierarchicalCopyAllReduce,
+                 lambda num_packs: ctf.AllReduceCrossDeviceOps("nccl", num_packs=num_packs)):
+        for bad in ("2", 1.5, None, True):
+            expect_error(TypeError, f"num_packs={bad!r} must be a whole number", make,
+                         num_packs=bad)
+    expect_error(TypeError, "accumulation_fn=3 must be a function", ctf.ReductionToOneDevice,
+                 accumulation_fn=3)
     expect_error(ValueError, "unknown algorithm", ctf.CrossDeviceOps, "bogus")
     expect_error(ValueError, "non-integer shards", ctf.MultiWorkerAllReduce, all_reduce_spec="xring#a")
     expect_error(ValueError, "elements", ctf.MultiWorkerAllReduce,
