@@ -110,7 +110,7 @@ BAD = {  # name: (method, args, kwargs, error, message)
     "axis-not-an-int": ("all_gather", (X,), {"axis": 0.0}, "TypeError", "axis=0.0 must be an int"),
     "reduce-scatter-scalar": ("reduce_scatter", (np.float64(1),), {}, "ValueError", "scalar"),
     "batch-spec-malformed": ("batch_all_reduce", ([X],), {"algorithm": "pscpu:2k"}, "ValueError",
-                             "spec"),
+                             "algorithm 'pscpu:2k' is not well formed"),
     "batch-xs-none": ("batch_all_reduce", (None,), {}, "TypeError", "xs"),
     # (each pack is a call: 2**62 of them never returned, whatever the timeout)
     "batch-num-packs-huge": ("batch_all_reduce", ([X],), {"num_packs": 2 ** 62}, "ValueError",

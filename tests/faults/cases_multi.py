@@ -90,7 +90,7 @@ BAD = {  # name: (function, args, kwargs, error(s), message)
     "batch-device-counts-differ": ("batch_all_reduce", ([X3, [X, X]],), {}, "ValueError",
                                    r"value_lists\[1\] has 2 devices"),
     "batch-spec-malformed": ("batch_all_reduce", ([X3],), {"algorithm": "pscpu:2k"}, "ValueError",
-                             "spec"),
+                             "algorithm 'pscpu:2k' is not well formed"),
     "batch-not-a-list": ("batch_all_reduce", (None,), {}, "TypeError", "value_lists must be a list"),
     # TensorFlow's packing knobs (accepted silently, or a bare TypeError from deep inside)
     "batch-agg-bytes-negative": ("batch_all_reduce", ([X3],), {"agg_small_grads_max_bytes": -5},
