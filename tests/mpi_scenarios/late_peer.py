@@ -66,8 +66,12 @@ elif rank == 1:
         pass  # (or it returns: its data went out before its peers gave up, a known window)
 else:
     try:
-        comm.all_reduce(np.full(COUNT, 1000.0 * (rank + 1)), algorithm="native", timeout=1.0)
-        report.check(False, "the call with a stopped peer returned")
+        got = comm.all_reduce(np.full(COUNT, 1000.0 * (rank + 1)), algorithm="native",
+                              timeout=1.0)
+        # (it may return on one of them: every piece it needed came before rank 1 stopped,
+        # or MPICH's shared memory read it from the stopped rank's memory; then it is right)
+        report.check(bool((got == 6000.0).all()), "the call with a stopped peer returned "
+                     f"{np.unique(got)[:4]} where 6000 was right")
     except CollectiveError:
         pass
     held = []
