@@ -21,6 +21,7 @@ from typing import Any
 from collectives.backends.cupy.placement import DeviceAndStream
 
 from collectives.foreign import kind_of
+from collectives.runtime.validate import check_timeout
 
 from .hot_path import with_pointers
 
@@ -42,14 +43,11 @@ class StreamOrder:
         The communicator's alone left a call's ``timeout=5`` to fail at 300 s, where a peer
         never came to work the call had enqueued."""
         engine = self.engine() if self.engine is not None else None
-        limit = engine.claim_timeout if engine is not None else None
-        if limit is None or limit.__class__ is bool:
-            return self.timeout
         try:
-            limit = float(limit)
+            limit = check_timeout(engine.claim_timeout if engine is not None else None)
         except (TypeError, ValueError):  # (a bad one: the call raises saying so)
             return self.timeout
-        return limit if limit > 0 else self.timeout
+        return self.timeout if limit is None else limit
 
     def init_streams(self) -> None:
         self.followed: int | None = None  # the call whose input made this stream wait

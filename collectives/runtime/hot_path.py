@@ -88,6 +88,17 @@ class FastAllReduce:
         self.agreed_at = engine.forgotten
         return True
 
+    def _closed(self) -> bool:
+        """Whether a call that hands back a handle must take the engine's way: the engine's
+        state as ``__call__`` reads it (inline there, on the blocking hot path), and a handle
+        more past the limit on those not waited for (the engine's way refuses it)."""
+        engine = self.engine
+        return (engine.broken is not None or engine.unreported or engine.inflight
+                or engine.native_next != engine.native_issued
+                or engine.crowded() is not None
+                or (engine.forgotten != self.agreed_at and not self._still_agreed())
+                or not self._unbroken_after_quiet())
+
     def _unbroken_after_quiet(self) -> bool:
         """After a quiet spell, the peers' notices that came meanwhile are read first (a
         peer's failure in this very call raises: ``Failures.back_after_quiet``, which keeps
@@ -102,10 +113,10 @@ class FastAllReduce:
         if CALLING_BACK.depth or not self.acquire(False):  # (in_done_callback)
             return None  # (the engine's way raises ConcurrentCallError)
         try:
-            if (engine.broken is not None or engine.unreported or engine.inflight
-                    or engine.native_next != engine.native_issued
+            if (engine.broken is not None or engine.unreported or engine.inflight  # (_closed,
+                    or engine.native_next != engine.native_issued  # inline: a blocking call
                     or (engine.forgotten != self.agreed_at and not self._still_agreed())
-                    or not self._unbroken_after_quiet()):
+                    or not self._unbroken_after_quiet()):  # makes no handle to count)
                 return None
             t0 = recorder.now() if recorder.ON else 0  # (recording a timeline: the span's start)
             # (the timeout: the hang guard's, should the spin never return)
@@ -141,11 +152,7 @@ class FastAllReduce:
         if CALLING_BACK.depth or recorder.ON or not self.acquire(False):
             return None
         try:
-            if (engine.broken is not None or engine.unreported or engine.inflight
-                    or engine.native_next != engine.native_issued
-                    or engine.crowded() is not None
-                    or (engine.forgotten != self.agreed_at and not self._still_agreed())
-                    or not self._unbroken_after_quiet()):
+            if self._closed():
                 return None
             seq = engine.hot_call(None)
             result = self.bound.issue(x, out, seq)
@@ -182,10 +189,7 @@ class FastAllReduce:
         if CALLING_BACK.depth or not self.acquire(False):  # (in_done_callback)
             return None  # (the engine's way raises ConcurrentCallError)
         try:
-            if (engine.broken is not None or engine.unreported or engine.inflight
-                    or engine.native_next != engine.native_issued
-                    or (engine.forgotten != self.agreed_at and not self._still_agreed())
-                    or not self._unbroken_after_quiet()):
+            if self._closed():
                 return None
             seq = engine.hot_call(None)
             got = self.bound.rerun(seq)
