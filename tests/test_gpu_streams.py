@@ -234,6 +234,23 @@ def test_the_watchdog_gives_a_calls_work_its_own_timeout(comm, monkeypatch, kind
     assert given and all(limit == comm.timeout for limit in given), given
 
 
+def test_the_watchdog_reads_the_timeout_of_the_call_whose_work_it_is_given(comm):
+    # (it read the last call's timeout=: an asynchronous call's work enqueued while another
+    # call with timeout=3 was made got 3 s, not its own; with peers that happens at progress)
+    from types import SimpleNamespace
+
+    engine = comm.calls.engine
+    engine.claim_timeout = 3.0  # (the latest call's, entered after)
+    engine.advancing = SimpleNamespace(timeout=None)  # (the call whose work goes out now)
+    try:
+        assert comm.transport.call_limit() == comm.timeout
+        engine.advancing = SimpleNamespace(timeout=7.0)
+        assert comm.transport.call_limit() == 7.0
+    finally:
+        engine.advancing = engine.claim_timeout = None
+    assert comm.transport.call_limit() == comm.timeout
+
+
 def test_engine_way_async_call_orders_the_current_stream_at_wait(order, comm):
     import cupy
 

@@ -37,14 +37,18 @@ class StreamOrder:
     engine: Any  # a weak reference to the engine (set by it)
 
     def call_limit(self) -> float:
-        """The seconds the watchdog gives the work of the call being issued: the call's own
-        ``timeout=`` (the engine's ``claim_timeout``: what a blocking call, or an
-        asynchronous call's ``wait()``, would allow it on the host), else the communicator's.
-        The communicator's alone left a call's ``timeout=5`` to fail at 300 s, where a peer
+        """The seconds the watchdog gives the work being enqueued now: its call's own
+        ``timeout=`` (the operation the engine advances, ``Engine.advancing``: an
+        asynchronous call's work may be enqueued while another call is made; else the hot
+        path's call, ``claim_timeout``), or the communicator's where it gave none. The
+        communicator's alone left a call's ``timeout=5`` to fail at 300 s, where a peer
         never came to work the call had enqueued."""
         engine = self.engine() if self.engine is not None else None
+        if engine is None:
+            return self.timeout
+        op = engine.advancing
         try:
-            limit = check_timeout(engine.claim_timeout if engine is not None else None)
+            limit = check_timeout(op.timeout if op is not None else engine.claim_timeout)
         except (TypeError, ValueError):  # (a bad one: the call raises saying so)
             return self.timeout
         return self.timeout if limit is None else limit

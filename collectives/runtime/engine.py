@@ -54,6 +54,9 @@ class Engine(CallOrder, AgreedSignatures, InFlight, Failures):
         self.timeout, self.check, self.detail = timeout, check, detail
         self.inflight: list[Operation] = []  # in call order
         self.calls_apart = transport.calls_apart  # (``make_room``)
+        # the operation being advanced now, whose work a transport is given (NCCL's watchdog
+        # watches it with that call's own timeout; None between advances)
+        self.advancing: Operation | None = None
         # handles of asynchronous collectives issued and not yet waited on (nor dropped):
         # counted in program order, so every rank refuses the same call at the limit
         self.outstanding = 0

@@ -61,6 +61,14 @@ class Operation:
         """Move on as far as possible without waiting; True once finished (or failed)."""
         if self.finished:
             return True
+        engine = self.engine
+        engine.advancing = self  # (whose work the transport is given now: ``Engine.advancing``)
+        try:
+            return self._advance()
+        finally:
+            engine.advancing = None
+
+    def _advance(self) -> bool:
         if self.trace is not None:
             return record_calls.advance(self)
         try:
