@@ -274,3 +274,25 @@ def test_a_list_with_tensors_alone_reuses_its_fused_bucket(lib):
 
     for reused, values, shape in collectives.run(body, RANKS):
         assert reused and values and shape
+
+
+def test_buckets_taken_by_failed_steps_do_not_keep_the_next_from_being_reused():
+    # (a step that failed never gave its bucket back: after two, both kept buckets stayed
+    # taken, and each fresh bucket was let go as soon as it was kept, so no step reused one)
+    from collectives.algorithms.reuse import BucketKeeper
+    from collectives.arrays import NUMPY
+
+    keeper, plan = BucketKeeper(NUMPY), object()
+
+    def fresh():  # (a call's fresh bucket and views, kept for the next call)
+        bucket = NUMPY.result((8,), np.float32)
+        keeper.keep(plan, 0, 0, bucket, [bucket[:4], bucket[4:]])
+
+    fresh()
+    fresh()
+    assert keeper.bucket(plan, 0, 0) is not None  # a failed step takes one ...
+    assert keeper.bucket(plan, 0, 0) is not None  # ... and another: never given back
+    assert keeper.bucket(plan, 0, 0) is None      # (both taken: the next step packs anew)
+    fresh()                                       # ... and keeps its bucket
+    gc.collect()
+    assert keeper.bucket(plan, 0, 0) is not None  # the step after reuses it

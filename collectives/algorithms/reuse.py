@@ -117,8 +117,9 @@ class BucketKeeper:
             return
         kept = entries.setdefault((pack, member), [])
         kept.append(Kept(bucket, views_kept, record))
-        while len(kept) > GENERATIONS:  # (the oldest one no call packs into goes first)
-            kept.remove(next((k for k in kept if not k.taken), kept[0]))
+        while len(kept) > GENERATIONS:  # (the oldest one no call packs into goes first, never
+            # the one just kept: with the others stuck taken by failed calls, it went at once)
+            kept.remove(next((k for k in kept[:-1] if not k.taken), kept[0]))
 
 
 def keeper_in(keepers: dict, arrays: Any) -> BucketKeeper:
