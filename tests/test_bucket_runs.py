@@ -196,3 +196,16 @@ def test_a_spec_of_ranges_keeps_every_bucket_between_steps_as_a_plain_name_does(
         collectives.run(body, 2)[0]
     assert plain_first == ranged_first == 0 and plain == plain_again > 10
     assert ranged == ranged_again == plain
+
+
+def test_buckets_take_groups_as_an_array_as_the_plain_call_does():
+    # (a bucket compared its groups with None elementwise: an array of groups raised at ready)
+    def body(comm):
+        groups = np.array([[0, 1], [2, 3]])
+        buckets = comm.buckets([np.ones(4)], "sum", "ring/ring", groups=groups)
+        buckets.ready(0, np.full(4, float(comm.rank)))
+        plain = comm.all_reduce(np.full(4, float(comm.rank)), "sum", "ring/ring", groups=groups)
+        return buckets.wait()[0].tolist(), plain.tolist()
+
+    for got, plain in collectives.run(body, 4):
+        assert got == plain == [6.0] * 4

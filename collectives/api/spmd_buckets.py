@@ -185,9 +185,13 @@ class Buckets(Generic[ArrayT]):
             in_place = self.in_place[self.started]
             # (the arguments left at their defaults are not passed: a transport whose
             # asynchronous calls take its hot path, NCCL's, takes it for those alone)
-            given = {name: value for name, value, default in (
-                ("shards", part.spec.shards, 0), ("groups", self.groups, None),
-                ("timeout", self.timeout, None)) if value is not default and value != default}
+            given: dict[str, Any] = {}
+            if part.spec.shards:
+                given["shards"] = part.spec.shards
+            if self.groups is not None:  # (an array of groups: ``!=`` compared it elementwise)
+                given["groups"] = self.groups
+            if self.timeout is not None:
+                given["timeout"] = self.timeout
             with self.calls.part_of(self.tag):
                 self.pending.append(self.comm.all_reduce(
                     buf, self.op, part.spec.algorithm, out=buf if in_place else None,
