@@ -183,3 +183,20 @@ def test_run_names_a_bad_function_or_arguments():
         collectives.run(5, 2)
     with pytest.raises(TypeError, match=r"args=5 must be a tuple"):
         collectives.run(lambda comm, a: a, 2, args=5)
+
+
+def test_every_call_that_takes_a_function_checks_it_at_once():
+    # (multi-device reduce called accumulation_fn=5 deep inside; another library's handle
+    # wrapped its callback, so the inner handle's check passed anything)
+    values = [np.ones(3), np.ones(3)]
+    with pytest.raises(TypeError, match="accumulation_fn=5 must be a function"):
+        collectives.reduce(values, "sum", 0, accumulation_fn=5)
+    torch = pytest.importorskip("torch")
+
+    def body(comm):
+        handle = comm.all_reduce(torch.ones(3), async_op=True)
+        with pytest.raises(TypeError, match="callback=5 must be a function of the handle"):
+            handle.add_done_callback(5)
+        return handle.wait().tolist()
+
+    assert collectives.run(body, 2) == [[2.0] * 3] * 2

@@ -19,7 +19,7 @@ import numpy as np
 
 from collectives.algorithms.spec import SpecRange, parse_spec, with_shards
 from collectives.hints import Compression
-from collectives.runtime.validate import check_shards, resolve_groups
+from collectives.runtime.validate import check_function, check_shards, resolve_groups
 
 from . import device_path, host
 from .base import LibraryCrossDeviceOps
@@ -64,10 +64,9 @@ class ReductionToOneDevice(LibraryCrossDeviceOps):
 
     def __init__(self, reduce_to_device: str | None = None,
                  accumulation_fn: Callable | None = None):
-        # (checked now: else the first reduce raised "'int' object is not callable")
-        if accumulation_fn is not None and not callable(accumulation_fn):
-            raise TypeError(f"accumulation_fn={accumulation_fn!r} must be a function of the "
-                            "list of per-device tensors, such as tf.math.add_n, or None")
+        if accumulation_fn is not None:  # (now: else the first reduce raised "not callable")
+            check_function(accumulation_fn, "accumulation_fn", "a function of the list of "
+                           "per-device tensors, such as tf.math.add_n, or None")
         super().__init__(route=ONE_DEVICE, reduce_to_device=reduce_to_device,
                          accumulation_fn=accumulation_fn)
 

@@ -21,6 +21,7 @@ from collectives.errors import CollectiveTimeoutError, CommunicatorBrokenError, 
 from collectives.runtime.activity import describe_activity
 from collectives.runtime.departures import exit_notice
 from collectives.runtime.transport import Failure, engine_of, ignore_verdict
+from collectives.runtime.validate import check_function
 
 from .p2p import ThreadMessages
 from .world import ThreadChannel, ThreadWorld
@@ -191,8 +192,7 @@ def run(fn: Callable[..., Any], size: int, *, timeout: float = 60.0, args: tuple
     that waits for it in a later collective is told so at once, as when an MPI rank's
     program ends.
     """
-    if not callable(fn):  # (else every rank raised "'int' object is not callable")
-        raise TypeError(f"fn={fn!r} must be a function of the communicator, fn(comm, *args)")
+    check_function(fn, "fn", "a function of the communicator, fn(comm, *args)")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args={args!r} must be a tuple of fn's arguments after comm")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -22,6 +22,7 @@ from ..runtime.execute.device_calls import run_all_reduce, run_reduce
 from ..runtime.validate import (
     Groups,
     check_flag,
+    check_function,
     check_root,
 )
 from ..runtime.work import Work
@@ -35,6 +36,8 @@ from .multi_device_parts import (
 __all__ = ["all_reduce", "pick_algorithm", "reduce"]
 
 Accumulate = Callable[[list[Any]], Any]  # accumulation_fn: the arrays of all devices -> their reduction
+
+ACCUMULATION = "a function of the devices' arrays (a list) returning their reduction, or None"
 
 
 @overload
@@ -99,9 +102,8 @@ def all_reduce(values: Sequence[ArrayT], op: Op = "sum", algorithm: Algorithm = 
         another dtype, ``accumulation_fn``); before any data moves.
     """
     check_flag(shared_result, "shared_result")
-    if accumulation_fn is not None and not callable(accumulation_fn):
-        raise TypeError(f"accumulation_fn={accumulation_fn!r} must be a function of the "
-                        "devices' arrays (a list) returning their reduction, or None")
+    if accumulation_fn is not None:
+        check_function(accumulation_fn, "accumulation_fn", ACCUMULATION)
     if requested(compression):
         return multi_device_all_reduce(all_reduce, values, op, algorithm, compression, out=out,
                                        shared_result=shared_result, shards=shards,
@@ -178,6 +180,8 @@ def reduce(values: Sequence[ArrayT], op: Op = "sum", root: int = 0, algorithm: A
         Arrays of different shapes, an unknown ``op`` or ``algorithm``, or an
         ``out`` that does not fit; before any data moves.
     """
+    if accumulation_fn is not None:  # (as all_reduce checks it: else it raised when called)
+        check_function(accumulation_fn, "accumulation_fn", ACCUMULATION)
     values, shape, dtype, op = prepare(values, op)
     root = check_root(root, len(values))
     backend = cast(DeviceBackend, backend_for_arrays(values))

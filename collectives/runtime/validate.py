@@ -153,6 +153,14 @@ def check_out(out: Any, shape: tuple[int, ...] | None, dtype: np.dtype | None,
         raise ValueError(f"{argument} {reason}")
 
 
+def check_function(value: Any, argument: str, what: str) -> Any:
+    """``value``, where it can be called; else ``TypeError`` naming ``argument`` and saying
+    it must be ``what`` (checked at once: called later, its error named nothing)."""
+    if not callable(value):
+        raise TypeError(f"{argument}={value!r} must be {what}")
+    return value
+
+
 def check_timeout(timeout: Any) -> float | None:
     """None (the communicator's default) or a positive number of seconds, returned as a
     Python float: every deadline is counted in those (a NumPy float16's or float32's sum with

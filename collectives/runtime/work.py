@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import CollectiveError
 from .operation import Operation
-from .validate import check_timeout
+from .validate import check_function, check_timeout
 
 LAST_LOOK = 1e-9  # the seconds a batch's wait gives each call left once its deadline passed
 
@@ -51,10 +51,8 @@ def call_back(callback: Callable[[Any], None], handle: Any) -> None:
 
 def callable_callback(callback: Any) -> Any:
     """``callback``, a function of the handle (refused now, not logged when the call ends)."""
-    if not callable(callback):
-        raise TypeError(f"callback={callback!r} must be a function of the handle (called with "
-                        "it once the call has finished)")
-    return callback
+    return check_function(callback, "callback", "a function of the handle (called with it "
+                          "once the call has finished)")
 
 
 def in_done_callback() -> bool:
