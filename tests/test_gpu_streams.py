@@ -481,3 +481,17 @@ def test_arrays_stay_alive_until_the_work_is_done_and_timeouts_wait_on_the_host(
     finally:
         running[0] = False
         fresh.free()
+
+
+def test_nccl_init_names_a_communicator_that_is_none():
+    # (mpi4py's AttributeError, or its raw error on the null communicator, named nothing; the
+    # MPI transport's init said what was wrong)
+    from mpi4py import MPI
+
+    import collectives
+
+    nccl = collectives.load_backend("nccl")
+    with pytest.raises(TypeError, match="comm=5 must be an mpi4py communicator"):
+        nccl.init(5)
+    with pytest.raises(ValueError, match="comm is MPI.COMM_NULL"):
+        nccl.init(MPI.COMM_NULL)

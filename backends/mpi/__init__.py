@@ -94,8 +94,8 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
 
     from . import abort
     from .compiled import pure_python
-    from .groups import ENV_RANKS_PER_NODE, groups_from_env, layout_for, ranks_per_node
-    from .start import agree_to_start, check_settings
+    from .groups import layout_for
+    from .start import agree_to_start, check_comm, check_settings
     from .transport import MPITransport
 
     def check_arguments() -> None:
@@ -106,27 +106,15 @@ def init(comm: Any = None, *, timeout: float = 300.0, check: bool = True,
         size = comm.Get_size()
         # (a bad COLLECTIVES_RANKS_PER_NODE, COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD or
         # COLLECTIVES_PURE_PYTHON, on one rank too: read later, they raised there alone, or
-        # not at all, its peers waiting their timeout)
-        groups_from_env(size)
-        # (alike on every rank: each rank's auto prices its own simulated nodes, and ranks
-        # that ran different algorithms returned a root's sums short of a rank, silently)
-        alike[f"{ENV_RANKS_PER_NODE} (an environment variable)"] = ranks_per_node()
-        check_settings(hang_guard)
+        # not at all, its peers waiting their timeout; check_settings)
+        check_settings(hang_guard, alike)
         pure_python()
         layout_for(groups, ((r,) for r in range(size)), size)
         if agreed_settings is not None:
             alike.update(agreed_settings())
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    # (this rank's own mistakes, told before any exchange: raised inside mpi4py, they named
-    # no argument)
-    if not isinstance(comm, MPI.Comm):
-        raise TypeError(f"comm={comm!r} must be an mpi4py communicator (MPI.COMM_WORLD, or a "
-                        "split of it), or None")
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm is MPI.COMM_NULL (this rank is in no group of the split that "
-                         "made it: a color of MPI.UNDEFINED); call init only on the ranks "
-                         "the communicator holds")
+    check_comm(comm)
     alike: dict[str, Any] = {"check=": check}  # (and agreed_settings', once checked)
     # (before anything else: one rank's bad argument raises on every rank)
     probes = agree_to_start(comm, check_arguments, "collectives.backends.mpi.init", alike)

@@ -38,17 +38,36 @@ def agree_to_start(comm: Any, check_arguments: Callable[[], None], call: str,
     return [probe for _, probe, _, _ in gathered]
 
 
-def check_settings(hang_guard: bool) -> None:
+def check_comm(comm: Any) -> None:
+    """``comm`` is an mpi4py communicator that holds this rank: this rank's own mistake,
+    raised before any exchange (inside mpi4py, it named no argument)."""
+    from mpi4py import MPI
+
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm={comm!r} must be an mpi4py communicator (MPI.COMM_WORLD, or a "
+                        "split of it), or None")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL (this rank is in no group of the split that "
+                         "made it: a color of MPI.UNDEFINED); call init only on the ranks "
+                         "the communicator holds")
+
+
+def check_settings(hang_guard: bool, alike: dict[str, Any]) -> None:
     """Read now, with the arguments' checks, the environment variables every communicator
-    reads as it is made: ``COLLECTIVES_DEBUG``, and ``COLLECTIVES_HANG_GUARD`` where the
-    guard is on (bad on one rank, read later, they raised there alone, its peers waiting
-    their timeout)."""
+    reads as it is made: ``COLLECTIVES_DEBUG``, ``COLLECTIVES_HANG_GUARD`` where the guard is
+    on (bad on one rank, read later, they raised there alone, its peers waiting their
+    timeout), and ``COLLECTIVES_RANKS_PER_NODE``, which goes into ``alike`` too: each rank's
+    ``auto`` prices its own simulated nodes, and ranks that ran different algorithms
+    returned a root's sums short of a rank, silently."""
     from collectives.log import debug_setting
     from collectives.runtime import hang_guard as guard
+
+    from .groups import ENV_RANKS_PER_NODE, ranks_per_node
 
     debug_setting()
     if hang_guard:
         guard.setting()
+    alike[f"{ENV_RANKS_PER_NODE} (an environment variable)"] = ranks_per_node()
 
 
 def argument_problem(check: Callable[[], None]) -> tuple[str, str] | None:

@@ -13,13 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .bootstrap import (
-    ENV_RANKS_PER_NODE,
-    broadcast_unique_id,
-    node_of_ranks,
-    ranks_per_node,
-    shared_gpu,
-)
+from .bootstrap import broadcast_unique_id, node_of_ranks, ranks_per_node, shared_gpu
 from .communicator import NcclCommunicator
 from .gpu_work import GpuWork
 
@@ -51,7 +45,7 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
 
         comm = MPI.COMM_WORLD
     from collectives.backends.mpi import abort
-    from collectives.backends.mpi.start import agree_to_start, check_settings
+    from collectives.backends.mpi.start import agree_to_start, check_comm, check_settings
 
     from collectives.runtime import hang_guard as guard
     from collectives.runtime.validate import check_default_timeout, check_flag
@@ -63,13 +57,12 @@ def init(comm: Any = None, *, device: int | None = None, stream: Any = None,
         check_default_timeout(timeout)
         check_flag(check, "check")
         check_flag(abort_on_error, "abort_on_error")
-        # (a bad COLLECTIVES_RANKS_PER_NODE, on one rank too; and alike on every rank: it
-        # decides the nodes each rank's choices price)
-        alike[f"{ENV_RANKS_PER_NODE} (an environment variable)"] = ranks_per_node()
-        check_settings(guard.ENABLED)  # (COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD: as MPI's)
+        # (COLLECTIVES_DEBUG, COLLECTIVES_HANG_GUARD, COLLECTIVES_RANKS_PER_NODE: as MPI's)
+        check_settings(guard.ENABLED, alike)
         if agreed_settings is not None:
             alike.update(agreed_settings())
 
+    check_comm(comm)
     alike: dict[str, Any] = {"check=": check}  # (and agreed_settings', once checked)
     # (before anything else: one rank's bad argument raises on every rank)
     probes = agree_to_start(comm, check_arguments, "collectives.backends.nccl.init", alike)
