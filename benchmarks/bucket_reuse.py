@@ -6,7 +6,8 @@ step) all-reduced on thread ranks,
 each step in two ways of calling (``batch_all_reduce``, and ``comm.buckets`` fed in backward
 order), each way twice: with each step's results dropped before the next step (the library
 packs into the buckets it kept and hands back the same views: ``algorithms/reuse.py``), and
-with each step's results held until the next step's come (every bucket and view new). The
+with each step's results held for two steps more (the keeper keeps two generations, the last
+step's and the one before: every bucket and view new). The
 ways alternate in interleaved repeats (``gpu_stats.interleaved``); each ratio has a paired
 bootstrap interval. Rank 0's times are printed, and written to ``--out``.
 
@@ -76,7 +77,8 @@ def main() -> None:
 
         def holding(name, step):
             def way():
-                held[name] = step()  # (the last step's results go once this step's come)
+                # (the last two steps' results held: the keeper's two generations taken)
+                held[name] = [*held.get(name, [])[-1:], step()]
             return way
 
         ways = {"batch": dropping(batch(comm)), "batch_held": holding("batch", batch(other)),

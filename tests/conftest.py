@@ -171,7 +171,9 @@ def pytest_sessionfinish(session, exitstatus):
             continue
     for segment in Path("/dev/shm").glob("mpich_shm_*"):
         try:
-            if str(segment) not in mapped and segment.stat().st_mtime < time.time() - 60:
+            stat = segment.stat()  # (this user's alone: another's maps are not ours to read)
+            if (str(segment) not in mapped and stat.st_uid == os.getuid()
+                    and stat.st_mtime < time.time() - 60):
                 segment.unlink()
         except OSError:
             continue

@@ -160,7 +160,7 @@ def test_shared_empty_of_an_impossible_shape_on_one_rank_is_refused_on_every_ran
     # (thread ranks made the array after the agreement: it raised there alone, the peer
     # returned)
     results = _one_rank_bad(lambda comm, bad: comm.shared_empty(shape if bad else 3))
-    _refused_on_every_rank(results, error, "")
+    _refused_on_every_rank(results, error, "shape")
 
 
 def test_the_process_group_names_a_non_tensor():

@@ -54,16 +54,21 @@ if n != 3:
 elif rank == 1:
     engine = comm.calls.engine
 
+    stopped = threading.Event()
+
     def stop_when_in_flight() -> None:
         while not data_in_flight(engine):
             time.sleep(0)
         os.kill(os.getpid(), signal.SIGSTOP)
+        stopped.set()  # (once rank 0 has let it go on)
 
     threading.Thread(target=stop_when_in_flight, daemon=True).start()
     try:
         comm.all_reduce(np.full(COUNT, 2000.0), algorithm="native")
     except CollectiveError:
         pass  # (or it returns: its data went out before its peers gave up, a known window)
+    # (a rank that never stopped, its data never found in flight, would test nothing)
+    report.check(stopped.wait(30), "rank 1 never stopped with its data in flight")
 else:
     try:
         got = comm.all_reduce(np.full(COUNT, 1000.0 * (rank + 1)), algorithm="native",
