@@ -32,7 +32,6 @@ from .array_kinds import (  # noqa: F401 (re-exported)
     register_array_kind,
 )
 from .registry import owner_of
-from .runtime.work import callable_callback
 
 
 def is_foreign(x: Any) -> bool:
@@ -253,7 +252,10 @@ class HandedBack:
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         """``callback(this handle)`` once the call has finished (see
         `Work.add_done_callback`): its ``wait()`` then gives the caller's type at once."""
-        callable_callback(callback)  # (wrapped, the inner handle's check passed anything)
+        if not callable(callback):  # (wrapped, the inner handle's check passed anything; as
+            # runtime.work.callable_callback says it, which this base module cannot import)
+            raise TypeError(f"callback={callback!r} must be a function of the handle (called "
+                            "with it once the call has finished)")
         self._handle.add_done_callback(lambda _inner: callback(self))
 
     def reported_elsewhere(self) -> None:

@@ -100,7 +100,7 @@ class ReductionOps(CommParts):
         """
         fast = self.calls.last_hot  # the hot path the last repeated call took
         if (fast is not None and x.__class__ is fast.cls and timeout is None
-                and (async_op is False or async_op is True)
+                and async_op.__class__ is bool
                 and shards.__class__ is int and not shards and groups is None  # (no_shards)
                 and compression is None):
             try:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 import sys
-import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ..runtime.agreement import Agreement
+from ..runtime.calls import check_of
 from ..runtime.validate import check_communicable
 from .comm_parts import CommParts
 
@@ -38,7 +38,7 @@ class _Making:
     def __init__(self, what: str):
         self.what = what
         self.signature = (what, None, None, None, None, None, 0, None, None)
-        self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
+        self.check = check_of(self.signature)
         self.run_as = what
 
     def describe(self) -> str:

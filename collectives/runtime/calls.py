@@ -27,6 +27,11 @@ from ..ops import ReduceOp, check_dtype, result_dtype
 CHECK_BITS = 30
 
 
+def check_of(signature: tuple) -> int:
+    """A signature's check value: its ``CHECK_BITS``-bit digest, the same in every process."""
+    return zlib.crc32(repr(signature).encode()) & ((1 << CHECK_BITS) - 1)
+
+
 class BatchTag(str):
     """A batch's tag (``Call.batch``): the list's description and digest, as text (which is
     what signatures compare), and ``issued``: how many calls the batch issues before it waits
@@ -135,7 +140,7 @@ class Call:
                           self.op.value if self.op else None, self.root, self.algorithm,
                           self.shards, None if self.layout is None else self.layout.groups,
                           self.axis, self.batch, self.compression)
-        self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << CHECK_BITS) - 1)
+        self.check = check_of(self.signature)
 
     def describe(self) -> str:
         """``all_reduce(float32[1000], op=sum)``: for error messages and logs (made once: a

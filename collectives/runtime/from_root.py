@@ -25,6 +25,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from .agreement import PAYLOAD_BYTES, Agreement
+from .calls import check_of
 
 
 class Header:
@@ -39,7 +40,7 @@ class Header:
         self.batch = batch  # (its data stage is validated later, on whichever thread)
         self.collective = kind
         self.signature = (kind.value, None, None, None, root, algorithm, 0, None, None)
-        self.check = zlib.crc32(repr(self.signature).encode()) & ((1 << 30) - 1)
+        self.check = check_of(self.signature)
         self.call = None
 
     def describe(self) -> str:

@@ -161,13 +161,7 @@ class FastAllReduce:
                 return None
             self.comm.last_algorithm = "native"
             if result is PENDING:
-                def finish():
-                    delivered = self.bound.deliver()
-                    if self.mean:
-                        self.arrays.divide(delivered, self.size, out=delivered)
-                    return delivered
-
-                return self._operation(seq, finish, True, None)
+                return self._operation(seq, self._delivered, True, None)
             if self.mean:
                 self.arrays.divide(result, self.size, out=result)
             if engine.progress_thread is not None:  # it answers peers' questions: tell them
@@ -218,15 +212,16 @@ class FastAllReduce:
 
     def _wait(self, seq: int, timeout: float | None, t0: int = 0) -> Any:
         """A call the spin did not see finish: the engine waits for it, as for any other."""
-        def finish():
-            result = self.bound.deliver()
-            if self.mean:
-                self.arrays.divide(result, self.size, out=result)
-            return result
-
-        result = self._operation(seq, finish, False, timeout, t0)
+        result = self._operation(seq, self._delivered, False, timeout, t0)
         self.comm.last_algorithm = "native"
         self.transport.publish_activity((seq, self.call, False))
+        return result
+
+    def _delivered(self) -> Any:
+        """The result of a call the spin did not see finish, once it has (MEAN divided)."""
+        result = self.bound.deliver()
+        if self.mean:
+            self.arrays.divide(result, self.size, out=result)
         return result
 
     def _operation(self, seq: int, finish: Any, async_op: bool, timeout: float | None,

@@ -61,7 +61,8 @@ class InFlight:
         their calls in flight, so the limit on handles does not bound this. A call waited
         for here still reports its outcome at its own ``wait()`` (or, dropped, logs it)."""
         apart = self.calls_apart
-        while apart is not None:
+        assert apart is not None  # (the engine asks only where the transport has a limit)
+        while True:
             with self.state:  # (calls leave the list on the progress thread meanwhile)
                 if not self.inflight or op.seq - self.inflight[0].seq < apart:
                     return  # (the list is in call order: its first is the oldest)

@@ -29,7 +29,6 @@ which a bad argument on one rank refuses on every rank.
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
@@ -38,7 +37,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from .agreement import ISSUED_UNKNOWN, PEERS_ISSUED, issued_alone
-from .calls import CHECK_BITS, Call
+from .calls import Call, check_of
 from .results import Ready
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -172,7 +171,7 @@ def set_up(comm: Any, what: str, timeout: float | None = None) -> None:
         call = Call(Collective.ALL_REDUCE, (0,), np.dtype(np.uint8), None, 0, what, 0, None,
                     shown_as=what)
         call.signature = (what,) + (None,) * (len(call.signature) - 1)
-        call.check = zlib.crc32(repr(call.signature).encode()) & ((1 << CHECK_BITS) - 1)
+        call.check = check_of(call.signature)
         call.run_as = what  # (no data stage: a zero-size call is agreed every time)
         runner.cache[key] = call
     runner.start(what, lambda seq: (call, [], Ready()), False, timeout)
